@@ -1,0 +1,34 @@
+// Package consts holds the names every Cistern component agrees on: driver name, topology key,
+// parameter keys, labels. Keep them here so the driver, sidecar and controllers cannot drift.
+package consts
+
+const (
+	// DriverName is the default CSI driver name (flag --driver-name).
+	DriverName = "cistern.csi.dev"
+	// TopologyKey is the topology segment key NodeGetInfo reports; its value is the node ID.
+	TopologyKey = "topology.cistern.csi.dev/node"
+
+	// ParamPool targets one pool by name (StorageClass parameter).
+	ParamPool = "pool"
+	// ParamPoolSelector targets any pool whose labels match, e.g. "media=ssd,tier=hot".
+	ParamPoolSelector = "poolSelector"
+	// ParamFSType selects the filesystem of a volume image (ext4 or xfs).
+	ParamFSType = "csi.storage.k8s.io/fstype"
+	// ReservedParamPrefix is the prefix of keys external-provisioner adds; always accepted.
+	ReservedParamPrefix = "csi.storage.k8s.io/"
+
+	// Dataset parameters (see pkg/datasource).
+	ParamSource    = "source"
+	ParamEndpoint  = "endpoint"
+	ParamRegion    = "region"
+	ParamPathStyle = "pathStyle"
+	ParamInclude   = "include"
+	ParamExclude   = "exclude"
+
+	// LabelPool and LabelNode label StoragePool objects.
+	LabelPool = "cistern.csi.dev/pool"
+	LabelNode = "cistern.csi.dev/node"
+
+	// StoragePoolGroup is the API group of StoragePool objects (the KEP's group).
+	StoragePoolGroup = "storagepool.storage.k8s.io"
+)
