@@ -29,6 +29,12 @@ import (
 	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
 )
 
+// Permissions of the process as a whole (each reconciler lists its own):
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;update,resourceNames=cistern-workload-controller
+// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=get;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=get;create;update
+
 // Config is everything the workload-controller needs; cmd/workload-controller fills it from flags.
 type Config struct {
 	// MetricsAddr and ProbeAddr: "0" disables.

@@ -35,8 +35,10 @@ type LeaderWorkerSetReconciler struct {
 
 // +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods/finalizers,verbs=update
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
 
 // Reconcile brings one LeaderWorkerSet's objects to what its spec asks.

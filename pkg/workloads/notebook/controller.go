@@ -39,6 +39,7 @@ type Reconciler struct {
 
 // +kubebuilder:rbac:groups=workloads.cistern.dev,resources=notebookvalidationjobs,verbs=get;list;watch
 // +kubebuilder:rbac:groups=workloads.cistern.dev,resources=notebookvalidationjobs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=notebookvalidationjobs/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims;configmaps,verbs=get
 

@@ -27,6 +27,7 @@ type Reconciler struct {
 
 // +kubebuilder:rbac:groups=data.cistern.dev,resources=volumemanagers,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=data.cistern.dev,resources=volumemanagers/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=data.cistern.dev,resources=volumemanagers/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
