@@ -35,7 +35,8 @@ func Create(path string, size int64) error {
 	return build(path, func(f *os.File) error { return reserve(f, size) })
 }
 
-// CreateFrom makes an image at path holding a copy of src, grown to size bytes. The copy is a
+// CreateFrom makes an image at path holding a copy of src, grown to size bytes (size 0 keeps the
+// copy as it is). The copy is a
 // reflink where the filesystem supports it and a sparse copy otherwise.
 func CreateFrom(path, src string, size int64) error {
 	return build(path, func(f *os.File) error {
@@ -46,6 +47,9 @@ func CreateFrom(path, src string, size int64) error {
 		defer in.Close()
 		if err := copyImage(f, in); err != nil {
 			return err
+		}
+		if size == 0 {
+			return nil // a snapshot: keep the copy sparse
 		}
 		return reserve(f, size)
 	})

@@ -48,6 +48,8 @@ type Volume struct {
 	Device      string `json:"device,omitempty"`
 	// Published maps target paths to whether they were published read-only.
 	Published map[string]bool `json:"published,omitempty"`
+	// ExclusiveTarget is the one target of a SINGLE_NODE_SINGLE_WRITER publication.
+	ExclusiveTarget string `json:"exclusiveTarget,omitempty"`
 }
 
 // Snapshot is one snapshot's record.
