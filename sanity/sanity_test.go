@@ -60,5 +60,6 @@ func TestSanity(t *testing.T) {
 	cfg.TestVolumeExpandSize = 128 << 20
 	cfg.IdempotentCount = 3
 	cfg.TestVolumeParameters = map[string]string{"pool": "fast"}
+	cfg.TestVolumeMutableParameters = map[string]string{"readAheadKiB": "1024"}
 	sanity.Test(t, cfg)
 }

@@ -34,6 +34,8 @@ var controllerCapabilities = []csi.ControllerServiceCapability_RPC_Type{
 	csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
 	csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
 	csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
+	csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
 }
 
 func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
@@ -63,6 +65,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
+	if err := parseMutable(req.GetMutableParameters()); err != nil {
+		return nil, err
+	}
 	release, err := d.locks.acquire(volumeNameKey(name))
 	if err != nil {
 		return nil, err
@@ -86,6 +91,8 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		FSType:        shape.fsType,
 		Parameters:    req.GetParameters(),
 		CreatedAt:     time.Now().UTC(),
+
+		MutableParameters: req.GetMutableParameters(),
 	}
 	var source string // image to copy from, for snapshots and clones
 	switch {

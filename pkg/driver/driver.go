@@ -159,6 +159,13 @@ func (d *Driver) recover() {
 			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
 		}
 	}
+	for _, g := range d.store.ListGroupSnapshots() {
+		if g.Ready {
+			continue
+		}
+		// Its member snapshots are not Ready either and go below.
+		_ = d.store.DeleteGroupSnapshot(g.ID)
+	}
 	for _, sn := range d.store.ListSnapshots() {
 		if sn.Ready {
 			continue

@@ -27,6 +27,10 @@ func (s *identityServer) GetPluginCapabilities(context.Context, *csi.GetPluginCa
 				Type: csi.PluginCapability_Service_CONTROLLER_SERVICE}}},
 			&csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
 				Type: csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS}}},
+			&csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
+				Type: csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE}}},
+			&csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
+				Type: csi.PluginCapability_Service_SNAPSHOT_ACCESSIBILITY_CONSTRAINTS}}},
 		)
 	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: caps}, nil

@@ -38,7 +38,7 @@ func (l *keyLocks) acquire(keys ...string) (func(), error) {
 	}, nil
 }
 
-func volumeKey(id string) string     { return "volume " + id }
-func volumeNameKey(n string) string  { return "volume name " + n }
-func snapshotKey(id string) string   { return "snapshot " + id }
+func volumeKey(id string) string      { return "volume " + id }
+func volumeNameKey(n string) string   { return "volume name " + n }
+func snapshotKey(id string) string    { return "snapshot " + id }
 func snapshotNameKey(n string) string { return "snapshot name " + n }

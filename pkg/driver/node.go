@@ -96,6 +96,10 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if err != nil {
 		return nil, internal("attaching volume image", err)
 	}
+	if err := applyMutable(dev, v.MutableParameters); err != nil {
+		_ = image.Detach(dev)
+		return nil, internal("applying mutable parameters", err)
+	}
 	if v.AccessType == state.Mount {
 		if err := d.mountStaging(dev, target, v, req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
 			_ = image.Detach(dev)

@@ -30,6 +30,7 @@ func (d *Driver) newServer() (*server, error) {
 	csi.RegisterIdentityServer(g, &identityServer{d: d})
 	if d.cfg.Mode == ModeAll || d.cfg.Mode == ModeController {
 		csi.RegisterControllerServer(g, &controllerServer{d: d})
+		csi.RegisterGroupControllerServer(g, &groupControllerServer{d: d})
 	}
 	if d.cfg.Mode == ModeAll || d.cfg.Mode == ModeNode {
 		csi.RegisterNodeServer(g, &nodeServer{d: d})

@@ -26,16 +26,18 @@ const (
 
 // Volume is one volume's record.
 type Volume struct {
-	ID            string            `json:"id"`
-	Name          string            `json:"name"`
-	Pool          string            `json:"pool"`
-	CapacityBytes int64             `json:"capacityBytes"`
-	AccessType    AccessType        `json:"accessType"`
-	FSType        string            `json:"fsType,omitempty"`
+	ID            string     `json:"id"`
+	Name          string     `json:"name"`
+	Pool          string     `json:"pool"`
+	CapacityBytes int64      `json:"capacityBytes"`
+	AccessType    AccessType `json:"accessType"`
+	FSType        string     `json:"fsType,omitempty"`
 	// Parameters are the CreateVolume parameters (never secrets); they come back as volume context.
 	Parameters       map[string]string `json:"parameters,omitempty"`
 	SourceSnapshotID string            `json:"sourceSnapshotID,omitempty"`
 	SourceVolumeID   string            `json:"sourceVolumeID,omitempty"`
+	// MutableParameters are the VolumeAttributesClass parameters (see ControllerModifyVolume).
+	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
 	// Ephemeral marks a CSI inline volume, created by NodePublish and deleted by NodeUnpublish.
 	Ephemeral bool `json:"ephemeral,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
@@ -61,218 +63,198 @@ type Snapshot struct {
 	SizeBytes      int64     `json:"sizeBytes"`
 	CreatedAt      time.Time `json:"createdAt"`
 	Ready          bool      `json:"ready"`
+	// GroupSnapshotID is set when the snapshot was taken as part of a volume group snapshot.
+	GroupSnapshotID string `json:"groupSnapshotID,omitempty"`
+}
+
+// GroupSnapshot is one volume group snapshot's record: the snapshots taken together.
+type GroupSnapshot struct {
+	ID          string    `json:"id"`
+	Name        string    `json:"name"`
+	SnapshotIDs []string  `json:"snapshotIDs"`
+	CreatedAt   time.Time `json:"createdAt"`
+	Ready       bool      `json:"ready"`
 }
 
 // Store holds the records in memory, indexed by ID and name, and on disk.
 type Store struct {
-	dir string
-
-	mu            sync.RWMutex
-	volumes       map[string]*Volume
-	volumeNames   map[string]string
-	snapshots     map[string]*Snapshot
-	snapshotNames map[string]string
+	volumes   *table[Volume]
+	snapshots *table[Snapshot]
+	groups    *table[GroupSnapshot]
 }
 
 // Open loads every record under dir, creating the directories when needed.
 func Open(dir string) (*Store, error) {
-	s := &Store{
-		dir:           dir,
-		volumes:       map[string]*Volume{},
-		volumeNames:   map[string]string{},
-		snapshots:     map[string]*Snapshot{},
-		snapshotNames: map[string]string{},
-	}
-	for _, sub := range []string{"volumes", "snapshots"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
-			return nil, fmt.Errorf("creating state directory: %w", err)
-		}
-	}
-	if err := loadAll(filepath.Join(dir, "volumes"), func(data []byte) error {
-		var v Volume
-		if err := json.Unmarshal(data, &v); err != nil {
-			return err
-		}
-		s.volumes[v.ID] = &v
-		if v.Name != "" {
-			s.volumeNames[v.Name] = v.ID
-		}
-		return nil
-	}); err != nil {
+	var s Store
+	var err error
+	if s.volumes, err = openTable(filepath.Join(dir, "volumes"),
+		func(v *Volume) (string, string) { return v.ID, v.Name }, (*Volume).clone); err != nil {
 		return nil, err
 	}
-	if err := loadAll(filepath.Join(dir, "snapshots"), func(data []byte) error {
-		var sn Snapshot
-		if err := json.Unmarshal(data, &sn); err != nil {
-			return err
-		}
-		s.snapshots[sn.ID] = &sn
-		s.snapshotNames[sn.Name] = sn.ID
-		return nil
-	}); err != nil {
+	if s.snapshots, err = openTable(filepath.Join(dir, "snapshots"),
+		func(sn *Snapshot) (string, string) { return sn.ID, sn.Name }, func(sn *Snapshot) Snapshot { return *sn }); err != nil {
 		return nil, err
 	}
-	return s, nil
-}
-
-func loadAll(dir string, load func([]byte) error) error {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return err
+	if s.groups, err = openTable(filepath.Join(dir, "groupsnapshots"),
+		func(g *GroupSnapshot) (string, string) { return g.ID, g.Name }, func(g *GroupSnapshot) GroupSnapshot {
+			cp := *g
+			cp.SnapshotIDs = append([]string(nil), g.SnapshotIDs...)
+			return cp
+		}); err != nil {
+		return nil, err
 	}
-	for _, e := range entries {
-		name := e.Name()
-		if strings.HasPrefix(name, ".tmp-") {
-			_ = os.Remove(filepath.Join(dir, name)) // an interrupted write
-			continue
-		}
-		if !strings.HasSuffix(name, ".json") {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			return err
-		}
-		if err := load(data); err != nil {
-			return fmt.Errorf("loading %s: %w", filepath.Join(dir, name), err)
-		}
-	}
-	return nil
+	return &s, nil
 }
 
 // GetVolume returns a copy of the volume with this ID.
-func (s *Store) GetVolume(id string) (Volume, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	v, ok := s.volumes[id]
-	if !ok {
-		return Volume{}, false
-	}
-	return v.clone(), true
-}
+func (s *Store) GetVolume(id string) (Volume, bool) { return s.volumes.get(id) }
 
 // GetVolumeByName returns a copy of the volume with this name.
-func (s *Store) GetVolumeByName(name string) (Volume, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	id, ok := s.volumeNames[name]
-	if !ok {
-		return Volume{}, false
-	}
-	return s.volumes[id].clone(), true
-}
+func (s *Store) GetVolumeByName(name string) (Volume, bool) { return s.volumes.getByName(name) }
 
 // ListVolumes returns copies of all volumes sorted by ID.
-func (s *Store) ListVolumes() []Volume {
-	s.mu.RLock()
-	out := make([]Volume, 0, len(s.volumes))
-	for _, v := range s.volumes {
-		out = append(out, v.clone())
-	}
-	s.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
+func (s *Store) ListVolumes() []Volume { return s.volumes.list() }
 
 // PutVolume writes the record to disk, then makes it visible.
-func (s *Store) PutVolume(v Volume) error {
-	if v.ID == "" {
-		return errors.New("volume without ID")
-	}
-	if err := writeJSON(filepath.Join(s.dir, "volumes"), v.ID, v); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old, ok := s.volumes[v.ID]; ok && old.Name != v.Name && s.volumeNames[old.Name] == v.ID {
-		delete(s.volumeNames, old.Name)
-	}
-	cp := v.clone()
-	s.volumes[v.ID] = &cp
-	if v.Name != "" {
-		s.volumeNames[v.Name] = v.ID
-	}
-	return nil
-}
+func (s *Store) PutVolume(v Volume) error { return s.volumes.put(v) }
 
 // DeleteVolume removes the record; deleting a missing record is not an error.
-func (s *Store) DeleteVolume(id string) error {
-	if err := removeJSON(filepath.Join(s.dir, "volumes"), id); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if v, ok := s.volumes[id]; ok {
-		if s.volumeNames[v.Name] == id {
-			delete(s.volumeNames, v.Name)
-		}
-		delete(s.volumes, id)
-	}
-	return nil
-}
+func (s *Store) DeleteVolume(id string) error { return s.volumes.delete(id) }
 
 // GetSnapshot returns a copy of the snapshot with this ID.
-func (s *Store) GetSnapshot(id string) (Snapshot, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	sn, ok := s.snapshots[id]
-	if !ok {
-		return Snapshot{}, false
-	}
-	return *sn, true
-}
+func (s *Store) GetSnapshot(id string) (Snapshot, bool) { return s.snapshots.get(id) }
 
 // GetSnapshotByName returns a copy of the snapshot with this name.
-func (s *Store) GetSnapshotByName(name string) (Snapshot, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	id, ok := s.snapshotNames[name]
-	if !ok {
-		return Snapshot{}, false
-	}
-	return *s.snapshots[id], true
-}
+func (s *Store) GetSnapshotByName(name string) (Snapshot, bool) { return s.snapshots.getByName(name) }
 
 // ListSnapshots returns copies of all snapshots sorted by ID.
-func (s *Store) ListSnapshots() []Snapshot {
-	s.mu.RLock()
-	out := make([]Snapshot, 0, len(s.snapshots))
-	for _, sn := range s.snapshots {
-		out = append(out, *sn)
+func (s *Store) ListSnapshots() []Snapshot { return s.snapshots.list() }
+
+// PutSnapshot writes the record to disk, then makes it visible.
+func (s *Store) PutSnapshot(sn Snapshot) error { return s.snapshots.put(sn) }
+
+// DeleteSnapshot removes the record; deleting a missing record is not an error.
+func (s *Store) DeleteSnapshot(id string) error { return s.snapshots.delete(id) }
+
+// GetGroupSnapshot returns a copy of the group snapshot with this ID.
+func (s *Store) GetGroupSnapshot(id string) (GroupSnapshot, bool) { return s.groups.get(id) }
+
+// GetGroupSnapshotByName returns a copy of the group snapshot with this name.
+func (s *Store) GetGroupSnapshotByName(name string) (GroupSnapshot, bool) {
+	return s.groups.getByName(name)
+}
+
+// ListGroupSnapshots returns copies of all group snapshots sorted by ID.
+func (s *Store) ListGroupSnapshots() []GroupSnapshot { return s.groups.list() }
+
+// PutGroupSnapshot writes the record to disk, then makes it visible.
+func (s *Store) PutGroupSnapshot(g GroupSnapshot) error { return s.groups.put(g) }
+
+// DeleteGroupSnapshot removes the record; deleting a missing record is not an error.
+func (s *Store) DeleteGroupSnapshot(id string) error { return s.groups.delete(id) }
+
+// table is one kind of record: a directory of JSON files and two in-memory indexes.
+type table[T any] struct {
+	dir   string
+	keys  func(*T) (id, name string)
+	clone func(*T) T
+
+	mu     sync.RWMutex
+	byID   map[string]*T
+	byName map[string]string
+}
+
+func openTable[T any](dir string, keys func(*T) (string, string), clone func(*T) T) (*table[T], error) {
+	t := &table[T]{dir: dir, keys: keys, clone: clone, byID: map[string]*T{}, byName: map[string]string{}}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state directory: %w", err)
 	}
-	s.mu.RUnlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	err := loadAll(dir, func(data []byte) error {
+		var rec T
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return err
+		}
+		id, name := keys(&rec)
+		t.byID[id] = &rec
+		if name != "" {
+			t.byName[name] = id
+		}
+		return nil
+	})
+	return t, err
+}
+
+func (t *table[T]) get(id string) (T, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	rec, ok := t.byID[id]
+	if !ok {
+		var zero T
+		return zero, false
+	}
+	return t.clone(rec), true
+}
+
+func (t *table[T]) getByName(name string) (T, bool) {
+	t.mu.RLock()
+	id, ok := t.byName[name]
+	t.mu.RUnlock()
+	if !ok {
+		var zero T
+		return zero, false
+	}
+	return t.get(id)
+}
+
+func (t *table[T]) list() []T {
+	t.mu.RLock()
+	ids := make([]string, 0, len(t.byID))
+	for id := range t.byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	out := make([]T, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, t.clone(t.byID[id]))
+	}
+	t.mu.RUnlock()
 	return out
 }
 
-// PutSnapshot writes the record to disk, then makes it visible.
-func (s *Store) PutSnapshot(sn Snapshot) error {
-	if sn.ID == "" {
-		return errors.New("snapshot without ID")
+func (t *table[T]) put(rec T) error {
+	id, name := t.keys(&rec)
+	if id == "" {
+		return errors.New("record without ID")
 	}
-	if err := writeJSON(filepath.Join(s.dir, "snapshots"), sn.ID, sn); err != nil {
+	if err := writeJSON(t.dir, id, rec); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cp := sn
-	s.snapshots[sn.ID] = &cp
-	s.snapshotNames[sn.Name] = sn.ID
+	cp := t.clone(&rec)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.byID[id]; ok {
+		if _, oldName := t.keys(old); oldName != name && t.byName[oldName] == id {
+			delete(t.byName, oldName)
+		}
+	}
+	t.byID[id] = &cp
+	if name != "" {
+		t.byName[name] = id
+	}
 	return nil
 }
 
-// DeleteSnapshot removes the record; deleting a missing record is not an error.
-func (s *Store) DeleteSnapshot(id string) error {
-	if err := removeJSON(filepath.Join(s.dir, "snapshots"), id); err != nil {
+func (t *table[T]) delete(id string) error {
+	if err := removeJSON(t.dir, id); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if sn, ok := s.snapshots[id]; ok {
-		if s.snapshotNames[sn.Name] == id {
-			delete(s.snapshotNames, sn.Name)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rec, ok := t.byID[id]; ok {
+		if _, name := t.keys(rec); t.byName[name] == id {
+			delete(t.byName, name)
 		}
-		delete(s.snapshots, id)
+		delete(t.byID, id)
 	}
 	return nil
 }
@@ -283,6 +265,12 @@ func (v *Volume) clone() Volume {
 		cp.Parameters = make(map[string]string, len(v.Parameters))
 		for k, val := range v.Parameters {
 			cp.Parameters[k] = val
+		}
+	}
+	if v.MutableParameters != nil {
+		cp.MutableParameters = make(map[string]string, len(v.MutableParameters))
+		for k, val := range v.MutableParameters {
+			cp.MutableParameters[k] = val
 		}
 	}
 	if v.Published != nil {
@@ -335,4 +323,29 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+func loadAll(dir string, load func([]byte) error) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".tmp-") {
+			_ = os.Remove(filepath.Join(dir, name)) // an interrupted write
+			continue
+		}
+		if !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		if err := load(data); err != nil {
+			return fmt.Errorf("loading %s: %w", filepath.Join(dir, name), err)
+		}
+	}
+	return nil
 }
