@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -315,7 +316,7 @@ func check(s Spec) checkResult {
 	r.statOK = true
 	r.total = int64(st.Blocks) * int64(st.Bsize)
 	r.available = int64(st.Bavail) * int64(st.Bsize)
-	if sys, ok := fi.Sys().(*unix.Stat_t); ok {
+	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
 		r.dev = uint64(sys.Dev)
 	}
 	if st.Flags&unix.ST_RDONLY != 0 {

@@ -100,3 +100,9 @@ func UnmountUnder(dir string) {
 		_ = exec.Command("umount", "-l", targets[i]).Run()
 	}
 }
+
+// RunAllowFail runs a command and returns its output and error without failing the test.
+func RunAllowFail(args ...string) (string, error) {
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	return string(out), err
+}
