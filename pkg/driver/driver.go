@@ -186,11 +186,10 @@ func (d *Driver) Run(ctx context.Context) error {
 	stop := make(chan struct{})
 	defer close(stop)
 	go d.watchPools(stop)
-	close(d.ready)
-	return srv.serve(ctx, d.cfg.Endpoint, d.cfg.ShutdownTimeout)
+	return srv.serve(ctx, d.cfg.Endpoint, d.cfg.ShutdownTimeout, func() { close(d.ready) })
 }
 
-// Ready is closed once the driver serves.
+// Ready is closed once the driver listens on its socket.
 func (d *Driver) Ready() <-chan struct{} { return d.ready }
 
 // watchPools re-checks pool health periodically and re-reads the pools config when it changes.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -143,10 +144,36 @@ func (d *Driver) mountStaging(dev, target string, v state.Volume, flags []string
 	}
 	if need, err := d.resizer.NeedResize(dev, target); err == nil && need {
 		if _, err := d.resizer.Resize(dev, target); err != nil {
-			return internal("growing filesystem to the volume size", err)
+			if fs != "ext4" {
+				return internal("growing filesystem to the volume size", err)
+			}
+			// Online ext4 growth needs CAP_SYS_RESOURCE. Nothing uses this fresh mount yet, so
+			// a plugin without it grows the filesystem offline instead.
+			klog.InfoS("Online resize failed; growing offline", "device", dev, "err", err)
+			if err := d.growExt4Offline(dev, target, flags); err != nil {
+				return internal("growing filesystem to the volume size", err)
+			}
 		}
 	}
 	return nil
+}
+
+// growExt4Offline unmounts, checks, grows and remounts an ext4 filesystem.
+func (d *Driver) growExt4Offline(dev, target string, flags []string) error {
+	if err := d.mounter.Unmount(target); err != nil {
+		return err
+	}
+	if out, err := d.mounter.Exec.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
+		// Exit status 1 means errors were corrected; anything above is a failure.
+		var ee interface{ ExitStatus() int }
+		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
+			return fmt.Errorf("e2fsck %s: %v: %s", dev, err, out)
+		}
+	}
+	if out, err := d.mounter.Exec.Command("resize2fs", dev).CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs %s: %v: %s", dev, err, out)
+	}
+	return d.mounter.Mount(dev, target, "ext4", flags)
 }
 
 func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
@@ -486,6 +513,9 @@ func (s *nodeServer) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVo
 		mnt = path
 	}
 	if _, err := d.resizer.Resize(dev, mnt); err != nil {
+		if strings.Contains(err.Error(), "Permission denied") {
+			return nil, status.Errorf(codes.Internal, "growing filesystem online was refused (an ext4 online resize needs CAP_SYS_RESOURCE in the node plugin): %v", err)
+		}
 		return nil, internal("growing filesystem", err)
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
