@@ -108,7 +108,13 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 		}
 	}
 	v.StagingPath, v.Device = target, dev
-	if err := d.store.PutVolume(v); err != nil {
+	put := d.store.PutVolumeNodeState
+	if v.AccessType == state.Mount && (!v.Formatted || v.NeedsGrow) {
+		// A lost Formatted flag would let a later stage format over data: write it durably.
+		v.Formatted, v.NeedsGrow = true, false
+		put = d.store.PutVolume
+	}
+	if err := put(v); err != nil {
 		return nil, internal("saving volume state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Staged volume", "volumeID", id, "device", dev, "path", target)
@@ -139,8 +145,25 @@ func (d *Driver) mountStaging(dev, target string, v state.Volume, flags []string
 	if fs == "" {
 		fs = defaultFSType
 	}
+	if !v.Formatted {
+		// A fresh image of ours: no probe needed before mkfs.
+		args := append(append([]string{}, formatOptions[fs]...), dev)
+		if fs == "ext4" {
+			args = append([]string{"-F", "-m0"}, args...)
+		}
+		if out, err := d.mounter.Exec.Command("mkfs."+fs, args...).CombinedOutput(); err != nil {
+			return internal("formatting volume", fmt.Errorf("mkfs.%s: %v: %s", fs, err, out))
+		}
+		if err := d.mounter.Mount(dev, target, fs, flags); err != nil {
+			return internal("mounting volume", err)
+		}
+		return nil
+	}
 	if err := d.mounter.FormatAndMountSensitiveWithFormatOptions(dev, target, fs, flags, nil, formatOptions[fs]); err != nil {
 		return internal("formatting and mounting volume", err)
+	}
+	if !v.NeedsGrow {
+		return nil
 	}
 	if need, err := d.resizer.NeedResize(dev, target); err == nil && need {
 		if _, err := d.resizer.Resize(dev, target); err != nil {
@@ -211,7 +234,7 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 	}
 	if ok {
 		v.StagingPath, v.Device = "", ""
-		if err := d.store.PutVolume(v); err != nil {
+		if err := d.store.PutVolumeNodeState(v); err != nil {
 			return nil, internal("saving volume state", err)
 		}
 	}
@@ -277,7 +300,7 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if exclusive {
 		v.ExclusiveTarget = target
 	}
-	if err := d.store.PutVolume(v); err != nil {
+	if err := d.store.PutVolumeNodeState(v); err != nil {
 		return nil, internal("saving volume state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Published volume", "volumeID", id, "target", target, "readOnly", req.GetReadonly())
@@ -347,7 +370,7 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		if v.ExclusiveTarget == target {
 			v.ExclusiveTarget = ""
 		}
-		if err := d.store.PutVolume(v); err != nil {
+		if err := d.store.PutVolumeNodeState(v); err != nil {
 			return nil, internal("saving volume state", err)
 		}
 	}
