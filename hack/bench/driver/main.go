@@ -40,10 +40,17 @@ func main() {
 	must(err)
 	defer os.RemoveAll(dir)
 
-	floor := measureFloor(dir, *n, size)
 	env := startDriver(dir)
 	defer env.stop()
-	lifecycle := measureDriver(env, *n, size)
+	// Floor and driver samples alternate, so both see the same background load.
+	var floor, lifecycle []time.Duration
+	for i := 0; i < *n; i++ {
+		floor = append(floor, floorOnce(dir, i, size))
+		lifecycle = append(lifecycle, driverOnce(env, i, size))
+	}
+	for _, k := range []string{"CreateVolume", "NodeStageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume", "DeleteVolume"} {
+		fmt.Fprintf(os.Stderr, "%-20s mean %s\n", k, fmtD(stepTimes[k]/time.Duration(*n)))
+	}
 
 	small := createLatency(env, 10, 50)
 	large := createLatency(env, *scale, 50)
@@ -104,36 +111,32 @@ func output(args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// measureFloor runs the storage steps the driver performs, without the driver.
-func measureFloor(dir string, n int, size int64) []time.Duration {
+// floorOnce runs the storage steps the driver performs for one volume, without the driver.
+func floorOnce(dir string, i int, size int64) time.Duration {
 	base := filepath.Join(dir, "floor")
 	must(os.MkdirAll(base, 0o755))
-	var out []time.Duration
-	for i := 0; i < n; i++ {
-		img := filepath.Join(base, fmt.Sprintf("v%d.img", i))
-		staging := filepath.Join(base, fmt.Sprintf("s%d", i))
-		target := filepath.Join(base, fmt.Sprintf("t%d", i))
-		start := time.Now()
-		f, err := os.Create(img)
-		must(err)
-		must(unix.Fallocate(int(f.Fd()), 0, 0, size))
-		must(f.Sync())
-		f.Close()
-		dev := output("losetup", "--find", "--show", "--direct-io=on", img)
-		run("mkfs.ext4", "-q", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1", "-F", "-m0", dev)
-		must(os.MkdirAll(staging, 0o750))
-		run("mount", "-t", "ext4", dev, staging)
-		must(os.MkdirAll(target, 0o750))
-		run("mount", "--bind", staging, target)
-		run("umount", target)
-		must(os.Remove(target))
-		run("umount", staging)
-		must(os.Remove(staging))
-		run("losetup", "--detach", dev)
-		must(os.Remove(img))
-		out = append(out, time.Since(start))
-	}
-	return out
+	img := filepath.Join(base, fmt.Sprintf("v%d.img", i))
+	staging := filepath.Join(base, fmt.Sprintf("s%d", i))
+	target := filepath.Join(base, fmt.Sprintf("t%d", i))
+	start := time.Now()
+	f, err := os.Create(img)
+	must(err)
+	must(unix.Fallocate(int(f.Fd()), 0, 0, size))
+	must(f.Sync())
+	f.Close()
+	dev := output("losetup", "--find", "--show", "--direct-io=on", img)
+	run("mkfs.ext4", "-q", "-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1", "-F", "-m0", dev)
+	must(os.MkdirAll(staging, 0o750))
+	run("mount", "-t", "ext4", dev, staging)
+	must(os.MkdirAll(target, 0o750))
+	run("mount", "--bind", staging, target)
+	run("umount", target)
+	must(os.Remove(target))
+	run("umount", staging)
+	must(os.Remove(staging))
+	run("losetup", "--detach", dev)
+	must(os.Remove(img))
+	return time.Since(start)
 }
 
 type env struct {
@@ -179,48 +182,40 @@ func timed(name string, f func() error) {
 	stepTimes[name] += time.Since(start)
 }
 
-func measureDriver(e *env, n int, size int64) []time.Duration {
+// driverOnce runs one volume's lifecycle through the driver's gRPC API.
+func driverOnce(e *env, i int, size int64) time.Duration {
 	ctx := context.Background()
-	var out []time.Duration
-	defer func() {
-		for _, k := range []string{"CreateVolume", "NodeStageVolume", "NodePublishVolume", "NodeUnpublishVolume", "NodeUnstageVolume", "DeleteVolume"} {
-			fmt.Fprintf(os.Stderr, "%-20s mean %s\n", k, fmtD(stepTimes[k]/time.Duration(n)))
-		}
-	}()
-	for i := 0; i < n; i++ {
-		staging := filepath.Join(e.dir, "staging", fmt.Sprint(i))
-		target := filepath.Join(e.dir, "target", fmt.Sprint(i))
-		start := time.Now()
-		var id string
-		timed("CreateVolume", func() error {
-			v, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: fmt.Sprintf("life-%d", i),
-				CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{mountCap}})
-			id = v.GetVolume().GetVolumeId()
-			return err
-		})
-		timed("NodeStageVolume", func() error {
-			_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap})
-			return err
-		})
-		timed("NodePublishVolume", func() error {
-			_, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap})
-			return err
-		})
-		timed("NodeUnpublishVolume", func() error {
-			_, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-			return err
-		})
-		timed("NodeUnstageVolume", func() error {
-			_, err := e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
-			return err
-		})
-		timed("DeleteVolume", func() error {
-			_, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
-			return err
-		})
-		out = append(out, time.Since(start))
-	}
-	return out
+	staging := filepath.Join(e.dir, "staging", fmt.Sprint(i))
+	target := filepath.Join(e.dir, "target", fmt.Sprint(i))
+	start := time.Now()
+	var id string
+	timed("CreateVolume", func() error {
+		v, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: fmt.Sprintf("life-%d", i),
+			CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{mountCap}})
+		id = v.GetVolume().GetVolumeId()
+		return err
+	})
+	timed("NodeStageVolume", func() error {
+		_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: mountCap})
+		return err
+	})
+	timed("NodePublishVolume", func() error {
+		_, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap})
+		return err
+	})
+	timed("NodeUnpublishVolume", func() error {
+		_, err := e.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+		return err
+	})
+	timed("NodeUnstageVolume", func() error {
+		_, err := e.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+		return err
+	})
+	timed("DeleteVolume", func() error {
+		_, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		return err
+	})
+	return time.Since(start)
 }
 
 // createLatency fills the driver up to existing volumes (1 MiB block volumes: cheap to make),
