@@ -151,7 +151,7 @@ func TestLeaderStatefulSet(t *testing.T) {
 						v1alpha1.SetNameLabelKey: "lws", v1alpha1.WorkerIndexLabelKey: "0"}},
 					Template: corev1.PodTemplateSpec{
 						ObjectMeta: metav1.ObjectMeta{
-							Labels: map[string]string{v1alpha1.SetNameLabelKey: "lws", v1alpha1.WorkerIndexLabelKey: "0", v1alpha1.RevisionKey: "rev"},
+							Labels:      map[string]string{v1alpha1.SetNameLabelKey: "lws", v1alpha1.WorkerIndexLabelKey: "0", v1alpha1.RevisionKey: "rev"},
 							Annotations: map[string]string{v1alpha1.SizeAnnotationKey: "3"},
 						},
 						Spec: container("worker").Spec,
@@ -266,7 +266,9 @@ func TestTemplateHash(t *testing.T) {
 	if h := TemplateHash(testLWS(func(l *v1alpha1.LeaderWorkerSet) { l.Spec.Replicas = ptr.To[int32](7) })); h != base {
 		t.Errorf("scaling changed the revision: %s != %s", h, base)
 	}
-	if h := TemplateHash(testLWS(func(l *v1alpha1.LeaderWorkerSet) { l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Image = "other" })); h == base {
+	if h := TemplateHash(testLWS(func(l *v1alpha1.LeaderWorkerSet) {
+		l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Image = "other"
+	})); h == base {
 		t.Error("changing the worker image kept the revision")
 	}
 	if h := TemplateHash(testLWS(func(l *v1alpha1.LeaderWorkerSet) { l.Spec.LeaderWorkerTemplate.Size = ptr.To[int32](4) })); h == base {

@@ -75,7 +75,7 @@ func TestDefaultPod(t *testing.T) {
 						v1alpha1.ReplicaUniqueTolerationKeyAnnotationKey:    "dedicated",
 						v1alpha1.ReplicaUniqueTolerationEffectAnnotationKey: "NoExecute"}},
 				Spec: corev1.PodSpec{Subdomain: "lws", InitContainers: []corev1.Container{{Name: "i"}},
-					Containers: []corev1.Container{{Name: "c", Env: []corev1.EnvVar{{Name: v1alpha1.LwsWorkerIndex, Value: "mine"}}}},
+					Containers:   []corev1.Container{{Name: "c", Env: []corev1.EnvVar{{Name: v1alpha1.LwsWorkerIndex, Value: "mine"}}}},
 					NodeSelector: map[string]string{"zone": "a"}},
 			},
 			want: &corev1.Pod{

@@ -97,12 +97,12 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 		mounts = append(mounts, corev1.VolumeMount{Name: m.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: m.ReadOnly})
 	}
 	nb := corev1.Container{
-		Name:       NotebookContainer,
-		Image:      spec.PodConfig.ContainerImage,
-		Command:    []string{"papermill"},
-		Args:       []string{"$(" + EnvNotebookInput + ")", "$(" + EnvNotebookOutput + ")", "--log-output"},
-		WorkingDir: path.Dir(repoDir + "/" + spec.Notebook.Path),
-		Env:        MergeEnv(own, spec.PodConfig.Env),
+		Name:         NotebookContainer,
+		Image:        spec.PodConfig.ContainerImage,
+		Command:      []string{"papermill"},
+		Args:         []string{"$(" + EnvNotebookInput + ")", "$(" + EnvNotebookOutput + ")", "--log-output"},
+		WorkingDir:   path.Dir(repoDir + "/" + spec.Notebook.Path),
+		Env:          MergeEnv(own, spec.PodConfig.Env),
 		VolumeMounts: mounts,
 	}
 	if r := spec.PodConfig.Resources; r != nil {

@@ -205,4 +205,3 @@ func parseKey(b []byte) (*ecdsa.PrivateKey, error) {
 func sameBundle(a, b Bundle) bool {
 	return bytes.Equal(a.CACert, b.CACert) && bytes.Equal(a.Cert, b.Cert) && bytes.Equal(a.Key, b.Key)
 }
-
