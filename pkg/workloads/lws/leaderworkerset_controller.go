@@ -3,7 +3,6 @@ package lws
 import (
 	"context"
 	"fmt"
-	"strconv"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -238,13 +237,4 @@ func (r *LeaderWorkerSetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&appsv1.StatefulSet{}, byName).
 		Watches(&corev1.Pod{}, byName).
 		Complete(r)
-}
-
-// groupIndex parses the group-index label; -1 when absent.
-func groupIndex(o metav1.Object) int {
-	n, err := strconv.Atoi(o.GetLabels()[v1alpha1.GroupIndexLabelKey])
-	if err != nil {
-		return -1
-	}
-	return n
 }
