@@ -17,15 +17,14 @@ import (
 	"testing"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -50,17 +49,12 @@ func setup(t *testing.T) *framework.ControlPlane {
 	cp := framework.Shared(t)
 	setupOnce.Do(func() {
 		setupErr = errors.New("setup did not finish")
-		scheme := workloads.Scheme()
-		if err := apiextensionsv1.AddToScheme(scheme); err != nil {
-			setupErr = err
-			return
-		}
-		c, err := client.New(cp.Config, client.Options{Scheme: scheme})
+		c, err := client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
 		if err != nil {
 			setupErr = err
 			return
 		}
-		if err := installCRDs(c, filepath.Join(repoRoot(), "deploy", "csi", "crds")); err != nil {
+		if err := testutil.InstallCRDs(cp.Config, filepath.Join(repoRoot(), "deploy", "csi", "crds")); err != nil {
 			setupErr = err
 			return
 		}
@@ -71,47 +65,6 @@ func setup(t *testing.T) *framework.ControlPlane {
 		t.Fatalf("setup: %v", setupErr)
 	}
 	return cp
-}
-
-// installCRDs creates the CRDs of dir and waits until they are Established.
-func installCRDs(c client.Client, dir string) error {
-	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		var crd apiextensionsv1.CustomResourceDefinition
-		if err := yaml.Unmarshal(b, &crd); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		if err := c.Create(ctx, &crd); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		for {
-			if err := c.Get(ctx, client.ObjectKeyFromObject(&crd), &crd); err != nil {
-				return err
-			}
-			established := false
-			for _, cond := range crd.Status.Conditions {
-				established = established || (cond.Type == apiextensionsv1.Established && cond.Status == apiextensionsv1.ConditionTrue)
-			}
-			if established {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("CRD %s not Established", crd.Name)
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
-	}
-	return nil
 }
 
 // startController runs the controller in this process until the test binary exits. wrap, if set,
