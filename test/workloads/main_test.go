@@ -87,7 +87,7 @@ func startController(cfg *rest.Config, wrap transport.WrapperFunc) error {
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: "registry.invalid/git:test",
+		GitImage: "registry.invalid/git:test", GroupWorkers: 4,
 	}
 	wc.VolumeManager.LocalSourceRoots = []string{"/srv/datasets"}
 	logger := klog.Background().V(1)
