@@ -105,8 +105,15 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 		return datav1alpha1.Volume{ID: vc.ID, Message: err.Error()}, datav1alpha1.StateFailed, nil
 	}
 	chosen := SelectNodes(vc, nodes, previous)
-	if len(chosen) == 0 {
-		return datav1alpha1.Volume{ID: vc.ID, Message: fmt.Sprintf("no eligible node (need %d)", vc.Replicas)}, datav1alpha1.StatePending, nil
+	if len(chosen) < int(vc.Replicas) {
+		// Too few nodes: make nothing new (each node set is its own claim, so growing one node at
+		// a time would churn claims), and keep what an earlier node set already placed.
+		msg := fmt.Sprintf("only %d of %d nodes eligible", len(chosen), vc.Replicas)
+		if len(previous) == 0 {
+			return datav1alpha1.Volume{ID: vc.ID, Message: msg}, datav1alpha1.StatePending, nil
+		}
+		keep[pvName(vm, vc.ID, previous)], keep[objectName(vm, vc.ID, previous)] = true, true
+		return StatusVolume(vc, objectName(vm, vc.ID, previous), previous, msg+"; keeping the data where it is"), datav1alpha1.StatePending, nil
 	}
 	pv := PersistentVolume(vm, vc, chosen, attrs, r.Config)
 	pvc := PersistentVolumeClaim(vm, vc, chosen)
@@ -131,10 +138,7 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 			bound = true
 		}
 	}
-	switch {
-	case len(chosen) < int(vc.Replicas):
-		state, msg = datav1alpha1.StatePending, fmt.Sprintf("only %d of %d nodes eligible", len(chosen), vc.Replicas)
-	case !bound:
+	if !bound {
 		state, msg = datav1alpha1.StatePending, "waiting for claim "+pvc.Name+" to bind"
 	}
 	return StatusVolume(vc, pvc.Name, chosen, msg), state, nil
