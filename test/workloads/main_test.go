@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/transport"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -59,7 +58,7 @@ func setup(t *testing.T) *framework.ControlPlane {
 			return
 		}
 		cl = c
-		setupErr = startController(cp.Config, nil)
+		setupErr = startController(cp.Config)
 	})
 	if setupErr != nil {
 		t.Fatalf("setup: %v", setupErr)
@@ -67,18 +66,14 @@ func setup(t *testing.T) *framework.ControlPlane {
 	return cp
 }
 
-// startController runs the controller in this process until the test binary exits. wrap, if set,
-// wraps its HTTP transport (the benchmark counts requests with it).
-func startController(cfg *rest.Config, wrap transport.WrapperFunc) error {
+// startController runs the controller in this process until the test binary exits.
+func startController(cfg *rest.Config) error {
 	port, err := freePort()
 	if err != nil {
 		return err
 	}
 	ctrlCfg := rest.CopyConfig(cfg)
 	ctrlCfg.QPS, ctrlCfg.Burst = 200, 400
-	if wrap != nil {
-		ctrlCfg.Wrap(wrap)
-	}
 	certDir, err := os.MkdirTemp("", "workload-webhook-")
 	if err != nil {
 		return err
