@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,9 @@ const (
 	// BinDirEnv overrides where the Kubernetes binaries are looked up.
 	BinDirEnv = "CISTERN_K8S_BIN"
 )
+
+// errBinariesMissing means `make k8s-tools` has not been run.
+var errBinariesMissing = errors.New("Kubernetes test binaries missing")
 
 // controlPlaneBinaries are what `make k8s-tools` builds and StartControlPlane needs.
 var controlPlaneBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
@@ -39,7 +43,7 @@ func Binary(t testing.TB, name string) string {
 		if name == "kubelet" {
 			hint = "make kubelet-tools"
 		}
-		missing(t, fmt.Errorf("%s not found (%w); run `%s`", name, err, hint))
+		missing(t, fmt.Errorf("%w: %s (run `%s`)", errBinariesMissing, err, hint))
 	}
 	return path
 }
@@ -47,9 +51,9 @@ func Binary(t testing.TB, name string) string {
 func missing(t testing.TB, err error) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("Kubernetes test binaries: %v", err)
+		t.Fatal(err)
 	}
-	t.Skipf("Kubernetes test binaries: %v", err)
+	t.Skip(err)
 }
 
 // findBinDir resolves the binary directory and checks that the control plane is complete.
@@ -68,7 +72,7 @@ func findBinDir() (string, error) {
 	}
 	for _, name := range controlPlaneBinaries {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
-			return "", fmt.Errorf("%s not found in %s; run `make k8s-tools` (or set %s)", name, dir, BinDirEnv)
+			return "", fmt.Errorf("%w: %s not found in %s; run `make k8s-tools` (or set %s)", errBinariesMissing, name, dir, BinDirEnv)
 		}
 	}
 	return dir, nil
