@@ -13,6 +13,11 @@ const (
 	k8sVersion = "v1.37.2"
 	// BinDirEnv overrides where the Kubernetes binaries are looked up.
 	BinDirEnv = "CISTERN_K8S_BIN"
+
+	// externalProvisionerVersion is what hack/tools/csi builds (`make csi-tools`).
+	externalProvisionerVersion = "v6.4.0"
+	// CSIBinDirEnv overrides where csi-provisioner is looked up.
+	CSIBinDirEnv = "CISTERN_CSI_BIN"
 )
 
 // errBinariesMissing means `make k8s-tools` has not been run.
@@ -58,17 +63,9 @@ func missing(t testing.TB, err error) {
 
 // findBinDir resolves the binary directory and checks that the control plane is complete.
 func findBinDir() (string, error) {
-	dir := os.Getenv(BinDirEnv)
-	if dir == "" {
-		cache := os.Getenv("CISTERN_CACHE")
-		if cache == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", fmt.Errorf("finding the cache directory: %w", err)
-			}
-			cache = filepath.Join(home, ".cache", "cistern")
-		}
-		dir = filepath.Join(cache, "k8s-"+k8sVersion, "bin")
+	dir, err := toolDir(BinDirEnv, "k8s-"+k8sVersion)
+	if err != nil {
+		return "", err
 	}
 	for _, name := range controlPlaneBinaries {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
@@ -76,4 +73,37 @@ func findBinDir() (string, error) {
 		}
 	}
 	return dir, nil
+}
+
+// ExternalProvisioner returns the path of the csi-provisioner built by `make csi-tools`:
+// $CISTERN_CSI_BIN/csi-provisioner, else $CISTERN_CACHE/external-provisioner-<version>/bin/.
+// Missing, it skips the test (fails it when CI=true).
+func ExternalProvisioner(t testing.TB) string {
+	t.Helper()
+	dir, err := toolDir(CSIBinDirEnv, "external-provisioner-"+externalProvisionerVersion)
+	if err != nil {
+		missing(t, fmt.Errorf("%w: %v", errBinariesMissing, err))
+	}
+	path := filepath.Join(dir, "csi-provisioner")
+	if _, err := os.Stat(path); err != nil {
+		missing(t, fmt.Errorf("%w: csi-provisioner not found in %s; run `make csi-tools` (or set %s)", errBinariesMissing, dir, CSIBinDirEnv))
+	}
+	return path
+}
+
+// toolDir is $<env> if set, else <CISTERN_CACHE>/<name>/bin (CISTERN_CACHE defaults to
+// ~/.cache/cistern, as in the Makefile).
+func toolDir(env, name string) (string, error) {
+	if dir := os.Getenv(env); dir != "" {
+		return dir, nil
+	}
+	cache := os.Getenv("CISTERN_CACHE")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("finding the cache directory: %w", err)
+		}
+		cache = filepath.Join(home, ".cache", "cistern")
+	}
+	return filepath.Join(cache, name, "bin"), nil
 }
