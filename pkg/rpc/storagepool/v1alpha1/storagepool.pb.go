@@ -163,11 +163,9 @@ type StoragePool struct {
 	Healthy bool `protobuf:"varint,8,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	// Recent errors, newest last, bounded.
 	Errors []*StoragePoolError `protobuf:"bytes,9,rep,name=errors,proto3" json:"errors,omitempty"`
-	// True for a pool reachable from several nodes (pools config `shared: true`), e.g. an NFS or
-	// cluster filesystem mounted at the same path everywhere. Each node's driver reports it with
-	// its own node in accessible_topology; the storagepool-sidecar then publishes ONE object named
-	// after the pool alone whose status.accessibleNodes lists every reporting node. A pool that is
-	// not shared is published per node, as "<pool>.<node>".
+	// True when the pool is the same storage on several nodes (pools config `shared: true`). Each
+	// node's driver reports it under the same name with its own node in accessible_topology;
+	// consumers merge the reports by (driver, name) into one pool.
 	Shared        bool `protobuf:"varint,10,opt,name=shared,proto3" json:"shared,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
