@@ -180,8 +180,7 @@ func freeAddr(t *testing.T) string {
 
 // metric returns the sum of a metric's samples whose labels contain match, from the sidecar's
 // /metrics; -1 when the endpoint does not answer.
-func (s *sidecar) metric(t *testing.T, name, match string) float64 {
-	t.Helper()
+func (s *sidecar) metric(name, match string) float64 {
 	resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
 	if err != nil {
 		return -1

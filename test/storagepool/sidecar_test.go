@@ -104,9 +104,9 @@ func TestPoolLifecycle(t *testing.T) {
 	t.Run("a restarted sidecar does not rewrite objects", func(t *testing.T) {
 		// Let the driver and the sidecar settle: two resyncs without a write.
 		waitFor(t, "a quiet sidecar", func() bool {
-			w := sc.metric(t, "storagepool_sidecar_api_writes_total", "")
+			w := sc.metric("storagepool_sidecar_api_writes_total", "")
 			time.Sleep(4500 * time.Millisecond)
-			return w >= 0 && sc.metric(t, "storagepool_sidecar_api_writes_total", "") == w
+			return w >= 0 && sc.metric("storagepool_sidecar_api_writes_total", "") == w
 		})
 		before, err := c.Get(context.Background(), fastName, metav1.GetOptions{})
 		if err != nil {
@@ -116,9 +116,9 @@ func TestPoolLifecycle(t *testing.T) {
 		sc = startSidecar(t, cp, d)
 		// Several resyncs (2s each) and the driver's watch stream have run once this many syncs passed.
 		waitFor(t, "three syncs of the new sidecar", func() bool {
-			return sc.metric(t, "storagepool_sidecar_syncs_total", `result="success"`) >= 3
+			return sc.metric("storagepool_sidecar_syncs_total", `result="success"`) >= 3
 		})
-		if w := sc.metric(t, "storagepool_sidecar_api_writes_total", ""); w != 0 {
+		if w := sc.metric("storagepool_sidecar_api_writes_total", ""); w != 0 {
 			t.Errorf("the restarted sidecar made %v API writes, want 0", w)
 		}
 		after, err := c.Get(context.Background(), fastName, metav1.GetOptions{})
