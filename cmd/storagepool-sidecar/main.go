@@ -75,11 +75,10 @@ func run(ctx context.Context, cfg standardflags.SidecarConfiguration, nodeName s
 		return fmt.Errorf("connecting to the CSI driver at %s: %w", cfg.CSIAddress, err)
 	}
 	defer conn.Close()
+	// No Probe wait: a driver whose pools are all unhealthy reports not ready, and publishing
+	// exactly that is this sidecar's job.
 	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := csirpc.ProbeForever(callCtx, conn, timeout); err != nil {
-		return fmt.Errorf("waiting for the CSI driver to be ready: %w", err)
-	}
 	driverName, err := csirpc.GetDriverName(callCtx, conn)
 	if err != nil {
 		return fmt.Errorf("asking the CSI driver its name: %w", err)
