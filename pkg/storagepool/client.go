@@ -86,7 +86,9 @@ func NewObjectCache(logger klog.Logger, informers ...cache.SharedIndexInformer) 
 	c := &ObjectCache{informers: informers}
 	for _, inf := range informers {
 		c.mutations = append(c.mutations, cache.NewIntegerResourceVersionMutationCache(
-			logger, inf.GetStore(), inf.GetIndexer(), mutationTTL, true))
+			// Not includeAdds: an object deleted by someone else must look deleted at once, so
+			// that it is re-created; a just-created one may at worst be applied once more.
+			logger, inf.GetStore(), inf.GetIndexer(), mutationTTL, false))
 	}
 	return c
 }
