@@ -404,7 +404,20 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 	}
 	var r scaleResult
 	waitB(b, 15*time.Minute, "all pools published", func() bool {
-		return apiserverWrites(b, cp)-writes0 >= float64(2*total) && successes() >= benchNodes
+		if apiserverWrites(b, cp)-writes0 < float64(2*total) {
+			return false
+		}
+		list, err := c.List(context.Background(), metav1.ListOptions{LabelSelector: "media=nvme"})
+		if err != nil {
+			return false
+		}
+		published := 0
+		for _, o := range list.Items {
+			if len(o.Status.Conditions) > 0 {
+				published++
+			}
+		}
+		return published == total
 	})
 	r.publish = time.Since(start)
 	r.publishWrites = apiserverWrites(b, cp) - writes0
