@@ -227,6 +227,12 @@ driver, no informer, no diffing. API writes are counted by the API server itself
 | API writes to publish all | %.0f | %.0f | %d (2 per pool) |
 | API writes per resync with nothing changed | %.0f | %.0f | 0 |
 | API writes after one pool's capacity changes (incl. one more resync) | %.0f | %.0f | 1 |
+
+The per-node publish time is what 1,000 sidecars starting at the same instant do to a 2-core API
+server that also serves their 2,000 watches: requests queue in API Priority and Fairness and
+some time out ("http: Handler timeout"), so a few writes are retried (writes above 8,000). It is a
+thundering-herd figure on a small machine, not a per-sidecar cost; the write counts, which are
+the goals, hold in both modes.
 `, time.Now().UTC().Format("2006-01-02"), benchNodes, benchPoolsPerNode, total, total, total,
 		controller.publish.Seconds(), perNode.publish.Seconds(), peer.Seconds(), peer.Seconds(),
 		controller.publish.Seconds()/peer.Seconds(), perNode.publish.Seconds()/peer.Seconds(),
@@ -404,6 +410,7 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 	}
 	var r scaleResult
 	waitB(b, 15*time.Minute, "all pools published", func() bool {
+		time.Sleep(2 * time.Second) // listing 4,000 objects is itself load: poll slowly
 		if apiserverWrites(b, cp)-writes0 < float64(2*total) {
 			return false
 		}
