@@ -185,8 +185,12 @@ func (m *Manager) Wait(ctx context.Context, req Request) (Status, error) {
 	}
 	select {
 	case <-j.done:
-		st, _, err := m.ensure(context.WithoutCancel(ctx), req)
-		return st, err
+		if j.err != nil {
+			m.mu.Lock()
+			delete(m.failed, jobKey(req.Pool, req.Spec.ID())) // reported here, not again
+			m.mu.Unlock()
+		}
+		return j.status(), j.err
 	case <-ctx.Done():
 		return j.status(), nil
 	}

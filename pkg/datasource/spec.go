@@ -217,7 +217,9 @@ func (s *Spec) parseSource(ephemeral bool) error {
 
 // ID names the dataset: sources with the same location, endpoint and filters share a cache entry.
 func (s *Spec) ID() string {
-	b, _ := json.Marshal(s)
+	// Canonical fields only: "s3://b/p" and "s3://b/p/" are one dataset.
+	b, _ := json.Marshal([]any{s.Scheme, s.Bucket, s.Prefix, s.Host, s.Path, s.Endpoint, s.Region,
+		s.PathStyle, s.Include, s.Exclude})
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
 }
