@@ -297,9 +297,11 @@ func checkCapacity(req Request, bytes, alloc int64) error {
 }
 
 func (m *Manager) checkAccess(ctx context.Context, req Request) error {
-	if req.Spec.Scheme != SchemeS3 {
-		return nil // NFS (AUTH_UNIX) and local sources have no per-tenant credentials.
+	if req.Spec.Scheme == SchemeNFS {
+		return nil // AUTH_UNIX carries no per-tenant secret to check.
 	}
+	// S3: the caller's credentials must read the bucket. file://: the path must still be under
+	// an allowed root (the admin may have narrowed --local-source-roots since).
 	src, err := m.openSource(req)
 	if err != nil {
 		return err

@@ -20,8 +20,8 @@ func StartNFS(t testing.TB, dir string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &exportHandler{Handler: nfshelper.NewNullAuthHandler(osfs.New(dir))}
-	go nfs.Serve(l, nfshelper.NewCachingHandler(h, 4096))
+	h := &exportHandler{Handler: nfshelper.NewCachingHandler(nfshelper.NewNullAuthHandler(osfs.New(dir)), 4096)}
+	go nfs.Serve(l, h)
 	t.Cleanup(func() { l.Close() })
 	return l.Addr().String()
 }
@@ -33,4 +33,12 @@ func (h *exportHandler) Mount(ctx context.Context, c net.Conn, req nfs.MountRequ
 		return nfs.MountStatusErrNoEnt, nil, nil
 	}
 	return h.Handler.Mount(ctx, c, req)
+}
+
+// ToHandle tolerates the nil filesystem go-nfs passes after a refused mount.
+func (h *exportHandler) ToHandle(fs billy.Filesystem, path []string) []byte {
+	if fs == nil {
+		return nil
+	}
+	return h.Handler.ToHandle(fs, path)
 }

@@ -131,4 +131,3 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	conn.Close()
 }
-

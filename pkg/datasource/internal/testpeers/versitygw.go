@@ -163,4 +163,6 @@ func (s *S3) PutMultipart(t testing.TB, bucket, key string, size, partSize int64
 }
 
 // ObjectPath is where the posix backend keeps an object.
-func (s *S3) ObjectPath(bucket, key string) string { return filepath.Join(s.Dir, bucket, filepath.FromSlash(key)) }
+func (s *S3) ObjectPath(bucket, key string) string {
+	return filepath.Join(s.Dir, bucket, filepath.FromSlash(key))
+}
