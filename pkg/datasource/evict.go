@@ -129,6 +129,16 @@ func (m *Manager) evictPool(ctx context.Context, pool string, need int64) {
 		cands = append(cands, c)
 	}
 	sort.Slice(cands, func(a, b int) bool { return cands[a].lastUsed.Before(cands[b].lastUsed) })
+	if need > 0 {
+		// Evicting cannot make room for a dataset that would not fit anyway: keep the cache.
+		avail := free
+		for _, c := range cands {
+			avail += c.bytes
+		}
+		if avail < need {
+			cands = nil
+		}
+	}
 	var victims []candidate
 	for _, c := range cands {
 		if free >= target {
