@@ -1,12 +1,90 @@
-// Command csi-driver is the Cistern CSI plugin. See README.md.
+// Command csi-driver is the Cistern CSI plugin: Identity, Controller and Node services over the
+// node's storage pools, plus the StoragePoolController service, on one unix socket.
 package main
 
 import (
+	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/driver"
 )
 
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
 func main() {
-	fmt.Fprintln(os.Stderr, "csi-driver: not implemented yet")
-	os.Exit(1)
+	cfg := driver.Config{VendorVersion: version}
+	var mode, httpEndpoint string
+	var defaultSize int64
+	klog.InitFlags(nil)
+	flag.StringVar(&cfg.DriverName, "driver-name", consts.DriverName, "CSI driver name.")
+	flag.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix:///path/to/csi.sock).")
+	flag.StringVar(&cfg.NodeID, "node-id", "", "Node ID reported in NodeGetInfo and topology (the Kubernetes node name).")
+	flag.StringVar(&mode, "mode", string(driver.ModeAll), "Services to serve: all, controller or node.")
+	flag.StringVar(&cfg.PoolsConfig, "pools-config", "/etc/cistern/pools.yaml", "Pools config file (YAML); re-read when it changes.")
+	flag.StringVar(&cfg.StateDir, "state-dir", "/var/lib/cistern", "Directory for persisted volume and snapshot state.")
+	flag.Int64Var(&defaultSize, "default-volume-size", 1<<30, "Size in bytes of a volume created without a capacity request.")
+	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
+	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
+	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	showVersion := flag.Bool("version", false, "Print the version and exit.")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println(version)
+		return
+	}
+	cfg.Mode = driver.Mode(mode)
+	cfg.DefaultVolumeSize = defaultSize
+
+	d, err := driver.New(cfg)
+	if err != nil {
+		klog.ErrorS(err, "Cannot start the driver")
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if httpEndpoint != "" {
+		go serveHTTP(ctx, httpEndpoint, d)
+	}
+	klog.InfoS("Starting Cistern CSI driver", "version", version, "driver", cfg.DriverName, "node", cfg.NodeID, "mode", cfg.Mode)
+	if err := d.Run(ctx); err != nil {
+		klog.ErrorS(err, "Driver stopped with an error")
+		os.Exit(1)
+	}
+	klog.InfoS("Driver stopped")
+}
+
+func serveHTTP(ctx context.Context, addr string, d *driver.Driver) {
+	mux := http.NewServeMux()
+	d.Metrics().RegisterToServer(mux, "/metrics")
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		pools, _ := d.Pools().List()
+		for _, p := range pools {
+			if p.Healthy {
+				fmt.Fprintln(w, "ok")
+				return
+			}
+		}
+		http.Error(w, "no healthy pool", http.StatusServiceUnavailable)
+	})
+	srv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		klog.ErrorS(err, "HTTP endpoint failed", "address", addr)
+	}
 }

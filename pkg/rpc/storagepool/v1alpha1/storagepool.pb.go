@@ -162,7 +162,11 @@ type StoragePool struct {
 	// False when the pool's path is missing, not a directory, read-only or full.
 	Healthy bool `protobuf:"varint,8,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	// Recent errors, newest last, bounded.
-	Errors        []*StoragePoolError `protobuf:"bytes,9,rep,name=errors,proto3" json:"errors,omitempty"`
+	Errors []*StoragePoolError `protobuf:"bytes,9,rep,name=errors,proto3" json:"errors,omitempty"`
+	// True when the pool is the same storage on several nodes (pools config `shared: true`). Each
+	// node's driver reports it under the same name with its own node in accessible_topology;
+	// consumers merge the reports by (driver, name) into one pool.
+	Shared        bool `protobuf:"varint,10,opt,name=shared,proto3" json:"shared,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +262,13 @@ func (x *StoragePool) GetErrors() []*StoragePoolError {
 		return x.Errors
 	}
 	return nil
+}
+
+func (x *StoragePool) GetShared() bool {
+	if x != nil {
+		return x.Shared
+	}
+	return false
 }
 
 type Topology struct {
@@ -451,7 +462,7 @@ const file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc = "" +
 	"next_token\x18\x02 \x01(\tR\tnextToken\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
-	"generation\"\xfc\x04\n" +
+	"generation\"\x94\x05\n" +
 	"\vStoragePool\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12Y\n" +
 	"\n" +
@@ -464,7 +475,9 @@ const file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc = "" +
 	"\x0favailable_bytes\x18\x06 \x01(\x03R\x0eavailableBytes\x120\n" +
 	"\x14maximum_volume_bytes\x18\a \x01(\x03R\x12maximumVolumeBytes\x12\x18\n" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12F\n" +
-	"\x06errors\x18\t \x03(\v2..cistern.storagepool.v1alpha1.StoragePoolErrorR\x06errors\x1a=\n" +
+	"\x06errors\x18\t \x03(\v2..cistern.storagepool.v1alpha1.StoragePoolErrorR\x06errors\x12\x16\n" +
+	"\x06shared\x18\n" +
+	" \x01(\bR\x06shared\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +

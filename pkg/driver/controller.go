@@ -1,0 +1,493 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/pool"
+	"github.com/cistern-csi/cistern/pkg/state"
+)
+
+type controllerServer struct {
+	csi.UnimplementedControllerServer
+	d *Driver
+}
+
+var controllerCapabilities = []csi.ControllerServiceCapability_RPC_Type{
+	csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+	csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+	csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+	csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+	csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+	csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+	csi.ControllerServiceCapability_RPC_GET_VOLUME,
+	csi.ControllerServiceCapability_RPC_GET_VOLUME_HEALTH,
+	csi.ControllerServiceCapability_RPC_LIST_VOLUME_HEALTH,
+	csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	csi.ControllerServiceCapability_RPC_MODIFY_VOLUME,
+	csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+}
+
+func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	caps := make([]*csi.ControllerServiceCapability, 0, len(controllerCapabilities))
+	for _, c := range controllerCapabilities {
+		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
+			Rpc: &csi.ControllerServiceCapability_RPC{Type: c}}})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	d := s.d
+	name := req.GetName()
+	if name == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume name is required")
+	}
+	shape, err := checkCapabilities(req.GetVolumeCapabilities())
+	if err != nil {
+		return nil, err
+	}
+	pl, err := parsePlacement(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	size, err := volumeSize(req.GetCapacityRange(), shape, d.cfg.DefaultVolumeSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := parseMutable(req.GetMutableParameters()); err != nil {
+		return nil, err
+	}
+	release, err := d.locks.acquire(volumeNameKey(name))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	if v, ok := d.store.GetVolumeByName(name); ok && v.Ready {
+		if err := sameVolume(v, req, shape); err != nil {
+			return nil, err
+		}
+		return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
+	}
+	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
+		return nil, status.Errorf(codes.ResourceExhausted, "node %s is not in the requested topology", d.cfg.NodeID)
+	}
+
+	v := state.Volume{
+		Name:          name,
+		CapacityBytes: size,
+		AccessType:    shape.access,
+		FSType:        shape.fsType,
+		Parameters:    req.GetParameters(),
+		CreatedAt:     time.Now().UTC(),
+
+		MutableParameters: req.GetMutableParameters(),
+	}
+	var source string // image to copy from, for snapshots and clones
+	switch {
+	case req.GetVolumeContentSource().GetSnapshot() != nil:
+		v.SourceSnapshotID = req.GetVolumeContentSource().GetSnapshot().GetSnapshotId()
+		sn, ok := d.store.GetSnapshot(v.SourceSnapshotID)
+		if !ok {
+			return nil, status.Errorf(codes.NotFound, "snapshot %s does not exist", v.SourceSnapshotID)
+		}
+		if sn.SizeBytes > size {
+			return nil, status.Errorf(codes.OutOfRange, "snapshot %s holds %d bytes, more than the requested %d", sn.ID, sn.SizeBytes, size)
+		}
+		v.Pool = sn.Pool
+		p, err := d.poolPath(sn.Pool)
+		if err != nil {
+			return nil, err
+		}
+		source = image.SnapshotPath(p, pool.MetaDir, sn.ID)
+	case req.GetVolumeContentSource().GetVolume() != nil:
+		v.SourceVolumeID = req.GetVolumeContentSource().GetVolume().GetVolumeId()
+		src, ok := d.store.GetVolume(v.SourceVolumeID)
+		if !ok || !src.Ready {
+			return nil, status.Errorf(codes.NotFound, "source volume %s does not exist", v.SourceVolumeID)
+		}
+		if src.CapacityBytes > size {
+			return nil, status.Errorf(codes.OutOfRange, "source volume %s is %d bytes, larger than the requested %d", src.ID, src.CapacityBytes, size)
+		}
+		if src.AccessType != shape.access {
+			return nil, status.Errorf(codes.InvalidArgument, "source volume %s is a %s volume", src.ID, src.AccessType)
+		}
+		v.Pool = src.Pool
+		if source, err = d.volumeImage(src); err != nil {
+			return nil, err
+		}
+	}
+	if v.Pool != "" {
+		// Copies stay in their source's pool: the copy is a reflink or a local sparse copy.
+		if pl.pool != "" && pl.pool != v.Pool {
+			return nil, status.Errorf(codes.InvalidArgument, "the content source is in pool %q, not in the requested pool %q", v.Pool, pl.pool)
+		}
+		pl.pool = v.Pool
+	}
+	pools, _ := d.pools.List()
+	chosen, err := pool.Select(pools, pool.Request{Name: pl.pool, Selector: pl.selector, RequiredBytes: size})
+	if err != nil {
+		var noRoom *pool.NoRoomError
+		if errors.As(err, &noRoom) {
+			return nil, status.Errorf(codes.ResourceExhausted, "node %s: %v", d.cfg.NodeID, err)
+		}
+		return nil, internal("selecting a pool", err)
+	}
+	v.Pool = chosen.Name
+	v.ID = newVolumeID(chosen.Name)
+
+	// The record goes first, not Ready: a crash from here on is cleaned up at the next start.
+	if err := d.store.PutVolume(v); err != nil {
+		return nil, internal("saving volume state", err)
+	}
+	img := image.VolumePath(chosen.Path, pool.MetaDir, v.ID)
+	if source != "" {
+		err = image.CreateFrom(img, source, size)
+	} else {
+		err = image.Create(img, size)
+	}
+	if err != nil {
+		_ = image.Remove(img)
+		_ = d.store.DeleteVolume(v.ID)
+		if strings.Contains(err.Error(), "no space left") {
+			return nil, status.Errorf(codes.ResourceExhausted, "pool %q on node %s: %v", chosen.Name, d.cfg.NodeID, err)
+		}
+		d.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
+		return nil, internal("creating volume image", err)
+	}
+	v.Ready = true
+	if err := d.store.PutVolume(v); err != nil {
+		_ = image.Remove(img)
+		_ = d.store.DeleteVolume(v.ID)
+		return nil, internal("saving volume state", err)
+	}
+	d.pools.Refresh()
+	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
+	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
+}
+
+// sameVolume checks that a repeated CreateVolume asks for what exists; otherwise AlreadyExists.
+func sameVolume(v state.Volume, req *csi.CreateVolumeRequest, shape volumeShape) error {
+	r := req.GetCapacityRange()
+	if r.GetRequiredBytes() > v.CapacityBytes || (r.GetLimitBytes() > 0 && r.GetLimitBytes() < v.CapacityBytes) {
+		return status.Errorf(codes.AlreadyExists, "volume %q exists with %d bytes, outside the requested range", v.Name, v.CapacityBytes)
+	}
+	if shape.access != v.AccessType || (shape.fsType != "" && v.FSType != "" && shape.fsType != v.FSType) {
+		return status.Errorf(codes.AlreadyExists, "volume %q exists as a %s volume", v.Name, describe(volumeShape{access: v.AccessType, fsType: v.FSType}))
+	}
+	src := req.GetVolumeContentSource()
+	if src.GetSnapshot().GetSnapshotId() != v.SourceSnapshotID || src.GetVolume().GetVolumeId() != v.SourceVolumeID {
+		return status.Errorf(codes.AlreadyExists, "volume %q exists with a different content source", v.Name)
+	}
+	if !equalMaps(req.GetParameters(), v.Parameters) {
+		return status.Errorf(codes.AlreadyExists, "volume %q exists with different parameters", v.Name)
+	}
+	return nil
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if bv, ok := b[k]; !ok || bv != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *Driver) csiVolume(v state.Volume) *csi.Volume {
+	out := &csi.Volume{
+		VolumeId:           v.ID,
+		CapacityBytes:      v.CapacityBytes,
+		VolumeContext:      v.Parameters,
+		AccessibleTopology: []*csi.Topology{d.nodeTopology()},
+	}
+	switch {
+	case v.SourceSnapshotID != "":
+		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+			Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: v.SourceSnapshotID}}}
+	case v.SourceVolumeID != "":
+		out.ContentSource = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+			Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: v.SourceVolumeID}}}
+	}
+	return out
+}
+
+func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	d := s.d
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	release, err := d.locks.acquire(volumeKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, ok := d.store.GetVolume(id)
+	if !ok {
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	if v.StagingPath != "" || len(v.Published) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still staged or published on node %s", id, d.cfg.NodeID)
+	}
+	if err := d.deleteVolume(v); err != nil {
+		return nil, err
+	}
+	klog.FromContext(ctx).V(4).Info("Deleted volume", "volumeID", id, "pool", v.Pool)
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// deleteVolume removes the image, then the record.
+func (d *Driver) deleteVolume(v state.Volume) error {
+	if img, err := d.volumeImage(v); err == nil {
+		if dev, _ := image.Find(img); dev != "" {
+			if err := image.Detach(dev); err != nil {
+				return internal("detaching loop device", err)
+			}
+		}
+		if err := image.Remove(img); err != nil {
+			return internal("removing volume image", err)
+		}
+	}
+	if err := d.store.DeleteVolume(v.ID); err != nil {
+		return internal("removing volume state", err)
+	}
+	d.pools.Refresh()
+	return nil
+}
+
+func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
+	}
+	v, ok := s.d.store.GetVolume(id)
+	if !ok || !v.Ready {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	}
+	if _, err := parsePlacement(req.GetParameters()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	if err := capabilitiesFit(v, req.GetVolumeCapabilities()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+const tokenPrefix = "after:"
+
+// page returns the items after a starting token, at most max of them (0 = all), and the next
+// token. Tokens name the last ID returned, so deleting that volume between pages is harmless.
+func page[T any](items []T, id func(T) string, token string, max int32) ([]T, string, error) {
+	if max < 0 {
+		return nil, "", status.Error(codes.InvalidArgument, "max_entries must not be negative")
+	}
+	start := 0
+	if token != "" {
+		if !strings.HasPrefix(token, tokenPrefix) {
+			return nil, "", status.Errorf(codes.Aborted, "invalid starting token %q", token)
+		}
+		after := strings.TrimPrefix(token, tokenPrefix)
+		start = sort.Search(len(items), func(i int) bool { return id(items[i]) > after })
+	}
+	items = items[start:]
+	if max == 0 || int(max) >= len(items) {
+		return items, "", nil
+	}
+	items = items[:max]
+	return items, tokenPrefix + id(items[len(items)-1]), nil
+}
+
+func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	all := s.d.store.ListVolumes()
+	ready := all[:0]
+	for _, v := range all {
+		if v.Ready && !v.Ephemeral {
+			ready = append(ready, v)
+		}
+	}
+	vols, next, err := page(ready, func(v state.Volume) string { return v.ID }, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for _, v := range vols {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: s.d.csiVolume(v)})
+	}
+	return resp, nil
+}
+
+func (s *controllerServer) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	v, ok := s.d.store.GetVolume(id)
+	if !ok || !v.Ready {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	}
+	return &csi.ControllerGetVolumeResponse{
+		Volume: s.d.csiVolume(v),
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: s.d.publishedNodes(v)},
+	}, nil
+}
+
+// publishedNodes is this node when the volume is published here.
+func (d *Driver) publishedNodes(v state.Volume) []string {
+	if len(v.Published) > 0 {
+		return []string{d.cfg.NodeID}
+	}
+	return nil
+}
+
+func (s *controllerServer) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	v, ok := s.d.store.GetVolume(id)
+	if !ok || !v.Ready {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	}
+	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: id, HealthStatuses: s.d.volumeHealth(v)}}, nil
+}
+
+// ControllerListVolumeHealth lists the volumes with a known problem, paginated like ListVolumes.
+func (s *controllerServer) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
+	var sick []*csi.VolumeHealth
+	for _, v := range s.d.store.ListVolumes() {
+		if !v.Ready {
+			continue
+		}
+		if h := s.d.volumeHealth(v); len(h) > 0 {
+			sick = append(sick, &csi.VolumeHealth{VolumeId: v.ID, HealthStatuses: h})
+		}
+	}
+	entries, next, err := page(sick, func(h *csi.VolumeHealth) string { return h.GetVolumeId() }, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	return &csi.ControllerListVolumeHealthResponse{Entries: entries, NextToken: next}, nil
+}
+
+// volumeHealth reports what is wrong with a volume: its pool unhealthy or gone (INACCESSIBLE),
+// its image missing (DATA_LOSS). Empty means healthy.
+func (d *Driver) volumeHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEntry {
+	p, ok := d.pools.Get(v.Pool)
+	if !ok {
+		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
+			Reason: "PoolNotConfigured", Message: "pool " + v.Pool + " is not configured on node " + d.cfg.NodeID}}
+	}
+	if !p.Healthy {
+		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
+			Reason: "PoolUnhealthy", Message: "pool " + v.Pool + " is unhealthy: " + p.Message}}
+	}
+	if _, err := image.Size(image.VolumePath(p.Path, pool.MetaDir, v.ID)); err != nil {
+		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_DATA_LOSS,
+			Reason: "ImageMissing", Message: "volume image is missing: " + err.Error()}}
+	}
+	return nil
+}
+
+func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	d := s.d
+	pl, err := parsePlacement(req.GetParameters())
+	if err != nil {
+		return nil, err
+	}
+	shape := volumeShape{access: state.Mount, fsType: defaultFSType}
+	if caps := req.GetVolumeCapabilities(); len(caps) > 0 {
+		if shape, err = checkCapabilities(caps); err != nil {
+			return &csi.GetCapacityResponse{}, nil // nothing can be created with these
+		}
+	}
+	resp := &csi.GetCapacityResponse{MinimumVolumeSize: wrapInt64(minVolumeBytes(shape))}
+	if t := req.GetAccessibleTopology(); t != nil && !d.segmentMatches(t) {
+		resp.MaximumVolumeSize = wrapInt64(0)
+		return resp, nil
+	}
+	pools, _ := d.pools.List()
+	var total, largest int64
+	for _, p := range pool.Matching(pools, pl.pool, pl.selector) {
+		m := pool.MaxVolumeBytes(p)
+		total += m
+		if m > largest {
+			largest = m
+		}
+	}
+	resp.AvailableCapacity = total
+	resp.MaximumVolumeSize = wrapInt64(largest)
+	return resp, nil
+}
+
+func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	d := s.d
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
+	}
+	release, err := d.locks.acquire(volumeKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	v, ok := d.store.GetVolume(id)
+	if !ok || !v.Ready {
+		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	}
+	if c := req.GetVolumeCapability(); c != nil {
+		if err := capabilitiesFit(v, []*csi.VolumeCapability{c}); err != nil {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+	}
+	size, err := volumeSize(req.GetCapacityRange(), volumeShape{access: v.AccessType, fsType: v.FSType}, v.CapacityBytes)
+	if err != nil {
+		return nil, err
+	}
+	if size <= v.CapacityBytes {
+		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
+	}
+	p, ok := d.pools.Get(v.Pool)
+	if !ok {
+		return nil, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, d.cfg.NodeID)
+	}
+	if grow := size - v.CapacityBytes; grow > pool.MaxVolumeBytes(p) {
+		return nil, status.Errorf(codes.ResourceExhausted, "pool %q has %d bytes free, not enough to grow volume %s by %d bytes", v.Pool, pool.MaxVolumeBytes(p), id, grow)
+	}
+	if err := image.Grow(image.VolumePath(p.Path, pool.MetaDir, id), size); err != nil {
+		if strings.Contains(err.Error(), "no space left") {
+			return nil, status.Errorf(codes.ResourceExhausted, "growing volume %s: %v", id, err)
+		}
+		return nil, internal("growing volume image", err)
+	}
+	v.CapacityBytes = size
+	if err := d.store.PutVolume(v); err != nil {
+		return nil, internal("saving volume state", err)
+	}
+	d.pools.Refresh()
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
+}

@@ -1,0 +1,238 @@
+// Package driver implements the Cistern CSI plugin: Identity, Controller and Node services over
+// node-local storage pools, plus the StoragePoolController service of the StoragePool KEP.
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/kubernetes-csi/csi-lib-utils/metrics"
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/pool"
+	"github.com/cistern-csi/cistern/pkg/state"
+)
+
+// Mode selects which CSI services the plugin serves.
+type Mode string
+
+const (
+	ModeAll        Mode = "all"
+	ModeController Mode = "controller"
+	ModeNode       Mode = "node"
+)
+
+// Config is everything the driver needs; cmd/csi-driver fills it from flags.
+type Config struct {
+	DriverName    string
+	VendorVersion string
+	// Endpoint is the CSI socket, unix:///path/csi.sock.
+	Endpoint string
+	NodeID   string
+	Mode     Mode
+	// PoolsConfig is the pools config file; it is re-read when it changes.
+	PoolsConfig string
+	// StateDir holds the persisted volume and snapshot records.
+	StateDir string
+	// DefaultVolumeSize is used when a CreateVolume asks for no particular size.
+	DefaultVolumeSize int64
+	// PoolCheckInterval is how often pool health and capacity are checked.
+	PoolCheckInterval time.Duration
+	// ShutdownTimeout bounds how long in-flight RPCs may run after a stop signal.
+	ShutdownTimeout time.Duration
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.DriverName == "" {
+		errs = append(errs, errors.New("driver name is required"))
+	}
+	if c.Endpoint == "" {
+		errs = append(errs, errors.New("endpoint is required"))
+	}
+	if c.NodeID == "" {
+		errs = append(errs, errors.New("node ID is required"))
+	}
+	switch c.Mode {
+	case ModeAll, ModeController, ModeNode:
+	default:
+		errs = append(errs, fmt.Errorf("mode %q is not one of all, controller, node", c.Mode))
+	}
+	if c.PoolsConfig == "" {
+		errs = append(errs, errors.New("pools config is required"))
+	}
+	if c.StateDir == "" {
+		errs = append(errs, errors.New("state directory is required"))
+	}
+	if c.DefaultVolumeSize <= 0 {
+		c.DefaultVolumeSize = 1 << 30
+	}
+	if c.PoolCheckInterval <= 0 {
+		c.PoolCheckInterval = 10 * time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 30 * time.Second
+	}
+	return errors.Join(errs...)
+}
+
+// Driver holds what the CSI services share.
+type Driver struct {
+	cfg     Config
+	pools   *pool.Manager
+	store   *state.Store
+	locks   *keyLocks
+	mounter *mount.SafeFormatAndMount
+	resizer *mount.ResizeFs
+	metrics metrics.CSIMetricsManager
+
+	poolsConfigStamp fileStamp
+	ready            chan struct{}
+}
+
+// New validates cfg, loads the pools config and the persisted state, and cleans up what a crash
+// may have left half-done. It does not listen yet; call Run.
+func New(cfg Config) (*Driver, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("invalid driver config: %w", err)
+	}
+	pc, err := pool.LoadConfig(cfg.PoolsConfig)
+	if err != nil {
+		return nil, err
+	}
+	store, err := state.Open(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	exec := utilexec.New()
+	d := &Driver{
+		cfg:     cfg,
+		pools:   pool.NewManager(pc),
+		store:   store,
+		locks:   newKeyLocks(),
+		mounter: mount.NewSafeFormatAndMount(mount.New(""), exec),
+		resizer: mount.NewResizeFs(exec),
+		metrics: metrics.NewCSIMetricsManagerForPlugin(cfg.DriverName),
+		ready:   make(chan struct{}),
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newPoolCollector(d))
+	d.metrics = d.metrics.WithAdditionalRegistry(reg)
+	d.poolsConfigStamp, _ = stampOf(cfg.PoolsConfig)
+	d.pools.Refresh()
+	d.recover()
+	return d, nil
+}
+
+// Pools exposes the pool manager (for metrics and tests).
+func (d *Driver) Pools() *pool.Manager { return d.pools }
+
+// Metrics exposes the gRPC metrics manager so the caller can serve it over HTTP.
+func (d *Driver) Metrics() metrics.CSIMetricsManager { return d.metrics }
+
+// recover finishes what a crash interrupted: a CreateVolume that never completed leaves a
+// record that is not Ready; its image is removed so the retried CreateVolume starts clean.
+func (d *Driver) recover() {
+	logger := klog.Background()
+	pools, _ := d.pools.List()
+	for _, p := range pools {
+		if err := image.RemoveTemporary(p.Path, pool.MetaDir); err != nil {
+			logger.Error(err, "Removing temporary images", "pool", p.Name)
+		}
+	}
+	for _, v := range d.store.ListVolumes() {
+		if v.Ready {
+			continue
+		}
+		logger.Info("Removing volume whose creation was interrupted", "volumeID", v.ID, "name", v.Name)
+		if path, err := d.volumeImage(v); err == nil {
+			_ = image.Remove(path)
+		}
+		if err := d.store.DeleteVolume(v.ID); err != nil {
+			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
+		}
+	}
+	for _, g := range d.store.ListGroupSnapshots() {
+		if g.Ready {
+			continue
+		}
+		// Its member snapshots are not Ready either and go below.
+		_ = d.store.DeleteGroupSnapshot(g.ID)
+	}
+	for _, sn := range d.store.ListSnapshots() {
+		if sn.Ready {
+			continue
+		}
+		if p, ok := d.pools.Get(sn.Pool); ok {
+			_ = image.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
+		}
+		_ = d.store.DeleteSnapshot(sn.ID)
+	}
+}
+
+// Run serves the CSI socket until ctx is cancelled, then stops gracefully.
+func (d *Driver) Run(ctx context.Context) error {
+	srv, err := d.newServer()
+	if err != nil {
+		return err
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	go d.watchPools(stop)
+	close(d.ready)
+	return srv.serve(ctx, d.cfg.Endpoint, d.cfg.ShutdownTimeout)
+}
+
+// Ready is closed once the driver serves.
+func (d *Driver) Ready() <-chan struct{} { return d.ready }
+
+// watchPools re-checks pool health periodically and re-reads the pools config when it changes.
+func (d *Driver) watchPools(stop <-chan struct{}) {
+	t := time.NewTicker(d.cfg.PoolCheckInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			d.reloadPoolsConfig()
+			d.pools.Refresh()
+		}
+	}
+}
+
+func (d *Driver) reloadPoolsConfig() {
+	st, err := stampOf(d.cfg.PoolsConfig)
+	if err != nil || st == d.poolsConfigStamp {
+		return
+	}
+	cfg, err := pool.LoadConfig(d.cfg.PoolsConfig)
+	if err != nil {
+		klog.ErrorS(err, "Ignoring changed pools config; keeping the previous one", "path", d.cfg.PoolsConfig)
+		d.poolsConfigStamp = st
+		return
+	}
+	d.poolsConfigStamp = st
+	klog.InfoS("Pools config changed", "path", d.cfg.PoolsConfig, "pools", len(cfg.Pools))
+	d.pools.SetConfig(cfg)
+}
+
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+func stampOf(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	return fileStamp{mod: fi.ModTime(), size: fi.Size()}, nil
+}

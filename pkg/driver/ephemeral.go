@@ -1,0 +1,133 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/pool"
+	"github.com/cistern-csi/cistern/pkg/state"
+)
+
+const (
+	ephemeralContextKey = "csi.storage.k8s.io/ephemeral"
+	// ParamSize is the size of a CSI inline ephemeral volume (a resource quantity, e.g. 2Gi);
+	// only valid in inline volume attributes.
+	ParamSize = "size"
+)
+
+func isEphemeral(volumeContext map[string]string) bool {
+	return volumeContext[ephemeralContextKey] == "true"
+}
+
+// publishEphemeral creates a CSI inline volume in a pool on first publish and mounts it at the
+// target directly; NodeUnpublishVolume deletes it.
+func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	id, target := req.GetVolumeId(), req.GetTargetPath()
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return nil, status.Error(codes.InvalidArgument, "inline ephemeral volumes must be mount volumes")
+	}
+	attrs := map[string]string{}
+	for k, v := range req.GetVolumeContext() {
+		if k != ParamSize {
+			attrs[k] = v
+		}
+	}
+	pl, err := parsePlacement(attrs)
+	if err != nil {
+		return nil, err
+	}
+	shape := volumeShape{access: state.Mount, fsType: req.GetVolumeCapability().GetMount().GetFsType()}
+	if shape.fsType == "" {
+		shape.fsType = defaultFSType
+	}
+	var rng *csi.CapacityRange
+	if s, ok := req.GetVolumeContext()[ParamSize]; ok {
+		q, err := resource.ParseQuantity(s)
+		if err != nil || q.Sign() <= 0 {
+			return nil, status.Errorf(codes.InvalidArgument, "invalid size %q for an inline volume", s)
+		}
+		rng = &csi.CapacityRange{RequiredBytes: q.Value()}
+	}
+	size, err := volumeSize(rng, shape, d.cfg.DefaultVolumeSize)
+	if err != nil {
+		return nil, err
+	}
+	release, err := d.locks.acquire(volumeKey(id))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+
+	v, exists := d.store.GetVolume(id)
+	if !exists {
+		pools, _ := d.pools.List()
+		chosen, err := pool.Select(pools, pool.Request{Name: pl.pool, Selector: pl.selector, RequiredBytes: size})
+		if err != nil {
+			var noRoom *pool.NoRoomError
+			if errors.As(err, &noRoom) {
+				return nil, status.Errorf(codes.ResourceExhausted, "node %s: %v", d.cfg.NodeID, err)
+			}
+			return nil, internal("selecting a pool", err)
+		}
+		v = state.Volume{
+			ID: id, Name: id, Pool: chosen.Name, CapacityBytes: size, AccessType: state.Mount,
+			FSType: shape.fsType, Parameters: attrs, Ephemeral: true, CreatedAt: time.Now().UTC(),
+		}
+		if err := d.store.PutVolume(v); err != nil {
+			return nil, internal("saving volume state", err)
+		}
+		if err := image.Create(image.VolumePath(chosen.Path, pool.MetaDir, id), size); err != nil {
+			_ = d.store.DeleteVolume(id)
+			if strings.Contains(err.Error(), "no space left") {
+				return nil, status.Errorf(codes.ResourceExhausted, "pool %q: %v", chosen.Name, err)
+			}
+			return nil, internal("creating volume image", err)
+		}
+		v.Ready = true
+		if err := d.store.PutVolume(v); err != nil {
+			return nil, internal("saving volume state", err)
+		}
+	}
+	img, err := d.volumeImage(v)
+	if err != nil {
+		return nil, err
+	}
+	dev, err := image.Attach(img)
+	if err != nil {
+		return nil, internal("attaching volume image", err)
+	}
+	flags := req.GetVolumeCapability().GetMount().GetMountFlags()
+	if req.GetReadonly() {
+		flags = append(append([]string(nil), flags...), "ro")
+	}
+	if err := d.mountStaging(dev, target, v, flags); err != nil {
+		return nil, err
+	}
+	v.Device = dev
+	v.Published = map[string]bool{target: req.GetReadonly()}
+	if err := d.store.PutVolume(v); err != nil {
+		return nil, internal("saving volume state", err)
+	}
+	d.pools.Refresh()
+	klog.FromContext(ctx).V(4).Info("Published inline volume", "volumeID", id, "pool", v.Pool, "target", target)
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// deleteEphemeral removes an inline volume once its target is unmounted.
+func (d *Driver) deleteEphemeral(v state.Volume) error {
+	if v.Device != "" {
+		if err := image.Detach(v.Device); err != nil {
+			return internal("detaching loop device", err)
+		}
+	}
+	return d.deleteVolume(v)
+}

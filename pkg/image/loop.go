@@ -1,0 +1,93 @@
+package image
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Attach binds a loop device to the image at path and returns the device. If the image is
+// already attached (a retried NodeStage, a restarted driver), the existing device is returned.
+func Attach(path string) (string, error) {
+	if dev, err := Find(path); err != nil || dev != "" {
+		return dev, err
+	}
+	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", path).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("losetup --find --show %s: %v: %s", path, err, strings.TrimSpace(string(out)))
+	}
+	// losetup prints warnings (for example when direct I/O is not possible) before the device.
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1]), nil
+}
+
+// Find returns the loop device backed by the image at path, or "" when there is none.
+func Find(path string) (string, error) {
+	out, err := exec.Command("losetup", "--noheadings", "--output", "NAME,BACK-FILE", "--list").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("losetup --list: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		back := strings.Join(fields[1:], " ")
+		back = strings.TrimSuffix(back, " (deleted)")
+		if back == path {
+			return fields[0], nil
+		}
+	}
+	return "", nil
+}
+
+// Detach releases a loop device. A device that is already free is not an error.
+func Detach(dev string) error {
+	if dev == "" {
+		return nil
+	}
+	out, err := exec.Command("losetup", "--detach", dev).CombinedOutput()
+	if err != nil {
+		msg := string(out)
+		if strings.Contains(msg, "No such device") || strings.Contains(msg, "No such device or address") {
+			return nil
+		}
+		return fmt.Errorf("losetup --detach %s: %v: %s", dev, err, strings.TrimSpace(msg))
+	}
+	return nil
+}
+
+// RefreshSize makes the loop device pick up a grown image.
+func RefreshSize(dev string) error {
+	out, err := exec.Command("losetup", "--set-capacity", dev).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("losetup --set-capacity %s: %v: %s", dev, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// DeviceSize returns the size of a block device in bytes.
+func DeviceSize(dev string) (int64, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var size uint64
+	if err := ioctlGetSize64(f.Fd(), &size); err != nil {
+		return 0, fmt.Errorf("BLKGETSIZE64 %s: %w", dev, err)
+	}
+	return int64(size), nil
+}
+
+func ioctlGetSize64(fd uintptr, size *uint64) error {
+	v, err := unix.IoctlGetUint64(int(fd), unix.BLKGETSIZE64)
+	if err != nil {
+		return err
+	}
+	*size = v
+	return nil
+}

@@ -1,0 +1,351 @@
+// Package state persists the driver's volumes and snapshots under --state-dir so that a restarted
+// driver still serves, unstages and deletes what it created. One small JSON file per object,
+// written atomically (temp file, fsync, rename, fsync of the directory): a crash leaves either the
+// old or the new record, and the cost of a write does not grow with the number of volumes.
+package state
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// AccessType is how a volume is consumed.
+type AccessType string
+
+const (
+	Mount AccessType = "mount"
+	Block AccessType = "block"
+)
+
+// Volume is one volume's record.
+type Volume struct {
+	ID            string     `json:"id"`
+	Name          string     `json:"name"`
+	Pool          string     `json:"pool"`
+	CapacityBytes int64      `json:"capacityBytes"`
+	AccessType    AccessType `json:"accessType"`
+	FSType        string     `json:"fsType,omitempty"`
+	// Parameters are the CreateVolume parameters (never secrets); they come back as volume context.
+	Parameters       map[string]string `json:"parameters,omitempty"`
+	SourceSnapshotID string            `json:"sourceSnapshotID,omitempty"`
+	SourceVolumeID   string            `json:"sourceVolumeID,omitempty"`
+	// MutableParameters are the VolumeAttributesClass parameters (see ControllerModifyVolume).
+	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
+	// Ephemeral marks a CSI inline volume, created by NodePublish and deleted by NodeUnpublish.
+	Ephemeral bool `json:"ephemeral,omitempty"`
+	// Ready is false while CreateVolume is still building the volume; a driver that restarts
+	// finds such records and removes their half-made images.
+	Ready     bool      `json:"ready"`
+	CreatedAt time.Time `json:"createdAt"`
+
+	// Node side.
+	StagingPath string `json:"stagingPath,omitempty"`
+	Device      string `json:"device,omitempty"`
+	// Published maps target paths to whether they were published read-only.
+	Published map[string]bool `json:"published,omitempty"`
+	// ExclusiveTarget is the one target of a SINGLE_NODE_SINGLE_WRITER publication.
+	ExclusiveTarget string `json:"exclusiveTarget,omitempty"`
+}
+
+// Snapshot is one snapshot's record.
+type Snapshot struct {
+	ID             string    `json:"id"`
+	Name           string    `json:"name"`
+	SourceVolumeID string    `json:"sourceVolumeID"`
+	Pool           string    `json:"pool"`
+	SizeBytes      int64     `json:"sizeBytes"`
+	CreatedAt      time.Time `json:"createdAt"`
+	Ready          bool      `json:"ready"`
+	// GroupSnapshotID is set when the snapshot was taken as part of a volume group snapshot.
+	GroupSnapshotID string `json:"groupSnapshotID,omitempty"`
+}
+
+// GroupSnapshot is one volume group snapshot's record: the snapshots taken together.
+type GroupSnapshot struct {
+	ID          string    `json:"id"`
+	Name        string    `json:"name"`
+	SnapshotIDs []string  `json:"snapshotIDs"`
+	CreatedAt   time.Time `json:"createdAt"`
+	Ready       bool      `json:"ready"`
+}
+
+// Store holds the records in memory, indexed by ID and name, and on disk.
+type Store struct {
+	volumes   *table[Volume]
+	snapshots *table[Snapshot]
+	groups    *table[GroupSnapshot]
+}
+
+// Open loads every record under dir, creating the directories when needed.
+func Open(dir string) (*Store, error) {
+	var s Store
+	var err error
+	if s.volumes, err = openTable(filepath.Join(dir, "volumes"),
+		func(v *Volume) (string, string) { return v.ID, v.Name }, (*Volume).clone); err != nil {
+		return nil, err
+	}
+	if s.snapshots, err = openTable(filepath.Join(dir, "snapshots"),
+		func(sn *Snapshot) (string, string) { return sn.ID, sn.Name }, func(sn *Snapshot) Snapshot { return *sn }); err != nil {
+		return nil, err
+	}
+	if s.groups, err = openTable(filepath.Join(dir, "groupsnapshots"),
+		func(g *GroupSnapshot) (string, string) { return g.ID, g.Name }, func(g *GroupSnapshot) GroupSnapshot {
+			cp := *g
+			cp.SnapshotIDs = append([]string(nil), g.SnapshotIDs...)
+			return cp
+		}); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// GetVolume returns a copy of the volume with this ID.
+func (s *Store) GetVolume(id string) (Volume, bool) { return s.volumes.get(id) }
+
+// GetVolumeByName returns a copy of the volume with this name.
+func (s *Store) GetVolumeByName(name string) (Volume, bool) { return s.volumes.getByName(name) }
+
+// ListVolumes returns copies of all volumes sorted by ID.
+func (s *Store) ListVolumes() []Volume { return s.volumes.list() }
+
+// PutVolume writes the record to disk, then makes it visible.
+func (s *Store) PutVolume(v Volume) error { return s.volumes.put(v) }
+
+// DeleteVolume removes the record; deleting a missing record is not an error.
+func (s *Store) DeleteVolume(id string) error { return s.volumes.delete(id) }
+
+// GetSnapshot returns a copy of the snapshot with this ID.
+func (s *Store) GetSnapshot(id string) (Snapshot, bool) { return s.snapshots.get(id) }
+
+// GetSnapshotByName returns a copy of the snapshot with this name.
+func (s *Store) GetSnapshotByName(name string) (Snapshot, bool) { return s.snapshots.getByName(name) }
+
+// ListSnapshots returns copies of all snapshots sorted by ID.
+func (s *Store) ListSnapshots() []Snapshot { return s.snapshots.list() }
+
+// PutSnapshot writes the record to disk, then makes it visible.
+func (s *Store) PutSnapshot(sn Snapshot) error { return s.snapshots.put(sn) }
+
+// DeleteSnapshot removes the record; deleting a missing record is not an error.
+func (s *Store) DeleteSnapshot(id string) error { return s.snapshots.delete(id) }
+
+// GetGroupSnapshot returns a copy of the group snapshot with this ID.
+func (s *Store) GetGroupSnapshot(id string) (GroupSnapshot, bool) { return s.groups.get(id) }
+
+// GetGroupSnapshotByName returns a copy of the group snapshot with this name.
+func (s *Store) GetGroupSnapshotByName(name string) (GroupSnapshot, bool) {
+	return s.groups.getByName(name)
+}
+
+// ListGroupSnapshots returns copies of all group snapshots sorted by ID.
+func (s *Store) ListGroupSnapshots() []GroupSnapshot { return s.groups.list() }
+
+// PutGroupSnapshot writes the record to disk, then makes it visible.
+func (s *Store) PutGroupSnapshot(g GroupSnapshot) error { return s.groups.put(g) }
+
+// DeleteGroupSnapshot removes the record; deleting a missing record is not an error.
+func (s *Store) DeleteGroupSnapshot(id string) error { return s.groups.delete(id) }
+
+// table is one kind of record: a directory of JSON files and two in-memory indexes.
+type table[T any] struct {
+	dir   string
+	keys  func(*T) (id, name string)
+	clone func(*T) T
+
+	mu     sync.RWMutex
+	byID   map[string]*T
+	byName map[string]string
+}
+
+func openTable[T any](dir string, keys func(*T) (string, string), clone func(*T) T) (*table[T], error) {
+	t := &table[T]{dir: dir, keys: keys, clone: clone, byID: map[string]*T{}, byName: map[string]string{}}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating state directory: %w", err)
+	}
+	err := loadAll(dir, func(data []byte) error {
+		var rec T
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return err
+		}
+		id, name := keys(&rec)
+		t.byID[id] = &rec
+		if name != "" {
+			t.byName[name] = id
+		}
+		return nil
+	})
+	return t, err
+}
+
+func (t *table[T]) get(id string) (T, bool) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	rec, ok := t.byID[id]
+	if !ok {
+		var zero T
+		return zero, false
+	}
+	return t.clone(rec), true
+}
+
+func (t *table[T]) getByName(name string) (T, bool) {
+	t.mu.RLock()
+	id, ok := t.byName[name]
+	t.mu.RUnlock()
+	if !ok {
+		var zero T
+		return zero, false
+	}
+	return t.get(id)
+}
+
+func (t *table[T]) list() []T {
+	t.mu.RLock()
+	ids := make([]string, 0, len(t.byID))
+	for id := range t.byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	out := make([]T, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, t.clone(t.byID[id]))
+	}
+	t.mu.RUnlock()
+	return out
+}
+
+func (t *table[T]) put(rec T) error {
+	id, name := t.keys(&rec)
+	if id == "" {
+		return errors.New("record without ID")
+	}
+	if err := writeJSON(t.dir, id, rec); err != nil {
+		return err
+	}
+	cp := t.clone(&rec)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old, ok := t.byID[id]; ok {
+		if _, oldName := t.keys(old); oldName != name && t.byName[oldName] == id {
+			delete(t.byName, oldName)
+		}
+	}
+	t.byID[id] = &cp
+	if name != "" {
+		t.byName[name] = id
+	}
+	return nil
+}
+
+func (t *table[T]) delete(id string) error {
+	if err := removeJSON(t.dir, id); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if rec, ok := t.byID[id]; ok {
+		if _, name := t.keys(rec); t.byName[name] == id {
+			delete(t.byName, name)
+		}
+		delete(t.byID, id)
+	}
+	return nil
+}
+
+func (v *Volume) clone() Volume {
+	cp := *v
+	if v.Parameters != nil {
+		cp.Parameters = make(map[string]string, len(v.Parameters))
+		for k, val := range v.Parameters {
+			cp.Parameters[k] = val
+		}
+	}
+	if v.MutableParameters != nil {
+		cp.MutableParameters = make(map[string]string, len(v.MutableParameters))
+		for k, val := range v.MutableParameters {
+			cp.MutableParameters[k] = val
+		}
+	}
+	if v.Published != nil {
+		cp.Published = make(map[string]bool, len(v.Published))
+		for k, val := range v.Published {
+			cp.Published[k] = val
+		}
+	}
+	return cp
+}
+
+func writeJSON(dir, id string, obj any) error {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".tmp-")
+	if err != nil {
+		return fmt.Errorf("writing state: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, id+".json"))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("writing state for %s: %w", id, err)
+	}
+	return syncDir(dir)
+}
+
+func removeJSON(dir, id string) error {
+	if err := os.Remove(filepath.Join(dir, id+".json")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("removing state for %s: %w", id, err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func loadAll(dir string, load func([]byte) error) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".tmp-") {
+			_ = os.Remove(filepath.Join(dir, name)) // an interrupted write
+			continue
+		}
+		if !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		if err := load(data); err != nil {
+			return fmt.Errorf("loading %s: %w", filepath.Join(dir, name), err)
+		}
+	}
+	return nil
+}
