@@ -14,9 +14,9 @@ s3-tools: $(VERSITYGW) $(RCLONE)
 
 # Built from the pinned tools module once per version; later runs find them in the cache.
 $(VERSITYGW):
-	cd $(S3_TOOLS_MOD) && $(GO) build -trimpath -o $@ github.com/versity/versitygw/cmd/versitygw
+	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/versity/versitygw/cmd/versitygw
 $(RCLONE):
-	cd $(S3_TOOLS_MOD) && $(GO) build -trimpath -o $@ github.com/rclone/rclone
+	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/rclone/rclone
 
 test-datasource: s3-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
