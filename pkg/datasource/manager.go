@@ -420,3 +420,29 @@ func humanBytes(n int64) string {
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
+
+// Status reports a dataset's state on pool without starting anything: the progress of a staging
+// under way, Ready when cached, or the last failure. ok is false when the pool knows nothing of it.
+func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
+	id := spec.ID()
+	m.mu.Lock()
+	j := m.jobs[jobKey(pool, id)]
+	ferr, failed := m.failed[jobKey(pool, id)]
+	m.mu.Unlock()
+	switch {
+	case j != nil:
+		return j.status(), true, nil
+	case failed:
+		return Status{Dataset: spec.Source, Phase: PhaseFailed}, true, ferr
+	}
+	dir := datasetDir(pool, id)
+	if !isReady(dir) {
+		return Status{}, false, nil
+	}
+	md, err := readMeta(dir)
+	if err != nil {
+		return Status{}, true, err
+	}
+	return Status{Dataset: spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
+		ObjectsDone: md.Objects, ObjectsTotal: md.Objects}, true, nil
+}

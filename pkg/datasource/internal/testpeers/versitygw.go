@@ -69,6 +69,9 @@ func StartS3(t testing.TB, dir string) *S3 {
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	addr := FreePort(t)
 	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
 	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
