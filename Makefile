@@ -6,16 +6,13 @@ BIN := $(CURDIR)/bin
 # Built peers (Kubernetes, etcd, CSI sidecars, S3 server, ...) are cached per version here.
 export CISTERN_CACHE ?= $(HOME)/.cache/cistern
 
-.PHONY: all build test test-unit sanity bench generate proto clean
+.PHONY: all build test bench proto clean
 all: build
 
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/...
-
-# Unit tests: every package except the suites that need real peers.
-test-unit:
-	$(GO) test ./pkg/... ./cmd/...
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/...
 
 proto: $(BIN)/tools/protoc-gen-go $(BIN)/tools/protoc-gen-go-grpc
 	PATH=$(BIN)/tools:$$PATH protoc -I proto -I /usr/include \

@@ -110,6 +110,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 			return nil, status.Errorf(codes.OutOfRange, "snapshot %s holds %d bytes, more than the requested %d", sn.ID, sn.SizeBytes, size)
 		}
 		v.Pool = sn.Pool
+		v.Formatted, v.NeedsGrow = true, sn.SizeBytes < size
 		p, err := d.poolPath(sn.Pool)
 		if err != nil {
 			return nil, err
@@ -128,6 +129,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 			return nil, status.Errorf(codes.InvalidArgument, "source volume %s is a %s volume", src.ID, src.AccessType)
 		}
 		v.Pool = src.Pool
+		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < size
 		if source, err = d.volumeImage(src); err != nil {
 			return nil, err
 		}
@@ -176,7 +178,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		_ = d.store.DeleteVolume(v.ID)
 		return nil, internal("saving volume state", err)
 	}
-	d.pools.Refresh()
+	d.pools.UpdateCapacity(v.Pool)
 	d.prestageDataset(ctx, v, dataset, req.GetSecrets())
 	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
@@ -271,7 +273,7 @@ func (d *Driver) deleteVolume(v state.Volume) error {
 	if err := d.store.DeleteVolume(v.ID); err != nil {
 		return internal("removing volume state", err)
 	}
-	d.pools.Refresh()
+	d.pools.UpdateCapacity(v.Pool)
 	return nil
 }
 
@@ -490,9 +492,10 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 		return nil, internal("growing volume image", err)
 	}
 	v.CapacityBytes = size
+	v.NeedsGrow = true
 	if err := d.store.PutVolume(v); err != nil {
 		return nil, internal("saving volume state", err)
 	}
-	d.pools.Refresh()
+	d.pools.UpdateCapacity(v.Pool)
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
 }

@@ -118,12 +118,12 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 		_ = image.Detach(dev)
 		return nil, err
 	}
-	v.Device = dev
+	v.Device, v.Formatted = dev, true
 	v.Published = map[string]bool{target: req.GetReadonly()}
 	if err := d.store.PutVolume(v); err != nil {
 		return nil, internal("saving volume state", err)
 	}
-	d.pools.Refresh()
+	d.pools.UpdateCapacity(v.Pool)
 	klog.FromContext(ctx).V(4).Info("Published inline volume", "volumeID", id, "pool", v.Pool, "target", target)
 	return &csi.NodePublishVolumeResponse{}, nil
 }

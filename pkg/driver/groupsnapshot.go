@@ -93,7 +93,6 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	if err := d.store.PutGroupSnapshot(g); err != nil {
 		return nil, internal("saving group snapshot state", err)
 	}
-	d.pools.Refresh()
 	klog.FromContext(ctx).V(4).Info("Created group snapshot", "groupSnapshotID", g.ID, "volumes", ids)
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroupSnapshot(g)}, nil
 }
@@ -164,7 +163,6 @@ func (s *groupControllerServer) DeleteVolumeGroupSnapshot(ctx context.Context, r
 	if err := d.store.DeleteGroupSnapshot(id); err != nil {
 		return nil, internal("removing group snapshot state", err)
 	}
-	d.pools.Refresh()
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -118,7 +119,13 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 		}
 	}
 	v.StagingPath, v.Device = target, dev
-	if err := d.store.PutVolume(v); err != nil {
+	put := d.store.PutVolumeNodeState
+	if v.AccessType == state.Mount && (!v.Formatted || v.NeedsGrow) {
+		// A lost Formatted flag would let a later stage format over data: write it durably.
+		v.Formatted, v.NeedsGrow = true, false
+		put = d.store.PutVolume
+	}
+	if err := put(v); err != nil {
 		return nil, internal("saving volume state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Staged volume", "volumeID", id, "device", dev, "path", target)
@@ -149,15 +156,58 @@ func (d *Driver) mountStaging(dev, target string, v state.Volume, flags []string
 	if fs == "" {
 		fs = defaultFSType
 	}
+	if !v.Formatted {
+		// A fresh image of ours: no probe needed before mkfs.
+		args := append(append([]string{}, formatOptions[fs]...), dev)
+		if fs == "ext4" {
+			args = append([]string{"-F", "-m0"}, args...)
+		}
+		if out, err := d.mounter.Exec.Command("mkfs."+fs, args...).CombinedOutput(); err != nil {
+			return internal("formatting volume", fmt.Errorf("mkfs.%s: %v: %s", fs, err, out))
+		}
+		if err := d.mounter.Mount(dev, target, fs, flags); err != nil {
+			return internal("mounting volume", err)
+		}
+		return nil
+	}
 	if err := d.mounter.FormatAndMountSensitiveWithFormatOptions(dev, target, fs, flags, nil, formatOptions[fs]); err != nil {
 		return internal("formatting and mounting volume", err)
 	}
+	if !v.NeedsGrow {
+		return nil
+	}
 	if need, err := d.resizer.NeedResize(dev, target); err == nil && need {
 		if _, err := d.resizer.Resize(dev, target); err != nil {
-			return internal("growing filesystem to the volume size", err)
+			if fs != "ext4" {
+				return internal("growing filesystem to the volume size", err)
+			}
+			// Online ext4 growth needs CAP_SYS_RESOURCE. Nothing uses this fresh mount yet, so
+			// a plugin without it grows the filesystem offline instead.
+			klog.InfoS("Online resize failed; growing offline", "device", dev, "err", err)
+			if err := d.growExt4Offline(dev, target, flags); err != nil {
+				return internal("growing filesystem to the volume size", err)
+			}
 		}
 	}
 	return nil
+}
+
+// growExt4Offline unmounts, checks, grows and remounts an ext4 filesystem.
+func (d *Driver) growExt4Offline(dev, target string, flags []string) error {
+	if err := d.mounter.Unmount(target); err != nil {
+		return err
+	}
+	if out, err := d.mounter.Exec.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
+		// Exit status 1 means errors were corrected; anything above is a failure.
+		var ee interface{ ExitStatus() int }
+		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
+			return fmt.Errorf("e2fsck %s: %v: %s", dev, err, out)
+		}
+	}
+	if out, err := d.mounter.Exec.Command("resize2fs", dev).CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs %s: %v: %s", dev, err, out)
+	}
+	return d.mounter.Mount(dev, target, "ext4", flags)
 }
 
 func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
@@ -201,7 +251,7 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 	}
 	if ok {
 		v.StagingPath, v.Device = "", ""
-		if err := d.store.PutVolume(v); err != nil {
+		if err := d.store.PutVolumeNodeState(v); err != nil {
 			return nil, internal("saving volume state", err)
 		}
 	}
@@ -273,7 +323,7 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if exclusive {
 		v.ExclusiveTarget = target
 	}
-	if err := d.store.PutVolume(v); err != nil {
+	if err := d.store.PutVolumeNodeState(v); err != nil {
 		return nil, internal("saving volume state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Published volume", "volumeID", id, "target", target, "readOnly", req.GetReadonly())
@@ -349,7 +399,7 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		if v.ExclusiveTarget == target {
 			v.ExclusiveTarget = ""
 		}
-		if err := d.store.PutVolume(v); err != nil {
+		if err := d.store.PutVolumeNodeState(v); err != nil {
 			return nil, internal("saving volume state", err)
 		}
 	}
@@ -515,6 +565,9 @@ func (s *nodeServer) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVo
 		mnt = path
 	}
 	if _, err := d.resizer.Resize(dev, mnt); err != nil {
+		if strings.Contains(err.Error(), "Permission denied") {
+			return nil, status.Errorf(codes.Internal, "growing filesystem online was refused (an ext4 online resize needs CAP_SYS_RESOURCE in the node plugin): %v", err)
+		}
 		return nil, internal("growing filesystem", err)
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil

@@ -42,7 +42,7 @@ func (d *Driver) newServer() (*server, error) {
 
 // serve listens on a unix socket endpoint until ctx ends, then drains in-flight calls for at most
 // timeout before closing them.
-func (s *server) serve(ctx context.Context, endpoint string, timeout time.Duration) error {
+func (s *server) serve(ctx context.Context, endpoint string, timeout time.Duration, listening func()) error {
 	path, err := socketPath(endpoint)
 	if err != nil {
 		return err
@@ -58,6 +58,7 @@ func (s *server) serve(ctx context.Context, endpoint string, timeout time.Durati
 		return fmt.Errorf("listening on %s: %w", path, err)
 	}
 	klog.InfoS("Serving CSI", "endpoint", endpoint)
+	listening()
 	errc := make(chan error, 1)
 	go func() { errc <- s.grpc.Serve(lis) }()
 	select {

@@ -82,7 +82,6 @@ func (s *controllerServer) CreateSnapshot(ctx context.Context, req *csi.CreateSn
 	if err != nil {
 		return nil, err
 	}
-	d.pools.Refresh()
 	klog.FromContext(ctx).V(4).Info("Created snapshot", "snapshotID", sn.ID, "volumeID", srcID)
 	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(sn)}, nil
 }
@@ -121,6 +120,7 @@ func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snaps
 		_ = d.store.DeleteSnapshot(sn.ID)
 		return state.Snapshot{}, internal("saving snapshot state", err)
 	}
+	d.pools.UpdateCapacity(sn.Pool)
 	return sn, nil
 }
 
@@ -134,6 +134,7 @@ func (d *Driver) removeSnapshot(sn state.Snapshot) error {
 	if err := d.store.DeleteSnapshot(sn.ID); err != nil {
 		return internal("removing snapshot state", err)
 	}
+	d.pools.UpdateCapacity(sn.Pool)
 	return nil
 }
 
@@ -195,7 +196,6 @@ func (s *controllerServer) DeleteSnapshot(ctx context.Context, req *csi.DeleteSn
 	if err := d.removeSnapshot(sn); err != nil {
 		return nil, err
 	}
-	d.pools.Refresh()
 	return &csi.DeleteSnapshotResponse{}, nil
 }
 

@@ -97,7 +97,8 @@ func (d *Driver) lookupVolume(id string) (state.Volume, error) {
 	if err != nil {
 		return state.Volume{}, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
-	return state.Volume{ID: id, Pool: poolName, CapacityBytes: size, Ready: true}, nil
+	// Unknown history: Formatted makes staging probe the device before any mkfs.
+	return state.Volume{ID: id, Pool: poolName, CapacityBytes: size, Ready: true, Formatted: true, NeedsGrow: true}, nil
 }
 
 func internal(what string, err error) error {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -24,21 +25,21 @@ func Attach(path string) (string, error) {
 	return strings.TrimSpace(lines[len(lines)-1]), nil
 }
 
-// Find returns the loop device backed by the image at path, or "" when there is none.
+// Find returns the loop device backed by the image at path, or "" when there is none. It reads
+// sysfs rather than running losetup: it is on every stage, unstage and delete.
 func Find(path string) (string, error) {
-	out, err := exec.Command("losetup", "--noheadings", "--output", "NAME,BACK-FILE", "--list").CombinedOutput()
+	matches, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	if err != nil {
-		return "", fmt.Errorf("losetup --list: %v: %s", err, strings.TrimSpace(string(out)))
+		return "", err
 	}
-	for _, line := range strings.Split(string(out), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 2 {
-			continue
+	for _, m := range matches {
+		data, err := os.ReadFile(m)
+		if err != nil {
+			continue // detached meanwhile
 		}
-		back := strings.Join(fields[1:], " ")
-		back = strings.TrimSuffix(back, " (deleted)")
+		back := strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")
 		if back == path {
-			return fields[0], nil
+			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(m))), nil
 		}
 	}
 	return "", nil

@@ -166,6 +166,37 @@ func (m *Manager) Run(stop <-chan struct{}, interval time.Duration) {
 	}
 }
 
+// UpdateCapacity re-reads one pool's free space (statfs only); volume operations call it so
+// that placement sees their effect without a full health check.
+func (m *Manager) UpdateCapacity(name string) {
+	m.mu.RLock()
+	p, ok := m.pools[name]
+	var path string
+	if ok {
+		path = p.Path
+	}
+	m.mu.RUnlock()
+	if !ok {
+		return
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return // the next health check reports it
+	}
+	total, avail := int64(st.Blocks)*int64(st.Bsize), int64(st.Bavail)*int64(st.Bsize)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p, ok = m.pools[name]
+	if !ok || !p.Healthy {
+		return
+	}
+	bump := total != p.TotalBytes || significant(p.AvailableBytes, avail, total)
+	p.TotalBytes, p.AvailableBytes = total, avail
+	if bump {
+		m.bumpLocked()
+	}
+}
+
 // Refresh checks every pool: path, filesystem, writability and free space.
 func (m *Manager) Refresh() {
 	m.mu.RLock()

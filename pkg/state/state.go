@@ -40,6 +40,12 @@ type Volume struct {
 	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
 	// Ephemeral marks a CSI inline volume, created by NodePublish and deleted by NodeUnpublish.
 	Ephemeral bool `json:"ephemeral,omitempty"`
+	// Formatted is set once the driver made the volume's filesystem; a volume made from a
+	// snapshot or clone has its source's. Unformatted images skip the probe before mkfs.
+	Formatted bool `json:"formatted,omitempty"`
+	// NeedsGrow is set when the image grew (expansion, or a copy into a larger volume) and the
+	// filesystem has not been grown yet.
+	NeedsGrow bool `json:"needsGrow,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
 	// finds such records and removes their half-made images.
 	Ready     bool      `json:"ready"`
@@ -115,8 +121,13 @@ func (s *Store) GetVolumeByName(name string) (Volume, bool) { return s.volumes.g
 // ListVolumes returns copies of all volumes sorted by ID.
 func (s *Store) ListVolumes() []Volume { return s.volumes.list() }
 
-// PutVolume writes the record to disk, then makes it visible.
-func (s *Store) PutVolume(v Volume) error { return s.volumes.put(v) }
+// PutVolume writes the record to disk durably (fsync), then makes it visible.
+func (s *Store) PutVolume(v Volume) error { return s.volumes.put(v, true) }
+
+// PutVolumeNodeState writes a record whose change is only node-side (staged, published). The
+// write is atomic but not synced: mounts do not outlive a power loss either, so a record that
+// lags the mounts after one is no worse than the mounts themselves, and staging stays fast.
+func (s *Store) PutVolumeNodeState(v Volume) error { return s.volumes.put(v, false) }
 
 // DeleteVolume removes the record; deleting a missing record is not an error.
 func (s *Store) DeleteVolume(id string) error { return s.volumes.delete(id) }
@@ -131,7 +142,7 @@ func (s *Store) GetSnapshotByName(name string) (Snapshot, bool) { return s.snaps
 func (s *Store) ListSnapshots() []Snapshot { return s.snapshots.list() }
 
 // PutSnapshot writes the record to disk, then makes it visible.
-func (s *Store) PutSnapshot(sn Snapshot) error { return s.snapshots.put(sn) }
+func (s *Store) PutSnapshot(sn Snapshot) error { return s.snapshots.put(sn, true) }
 
 // DeleteSnapshot removes the record; deleting a missing record is not an error.
 func (s *Store) DeleteSnapshot(id string) error { return s.snapshots.delete(id) }
@@ -148,7 +159,7 @@ func (s *Store) GetGroupSnapshotByName(name string) (GroupSnapshot, bool) {
 func (s *Store) ListGroupSnapshots() []GroupSnapshot { return s.groups.list() }
 
 // PutGroupSnapshot writes the record to disk, then makes it visible.
-func (s *Store) PutGroupSnapshot(g GroupSnapshot) error { return s.groups.put(g) }
+func (s *Store) PutGroupSnapshot(g GroupSnapshot) error { return s.groups.put(g, true) }
 
 // DeleteGroupSnapshot removes the record; deleting a missing record is not an error.
 func (s *Store) DeleteGroupSnapshot(id string) error { return s.groups.delete(id) }
@@ -221,12 +232,12 @@ func (t *table[T]) list() []T {
 	return out
 }
 
-func (t *table[T]) put(rec T) error {
+func (t *table[T]) put(rec T, durable bool) error {
 	id, name := t.keys(&rec)
 	if id == "" {
 		return errors.New("record without ID")
 	}
-	if err := writeJSON(t.dir, id, rec); err != nil {
+	if err := writeJSON(t.dir, id, rec, durable); err != nil {
 		return err
 	}
 	cp := t.clone(&rec)
@@ -282,7 +293,7 @@ func (v *Volume) clone() Volume {
 	return cp
 }
 
-func writeJSON(dir, id string, obj any) error {
+func writeJSON(dir, id string, obj any, durable bool) error {
 	data, err := json.Marshal(obj)
 	if err != nil {
 		return err
@@ -293,7 +304,7 @@ func writeJSON(dir, id string, obj any) error {
 	}
 	tmp := f.Name()
 	_, err = f.Write(data)
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
@@ -305,6 +316,9 @@ func writeJSON(dir, id string, obj any) error {
 	if err != nil {
 		_ = os.Remove(tmp)
 		return fmt.Errorf("writing state for %s: %w", id, err)
+	}
+	if !durable {
+		return nil
 	}
 	return syncDir(dir)
 }

@@ -1,0 +1,145 @@
+package framework
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// stopGracePeriod is how long a process may take to exit after SIGTERM before it is killed.
+const stopGracePeriod = 10 * time.Second
+
+// Process is a command started by StartProcess: its own process group, its output in a log file.
+type Process struct {
+	// Name identifies the process in logs and errors.
+	Name string
+	// LogPath is the file receiving its stdout and stderr.
+	LogPath string
+
+	cmd      *exec.Cmd
+	done     chan struct{}
+	err      error
+	stopOnce sync.Once
+	stopped  atomic.Bool
+}
+
+// StartProcess starts bin with args, writing its output to <LogDir>/<name>.log, and stops it
+// (with its whole process group) when the test ends.
+func StartProcess(t testing.TB, name, bin string, args ...string) *Process {
+	t.Helper()
+	return StartCommand(t, name, exec.Command(bin, args...))
+}
+
+// StartCommand is StartProcess for a prepared command, e.g. one with Env or Dir set. Stdout,
+// Stderr and SysProcAttr are set by StartCommand.
+func StartCommand(t testing.TB, name string, cmd *exec.Cmd) *Process {
+	t.Helper()
+	p, err := startProcess(LogDir(t), name, cmd)
+	if err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+			if !p.stopped.Load() {
+				t.Logf("%s had exited before the end of the test: %v (log: %s)", name, p.err, p.LogPath)
+			}
+		default:
+		}
+		p.Stop() // also reaps what the process left behind in its group
+	})
+	return p
+}
+
+func startProcess(logDir, name string, cmd *exec.Cmd) (*Process, error) {
+	logPath := filepath.Join(logDir, name+".log")
+	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer log.Close() // the child has its own copy
+	fmt.Fprintf(log, "+ %s\n", strings.Join(cmd.Args, " "))
+	cmd.Stdout, cmd.Stderr = log, log
+	// Own process group, so Stop reaches the children too; SIGKILL if the test binary dies.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := spawn(cmd); err != nil {
+		return nil, err
+	}
+	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// Done is closed when the process has exited.
+func (p *Process) Done() <-chan struct{} { return p.done }
+
+// Err is the exit error once Done is closed (nil for exit status 0).
+func (p *Process) Err() error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+		return nil
+	}
+}
+
+// Pid is the process id, which is also its process group id.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Stop sends SIGTERM to the process group, waits up to 10s, then kills the group. Safe to call
+// more than once.
+func (p *Process) Stop() {
+	p.stopOnce.Do(func() {
+		p.stopped.Store(true)
+		pgid := p.cmd.Process.Pid
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(stopGracePeriod):
+		}
+		// Children that outlived the leader, or a leader that ignored SIGTERM.
+		if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			fmt.Fprintf(os.Stderr, "killing process group of %s: %v\n", p.Name, err)
+		}
+		<-p.done
+	})
+}
+
+// Children get Pdeathsig when the *thread* that forked them exits, not the process. Forking from
+// one goroutine locked to a thread that never exits makes it mean "when the test binary dies".
+var (
+	spawnOnce sync.Once
+	spawnReqs chan spawnReq
+)
+
+type spawnReq struct {
+	cmd *exec.Cmd
+	err chan error
+}
+
+func spawn(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		spawnReqs = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
+			for req := range spawnReqs {
+				req.err <- req.cmd.Start()
+			}
+		}()
+	})
+	req := spawnReq{cmd: cmd, err: make(chan error, 1)}
+	spawnReqs <- req
+	return <-req.err
+}

@@ -1,0 +1,49 @@
+package framework_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+func TestStartProcess(t *testing.T) {
+	t.Parallel()
+	// The child of the shell records its pid, so we can check that Stop reaches the whole group.
+	pidFile := t.TempDir() + "/child.pid"
+	p := framework.StartProcess(t, "sh", "/bin/sh", "-c", `echo hello from sh; sleep 1000 & echo $! > `+pidFile+`; wait`)
+
+	var childPid int
+	waitUntil(t, 10*time.Second, func() bool {
+		data, err := os.ReadFile(pidFile)
+		if err != nil || len(data) == 0 {
+			return false
+		}
+		childPid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+		return err == nil
+	})
+	log, err := os.ReadFile(p.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "hello from sh") {
+		t.Errorf("log %s does not hold the output; got:\n%s", p.LogPath, log)
+	}
+
+	p.Stop()
+	select {
+	case <-p.Done():
+	default:
+		t.Fatal("Stop returned before the process exited")
+	}
+	// The orphaned child is reaped by init some time after it dies; until then it is a zombie.
+	waitUntil(t, 30*time.Second, func() bool {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", childPid))
+		return errors.Is(err, os.ErrNotExist) || strings.Contains(string(stat), ") Z ")
+	})
+}
