@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/internal/testpeers"
+	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
 )
 
 type shape struct {
