@@ -233,9 +233,14 @@ type task struct {
 	idx int
 }
 
+// rangesPerObject bounds the parallel ranged reads of one large object: more streams of the
+// same object add contention, not throughput (rclone's multi-thread default is 4 too).
+const rangesPerObject = 4
+
 // bigFile is a large object read in parallel ranges; the last range to finish verifies it.
 type bigFile struct {
 	f         *os.File
+	streams   chan struct{}
 	left      atomic.Int64
 	partSize  int64 // >0: ranges are the object's multipart parts, each MD5-checked
 	partSums  [][]byte
@@ -266,13 +271,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 				if ctx.Err() != nil {
 					continue
 				}
-				select {
-				case j.m.slots <- struct{}{}:
-				case <-ctx.Done():
-					continue
-				}
-				fail(j.do(ctx, t))
-				<-j.m.slots
+				fail(j.runTask(ctx, t))
 			}
 		})
 	}
@@ -333,7 +332,7 @@ func (j *job) staged(o source.Object) bool {
 
 func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
 	chunk := j.m.cfg.ChunkSize
-	b := &bigFile{}
+	b := &bigFile{streams: make(chan struct{}, rangesPerObject)}
 	if m := multipartETag.FindStringSubmatch(o.ETag); m != nil {
 		if ps, ok := j.src.(source.PartSizer); ok {
 			parts, _ := strconv.ParseInt(m[1], 10, 64)
@@ -368,6 +367,26 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		}
 	}
 	return nil
+}
+
+// runTask runs t within the object's stream limit, then the node's concurrency limit, in that
+// order, so a task waiting for its object never holds a node slot.
+func (j *job) runTask(ctx context.Context, t task) error {
+	if t.big != nil {
+		select {
+		case t.big.streams <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		defer func() { <-t.big.streams }()
+	}
+	select {
+	case j.m.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil
+	}
+	defer func() { <-j.m.slots }()
+	return j.do(ctx, t)
 }
 
 func tmpName(i int64) string { return path.Join(tmpDir, strconv.FormatInt(i, 10)) }
