@@ -54,6 +54,8 @@ type job struct {
 
 	dirMu sync.Mutex
 	dirs  map[string]bool
+	// resuming is set when staging/ already held files at start.
+	resuming bool
 
 	bigMu sync.Mutex
 	big   []*bigFile
@@ -92,6 +94,10 @@ func (j *job) run(ctx context.Context) (err error) {
 		}
 		err = fmt.Errorf("%s: %w", j.describe(), err)
 	}()
+	// The cache is root's: volumes reach a dataset through bind mounts, never through this path.
+	if err := os.MkdirAll(cacheDir(j.pool), 0o700); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(j.dir, 0o755); err != nil {
 		return err
 	}
@@ -104,10 +110,19 @@ func (j *job) run(ctx context.Context) (err error) {
 	if err := os.RemoveAll(filepath.Join(j.dir, tmpDir)); err != nil {
 		return err
 	}
-	for _, d := range []string{tmpDir, stagingDir} {
-		if err := j.root.MkdirAll(d, 0o755); err != nil {
+	// A staging/ that already holds files is a resume: each file is checked before fetching.
+	if ents, err := os.ReadDir(filepath.Join(j.dir, stagingDir)); err == nil && len(ents) > 0 {
+		j.resuming = true
+	}
+	// Temporary files are spread over shards: one directory taking every create and rename is a
+	// point of contention with many small objects.
+	for k := range tmpShards {
+		if err := j.root.MkdirAll(path.Join(tmpDir, strconv.Itoa(k)), 0o755); err != nil {
 			return err
 		}
+	}
+	if err := j.root.MkdirAll(stagingDir, 0o755); err != nil {
+		return err
 	}
 	if f, err := j.root.OpenFile(lastUsedFile, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
 		f.Close()
@@ -286,7 +301,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 		case source.Symlink:
 			return nil // after every file: no write may pass through a link
 		}
-		if j.staged(o) {
+		if j.resuming && j.staged(o) {
 			j.bytesDone.Add(o.Size)
 			j.objsDone.Add(1)
 			return nil
@@ -346,7 +361,7 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			}
 		}
 	}
-	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_RDWR, 0o600)
+	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_RDWR, fileMode(o))
 	if err != nil {
 		return err
 	}
@@ -389,7 +404,11 @@ func (j *job) runTask(ctx context.Context, t task) error {
 	return j.do(ctx, t)
 }
 
-func tmpName(i int64) string { return path.Join(tmpDir, strconv.FormatInt(i, 10)) }
+const tmpShards = 64
+
+func tmpName(i int64) string {
+	return path.Join(tmpDir, strconv.FormatInt(i%tmpShards, 10), strconv.FormatInt(i, 10))
+}
 
 func (j *job) do(ctx context.Context, t task) error {
 	if t.big != nil {
@@ -406,7 +425,7 @@ func (j *job) do(ctx context.Context, t task) error {
 }
 
 func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
-	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
 	}
@@ -422,9 +441,6 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
 	}
 	if !verified && newHash != nil && hex.EncodeToString(sum) != o.ETag {
 		err = source.Errorf(source.Corrupt, "%q: MD5 %x does not match ETag %s", o.Key, sum, o.ETag)
-	}
-	if err == nil {
-		err = f.Chmod(fileMode(o))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -475,9 +491,6 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 		if got := hex.EncodeToString(h.Sum(nil)); got != o.ETag {
 			return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
 		}
-	}
-	if err := b.f.Chmod(fileMode(o)); err != nil {
-		return err
 	}
 	var cerr error
 	b.closeOnce.Do(func() { cerr = b.f.Close() })

@@ -11,9 +11,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -96,9 +96,7 @@ func TestStagingChild(t *testing.T) {
 		}
 		res.PopulateSeconds = time.Since(start).Seconds()
 	}
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	res.MaxRSSBytes = ru.Maxrss << 10
+	res.MaxRSSBytes = peakRSS(os.Getpid())
 	b, _ := json.Marshal(res)
 	fmt.Printf("RESULT %s\n", b)
 }
@@ -120,6 +118,7 @@ func BenchmarkStaging(b *testing.B) {
 		upStart := time.Now()
 		upload(b, s, bucket, sh)
 		b.Logf("%s: uploaded in %s", sh.name, time.Since(upStart))
+		debug.FreeOSMemory()
 		work := filepath.Join(base, fmt.Sprintf("run%d", i))
 
 		// cp -r: the disk's limit for the same files (plus one sync, as staging does).
@@ -230,19 +229,48 @@ func syncfs(b *testing.B, dir string) {
 	}
 }
 
-// run runs a command and returns its peak RSS.
+// peakRSS reads a process's high-water resident set size (VmHWM). getrusage's maxrss is no
+// use here: it survives exec, so a child started by a large parent reports the parent's size.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// run runs a command and returns its peak RSS, sampled while it runs.
 func run(b *testing.B, env []string, name string, args ...string) int64 {
 	cmd := exec.Command(name, args...)
 	cmd.Env = append(os.Environ(), env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		b.Fatalf("%s: %v\n%s", name, err, out.String())
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
 	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		return ru.Maxrss << 10
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var peak int64
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				b.Fatalf("%s: %v\n%s", name, err, out.String())
+			}
+			return peak
+		case <-t.C:
+			peak = max(peak, peakRSS(cmd.Process.Pid))
+		}
 	}
-	return 0
 }
 
 // upload fills a bucket with pseudo-random objects, in parallel.
