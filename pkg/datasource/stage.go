@@ -348,15 +348,19 @@ func (j *job) staged(o source.Object) bool {
 func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
 	chunk := j.m.cfg.ChunkSize
 	b := &bigFile{streams: make(chan struct{}, rangesPerObject)}
-	if m := multipartETag.FindStringSubmatch(o.ETag); m != nil {
-		if ps, ok := j.src.(source.PartSizer); ok {
+	if p, ok := j.src.(source.Planner); ok {
+		plan, err := p.Plan(ctx, o)
+		if err != nil {
+			return err
+		}
+		if plan.FullChecksum {
+			// One streamed read, checked as it goes, beats parallel ranges hashed with MD5.
+			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
+		}
+		if m := multipartETag.FindStringSubmatch(o.ETag); m != nil && plan.PartSize > 0 {
 			parts, _ := strconv.ParseInt(m[1], 10, 64)
-			size, err := ps.PartSize(ctx, o)
-			if err != nil {
-				return err
-			}
-			if size > 0 && (o.Size+size-1)/size == parts {
-				chunk, b.partSize = size, size
+			if (o.Size+plan.PartSize-1)/plan.PartSize == parts {
+				chunk, b.partSize = plan.PartSize, plan.PartSize
 				b.partSums = make([][]byte, parts)
 			}
 		}

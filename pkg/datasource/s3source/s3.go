@@ -169,7 +169,7 @@ func (s *Source) Open(ctx context.Context, obj source.Object, off, n int64) (io.
 		cancel()
 		return nil, classify(err, "reading %s%s", s.where(), obj.Key)
 	}
-	verified := full && out.ChecksumType != "COMPOSITE" &&
+	verified := full && out.ChecksumType != types.ChecksumTypeComposite &&
 		(out.ChecksumCRC32 != nil || out.ChecksumCRC32C != nil || out.ChecksumCRC64NVME != nil ||
 			out.ChecksumSHA1 != nil || out.ChecksumSHA256 != nil)
 	return &body{rc: out.Body, cancel: cancel, idle: s.cfg.IdleTimeout, verified: verified, key: obj.Key}, nil
@@ -214,21 +214,35 @@ func (b *body) ChecksumVerified() bool { return b.verified }
 // Verify has nothing to add: reads are pinned with If-Match.
 func (s *Source) Verify(context.Context, source.Object) error { return nil }
 
-// PartSize returns the size of part 1 of a multipart object, so reads can align on parts.
-func (s *Source) PartSize(ctx context.Context, obj source.Object) (int64, error) {
-	out, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{
-		Bucket:     aws.String(s.cfg.Bucket),
-		Key:        aws.String(s.cfg.Prefix + obj.Key),
-		PartNumber: aws.Int32(1),
-		IfMatch:    aws.String(`"` + obj.ETag + `"`),
-	})
+// Plan asks the server (HEAD) whether the object carries a full-object checksum, which a full
+// read verifies cheaply; if not, and it is multipart, it returns the part size so reads can align
+// on parts.
+func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, error) {
+	in := &s3.HeadObjectInput{
+		Bucket:       aws.String(s.cfg.Bucket),
+		Key:          aws.String(s.cfg.Prefix + obj.Key),
+		IfMatch:      aws.String(`"` + obj.ETag + `"`),
+		ChecksumMode: types.ChecksumModeEnabled,
+	}
+	out, err := s.client.HeadObject(ctx, in)
 	if err != nil {
-		return 0, classify(err, "reading part size of %s%s", s.where(), obj.Key)
+		return source.Plan{}, classify(err, "reading attributes of %s%s", s.where(), obj.Key)
+	}
+	if out.ChecksumType != types.ChecksumTypeComposite && (out.ChecksumCRC32 != nil || out.ChecksumCRC32C != nil ||
+		out.ChecksumCRC64NVME != nil || out.ChecksumSHA1 != nil || out.ChecksumSHA256 != nil) {
+		return source.Plan{FullChecksum: true}, nil
+	}
+	if !strings.Contains(obj.ETag, "-") {
+		return source.Plan{}, nil
+	}
+	in.ChecksumMode, in.PartNumber = "", aws.Int32(1)
+	if out, err = s.client.HeadObject(ctx, in); err != nil {
+		return source.Plan{}, classify(err, "reading part size of %s%s", s.where(), obj.Key)
 	}
 	if aws.ToInt32(out.PartsCount) <= 1 {
-		return 0, nil
+		return source.Plan{}, nil
 	}
-	return aws.ToInt64(out.ContentLength), nil
+	return source.Plan{PartSize: aws.ToInt64(out.ContentLength)}, nil
 }
 
 // CheckAccess lists one key with the caller's credentials.

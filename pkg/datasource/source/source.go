@@ -49,8 +49,17 @@ type Source interface {
 	Close() error
 }
 
-// PartSizer is implemented by sources whose multipart objects carry a composite ETag (S3): the
-// engine aligns ranged reads on parts so each part's MD5 can be checked as it streams.
-type PartSizer interface {
-	PartSize(ctx context.Context, obj Object) (int64, error)
+// Planner is implemented by sources that can say, before reading a large object, how best to
+// verify it (S3): a full-object checksum lets one full read be checked as it streams; otherwise
+// a multipart object's reads align on its parts, whose MD5s make up its ETag.
+type Planner interface {
+	Plan(ctx context.Context, obj Object) (Plan, error)
+}
+
+// Plan is how to read one large object.
+type Plan struct {
+	// FullChecksum: a full read is verified by the source against a full-object checksum.
+	FullChecksum bool
+	// PartSize is the size of the object's parts (all but the last), 0 when not multipart.
+	PartSize int64
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,6 +25,8 @@ type Fault struct {
 	ResetAfter int64
 	// Stall forwards, then stops sending after ResetAfter bytes without closing, for Stall.
 	Stall time.Duration
+	// StripChecksums hides the object's S3 checksums, as servers without them would.
+	StripChecksums bool
 }
 
 // None is the zero fault.
@@ -107,6 +110,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	for k, v := range resp.Header {
+		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") {
+			continue
+		}
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
