@@ -254,11 +254,15 @@ const rangesPerObject = 4
 
 // bigFile is a large object read in parallel ranges; the last range to finish verifies it.
 type bigFile struct {
-	f         *os.File
-	streams   chan struct{}
-	left      atomic.Int64
-	partSize  int64 // >0: ranges are the object's multipart parts, each MD5-checked
-	partSums  [][]byte
+	f        *os.File
+	streams  chan struct{}
+	left     atomic.Int64
+	partSize int64 // >0: ranges are the object's multipart parts, each MD5-checked
+	partSums [][]byte
+	// crc, when set, checks the object's full-object CRC: one CRC per range, combined.
+	crc       *crcAlgo
+	crcWant   string
+	rangeSums []uint64
 	closeOnce sync.Once
 }
 
@@ -353,11 +357,15 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if err != nil {
 			return err
 		}
-		if plan.FullChecksum {
-			// One streamed read, checked as it goes, beats parallel ranges hashed with MD5.
+		if a, ok := crcAlgos[plan.Algorithm]; ok && plan.FullChecksum {
+			// Parallel ranges, each CRC'd; the CRCs combine into the object's.
+			b.crc, b.crcWant = &a, plan.Checksum
+			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
+		} else if plan.FullChecksum {
+			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
 		}
-		if m := multipartETag.FindStringSubmatch(o.ETag); m != nil && plan.PartSize > 0 {
+		if m := multipartETag.FindStringSubmatch(o.ETag); m != nil && plan.PartSize > 0 && b.crc == nil {
 			parts, _ := strconv.ParseInt(m[1], 10, 64)
 			if (o.Size+plan.PartSize-1)/plan.PartSize == parts {
 				chunk, b.partSize = plan.PartSize, plan.PartSize
@@ -463,14 +471,20 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
 func (j *job) fetchRange(ctx context.Context, t task) error {
 	b := t.big
 	var newHash func() hash.Hash
-	if b.partSize > 0 {
+	switch {
+	case b.crc != nil:
+		newHash = b.crc.new
+	case b.partSize > 0:
 		newHash = md5.New
 	}
 	_, sum, err := j.readInto(ctx, t.obj, b.f, t.off, t.n, newHash)
 	if err != nil {
 		return err
 	}
-	if b.partSize > 0 {
+	switch {
+	case b.crc != nil:
+		b.rangeSums[t.idx] = b.crc.sumBytes(sum)
+	case b.partSize > 0:
 		b.partSums[t.idx] = sum
 	}
 	if b.left.Add(-1) > 0 {
@@ -479,6 +493,15 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 	// Last range: verify the whole object.
 	o := t.obj
 	switch {
+	case b.crc != nil:
+		chunk := j.m.cfg.ChunkSize
+		crc := b.rangeSums[0]
+		for k := 1; k < len(b.rangeSums); k++ {
+			crc = b.crc.combine(crc, b.rangeSums[k], min(chunk, o.Size-int64(k)*chunk))
+		}
+		if got := b.crc.encode(crc); got != b.crcWant {
+			return source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
+		}
 	case b.partSize > 0:
 		h := md5.New()
 		for _, s := range b.partSums {

@@ -228,9 +228,17 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 	if err != nil {
 		return source.Plan{}, classify(err, "reading attributes of %s%s", s.where(), obj.Key)
 	}
-	if out.ChecksumType != types.ChecksumTypeComposite && (out.ChecksumCRC32 != nil || out.ChecksumCRC32C != nil ||
-		out.ChecksumCRC64NVME != nil || out.ChecksumSHA1 != nil || out.ChecksumSHA256 != nil) {
-		return source.Plan{FullChecksum: true}, nil
+	if out.ChecksumType != types.ChecksumTypeComposite {
+		switch {
+		case out.ChecksumCRC64NVME != nil:
+			return source.Plan{FullChecksum: true, Algorithm: "CRC64NVME", Checksum: *out.ChecksumCRC64NVME}, nil
+		case out.ChecksumCRC32C != nil:
+			return source.Plan{FullChecksum: true, Algorithm: "CRC32C", Checksum: *out.ChecksumCRC32C}, nil
+		case out.ChecksumCRC32 != nil:
+			return source.Plan{FullChecksum: true, Algorithm: "CRC32", Checksum: *out.ChecksumCRC32}, nil
+		case out.ChecksumSHA1 != nil || out.ChecksumSHA256 != nil:
+			return source.Plan{FullChecksum: true}, nil
+		}
 	}
 	if !strings.Contains(obj.ETag, "-") {
 		return source.Plan{}, nil

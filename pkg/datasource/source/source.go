@@ -60,6 +60,9 @@ type Planner interface {
 type Plan struct {
 	// FullChecksum: a full read is verified by the source against a full-object checksum.
 	FullChecksum bool
+	// Algorithm and Checksum are that checksum (S3 names, e.g. CRC64NVME, and its base64
+	// value) when it is a CRC, which the engine can also check over parallel ranges.
+	Algorithm, Checksum string
 	// PartSize is the size of the object's parts (all but the last), 0 when not multipart.
 	PartSize int64
 }
