@@ -263,6 +263,7 @@ type bigFile struct {
 	crc       *crcAlgo
 	crcWant   string
 	rangeSums []uint64
+	chunk     int64
 	closeOnce sync.Once
 }
 
@@ -358,7 +359,9 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			return err
 		}
 		if a, ok := crcAlgos[plan.Algorithm]; ok && plan.FullChecksum {
-			// Parallel ranges, each CRC'd; the CRCs combine into the object's.
+			// A few long parallel ranges (one per stream, as rclone does): each request has a
+			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
+			chunk = max(chunk, (o.Size+rangesPerObject-1)/rangesPerObject)
 			b.crc, b.crcWant = &a, plan.Checksum
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
 		} else if plan.FullChecksum {
@@ -387,6 +390,7 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	j.bigMu.Unlock()
 	n := (o.Size + chunk - 1) / chunk
 	b.left.Store(n)
+	b.chunk = chunk
 	for k := range n {
 		off := k * chunk
 		if err := send(ctx, tasks, task{i: i, obj: o, big: b, off: off, n: min(chunk, o.Size-off), idx: int(k)}); err != nil {
@@ -494,10 +498,9 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 	o := t.obj
 	switch {
 	case b.crc != nil:
-		chunk := j.m.cfg.ChunkSize
 		crc := b.rangeSums[0]
 		for k := 1; k < len(b.rangeSums); k++ {
-			crc = b.crc.combine(crc, b.rangeSums[k], min(chunk, o.Size-int64(k)*chunk))
+			crc = b.crc.combine(crc, b.rangeSums[k], min(b.chunk, o.Size-int64(k)*b.chunk))
 		}
 		if got := b.crc.encode(crc); got != b.crcWant {
 			return source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
