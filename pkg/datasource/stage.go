@@ -380,9 +380,17 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	if err != nil {
 		return err
 	}
-	if err := f.Truncate(o.Size); err != nil {
-		f.Close()
-		return err
+	// Allocate the whole file first: parallel ranges written into a sparse file fragment it and
+	// make writeback slower, and a full pool shows here rather than halfway through.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, o.Size); err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			f.Close()
+			return writeErr(err)
+		}
+		if err := f.Truncate(o.Size); err != nil { // filesystems without fallocate
+			f.Close()
+			return err
+		}
 	}
 	b.f = f
 	j.bigMu.Lock()

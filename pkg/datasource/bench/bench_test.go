@@ -117,6 +117,9 @@ func BenchmarkStaging(b *testing.B) {
 	fmt.Fprintf(&report, "| dataset | Cistern staging | rclone copy --transfers 16 | cp -r | Cistern / rclone | Cistern / cp -r | cache hit | hit / staging | writable copy from cache | peak RSS Cistern | peak RSS rclone | CPU Cistern | CPU rclone |\n")
 	fmt.Fprintf(&report, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for i, sh := range shapes {
+		if only := os.Getenv("CISTERN_BENCH_ONLY"); only != "" && !strings.Contains(sh.name, only) {
+			continue // e.g. CISTERN_BENCH_ONLY="2 GiB"
+		}
 		bucket := fmt.Sprintf("bench%d", i)
 		s.Bucket(b, bucket)
 		upStart := time.Now()
