@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,8 +38,17 @@ func main() {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	var localSourceRoots string
+	flag.StringVar(&localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
+	flag.IntVar(&cfg.Datasets.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
+	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
+	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
+	flag.Float64Var(&cfg.Datasets.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
+	if localSourceRoots != "" {
+		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")
+	}
 	if *showVersion {
 		fmt.Println(version)
 		return
