@@ -1,0 +1,154 @@
+package e2enode
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// containerd is a containerd with its CRI plugin, all of its state under dir.
+type containerd struct {
+	dir     string
+	socket  string
+	bins    *binaries
+	process *framework.Process
+}
+
+// criNamespace is the containerd namespace the CRI plugin (and so kubelet) uses.
+const criNamespace = "k8s.io"
+
+// containerdConfig follows what is known to work on this machine (see docs/testing.md): runc
+// from our build, the sandbox image equal to our pause image, oom_score_adj never lowered
+// (the host denies it), cgroupfs, a CNI directory holding only the loopback plugin.
+func (c *containerd) config(cniConfDir string) string {
+	q := func(s string) string { return fmt.Sprintf("%q", s) }
+	return strings.Join([]string{
+		`version = 3`,
+		`root = ` + q(filepath.Join(c.dir, "root")),
+		`state = ` + q(filepath.Join(c.dir, "state")),
+		`[grpc]`,
+		`  address = ` + q(c.socket),
+		`[ttrpc]`,
+		`  address = ` + q(c.socket+".ttrpc"),
+		`[plugins]`,
+		`  [plugins.'io.containerd.internal.v1.opt']`,
+		`    path = ` + q(filepath.Join(c.dir, "opt")),
+		`  [plugins.'io.containerd.nri.v1.nri']`,
+		`    disable = true`,
+		`  [plugins.'io.containerd.cri.v1.images']`,
+		`    snapshotter = 'overlayfs'`,
+		`    [plugins.'io.containerd.cri.v1.images'.pinned_images]`,
+		`      sandbox = ` + q(c.bins.images["pause"].Ref),
+		`  [plugins.'io.containerd.cri.v1.runtime']`,
+		`    restrict_oom_score_adj = true`,
+		`    netns_mounts_under_state_dir = true`,
+		`    [plugins.'io.containerd.cri.v1.runtime'.containerd]`,
+		`      default_runtime_name = 'runc'`,
+		`      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]`,
+		`        runtime_type = 'io.containerd.runc.v2'`,
+		`        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]`,
+		`          BinaryName = ` + q(c.bins.runc),
+		`          Root = ` + q(filepath.Join(c.dir, "runc")),
+		`          SystemdCgroup = false`,
+		`    [plugins.'io.containerd.cri.v1.runtime'.cni]`,
+		`      bin_dirs = [` + q(c.bins.cniDir) + `]`,
+		`      conf_dir = ` + q(cniConfDir),
+		`  [plugins.'io.containerd.grpc.v1.cri']`,
+		`    stream_server_address = '127.0.0.1'`,
+		`    stream_server_port = '0'`,
+		``,
+	}, "\n")
+}
+
+// loopbackConflist is all the pod network the node needs to be Ready; pods use the host network.
+const loopbackConflist = `{"cniVersion": "1.0.0", "name": "cistern-e2e", "plugins": [{"type": "loopback"}]}`
+
+// startContainerd starts containerd in dir and imports the test images. Its cleanup kills every
+// container it runs before stopping it, so that no shim or mount outlives the test.
+func startContainerd(t *testing.T, bins *binaries, dir string) *containerd {
+	t.Helper()
+	c := &containerd{dir: dir, socket: filepath.Join(dir, "containerd.sock"), bins: bins}
+	cniConfDir := filepath.Join(dir, "cni", "net.d")
+	if err := os.MkdirAll(cniConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cniConfDir, "10-loopback.conflist"), []byte(loopbackConflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	configPath := filepath.Join(dir, "containerd.toml")
+	if err := os.WriteFile(configPath, []byte(c.config(cniConfDir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(bins.containerd, "--config", configPath, "--log-level", "info")
+	// The shim is found on PATH.
+	cmd.Env = append(os.Environ(), "PATH="+bins.shimDir+":"+os.Getenv("PATH"))
+	c.process = framework.StartCommand(t, "containerd", cmd)
+	t.Cleanup(c.killContainers) // runs before the process is stopped (cleanups run in reverse)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		if conn, err := net.Dial("unix", c.socket); err == nil {
+			conn.Close()
+			if _, err := c.ctr(ctx, "version"); err == nil {
+				break
+			}
+		}
+		select {
+		case <-c.process.Done():
+			t.Fatalf("containerd exited: %v (log: %s)", c.process.Err(), c.process.LogPath)
+		case <-ctx.Done():
+			t.Fatalf("containerd not ready: %v (log: %s)", ctx.Err(), c.process.LogPath)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for _, im := range bins.images {
+		if out, err := c.ctr(ctx, "images", "import", im.Tarball); err != nil {
+			t.Fatalf("importing %s: %v\n%s", im.Tarball, err, out)
+		}
+	}
+	return c
+}
+
+// ctr runs ctr against this containerd in the CRI namespace.
+func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
+	args = append([]string{"--address", c.socket, "--namespace", criNamespace}, args...)
+	out, err := exec.CommandContext(ctx, c.bins.ctr, args...).CombinedOutput()
+	return string(out), err
+}
+
+// killContainers kills and deletes every task and container left in the CRI namespace: what
+// kubelet did not tear down because the test failed or stopped it first.
+func (c *containerd) killContainers() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := c.ctr(ctx, "tasks", "list", "--quiet")
+	if err != nil {
+		return
+	}
+	for _, id := range strings.Fields(out) {
+		_, _ = c.ctr(ctx, "tasks", "kill", "--signal", "SIGKILL", id)
+	}
+	for _, id := range strings.Fields(out) {
+		for range 50 {
+			if _, err := c.ctr(ctx, "tasks", "delete", id); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if out, err := c.ctr(ctx, "containers", "list", "--quiet"); err == nil {
+		for _, id := range strings.Fields(out) {
+			_, _ = c.ctr(ctx, "containers", "delete", id)
+		}
+	}
+}
