@@ -67,7 +67,14 @@ func loopDevicesUnder(t *testing.T, dir string) map[string]string {
 // the pool) and loop devices backed by files under dir. Runs after every process is stopped.
 func cleanupHost(t *testing.T, dir string) {
 	for _, mp := range mountsUnder(t, dir) {
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		// A plain unmount first: a lazy one would leave a busy filesystem, and its loop
+		// device, alive out of sight.
+		err := unix.Unmount(mp, 0)
+		if err == unix.EBUSY {
+			t.Logf("cleanup: %s is busy; detaching it lazily", mp)
+			err = unix.Unmount(mp, unix.MNT_DETACH)
+		}
+		if err != nil && err != unix.EINVAL && err != unix.ENOENT {
 			t.Logf("cleanup: unmounting %s: %v", mp, err)
 		}
 	}

@@ -92,7 +92,11 @@ func startContainerd(t *testing.T, bins *binaries, dir string) *containerd {
 	// The shim is found on PATH.
 	cmd.Env = append(os.Environ(), "PATH="+bins.shimDir+":"+os.Getenv("PATH"))
 	c.process = framework.StartCommand(t, "containerd", cmd)
-	t.Cleanup(c.killContainers) // runs before the process is stopped (cleanups run in reverse)
+	// Runs before the process is stopped (cleanups run in reverse).
+	t.Cleanup(func() {
+		defer logDuration(t, "killing containers", time.Now())
+		c.killContainers(t)
+	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -119,36 +123,34 @@ func startContainerd(t *testing.T, bins *binaries, dir string) *containerd {
 	return c
 }
 
-// ctr runs ctr against this containerd in the CRI namespace.
+// ctr runs ctr against this containerd in the CRI namespace and returns its stdout; stderr
+// (where it also warns, e.g. about cgroup v1) goes into the error.
 func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
 	args = append([]string{"--address", c.socket, "--namespace", criNamespace}, args...)
-	out, err := exec.CommandContext(ctx, c.bins.ctr, args...).CombinedOutput()
-	return string(out), err
+	cmd := exec.CommandContext(ctx, c.bins.ctr, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args[4:], " "), err, stderr.String())
+	}
+	return string(out), nil
 }
 
-// killContainers kills and deletes every task and container left in the CRI namespace: what
-// kubelet did not tear down because the test failed or stopped it first.
-func (c *containerd) killContainers() {
+// killContainers force-deletes every task (SIGKILL, then delete) and container left in the CRI
+// namespace: what kubelet did not tear down because the test failed, or because it was stopped
+// before it collected the sandboxes of deleted pods.
+func (c *containerd) killContainers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := c.ctr(ctx, "tasks", "list", "--quiet")
-	if err != nil {
-		return
-	}
-	for _, id := range strings.Fields(out) {
-		_, _ = c.ctr(ctx, "tasks", "kill", "--signal", "SIGKILL", id)
-	}
-	for _, id := range strings.Fields(out) {
-		for range 50 {
-			if _, err := c.ctr(ctx, "tasks", "delete", id); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
+	if out, err := c.ctr(ctx, "tasks", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
+		if out, err := c.ctr(ctx, append([]string{"tasks", "delete", "--force"}, strings.Fields(out)...)...); err != nil {
+			t.Logf("cleanup: deleting tasks: %v: %s", err, out)
 		}
 	}
-	if out, err := c.ctr(ctx, "containers", "list", "--quiet"); err == nil {
-		for _, id := range strings.Fields(out) {
-			_, _ = c.ctr(ctx, "containers", "delete", id)
+	if out, err := c.ctr(ctx, "containers", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
+		if out, err := c.ctr(ctx, append([]string{"containers", "delete"}, strings.Fields(out)...)...); err != nil {
+			t.Logf("cleanup: deleting containers: %v: %s", err, out)
 		}
 	}
 }

@@ -33,6 +33,11 @@ type cisternNode struct {
 	stateDir    string
 	driver      *framework.Process
 	starts      int
+	provisioner *framework.Process
+	cp          *framework.ControlPlane
+	provStarts  int
+	// suite is the top-level test: processes restarted from a subtest must outlive it.
+	suite *testing.T
 }
 
 // createPool makes a 2 GiB ext4 filesystem in a file and loop-mounts it at dir/pool: the pool
@@ -69,6 +74,7 @@ func newCisternNode(t *testing.T, bins *binaries, dir, kubeletRoot, nodeName str
 	t.Helper()
 	pool := createPool(t, dir)
 	n := &cisternNode{
+		suite:       t,
 		bins:        bins,
 		nodeName:    nodeName,
 		kubeletRoot: kubeletRoot,
@@ -104,10 +110,19 @@ func (n *cisternNode) startDriver(t *testing.T) {
 }
 
 // restartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
-func (n *cisternNode) restartDriver(t *testing.T) {
-	t.Helper()
+// external-provisioner exits when it loses the driver's socket and its container is restarted;
+// so is it here.
+func (n *cisternNode) restartDriver() {
 	n.driver.Stop()
-	n.startDriver(t)
+	n.startDriver(n.suite)
+	if n.provisioner != nil {
+		select {
+		case <-n.provisioner.Done():
+		case <-time.After(10 * time.Second):
+			n.provisioner.Stop()
+		}
+		n.startProvisioner(n.suite, n.cp)
+	}
 }
 
 // startProvisioner runs external-provisioner next to the driver in node-deployment mode: it
@@ -126,7 +141,9 @@ func (n *cisternNode) startProvisioner(t *testing.T, cp *framework.ControlPlane)
 		"--v=3",
 	)
 	cmd.Env = append(os.Environ(), "NODE_NAME="+n.nodeName)
-	framework.StartCommand(t, "csi-provisioner", cmd)
+	n.cp = cp
+	n.provStarts++
+	n.provisioner = framework.StartCommand(t, fmt.Sprintf("csi-provisioner-%d", n.provStarts), cmd)
 }
 
 func waitSocket(t *testing.T, p *framework.Process, socket string) {

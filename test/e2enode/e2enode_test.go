@@ -66,6 +66,7 @@ func startCluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		defer logDuration(t, "host cleanup", time.Now())
 		cleanupHost(t, dir)
 		cleanupCgroups(t)
 		if left := mountsUnder(t, dir); len(left) > 0 {
@@ -89,13 +90,23 @@ func startCluster(t *testing.T) *cluster {
 	waitNodeReady(t, c.cp, c.kubelet, nodeName, 2*time.Minute)
 	t.Logf("node %s Ready %s after start", nodeName, time.Since(begin).Round(time.Millisecond))
 
+	// Writable by the non-root users the pods run as.
+	if err := os.Mkdir(c.resultsDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(c.resultsDir, 0o1777); err != nil {
+		t.Fatal(err)
+	}
 	c.node = newCisternNode(t, bins, dir, kubeletRoot, nodeName)
 	c.storageClass = createStorageObjects(t, c.cp)
 	c.node.startDriver(t)
 	c.node.startProvisioner(t, c.cp)
 	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")
 	// Runs before the driver stops: kubelet unmounts through it.
-	t.Cleanup(func() { c.deleteAllPods(t) })
+	t.Cleanup(func() {
+		defer logDuration(t, "deleting the remaining pods", time.Now())
+		c.deleteAllPods(t)
+	})
 	return c
 }
 
@@ -213,7 +224,7 @@ func TestNode(t *testing.T) {
 			t.Skip("the pvc pod did not start")
 		}
 		before := volumeMounts(t, c)
-		c.node.restartDriver(t)
+		c.node.restartDriver()
 		c.node.waitRegistered(t, c.cp)
 		// Heartbeats written and read back after the restart prove the mount still works.
 		restarted := time.Now()
@@ -307,4 +318,8 @@ func pvPinnedTo(pv *corev1.PersistentVolume, node string) bool {
 		}
 	}
 	return false
+}
+
+func logDuration(t *testing.T, what string, start time.Time) {
+	t.Logf("%s took %s", what, time.Since(start).Round(time.Millisecond))
 }

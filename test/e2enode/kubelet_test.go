@@ -171,7 +171,6 @@ func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nod
 		"--root-dir="+rootDir,
 		"--cert-dir="+filepath.Join(rootDir, "pki"),
 		"--hostname-override="+nodeName,
-		"--node-ip=127.0.0.1",
 		"--v=2",
 	)
 	return &kubelet{rootDir: rootDir, process: p}
