@@ -65,9 +65,20 @@ func startCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// kubelet's device manager and containerd's shims use these fixed paths whatever the root
+	// directories; remove them afterwards if they are ours.
+	var created []string
+	for _, p := range []string{"/var/lib/kubelet", "/run/containerd"} {
+		if _, err := os.Stat(p); os.IsNotExist(err) {
+			created = append(created, p)
+		}
+	}
 	t.Cleanup(func() {
 		defer logDuration(t, "host cleanup", time.Now())
 		cleanupHost(t, dir)
+		for _, p := range created {
+			_ = os.RemoveAll(p)
+		}
 		cleanupCgroups(t)
 		if left := mountsUnder(t, dir); len(left) > 0 {
 			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
