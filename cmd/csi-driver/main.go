@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,8 +41,17 @@ func main() {
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
 	flag.StringVar(&registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
 	flag.StringVar(&registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
+	var localSourceRoots string
+	flag.StringVar(&localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
+	flag.IntVar(&cfg.Datasets.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
+	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
+	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
+	flag.Float64Var(&cfg.Datasets.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
+	if localSourceRoots != "" {
+		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")
+	}
 	if *showVersion {
 		fmt.Println(version)
 		return
