@@ -19,10 +19,11 @@ node-images:
 	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES)
 
 # Runs where a node can run (root, loop devices, overlayfs, cgroups); elsewhere it says why
-# and skips. Builds kubelet and the node runtime first (cached after the first time).
+# and skips. Builds kubelet, the node runtime, external-provisioner and the S3 server (versitygw,
+# from 30-datasource.mk) first; all are cached after the first time.
 e2e-node:
 	@reason=$$(hack/tools/node/check-host.sh); \
 	if [ -n "$$reason" ]; then echo "e2e-node: SKIPPED: this machine cannot run a kubelet node: $$reason"; exit 0; fi; \
-	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images && \
-	$(GO) test -count=1 -timeout 20m -v ./test/e2enode/... 2>&1 | \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images $(VERSITYGW) && \
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 20m -v ./test/e2enode/... 2>&1 | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

@@ -1,12 +1,16 @@
 package e2enode
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,6 +42,8 @@ type cisternNode struct {
 	provStarts  int
 	// suite is the top-level test: processes restarted from a subtest must outlive it.
 	suite *testing.T
+	// metricsAddr serves the driver's /metrics.
+	metricsAddr string
 }
 
 // createPool makes a 2 GiB ext4 filesystem in a file and loop-mounts it at dir/pool: the pool
@@ -96,6 +102,13 @@ func newCisternNode(t *testing.T, bins *binaries, dir, kubeletRoot, nodeName str
 func (n *cisternNode) startDriver(t *testing.T) {
 	t.Helper()
 	n.starts++
+	if n.metricsAddr == "" {
+		ports, err := freePorts(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.metricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	}
 	n.driver = framework.StartProcess(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver,
 		"--endpoint=unix://"+n.socket,
 		"--node-id="+n.nodeName,
@@ -104,6 +117,7 @@ func (n *cisternNode) startDriver(t *testing.T) {
 		"--kubelet-registration-path="+n.socket,
 		"--plugin-registration-dir="+filepath.Join(n.kubeletRoot, "plugins_registry"),
 		"--pool-check-interval=2s",
+		"--http-endpoint="+n.metricsAddr,
 		"--v=3",
 	)
 	waitSocket(t, n.driver, n.socket)
@@ -119,8 +133,8 @@ func (n *cisternNode) restartDriver() {
 		select {
 		case <-n.provisioner.Done():
 		case <-time.After(10 * time.Second):
-			n.provisioner.Stop()
 		}
+		n.provisioner.Stop() // expected to have exited; marks it stopped
 		n.startProvisioner(n.suite, n.cp)
 	}
 }
@@ -249,4 +263,27 @@ func freePorts(n int) ([]int32, error) {
 
 func errExited(p *framework.Process) error {
 	return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
+}
+
+// metric returns the value of an unlabelled counter or gauge from the driver's /metrics.
+func (n *cisternNode) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + n.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("driver metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 2 && fields[0] == name {
+			v, err := strconv.ParseFloat(fields[1], 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", name, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("driver metrics have no %s", name)
+	return 0
 }

@@ -230,6 +230,8 @@ func TestNode(t *testing.T) {
 		deletePodAndWait(t, c.cp, c.ns, "inline")
 	})
 
+	t.Run("datasets", func(t *testing.T) { testDatasets(t, c) })
+
 	t.Run("driver-restart", func(t *testing.T) {
 		if pvcPod == nil {
 			t.Skip("the pvc pod did not start")
