@@ -232,6 +232,8 @@ func TestNode(t *testing.T) {
 
 	t.Run("datasets", func(t *testing.T) { testDatasets(t, c) })
 
+	t.Run("leaderworkerset", func(t *testing.T) { testLeaderWorkerSet(t, c) })
+
 	t.Run("driver-restart", func(t *testing.T) {
 		if pvcPod == nil {
 			t.Skip("the pvc pod did not start")
