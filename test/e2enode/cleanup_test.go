@@ -65,19 +65,35 @@ func loopDevicesUnder(t *testing.T, dir string) map[string]string {
 // cleanupHost removes what a failed or interrupted run can leave on the host under dir: mounts
 // (volume bind mounts in kubelet's pod directories, staging mounts, container root filesystems,
 // the pool) and loop devices backed by files under dir. Runs after every process is stopped.
+//
+// Plain unmounts, deepest first, alternate with loop detaches: a pool stays busy while a loop
+// device of a volume image in it is attached, and a lazy unmount would leave it (and its own loop
+// device) alive out of sight. A lazy unmount is the last resort.
 func cleanupHost(t *testing.T, dir string) {
-	for _, mp := range mountsUnder(t, dir) {
-		// A plain unmount first: a lazy one would leave a busy filesystem, and its loop
-		// device, alive out of sight.
-		err := unix.Unmount(mp, 0)
-		if err == unix.EBUSY {
-			t.Logf("cleanup: %s is busy; detaching it lazily", mp)
-			err = unix.Unmount(mp, unix.MNT_DETACH)
+	for range 3 {
+		busy := false
+		for _, mp := range mountsUnder(t, dir) {
+			if err := unix.Unmount(mp, 0); err == unix.EBUSY {
+				busy = true
+			} else if err != nil && err != unix.EINVAL && err != unix.ENOENT {
+				t.Logf("cleanup: unmounting %s: %v", mp, err)
+			}
 		}
-		if err != nil && err != unix.EINVAL && err != unix.ENOENT {
+		detachLoops(t, dir)
+		if !busy {
+			return
+		}
+	}
+	for _, mp := range mountsUnder(t, dir) {
+		t.Logf("cleanup: %s is still busy; detaching it lazily", mp)
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 			t.Logf("cleanup: unmounting %s: %v", mp, err)
 		}
 	}
+	detachLoops(t, dir)
+}
+
+func detachLoops(t *testing.T, dir string) {
 	for dev, backing := range loopDevicesUnder(t, dir) {
 		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
 			t.Logf("cleanup: detaching %s (%s): %v: %s", dev, backing, err, out)

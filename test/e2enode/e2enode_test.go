@@ -132,6 +132,10 @@ func (c *cluster) deleteAllPods(t *testing.T) {
 		list, err := pods.List(ctx, metav1.ListOptions{})
 		return err == nil && len(list.Items) == 0, nil
 	})
+	// kubelet unstages after the pod is gone; give it the time to do so through the driver.
+	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
+		return len(volumeMounts(t, c)) == 0, nil
+	})
 }
 
 func TestNode(t *testing.T) {
