@@ -3,6 +3,7 @@ package registration
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -64,9 +65,14 @@ func startServer(t *testing.T, cfg Config) (s *Server, stop func() error) {
 		return <-errc
 	})
 	t.Cleanup(func() { _ = stop() })
+	// Dialed, not stat'ed: a stale file may sit at the path until the server replaces it.
 	waitFor(t, "registration socket", func() bool {
-		_, err := os.Stat(s.SocketPath())
-		return err == nil
+		conn, err := net.Dial("unix", s.SocketPath())
+		if err != nil {
+			return false
+		}
+		conn.Close()
+		return true
 	})
 	return s, stop
 }
