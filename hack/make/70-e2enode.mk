@@ -7,8 +7,12 @@ NODE_IMAGES := $(CURDIR)/_output/node-images
 export CISTERN_NODE_BIN := $(NODE_BIN)
 export CISTERN_NODE_IMAGES := $(NODE_IMAGES)/images.json
 
-.PHONY: node-tools node-images e2e-node
-TEST_TARGETS += e2e-node
+.PHONY: node-tools node-images e2e-node test-registration
+TEST_TARGETS += test-registration e2e-node
+
+# The driver's kubelet plugin registration (pkg/registration) over its real socket.
+test-registration:
+	$(GO) test -count=1 ./pkg/registration/...
 
 # containerd, containerd-shim-runc-v2, ctr, runc (cgo, libseccomp) and the CNI loopback plugin.
 node-tools:
