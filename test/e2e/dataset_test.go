@@ -1,17 +1,97 @@
 package e2e_test
 
 import (
+	"os"
+
+	"context"
+	"fmt"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"path/filepath"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/cistern-csi/cistern/test/e2e/cluster"
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// dataset: a claim of a class with an S3 source and a secret; after provisioning, the test calls
-// NodeStageVolume and NodePublishVolume as kubelet does (with the secret's data) and checks the
-// files. Needs the driver to stage datasets (pkg/datasource wired in) and versitygw.
+// s3Server starts versitygw with the sample dataset, or skips.
+func s3Server(t *testing.T) (*cluster.S3, map[string]string) {
+	t.Helper()
+	bin := cluster.VersitygwBinary()
+	if bin == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("versitygw not built; run `make s3-tools`")
+		}
+		t.Skip("versitygw not built; run `make s3-tools`")
+	}
+	dir := t.TempDir()
+	sums, err := cluster.SampleDataset(dir, "datasets", "sample")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cluster.StartS3(t, bin, dir), sums
+}
+
+// dataset: a claim of a class with an S3 source and a secret; once provisioned on node-a, the
+// test calls NodeStageVolume and NodePublishVolume as kubelet does (with the secret's data) and
+// checks every file against the source.
 func (s *scenario) dataset(t *testing.T) {
 	if !s.c.Features.Datasets {
 		t.Skip("the driver does not stage datasets in this tree (pkg/datasource not wired into pkg/driver)")
 	}
-	t.Skip("TODO")
+	s3, sums := s3Server(t)
+	cs := s.cp.Client
+	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: sample-s3, namespace: %[1]s}
+stringData: {accessKeyID: %[2]s, secretAccessKey: %[3]s}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: cistern-sample}
+provisioner: cistern.csi.dev
+volumeBindingMode: WaitForFirstConsumer
+parameters:
+  pool: fast
+  source: s3://datasets/sample/
+  endpoint: %[4]s
+  pathStyle: "true"
+  csi.storage.k8s.io/node-stage-secret-name: sample-s3
+  csi.storage.k8s.io/node-stage-secret-namespace: %[1]s
+`, s.ns, s3.AccessKey, s3.SecretKey, s3.Endpoint))
+	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim("sample", "cistern-sample", "64Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods(s.ns).Create(ctx(t), newPod("sample", "sample", map[string]string{corev1.LabelHostname: nodeA}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pv := boundPV(t, cs, s.ns, "sample")
+	secret, err := cs.CoreV1().Secrets(s.ns).Get(ctx(t), "sample-s3", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string]string{}
+	for k, v := range secret.Data {
+		secrets[k] = string(v)
+	}
+	stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[nodeA].Socket, pv, secrets, filepath.Join(t.TempDir(), "kubelet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Unmount(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := cluster.VerifyFiles(m.TargetPath, sums); err != nil {
+		t.Errorf("published volume: %v", err)
+	}
 }
 
 // volumeManager: a VolumeManager with replicas 2 puts the dataset on both nodes and lists them
@@ -20,5 +100,42 @@ func (s *scenario) volumeManager(t *testing.T) {
 	if !s.c.Features.Workloads || !s.c.Features.Datasets {
 		t.Skip("needs the workload-controller and dataset staging in the driver")
 	}
-	t.Skip("TODO")
+	s3, _ := s3Server(t)
+	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: vm-s3, namespace: %[1]s}
+stringData: {accessKeyID: %[2]s, secretAccessKey: %[3]s}
+---
+apiVersion: data.cistern.dev/v1alpha1
+kind: VolumeManager
+metadata: {name: sample, namespace: %[1]s}
+spec:
+  volumes:
+  - id: sample
+    replicas: 2
+    sourceType: S3
+    sourceURL: s3://datasets/sample/
+    capacity: 64Mi
+    options: {endpoint: %[4]q, pathStyle: "true", secretName: vm-s3}
+`, s.ns, s3.AccessKey, s3.SecretKey, s3.Endpoint))
+	eventually(t, 3*time.Minute, "VolumeManager status lists both nodes", func(ctx context.Context) error {
+		obj, err := s.dynamic(t).Resource(volumeManagerGVR).Namespace(s.ns).Get(ctx, "sample", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		vols, _, _ := unstructured.NestedSlice(obj.Object, "status", "volumes")
+		if len(vols) != 1 {
+			return errorf("status.volumes %v", vols)
+		}
+		v, _ := vols[0].(map[string]any)
+		nodes, _, _ := unstructured.NestedStringSlice(v, "nodes")
+		if len(nodes) != 2 {
+			return errorf("status.volumes[0].nodes %v, want both nodes", nodes)
+		}
+		if _, ok, _ := unstructured.NestedMap(v, "nodeAffinity"); !ok {
+			return errorf("status.volumes[0] has no nodeAffinity")
+		}
+		return nil
+	})
 }
