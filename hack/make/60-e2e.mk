@@ -22,10 +22,13 @@ e2e: $(E2E_TOOLS)
 
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.
 demo: $(E2E_TOOLS)
-	@$(E2E_ENV) $(GO) run ./hack/demo up --dir $(DEMO_DIR)
+	@echo "demo: building hack/demo"
+	@$(GO) build -o $(BIN)/demo ./hack/demo
+	@$(E2E_ENV) $(BIN)/demo up --dir $(DEMO_DIR)
 
 demo-down:
-	@$(GO) run ./hack/demo down --dir $(DEMO_DIR)
+	@$(GO) build -o $(BIN)/demo ./hack/demo
+	@$(BIN)/demo down --dir $(DEMO_DIR)
 
 # Container images (needs Docker with BuildKit); see docs/kind.md.
 images:
