@@ -67,6 +67,11 @@ volumeBindingMode: WaitForFirstConsumer
 parameters: {pool: bulk}
 `)
 	ns := framework.CreateNamespace(t, cp, "e2e")
+	// Pods are refused until kube-controller-manager has made the namespace's ServiceAccount.
+	eventually(t, time.Minute, "ServiceAccount default in "+ns, func(ctx context.Context) error {
+		_, err := cp.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 	s := &scenario{c: c, cp: cp, ns: ns}
 
 	t.Run("PoolTargetedClaimPinnedToNode", s.poolTargetedClaim)
