@@ -67,8 +67,14 @@ func main() {
 func serveHTTP(ctx context.Context, addr string, d *driver.Driver) {
 	mux := http.NewServeMux()
 	d.Metrics().RegisterToServer(mux, "/metrics")
+	// Healthy as long as any pool is (or none is configured): one bad disk must not get the
+	// whole plugin restarted.
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		pools, _ := d.Pools().List()
+		if len(pools) == 0 {
+			fmt.Fprintln(w, "ok")
+			return
+		}
 		for _, p := range pools {
 			if p.Healthy {
 				fmt.Fprintln(w, "ok")

@@ -28,6 +28,8 @@ const (
 	// LabelPool and LabelNode label StoragePool objects.
 	LabelPool = "cistern.csi.dev/pool"
 	LabelNode = "cistern.csi.dev/node"
+	// LabelShared marks the StoragePool object of a shared pool (value "true"); it has no node label.
+	LabelShared = "cistern.csi.dev/shared"
 
 	// StoragePoolGroup is the API group of StoragePool objects (the KEP's group).
 	StoragePoolGroup = "storagepool.storage.k8s.io"

@@ -159,6 +159,7 @@ func (d *Driver) recover() {
 			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
 		}
 	}
+	d.forgetLostMounts()
 	for _, g := range d.store.ListGroupSnapshots() {
 		if g.Ready {
 			continue
@@ -174,6 +175,57 @@ func (d *Driver) recover() {
 			_ = image.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
 		}
 		_ = d.store.DeleteSnapshot(sn.ID)
+	}
+}
+
+// forgetLostMounts drops staged and published marks whose mounts are gone (a node reboot, or an
+// admin's umount): kubelet does not always unstage what no longer exists, and a stale mark would
+// keep DeleteVolume refusing forever.
+func (d *Driver) forgetLostMounts() {
+	mounts, err := d.mounter.List()
+	if err != nil {
+		klog.ErrorS(err, "Cannot list mounts; keeping node state as recorded")
+		return
+	}
+	mounted := make(map[string]bool, len(mounts))
+	for _, m := range mounts {
+		mounted[m.Path] = true
+	}
+	for _, v := range d.store.ListVolumes() {
+		if v.StagingPath == "" && len(v.Published) == 0 {
+			continue
+		}
+		changed := false
+		for target := range v.Published {
+			if !mounted[target] {
+				delete(v.Published, target)
+				if v.ExclusiveTarget == target {
+					v.ExclusiveTarget = ""
+				}
+				changed = true
+			}
+		}
+		if v.StagingPath != "" {
+			lost := !mounted[v.StagingPath]
+			if v.AccessType == state.Block {
+				img, err := d.volumeImage(v)
+				dev := ""
+				if err == nil {
+					dev, _ = image.Find(img)
+				}
+				lost, v.Device = dev == "", dev
+			}
+			if lost {
+				v.StagingPath, v.Device = "", ""
+				changed = true
+			}
+		}
+		if changed {
+			klog.InfoS("Forgetting mounts that are gone", "volumeID", v.ID)
+			if err := d.store.PutVolumeNodeState(v); err != nil {
+				klog.ErrorS(err, "Saving volume state", "volumeID", v.ID)
+			}
+		}
 	}
 }
 

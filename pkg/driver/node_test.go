@@ -349,6 +349,23 @@ func TestRestartKeepsServingVolumes(t *testing.T) {
 	}
 }
 
+// TestRestartForgetsLostMounts: mounts that vanished while the driver was down (a reboot) do
+// not keep the volume marked staged, so it can still be deleted.
+func TestRestartForgetsLostMounts(t *testing.T) {
+	testutilRoot(t)
+	env := startDriver(t, testPool{name: "fast"})
+	v := env.create("lost", 32*mb, nil)
+	id := v.GetVolumeId()
+	target := env.stageAndPublish(id, mountCap(""))
+	env.stop()
+	testutil.Run(t, "umount", target)
+	testutil.Run(t, "umount", filepath.Join(env.dir, "staging", id))
+	env.start()
+	if _, err := env.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatalf("delete after lost mounts: %v", err)
+	}
+}
+
 func TestUnhealthyPool(t *testing.T) {
 	testutilRoot(t)
 	env := startDriver(t, testPool{name: "fast"}, testPool{name: "slow"})

@@ -1,0 +1,280 @@
+package storagepool_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+const (
+	// sidecarNamespace and sidecarServiceAccount are those of deploy/csi/storagepool-sidecar.
+	sidecarNamespace      = "cistern-system"
+	sidecarServiceAccount = "cistern-storagepool-sidecar"
+	// waitTimeout bounds every wait for the sidecar or the driver to act.
+	waitTimeout = 60 * time.Second
+)
+
+var installOnce sync.Once
+
+// install applies the StoragePool CRD and the sidecar's RBAC from deploy/csi, once per package.
+func install(t *testing.T, cp *framework.ControlPlane) {
+	t.Helper()
+	installOnce.Do(func() {
+		framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
+		framework.ApplyManifests(t, cp, filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar"))
+	})
+}
+
+// adminClient reads StoragePools as admin, to check what the sidecar wrote.
+func adminClient(t *testing.T, cp *framework.ControlPlane) *storagepool.Client {
+	t.Helper()
+	c, err := storagepool.NewClient(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// uniqueNode returns a node name no other test uses: objects are cluster-scoped.
+func uniqueNode(t *testing.T, suffix string) string {
+	name := strings.ToLower(regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(t.Name(), "-"))
+	if len(name) > 40 {
+		name = name[len(name)-40:]
+	}
+	return strings.Trim(name, "-") + "-" + suffix
+}
+
+// poolDir is a pool directory on its own small tmpfs, so capacity and read-only are real.
+func poolDir(t *testing.T, sizeMiB int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, fmt.Sprintf("size=%dm", sizeMiB)); err != nil {
+		t.Skipf("mounting a tmpfs needs root: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmounting %s: %v", dir, err)
+		}
+	})
+	return dir
+}
+
+type poolConfig struct {
+	name   string
+	path   string
+	shared bool
+	labels map[string]string
+}
+
+// driver is a running csi-driver binary.
+type driver struct {
+	node    string
+	socket  string
+	config  string
+	proc    *framework.Process
+	t       *testing.T
+	stopped bool
+}
+
+func writePoolsConfig(t *testing.T, path string, pools []poolConfig) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("pools:\n")
+	for _, p := range pools {
+		fmt.Fprintf(&b, "- name: %s\n  path: %s\n", p.name, p.path)
+		if p.shared {
+			b.WriteString("  shared: true\n")
+		}
+		if len(p.labels) > 0 {
+			b.WriteString("  labels:\n")
+			for k, v := range p.labels {
+				fmt.Fprintf(&b, "    %s: %s\n", k, v)
+			}
+		}
+	}
+	// Write then rename, so the driver never reads half a file.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startDriver runs the real csi-driver for node with pools, checking pools every 200ms.
+func startDriver(t *testing.T, node string, pools ...poolConfig) *driver {
+	t.Helper()
+	dir := t.TempDir()
+	d := &driver{node: node, socket: filepath.Join(dir, "csi.sock"), config: filepath.Join(dir, "pools.yaml"), t: t}
+	writePoolsConfig(t, d.config, pools)
+	d.start()
+	return d
+}
+
+func (d *driver) start() {
+	d.t.Helper()
+	_ = os.Remove(d.socket)
+	d.proc = framework.StartProcess(d.t, "csi-driver-"+d.node, filepath.Join(binDir, "csi-driver"),
+		"--endpoint=unix://"+d.socket, "--node-id="+d.node, "--mode=node", "--pools-config="+d.config,
+		"--state-dir="+filepath.Join(filepath.Dir(d.config), "state"), "--pool-check-interval=200ms", "-v=4")
+	waitFor(d.t, "the driver's socket", func() bool {
+		_, err := os.Stat(d.socket)
+		return err == nil
+	})
+}
+
+func (d *driver) setPools(pools ...poolConfig) { writePoolsConfig(d.t, d.config, pools) }
+
+// sidecar is a running storagepool-sidecar binary.
+type sidecar struct {
+	proc        *framework.Process
+	metricsAddr string
+}
+
+// startSidecar runs the real sidecar next to d, as the ServiceAccount of deploy/csi.
+func startSidecar(t *testing.T, cp *framework.ControlPlane, d *driver, extra ...string) *sidecar {
+	t.Helper()
+	install(t, cp)
+	kubeconfig := framework.ServiceAccountKubeconfig(t, cp, sidecarNamespace, sidecarServiceAccount)
+	addr := freeAddr(t)
+	args := append([]string{
+		"--csi-address=" + d.socket, "--kubeconfig=" + kubeconfig, "--node-name=" + d.node,
+		"--http-endpoint=" + addr, "--resync-period=2s", "-v=4",
+	}, extra...)
+	p := framework.StartProcess(t, "storagepool-sidecar-"+d.node, filepath.Join(binDir, "storagepool-sidecar"), args...)
+	return &sidecar{proc: p, metricsAddr: addr}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// metric returns the sum of a metric's samples whose labels contain match, from the sidecar's
+// /metrics; -1 when the endpoint does not answer.
+func (s *sidecar) metric(name, match string) float64 {
+	resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return -1
+	}
+	return sumMetric(string(body), name, match)
+}
+
+func sumMetric(text, name, match string) float64 {
+	var sum float64
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(line, name) || !strings.Contains(line, match) {
+			continue
+		}
+		rest := strings.TrimPrefix(line, name)
+		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, waitTimeout, true,
+		func(context.Context) (bool, error) { return cond(), nil })
+	if err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// waitPool waits until the object exists and cond holds for it, and returns it.
+func waitPool(t *testing.T, c *storagepool.Client, name, what string, cond func(*spapi.StoragePool) bool) *spapi.StoragePool {
+	t.Helper()
+	var last *spapi.StoragePool
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, waitTimeout, true,
+		func(ctx context.Context) (bool, error) {
+			obj, err := c.Get(ctx, name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return false, nil
+			}
+			if err != nil {
+				return false, err
+			}
+			last = obj
+			return cond(obj), nil
+		})
+	if err != nil {
+		t.Fatalf("waiting for StoragePool %s: %s: %v; last seen: %+v", name, what, err, last)
+	}
+	return last
+}
+
+func waitGone(t *testing.T, c *storagepool.Client, name string) {
+	t.Helper()
+	waitFor(t, "StoragePool "+name+" to be deleted", func() bool {
+		_, err := c.Get(context.Background(), name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	})
+}
+
+func healthyCondition(obj *spapi.StoragePool) metav1.Condition {
+	for _, c := range obj.Status.Conditions {
+		if c.Type == spapi.ConditionHealthy {
+			return c
+		}
+	}
+	return metav1.Condition{}
+}
+
+// canI asks the API server whether cfg's user may do verb on resource (cluster-wide).
+func canI(t *testing.T, cfg *rest.Config, verb, group, resource string) bool {
+	t.Helper()
+	res, sub, _ := strings.Cut(resource, "/")
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(context.Background(), &authorizationv1.SelfSubjectAccessReview{
+		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+			Verb: verb, Group: group, Resource: res, Subresource: sub,
+		}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.Status.Allowed
+}

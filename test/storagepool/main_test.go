@@ -1,0 +1,47 @@
+// Package storagepool_test runs the real csi-driver and storagepool-sidecar binaries against a
+// real kube-apiserver: the sidecar authenticates as the ServiceAccount of deploy/csi, bound to
+// its ClusterRole, never as admin.
+package storagepool_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+var (
+	// binDir holds csi-driver and storagepool-sidecar, built once for the package.
+	binDir string
+	// repoRoot is the repository checkout (deploy/ lives there).
+	repoRoot string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "cistern-storagepool-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/csi-driver", "./cmd/storagepool-sidecar")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building the binaries: %v\n%s", err, out)
+		return 1
+	}
+	binDir, repoRoot = dir, root
+	return framework.RunShared(m, framework.Options{})
+}
