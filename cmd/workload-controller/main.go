@@ -1,12 +1,81 @@
-// Command workload-controller. See README.md.
+// Command workload-controller runs the LeaderWorkerSet, NotebookValidationJob and VolumeManager
+// controllers and their admission webhooks. See docs/workloads.md.
 package main
 
 import (
-	"fmt"
+	"context"
+	"flag"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/workloads"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "workload-controller: not implemented yet")
-	os.Exit(1)
+	klog.InitFlags(nil)
+	var cfg workloads.Config
+	var kubeconfig, localRoots string
+	var qps float64
+	var burst int
+	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
+	flag.Float64Var(&qps, "kube-api-qps", 50, "steady queries per second to the API server")
+	flag.IntVar(&burst, "kube-api-burst", 100, "burst of queries to the API server")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":8080", "metrics address; 0 disables")
+	flag.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address; 0 disables")
+	flag.BoolVar(&cfg.LeaderElection, "leader-elect", false, "elect a leader among replicas")
+	flag.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease")
+	flag.BoolVar(&cfg.DisableWebhooks, "disable-webhooks", false, "run without admission webhooks")
+	flag.StringVar(&cfg.WebhookHost, "webhook-host", "", "address the webhook server listens on (and, with --webhook-self-register, the address the API server dials)")
+	flag.IntVar(&cfg.WebhookPort, "webhook-port", 9443, "webhook server port")
+	flag.StringVar(&cfg.WebhookCertDir, "webhook-cert-dir", os.TempDir()+"/cistern-workload-webhook", "directory for the serving certificate")
+	flag.BoolVar(&cfg.WebhookSelfRegister, "webhook-self-register", false, "register URL-based webhook configurations for https://<webhook-host>:<webhook-port> (tests, demo)")
+	flag.StringVar(&cfg.WebhookServiceName, "webhook-service-name", "cistern-workload-webhook", "Service in front of the webhook server")
+	flag.StringVar(&cfg.WebhookServiceNamespace, "webhook-namespace", envOr("POD_NAMESPACE", "cistern-system"), "namespace of the webhook Service and certificate Secret")
+	flag.StringVar(&cfg.WebhookSecretName, "webhook-secret-name", "cistern-workload-webhook-cert", "Secret holding the webhook CA and certificate")
+	flag.DurationVar(&cfg.CertCheckInterval, "webhook-cert-check-interval", 0, "how often to check certificates for renewal (default 1h)")
+	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
+	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
+	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
+	flag.Parse()
+	if localRoots != "" {
+		cfg.VolumeManager.LocalSourceRoots = strings.Split(localRoots, ",")
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	logger := klog.Background()
+	ctx = klog.NewContext(ctx, logger)
+
+	restConfig, err := loadConfig(kubeconfig)
+	if err != nil {
+		logger.Error(err, "loading kubeconfig")
+		os.Exit(1)
+	}
+	restConfig.QPS, restConfig.Burst = float32(qps), burst
+	restConfig.UserAgent = "cistern-workload-controller"
+	if err := workloads.Run(ctx, restConfig, cfg); err != nil {
+		logger.Error(err, "workload-controller failed")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+}
+
+func loadConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return rest.InClusterConfig()
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
 }

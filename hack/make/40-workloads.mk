@@ -1,0 +1,33 @@
+# workload-controller: LeaderWorkerSet, NotebookValidationJob, VolumeManager.
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN := $(BIN)/tools/controller-gen-$(CONTROLLER_GEN_VERSION)
+WORKLOAD_APIS := ./pkg/apis/workloads/... ./pkg/apis/data/...
+
+TEST_TARGETS += test-workloads
+BENCH_TARGETS += bench-workloads
+
+.PHONY: generate-workloads test-workloads bench-workloads
+
+$(CONTROLLER_GEN):
+	@mkdir -p $(BIN)/tools/cg-$(CONTROLLER_GEN_VERSION)
+	GOBIN=$(BIN)/tools/cg-$(CONTROLLER_GEN_VERSION) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	mv $(BIN)/tools/cg-$(CONTROLLER_GEN_VERSION)/controller-gen $@
+
+# CRDs and deepcopy come from the Go types; the output is committed.
+generate-workloads: $(CONTROLLER_GEN)
+	$(CONTROLLER_GEN) object paths=./pkg/apis/workloads/... paths=./pkg/apis/data/...
+	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true,maxDescLen=0 \
+	  paths=./pkg/apis/workloads/... paths=./pkg/apis/data/... output:crd:artifacts:config=deploy/csi/crds
+	$(CONTROLLER_GEN) rbac:roleName=cistern-workload-controller paths=./pkg/workloads/... \
+	  output:rbac:artifacts:config=deploy/csi/workload-controller/rbac
+	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhook/
+
+# Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,
+# kube-controller-manager, kube-scheduler built by k8s-tools).
+test-workloads: k8s-tools
+	$(GO) test -count=1 ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
+	$(GO) test -count=1 -timeout 20m ./test/workloads/
+
+# LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
+bench-workloads: k8s-tools
+	CISTERN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40

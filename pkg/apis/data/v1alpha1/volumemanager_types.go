@@ -1,0 +1,150 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// SourceType is where a dataset comes from.
+// +kubebuilder:validation:Enum={S3,NFS,Local}
+type SourceType string
+
+const (
+	SourceS3    SourceType = "S3"
+	SourceNFS   SourceType = "NFS"
+	SourceLocal SourceType = "Local"
+)
+
+// State is the lifecycle state of a VolumeManager.
+// +kubebuilder:validation:Enum={Pending,Running,Failed,Completed}
+type State string
+
+const (
+	StatePending   State = "Pending"
+	StateRunning   State = "Running"
+	StateFailed    State = "Failed"
+	StateCompleted State = "Completed"
+)
+
+// Keys of VolumeConfig.options.
+const (
+	// OptionEndpoint is the S3 endpoint URL.
+	OptionEndpoint = "endpoint"
+	// OptionRegion is the S3 region.
+	OptionRegion = "region"
+	// OptionPathStyle is "true" for path-style S3 addressing.
+	OptionPathStyle = "pathStyle"
+	// OptionInclude and OptionExclude are glob filters on keys/paths.
+	OptionInclude = "include"
+	OptionExclude = "exclude"
+	// OptionSecretName names a Secret of the VolumeManager's namespace holding accessKeyID,
+	// secretAccessKey and optional sessionToken.
+	OptionSecretName = "secretName"
+)
+
+// VolumeConfig is one dataset and where it must be.
+type VolumeConfig struct {
+	// id names this volume inside the VolumeManager.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=40
+	ID string `json:"id"`
+	// replicas is the number of distinct nodes that hold the data.
+	// +kubebuilder:validation:Minimum=1
+	Replicas int32 `json:"replicas"`
+	// sourceType is S3, NFS or Local.
+	SourceType SourceType `json:"sourceType"`
+	// sourceURL is s3://bucket/prefix, nfs://server/export/path or file:///dir (Local, only under
+	// the directories the admin allowed).
+	// +kubebuilder:validation:MinLength=1
+	SourceURL string `json:"sourceURL"`
+	// accessMode of the claim users mount; ReadOnlyMany when empty.
+	// +optional
+	AccessMode corev1.PersistentVolumeAccessMode `json:"accessMode,omitempty"`
+	// capacity is the size of the volume on each node; 1Gi when empty.
+	// +optional
+	Capacity *resource.Quantity `json:"capacity,omitempty"`
+	// labels go on the objects made for this volume.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// options: endpoint, region, pathStyle, include, exclude, secretName.
+	// +optional
+	Options map[string]string `json:"options,omitempty"`
+	// nodeAffinity restricts the nodes that may hold the data.
+	// +optional
+	NodeAffinity *corev1.NodeAffinity `json:"nodeAffinity,omitempty"`
+	// tolerations let the data go to tainted nodes.
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+}
+
+// VolumeManagerSpec lists datasets.
+type VolumeManagerSpec struct {
+	// volumes are the datasets to make present.
+	// +listType=map
+	// +listMapKey=id
+	VolumeConfigs []VolumeConfig `json:"volumes"`
+	// state is the requested state; informational, as in the KVC API.
+	// +optional
+	State State `json:"state,omitempty"`
+}
+
+// Volume is where one dataset is and how to use it.
+type Volume struct {
+	// id of the VolumeConfig.
+	ID string `json:"id"`
+	// volumeSource to put in a pod's volumes.
+	// +optional
+	VolumeSource corev1.VolumeSource `json:"volumeSource,omitempty"`
+	// message says what is missing, if anything.
+	// +optional
+	Message string `json:"message,omitempty"`
+	// nodeAffinity sends pods to the nodes holding the data.
+	// +optional
+	NodeAffinity *corev1.NodeAffinity `json:"nodeAffinity,omitempty"`
+	// nodes hold the data.
+	// +optional
+	Nodes []string `json:"nodes,omitempty"`
+}
+
+// VolumeManagerStatus is the observed state.
+type VolumeManagerStatus struct {
+	// +optional
+	// +listType=map
+	// +listMapKey=id
+	Volumes []Volume `json:"volumes,omitempty"`
+	// +optional
+	State State `json:"state,omitempty"`
+	// +optional
+	Message string `json:"message,omitempty"`
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// VolumeManager makes datasets present on nodes through the Cistern CSI driver.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName={vm}
+// +kubebuilder:printcolumn:name="State",type="string",JSONPath=".status.state"
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
+type VolumeManager struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   VolumeManagerSpec   `json:"spec,omitempty"`
+	Status VolumeManagerStatus `json:"status,omitempty"`
+}
+
+// VolumeManagerList is a list of VolumeManagers.
+//
+// +kubebuilder:object:root=true
+type VolumeManagerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []VolumeManager `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&VolumeManager{}, &VolumeManagerList{})
+}

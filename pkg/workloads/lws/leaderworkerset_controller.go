@@ -1,0 +1,240 @@
+package lws
+
+import (
+	"context"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+// LeaderWorkerSetReconciler keeps the leader StatefulSet, the shared headless Service and the
+// status of each LeaderWorkerSet. It reads only from the informer cache and writes only what
+// differs, so a LeaderWorkerSet at rest costs the API server nothing.
+type LeaderWorkerSetReconciler struct {
+	client.Client
+	Recorder events.EventRecorder
+}
+
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods/finalizers,verbs=update
+// +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
+
+// Reconcile brings one LeaderWorkerSet's objects to what its spec asks.
+func (r *LeaderWorkerSetReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	logger := klog.FromContext(ctx).WithValues("leaderworkerset", req.NamespacedName)
+	ctx = klog.NewContext(ctx, logger)
+
+	var lws v1alpha1.LeaderWorkerSet
+	if err := r.Get(ctx, req.NamespacedName, &lws); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if lws.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil
+	}
+	// Work on a defaulted copy: the controller must not depend on the webhook having run.
+	desired := lws.DeepCopy()
+	SetDefaults(desired)
+	revision := TemplateHash(desired)
+
+	sts, err := LeaderStatefulSet(desired, revision)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := controllerutil.SetControllerReference(&lws, sts, r.Scheme()); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := ensureStatefulSet(ctx, r.Client, sts, false); err != nil {
+		r.Recorder.Eventf(&lws, nil, corev1.EventTypeWarning, "FailedApply", "ApplyLeaderStatefulSet", "leader StatefulSet %s: %v", sts.Name, err)
+		return ctrl.Result{}, err
+	}
+	if subdomainPolicy(desired) == v1alpha1.SubdomainShared {
+		svc := HeadlessService(desired, desired.Name, map[string]string{v1alpha1.SetNameLabelKey: desired.Name})
+		if err := controllerutil.SetControllerReference(&lws, svc, r.Scheme()); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := ensureService(ctx, r.Client, svc); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, r.updateStatus(ctx, &lws, desired, revision)
+}
+
+// ensureStatefulSet creates sts, or updates the mutable parts of an existing one whose spec hash
+// differs. createOnly leaves existing StatefulSets alone (worker StatefulSets are replaced with
+// their leader, never updated in place).
+func ensureStatefulSet(ctx context.Context, c client.Client, sts *appsv1.StatefulSet, createOnly bool) error {
+	var cur appsv1.StatefulSet
+	err := c.Get(ctx, client.ObjectKeyFromObject(sts), &cur)
+	if apierrors.IsNotFound(err) {
+		klog.FromContext(ctx).V(4).Info("creating StatefulSet", "statefulset", klog.KObj(sts))
+		return c.Create(ctx, sts)
+	}
+	if err != nil || createOnly || cur.Annotations[SpecHashAnnotationKey] == sts.Annotations[SpecHashAnnotationKey] {
+		return err
+	}
+	if !metav1.IsControlledBy(&cur, ownerOf(sts)) {
+		return fmt.Errorf("StatefulSet %s exists and is not controlled by %s", sts.Name, sts.OwnerReferences[0].Name)
+	}
+	// selector, serviceName, podManagementPolicy and volumeClaimTemplates are immutable and
+	// derived only from immutable inputs; the rest may change.
+	cur.Labels, cur.Annotations = sts.Labels, sts.Annotations
+	cur.Spec.Replicas = sts.Spec.Replicas
+	cur.Spec.Template = sts.Spec.Template
+	cur.Spec.UpdateStrategy = sts.Spec.UpdateStrategy
+	cur.Spec.PersistentVolumeClaimRetentionPolicy = sts.Spec.PersistentVolumeClaimRetentionPolicy
+	cur.Spec.Ordinals = sts.Spec.Ordinals
+	klog.FromContext(ctx).V(4).Info("updating StatefulSet", "statefulset", klog.KObj(sts))
+	return c.Update(ctx, &cur)
+}
+
+func ownerOf(obj metav1.Object) metav1.Object {
+	o := obj.GetOwnerReferences()[0]
+	return &metav1.ObjectMeta{Name: o.Name, UID: o.UID}
+}
+
+// ensureService creates svc if it does not exist; a headless Service never needs updating.
+func ensureService(ctx context.Context, c client.Client, svc *corev1.Service) error {
+	var cur corev1.Service
+	err := c.Get(ctx, client.ObjectKeyFromObject(svc), &cur)
+	if apierrors.IsNotFound(err) {
+		err = c.Create(ctx, svc)
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+	}
+	return err
+}
+
+// updateStatus counts groups from the cached leader pods and worker StatefulSets, and writes the
+// status only when it changed.
+func (r *LeaderWorkerSetReconciler) updateStatus(ctx context.Context, lws, desired *v1alpha1.LeaderWorkerSet, revision string) error {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(lws.Namespace), client.MatchingLabels{
+		v1alpha1.SetNameLabelKey: lws.Name, v1alpha1.WorkerIndexLabelKey: "0",
+	}); err != nil {
+		return err
+	}
+	var sets appsv1.StatefulSetList
+	if err := r.List(ctx, &sets, client.InNamespace(lws.Namespace), client.MatchingLabels{v1alpha1.SetNameLabelKey: lws.Name}); err != nil {
+		return err
+	}
+	status := ComputeStatus(desired, revision, pods.Items, sets.Items)
+	status.Conditions = lws.Status.Conditions
+	setConditions(&status, desired, lws.Generation)
+	if apiequality.Semantic.DeepEqual(status, lws.Status) {
+		return nil
+	}
+	updated := lws.DeepCopy()
+	updated.Status = status
+	err := r.Status().Update(ctx, updated)
+	if apierrors.IsConflict(err) {
+		return nil // a newer version is on its way through the cache; it will be reconciled
+	}
+	return err
+}
+
+// ComputeStatus counts existing, ready and updated groups. A group is ready when its leader pod
+// and all size-1 workers are ready, and updated when both carry the current revision.
+func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []corev1.Pod, sets []appsv1.StatefulSet) v1alpha1.LeaderWorkerSetStatus {
+	size := ptr.Deref(lws.Spec.LeaderWorkerTemplate.Size, 1)
+	replicas := ptr.Deref(lws.Spec.Replicas, 1)
+	workers := make(map[string]*appsv1.StatefulSet, len(sets))
+	for i := range sets {
+		workers[sets[i].Name] = &sets[i]
+	}
+	st := v1alpha1.LeaderWorkerSetStatus{
+		ObservedGeneration: lws.Generation,
+		HPAPodSelector: labels.SelectorFromSet(labels.Set{
+			v1alpha1.SetNameLabelKey: lws.Name, v1alpha1.WorkerIndexLabelKey: "0",
+		}).String(),
+	}
+	for i := range leaders {
+		p := &leaders[i]
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		if _, ord := ParentNameAndOrdinal(p.Name); ord < 0 || int32(ord) >= replicas {
+			continue
+		}
+		st.Replicas++
+		w := workers[p.Name]
+		workerReady := size == 1 || (w != nil && w.Status.ReadyReplicas == size-1 && w.Status.AvailableReplicas == size-1)
+		if podReady(p) && workerReady {
+			st.ReadyReplicas++
+		}
+		workerUpdated := size == 1 || (w != nil && w.Labels[v1alpha1.RevisionKey] == revision)
+		if p.Labels[v1alpha1.RevisionKey] == revision && workerUpdated {
+			st.UpdatedReplicas++
+		}
+	}
+	return st
+}
+
+func setConditions(st *v1alpha1.LeaderWorkerSetStatus, lws *v1alpha1.LeaderWorkerSet, gen int64) {
+	replicas := ptr.Deref(lws.Spec.Replicas, 1)
+	set := func(t string, ok bool, reason, msg string) {
+		s := metav1.ConditionFalse
+		if ok {
+			s = metav1.ConditionTrue
+		}
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
+	}
+	updating := st.UpdatedReplicas < st.Replicas
+	available := st.ReadyReplicas >= replicas && !updating
+	set(v1alpha1.LeaderWorkerSetAvailable, available, "AllGroupsReady",
+		fmt.Sprintf("%d of %d groups ready", st.ReadyReplicas, replicas))
+	set(v1alpha1.LeaderWorkerSetProgressing, !available, "GroupsProgressing",
+		fmt.Sprintf("%d of %d groups ready", st.ReadyReplicas, replicas))
+	set(v1alpha1.LeaderWorkerSetUpdateInProgress, updating, "GroupsUpdating",
+		fmt.Sprintf("%d of %d groups updated", st.UpdatedReplicas, st.Replicas))
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// SetupWithManager registers the reconciler: LeaderWorkerSets, their leader StatefulSets and
+// Services, and — through the name label — worker StatefulSets and leader pods, whose readiness
+// feeds the status.
+func (r *LeaderWorkerSetReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	byName := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
+		name, ok := o.GetLabels()[v1alpha1.SetNameLabelKey]
+		if !ok {
+			return nil
+		}
+		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("leaderworkerset").
+		For(&v1alpha1.LeaderWorkerSet{}).
+		Owns(&corev1.Service{}).
+		Watches(&appsv1.StatefulSet{}, byName).
+		Watches(&corev1.Pod{}, byName).
+		Complete(r)
+}

@@ -1,0 +1,129 @@
+package lws
+
+import (
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+// IsLeader says whether a LeaderWorkerSet pod is a group leader.
+func IsLeader(pod *corev1.Pod) bool {
+	return pod.Labels[v1alpha1.WorkerIndexLabelKey] == "0"
+}
+
+// DefaultPod completes a LeaderWorkerSet pod at creation: the labels only known once the
+// StatefulSet controller has named the pod (group-index, group-key, worker-index), the subdomain of
+// a UniquePerReplica leader, the LWS_* environment variables, and the schedulingPolicy's node
+// selector and toleration. Pods without the name label are left alone.
+func DefaultPod(pod *corev1.Pod) error {
+	lwsName, ok := pod.Labels[v1alpha1.SetNameLabelKey]
+	if !ok {
+		return nil
+	}
+	size, ok := pod.Annotations[v1alpha1.SizeAnnotationKey]
+	if !ok {
+		return fmt.Errorf("pod %s: annotation %s is missing", pod.Name, v1alpha1.SizeAnnotationKey)
+	}
+	if _, err := strconv.Atoi(size); err != nil {
+		return fmt.Errorf("pod %s: annotation %s=%q is not a number", pod.Name, v1alpha1.SizeAnnotationKey, size)
+	}
+
+	var leaderName string
+	if IsLeader(pod) {
+		leaderName = pod.Name
+		if _, ok := pod.Labels[v1alpha1.GroupIndexLabelKey]; !ok {
+			_, group := ParentNameAndOrdinal(pod.Name)
+			if group < 0 {
+				return fmt.Errorf("pod %s: name has no ordinal", pod.Name)
+			}
+			pod.Labels[v1alpha1.GroupIndexLabelKey] = strconv.Itoa(group)
+		}
+		if pod.Annotations[v1alpha1.SubdomainPolicyAnnotationKey] == string(v1alpha1.SubdomainUniquePerReplica) {
+			pod.Spec.Subdomain = pod.Name
+		}
+		if _, ok := pod.Labels[v1alpha1.GroupUniqueHashLabelKey]; !ok {
+			pod.Labels[v1alpha1.GroupUniqueHashLabelKey] = GroupKey(pod.Namespace, pod.Name)
+		}
+	} else {
+		leaderName = pod.Annotations[v1alpha1.LeaderPodNameAnnotationKey]
+		_, worker := ParentNameAndOrdinal(pod.Name)
+		if worker < 0 {
+			return fmt.Errorf("pod %s: name has no ordinal", pod.Name)
+		}
+		pod.Labels[v1alpha1.WorkerIndexLabelKey] = strconv.Itoa(worker)
+	}
+
+	group, ok := pod.Labels[v1alpha1.GroupIndexLabelKey]
+	if !ok {
+		return fmt.Errorf("pod %s: label %s is missing", pod.Name, v1alpha1.GroupIndexLabelKey)
+	}
+	env := []corev1.EnvVar{
+		{Name: v1alpha1.LwsLeaderAddress, Value: fmt.Sprintf("%s-%s.%s.%s", lwsName, group, pod.Spec.Subdomain, pod.Namespace)},
+		{Name: v1alpha1.LwsGroupSize, Value: size},
+		{Name: v1alpha1.LwsWorkerIndex, Value: pod.Labels[v1alpha1.WorkerIndexLabelKey]},
+	}
+	for i := range pod.Spec.InitContainers {
+		addEnv(&pod.Spec.InitContainers[i], env)
+	}
+	for i := range pod.Spec.Containers {
+		addEnv(&pod.Spec.Containers[i], env)
+	}
+	return applySchedulingPolicy(pod, leaderName)
+}
+
+// addEnv puts the LWS variables first, so that user variables can refer to them with $(VAR), and
+// leaves a variable the user set alone.
+func addEnv(c *corev1.Container, env []corev1.EnvVar) {
+	have := make(map[string]bool, len(c.Env))
+	for _, e := range c.Env {
+		have[e.Name] = true
+	}
+	var add []corev1.EnvVar
+	for _, e := range env {
+		if !have[e.Name] {
+			add = append(add, e)
+		}
+	}
+	if len(add) > 0 {
+		c.Env = append(add, c.Env...)
+	}
+}
+
+// applySchedulingPolicy pins the pod to the nodes of its group: nodeSelector[<key>] = leader name
+// and a toleration {key, Equal, leader name, effect}.
+func applySchedulingPolicy(pod *corev1.Pod, leaderName string) error {
+	selKey := pod.Annotations[v1alpha1.ReplicaUniqueNodeSelectorAnnotationKey]
+	tolKey := pod.Annotations[v1alpha1.ReplicaUniqueTolerationKeyAnnotationKey]
+	if selKey == "" && tolKey == "" {
+		return nil
+	}
+	if leaderName == "" {
+		return fmt.Errorf("pod %s: annotation %s is missing", pod.Name, v1alpha1.LeaderPodNameAnnotationKey)
+	}
+	if selKey != "" {
+		if pod.Spec.NodeSelector == nil {
+			pod.Spec.NodeSelector = map[string]string{}
+		}
+		pod.Spec.NodeSelector[selKey] = leaderName
+	}
+	if tolKey != "" {
+		effect := corev1.TaintEffect(pod.Annotations[v1alpha1.ReplicaUniqueTolerationEffectAnnotationKey])
+		switch effect {
+		case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+		default:
+			return fmt.Errorf("pod %s: annotation %s=%q is not NoSchedule, PreferNoSchedule or NoExecute",
+				pod.Name, v1alpha1.ReplicaUniqueTolerationEffectAnnotationKey, effect)
+		}
+		tol := corev1.Toleration{Key: tolKey, Operator: corev1.TolerationOpEqual, Value: leaderName, Effect: effect}
+		for _, t := range pod.Spec.Tolerations {
+			if t == tol {
+				return nil
+			}
+		}
+		pod.Spec.Tolerations = append(pod.Spec.Tolerations, tol)
+	}
+	return nil
+}

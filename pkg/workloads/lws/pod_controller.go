@@ -1,0 +1,206 @@
+package lws
+
+import (
+	"context"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+// PodReconciler runs the groups: it creates each leader's worker StatefulSet (and, for
+// UniquePerReplica, its headless Service), and applies the restart policy by deleting the leader
+// of a group one of whose pods restarted or was deleted, which takes the workers with it.
+type PodReconciler struct {
+	client.Client
+	Recorder events.EventRecorder
+}
+
+// Reconcile handles one LeaderWorkerSet pod.
+func (r *PodReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	var pod corev1.Pod
+	if err := r.Get(ctx, req.NamespacedName, &pod); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	lwsName := pod.Labels[v1alpha1.SetNameLabelKey]
+	var lws v1alpha1.LeaderWorkerSet
+	if err := r.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: lwsName}, &lws); err != nil {
+		// Gone: garbage collection removes the pods.
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if lws.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil
+	}
+	SetDefaults(&lws)
+	logger := klog.FromContext(ctx).WithValues("pod", klog.KObj(&pod), "leaderworkerset", lwsName)
+	ctx = klog.NewContext(ctx, logger)
+
+	if restarted, err := r.applyRestartPolicy(ctx, &pod, &lws); err != nil || restarted {
+		return ctrl.Result{}, err
+	}
+	if !IsLeader(&pod) || pod.DeletionTimestamp != nil {
+		return ctrl.Result{}, nil
+	}
+	if subdomainPolicy(&lws) == v1alpha1.SubdomainUniquePerReplica {
+		svc := HeadlessService(&lws, pod.Name, map[string]string{
+			v1alpha1.SetNameLabelKey:    lws.Name,
+			v1alpha1.GroupIndexLabelKey: pod.Labels[v1alpha1.GroupIndexLabelKey],
+		})
+		svc.OwnerReferences = []metav1.OwnerReference{podOwnerRef(&pod)}
+		if err := ensureService(ctx, r.Client, svc); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if ptr.Deref(lws.Spec.LeaderWorkerTemplate.Size, 1) == 1 {
+		return ctrl.Result{}, nil
+	}
+	if lws.Spec.StartupPolicy == v1alpha1.LeaderReadyStartupPolicy && !podReady(&pod) {
+		logger.V(4).Info("waiting for the leader to be ready before creating workers")
+		return ctrl.Result{}, nil
+	}
+
+	var cur appsv1.StatefulSet
+	err := r.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &cur)
+	switch {
+	case err == nil:
+		if !metav1.IsControlledBy(&cur, &pod) {
+			// The previous incarnation of this group is still being deleted.
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		return ctrl.Result{}, nil
+	case !apierrors.IsNotFound(err):
+		return ctrl.Result{}, err
+	}
+	sts := WorkerStatefulSet(&lws, &pod)
+	if err := r.Create(ctx, sts); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return ctrl.Result{RequeueAfter: time.Second}, nil
+		}
+		r.Recorder.Eventf(&lws, &pod, corev1.EventTypeWarning, "FailedCreate", "CreateWorkerStatefulSet", "worker StatefulSet %s: %v", pod.Name, err)
+		return ctrl.Result{}, err
+	}
+	logger.V(4).Info("created worker StatefulSet", "statefulset", klog.KObj(sts))
+	return ctrl.Result{}, nil
+}
+
+func podOwnerRef(pod *corev1.Pod) metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID,
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}
+}
+
+// applyRestartPolicy deletes the group's leader (foreground, so the worker StatefulSet goes first)
+// when a pod of the group was deleted or restarted a container, under the RecreateGroup policies.
+// It reports whether the group is being recreated.
+func (r *PodReconciler) applyRestartPolicy(ctx context.Context, pod *corev1.Pod, lws *v1alpha1.LeaderWorkerSet) (bool, error) {
+	policy := lws.Spec.LeaderWorkerTemplate.RestartPolicy
+	if policy != v1alpha1.RecreateGroupOnPodRestart && policy != v1alpha1.RecreateGroupAfterStart {
+		return false, nil
+	}
+	if !containerRestarted(pod) && pod.DeletionTimestamp == nil {
+		return false, nil
+	}
+	leader := pod
+	if !IsLeader(pod) {
+		name := pod.Annotations[v1alpha1.LeaderPodNameAnnotationKey]
+		var l corev1.Pod
+		if err := r.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: name}, &l); err != nil {
+			return false, client.IgnoreNotFound(err)
+		}
+		// A worker of an earlier incarnation of the group (its StatefulSet is owned by an older
+		// leader) must not restart the new one.
+		if l.Labels[v1alpha1.GroupUniqueHashLabelKey] != pod.Labels[v1alpha1.GroupUniqueHashLabelKey] ||
+			!ownedByLeader(ctx, r.Client, pod, &l) {
+			return false, nil
+		}
+		leader = &l
+	}
+	if leader.DeletionTimestamp != nil {
+		return true, nil
+	}
+	if policy == v1alpha1.RecreateGroupAfterStart {
+		pending, err := r.groupHasPendingPods(ctx, leader)
+		if err != nil || pending {
+			return false, err
+		}
+	}
+	if err := r.Delete(ctx, leader, client.PropagationPolicy(metav1.DeletePropagationForeground),
+		client.Preconditions{UID: &leader.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	klog.FromContext(ctx).Info("recreating group", "leader", klog.KObj(leader), "cause", klog.KObj(pod))
+	r.Recorder.Eventf(lws, leader, corev1.EventTypeNormal, "RecreateGroup", "DeleteLeader",
+		"pod %s restarted or was deleted; deleted leader %s to recreate group %s", pod.Name, leader.Name, leader.Labels[v1alpha1.GroupIndexLabelKey])
+	return true, nil
+}
+
+// ownedByLeader says whether the worker pod's StatefulSet is controlled by this leader pod.
+func ownedByLeader(ctx context.Context, c client.Client, pod, leader *corev1.Pod) bool {
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil || owner.Kind != "StatefulSet" {
+		return false
+	}
+	var sts appsv1.StatefulSet
+	if err := c.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: owner.Name}, &sts); err != nil {
+		return false
+	}
+	return sts.UID == owner.UID && metav1.IsControlledBy(&sts, leader)
+}
+
+func (r *PodReconciler) groupHasPendingPods(ctx context.Context, leader *corev1.Pod) (bool, error) {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(leader.Namespace), client.MatchingLabels{
+		v1alpha1.GroupUniqueHashLabelKey: leader.Labels[v1alpha1.GroupUniqueHashLabelKey],
+	}); err != nil {
+		return false, err
+	}
+	for _, p := range pods.Items {
+		if p.Status.Phase == corev1.PodPending {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// containerRestarted says whether a live pod restarted any container.
+func containerRestarted(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning && pod.Status.Phase != corev1.PodPending {
+		return false
+	}
+	for _, s := range pod.Status.InitContainerStatuses {
+		if s.RestartCount > 0 {
+			return true
+		}
+	}
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.RestartCount > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// SetupWithManager registers the reconciler for pods carrying the LeaderWorkerSet name label, and
+// for the worker StatefulSets they own (so a deleted one is recreated).
+func (r *PodReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	isLWSPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		_, ok := o.GetLabels()[v1alpha1.SetNameLabelKey]
+		return ok
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("leaderworkerset-pod").
+		For(&corev1.Pod{}, builder.WithPredicates(isLWSPod)).
+		Owns(&appsv1.StatefulSet{}).
+		Complete(r)
+}

@@ -1,0 +1,64 @@
+package lws
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+func TestComputeStatus(t *testing.T) {
+	l := testLWS() // replicas 2, size 3
+	leader := func(name, rev string, ready bool, deleting bool) corev1.Pod {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.RevisionKey: rev}}}
+		if ready {
+			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		}
+		if deleting {
+			p.DeletionTimestamp = &metav1.Time{}
+		}
+		return p
+	}
+	workers := func(name, rev string, ready int32) appsv1.StatefulSet {
+		return appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.RevisionKey: rev}},
+			Status: appsv1.StatefulSetStatus{ReadyReplicas: ready, AvailableReplicas: ready}}
+	}
+	tests := []struct {
+		name    string
+		leaders []corev1.Pod
+		sets    []appsv1.StatefulSet
+		want    [3]int32 // replicas, ready, updated
+		avail   bool
+	}{
+		{name: "nothing yet", want: [3]int32{0, 0, 0}},
+		{name: "all ready and current", avail: true,
+			leaders: []corev1.Pod{leader("lws-0", "r", true, false), leader("lws-1", "r", true, false)},
+			sets:    []appsv1.StatefulSet{workers("lws-0", "r", 2), workers("lws-1", "r", 2)},
+			want:    [3]int32{2, 2, 2}},
+		{name: "a worker not ready, an old revision, a leader beyond replicas and one being deleted",
+			leaders: []corev1.Pod{leader("lws-0", "r", true, false), leader("lws-1", "old", true, false),
+				leader("lws-2", "r", true, false), leader("lws-3", "r", true, true)},
+			sets: []appsv1.StatefulSet{workers("lws-0", "r", 1), workers("lws-1", "old", 2)},
+			want: [3]int32{2, 1, 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			st := ComputeStatus(l, "r", tc.leaders, tc.sets)
+			if d := cmp.Diff(tc.want, [3]int32{st.Replicas, st.ReadyReplicas, st.UpdatedReplicas}); d != "" {
+				t.Errorf("replicas/ready/updated (-want +got):\n%s", d)
+			}
+			if st.HPAPodSelector != "leaderworkerset.sigs.k8s.io/name=lws,leaderworkerset.sigs.k8s.io/worker-index=0" {
+				t.Errorf("selector %q", st.HPAPodSelector)
+			}
+			setConditions(&st, l, 1)
+			if got := meta.IsStatusConditionTrue(st.Conditions, v1alpha1.LeaderWorkerSetAvailable); got != tc.avail {
+				t.Errorf("Available = %v, want %v", got, tc.avail)
+			}
+		})
+	}
+}

@@ -1,0 +1,107 @@
+package lws
+
+import (
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+func TestValidateCreate(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*v1alpha1.LeaderWorkerSet)
+		want []string // substrings of the aggregated message; empty means valid
+	}{
+		{name: "valid with claims and scheduling policy", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{claim("data")}
+			l.Spec.LeaderWorkerTemplate.SchedulingPolicy = &v1alpha1.SchedulingPolicy{
+				ReplicaUniqueNodeSelector: "cistern.dev/replica",
+				ReplicaUniqueToleration:   &v1alpha1.ReplicaUniqueToleration{Key: "cistern.dev/replica", Effect: corev1.TaintEffectPreferNoSchedule}}
+		}},
+		{name: "failure case - name too long", mod: func(l *v1alpha1.LeaderWorkerSet) { l.Name = strings.Repeat("a", 41) },
+			want: []string{"metadata.name: Too long"}},
+		{name: "failure case - size 0", mod: func(l *v1alpha1.LeaderWorkerSet) { l.Spec.LeaderWorkerTemplate.Size = ptr.To[int32](0) },
+			want: []string{"spec.leaderWorkerTemplate.size: Invalid value: 0: must be >= 1"}},
+		{name: "failure case - maxUnavailable and maxSurge both 0", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.RolloutStrategy.RollingUpdateConfiguration = &v1alpha1.RollingUpdateConfiguration{MaxUnavailable: intstr.FromInt32(0), MaxSurge: intstr.FromInt32(0)}
+		}, want: []string{"maxUnavailable", "must not be 0 when maxSurge is 0"}},
+		{name: "failure case - percentage above 100", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.RolloutStrategy.RollingUpdateConfiguration = &v1alpha1.RollingUpdateConfiguration{MaxUnavailable: intstr.FromString("150%")}
+		}, want: []string{"spec.rolloutStrategy.rollingUpdateConfiguration.maxUnavailable"}},
+		{name: "failure case - bad toleration effect", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.SchedulingPolicy = &v1alpha1.SchedulingPolicy{
+				ReplicaUniqueToleration: &v1alpha1.ReplicaUniqueToleration{Key: "k", Effect: "Always"}}
+		}, want: []string{`spec.leaderWorkerTemplate.schedulingPolicy.replicaUniqueToleration.effect: Unsupported value: "Always"`}},
+		{name: "failure case - bad node selector key", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.SchedulingPolicy = &v1alpha1.SchedulingPolicy{ReplicaUniqueNodeSelector: "not a key"}
+		}, want: []string{"spec.leaderWorkerTemplate.schedulingPolicy.replicaUniqueNodeSelector", "must be a node label key"}},
+		{name: "failure case - duplicate claim, no storage request", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			c := claim("data")
+			c.Spec.Resources.Requests = nil
+			l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{claim("data"), c}
+		}, want: []string{"volumeClaimTemplates[1].metadata.name: Duplicate value", "volumeClaimTemplates[1].spec.resources.requests.storage: Required"}},
+		{name: "failure case - unknown retention policy", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.PersistentVolumeClaimRetentionPolicy = &appsv1.StatefulSetPersistentVolumeClaimRetentionPolicy{WhenDeleted: "Keep", WhenScaled: "Retain"}
+		}, want: []string{`persistentVolumeClaimRetentionPolicy.whenDeleted: Unsupported value: "Keep"`}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := testLWS(tc.mod)
+			got := ErrorsToString(ValidateCreate(l))
+			if len(tc.want) == 0 && got != "" {
+				t.Fatalf("unexpected errors: %s", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("errors %q do not contain %q", got, w)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateUpdateClaimTemplates(t *testing.T) {
+	old := testLWS(func(l *v1alpha1.LeaderWorkerSet) {
+		l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{claim("data")}
+	})
+	tests := []struct {
+		name  string
+		mod   func(*v1alpha1.LeaderWorkerSet)
+		wantF bool
+	}{
+		{name: "scale and image change are allowed", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.Replicas = ptr.To[int32](9)
+			l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Image = "new"
+		}},
+		{name: "claim labels may change", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates[0].Labels = map[string]string{"b": "c"}
+		}},
+		{name: "failure case - claim size changed", wantF: true, mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("2Gi")
+		}},
+		{name: "failure case - claim added", wantF: true, mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates = append(l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates, claim("more"))
+		}},
+		{name: "failure case - claims removed", wantF: true, mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.LeaderWorkerTemplate.VolumeClaimTemplates = nil
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := old.DeepCopy()
+			tc.mod(cur)
+			got := ErrorsToString(ValidateUpdate(old, cur))
+			const msg = "spec.leaderWorkerTemplate.volumeClaimTemplates: Forbidden: volumeClaimTemplates cannot be changed"
+			if tc.wantF != strings.Contains(got, msg) {
+				t.Errorf("errors = %q, want forbidden=%v", got, tc.wantF)
+			}
+		})
+	}
+}

@@ -1,0 +1,182 @@
+// Package workloads assembles the workload-controller: one controller-runtime manager running the
+// LeaderWorkerSet, NotebookValidationJob and VolumeManager reconcilers and their webhooks, with
+// self-managed webhook certificates. Each piece lives in its own subpackage.
+package workloads
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/workloads/lws"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
+	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
+)
+
+// Permissions of the process as a whole (each reconciler lists its own):
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;update,resourceNames=cistern-workload-controller
+// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=get;create;update
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=get;create;update
+
+// Config is everything the workload-controller needs; cmd/workload-controller fills it from flags.
+type Config struct {
+	// MetricsAddr and ProbeAddr: "0" disables.
+	MetricsAddr, ProbeAddr string
+	// LeaderElection with its lease in LeaderElectionNamespace.
+	LeaderElection          bool
+	LeaderElectionNamespace string
+
+	// DisableWebhooks runs the reconcilers only.
+	DisableWebhooks bool
+	// WebhookHost and WebhookPort are where the webhook server listens.
+	WebhookHost string
+	WebhookPort int
+	// WebhookCertDir receives the serving certificate.
+	WebhookCertDir string
+	// WebhookSelfRegister registers URL-based configurations for https://WebhookHost:WebhookPort
+	// (tests, make demo); otherwise the configurations reach the server through
+	// WebhookServiceNamespace/WebhookServiceName and only their caBundle is managed.
+	WebhookSelfRegister     bool
+	WebhookServiceName      string
+	WebhookServiceNamespace string
+	// WebhookSecretName holds the CA and serving certificate, in WebhookServiceNamespace.
+	WebhookSecretName string
+	// CertCheckInterval is how often certificates are checked for renewal.
+	CertCheckInterval time.Duration
+
+	// GitImage runs the git-clone init container of notebook jobs.
+	GitImage string
+	// VolumeManager settings.
+	VolumeManager volumemanager.Config
+}
+
+// Scheme holds every type the controller reads or writes.
+func Scheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, workloadsv1alpha1.AddToScheme, datav1alpha1.AddToScheme} {
+		if err := add(s); err != nil {
+			panic(err) // only on conflicting registrations: a programming error
+		}
+	}
+	return s
+}
+
+func (c *Config) validate() error {
+	if c.DisableWebhooks {
+		return nil
+	}
+	var errs []error
+	if c.WebhookPort <= 0 || c.WebhookPort > 65535 {
+		errs = append(errs, fmt.Errorf("webhook port %d out of range", c.WebhookPort))
+	}
+	if c.WebhookCertDir == "" {
+		errs = append(errs, errors.New("webhook certificate directory not set"))
+	}
+	if c.WebhookServiceNamespace == "" || c.WebhookSecretName == "" {
+		errs = append(errs, errors.New("webhook namespace and certificate Secret name are required"))
+	}
+	if c.WebhookSelfRegister && c.WebhookHost == "" {
+		errs = append(errs, errors.New("--webhook-self-register needs --webhook-host (the address the API server dials)"))
+	}
+	if !c.WebhookSelfRegister && c.WebhookServiceName == "" {
+		errs = append(errs, errors.New("webhook Service name is required without --webhook-self-register"))
+	}
+	if c.GitImage == "" {
+		errs = append(errs, errors.New("git image not set"))
+	}
+	return errors.Join(errs...)
+}
+
+// Run runs the controller until ctx ends.
+func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	logger := klog.FromContext(ctx)
+	ctrl.SetLogger(logger)
+	scheme := Scheme()
+
+	opts := ctrl.Options{
+		Scheme:                  scheme,
+		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		HealthProbeBindAddress:  cfg.ProbeAddr,
+		LeaderElection:          cfg.LeaderElection,
+		LeaderElectionID:        "workload-controller.cistern.dev",
+		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
+		Logger:                  logger,
+	}
+	var certs *whcerts.CertProvisioner
+	if !cfg.DisableWebhooks {
+		direct, err := client.New(restConfig, client.Options{Scheme: scheme})
+		if err != nil {
+			return err
+		}
+		certs = &whcerts.CertProvisioner{
+			Client: direct, Namespace: cfg.WebhookServiceNamespace, SecretName: cfg.WebhookSecretName,
+			CertDir: cfg.WebhookCertDir, SelfRegister: cfg.WebhookSelfRegister, Interval: cfg.CertCheckInterval,
+		}
+		if cfg.WebhookSelfRegister {
+			certs.Hosts = []string{cfg.WebhookHost}
+			certs.ClientConfig = whcerts.URLClientConfig(net.JoinHostPort(cfg.WebhookHost, strconv.Itoa(cfg.WebhookPort)))
+		} else {
+			svc := cfg.WebhookServiceName + "." + cfg.WebhookServiceNamespace + ".svc"
+			certs.Hosts = []string{svc, svc + ".cluster.local"}
+		}
+		// The certificate must exist before the server starts, and the configurations must point
+		// at it before anything is admitted.
+		if err := certs.Ensure(ctx); err != nil {
+			return err
+		}
+		opts.WebhookServer = webhook.NewServer(webhook.Options{Host: cfg.WebhookHost, Port: cfg.WebhookPort, CertDir: cfg.WebhookCertDir})
+	}
+
+	mgr, err := ctrl.NewManager(restConfig, opts)
+	if err != nil {
+		return err
+	}
+	if err := (&lws.LeaderWorkerSetReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("leaderworkerset")}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&lws.PodReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("leaderworkerset-pod")}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&notebook.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Images: notebook.Images{Git: cfg.GitImage}}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), Config: cfg.VolumeManager}).SetupWithManager(mgr); err != nil {
+		return err
+	}
+	if certs != nil {
+		lws.RegisterWebhooks(mgr.GetWebhookServer(), scheme)
+		notebook.RegisterWebhooks(mgr.GetWebhookServer())
+		if err := mgr.Add(certs); err != nil {
+			return err
+		}
+		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	logger.Info("starting workload-controller", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister)
+	return mgr.Start(ctx)
+}

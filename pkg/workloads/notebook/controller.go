@@ -1,0 +1,252 @@
+package notebook
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+// DefaultTimeout bounds a run whose spec sets no timeout.
+const DefaultTimeout = 30 * time.Minute
+
+// missingVolumeRetry is how often a job waiting for a PVC or ConfigMap looks again.
+const missingVolumeRetry = 10 * time.Second
+
+// Reconciler drives NotebookValidationJobs: it creates the pod once every referenced PVC and
+// ConfigMap exists, follows the pod's phase, and enforces the timeout.
+type Reconciler struct {
+	client.Client
+	// APIReader reads PVCs and ConfigMaps directly, so the controller need not cache them all.
+	APIReader client.Reader
+	Images    Images
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=notebookvalidationjobs,verbs=get;list;watch
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=notebookvalidationjobs/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=workloads.cistern.dev,resources=notebookvalidationjobs/finalizers,verbs=update
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims;configmaps,verbs=get
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// Reconcile moves one job forward.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	logger := klog.FromContext(ctx).WithValues("notebookvalidationjob", req.NamespacedName)
+	ctx = klog.NewContext(ctx, logger)
+	var job v1alpha1.NotebookValidationJob
+	if err := r.Get(ctx, req.NamespacedName, &job); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if job.DeletionTimestamp != nil || isDone(&job) {
+		return ctrl.Result{}, nil
+	}
+	st := job.Status.DeepCopy()
+	st.ObservedGeneration = job.Generation
+	res, err := r.step(ctx, &job, st)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !apiequality.Semantic.DeepEqual(*st, job.Status) {
+		job.Status = *st
+		if err := r.Status().Update(ctx, &job); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{Requeue: true}, nil
+			}
+			return ctrl.Result{}, err
+		}
+		logger.V(4).Info("status", "phase", st.Phase, "message", st.Message)
+	}
+	return res, nil
+}
+
+func isDone(job *v1alpha1.NotebookValidationJob) bool {
+	return job.Status.Phase == v1alpha1.NotebookPhaseSucceeded || job.Status.Phase == v1alpha1.NotebookPhaseFailed
+}
+
+func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJob, st *v1alpha1.NotebookValidationJobStatus) (ctrl.Result, error) {
+	// Admission already refused invalid jobs; this guards against a missing webhook.
+	if errs, _ := Validate(job, nil); len(errs) > 0 {
+		r.finish(st, v1alpha1.NotebookPhaseFailed, "Invalid", errs.ToAggregate().Error())
+		return ctrl.Result{}, nil
+	}
+	var pod corev1.Pod
+	err := r.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: PodName(job)}, &pod)
+	if apierrors.IsNotFound(err) {
+		if st.PodName != "" {
+			r.finish(st, v1alpha1.NotebookPhaseFailed, v1alpha1.ReasonPodDeleted, fmt.Sprintf("pod %s was deleted before it finished", st.PodName))
+			return ctrl.Result{}, nil
+		}
+		return r.createPod(ctx, job, st)
+	}
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !metav1.IsControlledBy(&pod, job) {
+		r.finish(st, v1alpha1.NotebookPhaseFailed, "PodConflict", fmt.Sprintf("pod %s exists and does not belong to this job", pod.Name))
+		return ctrl.Result{}, nil
+	}
+	st.PodName = pod.Name
+	switch pod.Status.Phase {
+	case corev1.PodSucceeded:
+		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, "notebook ran; output in "+OutputFile(job))
+		return ctrl.Result{}, nil
+	case corev1.PodFailed:
+		reason, msg := v1alpha1.ReasonFailed, failureMessage(&pod)
+		if pod.Status.Reason == "DeadlineExceeded" {
+			reason = v1alpha1.ReasonTimedOut
+		}
+		r.finish(st, v1alpha1.NotebookPhaseFailed, reason, msg)
+		return ctrl.Result{}, nil
+	case corev1.PodRunning:
+		st.Phase = v1alpha1.NotebookPhaseRunning
+		st.Message = "notebook is running"
+		if st.StartTime == nil {
+			t := metav1.NewTime(r.now())
+			if pod.Status.StartTime != nil {
+				t = *pod.Status.StartTime
+			}
+			st.StartTime = &t
+		}
+	default:
+		st.Phase = v1alpha1.NotebookPhasePending
+		st.Message = "waiting for the pod to start"
+	}
+	// The clock runs from the start of the run, or from the pod's creation while it has not
+	// started, so a pod that never starts times out too.
+	timeout := DefaultTimeout
+	if job.Spec.Timeout != nil {
+		timeout = job.Spec.Timeout.Duration
+	}
+	from := pod.CreationTimestamp.Time
+	if st.StartTime != nil {
+		from = st.StartTime.Time
+	}
+	if from.IsZero() {
+		return ctrl.Result{RequeueAfter: timeout}, nil
+	}
+	left := from.Add(timeout).Sub(r.now())
+	if left > 0 {
+		return ctrl.Result{RequeueAfter: left}, nil
+	}
+	if err := r.Delete(ctx, &pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) {
+		return ctrl.Result{}, err
+	}
+	r.finish(st, v1alpha1.NotebookPhaseFailed, v1alpha1.ReasonTimedOut, fmt.Sprintf("did not finish within %s; pod deleted", timeout))
+	return ctrl.Result{}, nil
+}
+
+func (r *Reconciler) createPod(ctx context.Context, job *v1alpha1.NotebookValidationJob, st *v1alpha1.NotebookValidationJobStatus) (ctrl.Result, error) {
+	missing, err := r.missingVolumes(ctx, job)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(missing) > 0 {
+		st.Phase = v1alpha1.NotebookPhasePending
+		st.Message = "waiting for " + strings.Join(missing, ", ")
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionVolumesReady,
+			Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonVolumeMissing, Message: strings.Join(missing, "; "), ObservedGeneration: job.Generation})
+		return ctrl.Result{RequeueAfter: missingVolumeRetry}, nil
+	}
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionVolumesReady,
+		Status: metav1.ConditionTrue, Reason: v1alpha1.ReasonVolumesFound, Message: "every referenced volume exists", ObservedGeneration: job.Generation})
+	pod := BuildPod(job, r.Images)
+	if err := controllerutil.SetControllerReference(job, pod, r.Scheme()); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return ctrl.Result{}, err
+	}
+	klog.FromContext(ctx).V(3).Info("created validation pod", "pod", klog.KObj(pod))
+	st.Phase = v1alpha1.NotebookPhasePending
+	st.PodName = pod.Name
+	st.Message = "pod created"
+	return ctrl.Result{}, nil
+}
+
+// missingVolumes names every PersistentVolumeClaim and non-optional ConfigMap the job mounts that
+// does not exist.
+func (r *Reconciler) missingVolumes(ctx context.Context, job *v1alpha1.NotebookValidationJob) ([]string, error) {
+	var missing []string
+	for _, v := range job.Spec.PodConfig.Volumes {
+		var obj client.Object
+		var what, name string
+		switch {
+		case v.PersistentVolumeClaim != nil:
+			obj, what, name = &corev1.PersistentVolumeClaim{}, "PersistentVolumeClaim", v.PersistentVolumeClaim.ClaimName
+		case v.ConfigMap != nil && (v.ConfigMap.Optional == nil || !*v.ConfigMap.Optional):
+			obj, what, name = &corev1.ConfigMap{}, "ConfigMap", v.ConfigMap.Name
+		default:
+			continue
+		}
+		err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: name}, obj)
+		switch {
+		case apierrors.IsNotFound(err):
+			missing = append(missing, fmt.Sprintf("%s %q (volume %q) not found", what, name, v.Name))
+		case err != nil:
+			return nil, err
+		}
+	}
+	return missing, nil
+}
+
+func (r *Reconciler) finish(st *v1alpha1.NotebookValidationJobStatus, phase v1alpha1.NotebookPhase, reason, msg string) {
+	now := metav1.NewTime(r.now())
+	st.Phase, st.Message, st.CompletionTime = phase, msg, &now
+	status := metav1.ConditionTrue
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionComplete,
+		Status: status, Reason: reason, Message: msg, ObservedGeneration: st.ObservedGeneration})
+}
+
+// failureMessage explains a failed pod from its containers' terminated states.
+func failureMessage(pod *corev1.Pod) string {
+	var parts []string
+	for _, cs := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+		if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+			s := fmt.Sprintf("container %s exited with code %d", cs.Name, t.ExitCode)
+			if t.Reason != "" {
+				s += " (" + t.Reason + ")"
+			}
+			if t.Message != "" {
+				s += ": " + t.Message
+			}
+			parts = append(parts, s)
+		}
+	}
+	if len(parts) == 0 {
+		if pod.Status.Message != "" {
+			return pod.Status.Message
+		}
+		return "pod failed"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// SetupWithManager registers the reconciler for jobs and the pods they own.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("notebookvalidationjob").
+		For(&v1alpha1.NotebookValidationJob{}).
+		Owns(&corev1.Pod{}).
+		Complete(r)
+}

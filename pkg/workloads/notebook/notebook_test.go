@@ -1,0 +1,200 @@
+package notebook
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+func testJob(mod ...func(*v1alpha1.NotebookValidationJob)) *v1alpha1.NotebookValidationJob {
+	j := &v1alpha1.NotebookValidationJob{
+		ObjectMeta: metav1.ObjectMeta{Name: "nb", Namespace: "ns"},
+		Spec: v1alpha1.NotebookValidationJobSpec{
+			Notebook: v1alpha1.NotebookSource{
+				Git:  v1alpha1.GitSource{URL: "https://example.com/repo.git", Ref: "main"},
+				Path: "notebooks/train.ipynb",
+			},
+			PodConfig: v1alpha1.PodConfig{ContainerImage: "jupyter/papermill:1"},
+			Timeout:   &metav1.Duration{Duration: 5 * time.Minute},
+		},
+	}
+	for _, m := range mod {
+		m(j)
+	}
+	return j
+}
+
+func TestBuildPod(t *testing.T) {
+	job := testJob(func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.PodConfig.Env = []corev1.EnvVar{{Name: "EPOCHS", Value: "3"}, {Name: EnvNotebookPath, Value: "evil"}}
+		j.Spec.PodConfig.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}}
+		j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{
+			{Name: "models", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "models-pvc"}},
+			{Name: "dataset", CSI: &v1alpha1.CSIVolumeSource{Driver: "cistern.csi.dev", ReadOnly: ptr.To(true),
+				VolumeAttributes: map[string]string{"source": "s3://bucket/data"}}},
+			{Name: "unmounted", EmptyDir: &v1alpha1.EmptyDirVolumeSource{}},
+		}
+		j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{
+			{Name: "models", MountPath: "/models"}, {Name: "dataset", MountPath: "/data", ReadOnly: true},
+		}
+	})
+	own := []corev1.EnvVar{
+		{Name: EnvGitURL, Value: "https://example.com/repo.git"},
+		{Name: EnvGitRef, Value: "main"},
+		{Name: EnvNotebookPath, Value: "notebooks/train.ipynb"},
+		{Name: EnvNotebookInput, Value: "/workspace/repo/notebooks/train.ipynb"},
+		{Name: EnvNotebookOutput, Value: "/output/train.output.ipynb"},
+	}
+	want := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "nb-validation", Namespace: "ns", Labels: map[string]string{JobLabel: "nb"}},
+		Spec: corev1.PodSpec{
+			RestartPolicy:         corev1.RestartPolicyNever,
+			ActiveDeadlineSeconds: ptr.To[int64](300),
+			InitContainers: []corev1.Container{{
+				Name: "git-clone", Image: "git:1", Command: []string{"/bin/sh", "-c", cloneScript},
+				Env:          own[:2],
+				VolumeMounts: []corev1.VolumeMount{{Name: "git-clone", MountPath: "/workspace"}},
+			}},
+			Containers: []corev1.Container{{
+				Name: "notebook", Image: "jupyter/papermill:1",
+				Command:    []string{"papermill"},
+				Args:       []string{"$(NOTEBOOK_INPUT)", "$(NOTEBOOK_OUTPUT)", "--log-output"},
+				WorkingDir: "/workspace/repo/notebooks",
+				Env:        append(append([]corev1.EnvVar{}, own...), corev1.EnvVar{Name: "EPOCHS", Value: "3"}),
+				Resources:  corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")}},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "git-clone", MountPath: "/workspace"}, {Name: "notebook-data", MountPath: "/output"},
+					{Name: "models", MountPath: "/models"}, {Name: "dataset", MountPath: "/data", ReadOnly: true},
+				},
+			}},
+			Volumes: []corev1.Volume{
+				{Name: "git-clone", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "notebook-data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+				{Name: "models", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "models-pvc"}}},
+				{Name: "dataset", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "cistern.csi.dev", ReadOnly: ptr.To(true),
+					VolumeAttributes: map[string]string{"source": "s3://bucket/data"}}}},
+				{Name: "unmounted", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			},
+		},
+	}
+	if d := cmp.Diff(want, BuildPod(job, Images{Git: "git:1"})); d != "" {
+		t.Errorf("pod (-want +got):\n%s", d)
+	}
+}
+
+func TestMergeEnv(t *testing.T) {
+	got := MergeEnv([]corev1.EnvVar{{Name: "A", Value: "own"}}, []corev1.EnvVar{{Name: "B", Value: "1"}, {Name: "A", Value: "user"}})
+	want := []corev1.EnvVar{{Name: "A", Value: "own"}, {Name: "B", Value: "1"}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("MergeEnv (-want +got):\n%s", d)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	pvc := func(name string) v1alpha1.PodVolume {
+		return v1alpha1.PodVolume{Name: name, PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
+	}
+	tests := []struct {
+		name string
+		mod  func(*v1alpha1.NotebookValidationJob)
+		raw  []map[string]any
+		want []string
+	}{
+		{name: "valid job with every allowed source", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{
+				pvc("a"),
+				{Name: "b", ConfigMap: &v1alpha1.ConfigMapVolumeSource{Name: "cm"}},
+				{Name: "c", Secret: &v1alpha1.SecretVolumeSource{SecretName: "s"}},
+				{Name: "d", EmptyDir: &v1alpha1.EmptyDirVolumeSource{}},
+				{Name: "e", CSI: &v1alpha1.CSIVolumeSource{Driver: "cistern.csi.dev"}},
+			}
+			j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "a", MountPath: "/a"}, {Name: "e", MountPath: "/e", SubPath: "x/y"}}
+		}},
+		{name: "failure case - hostPath", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "host"}}
+		}, raw: []map[string]any{{"name": "host", "hostPath": map[string]any{"path": "/etc"}}},
+			want: []string{"spec.podConfig.volumes[0].hostPath: Forbidden: volume type hostPath is not allowed"}},
+		{name: "failure case - nfs next to a pvc", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{pvc("a")}
+		}, raw: []map[string]any{{"name": "a", "persistentVolumeClaim": map[string]any{}, "nfs": map[string]any{}}},
+			want: []string{"spec.podConfig.volumes[0].nfs: Forbidden"}},
+		{name: "failure case - no source", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "a"}}
+		}, want: []string{"spec.podConfig.volumes[0]: Required value: exactly one volume source"}},
+		{name: "failure case - two sources", mod: func(j *v1alpha1.NotebookValidationJob) {
+			v := pvc("a")
+			v.EmptyDir = &v1alpha1.EmptyDirVolumeSource{}
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{v}
+		}, want: []string{`spec.podConfig.volumes[0]: Invalid value: "persistentVolumeClaim, emptyDir": must have exactly one volume source`}},
+		{name: "failure case - duplicate volume name", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{pvc("a"), pvc("a")}
+		}, want: []string{`spec.podConfig.volumes[1].name: Duplicate value: "a"`}},
+		{name: "failure case - reserved volume names", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{pvc("git-clone"), pvc("notebook-data"), pvc("kube-api-access-x")}
+		}, want: []string{"volumes[0].name: Invalid value: \"git-clone\": is used by the controller",
+			"volumes[1].name: Invalid value: \"notebook-data\"", "volumes[2].name: Invalid value: \"kube-api-access-x\""}},
+		{name: "failure case - csi of another driver", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "a", CSI: &v1alpha1.CSIVolumeSource{Driver: "other.csi"}}}
+		}, want: []string{`spec.podConfig.volumes[0].csi.driver: Unsupported value: "other.csi"`}},
+		{name: "failure case - mount of no volume, relative path, duplicate path, reserved path", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{pvc("a")}
+			j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{
+				{Name: "nope", MountPath: "/x"}, {Name: "a", MountPath: "rel"}, {Name: "a", MountPath: "/x/"},
+				{Name: "a", MountPath: "/workspace/sub"}, {Name: "a", MountPath: "/output"},
+			}
+		}, want: []string{
+			`spec.podConfig.volumeMounts[0].name: Not found: "nope"`,
+			`spec.podConfig.volumeMounts[1].mountPath: Invalid value: "rel": must be an absolute path`,
+			`spec.podConfig.volumeMounts[2].mountPath: Duplicate value: "/x/"`,
+			`spec.podConfig.volumeMounts[3].mountPath: Invalid value: "/workspace/sub": collides with the controller's mount /workspace`,
+			`spec.podConfig.volumeMounts[4].mountPath: Invalid value: "/output": collides`,
+		}},
+		{name: "failure case - notebook path escapes the repository", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.Notebook.Path = "a/../../etc/x.ipynb"
+		}, want: []string{`spec.notebook.path: Invalid value: "a/../../etc/x.ipynb": must not contain '..'`}},
+		{name: "failure case - absolute notebook path, not a notebook, option-like url", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.Notebook.Path = "/etc/passwd"
+			j.Spec.Notebook.Git.URL = "--upload-pack=touch"
+		}, want: []string{"spec.notebook.path: Invalid value: \"/etc/passwd\": must be a relative path", "must name a .ipynb file",
+			"spec.notebook.git.url: Invalid value"}},
+		{name: "failure case - subPath escapes", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{pvc("a")}
+			j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "a", MountPath: "/a", SubPath: "../b"}}
+		}, want: []string{"spec.podConfig.volumeMounts[0].subPath"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			errs, _ := Validate(testJob(tc.mod), tc.raw)
+			got := ""
+			if len(errs) > 0 {
+				got = errs.ToAggregate().Error()
+			}
+			if len(tc.want) == 0 && got != "" {
+				t.Fatalf("unexpected errors: %s", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("errors %q\ndo not contain %q", got, w)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateWarnsOnReservedEnv(t *testing.T) {
+	_, warnings := Validate(testJob(func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.PodConfig.Env = []corev1.EnvVar{{Name: "GIT_URL", Value: "x"}}
+	}), nil)
+	if len(warnings) != 1 || !strings.Contains(warnings[0], "spec.podConfig.env[0].name: GIT_URL is set by the controller") {
+		t.Errorf("warnings = %q", warnings)
+	}
+}

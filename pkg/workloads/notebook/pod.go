@@ -1,0 +1,177 @@
+// Package notebook runs NotebookValidationJobs: a pure pod builder (pod.go), admission checks
+// (validation.go, webhook.go) and the reconciler that drives a job through its phases
+// (controller.go).
+package notebook
+
+import (
+	"path"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+)
+
+// Names the controller's own part of the pod uses; user volumes and mounts may not take them.
+const (
+	GitCloneVolume     = "git-clone"
+	NotebookDataVolume = "notebook-data"
+	// ServiceAccountVolumePrefix is the prefix of the token volume the API server adds to pods.
+	ServiceAccountVolumePrefix = "kube-api-access-"
+
+	WorkspacePath = "/workspace"
+	OutputPath    = "/output"
+	repoDir       = WorkspacePath + "/repo"
+
+	GitCloneContainer = "git-clone"
+	NotebookContainer = "notebook"
+
+	// JobLabel names the NotebookValidationJob on its pod.
+	JobLabel = "workloads.cistern.dev/notebook-job"
+)
+
+// Environment variables the controller sets; a user variable of the same name is dropped.
+const (
+	EnvGitURL         = "GIT_URL"
+	EnvGitRef         = "GIT_REF"
+	EnvNotebookPath   = "NOTEBOOK_PATH"
+	EnvNotebookInput  = "NOTEBOOK_INPUT"
+	EnvNotebookOutput = "NOTEBOOK_OUTPUT"
+)
+
+// ReservedEnv lists the controller's variables.
+var ReservedEnv = []string{EnvGitURL, EnvGitRef, EnvNotebookPath, EnvNotebookInput, EnvNotebookOutput}
+
+// Images are the controller's own container images.
+type Images struct {
+	// Git clones the repository; it must have sh and git.
+	Git string
+}
+
+// PodName is the name of a job's pod.
+func PodName(job *v1alpha1.NotebookValidationJob) string {
+	return job.Name + "-validation"
+}
+
+// OutputFile is where the executed notebook is written inside the pod.
+func OutputFile(job *v1alpha1.NotebookValidationJob) string {
+	base := strings.TrimSuffix(path.Base(job.Spec.Notebook.Path), ".ipynb")
+	return OutputPath + "/" + base + ".output.ipynb"
+}
+
+// cloneScript clones $GIT_URL at $GIT_REF; the values come from the environment so nothing from
+// the spec is ever parsed by the shell.
+const cloneScript = `set -eu
+if [ -n "${GIT_REF:-}" ]; then
+  git clone --depth 1 --branch "$GIT_REF" -- "$GIT_URL" ` + repoDir + `
+else
+  git clone --depth 1 -- "$GIT_URL" ` + repoDir + `
+fi`
+
+// BuildPod builds the validation pod of a job whose spec passed Validate: a git-clone init
+// container filling the workspace volume, and a notebook container running papermill with the
+// user's volumes mounted only where asked.
+func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
+	spec := &job.Spec
+	own := []corev1.EnvVar{
+		{Name: EnvGitURL, Value: spec.Notebook.Git.URL},
+		{Name: EnvGitRef, Value: spec.Notebook.Git.Ref},
+		{Name: EnvNotebookPath, Value: spec.Notebook.Path},
+		{Name: EnvNotebookInput, Value: repoDir + "/" + spec.Notebook.Path},
+		{Name: EnvNotebookOutput, Value: OutputFile(job)},
+	}
+	volumes := []corev1.Volume{
+		{Name: GitCloneVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: NotebookDataVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	for _, v := range spec.PodConfig.Volumes {
+		volumes = append(volumes, ConvertVolume(v))
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: GitCloneVolume, MountPath: WorkspacePath},
+		{Name: NotebookDataVolume, MountPath: OutputPath},
+	}
+	for _, m := range spec.PodConfig.VolumeMounts {
+		mounts = append(mounts, corev1.VolumeMount{Name: m.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: m.ReadOnly})
+	}
+	nb := corev1.Container{
+		Name:         NotebookContainer,
+		Image:        spec.PodConfig.ContainerImage,
+		Command:      []string{"papermill"},
+		Args:         []string{"$(" + EnvNotebookInput + ")", "$(" + EnvNotebookOutput + ")", "--log-output"},
+		WorkingDir:   path.Dir(repoDir + "/" + spec.Notebook.Path),
+		Env:          MergeEnv(own, spec.PodConfig.Env),
+		VolumeMounts: mounts,
+	}
+	if r := spec.PodConfig.Resources; r != nil {
+		nb.Resources = *r.DeepCopy()
+	}
+	pod := &corev1.Pod{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      PodName(job),
+			Namespace: job.Namespace,
+			Labels:    map[string]string{JobLabel: job.Name},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			InitContainers: []corev1.Container{{
+				Name:         GitCloneContainer,
+				Image:        images.Git,
+				Command:      []string{"/bin/sh", "-c", cloneScript},
+				Env:          own[:2],
+				VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
+			}},
+			Containers: []corev1.Container{nb},
+			Volumes:    volumes,
+		},
+	}
+	if t := spec.Timeout; t != nil {
+		// The kubelet enforces the deadline too, so a run ends even while the controller is down.
+		pod.Spec.ActiveDeadlineSeconds = ptr.To(int64(t.Seconds()))
+	}
+	return pod
+}
+
+// MergeEnv returns the controller's variables followed by the user's, leaving out user variables
+// that would shadow one of the controller's.
+func MergeEnv(own, user []corev1.EnvVar) []corev1.EnvVar {
+	out := make([]corev1.EnvVar, 0, len(own)+len(user))
+	taken := make(map[string]bool, len(own))
+	for _, e := range own {
+		out = append(out, e)
+		taken[e.Name] = true
+	}
+	for _, e := range user {
+		if !taken[e.Name] {
+			out = append(out, *e.DeepCopy())
+		}
+	}
+	return out
+}
+
+// ConvertVolume converts an API volume to the core type. Only the allowed sources exist on
+// PodVolume, so nothing else (hostPath in particular) can reach the pod.
+func ConvertVolume(v v1alpha1.PodVolume) corev1.Volume {
+	out := corev1.Volume{Name: v.Name}
+	switch {
+	case v.PersistentVolumeClaim != nil:
+		out.PersistentVolumeClaim = &corev1.PersistentVolumeClaimVolumeSource{
+			ClaimName: v.PersistentVolumeClaim.ClaimName, ReadOnly: v.PersistentVolumeClaim.ReadOnly}
+	case v.ConfigMap != nil:
+		out.ConfigMap = &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: v.ConfigMap.Name},
+			Items:                v.ConfigMap.Items, DefaultMode: v.ConfigMap.DefaultMode, Optional: v.ConfigMap.Optional}
+	case v.Secret != nil:
+		out.Secret = &corev1.SecretVolumeSource{SecretName: v.Secret.SecretName,
+			Items: v.Secret.Items, DefaultMode: v.Secret.DefaultMode, Optional: v.Secret.Optional}
+	case v.EmptyDir != nil:
+		out.EmptyDir = &corev1.EmptyDirVolumeSource{Medium: v.EmptyDir.Medium, SizeLimit: v.EmptyDir.SizeLimit}
+	case v.CSI != nil:
+		out.CSI = &corev1.CSIVolumeSource{Driver: v.CSI.Driver, ReadOnly: v.CSI.ReadOnly,
+			VolumeAttributes: v.CSI.VolumeAttributes, NodePublishSecretRef: v.CSI.NodePublishSecretRef}
+	}
+	return *out.DeepCopy()
+}

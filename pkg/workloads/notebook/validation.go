@@ -1,0 +1,156 @@
+package notebook
+
+import (
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
+)
+
+// allowedSources are the volume sources a notebook may use, by their JSON names.
+var allowedSources = []string{"persistentVolumeClaim", "configMap", "secret", "emptyDir", "csi"}
+
+// Validate checks a job. rawVolumes are the volumes as the user sent them (JSON objects), so that
+// volume types the API does not have, such as hostPath, are refused by name; nil skips that check
+// (the typed object cannot carry them anyway). Warnings name user variables the controller's own
+// replace.
+func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) (field.ErrorList, []string) {
+	var errs field.ErrorList
+	spec := field.NewPath("spec")
+	nb := spec.Child("notebook")
+	if u := job.Spec.Notebook.Git.URL; u == "" {
+		errs = append(errs, field.Required(nb.Child("git", "url"), "the repository to clone"))
+	} else if strings.HasPrefix(u, "-") {
+		errs = append(errs, field.Invalid(nb.Child("git", "url"), u, "must not start with '-'"))
+	}
+	if r := job.Spec.Notebook.Git.Ref; strings.HasPrefix(r, "-") {
+		errs = append(errs, field.Invalid(nb.Child("git", "ref"), r, "must not start with '-'"))
+	}
+	errs = append(errs, validateRelPath(nb.Child("path"), job.Spec.Notebook.Path, true)...)
+	if !strings.HasSuffix(job.Spec.Notebook.Path, ".ipynb") {
+		errs = append(errs, field.Invalid(nb.Child("path"), job.Spec.Notebook.Path, "must name a .ipynb file"))
+	}
+	if t := job.Spec.Timeout; t != nil && t.Duration <= 0 {
+		errs = append(errs, field.Invalid(spec.Child("timeout"), t.Duration.String(), "must be positive"))
+	}
+	pc := spec.Child("podConfig")
+	if job.Spec.PodConfig.ContainerImage == "" {
+		errs = append(errs, field.Required(pc.Child("containerImage"), "an image with papermill"))
+	}
+	volNames := sets.New[string]()
+	for i, v := range job.Spec.PodConfig.Volumes {
+		var raw map[string]any
+		if i < len(rawVolumes) {
+			raw = rawVolumes[i]
+		}
+		errs = append(errs, validateVolume(pc.Child("volumes").Index(i), v, raw, volNames)...)
+	}
+	mountPaths := sets.New[string]()
+	for i, m := range job.Spec.PodConfig.VolumeMounts {
+		mp := pc.Child("volumeMounts").Index(i)
+		if !volNames.Has(m.Name) {
+			errs = append(errs, field.NotFound(mp.Child("name"), m.Name))
+		}
+		errs = append(errs, validateMountPath(mp.Child("mountPath"), m.MountPath, mountPaths)...)
+		if m.SubPath != "" {
+			errs = append(errs, validateRelPath(mp.Child("subPath"), m.SubPath, false)...)
+		}
+	}
+	var warnings []string
+	for i, e := range job.Spec.PodConfig.Env {
+		if slices.Contains(ReservedEnv, e.Name) {
+			warnings = append(warnings, fmt.Sprintf("%s: %s is set by the controller; this value is ignored",
+				pc.Child("env").Index(i).Child("name"), e.Name))
+		}
+	}
+	return errs, warnings
+}
+
+func validateVolume(p *field.Path, v v1alpha1.PodVolume, raw map[string]any, seen sets.Set[string]) field.ErrorList {
+	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1123Label(v.Name) {
+		errs = append(errs, field.Invalid(p.Child("name"), v.Name, msg))
+	}
+	switch {
+	case v.Name == GitCloneVolume || v.Name == NotebookDataVolume || strings.HasPrefix(v.Name, ServiceAccountVolumePrefix):
+		errs = append(errs, field.Invalid(p.Child("name"), v.Name,
+			fmt.Sprintf("is used by the controller (reserved: %s, %s, %s*)", GitCloneVolume, NotebookDataVolume, ServiceAccountVolumePrefix)))
+	case seen.Has(v.Name):
+		errs = append(errs, field.Duplicate(p.Child("name"), v.Name))
+	}
+	seen.Insert(v.Name)
+
+	for k := range raw {
+		if k != "name" && !slices.Contains(allowedSources, k) {
+			errs = append(errs, field.Forbidden(p.Child(k),
+				fmt.Sprintf("volume type %s is not allowed; use one of %s", k, strings.Join(allowedSources, ", "))))
+		}
+	}
+	var set []string
+	for _, s := range []struct {
+		name string
+		on   bool
+	}{
+		{"persistentVolumeClaim", v.PersistentVolumeClaim != nil}, {"configMap", v.ConfigMap != nil},
+		{"secret", v.Secret != nil}, {"emptyDir", v.EmptyDir != nil}, {"csi", v.CSI != nil},
+	} {
+		if s.on {
+			set = append(set, s.name)
+		}
+	}
+	switch {
+	case len(set) == 0 && len(errs) == 0:
+		errs = append(errs, field.Required(p, "exactly one volume source: "+strings.Join(allowedSources, ", ")))
+	case len(set) > 1:
+		errs = append(errs, field.Invalid(p, strings.Join(set, ", "), "must have exactly one volume source"))
+	}
+	if v.CSI != nil && v.CSI.Driver != consts.DriverName {
+		errs = append(errs, field.NotSupported(p.Child("csi", "driver"), v.CSI.Driver, []string{consts.DriverName}))
+	}
+	return errs
+}
+
+func validateMountPath(p *field.Path, mp string, seen sets.Set[string]) field.ErrorList {
+	if !path.IsAbs(mp) {
+		return field.ErrorList{field.Invalid(p, mp, "must be an absolute path")}
+	}
+	clean := path.Clean(mp)
+	var errs field.ErrorList
+	for _, own := range []string{WorkspacePath, OutputPath} {
+		if clean == own || strings.HasPrefix(clean, own+"/") {
+			errs = append(errs, field.Invalid(p, mp, fmt.Sprintf("collides with the controller's mount %s (volumes %s, %s)", own, GitCloneVolume, NotebookDataVolume)))
+		}
+	}
+	if seen.Has(clean) {
+		errs = append(errs, field.Duplicate(p, mp))
+	}
+	seen.Insert(clean)
+	return errs
+}
+
+// validateRelPath refuses absolute paths and any ".." segment (checked per segment, before any
+// cleaning, so "a/../../b" cannot slip through).
+func validateRelPath(p *field.Path, s string, required bool) field.ErrorList {
+	if s == "" {
+		if required {
+			return field.ErrorList{field.Required(p, "a path relative to the repository")}
+		}
+		return nil
+	}
+	if strings.HasPrefix(s, "/") {
+		return field.ErrorList{field.Invalid(p, s, "must be a relative path")}
+	}
+	for _, seg := range strings.Split(s, "/") {
+		if seg == ".." {
+			return field.ErrorList{field.Invalid(p, s, "must not contain '..'")}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+// Package volumemanager implements the VolumeManager (KVC) API: for each dataset it picks the
+// nodes that hold it (nodes.go), builds a static PersistentVolume of the Cistern CSI driver pinned
+// to those nodes and the claim users mount (build.go), and reconciles them (controller.go).
+package volumemanager
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"net/url"
+	"path"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
+)
+
+// Labels on the objects made for a VolumeManager; PersistentVolumes are cluster-scoped and cannot
+// be owned by it, so these are how the controller finds them again.
+const (
+	LabelManager   = "data.cistern.dev/volumemanager"
+	LabelNamespace = "data.cistern.dev/volumemanager-namespace"
+	LabelVolumeID  = "data.cistern.dev/volume-id"
+	// Finalizer releases the PersistentVolumes when the VolumeManager is deleted.
+	Finalizer = "data.cistern.dev/release-volumes"
+)
+
+var defaultCapacity = resource.MustParse("1Gi")
+
+// Config is what the admin decides for every VolumeManager.
+type Config struct {
+	// DriverName is the CSI driver; consts.DriverName by default.
+	DriverName string
+	// LocalSourceRoots are the node directories a Local source may name (the driver's
+	// --local-source-roots); with none, Local sources are refused.
+	LocalSourceRoots []string
+}
+
+// DatasetAttributes turns a volume config into the driver's dataset parameters, refusing a source
+// URL that does not match its type and Local paths outside the allowed roots.
+func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]string, error) {
+	u, err := url.Parse(vc.SourceURL)
+	if err != nil {
+		return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
+	}
+	want := map[datav1alpha1.SourceType]string{datav1alpha1.SourceS3: "s3", datav1alpha1.SourceNFS: "nfs", datav1alpha1.SourceLocal: "file"}[vc.SourceType]
+	if want == "" {
+		return nil, fmt.Errorf("sourceType %q is not S3, NFS or Local", vc.SourceType)
+	}
+	if u.Scheme != want {
+		return nil, fmt.Errorf("sourceURL %q: a %s source must start with %s://", vc.SourceURL, vc.SourceType, want)
+	}
+	if u.Host == "" && vc.SourceType != datav1alpha1.SourceLocal {
+		return nil, fmt.Errorf("sourceURL %q has no bucket or server", vc.SourceURL)
+	}
+	if vc.SourceType == datav1alpha1.SourceLocal {
+		if err := checkLocalPath(u, cfg.LocalSourceRoots); err != nil {
+			return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
+		}
+	}
+	attrs := map[string]string{consts.ParamSource: vc.SourceURL}
+	for opt, param := range map[string]string{
+		datav1alpha1.OptionEndpoint: consts.ParamEndpoint, datav1alpha1.OptionRegion: consts.ParamRegion,
+		datav1alpha1.OptionPathStyle: consts.ParamPathStyle, datav1alpha1.OptionInclude: consts.ParamInclude,
+		datav1alpha1.OptionExclude: consts.ParamExclude,
+	} {
+		if v, ok := vc.Options[opt]; ok {
+			attrs[param] = v
+		}
+	}
+	return attrs, nil
+}
+
+// checkLocalPath accepts file:///dir only under an allowed root. Each segment is checked before
+// any cleaning, so "/allowed/../etc" is refused rather than normalised.
+func checkLocalPath(u *url.URL, roots []string) error {
+	if u.Host != "" {
+		return fmt.Errorf("a Local source names a node directory: file:///path")
+	}
+	p := u.Path
+	if !path.IsAbs(p) || slices.Contains(strings.Split(p, "/"), "..") {
+		return fmt.Errorf("path %q must be absolute without '..'", p)
+	}
+	for _, r := range roots {
+		r = path.Clean(r)
+		if p == r || strings.HasPrefix(p, strings.TrimSuffix(r, "/")+"/") {
+			return nil
+		}
+	}
+	if len(roots) == 0 {
+		return fmt.Errorf("Local sources are disabled (no --local-source-roots)")
+	}
+	return fmt.Errorf("path %q is not under an allowed root (%s)", p, strings.Join(roots, ", "))
+}
+
+// objectName names the PV and PVC of one volume on one node set: a new node set is a new pair, since
+// a bound claim cannot move to another volume and a volume's node affinity cannot change.
+func objectName(vm *datav1alpha1.VolumeManager, id string, nodes []string) string {
+	sum := sha256.Sum256([]byte(vm.Namespace + "/" + vm.Name + "/" + id + "/" + strings.Join(nodes, ",")))
+	return fmt.Sprintf("%s-%s-%s", vm.Name, id, hex.EncodeToString(sum[:])[:8])
+}
+
+// pvName is cluster-wide, so it carries the namespace too.
+func pvName(vm *datav1alpha1.VolumeManager, id string, nodes []string) string {
+	sum := sha256.Sum256([]byte(vm.Namespace + "/" + objectName(vm, id, nodes)))
+	return "cistern-vm-" + hex.EncodeToString(sum[:])[:20]
+}
+
+func accessMode(vc *datav1alpha1.VolumeConfig) corev1.PersistentVolumeAccessMode {
+	if vc.AccessMode == "" {
+		return corev1.ReadOnlyMany
+	}
+	return vc.AccessMode
+}
+
+func capacity(vc *datav1alpha1.VolumeConfig) resource.Quantity {
+	if vc.Capacity == nil {
+		return defaultCapacity
+	}
+	return *vc.Capacity
+}
+
+func labels(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig) map[string]string {
+	l := maps.Clone(vc.Labels)
+	if l == nil {
+		l = map[string]string{}
+	}
+	l[LabelManager] = vm.Name
+	l[LabelNamespace] = vm.Namespace
+	l[LabelVolumeID] = vc.ID
+	return l
+}
+
+// NodeAffinity selects the given nodes by the driver's topology key.
+func NodeAffinity(nodes []string) *corev1.NodeAffinity {
+	return &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+			Key: consts.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: slices.Clone(nodes),
+		}}}},
+	}}
+}
+
+// PersistentVolume is the static volume of the Cistern driver holding the dataset on nodes. It
+// is Retain: deleting it releases the dataset, and the node cache keeps the bytes until evicted.
+func PersistentVolume(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, nodes []string, attrs map[string]string, cfg Config) *corev1.PersistentVolume {
+	driver := cfg.DriverName
+	if driver == "" {
+		driver = consts.DriverName
+	}
+	name := objectName(vm, vc.ID, nodes)
+	csi := &corev1.CSIPersistentVolumeSource{
+		Driver:           driver,
+		VolumeHandle:     pvName(vm, vc.ID, nodes),
+		ReadOnly:         accessMode(vc) == corev1.ReadOnlyMany,
+		VolumeAttributes: maps.Clone(attrs),
+	}
+	if s := vc.Options[datav1alpha1.OptionSecretName]; s != "" {
+		csi.NodeStageSecretRef = &corev1.SecretReference{Name: s, Namespace: vm.Namespace}
+	}
+	return &corev1.PersistentVolume{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolume"},
+		ObjectMeta: metav1.ObjectMeta{Name: pvName(vm, vc.ID, nodes), Labels: labels(vm, vc)},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:                      corev1.ResourceList{corev1.ResourceStorage: capacity(vc)},
+			AccessModes:                   []corev1.PersistentVolumeAccessMode{accessMode(vc)},
+			PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
+			StorageClassName:              "",
+			VolumeMode:                    ptr.To(corev1.PersistentVolumeFilesystem),
+			PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: csi},
+			ClaimRef: &corev1.ObjectReference{APIVersion: "v1", Kind: "PersistentVolumeClaim",
+				Namespace: vm.Namespace, Name: name},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: NodeAffinity(nodes).RequiredDuringSchedulingIgnoredDuringExecution},
+		},
+	}
+}
+
+// PersistentVolumeClaim is the claim users mount, bound to the PersistentVolume of the same nodes.
+func PersistentVolumeClaim(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, nodes []string) *corev1.PersistentVolumeClaim {
+	return &corev1.PersistentVolumeClaim{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name: objectName(vm, vc.ID, nodes), Namespace: vm.Namespace, Labels: labels(vm, vc),
+		},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{accessMode(vc)},
+			StorageClassName: ptr.To(""),
+			VolumeName:       pvName(vm, vc.ID, nodes),
+			VolumeMode:       ptr.To(corev1.PersistentVolumeFilesystem),
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{
+				corev1.ResourceStorage: capacity(vc)}},
+		},
+	}
+}
+
+// StatusVolume is what users read: the volumeSource for their pods and the affinity that sends
+// them to the nodes holding the data.
+func StatusVolume(vc *datav1alpha1.VolumeConfig, claim string, nodes []string, msg string) datav1alpha1.Volume {
+	return datav1alpha1.Volume{
+		ID: vc.ID,
+		VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{
+			ClaimName: claim, ReadOnly: accessMode(vc) == corev1.ReadOnlyMany}},
+		NodeAffinity: NodeAffinity(nodes),
+		Nodes:        slices.Clone(nodes),
+		Message:      msg,
+	}
+}

@@ -1,0 +1,133 @@
+package volumemanager
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
+)
+
+func TestDatasetAttributes(t *testing.T) {
+	cfg := Config{LocalSourceRoots: []string{"/srv/datasets/"}}
+	tests := []struct {
+		name    string
+		vc      datav1alpha1.VolumeConfig
+		want    map[string]string
+		wantErr string
+	}{
+		{name: "s3 with options", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://bucket/prefix",
+			Options: map[string]string{"endpoint": "http://127.0.0.1:9000", "region": "us-east-1", "pathStyle": "true",
+				"include": "*.parquet", "exclude": "tmp/*", "secretName": "creds", "other": "ignored"}},
+			want: map[string]string{consts.ParamSource: "s3://bucket/prefix", consts.ParamEndpoint: "http://127.0.0.1:9000",
+				consts.ParamRegion: "us-east-1", consts.ParamPathStyle: "true", consts.ParamInclude: "*.parquet", consts.ParamExclude: "tmp/*"}},
+		{name: "nfs", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data"},
+			want: map[string]string{consts.ParamSource: "nfs://server/export/data"}},
+		{name: "local under an allowed root", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/imagenet"},
+			want: map[string]string{consts.ParamSource: "file:///srv/datasets/imagenet"}},
+		{name: "failure case - local outside the roots", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///etc"},
+			wantErr: `path "/etc" is not under an allowed root (/srv/datasets/)`},
+		{name: "failure case - local escaping with ..", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/../../etc"},
+			wantErr: "must be absolute without '..'"},
+		{name: "failure case - local with a host", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file://node/srv/datasets"},
+			wantErr: "a Local source names a node directory"},
+		{name: "failure case - type and scheme disagree", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "nfs://x/y"},
+			wantErr: "a S3 source must start with s3://"},
+		{name: "failure case - s3 without bucket", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3:///prefix"},
+			wantErr: "has no bucket or server"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := DatasetAttributes(&tc.vc, cfg)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("error = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("attributes (-want +got):\n%s", d)
+			}
+		})
+	}
+	if _, err := DatasetAttributes(&datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/x"}, Config{}); err == nil ||
+		!strings.Contains(err.Error(), "Local sources are disabled") {
+		t.Errorf("Local without roots: %v", err)
+	}
+}
+
+func node(name string, labels map[string]string, taints ...corev1.Taint) corev1.Node {
+	l := map[string]string{consts.TopologyKey: name}
+	for k, v := range labels {
+		l[k] = v
+	}
+	return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: l}, Spec: corev1.NodeSpec{Taints: taints}}
+}
+
+func TestSelectNodes(t *testing.T) {
+	gpu := map[string]string{"gpu": "true"}
+	taint := corev1.Taint{Key: "dedicated", Value: "ml", Effect: corev1.TaintEffectNoSchedule}
+	nodes := []corev1.Node{
+		node("n1", nil), node("n2", gpu), node("n3", gpu, taint), node("n4", gpu),
+		{ObjectMeta: metav1.ObjectMeta{Name: "no-driver"}},
+	}
+	gpuAffinity := &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: "In", Values: []string{"true"}}}}}}}
+	tests := []struct {
+		name    string
+		vc      datav1alpha1.VolumeConfig
+		current []string
+		want    []string
+	}{
+		{name: "first nodes by name, never one without the driver", vc: datav1alpha1.VolumeConfig{Replicas: 2}, want: []string{"n1", "n2"}},
+		{name: "affinity and taints", vc: datav1alpha1.VolumeConfig{Replicas: 3, NodeAffinity: gpuAffinity}, want: []string{"n2", "n4"}},
+		{name: "toleration admits the tainted node", vc: datav1alpha1.VolumeConfig{Replicas: 3, NodeAffinity: gpuAffinity,
+			Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: "Equal", Value: "ml", Effect: "NoSchedule"}}}, want: []string{"n2", "n3", "n4"}},
+		{name: "current nodes are kept", vc: datav1alpha1.VolumeConfig{Replicas: 2}, current: []string{"n4", "n1"}, want: []string{"n1", "n4"}},
+		{name: "a current node that is no longer eligible is replaced", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+			current: []string{"n1", "n4"}, want: []string{"n2", "n4"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if d := cmp.Diff(tc.want, SelectNodes(&tc.vc, nodes, tc.current)); d != "" {
+				t.Errorf("nodes (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestPersistentVolumeAndClaim(t *testing.T) {
+	vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "team"}}
+	vc := &datav1alpha1.VolumeConfig{ID: "imagenet", Replicas: 2, SourceType: "S3", SourceURL: "s3://b/p",
+		Options: map[string]string{"secretName": "creds"}, Labels: map[string]string{"app": "train"}}
+	nodes := []string{"n1", "n2"}
+	pv := PersistentVolume(vm, vc, nodes, map[string]string{"source": "s3://b/p"}, Config{})
+	pvc := PersistentVolumeClaim(vm, vc, nodes)
+	if pv.Spec.CSI.Driver != consts.DriverName || pv.Spec.ClaimRef.Name != pvc.Name || pvc.Spec.VolumeName != pv.Name ||
+		pv.Spec.ClaimRef.Namespace != "team" || !pv.Spec.CSI.ReadOnly || pv.Spec.PersistentVolumeReclaimPolicy != corev1.PersistentVolumeReclaimRetain {
+		t.Errorf("PV and claim do not point at each other or are not read-only Retain: %+v / %+v", pv.Spec, pvc.Spec)
+	}
+	if d := cmp.Diff(&corev1.SecretReference{Name: "creds", Namespace: "team"}, pv.Spec.CSI.NodeStageSecretRef); d != "" {
+		t.Errorf("secret ref: %s", d)
+	}
+	if d := cmp.Diff(NodeAffinity(nodes).RequiredDuringSchedulingIgnoredDuringExecution, pv.Spec.NodeAffinity.Required); d != "" {
+		t.Errorf("PV node affinity: %s", d)
+	}
+	if pv.Labels[LabelManager] != "vm" || pv.Labels[LabelNamespace] != "team" || pv.Labels["app"] != "train" {
+		t.Errorf("labels = %v", pv.Labels)
+	}
+	if other := PersistentVolumeClaim(vm, vc, []string{"n1", "n3"}); other.Name == pvc.Name {
+		t.Error("a new node set must get a new claim name")
+	}
+	st := StatusVolume(vc, pvc.Name, nodes, "")
+	if st.VolumeSource.PersistentVolumeClaim.ClaimName != pvc.Name || !st.VolumeSource.PersistentVolumeClaim.ReadOnly {
+		t.Errorf("status volume source = %+v", st.VolumeSource)
+	}
+}

@@ -1,0 +1,98 @@
+package webhook
+
+import (
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/workloads/lws"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+)
+
+// ConfigurationName names both webhook configurations.
+const ConfigurationName = "cistern-workload-controller"
+
+// ClientConfigFunc tells the API server how to reach one webhook path: through the Service in a
+// cluster, or a URL when the controller runs outside one (tests, make demo).
+type ClientConfigFunc func(path string) admissionregistrationv1.WebhookClientConfig
+
+// ServiceClientConfig reaches the webhooks through a Service.
+func ServiceClientConfig(namespace, name string, port int32) ClientConfigFunc {
+	return func(path string) admissionregistrationv1.WebhookClientConfig {
+		return admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{
+			Namespace: namespace, Name: name, Path: ptr.To(path), Port: ptr.To(port)}}
+	}
+}
+
+// URLClientConfig reaches the webhooks at https://hostPort.
+func URLClientConfig(hostPort string) ClientConfigFunc {
+	return func(path string) admissionregistrationv1.WebhookClientConfig {
+		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://" + hostPort + path)}
+	}
+}
+
+func rule(group, resource string, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
+	version := workloadsv1alpha1.GroupVersion.Version
+	if group == "" {
+		version = "v1"
+	}
+	return []admissionregistrationv1.RuleWithOperations{{
+		Operations: ops,
+		Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{version},
+			Resources: []string{resource}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
+	}}
+}
+
+// Configurations are the webhook configurations the controller's server answers. caBundle may be
+// nil (the controller injects it).
+func Configurations(cc ClientConfigFunc, caBundle []byte) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	withCA := func(path string) admissionregistrationv1.WebhookClientConfig {
+		c := cc(path)
+		c.CABundle = caBundle
+		return c
+	}
+	group := workloadsv1alpha1.GroupVersion.Group
+	create, update := admissionregistrationv1.Create, admissionregistrationv1.Update
+	fail := ptr.To(admissionregistrationv1.Fail)
+	none := ptr.To(admissionregistrationv1.SideEffectClassNone)
+	versions := []string{"v1"}
+	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{
+			{
+				Name: "mleaderworkerset.workloads.cistern.dev", ClientConfig: withCA(lws.MutateLeaderWorkerSetPath),
+				Rules: rule(group, "leaderworkersets", create, update), FailurePolicy: fail, SideEffects: none,
+				AdmissionReviewVersions: versions,
+			},
+			{
+				// Only pods of a LeaderWorkerSet: every other pod creation in the cluster is untouched
+				// even while the controller is down.
+				Name: "mpod.workloads.cistern.dev", ClientConfig: withCA(lws.MutatePodPath),
+				Rules: rule("", "pods", create), FailurePolicy: fail, SideEffects: none,
+				AdmissionReviewVersions: versions,
+				ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+					Key: workloadsv1alpha1.SetNameLabelKey, Operator: metav1.LabelSelectorOpExists}}},
+				ReinvocationPolicy: ptr.To(admissionregistrationv1.NeverReinvocationPolicy),
+			},
+		},
+	}
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
+		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{
+			{
+				Name: "vleaderworkerset.workloads.cistern.dev", ClientConfig: withCA(lws.ValidateLeaderWorkerSetPath),
+				Rules: rule(group, "leaderworkersets", create, update), FailurePolicy: fail, SideEffects: none,
+				AdmissionReviewVersions: versions,
+			},
+			{
+				Name: "vnotebookvalidationjob.workloads.cistern.dev", ClientConfig: withCA(notebook.ValidatePath),
+				Rules: rule(group, "notebookvalidationjobs", create, update), FailurePolicy: fail, SideEffects: none,
+				AdmissionReviewVersions: versions,
+			},
+		},
+	}
+	return mutating, validating
+}

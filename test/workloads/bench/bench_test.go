@@ -1,0 +1,261 @@
+// Package bench measures the workload-controller at scale on a real control plane: a
+// LeaderWorkerSet of 500 groups of 8 pods. Run with `make bench-workloads` (CISTERN_BENCH=1).
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+const (
+	groups = 500
+	size   = 8
+)
+
+// counter counts the controller's requests by verb and resource.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+	rt http.RoundTripper
+}
+
+func (c *counter) RoundTrip(req *http.Request) (*http.Response, error) {
+	verb := req.Method
+	if req.URL.Query().Get("watch") == "true" {
+		verb = "WATCH"
+	}
+	c.mu.Lock()
+	c.n[verb+" "+resourceOf(req.URL.Path)]++
+	c.mu.Unlock()
+	return c.rt.RoundTrip(req)
+}
+
+func (c *counter) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int, len(c.n))
+	for k, v := range c.n {
+		out[k] = v
+	}
+	return out
+}
+
+// resourceOf turns /api/v1/namespaces/ns/pods/x/status into "pods/status".
+func resourceOf(path string) string {
+	parts := strings.Split(strings.Trim(path, "/"), "/")
+	if len(parts) > 0 && parts[0] == "apis" && len(parts) > 3 {
+		parts = parts[3:]
+	} else if len(parts) > 2 {
+		parts = parts[2:]
+	}
+	if len(parts) >= 2 && parts[0] == "namespaces" {
+		parts = parts[2:]
+	}
+	switch len(parts) {
+	case 0:
+		return "namespaces"
+	case 1, 2:
+		return parts[0]
+	default:
+		return parts[0] + "/" + parts[2]
+	}
+}
+
+func diff(after, before map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, v := range after {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
+}
+
+func writes(m map[string]int) int {
+	n := 0
+	for k, v := range m {
+		if !strings.HasPrefix(k, "GET ") && !strings.HasPrefix(k, "WATCH ") {
+			n += v
+		}
+	}
+	return n
+}
+
+func format(m map[string]int, per float64) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "    %-40s %6d  (%.2f per group)\n", k, m[k], float64(m[k])/per)
+	}
+	return b.String()
+}
+
+func TestLeaderWorkerSetScale(t *testing.T) {
+	if os.Getenv("CISTERN_BENCH") == "" {
+		t.Skip("benchmark: run with CISTERN_BENCH=1 (make bench-workloads)")
+	}
+	// The StatefulSet controller must not be the bottleneck being measured: lift its client limits.
+	cp := framework.StartControlPlane(t, framework.Options{
+		ControllerManager:     true,
+		ControllerManagerArgs: []string{"--kube-api-qps=1000", "--kube-api-burst=2000", "--concurrent-statefulset-syncs=20"},
+		APIServerArgs:         []string{"--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000"},
+	})
+	_, file, _, _ := runtime.Caller(0)
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
+	framework.ApplyManifests(t, cp, filepath.Join(root, "deploy", "csi", "crds"))
+	cl, err := client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cnt := &counter{n: map[string]int{}}
+	cfg := rest.CopyConfig(cp.Config)
+	cfg.QPS, cfg.Burst = 200, 400
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { cnt.rt = rt; return cnt })
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(0)))
+	done := make(chan error, 1)
+	go func() {
+		done <- workloads.Run(ctx, cfg, workloads.Config{
+			MetricsAddr: "0", ProbeAddr: "0",
+			WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: t.TempDir(), WebhookSelfRegister: true,
+			WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git",
+		})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, time.Minute, "webhook server", func() (bool, error) {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, nil
+	})
+	time.Sleep(2 * time.Second) // let the caches sync
+	ns := framework.CreateNamespace(t, cp, "bench")
+
+	before := cnt.snapshot()
+	lws := &v1alpha1.LeaderWorkerSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
+		Spec: v1alpha1.LeaderWorkerSetSpec{
+			Replicas: ptr.To[int32](groups),
+			LeaderWorkerTemplate: v1alpha1.LeaderWorkerTemplate{
+				Size: ptr.To[int32](size),
+				WorkerTemplate: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+					Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/app:1"}}}},
+			},
+		},
+	}
+	start := time.Now()
+	if err := cl.Create(context.Background(), lws); err != nil {
+		t.Fatal(err)
+	}
+	var stsDone, podsDone time.Duration
+	var lastSts, lastPods int
+	waitFor(t, 15*time.Minute, "all StatefulSets and pods", func() (bool, error) {
+		var sets appsv1.StatefulSetList
+		if err := cl.List(context.Background(), &sets, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		if lastSts = len(sets.Items); lastSts == groups+1 && stsDone == 0 {
+			stsDone = time.Since(start)
+		}
+		var pods metav1.PartialObjectMetadataList
+		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
+		if err := cl.List(context.Background(), &pods, client.InNamespace(ns)); err != nil {
+			return false, err
+		}
+		if lastPods = len(pods.Items); lastPods == groups*size && podsDone == 0 {
+			podsDone = time.Since(start)
+		}
+		return stsDone > 0 && podsDone > 0, nil
+	})
+	waitFor(t, 5*time.Minute, "status settles", func() (bool, error) {
+		var got v1alpha1.LeaderWorkerSet
+		if err := cl.Get(context.Background(), client.ObjectKeyFromObject(lws), &got); err != nil {
+			return false, err
+		}
+		return got.Status.Replicas == groups, nil
+	})
+	time.Sleep(5 * time.Second)
+	created := diff(cnt.snapshot(), before)
+
+	// Steady state: nothing changes, so the controller must not write.
+	const quiet = 30 * time.Second
+	steadyBefore := cnt.snapshot()
+	time.Sleep(quiet)
+	steady := diff(cnt.snapshot(), steadyBefore)
+
+	report := fmt.Sprintf(`LeaderWorkerSet %d groups x %d pods (%d StatefulSets, %d pods), real kube-apiserver + kube-controller-manager
+  all StatefulSets exist after        %s
+  all pods exist after (peer: the StatefulSet controller of kube-controller-manager)  %s
+  ratio StatefulSets / pods           %.2f
+  controller requests from create to settled status: %d (%d writes, %.2f writes per group)
+%s  steady state over %s: %d requests, %d writes
+%s`,
+		groups, size, groups+1, groups*size, stsDone.Round(10*time.Millisecond), podsDone.Round(10*time.Millisecond),
+		stsDone.Seconds()/podsDone.Seconds(), total(created), writes(created), float64(writes(created))/groups,
+		format(created, groups), quiet, total(steady), writes(steady), format(steady, groups))
+	t.Log("\n" + report)
+	out := filepath.Join(root, "_output", "bench")
+	_ = os.MkdirAll(out, 0o755)
+	_ = os.WriteFile(filepath.Join(out, "workloads.txt"), []byte(report), 0o644)
+	if w := writes(steady); w != 0 {
+		t.Errorf("steady state made %d writes: %v", w, steady)
+	}
+}
+
+func total(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		ok, err := cond()
+		if err != nil {
+			t.Logf("%s: %v", what, err)
+		}
+		if ok {
+			return
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Fatalf("%s: not after %s", what, timeout)
+}

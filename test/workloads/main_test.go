@@ -1,0 +1,133 @@
+// Package workloads_test runs the workload-controller against a real control plane:
+// kube-apiserver with etcd, kube-controller-manager (whose StatefulSet controller creates the pods
+// and claims, whose garbage collector and PV binder do their real work) and kube-scheduler. The
+// controller runs in the test process with its webhooks self-registered on a loopback address.
+// No kubelet runs: fakeKubelet plays its part for pods bound to the test's nodes.
+package workloads_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
+}
+
+var (
+	setupOnce sync.Once
+	setupErr  error
+	// cl is an admin client with the controller's scheme.
+	cl client.Client
+)
+
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// setup installs the CRDs and starts one controller for the whole package.
+func setup(t *testing.T) *framework.ControlPlane {
+	t.Helper()
+	cp := framework.Shared(t)
+	setupOnce.Do(func() {
+		framework.ApplyManifests(t, cp, filepath.Join(repoRoot(), "deploy", "csi", "crds"))
+		cl, setupErr = client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
+		if setupErr != nil {
+			return
+		}
+		setupErr = startController(cp.Config, nil)
+	})
+	if setupErr != nil {
+		t.Fatalf("setup: %v", setupErr)
+	}
+	return cp
+}
+
+// startController runs the controller in this process until the test binary exits. wrap, if set,
+// wraps its HTTP transport (the benchmark counts requests with it).
+func startController(cfg *rest.Config, wrap transport.WrapperFunc) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	ctrlCfg := rest.CopyConfig(cfg)
+	ctrlCfg.QPS, ctrlCfg.Burst = 200, 400
+	if wrap != nil {
+		ctrlCfg.Wrap(wrap)
+	}
+	certDir, err := os.MkdirTemp("", "workload-webhook-")
+	if err != nil {
+		return err
+	}
+	wc := workloads.Config{
+		MetricsAddr: "0", ProbeAddr: "0",
+		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
+		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
+		GitImage: "registry.invalid/git:test",
+	}
+	wc.VolumeManager.LocalSourceRoots = []string{"/srv/datasets"}
+	logger := klog.Background().V(1)
+	ctx := klog.NewContext(context.Background(), logger)
+	errc := make(chan error, 1)
+	go func() { errc <- workloads.Run(ctx, ctrlCfg, wc) }()
+	// Ready when the webhook server answers TLS.
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-errc:
+			return fmt.Errorf("controller exited: %w", err)
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("webhook server did not start on port %d", port)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// eventually polls cond every 200ms until it returns nil or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s: not after %s: %v", what, timeout, err)
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}

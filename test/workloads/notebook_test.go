@@ -1,0 +1,273 @@
+package workloads_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+func newJob(ns, name string, mods ...func(*v1alpha1.NotebookValidationJob)) *v1alpha1.NotebookValidationJob {
+	j := &v1alpha1.NotebookValidationJob{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.NotebookValidationJobSpec{
+			Notebook: v1alpha1.NotebookSource{
+				Git:  v1alpha1.GitSource{URL: "https://git.invalid/notebooks.git", Ref: "main"},
+				Path: "eda/explore.ipynb",
+			},
+			PodConfig: v1alpha1.PodConfig{ContainerImage: "registry.invalid/papermill:1",
+				Env: []corev1.EnvVar{{Name: "EPOCHS", Value: "2"}}},
+		},
+	}
+	for _, m := range mods {
+		m(j)
+	}
+	return j
+}
+
+func getJob(t *testing.T, j *v1alpha1.NotebookValidationJob) *v1alpha1.NotebookValidationJob {
+	t.Helper()
+	var got v1alpha1.NotebookValidationJob
+	if err := cl.Get(ctxT(t), client.ObjectKeyFromObject(j), &got); err != nil {
+		t.Fatal(err)
+	}
+	return &got
+}
+
+// setPodPhase reports a phase for the job's pod, as a kubelet would.
+func setPodPhase(t *testing.T, ns, name string, phase corev1.PodPhase, exit int32) {
+	t.Helper()
+	var pod corev1.Pod
+	if err := cl.Get(ctxT(t), types.NamespacedName{Namespace: ns, Name: name}, &pod); err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	pod.Status.Phase = phase
+	pod.Status.StartTime = &now
+	if phase == corev1.PodFailed || phase == corev1.PodSucceeded {
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "notebook", Image: pod.Spec.Containers[0].Image,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error",
+				Message: "PapermillExecutionError", StartedAt: now, FinishedAt: now}}}}
+	}
+	if err := cl.Status().Update(ctxT(t), &pod); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitPhase(t *testing.T, j *v1alpha1.NotebookValidationJob, phase v1alpha1.NotebookPhase) *v1alpha1.NotebookValidationJob {
+	t.Helper()
+	var got *v1alpha1.NotebookValidationJob
+	eventually(t, time.Minute, "phase "+string(phase), func() error {
+		got = getJob(t, j)
+		if got.Status.Phase != phase {
+			return fmt.Errorf("phase %q (%s)", got.Status.Phase, got.Status.Message)
+		}
+		return nil
+	})
+	return got
+}
+
+// TestNotebookJobRuns: a valid job gets its pod (git-clone init container, papermill, the user's
+// volumes where asked, env merged) and follows the pod to Succeeded or Failed.
+func TestNotebookJobRuns(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "nb-run")
+	ctx := ctxT(t)
+	if err := cl.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "params"}, Data: map[string]string{"a": "1"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		phase corev1.PodPhase
+		want  v1alpha1.NotebookPhase
+	}{{"ok", corev1.PodSucceeded, v1alpha1.NotebookPhaseSucceeded}, {"broken", corev1.PodFailed, v1alpha1.NotebookPhaseFailed}} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := newJob(ns, tc.name, func(j *v1alpha1.NotebookValidationJob) {
+				j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{
+					{Name: "params", ConfigMap: &v1alpha1.ConfigMapVolumeSource{Name: "params"}},
+					{Name: "dataset", CSI: &v1alpha1.CSIVolumeSource{Driver: "cistern.csi.dev", VolumeAttributes: map[string]string{"source": "s3://b/p"}}},
+				}
+				j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "params", MountPath: "/params", ReadOnly: true}}
+			})
+			if err := cl.Create(ctx, job); err != nil {
+				t.Fatal(err)
+			}
+			got := waitPhase(t, job, v1alpha1.NotebookPhasePending)
+			eventually(t, time.Minute, "pod created", func() error {
+				got = getJob(t, job)
+				if got.Status.PodName == "" {
+					return fmt.Errorf("no pod yet")
+				}
+				return nil
+			})
+			var pod corev1.Pod
+			if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: got.Status.PodName}, &pod); err != nil {
+				t.Fatal(err)
+			}
+			if len(pod.Spec.InitContainers) != 1 || pod.Spec.InitContainers[0].Name != "git-clone" ||
+				pod.Spec.Containers[0].Command[0] != "papermill" || pod.Spec.RestartPolicy != corev1.RestartPolicyNever {
+				t.Errorf("pod shape: %+v", pod.Spec)
+			}
+			mounts := map[string]string{}
+			for _, m := range pod.Spec.Containers[0].VolumeMounts {
+				mounts[m.Name] = m.MountPath
+			}
+			if mounts["params"] != "/params" || mounts["git-clone"] != "/workspace" || mounts["notebook-data"] != "/output" || mounts["dataset"] != "" {
+				t.Errorf("mounts %v", mounts)
+			}
+			env := map[string]string{}
+			for _, e := range pod.Spec.Containers[0].Env {
+				env[e.Name] = e.Value
+			}
+			if env["EPOCHS"] != "2" || env["NOTEBOOK_PATH"] != "eda/explore.ipynb" {
+				t.Errorf("env %v", env)
+			}
+
+			setPodPhase(t, ns, pod.Name, corev1.PodRunning, 0)
+			got = waitPhase(t, job, v1alpha1.NotebookPhaseRunning)
+			if got.Status.StartTime == nil {
+				t.Error("no start time")
+			}
+			setPodPhase(t, ns, pod.Name, tc.phase, map[corev1.PodPhase]int32{corev1.PodFailed: 1}[tc.phase])
+			got = waitPhase(t, job, tc.want)
+			if got.Status.CompletionTime == nil || !meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.NotebookConditionComplete) {
+				t.Errorf("completion: %+v", got.Status)
+			}
+			if tc.want == v1alpha1.NotebookPhaseFailed && !strings.Contains(got.Status.Message, "container notebook exited with code 1") {
+				t.Errorf("failure message %q", got.Status.Message)
+			}
+		})
+	}
+}
+
+// TestNotebookJobMissingVolume: a job whose PVC does not exist says so in a condition and starts
+// once the claim appears.
+func TestNotebookJobMissingVolume(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "nb-missing")
+	ctx := ctxT(t)
+	job := newJob(ns, "waits", func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "models",
+			PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "models"}}}
+		j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "models", MountPath: "/models"}}
+	})
+	if err := cl.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "VolumesReady=False naming the claim", func() error {
+		c := meta.FindStatusCondition(getJob(t, job).Status.Conditions, v1alpha1.NotebookConditionVolumesReady)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonVolumeMissing ||
+			!strings.Contains(c.Message, `PersistentVolumeClaim "models" (volume "models") not found`) {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
+	if err := cl.Create(ctx, &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "models"},
+		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *resourceQ("1Gi")}}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "pod created once the claim exists", func() error {
+		got := getJob(t, job)
+		if !meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.NotebookConditionVolumesReady) || got.Status.PodName == "" {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+}
+
+// TestNotebookJobTimeout: a run past its timeout fails and its pod is deleted.
+func TestNotebookJobTimeout(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "nb-timeout")
+	job := newJob(ns, "slow", func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.Timeout = &metav1.Duration{Duration: 3 * time.Second}
+	})
+	if err := cl.Create(ctxT(t), job); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "pod", func() error {
+		if getJob(t, job).Status.PodName == "" {
+			return fmt.Errorf("no pod")
+		}
+		return nil
+	})
+	setPodPhase(t, ns, "slow-validation", corev1.PodRunning, 0)
+	got := waitPhase(t, job, v1alpha1.NotebookPhaseFailed)
+	if c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete); c == nil || c.Reason != v1alpha1.ReasonTimedOut {
+		t.Errorf("condition %+v", c)
+	}
+	eventually(t, time.Minute, "pod deleted or terminating", func() error {
+		var pod corev1.Pod
+		err := cl.Get(ctxT(t), types.NamespacedName{Namespace: ns, Name: "slow-validation"}, &pod)
+		if err == nil && pod.DeletionTimestamp == nil {
+			return fmt.Errorf("pod still there")
+		}
+		return nil
+	})
+}
+
+// TestNotebookJobAdmission: invalid volumes are refused at admission with the field named.
+func TestNotebookJobAdmission(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "nb-adm")
+	ctx := ctxT(t)
+	// hostPath is not a field of the API: send it raw, as kubectl would.
+	hostPath := fmt.Sprintf(`apiVersion: workloads.cistern.dev/v1alpha1
+kind: NotebookValidationJob
+metadata: {name: host, namespace: %s}
+spec:
+  notebook: {git: {url: "https://git.invalid/r.git"}, path: a.ipynb}
+  podConfig:
+    containerImage: img
+    volumes: [{name: etc, hostPath: {path: /etc}}]
+    volumeMounts: [{name: etc, mountPath: /host-etc}]
+`, ns)
+	out, err := kubectlApply(t, cp, hostPath)
+	if err == nil || !strings.Contains(out, "spec.podConfig.volumes[0].hostPath: Forbidden: volume type hostPath is not allowed") {
+		t.Errorf("hostPath accepted or wrong message: %v\n%s", err, out)
+	}
+
+	for _, tc := range []struct {
+		name string
+		mod  func(*v1alpha1.NotebookValidationJob)
+		want string
+	}{
+		{"reserved volume name", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "git-clone", EmptyDir: &v1alpha1.EmptyDirVolumeSource{}}}
+		}, `spec.podConfig.volumes[0].name: Invalid value: "git-clone": is used by the controller`},
+		{"two sources", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", EmptyDir: &v1alpha1.EmptyDirVolumeSource{},
+				Secret: &v1alpha1.SecretVolumeSource{SecretName: "s"}}}
+		}, "must have exactly one volume source"},
+		{"mount of no volume", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "ghost", MountPath: "/g"}}
+		}, `spec.podConfig.volumeMounts[0].name: Not found: "ghost"`},
+		{"relative mount path", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", EmptyDir: &v1alpha1.EmptyDirVolumeSource{}}}
+			j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "x", MountPath: "rel"}}
+		}, "must be an absolute path"},
+		{"duplicate mount path", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", EmptyDir: &v1alpha1.EmptyDirVolumeSource{}}}
+			j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "x", MountPath: "/a"}, {Name: "x", MountPath: "/a"}}
+		}, `spec.podConfig.volumeMounts[1].mountPath: Duplicate value: "/a"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := cl.Create(ctx, newJob(ns, "bad", tc.mod))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
