@@ -1,6 +1,6 @@
 # Cistern images, one multi-stage build:
-#   docker build --target node       -t cistern-node:dev .        # csi-driver + storagepool-sidecar
-#   docker build --target controller -t cistern-controller:dev .  # workload-controller
+#   docker build --target node       -t cistern/node:dev .                 # csi-driver + storagepool-sidecar
+#   docker build --target controller -t cistern/workload-controller:dev .  # workload-controller
 # `make images` builds both.
 ARG GO_VERSION=1.26
 

@@ -3,8 +3,8 @@ TEST_TARGETS += e2e
 
 DEMO_DIR ?= /var/tmp/cistern-demo
 IMAGE_TAG ?= dev
-NODE_IMAGE ?= cistern-node:$(IMAGE_TAG)
-CONTROLLER_IMAGE ?= cistern-controller:$(IMAGE_TAG)
+NODE_IMAGE ?= cistern/node:$(IMAGE_TAG)
+CONTROLLER_IMAGE ?= cistern/workload-controller:$(IMAGE_TAG)
 KIND ?= kind
 KIND_CLUSTER ?= cistern
 KUBECTL ?= kubectl
