@@ -12,6 +12,7 @@ import (
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
@@ -49,9 +50,18 @@ func CreateNode(t testing.TB, cp *ControlPlane, name string, labels map[string]s
 		_ = cp.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 	})
 
-	// Status is ignored on create, as for kubelet, which reports it afterwards.
-	node.Status = newNode(name, labels).Status
-	if node, err = cp.Client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+	// Status is ignored on create, as for kubelet, which reports it afterwards. Controllers may
+	// have touched the Node since (taints, annotations): retry from the current version.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		current, err := cp.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		current.Status = newNode(name, labels).Status
+		node, err = cp.Client.CoreV1().Nodes().UpdateStatus(ctx, current, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatalf("reporting status of Node %s: %v", name, err)
 	}
 	csiNode := &storagev1.CSINode{
