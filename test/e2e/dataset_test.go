@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -93,13 +95,20 @@ parameters:
 	}
 }
 
-// volumeManager: a VolumeManager with replicas 2 puts the dataset on both nodes and lists them
-// in its status.
+// volumeManager: a VolumeManager with replicas 2 gets a static PV and claim pinned to both nodes,
+// and its status lists them with the node affinity pods need. Where the driver stages datasets,
+// the test then stages that PV on each node as kubelet would and checks the data on both.
 func (s *scenario) volumeManager(t *testing.T) {
-	if !s.c.Features.Workloads || !s.c.Features.Datasets {
-		t.Skip("needs the workload-controller and dataset staging in the driver")
+	if !s.c.Features.Workloads {
+		t.Skip("workload-controller or deploy/csi/workload-controller not in this tree")
 	}
-	s3, _ := s3Server(t)
+	endpoint, access, secret := "http://127.0.0.1:1", "unused", "unused"
+	var sums map[string]string
+	if s.c.Features.Datasets {
+		var s3 *cluster.S3
+		s3, sums = s3Server(t)
+		endpoint, access, secret = s3.Endpoint, s3.AccessKey, s3.SecretKey
+	}
 	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
 apiVersion: v1
 kind: Secret
@@ -116,9 +125,11 @@ spec:
     sourceType: S3
     sourceURL: s3://datasets/sample/
     capacity: 64Mi
+    accessMode: ReadOnlyMany
     options: {endpoint: %[4]q, pathStyle: "true", secretName: vm-s3}
-`, s.ns, s3.AccessKey, s3.SecretKey, s3.Endpoint))
-	eventually(t, 3*time.Minute, "VolumeManager status lists both nodes", func(ctx context.Context) error {
+`, s.ns, access, secret, endpoint))
+	var claim string
+	eventually(t, 2*time.Minute, "VolumeManager status lists both nodes", func(ctx context.Context) error {
 		obj, err := s.dynamic(t).Resource(volumeManagerGVR).Namespace(s.ns).Get(ctx, "sample", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -129,12 +140,43 @@ spec:
 		}
 		v, _ := vols[0].(map[string]any)
 		nodes, _, _ := unstructured.NestedStringSlice(v, "nodes")
-		if len(nodes) != 2 {
+		slices.Sort(nodes)
+		if !slices.Equal(nodes, []string{nodeA, nodeB}) {
 			return errorf("status.volumes[0].nodes %v, want both nodes", nodes)
 		}
-		if _, ok, _ := unstructured.NestedMap(v, "nodeAffinity"); !ok {
-			return errorf("status.volumes[0] has no nodeAffinity")
+		terms, _, _ := unstructured.NestedSlice(v, "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+		if len(terms) != 1 {
+			return errorf("status.volumes[0].nodeAffinity %v", terms)
 		}
+		claim, _, _ = unstructured.NestedString(v, "volumeSource", "persistentVolumeClaim", "claimName")
 		return nil
 	})
+	pv := boundPV(t, s.cp.Client, s.ns, claim)
+	if got := strings.Split(cluster.TopologyOf(pv), ","); !slices.Equal(sorted(got), []string{nodeA, nodeB}) {
+		t.Errorf("PV %s pinned to %v, want both nodes", pv.Name, got)
+	}
+	if !s.c.Features.Datasets {
+		t.Log("the driver does not stage datasets in this tree: data on the nodes not checked")
+		return
+	}
+	secrets := map[string]string{"accessKeyID": access, "secretAccessKey": secret}
+	for _, node := range []string{nodeA, nodeB} {
+		stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[node].Socket, pv, secrets, filepath.Join(t.TempDir(), "kubelet"))
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", node, err)
+		}
+		if err := cluster.VerifyFiles(m.TargetPath, sums); err != nil {
+			t.Errorf("%s: %v", node, err)
+		}
+		if err := m.Unmount(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func sorted(s []string) []string {
+	slices.Sort(s)
+	return s
 }
