@@ -43,10 +43,12 @@ type summary struct {
 	Features   cluster.Features
 	S3Endpoint string
 	// Dataset is the report of the dataset check, or why there is none.
-	Dataset  []string
-	LogDir   string
-	ReadyIn  string
-	Warnings []string
+	Dataset []string
+	// ScratchPV is the PV of the pool-targeted claim.
+	ScratchPV string
+	LogDir    string
+	ReadyIn   string
+	Warnings  []string
 }
 
 // progress appends one line to the progress file that `up` follows.
@@ -165,7 +167,7 @@ spec:
   volumes:
   - {name: scratch, persistentVolumeClaim: {claimName: scratch}}
 `)
-	waitBound(tb, cp, "scratch")
+	sum.ScratchPV = waitBound(tb, cp, "scratch").Name
 
 	switch {
 	case s3 == nil:

@@ -137,9 +137,12 @@ func show(d demoDir) error {
 	kubectl("get", "csistoragecapacities", "-n", "cistern-system", "-o", "custom-columns=CLASS:.storageClassName,NODE:.nodeTopology.matchLabels.topology\\.cistern\\.csi\\.dev/node,CAPACITY:.capacity,MAX VOLUME:.maximumVolumeSize")
 
 	screen("2/5  A claim on pool `fast`, bound where its pod was scheduled")
-	kubectl("get", "storageclass", "cistern-fast")
-	kubectl("get", "pvc,pod", "-n", s.Namespace, "-o", "wide")
-	kubectl("get", "pv", "-o", "custom-columns=PV:.metadata.name,CLAIM:.spec.claimRef.name,SIZE:.spec.capacity.storage,VOLUME:.spec.csi.volumeHandle,NODE:.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]")
+	kubectl("get", "storageclass", "cistern-fast", "-o", "custom-columns=CLASS:.metadata.name,PROVISIONER:.provisioner,BINDING:.volumeBindingMode,PARAMETERS:.parameters")
+	kubectl("get", "pvc", "scratch", "-n", s.Namespace, "-o", "custom-columns=CLAIM:.metadata.name,STATUS:.status.phase,SIZE:.spec.resources.requests.storage,VOLUME:.spec.volumeName,SELECTED NODE:.metadata.annotations.volume\\.kubernetes\\.io/selected-node")
+	kubectl("get", "pod", "scratch-user", "-n", s.Namespace, "-o", "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,CLAIM:.spec.volumes[0].persistentVolumeClaim.claimName")
+	if s.ScratchPV != "" {
+		kubectl("get", "pv", s.ScratchPV, "-o", "custom-columns=PV:.metadata.name,CSI VOLUME (pool-id):.spec.csi.volumeHandle,PINNED TO:.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]")
+	}
 
 	screen("3/5  A dataset from S3, staged into a volume and verified")
 	for _, l := range s.Dataset {
