@@ -99,7 +99,7 @@ func start(tb *demoTB, d demoDir) *summary {
 	sum := &summary{Namespace: namespace, Features: features, LogDir: d.path("logs", "demo")}
 
 	d.progress("building csi-driver, storagepool-sidecar, workload-controller")
-	bins, err := cluster.BuildBinaries(d.path("bin"))
+	bins, err := cluster.BuildBinaries(cluster.BinDir())
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -8,7 +8,6 @@
 package e2e_test
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -22,15 +21,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "cistern-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	bins, binsErr = cluster.BuildBinaries(dir)
-	code := framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true})
-	_ = os.RemoveAll(dir)
-	os.Exit(code)
+	bins, binsErr = cluster.BuildBinaries(cluster.BinDir())
+	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
 }
 
 // binaries returns the built commands, or fails (in CI) or skips the test.

@@ -74,6 +74,10 @@ type Binaries struct {
 	Provisioner string
 }
 
+// BinDir is where BuildBinaries puts the commands: a directory that outlives a run, so that an
+// unchanged tree is not linked again (the go command leaves an up-to-date output alone).
+func BinDir() string { return filepath.Join(RepoRoot(), "_output", "bin") }
+
 // BuildBinaries builds Cistern's commands into dir with the go command, and finds the
 // external-provisioner from $CISTERN_CSI_BIN or the cache.
 func BuildBinaries(dir string) (Binaries, error) {
