@@ -10,8 +10,8 @@ KIND_CLUSTER ?= cistern
 KUBECTL ?= kubectl
 DOCKER ?= docker
 
-# The S3 server comes from the datasource area's s3-tools when the tree has it.
-E2E_TOOLS := k8s-tools csi-tools $(if $(VERSITYGW),s3-tools)
+# The S3 server (versitygw) comes from the datasource area's make file when the tree has it.
+E2E_TOOLS := k8s-tools csi-tools $(VERSITYGW)
 E2E_ENV := $(if $(VERSITYGW),CISTERN_VERSITYGW=$(VERSITYGW))
 
 .PHONY: e2e demo demo-down images kind-up kind-deploy kind-down
