@@ -120,11 +120,10 @@ func start(tb *demoTB, d demoDir) *summary {
 	var sums map[string]string
 	if bin := cluster.VersitygwBinary(); bin != "" {
 		d.progress("starting the S3 server (versitygw) with the sample dataset s3://datasets/sample/")
-		dir := d.path("s3")
-		if sums, err = cluster.SampleDataset(dir, "datasets", "sample"); err != nil {
+		s3 = cluster.StartS3(tb, bin, d.path("s3"))
+		if sums, err = s3.SampleDataset(context.Background(), "datasets", "sample"); err != nil {
 			tb.Fatal(err)
 		}
-		s3 = cluster.StartS3(tb, bin, dir)
 		sum.S3Endpoint = s3.Endpoint
 	} else {
 		sum.Warnings = append(sum.Warnings, "no S3 server: versitygw is not built (make s3-tools)")

@@ -28,12 +28,12 @@ func s3Server(t *testing.T) (*cluster.S3, map[string]string) {
 		}
 		t.Skip("versitygw not built; run `make s3-tools`")
 	}
-	dir := t.TempDir()
-	sums, err := cluster.SampleDataset(dir, "datasets", "sample")
+	s3 := cluster.StartS3(t, bin, t.TempDir())
+	sums, err := s3.SampleDataset(ctx(t), "datasets", "sample")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return cluster.StartS3(t, bin, dir), sums
+	return s3, sums
 }
 
 // dataset: a claim of a class with an S3 source and a secret; once provisioned on node-a, the

@@ -1,14 +1,21 @@
 package cluster
 
 import (
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -43,6 +50,9 @@ func VersitygwBinary() string {
 // StartS3 serves dir over S3 on a loopback port with static credentials.
 func StartS3(t testing.TB, bin, dir string) *S3 {
 	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -69,11 +79,11 @@ func StartS3(t testing.TB, bin, dir string) *S3 {
 	}
 }
 
-// SampleDataset writes a small dataset as objects of bucket under prefix (the posix backend
-// serves files as objects) and returns each relative path with its SHA-256.
-func SampleDataset(dir, bucket, prefix string) (map[string]string, error) {
+// SampleDataset uploads a small dataset to bucket (created) under prefix through the S3 API and
+// returns each relative path with its SHA-256.
+func (s *S3) SampleDataset(ctx context.Context, bucket, prefix string) (map[string]string, error) {
 	files := map[string][]byte{
-		"README.txt": []byte("A tiny sample dataset served by versitygw for the Cistern demo.\n"),
+		"README.txt": []byte("A tiny sample dataset served by versitygw for Cistern.\n"),
 		"labels.csv": []byte("id,label\n0,cat\n1,dog\n2,bird\n"),
 	}
 	for i := range 3 {
@@ -83,14 +93,20 @@ func SampleDataset(dir, bucket, prefix string) (map[string]string, error) {
 		}
 		files[fmt.Sprintf("train/shard-%04d.bin", i)] = data
 	}
+	client := s3.New(s3.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(s.Endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
+	})
+	if _, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+		return nil, fmt.Errorf("creating bucket %s: %w", bucket, err)
+	}
 	sums := map[string]string{}
 	for rel, data := range files {
-		path := filepath.Join(dir, bucket, prefix, rel)
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return nil, err
-		}
-		if err := os.WriteFile(path, data, 0o644); err != nil {
-			return nil, err
+		key := path.Join(prefix, rel)
+		if _, err := client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(data)}); err != nil {
+			return nil, fmt.Errorf("uploading %s: %w", key, err)
 		}
 		sum := sha256.Sum256(data)
 		sums[rel] = hex.EncodeToString(sum[:])
