@@ -83,6 +83,7 @@ parameters: {pool: bulk}
 	t.Run("LeaderWorkerSetClaims", s.leaderWorkerSet)
 	t.Run("DatasetStagedOnNode", s.dataset)
 	t.Run("VolumeManagerReplicas", s.volumeManager)
+	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
 }
 
 type scenario struct {

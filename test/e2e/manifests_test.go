@@ -62,3 +62,11 @@ func TestKustomizationsBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestDeployDryRunClientSide: the plain `kubectl apply --dry-run=server -k deploy/csi` works
+// too, though --server-side is what the docs use.
+func TestDeployDryRunClientSide(t *testing.T) {
+	cp := framework.Shared(t)
+	cluster.CreateNamespace(t, cp)
+	framework.Kubectl(t, cp, "apply", "--dry-run=server", "-k", cluster.DeployDir())
+}
