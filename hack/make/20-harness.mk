@@ -30,5 +30,5 @@ csi-tools:
 		github.com/kubernetes-csi/external-provisioner/v6 \
 		github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner
 
-test-framework: k8s-tools
+test-framework: k8s-tools csi-tools
 	$(GO) test -count=1 ./test/framework/...

@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,7 +13,15 @@ const (
 	k8sVersion = "v1.37.2"
 	// BinDirEnv overrides where the Kubernetes binaries are looked up.
 	BinDirEnv = "CISTERN_K8S_BIN"
+
+	// externalProvisionerVersion is what hack/tools/csi builds (`make csi-tools`).
+	externalProvisionerVersion = "v6.4.0"
+	// CSIBinDirEnv overrides where csi-provisioner is looked up.
+	CSIBinDirEnv = "CISTERN_CSI_BIN"
 )
+
+// errBinariesMissing means `make k8s-tools` has not been run.
+var errBinariesMissing = errors.New("Kubernetes test binaries missing")
 
 // controlPlaneBinaries are what `make k8s-tools` builds and StartControlPlane needs.
 var controlPlaneBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
@@ -39,7 +48,7 @@ func Binary(t testing.TB, name string) string {
 		if name == "kubelet" {
 			hint = "make kubelet-tools"
 		}
-		missing(t, fmt.Errorf("%s not found (%w); run `%s`", name, err, hint))
+		missing(t, fmt.Errorf("%w: %s (run `%s`)", errBinariesMissing, err, hint))
 	}
 	return path
 }
@@ -47,29 +56,54 @@ func Binary(t testing.TB, name string) string {
 func missing(t testing.TB, err error) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("Kubernetes test binaries: %v", err)
+		t.Fatal(err)
 	}
-	t.Skipf("Kubernetes test binaries: %v", err)
+	t.Skip(err)
 }
 
 // findBinDir resolves the binary directory and checks that the control plane is complete.
 func findBinDir() (string, error) {
-	dir := os.Getenv(BinDirEnv)
-	if dir == "" {
-		cache := os.Getenv("CISTERN_CACHE")
-		if cache == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", fmt.Errorf("finding the cache directory: %w", err)
-			}
-			cache = filepath.Join(home, ".cache", "cistern")
-		}
-		dir = filepath.Join(cache, "k8s-"+k8sVersion, "bin")
+	dir, err := toolDir(BinDirEnv, "k8s-"+k8sVersion)
+	if err != nil {
+		return "", err
 	}
 	for _, name := range controlPlaneBinaries {
 		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
-			return "", fmt.Errorf("%s not found in %s; run `make k8s-tools` (or set %s)", name, dir, BinDirEnv)
+			return "", fmt.Errorf("%w: %s not found in %s; run `make k8s-tools` (or set %s)", errBinariesMissing, name, dir, BinDirEnv)
 		}
 	}
 	return dir, nil
+}
+
+// ExternalProvisioner returns the path of the csi-provisioner built by `make csi-tools`:
+// $CISTERN_CSI_BIN/csi-provisioner, else $CISTERN_CACHE/external-provisioner-<version>/bin/.
+// Missing, it skips the test (fails it when CI=true).
+func ExternalProvisioner(t testing.TB) string {
+	t.Helper()
+	dir, err := toolDir(CSIBinDirEnv, "external-provisioner-"+externalProvisionerVersion)
+	if err != nil {
+		missing(t, fmt.Errorf("%w: %v", errBinariesMissing, err))
+	}
+	path := filepath.Join(dir, "csi-provisioner")
+	if _, err := os.Stat(path); err != nil {
+		missing(t, fmt.Errorf("%w: csi-provisioner not found in %s; run `make csi-tools` (or set %s)", errBinariesMissing, dir, CSIBinDirEnv))
+	}
+	return path
+}
+
+// toolDir is $<env> if set, else <CISTERN_CACHE>/<name>/bin (CISTERN_CACHE defaults to
+// ~/.cache/cistern, as in the Makefile).
+func toolDir(env, name string) (string, error) {
+	if dir := os.Getenv(env); dir != "" {
+		return dir, nil
+	}
+	cache := os.Getenv("CISTERN_CACHE")
+	if cache == "" {
+		home, err := os.UserHomeDir()
+		if err != nil {
+			return "", fmt.Errorf("finding the cache directory: %w", err)
+		}
+		cache = filepath.Join(home, ".cache", "cistern")
+	}
+	return filepath.Join(cache, name, "bin"), nil
 }

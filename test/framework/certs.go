@@ -45,7 +45,20 @@ func writeCredentials(dir string) (*credentials, error) {
 	if err != nil {
 		return nil, fmt.Errorf("generating serving certificate: %w", err)
 	}
-	c.caCert = cert
+	// The generated bundle is the serving certificate followed by its CA; clients and
+	// --root-ca-file want the CA alone (kube-controller-manager publishes it as a trust bundle).
+	certs, err := certutil.ParseCertsPEM(cert)
+	if err != nil {
+		return nil, err
+	}
+	for _, crt := range certs {
+		if crt.IsCA {
+			c.caCert = append(c.caCert, pem.EncodeToMemory(&pem.Block{Type: certutil.CertificateBlockType, Bytes: crt.Raw})...)
+		}
+	}
+	if len(c.caCert) == 0 {
+		return nil, fmt.Errorf("generated serving certificate has no CA")
+	}
 
 	saKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -73,7 +86,7 @@ func writeCredentials(dir string) (*credentials, error) {
 	for path, data := range map[string][]byte{
 		c.servingCert:  cert,
 		c.servingKey:   key,
-		c.caFile:       cert,
+		c.caFile:       c.caCert,
 		c.saSigningKey: saKeyPEM,
 		c.saPublicKey:  saPubPEM,
 		c.tokenFile:    []byte(tokens),

@@ -284,6 +284,9 @@ spec:
           spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
 `)
 	framework.ApplyManifests(t, cp, dir)
+	t.Cleanup(func() {
+		framework.Kubectl(t, cp, "delete", "customresourcedefinition", "widgets.framework.test.cistern.csi.dev", "--wait=false")
+	})
 	framework.ApplyYAML(t, cp, `
 apiVersion: framework.test.cistern.csi.dev/v1
 kind: Widget

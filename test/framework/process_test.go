@@ -47,3 +47,16 @@ func TestStartProcess(t *testing.T) {
 		return errors.Is(err, os.ErrNotExist) || strings.Contains(string(stat), ") Z ")
 	})
 }
+
+func TestExternalProvisioner(t *testing.T) {
+	t.Parallel()
+	// csi-provisioner prints its version and exits, which shows the binary runs.
+	p := framework.StartProcess(t, "csi-provisioner", framework.ExternalProvisioner(t), "--version")
+	<-p.Done()
+	if err := p.Err(); err != nil {
+		t.Fatalf("csi-provisioner --version: %v", err)
+	}
+	if log, _ := os.ReadFile(p.LogPath); !strings.Contains(string(log), "v6.4.0") {
+		t.Errorf("csi-provisioner --version printed:\n%s", log)
+	}
+}

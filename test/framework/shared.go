@@ -1,76 +1,92 @@
 package framework
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
 
-var (
-	shared    *ControlPlane
-	sharedErr error
-	sharedSet bool
-)
+// The control plane shared by a test binary: started by the first Shared call, stopped by
+// RunShared after the tests.
+var shared struct {
+	enabled bool
+	opts    Options
+	once    sync.Once
+	cp      *ControlPlane
+	err     error
+	logDir  string
+	dataDir string
+}
 
-// RunShared starts one control plane for a whole test binary, runs the tests, and stops it. Call
-// it from TestMain; tests get the control plane with Shared:
+// RunShared runs the tests of a binary that share one control plane, then stops it. Call it from
+// TestMain; tests get the control plane with Shared:
 //
 //	func TestMain(m *testing.M) {
 //		os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
 //	}
 //
-// Logs go to _output/logs/<package>.shared/ and are kept when any test fails. If the control
-// plane cannot start, the tests still run and Shared fails (or skips) each one that needs it.
+// The control plane starts when the first test calls Shared, so a run that selects no such test
+// (go test -run) pays nothing. Logs go to _output/logs/<package>.shared/ and are kept when any
+// test fails.
 func RunShared(m *testing.M, opts Options) int {
-	sharedSet = true
-	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test") + ".shared"
-	var logDir, dataDir string
-	binDir, err := findBinDir()
-	if err == nil {
-		logDir, err = newLogDir(name)
-	}
-	if err == nil {
-		dataDir, err = os.MkdirTemp("", "cistern-control-plane-")
-	}
-	if err == nil {
-		begin := time.Now()
-		shared, err = start(binDir, dataDir, logDir, opts)
-		if err == nil {
-			fmt.Fprintf(os.Stderr, "shared control plane (%s) ready in %s; KUBECONFIG=%s\n",
-				shared.components(), time.Since(begin).Round(time.Millisecond), shared.Kubeconfig)
-		}
-	}
-	sharedErr = err
-
+	shared.enabled, shared.opts = true, opts
 	code := m.Run()
 
-	if shared != nil {
-		shared.Stop()
+	if shared.cp != nil {
+		shared.cp.Stop()
 	}
-	if dataDir != "" {
-		_ = os.RemoveAll(dataDir)
+	if shared.dataDir != "" {
+		_ = os.RemoveAll(shared.dataDir)
 	}
-	if logDir != "" {
-		finishLogDir(logDir, code != 0 || sharedErr != nil, func(format string, args ...any) {
+	if shared.logDir != "" {
+		finishLogDir(shared.logDir, code != 0 || shared.err != nil, func(format string, args ...any) {
 			fmt.Fprintf(os.Stderr, format+"\n", args...)
 		})
 	}
 	return code
 }
 
-// Shared returns the control plane RunShared started for this test binary.
+// Shared returns the control plane shared by the tests of this binary (see RunShared), starting
+// it on first use. If it cannot start, every test that asks for it fails (or skips, when the
+// binaries are not built and CI is not true).
 func Shared(t testing.TB) *ControlPlane {
 	t.Helper()
-	switch {
-	case !sharedSet:
+	if !shared.enabled {
 		t.Fatal("framework.Shared needs framework.RunShared in TestMain")
-	case shared == nil && sharedErr != nil && strings.Contains(sharedErr.Error(), "make k8s-tools"):
-		missing(t, sharedErr)
-	case shared == nil:
-		t.Fatalf("shared control plane did not start: %v", sharedErr)
 	}
-	return shared
+	shared.once.Do(func() { shared.cp, shared.err = startShared(t) })
+	switch {
+	case errors.Is(shared.err, errBinariesMissing):
+		missing(t, shared.err)
+	case shared.err != nil:
+		t.Fatalf("shared control plane did not start: %v", shared.err)
+	}
+	return shared.cp
+}
+
+func startShared(t testing.TB) (*ControlPlane, error) {
+	binDir, err := findBinDir()
+	if err != nil {
+		return nil, err
+	}
+	name := strings.TrimSuffix(filepath.Base(os.Args[0]), ".test") + ".shared"
+	if shared.logDir, err = newLogDir(name); err != nil {
+		return nil, err
+	}
+	if shared.dataDir, err = os.MkdirTemp("", "cistern-control-plane-"); err != nil {
+		return nil, err
+	}
+	begin := time.Now()
+	cp, err := start(binDir, shared.dataDir, shared.logDir, shared.opts)
+	if err != nil {
+		return nil, err
+	}
+	t.Logf("shared control plane (%s) ready in %s; KUBECONFIG=%s",
+		cp.components(), time.Since(begin).Round(time.Millisecond), cp.Kubeconfig)
+	return cp, nil
 }

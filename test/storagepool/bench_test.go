@@ -273,7 +273,8 @@ func installBench(b *testing.B, cp *framework.ControlPlane) {
 	b.Helper()
 	installOnce.Do(func() {
 		framework.ApplyYAML(b, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
-		framework.ApplyManifests(b, cp, filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar"))
+		framework.ApplyManifests(b, cp, filepath.Join(repoRoot, "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
+			filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar/rbac.yaml"))
 	})
 }
 

@@ -43,7 +43,8 @@ func install(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	installOnce.Do(func() {
 		framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
-		framework.ApplyManifests(t, cp, filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar"))
+		framework.ApplyManifests(t, cp, filepath.Join(repoRoot, "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
+			filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar/rbac.yaml"))
 	})
 }
 

@@ -31,6 +31,7 @@ func TestPoolLifecycle(t *testing.T) {
 	sc := startSidecar(t, cp, d)
 
 	fastName, slowName := "fast."+node, "slow."+node
+	parent := t
 	obj := waitPool(t, c, fastName, "published and healthy", func(o *spapi.StoragePool) bool {
 		return healthyCondition(o).Status == metav1.ConditionTrue && o.Status.Capacity != nil
 	})
@@ -113,7 +114,8 @@ func TestPoolLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		sc.proc.Stop()
-		sc = startSidecar(t, cp, d)
+		// Started for the parent test: the next subtests need it running.
+		sc = startSidecar(parent, cp, d)
 		// Several resyncs (2s each) and the driver's watch stream have run once this many syncs passed.
 		waitFor(t, "three syncs of the new sidecar", func() bool {
 			return sc.metric("storagepool_sidecar_syncs_total", `result="success"`) >= 3
@@ -165,7 +167,8 @@ func TestSharedPool(t *testing.T) {
 	want := []string{na, nb}
 	slices.Sort(want)
 	obj := waitPool(t, c, poolName, "both nodes", func(o *spapi.StoragePool) bool {
-		return slices.Equal(o.Status.AccessibleNodes, want)
+		// A set in the order the nodes joined.
+		return slices.Equal(slices.Sorted(slices.Values(o.Status.AccessibleNodes)), want)
 	})
 	if obj.Labels[consts.LabelShared] != "true" || obj.Labels[consts.LabelNode] != "" {
 		t.Errorf("labels = %v", obj.Labels)

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -106,11 +107,8 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 		for k := range 3 {
 			n := fmt.Sprintf("%s-g%d-%d", ns, g, k)
 			value := fmt.Sprintf("%s-%d", name, g)
-			node := framework.CreateNode(t, cp, n, map[string]string{replicaKey: value})
-			node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: replicaKey, Value: value, Effect: corev1.TaintEffectNoSchedule})
-			if err := cl.Update(ctx, node); err != nil {
-				t.Fatal(err)
-			}
+			createNode(t, cp, n, map[string]string{replicaKey: value},
+				corev1.Taint{Key: replicaKey, Value: value, Effect: corev1.TaintEffectNoSchedule})
 			groupNodes[g] = append(groupNodes[g], n)
 			all = append(all, n)
 		}
@@ -241,12 +239,14 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 	})
 	scale := func(n int32) {
 		t.Helper()
-		var l v1alpha1.LeaderWorkerSet
-		if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &l); err != nil {
-			t.Fatal(err)
-		}
-		l.Spec.Replicas = ptr.To(n)
-		if err := cl.Update(ctx, &l); err != nil {
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var l v1alpha1.LeaderWorkerSet
+			if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &l); err != nil {
+				return err
+			}
+			l.Spec.Replicas = ptr.To(n)
+			return cl.Update(ctx, &l)
+		}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -379,14 +379,16 @@ func TestLeaderWorkerSetGroupRestart(t *testing.T) {
 			})
 
 			// Report a container restart in worker rs-0-1, as its kubelet would.
-			var w corev1.Pod
-			if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rs-0-1"}, &w); err != nil {
-				t.Fatal(err)
-			}
-			w.Status.Phase = corev1.PodRunning
-			w.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "registry.invalid/app:1", RestartCount: 1,
-				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
-			if err := cl.Status().Update(ctx, &w); err != nil {
+			if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				var w corev1.Pod
+				if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rs-0-1"}, &w); err != nil {
+					return err
+				}
+				w.Status.Phase = corev1.PodRunning
+				w.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "registry.invalid/app:1", RestartCount: 1,
+					State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
+				return cl.Status().Update(ctx, &w)
+			}); err != nil {
 				t.Fatal(err)
 			}
 
@@ -431,12 +433,15 @@ func TestLeaderWorkerSetAdmission(t *testing.T) {
 	if err := cl.Create(ctx, lws); err != nil {
 		t.Fatal(err)
 	}
-	var cur v1alpha1.LeaderWorkerSet
-	if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &cur); err != nil {
-		t.Fatal(err)
-	}
-	cur.Spec.LeaderWorkerTemplate.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("5Gi")
-	err := cl.Update(ctx, &cur)
+	// The controller writes status meanwhile: retry conflicts, not refusals.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		var cur v1alpha1.LeaderWorkerSet
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &cur); err != nil {
+			return err
+		}
+		cur.Spec.LeaderWorkerTemplate.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("5Gi")
+		return cl.Update(ctx, &cur)
+	})
 	if err == nil || !strings.Contains(err.Error(), "spec.leaderWorkerTemplate.volumeClaimTemplates: Forbidden: volumeClaimTemplates cannot be changed") {
 		t.Errorf("claim template change: %v", err)
 	}

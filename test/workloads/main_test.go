@@ -7,6 +7,7 @@ package workloads_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -46,11 +48,17 @@ func setup(t *testing.T) *framework.ControlPlane {
 	t.Helper()
 	cp := framework.Shared(t)
 	setupOnce.Do(func() {
-		framework.ApplyManifests(t, cp, filepath.Join(repoRoot(), "deploy", "csi", "crds"))
-		cl, setupErr = client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
-		if setupErr != nil {
+		setupErr = errors.New("setup did not finish")
+		c, err := client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
+		if err != nil {
+			setupErr = err
 			return
 		}
+		if err := testutil.InstallCRDs(cp.Config, filepath.Join(repoRoot(), "deploy", "csi", "crds")); err != nil {
+			setupErr = err
+			return
+		}
+		cl = c
 		setupErr = startController(cp.Config, nil)
 	})
 	if setupErr != nil {

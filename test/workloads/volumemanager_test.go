@@ -25,24 +25,15 @@ func TestVolumeManager(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "vm")
 	ctx := ctxT(t)
+	// The taint keeps LeaderWorkerSet pods of other tests off these nodes.
+	vmTaint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
 	var gpuNodes []string
 	for i := range 3 {
 		n := fmt.Sprintf("%s-gpu-%d", ns, i)
-		framework.CreateNode(t, cp, n, map[string]string{"test.cistern.dev/gpu": "true"})
+		createNode(t, cp, n, map[string]string{"test.cistern.dev/gpu": "true"}, vmTaint)
 		gpuNodes = append(gpuNodes, n)
 	}
-	framework.CreateNode(t, cp, ns+"-cpu", nil)
-	// Keep LeaderWorkerSet pods of other tests off these nodes.
-	for _, n := range append(slices.Clone(gpuNodes), ns+"-cpu") {
-		var node corev1.Node
-		if err := cl.Get(ctx, client.ObjectKey{Name: n}, &node); err != nil {
-			t.Fatal(err)
-		}
-		node.Spec.Taints = append(node.Spec.Taints, corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule})
-		if err := cl.Update(ctx, &node); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createNode(t, cp, ns+"-cpu", nil, vmTaint)
 
 	vm := &datav1alpha1.VolumeManager{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "data"},

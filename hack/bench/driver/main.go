@@ -52,8 +52,11 @@ func main() {
 		fmt.Fprintf(os.Stderr, "%-20s mean %s\n", k, fmtD(stepTimes[k]/time.Duration(*n)))
 	}
 
-	small := createLatency(env, 10, 50)
-	large := createLatency(env, *scale, 50)
+	// Two more drivers, one holding 10 volumes and one holding -scale, sampled alternately.
+	smallEnv, largeEnv := startDriver(filepath.Join(dir, "small")), startDriver(filepath.Join(dir, "large"))
+	defer smallEnv.stop()
+	defer largeEnv.stop()
+	small, large := createLatency(smallEnv, largeEnv, 10, *scale, 100)
 
 	fmt.Printf("## CSI driver volume lifecycle\n\n")
 	fmt.Printf("%d volumes of %s, ext4, pool on %s. Each sample is one volume's CreateVolume → NodeStage → NodePublish → NodeUnpublish → NodeUnstage → DeleteVolume; the floor runs the same storage steps directly (fallocate, mkfs.ext4, losetup, mount, bind mount, umount ×2, losetup -d, rm).\n\n", *n, *sizeFlag, *dirFlag)
@@ -147,6 +150,7 @@ type env struct {
 }
 
 func startDriver(dir string) *env {
+	must(os.MkdirAll(dir, 0o755))
 	poolDir := filepath.Join(dir, "pool")
 	must(os.MkdirAll(poolDir, 0o755))
 	cfgPath := filepath.Join(dir, "pools.yaml")
@@ -218,31 +222,29 @@ func driverOnce(e *env, i int, size int64) time.Duration {
 	return time.Since(start)
 }
 
-// createLatency fills the driver up to existing volumes (1 MiB block volumes: cheap to make),
-// then times samples CreateVolume calls of the same kind, and removes everything again.
-func createLatency(e *env, existing, samples int) []time.Duration {
+// createLatency fills driver a with na volumes and driver b with nb (1 MiB block volumes: cheap
+// to make), then times CreateVolume calls of the same kind on each, alternating so both see the
+// same background load.
+func createLatency(a, b *env, na, nb, samples int) (da, db []time.Duration) {
 	ctx := context.Background()
 	block := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-	var ids []string
-	mk := func(name string) time.Duration {
+	mk := func(e *env, name string) time.Duration {
 		start := time.Now()
-		v, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
+		_, err := e.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
 			VolumeCapabilities: []*csi.VolumeCapability{block}})
 		must(err)
-		ids = append(ids, v.GetVolume().GetVolumeId())
 		return time.Since(start)
 	}
-	for i := 0; i < existing; i++ {
-		mk(fmt.Sprintf("fill-%d-%d", existing, i))
+	for i := 0; i < na; i++ {
+		mk(a, fmt.Sprintf("fill-%d", i))
 	}
-	var out []time.Duration
+	for i := 0; i < nb; i++ {
+		mk(b, fmt.Sprintf("fill-%d", i))
+	}
 	for i := 0; i < samples; i++ {
-		out = append(out, mk(fmt.Sprintf("sample-%d-%d", existing, i)))
+		da = append(da, mk(a, fmt.Sprintf("sample-%d", i)))
+		db = append(db, mk(b, fmt.Sprintf("sample-%d", i)))
 	}
-	for _, id := range ids {
-		_, err := e.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
-		must(err)
-	}
-	return out
+	return da, db
 }

@@ -4,7 +4,7 @@
 #   build.sh <bin-dir> <set-name> <package>...
 #
 # A stamp file <bin-dir>/.<set-name>.stamp holds a hash of everything that decides the output
-# (go.mod, go.sum, sources, this script, the Go version). When it matches, nothing is rebuilt;
+# (go.mod, go.sum, sources, flags, the Go version). When it matches, nothing is rebuilt;
 # a version bump changes go.mod and therefore the hash.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -14,13 +14,6 @@ set_name=${2:?set name}
 shift 2
 
 k8s_version=$(go list -m -f '{{.Version}}' k8s.io/kubernetes)
-key=$( { cat go.mod go.sum build.sh etcd/main.go; go env GOVERSION; echo "$*"; } | sha256sum | cut -d' ' -f1)
-stamp="${bin_dir}/.${set_name}.stamp"
-if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${key}" ]]; then
-  echo "${set_name}: up to date in ${bin_dir}"
-  exit 0
-fi
-
 minor=${k8s_version#v1.}
 minor=${minor%%.*}
 version_pkg=k8s.io/component-base/version
@@ -35,7 +28,19 @@ ldflags=(
   "-X k8s.io/client-go/pkg/version.gitMinor=${minor}"
 )
 
+# The key covers what decides the binaries, not this script's text, so that editing a comment
+# here does not rebuild everyone's cache.
+key=$( { cat go.mod go.sum etcd/main.go; go env GOVERSION; echo "$* ${ldflags[*]} CGO_ENABLED=${CGO_ENABLED:-0}"; } | sha256sum | cut -d' ' -f1)
+stamp="${bin_dir}/.${set_name}.stamp"
 mkdir -p "${bin_dir}"
+# Concurrent invocations (parallel makes, several checkouts sharing the cache) wait for one build.
+exec 9>"${stamp}.lock"
+flock 9
+if [[ -f "${stamp}" && "$(cat "${stamp}")" == "${key}" ]]; then
+  echo "${set_name}: up to date in ${bin_dir}"
+  exit 0
+fi
+
 start=$(date +%s)
 echo "${set_name}: building $* (${k8s_version}) into ${bin_dir}; this takes several minutes"
 # One go build for all packages, so shared dependencies compile once. Static binaries, as upstream

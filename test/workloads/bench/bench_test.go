@@ -28,6 +28,7 @@ import (
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 const (
@@ -129,7 +130,9 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 	})
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
-	framework.ApplyManifests(t, cp, filepath.Join(root, "deploy", "csi", "crds"))
+	if err := testutil.InstallCRDs(cp.Config, filepath.Join(root, "deploy", "csi", "crds")); err != nil {
+		t.Fatal(err)
+	}
 	cl, err := client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
 	if err != nil {
 		t.Fatal(err)

@@ -61,12 +61,12 @@ type StoragePoolStatus struct {
 	// +optional
 	Capacity *PoolCapacity `json:"capacity,omitempty"`
 
-	// Errors are the most recent errors seen on the pool, oldest first, bounded.
+	// Errors are the most recent errors seen on the pool, oldest first; each reporting sidecar
+	// keeps its newest few (--max-errors), so a shared pool holds at most that many per node.
 	// +optional
 	// +listType=map
 	// +listMapKey=time
 	// +listMapKey=message
-	// +kubebuilder:validation:MaxItems=64
 	Errors []StoragePoolError `json:"errors,omitempty"`
 
 	// Conditions of the pool; the Healthy condition is true when volumes can be placed in it.

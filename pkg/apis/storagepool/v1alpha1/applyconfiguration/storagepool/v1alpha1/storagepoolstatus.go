@@ -16,7 +16,8 @@ type StoragePoolStatusApplyConfiguration struct {
 	AccessibleNodes []string `json:"accessibleNodes,omitempty"`
 	// Capacity of the pool.
 	Capacity *PoolCapacityApplyConfiguration `json:"capacity,omitempty"`
-	// Errors are the most recent errors seen on the pool, oldest first, bounded.
+	// Errors are the most recent errors seen on the pool, oldest first; each reporting sidecar
+	// keeps its newest few (--max-errors), so a shared pool holds at most that many per node.
 	Errors []StoragePoolErrorApplyConfiguration `json:"errors,omitempty"`
 	// Conditions of the pool; the Healthy condition is true when volumes can be placed in it.
 	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
