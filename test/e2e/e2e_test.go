@@ -46,6 +46,7 @@ func TestE2E(t *testing.T) {
 	features := cluster.DetectFeatures()
 	t.Logf("components in this tree: %+v", features)
 	cluster.CreateNamespace(t, cp)
+	deployDryRun(t, cp)
 	c := cluster.Start(t, cp, cluster.Options{
 		Nodes:    nodes,
 		Features: features,

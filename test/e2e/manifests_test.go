@@ -13,11 +13,12 @@ import (
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// TestDeployDryRun: the API server accepts everything deploy/csi installs (schemas, RBAC
-// references, CRDs), without installing it.
-func TestDeployDryRun(t *testing.T) {
-	cp := framework.Shared(t)
-	cluster.CreateNamespace(t, cp)
+// deployDryRun: the API server accepts everything deploy/csi installs (schemas, RBAC references,
+// CRDs) without installing it, with server-side apply as the docs say and with the plain
+// client-side apply. TestE2E runs it before installing: on installed objects the two appliers
+// would conflict over fields they both own.
+func deployDryRun(t *testing.T, cp *framework.ControlPlane) {
+	t.Helper()
 	out := framework.Kubectl(t, cp, "apply", "--server-side", "--dry-run=server", "--field-manager=cistern-e2e", "-k", cluster.DeployDir())
 	t.Logf("kubectl apply --server-side --dry-run=server -k deploy/csi:\n%s", out)
 	for _, want := range []string{
@@ -30,6 +31,7 @@ func TestDeployDryRun(t *testing.T) {
 			t.Errorf("dry run did not list %s", want)
 		}
 	}
+	framework.Kubectl(t, cp, "apply", "--dry-run=server", "-k", cluster.DeployDir())
 }
 
 // TestKustomizationsBuild: the examples and the pools-profile overlay build, and the base
@@ -64,12 +66,4 @@ func TestKustomizationsBuild(t *testing.T) {
 			t.Errorf("deploy/csi/kustomization.yaml does not include %s/", e.Name())
 		}
 	}
-}
-
-// TestDeployDryRunClientSide: the plain `kubectl apply --dry-run=server -k deploy/csi` works
-// too, though --server-side is what the docs use.
-func TestDeployDryRunClientSide(t *testing.T) {
-	cp := framework.Shared(t)
-	cluster.CreateNamespace(t, cp)
-	framework.Kubectl(t, cp, "apply", "--dry-run=server", "-k", cluster.DeployDir())
 }
