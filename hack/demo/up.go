@@ -86,7 +86,9 @@ func running(d demoDir) (int, bool) {
 	if err != nil || pid <= 0 {
 		return 0, false
 	}
-	if err := syscall.Kill(pid, 0); err != nil {
+	// After a reboot the pid may belong to another process: it must be our `serve`.
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.Contains(string(cmdline), "serve\x00--dir\x00"+string(d)) {
 		return 0, false
 	}
 	return pid, true
