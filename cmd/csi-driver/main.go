@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/driver"
+	"github.com/cistern-csi/cistern/pkg/registration"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -24,7 +26,7 @@ var version = "dev"
 
 func main() {
 	cfg := driver.Config{VendorVersion: version}
-	var mode, httpEndpoint string
+	var mode, httpEndpoint, registrationPath, registrationDir string
 	var defaultSize int64
 	klog.InitFlags(nil)
 	flag.StringVar(&cfg.DriverName, "driver-name", consts.DriverName, "CSI driver name.")
@@ -37,8 +39,19 @@ func main() {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.StringVar(&registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
+	flag.StringVar(&registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
+	var localSourceRoots string
+	flag.StringVar(&localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
+	flag.IntVar(&cfg.Datasets.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
+	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
+	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
+	flag.Float64Var(&cfg.Datasets.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
+	if localSourceRoots != "" {
+		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")
+	}
 	if *showVersion {
 		fmt.Println(version)
 		return
@@ -56,12 +69,34 @@ func main() {
 	if httpEndpoint != "" {
 		go serveHTTP(ctx, httpEndpoint, d)
 	}
+	if registrationPath != "" {
+		reg, err := registration.New(registration.Config{DriverName: cfg.DriverName, Endpoint: registrationPath, Dir: registrationDir})
+		if err != nil {
+			klog.ErrorS(err, "Cannot register with kubelet")
+			os.Exit(1)
+		}
+		go registerWhenReady(ctx, d, reg)
+	}
 	klog.InfoS("Starting Cistern CSI driver", "version", version, "driver", cfg.DriverName, "node", cfg.NodeID, "mode", cfg.Mode)
 	if err := d.Run(ctx); err != nil {
 		klog.ErrorS(err, "Driver stopped with an error")
 		os.Exit(1)
 	}
 	klog.InfoS("Driver stopped")
+}
+
+// registerWhenReady offers the driver to kubelet once it serves: kubelet calls NodeGetInfo as
+// soon as it sees the registration socket.
+func registerWhenReady(ctx context.Context, d *driver.Driver, reg *registration.Server) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-d.Ready():
+	}
+	if err := reg.Run(ctx); err != nil {
+		klog.ErrorS(err, "Kubelet plugin registration failed")
+		os.Exit(1)
+	}
 }
 
 func serveHTTP(ctx context.Context, addr string, d *driver.Driver) {

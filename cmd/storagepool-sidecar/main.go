@@ -125,7 +125,10 @@ func run(ctx context.Context, cfg standardflags.SidecarConfiguration, nodeName s
 		}
 		informers = append(informers, storagepool.NewInformer(client, labels.NewSelector().Add(*all)))
 	}
-	objects := storagepool.NewObjectCache(logger, informers...)
+	objects, err := storagepool.NewObjectCache(informers...)
+	if err != nil {
+		return err
+	}
 	reconciler, err := storagepool.NewReconciler(storagepool.Config{
 		DriverName:   driverName,
 		NodeName:     nodeName,
@@ -135,14 +138,8 @@ func run(ctx context.Context, cfg standardflags.SidecarConfiguration, nodeName s
 	if err != nil {
 		return err
 	}
-	for _, inf := range informers {
-		// A deleted object is re-created at once rather than at the next resync.
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			DeleteFunc: func(any) { reconciler.Enqueue() },
-		}); err != nil {
-			return err
-		}
-	}
+	// A deleted object is re-created at once rather than at the next resync.
+	objects.OnDelete(reconciler.Enqueue)
 
 	runPublisher := func(ctx context.Context) {
 		for _, inf := range informers {

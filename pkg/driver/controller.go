@@ -61,6 +61,10 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
+	dataset, err := checkDatasetCreate(req.GetParameters(), shape)
+	if err != nil {
+		return nil, err
+	}
 	size, err := volumeSize(req.GetCapacityRange(), shape, d.cfg.DefaultVolumeSize)
 	if err != nil {
 		return nil, err
@@ -175,6 +179,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		return nil, internal("saving volume state", err)
 	}
 	d.pools.UpdateCapacity(v.Pool)
+	d.prestageDataset(ctx, v, dataset, req.GetSecrets())
 	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
 }
@@ -409,7 +414,7 @@ func (d *Driver) volumeHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEn
 		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_DATA_LOSS,
 			Reason: "ImageMissing", Message: "volume image is missing: " + err.Error()}}
 	}
-	return nil
+	return d.datasetHealth(v)
 }
 
 func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {

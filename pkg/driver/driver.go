@@ -15,6 +15,7 @@ import (
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
+	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -47,6 +48,8 @@ type Config struct {
 	PoolCheckInterval time.Duration
 	// ShutdownTimeout bounds how long in-flight RPCs may run after a stop signal.
 	ShutdownTimeout time.Duration
+	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
+	Datasets datasource.Config
 }
 
 func (c *Config) validate() error {
@@ -92,6 +95,8 @@ type Driver struct {
 	mounter *mount.SafeFormatAndMount
 	resizer *mount.ResizeFs
 	metrics metrics.CSIMetricsManager
+	// datasets stages dataset sources into the pools' caches (see dataset.go).
+	datasets *datasource.Manager
 
 	poolsConfigStamp fileStamp
 	ready            chan struct{}
@@ -127,6 +132,9 @@ func New(cfg Config) (*Driver, error) {
 	d.metrics = d.metrics.WithAdditionalRegistry(reg)
 	d.poolsConfigStamp, _ = stampOf(cfg.PoolsConfig)
 	d.pools.Refresh()
+	if err := d.initDatasets(reg); err != nil {
+		return nil, fmt.Errorf("invalid dataset config: %w", err)
+	}
 	d.recover()
 	return d, nil
 }
@@ -238,6 +246,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	stop := make(chan struct{})
 	defer close(stop)
 	go d.watchPools(stop)
+	go d.datasets.Run(ctx)
 	return srv.serve(ctx, d.cfg.Endpoint, d.cfg.ShutdownTimeout, func() { close(d.ready) })
 }
 

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
 
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -110,6 +111,11 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 		flags = append(append([]string(nil), flags...), "ro")
 	}
 	if err := d.mountStaging(dev, target, v, flags); err != nil {
+		return nil, err
+	}
+	if err := d.fillDataset(ctx, v, req.GetVolumeContext(), req.GetSecrets(), target); err != nil {
+		_ = mount.CleanupMountPoint(target, d.mounter, true)
+		_ = image.Detach(dev)
 		return nil, err
 	}
 	v.Device, v.Formatted = dev, true

@@ -65,6 +65,12 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
 	}
+	if handled, err := d.stageTree(ctx, req); handled { // static dataset PV: cached tree
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodeStageVolumeResponse{}, nil
+	}
 	if err := checkCapability(req.GetVolumeCapability()); err != nil {
 		return nil, err
 	}
@@ -103,6 +109,11 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	}
 	if v.AccessType == state.Mount {
 		if err := d.mountStaging(dev, target, v, req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
+			_ = image.Detach(dev)
+			return nil, err
+		}
+		if err := d.fillDataset(ctx, v, req.GetVolumeContext(), req.GetSecrets(), target); err != nil {
+			_ = mount.CleanupMountPoint(target, d.mounter, true)
 			_ = image.Detach(dev)
 			return nil, err
 		}
@@ -208,6 +219,12 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 	if target == "" {
 		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
 	}
+	if handled, err := d.unstageTree(ctx, id, target); handled { // static dataset PV
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodeUnstageVolumeResponse{}, nil
+	}
 	release, err := d.locks.acquire(volumeKey(id))
 	if err != nil {
 		return nil, err
@@ -255,6 +272,12 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	}
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+	}
+	if handled, err := d.publishTree(ctx, req); handled { // dataset served from the cached tree
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodePublishVolumeResponse{}, nil
 	}
 	if err := checkCapability(req.GetVolumeCapability()); err != nil {
 		return nil, err
@@ -346,6 +369,12 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 	}
 	if target == "" {
 		return nil, status.Error(codes.InvalidArgument, "target path is required")
+	}
+	if handled, err := d.unpublishTree(ctx, id, target); handled { // read-only inline dataset
+		if err != nil {
+			return nil, err
+		}
+		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
 	release, err := d.locks.acquire(volumeKey(id))
 	if err != nil {

@@ -3,17 +3,17 @@ package storagepool
 import (
 	"context"
 	"strconv"
-	"time"
+	"sync"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/gentype"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
 
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	spac "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1/applyconfiguration/storagepool/v1alpha1"
@@ -70,25 +70,57 @@ func NewInformer(client *Client, selector labels.Selector) cache.SharedIndexInfo
 	return cache.NewSharedIndexInformer(lw, &spapi.StoragePool{}, 0, cache.Indexers{})
 }
 
-// mutationTTL is how long an object this sidecar wrote is preferred over an older one in an
-// informer that has not seen the write yet.
-const mutationTTL = time.Minute
-
 // ObjectCache is the sidecar's view of the objects it may own, read from one or more informers
-// (a node's objects and the shared ones), including its own writes not yet seen by them.
+// (a node's objects and the shared ones), overlaid with its own writes the informers have not
+// delivered yet. Without the overlay, a lagging watch (a busy API server) would make the next
+// sync see an old or missing object and write it again.
 type ObjectCache struct {
 	informers []cache.SharedIndexInformer
-	mutations []cache.MutationCache
+
+	mu sync.Mutex
+	// written holds the objects this sidecar wrote, until an informer has caught up with them.
+	written map[string]*spapi.StoragePool
+	// deleted holds the UIDs of objects this sidecar deleted, until an informer sees the deletion.
+	deleted map[string]types.UID
+	// onDelete is called after an informer reported a deletion and the cache forgot the object.
+	onDelete func()
 }
 
-// NewObjectCache returns a cache over informers.
-func NewObjectCache(logger klog.Logger, informers ...cache.SharedIndexInformer) *ObjectCache {
-	c := &ObjectCache{informers: informers}
-	for _, inf := range informers {
-		c.mutations = append(c.mutations, cache.NewIntegerResourceVersionMutationCache(
-			logger, inf.GetStore(), inf.GetIndexer(), mutationTTL, true))
+// NewObjectCache returns a cache over informers; it must be created before they start.
+func NewObjectCache(informers ...cache.SharedIndexInformer) (*ObjectCache, error) {
+	c := &ObjectCache{
+		informers: informers,
+		written:   map[string]*spapi.StoragePool{},
+		deleted:   map[string]types.UID{},
 	}
-	return c
+	for _, inf := range informers {
+		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: c.deleteHandler}); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func (c *ObjectCache) deleteHandler(obj any) {
+	name, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	delete(c.written, name)
+	delete(c.deleted, name)
+	notify := c.onDelete
+	c.mu.Unlock()
+	if notify != nil {
+		notify()
+	}
+}
+
+// OnDelete sets a function called whenever an object is deleted, e.g. to re-create it at once.
+func (c *ObjectCache) OnDelete(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.onDelete = f
 }
 
 // HasSynced reports whether every informer has listed once.
@@ -101,50 +133,73 @@ func (c *ObjectCache) HasSynced() bool {
 	return true
 }
 
-// Get returns the object called name, or nil.
+// Get returns the object called name as this sidecar last knows it, or nil.
 func (c *ObjectCache) Get(name string) *spapi.StoragePool {
-	var newest *spapi.StoragePool
-	for _, m := range c.mutations {
-		obj, ok, err := m.GetByKey(name)
-		if err != nil || !ok {
-			continue
-		}
-		if sp := obj.(*spapi.StoragePool); newest == nil || resourceVersion(sp) > resourceVersion(newest) {
-			newest = sp
+	var stored *spapi.StoragePool
+	for _, inf := range c.informers {
+		if obj, ok, err := inf.GetStore().GetByKey(name); err == nil && ok {
+			if sp := obj.(*spapi.StoragePool); stored == nil || resourceVersion(sp) > resourceVersion(stored) {
+				stored = sp
+			}
 		}
 	}
-	return newest
-}
-
-// resourceVersion parses the resource version as the integer it is in practice (the mutation
-// cache relies on the same); 0 when it is not one.
-func resourceVersion(obj *spapi.StoragePool) uint64 {
-	v, _ := strconv.ParseUint(obj.ResourceVersion, 10, 64)
-	return v
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if uid, ok := c.deleted[name]; ok && (stored == nil || stored.UID == uid) {
+		return nil
+	}
+	if w := c.written[name]; w != nil {
+		if stored == nil || resourceVersion(w) > resourceVersion(stored) {
+			return w
+		}
+		delete(c.written, name) // the informer has caught up
+	}
+	return stored
 }
 
 // List returns every object in the cache.
 func (c *ObjectCache) List() []*spapi.StoragePool {
-	seen := map[string]bool{}
-	var out []*spapi.StoragePool
-	for i, inf := range c.informers {
+	names := map[string]bool{}
+	for _, inf := range c.informers {
 		for _, key := range inf.GetStore().ListKeys() {
-			if seen[key] {
-				continue
-			}
-			if obj, ok, err := c.mutations[i].GetByKey(key); err == nil && ok {
-				seen[key] = true
-				out = append(out, obj.(*spapi.StoragePool))
-			}
+			names[key] = true
+		}
+	}
+	c.mu.Lock()
+	for name := range c.written {
+		names[name] = true
+	}
+	c.mu.Unlock()
+	out := make([]*spapi.StoragePool, 0, len(names))
+	for name := range names {
+		if obj := c.Get(name); obj != nil {
+			out = append(out, obj)
 		}
 	}
 	return out
 }
 
-// Mutated records an object this sidecar just wrote, so that the next sync compares against it
-// even when the informers have not seen the write yet.
+// Mutated records an object this sidecar just wrote.
 func (c *ObjectCache) Mutated(obj *spapi.StoragePool) {
-	for _, m := range c.mutations {
-		m.Mutation(obj)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w := c.written[obj.Name]; w == nil || resourceVersion(obj) > resourceVersion(w) {
+		c.written[obj.Name] = obj
 	}
+	delete(c.deleted, obj.Name)
+}
+
+// Deleted records an object this sidecar just deleted.
+func (c *ObjectCache) Deleted(obj *spapi.StoragePool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.written, obj.Name)
+	c.deleted[obj.Name] = obj.UID
+}
+
+// resourceVersion parses the resource version as the integer it is in practice (client-go's
+// mutation cache relies on the same); 0 when it is not one.
+func resourceVersion(obj *spapi.StoragePool) uint64 {
+	v, _ := strconv.ParseUint(obj.ResourceVersion, 10, 64)
+	return v
 }

@@ -242,7 +242,7 @@ func statusApplyConfig(name string, st spapi.StoragePoolStatus) (*spac.StoragePo
 	return ac, nil
 }
 
-// typedStatus turns an extracted apply configuration back into a typed object.
+// typedFromApplyConfig turns an extracted apply configuration back into a typed object.
 func typedFromApplyConfig(ac *spac.StoragePoolApplyConfiguration) (*spapi.StoragePool, error) {
 	data, err := json.Marshal(ac)
 	if err != nil {

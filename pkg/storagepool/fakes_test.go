@@ -236,6 +236,8 @@ func (f *fakeAPI) List() []*spapi.StoragePool {
 
 func (f *fakeAPI) Mutated(*spapi.StoragePool) {}
 
+func (f *fakeAPI) Deleted(*spapi.StoragePool) {}
+
 // takeWrites returns the writes since the last call.
 func (f *fakeAPI) takeWrites() []string {
 	f.mu.Lock()

@@ -67,7 +67,9 @@ type PoolWriter interface {
 type ObjectStore interface {
 	Get(name string) *spapi.StoragePool
 	List() []*spapi.StoragePool
+	// Mutated and Deleted record this sidecar's own writes, which the store may not show yet.
 	Mutated(obj *spapi.StoragePool)
+	Deleted(obj *spapi.StoragePool)
 }
 
 // Reconciler makes the StoragePool objects match the driver's pools.
@@ -367,11 +369,13 @@ func (r *Reconciler) release(ctx context.Context, obj *spapi.StoragePool) error 
 	})
 	r.metrics.writes.WithLabelValues("delete").Inc()
 	if apierrors.IsNotFound(err) {
+		r.objects.Deleted(obj)
 		return nil
 	}
 	if err != nil {
 		return err
 	}
+	r.objects.Deleted(obj)
 	logger.Info("Deleted storage pool object", "storagePool", obj.Name)
 	return nil
 }

@@ -61,6 +61,9 @@ type Config struct {
 	// CertCheckInterval is how often certificates are checked for renewal.
 	CertCheckInterval time.Duration
 
+	// GroupWorkers is how many groups are worked on at once (worker StatefulSets, restarts).
+	GroupWorkers int
+
 	// GitImage runs the git-clone init container of notebook jobs.
 	GitImage string
 	// VolumeManager settings.
@@ -154,7 +157,7 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 	if err := (&lws.LeaderWorkerSetReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("leaderworkerset")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&lws.PodReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("leaderworkerset-pod")}).SetupWithManager(mgr); err != nil {
+	if err := (&lws.PodReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("leaderworkerset-pod")}).SetupWithManager(mgr, cfg.GroupWorkers); err != nil {
 		return err
 	}
 	if err := (&notebook.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),

@@ -148,6 +148,19 @@ func TestPoolLifecycle(t *testing.T) {
 			return healthyCondition(o).Status == metav1.ConditionTrue
 		})
 	})
+
+	t.Run("a deleted object is re-created", func(t *testing.T) {
+		before, err := c.Get(context.Background(), fastName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Delete(context.Background(), fastName, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPool(t, c, fastName, "re-created with its status", func(o *spapi.StoragePool) bool {
+			return o.UID != before.UID && healthyCondition(o).Status == metav1.ConditionTrue
+		})
+	})
 }
 
 // TestSharedPool runs two nodes' drivers and sidecars with one shared pool: one object lists both

@@ -13,12 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/transport"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -59,7 +59,13 @@ func setup(t *testing.T) *framework.ControlPlane {
 			return
 		}
 		cl = c
-		setupErr = startController(cp.Config, nil)
+		// The controller runs as its ServiceAccount with the RBAC of deploy/, so the manifests
+		// are tested along with the code.
+		if err := installRBAC(t, cp); err != nil {
+			setupErr = err
+			return
+		}
+		setupErr = startController(framework.ServiceAccountConfig(t, cp, controllerNamespace, controllerSA))
 	})
 	if setupErr != nil {
 		t.Fatalf("setup: %v", setupErr)
@@ -67,18 +73,57 @@ func setup(t *testing.T) *framework.ControlPlane {
 	return cp
 }
 
-// startController runs the controller in this process until the test binary exits. wrap, if set,
-// wraps its HTTP transport (the benchmark counts requests with it).
-func startController(cfg *rest.Config, wrap transport.WrapperFunc) error {
+const (
+	controllerNamespace = "cistern-system"
+	controllerSA        = "cistern-workload-controller"
+)
+
+// selfRegisterRBAC is what --webhook-self-register needs beyond the installed RBAC: creating the
+// webhook configurations (in a cluster they come with the manifests).
+const selfRegisterRBAC = `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: test-webhook-self-register}
+rules:
+- apiGroups: [admissionregistration.k8s.io]
+  resources: [mutatingwebhookconfigurations, validatingwebhookconfigurations]
+  verbs: [create, get, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: test-webhook-self-register}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: test-webhook-self-register}
+subjects: [{kind: ServiceAccount, name: cistern-workload-controller, namespace: cistern-system}]
+`
+
+// installRBAC applies deploy/csi/workload-controller's RBAC and ServiceAccount (everything but
+// the Deployment) into cistern-system.
+func installRBAC(t *testing.T, cp *framework.ControlPlane) error {
+	dir := filepath.Join(repoRoot(), "deploy", "csi", "workload-controller")
+	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+controllerNamespace+"}\n")
+	framework.ApplyManifests(t, cp, filepath.Join(dir, "rbac", "role.yaml"))
+	b, err := os.ReadFile(filepath.Join(dir, "deployment.yaml"))
+	if err != nil {
+		return err
+	}
+	var keep []string
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if !strings.Contains(doc, "\nkind: Deployment\n") {
+			keep = append(keep, doc)
+		}
+	}
+	framework.ApplyYAML(t, cp, strings.Join(keep, "\n---\n"))
+	framework.ApplyYAML(t, cp, selfRegisterRBAC)
+	return nil
+}
+
+// startController runs the controller in this process until the test binary exits.
+func startController(cfg *rest.Config) error {
 	port, err := freePort()
 	if err != nil {
 		return err
 	}
 	ctrlCfg := rest.CopyConfig(cfg)
 	ctrlCfg.QPS, ctrlCfg.Burst = 200, 400
-	if wrap != nil {
-		ctrlCfg.Wrap(wrap)
-	}
 	certDir, err := os.MkdirTemp("", "workload-webhook-")
 	if err != nil {
 		return err
@@ -86,8 +131,8 @@ func startController(cfg *rest.Config, wrap transport.WrapperFunc) error {
 	wc := workloads.Config{
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
-		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: "registry.invalid/git:test",
+		WebhookServiceNamespace: controllerNamespace, WebhookSecretName: "cistern-workload-webhook-cert",
+		GitImage: "registry.invalid/git:test", GroupWorkers: 4,
 	}
 	wc.VolumeManager.LocalSourceRoots = []string{"/srv/datasets"}
 	logger := klog.Background().V(1)

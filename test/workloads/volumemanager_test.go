@@ -81,11 +81,17 @@ func TestVolumeManager(t *testing.T) {
 	}
 
 	var pv corev1.PersistentVolume
-	var pvs corev1.PersistentVolumeList
-	if err := cl.List(ctx, &pvs, client.MatchingLabels{volumemanager.LabelManager: "data", volumemanager.LabelNamespace: ns}); err != nil || len(pvs.Items) != 1 {
-		t.Fatalf("PVs: %v %d", err, len(pvs.Items))
-	}
-	pv = pvs.Items[0]
+	eventually(t, time.Minute, "one PV", func() error {
+		var pvs corev1.PersistentVolumeList
+		if err := cl.List(ctx, &pvs, client.MatchingLabels{volumemanager.LabelManager: "data", volumemanager.LabelNamespace: ns}); err != nil {
+			return err
+		}
+		if len(pvs.Items) != 1 {
+			return fmt.Errorf("%d PVs", len(pvs.Items))
+		}
+		pv = pvs.Items[0]
+		return nil
+	})
 	if pv.Spec.CSI.Driver != consts.DriverName || pv.Spec.CSI.VolumeAttributes[consts.ParamSource] != "s3://datasets/imagenet" ||
 		pv.Spec.CSI.VolumeAttributes[consts.ParamEndpoint] != "http://127.0.0.1:7070" || pv.Spec.CSI.VolumeAttributes[consts.ParamPathStyle] != "true" ||
 		pv.Spec.CSI.NodeStageSecretRef == nil || pv.Spec.CSI.NodeStageSecretRef.Name != "s3-creds" || pv.Spec.CSI.NodeStageSecretRef.Namespace != ns {

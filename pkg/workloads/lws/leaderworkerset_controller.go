@@ -16,9 +16,11 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
@@ -230,11 +232,15 @@ func (r *LeaderWorkerSetReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
 	})
+	// Only leader pods: a worker's readiness reaches the status through its StatefulSet.
+	leaders := predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return o.GetLabels()[v1alpha1.WorkerIndexLabelKey] == "0"
+	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("leaderworkerset").
 		For(&v1alpha1.LeaderWorkerSet{}).
 		Owns(&corev1.Service{}).
 		Watches(&appsv1.StatefulSet{}, byName).
-		Watches(&corev1.Pod{}, byName).
+		Watches(&corev1.Pod{}, byName, builder.WithPredicates(leaders)).
 		Complete(r)
 }

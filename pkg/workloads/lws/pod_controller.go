@@ -15,6 +15,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
@@ -191,16 +192,25 @@ func containerRestarted(pod *corev1.Pod) bool {
 	return false
 }
 
-// SetupWithManager registers the reconciler for pods carrying the LeaderWorkerSet name label, and
-// for the worker StatefulSets they own (so a deleted one is recreated).
-func (r *PodReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	isLWSPod := predicate.NewPredicateFuncs(func(o client.Object) bool {
-		_, ok := o.GetLabels()[v1alpha1.SetNameLabelKey]
-		return ok
-	})
+// SetupWithManager registers the reconciler for the pods it has work for — leaders (worker
+// StatefulSets) and any group pod that restarted a container or is being deleted (restart policy)
+// — and for the worker StatefulSets they own, so a deleted one is recreated. Filtering here keeps
+// the thousands of routine worker pod updates of a large LeaderWorkerSet out of the queue.
+func (r *PodReconciler) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	relevant := func(o client.Object) bool {
+		pod, ok := o.(*corev1.Pod)
+		if !ok {
+			return false
+		}
+		if _, ok := pod.Labels[v1alpha1.SetNameLabelKey]; !ok {
+			return false
+		}
+		return IsLeader(pod) || pod.DeletionTimestamp != nil || containerRestarted(pod)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("leaderworkerset-pod").
-		For(&corev1.Pod{}, builder.WithPredicates(isLWSPod)).
+		For(&corev1.Pod{}, builder.WithPredicates(predicate.NewPredicateFuncs(relevant))).
 		Owns(&appsv1.StatefulSet{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(concurrency, 1)}).
 		Complete(r)
 }

@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
 )
 
 // Reconciler makes each VolumeManager's datasets present on their nodes.
@@ -57,9 +58,17 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 
+	// Where each volume is now comes from the volumes themselves, not from the status, which the
+	// cache may show a step behind.
 	previous := map[string][]string{}
 	for _, v := range vm.Status.Volumes {
 		previous[v.ID] = v.Nodes
+	}
+	for i := range vm.Spec.VolumeConfigs {
+		vc := &vm.Spec.VolumeConfigs[i]
+		if placed := currentPlacement(vc, pvs, nodes.Items); placed != nil {
+			previous[vc.ID] = placed
+		}
 	}
 	status := datav1alpha1.VolumeManagerStatus{ObservedGeneration: vm.Generation, State: datav1alpha1.StateRunning}
 	keep := map[string]bool{} // names of PVs and PVCs still wanted
@@ -105,8 +114,15 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 		return datav1alpha1.Volume{ID: vc.ID, Message: err.Error()}, datav1alpha1.StateFailed, nil
 	}
 	chosen := SelectNodes(vc, nodes, previous)
-	if len(chosen) == 0 {
-		return datav1alpha1.Volume{ID: vc.ID, Message: fmt.Sprintf("no eligible node (need %d)", vc.Replicas)}, datav1alpha1.StatePending, nil
+	if len(chosen) < int(vc.Replicas) {
+		// Too few nodes: make nothing new (each node set is its own claim, so growing one node at
+		// a time would churn claims), and keep what an earlier node set already placed.
+		msg := fmt.Sprintf("only %d of %d nodes eligible", len(chosen), vc.Replicas)
+		if len(previous) == 0 {
+			return datav1alpha1.Volume{ID: vc.ID, Message: msg}, datav1alpha1.StatePending, nil
+		}
+		keep[pvName(vm, vc.ID, previous)], keep[objectName(vm, vc.ID, previous)] = true, true
+		return StatusVolume(vc, objectName(vm, vc.ID, previous), previous, msg+"; keeping the data where it is"), datav1alpha1.StatePending, nil
 	}
 	pv := PersistentVolume(vm, vc, chosen, attrs, r.Config)
 	pvc := PersistentVolumeClaim(vm, vc, chosen)
@@ -131,13 +147,55 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 			bound = true
 		}
 	}
-	switch {
-	case len(chosen) < int(vc.Replicas):
-		state, msg = datav1alpha1.StatePending, fmt.Sprintf("only %d of %d nodes eligible", len(chosen), vc.Replicas)
-	case !bound:
+	if !bound {
 		state, msg = datav1alpha1.StatePending, "waiting for claim "+pvc.Name+" to bind"
 	}
 	return StatusVolume(vc, pvc.Name, chosen, msg), state, nil
+}
+
+// currentPlacement is the node set of the live PersistentVolume of vc that has the most nodes still
+// eligible (nil when there is none).
+func currentPlacement(vc *datav1alpha1.VolumeConfig, pvs []corev1.PersistentVolume, nodes []corev1.Node) []string {
+	eligible := map[string]bool{}
+	for i := range nodes {
+		if EligibleNode(vc, &nodes[i]) {
+			eligible[nodes[i].Labels[consts.TopologyKey]] = true
+		}
+	}
+	var best []string
+	bestScore := -1
+	for i := range pvs {
+		pv := &pvs[i]
+		if pv.Labels[LabelVolumeID] != vc.ID || pv.DeletionTimestamp != nil {
+			continue
+		}
+		placed := NodesOf(pv)
+		score := 0
+		for _, n := range placed {
+			if eligible[n] {
+				score++
+			}
+		}
+		if score > bestScore {
+			best, bestScore = placed, score
+		}
+	}
+	return best
+}
+
+// NodesOf reads the nodes a PersistentVolume made by PersistentVolume is pinned to.
+func NodesOf(pv *corev1.PersistentVolume) []string {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return nil
+	}
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == consts.TopologyKey && e.Operator == corev1.NodeSelectorOpIn {
+				return e.Values
+			}
+		}
+	}
+	return nil
 }
 
 // owned lists the PersistentVolumes and claims made for vm, from the cache.

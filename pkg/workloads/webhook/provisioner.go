@@ -34,10 +34,19 @@ type CertProvisioner struct {
 	SelfRegister bool
 	// ClientConfig says how the API server reaches the server (used when SelfRegister).
 	ClientConfig ClientConfigFunc
+	// ConfigurationName names the webhook configurations; ConfigurationName when empty.
+	ConfigurationName string
 	// Interval between checks; one hour when zero.
 	Interval time.Duration
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+}
+
+func (p *CertProvisioner) configurationName() string {
+	if p.ConfigurationName != "" {
+		return p.ConfigurationName
+	}
+	return ConfigurationName
 }
 
 func (p *CertProvisioner) now() time.Time {
@@ -156,6 +165,7 @@ func (p *CertProvisioner) writeFiles(b Bundle) error {
 func (p *CertProvisioner) ensureConfigurations(ctx context.Context, ca []byte) error {
 	if p.SelfRegister {
 		m, v := Configurations(p.ClientConfig, ca)
+		m.Name, v.Name = p.configurationName(), p.configurationName()
 		if err := createOrUpdate(ctx, p.Client, m, &admissionregistrationv1.MutatingWebhookConfiguration{}, func(cur client.Object) {
 			cur.(*admissionregistrationv1.MutatingWebhookConfiguration).Webhooks = m.Webhooks
 		}); err != nil {
@@ -166,7 +176,7 @@ func (p *CertProvisioner) ensureConfigurations(ctx context.Context, ca []byte) e
 		})
 	}
 	var m admissionregistrationv1.MutatingWebhookConfiguration
-	if err := p.Client.Get(ctx, types.NamespacedName{Name: ConfigurationName}, &m); err != nil {
+	if err := p.Client.Get(ctx, types.NamespacedName{Name: p.configurationName()}, &m); err != nil {
 		return err
 	}
 	changed := false
@@ -181,7 +191,7 @@ func (p *CertProvisioner) ensureConfigurations(ctx context.Context, ca []byte) e
 		}
 	}
 	var v admissionregistrationv1.ValidatingWebhookConfiguration
-	if err := p.Client.Get(ctx, types.NamespacedName{Name: ConfigurationName}, &v); err != nil {
+	if err := p.Client.Get(ctx, types.NamespacedName{Name: p.configurationName()}, &v); err != nil {
 		return err
 	}
 	changed = false

@@ -1,0 +1,257 @@
+// Command checker is the test container of the node-level tests. It checks the volumes mounted
+// into its container and writes what it saw as JSON to a results directory the test reads on
+// the host (tests never use kubectl exec or logs). The image holds nothing but this static
+// binary: no shell, no libc.
+//
+//	checker -dir /data -out /results/pod1 -write-read -fill -hash -heartbeat 1s
+//
+// writes /results/pod1.json once the checks ran, then (with -heartbeat) writes a file in each
+// directory and reads it back every period, recording the outcome in /results/pod1.heartbeat.json,
+// and keeps running until SIGTERM. Results are written atomically (temporary file, rename).
+package main
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Result is what one run saw, per directory.
+type Result struct {
+	UID    int         `json:"uid"`
+	GID    int         `json:"gid"`
+	Groups []int       `json:"groups"`
+	Dirs   []DirResult `json:"dirs"`
+}
+
+// DirResult is what the checks saw in one directory.
+type DirResult struct {
+	Dir        string            `json:"dir"`
+	TotalBytes uint64            `json:"totalBytes"`
+	FreeBytes  uint64            `json:"freeBytes"`
+	WriteRead  *Outcome          `json:"writeRead,omitempty"`
+	Fill       *FillOutcome      `json:"fill,omitempty"`
+	Files      map[string]string `json:"files,omitempty"` // relative path -> sha256
+	HashError  string            `json:"hashError,omitempty"`
+}
+
+// Outcome of a check: OK or the error it met.
+type Outcome struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// FillOutcome says how much could be written before the first error, and which error.
+type FillOutcome struct {
+	Bytes  int64  `json:"bytes"`
+	Error  string `json:"error,omitempty"`
+	ENOSPC bool   `json:"enospc"`
+}
+
+// Heartbeat is the latest periodic write-and-read-back.
+type Heartbeat struct {
+	Seq   int64     `json:"seq"`
+	Time  time.Time `json:"time"`
+	OK    bool      `json:"ok"`
+	Error string    `json:"error,omitempty"`
+}
+
+type dirList []string
+
+func (d *dirList) String() string     { return strings.Join(*d, ",") }
+func (d *dirList) Set(v string) error { *d = append(*d, v); return nil }
+
+func main() {
+	var dirs dirList
+	flag.Var(&dirs, "dir", "Directory to check (repeatable).")
+	out := flag.String("out", "", "Results path prefix: <out>.json and <out>.heartbeat.json.")
+	writeRead := flag.Bool("write-read", false, "Write a file of -size bytes, read it back and compare.")
+	size := flag.Int64("size", 1<<20, "Size of the -write-read file.")
+	fill := flag.Bool("fill", false, "Write until the first error (expected: ENOSPC), then remove what was written.")
+	fillMax := flag.Int64("fill-max", 8<<30, "Stop -fill after this many bytes.")
+	hash := flag.Bool("hash", false, "Record the sha256 of every regular file.")
+	heartbeat := flag.Duration("heartbeat", 0, "Period of the write-and-read-back heartbeat; 0 disables it.")
+	exit := flag.Bool("exit", false, "Exit after the checks instead of running until SIGTERM.")
+	flag.Parse()
+	if *out == "" {
+		fmt.Fprintln(os.Stderr, "checker: -out is required")
+		os.Exit(2)
+	}
+
+	res := Result{UID: os.Getuid(), GID: os.Getgid()}
+	res.Groups, _ = os.Getgroups()
+	for _, dir := range dirs {
+		dr := DirResult{Dir: dir}
+		if *writeRead {
+			dr.WriteRead = checkWriteRead(dir, *size)
+		}
+		if *fill {
+			dr.Fill = fillDir(dir, *fillMax)
+		}
+		if *hash {
+			files, err := hashTree(dir)
+			dr.Files = files
+			if err != nil {
+				dr.HashError = err.Error()
+			}
+		}
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err == nil {
+			dr.TotalBytes = st.Blocks * uint64(st.Bsize)
+			dr.FreeBytes = st.Bavail * uint64(st.Bsize)
+		}
+		res.Dirs = append(res.Dirs, dr)
+	}
+	if err := writeJSON(*out+".json", res); err != nil {
+		fmt.Fprintln(os.Stderr, "checker:", err)
+		os.Exit(1)
+	}
+	if *exit {
+		return
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	var tick <-chan time.Time
+	if *heartbeat > 0 {
+		t := time.NewTicker(*heartbeat)
+		defer t.Stop()
+		tick = t.C
+	}
+	var seq int64
+	for {
+		select {
+		case <-sigs:
+			return
+		case now := <-tick:
+			seq++
+			hb := Heartbeat{Seq: seq, Time: now, OK: true}
+			for _, dir := range dirs {
+				if o := checkWriteRead(dir, 4096); !o.OK {
+					hb.OK, hb.Error = false, o.Error
+					break
+				}
+			}
+			if err := writeJSON(*out+".heartbeat.json", hb); err != nil {
+				fmt.Fprintln(os.Stderr, "checker:", err)
+			}
+		}
+	}
+}
+
+// checkWriteRead writes size bytes of a pattern through the page cache to disk and reads them back.
+func checkWriteRead(dir string, size int64) *Outcome {
+	path := filepath.Join(dir, ".checker-write-read")
+	want := pattern(size)
+	if err := writeSynced(path, want); err != nil {
+		return &Outcome{Error: err.Error()}
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		return &Outcome{Error: err.Error()}
+	}
+	if !bytes.Equal(got, want) {
+		return &Outcome{Error: fmt.Sprintf("read back %d bytes that differ from the %d written", len(got), len(want))}
+	}
+	return &Outcome{OK: true}
+}
+
+func writeSynced(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return err
+	}
+	_, werr := f.Write(data)
+	serr := f.Sync()
+	cerr := f.Close()
+	return errors.Join(werr, serr, cerr)
+}
+
+func pattern(n int64) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7 + i/4096)
+	}
+	return b
+}
+
+// fillDir writes 1 MiB chunks, syncing each, until a write fails or max is reached.
+func fillDir(dir string, max int64) *FillOutcome {
+	path := filepath.Join(dir, ".checker-fill")
+	defer os.Remove(path)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
+	if err != nil {
+		return outcomeOf(0, err)
+	}
+	defer f.Close()
+	chunk := pattern(1 << 20)
+	var written int64
+	for written < max {
+		n, err := f.Write(chunk)
+		written += int64(n)
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			return outcomeOf(written, err)
+		}
+	}
+	return &FillOutcome{Bytes: written}
+}
+
+func outcomeOf(n int64, err error) *FillOutcome {
+	return &FillOutcome{Bytes: n, Error: err.Error(), ENOSPC: errors.Is(err, syscall.ENOSPC)}
+}
+
+// hashTree returns the sha256 of every regular file under dir, skipping the checker's own files.
+func hashTree(dir string) (map[string]string, error) {
+	files := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Name() == "lost+found" && d.IsDir() {
+			return filepath.SkipDir
+		}
+		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".checker-") {
+			return nil
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		files[filepath.ToSlash(rel)] = hex.EncodeToString(h.Sum(nil))
+		return nil
+	})
+	return files, err
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

@@ -1,0 +1,29 @@
+# Dataset staging (pkg/datasource): tests against a real S3 server (versitygw), a userspace NFS
+# server, real mounts; a benchmark against rclone and cp -r.
+VERSITYGW_VERSION := v1.8.0
+RCLONE_VERSION := v1.76.0
+VERSITYGW := $(CISTERN_CACHE)/versitygw-$(VERSITYGW_VERSION)/bin/versitygw
+RCLONE := $(CISTERN_CACHE)/rclone-$(RCLONE_VERSION)/bin/rclone
+S3_TOOLS_MOD := hack/tools/s3
+
+.PHONY: s3-tools test-datasource bench-datasource
+TEST_TARGETS += test-datasource
+BENCH_TARGETS += bench-datasource
+
+s3-tools: $(VERSITYGW) $(RCLONE)
+
+# Built from the pinned tools module once per version; later runs find them in the cache.
+$(VERSITYGW):
+	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/versity/versitygw/cmd/versitygw
+$(RCLONE):
+	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/rclone/rclone
+
+# Tests need only the S3 server; rclone is the benchmark's peer.
+test-datasource: $(VERSITYGW)
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
+	  $(GO) test -count=1 -timeout 15m ./pkg/datasource/...
+
+# Figures go to docs/benchmarks.md ("Dataset staging" section) by hand from the printed table.
+bench-datasource: s3-tools
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 \
+	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkStaging -benchtime 1x -v ./pkg/datasource/bench/

@@ -1,0 +1,335 @@
+// Package bench measures dataset staging against rclone and cp -r on the same machine, in one
+// run: `make bench-datasource`. It is a benchmark of whole systems (a real S3 server, real
+// disks), so each figure is measured once per run and reported as a ratio to its peer.
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sys/unix"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+)
+
+type shape struct {
+	name    string
+	objects int
+	size    int64
+	// partSize > 0 uploads with multipart (composite ETag).
+	partSize int64
+	key      func(i int) string
+}
+
+var shapes = []shape{
+	{name: "1 × 2 GiB", objects: 1, size: 2 << 30, partSize: 64 << 20, key: func(int) string { return "model.bin" }},
+	{name: "100 × 64 MiB", objects: 100, size: 64 << 20, key: func(i int) string { return fmt.Sprintf("shard-%03d.bin", i) }},
+	{name: "20,000 × 32 KiB", objects: 20000, size: 32 << 10, key: func(i int) string {
+		return fmt.Sprintf("train/%02d/%02d/sample-%05d.bin", i%20, (i/20)%25, i)
+	}},
+}
+
+// childResult is what the staging child process reports.
+type childResult struct {
+	StageSeconds    float64 `json:"stage"`
+	HitSeconds      float64 `json:"hit"`
+	PopulateSeconds float64 `json:"populate"`
+	MaxRSSBytes     int64   `json:"maxRSS"`
+	// CPUSeconds is the staging process's own CPU time (user + system) for the first staging.
+	CPUSeconds float64 `json:"cpu"`
+}
+
+// TestStagingChild is the process whose staging the benchmark times and whose peak memory it
+// reads: it stands for the driver.
+func TestStagingChild(t *testing.T) {
+	if os.Getenv("CISTERN_BENCH_CHILD") == "" {
+		t.Skip("helper process of BenchmarkStaging")
+	}
+	var params map[string]string
+	json.Unmarshal([]byte(os.Getenv("CISTERN_BENCH_PARAMS")), &params)
+	spec, err := datasource.ParseParams(params, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := datasource.NewManager(datasource.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := datasource.Request{Spec: spec, Pool: os.Getenv("CISTERN_BENCH_POOL"), Creds: datasource.Credentials{
+		AccessKeyID: os.Getenv("CISTERN_BENCH_AK"), SecretAccessKey: os.Getenv("CISTERN_BENCH_SK")}}
+	ctx := context.Background()
+	var res childResult
+	start := time.Now()
+	if _, err := m.Wait(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	res.StageSeconds = time.Since(start).Seconds()
+	res.CPUSeconds = cpuSeconds()
+	// A second volume of the same dataset: Ensure is a cache hit, then the read-only tree is
+	// referenced for a bind mount.
+	start = time.Now()
+	st, err := m.Ensure(ctx, req)
+	if err != nil || !st.CacheHit {
+		t.Fatalf("second Ensure: %v %v", st, err)
+	}
+	if _, err := m.TreePath(req.Pool, spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Acquire(req.Pool, spec, "bench-volume"); err != nil {
+		t.Fatal(err)
+	}
+	res.HitSeconds = time.Since(start).Seconds()
+	if target := os.Getenv("CISTERN_BENCH_POPULATE"); target != "" {
+		start = time.Now()
+		if err := m.Populate(ctx, req.Pool, spec, target); err != nil {
+			t.Fatal(err)
+		}
+		res.PopulateSeconds = time.Since(start).Seconds()
+	}
+	res.MaxRSSBytes = peakRSS(os.Getpid())
+	b, _ := json.Marshal(res)
+	fmt.Printf("RESULT %s\n", b)
+}
+
+func BenchmarkStaging(b *testing.B) {
+	base := os.Getenv("CISTERN_BENCH_DIR")
+	if base == "" {
+		base = b.TempDir()
+	}
+	rclone := testpeers.Binary(b, "CISTERN_RCLONE")
+	s := testpeers.StartS3(b, filepath.Join(base, "s3"))
+	os.MkdirAll(s.Dir, 0o755)
+	var report strings.Builder
+	fmt.Fprintf(&report, "| dataset | Cistern staging | rclone copy --transfers 16 | cp -r | Cistern / rclone | Cistern / cp -r | cache hit | hit / staging | writable copy from cache | peak RSS Cistern | peak RSS rclone | CPU Cistern | CPU rclone |\n")
+	fmt.Fprintf(&report, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for i, sh := range shapes {
+		if only := os.Getenv("CISTERN_BENCH_ONLY"); only != "" && !strings.Contains(sh.name, only) {
+			continue // e.g. CISTERN_BENCH_ONLY="2 GiB"
+		}
+		bucket := fmt.Sprintf("bench%d", i)
+		s.Bucket(b, bucket)
+		upStart := time.Now()
+		upload(b, s, bucket, sh)
+		b.Logf("%s: uploaded in %s", sh.name, time.Since(upStart))
+		debug.FreeOSMemory()
+		work := filepath.Join(base, fmt.Sprintf("run%d", i))
+
+		// cp -r: the disk's limit for the same files (plus one sync, as staging does).
+		cpDst := filepath.Join(work, "cp")
+		os.MkdirAll(work, 0o755)
+		dropCaches(b)
+		start := time.Now()
+		_, _ = run(b, nil, "cp", "-r", filepath.Join(s.Dir, bucket), cpDst)
+		syncfs(b, work)
+		cpTime := time.Since(start)
+		os.RemoveAll(cpDst)
+
+		// rclone copy --transfers 16.
+		rcDst := filepath.Join(work, "rclone")
+		env := []string{"RCLONE_CONFIG=/dev/null", "RCLONE_CONFIG_SRC_TYPE=s3", "RCLONE_CONFIG_SRC_PROVIDER=Other",
+			"RCLONE_CONFIG_SRC_ENDPOINT=" + s.Endpoint, "RCLONE_CONFIG_SRC_ACCESS_KEY_ID=" + s.AccessKey,
+			"RCLONE_CONFIG_SRC_SECRET_ACCESS_KEY=" + s.SecretKey, "RCLONE_CONFIG_SRC_FORCE_PATH_STYLE=true",
+			"RCLONE_CONFIG_SRC_REGION=us-east-1"}
+		dropCaches(b)
+		start = time.Now()
+		rcRSS, rcCPU := run(b, env, rclone, "copy", "--transfers", "16", "src:"+bucket, rcDst)
+		syncfs(b, work)
+		rcTime := time.Since(start)
+		os.RemoveAll(rcDst)
+
+		// Cistern, in a child process standing for the driver.
+		pool := filepath.Join(work, "pool")
+		popDst := filepath.Join(work, "volume")
+		os.MkdirAll(pool, 0o755)
+		os.MkdirAll(popDst, 0o755)
+		params, _ := json.Marshal(map[string]string{"source": "s3://" + bucket, "endpoint": s.Endpoint, "pathStyle": "true"})
+		dropCaches(b)
+		cmd := exec.Command(os.Args[0], "-test.run=^TestStagingChild$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(params),
+			"CISTERN_BENCH_POOL="+pool, "CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey,
+			"CISTERN_BENCH_POPULATE="+popDst)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Fatalf("staging child: %v\n%s", err, tail(out))
+		}
+		var res childResult
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(line, "RESULT ") {
+				json.Unmarshal([]byte(strings.TrimPrefix(line, "RESULT ")), &res)
+			}
+		}
+		if res.StageSeconds == 0 {
+			b.Fatalf("no result from the staging child:\n%s", tail(out))
+		}
+		stage := time.Duration(res.StageSeconds * float64(time.Second))
+		hit := time.Duration(res.HitSeconds * float64(time.Second))
+		pop := time.Duration(res.PopulateSeconds * float64(time.Second))
+		row := fmt.Sprintf("| %s | %s | %s | %s | %.2f | %.2f | %s | %.4f%% | %s | %d MiB | %d MiB | %.1fs | %.1fs |\n", sh.name,
+			round(stage), round(rcTime), round(cpTime), stage.Seconds()/rcTime.Seconds(), stage.Seconds()/cpTime.Seconds(),
+			hit.Round(10*time.Microsecond), 100*hit.Seconds()/stage.Seconds(), round(pop), res.MaxRSSBytes>>20, rcRSS>>20,
+			res.CPUSeconds, rcCPU)
+		b.Logf("%s", row)
+		report.WriteString(row)
+		os.RemoveAll(work)
+		os.RemoveAll(filepath.Join(s.Dir, bucket))
+	}
+	fmt.Fprintf(&report, "\n(%s, %d CPUs; page cache %s)\n", time.Now().UTC().Format("2006-01-02"), cpus(), cacheMode())
+	b.Logf("\n%s", report.String())
+	if out := os.Getenv("CISTERN_BENCH_OUT"); out != "" {
+		os.WriteFile(out, []byte(report.String()), 0o644)
+	}
+}
+
+func round(d time.Duration) time.Duration { return d.Round(10 * time.Millisecond) }
+
+func tail(b []byte) string {
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+func cpus() int {
+	var set unix.CPUSet
+	unix.SchedGetaffinity(0, &set)
+	return set.Count()
+}
+
+func cacheMode() string {
+	if os.Getenv("CISTERN_BENCH_DROP_CACHES") != "" {
+		return "dropped before each copy"
+	}
+	return "warm (set CISTERN_BENCH_DROP_CACHES=1 to drop it before each copy)"
+}
+
+// dropCaches empties the page cache when asked, so every copy reads from the disk.
+func dropCaches(b *testing.B) {
+	unix.Sync()
+	if os.Getenv("CISTERN_BENCH_DROP_CACHES") != "" {
+		if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func syncfs(b *testing.B, dir string) {
+	f, err := os.Open(dir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func cpuSeconds() float64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+// peakRSS reads a process's high-water resident set size (VmHWM). getrusage's maxrss is no
+// use here: it survives exec, so a child started by a large parent reports the parent's size.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			var kb int64
+			fmt.Sscanf(strings.TrimSpace(v), "%d", &kb)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// run runs a command and returns its peak RSS, sampled while it runs, and its CPU time.
+func run(b *testing.B, env []string, name string, args ...string) (int64, float64) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var peak int64
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				b.Fatalf("%s: %v\n%s", name, err, out.String())
+			}
+			return peak, (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+		case <-t.C:
+			peak = max(peak, peakRSS(cmd.Process.Pid))
+		}
+	}
+}
+
+// upload fills a bucket with pseudo-random objects, in parallel.
+func upload(b *testing.B, s *testpeers.S3, bucket string, sh shape) {
+	if sh.partSize > 0 {
+		for i := range sh.objects {
+			s.PutMultipart(b, bucket, sh.key(i), sh.size, sh.partSize, func(p int, buf []byte) { fill(buf, uint64(i*1000+p)) })
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	work := make(chan int)
+	workers := 16
+	if sh.size >= 16<<20 {
+		workers = 4
+	}
+	for range workers {
+		wg.Go(func() {
+			buf := make([]byte, sh.size)
+			for i := range work {
+				fill(buf, uint64(i))
+				if _, err := s.Client.PutObject(context.Background(), &s3.PutObjectInput{
+					Bucket: aws.String(bucket), Key: aws.String(sh.key(i)), Body: bytes.NewReader(buf),
+				}); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	for i := range sh.objects {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+}
+
+// fill writes cheap, incompressible-enough bytes (xorshift).
+func fill(buf []byte, seed uint64) {
+	x := seed*0x9E3779B97F4A7C15 + 1
+	for i := 0; i+8 <= len(buf); i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		for k := range 8 {
+			buf[i+k] = byte(x >> (8 * k))
+		}
+	}
+}

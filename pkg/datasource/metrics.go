@@ -1,0 +1,100 @@
+package datasource
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics exports staging progress, cache contents and evictions.
+type metrics struct {
+	m            *Manager
+	stagings     *prometheus.CounterVec
+	stagedBytes  prometheus.Counter
+	retries      prometheus.Counter
+	cacheHits    prometheus.Counter
+	evictions    *prometheus.CounterVec
+	evictedBytes *prometheus.CounterVec
+
+	progressDone, progressTotal, cachedBytes, cachedDatasets *prometheus.Desc
+}
+
+func newMetrics(m *Manager) *metrics {
+	const ns = "cistern_dataset"
+	return &metrics{
+		m: m,
+		stagings: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "stagings_total",
+			Help: "Dataset stagings finished, by result (ready, failed)."}, []string{"result"}),
+		stagedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "staged_bytes_total",
+			Help: "Bytes of datasets staged to completion."}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "read_retries_total",
+			Help: "Source reads retried after a transient failure."}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "cache_hits_total",
+			Help: "Volumes served from a dataset already on the node."}),
+		evictions: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "evictions_total",
+			Help: "Cached datasets evicted to keep pool free space above the watermark."}, []string{"pool"}),
+		evictedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "evicted_bytes_total",
+			Help: "Bytes freed by evictions."}, []string{"pool"}),
+		progressDone: prometheus.NewDesc(ns+"_staging_bytes_done", "Bytes staged so far by a staging in progress.",
+			[]string{"pool", "dataset", "source"}, nil),
+		progressTotal: prometheus.NewDesc(ns+"_staging_bytes_total", "Size of a dataset being staged.",
+			[]string{"pool", "dataset", "source"}, nil),
+		cachedBytes: prometheus.NewDesc(ns+"_cache_bytes", "Bytes of ready datasets cached on a pool.",
+			[]string{"pool"}, nil),
+		cachedDatasets: prometheus.NewDesc(ns+"_cache_datasets", "Ready datasets cached on a pool.",
+			[]string{"pool"}, nil),
+	}
+}
+
+// Collector returns the Prometheus collector of the manager's metrics.
+func (m *Manager) Collector() prometheus.Collector { return m.metrics }
+
+func (c *metrics) counters() []prometheus.Collector {
+	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes}
+}
+
+func (c *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, x := range c.counters() {
+		x.Describe(ch)
+	}
+	ch <- c.progressDone
+	ch <- c.progressTotal
+	ch <- c.cachedBytes
+	ch <- c.cachedDatasets
+}
+
+func (c *metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, x := range c.counters() {
+		x.Collect(ch)
+	}
+	c.m.mu.Lock()
+	jobs := make([]*job, 0, len(c.m.jobs))
+	for _, j := range c.m.jobs {
+		jobs = append(jobs, j)
+	}
+	c.m.mu.Unlock()
+	for _, j := range jobs {
+		st := j.status()
+		id := j.req.Spec.ID()
+		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.pool, id, j.req.Spec.Source)
+		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.pool, id, j.req.Spec.Source)
+	}
+	for _, pool := range c.m.poolList() {
+		ents, _ := os.ReadDir(cacheDir(pool))
+		var bytes, n float64
+		for _, e := range ents {
+			if !e.IsDir() || strings.HasPrefix(e.Name(), trashPrefix) {
+				continue
+			}
+			dir := filepath.Join(cacheDir(pool), e.Name())
+			if md, err := readMeta(dir); err == nil && isReady(dir) {
+				bytes += float64(md.Bytes)
+				n++
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.cachedBytes, prometheus.GaugeValue, bytes, pool)
+		ch <- prometheus.MustNewConstMetric(c.cachedDatasets, prometheus.GaugeValue, n, pool)
+	}
+}

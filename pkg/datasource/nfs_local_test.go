@@ -1,0 +1,122 @@
+package datasource_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+)
+
+// TestStageNFS stages a directory below an export from a real NFSv3 server (userspace client),
+// keeping relative symlinks that stay inside.
+func TestStageNFS(t *testing.T) {
+	ctx := testCtx(t)
+	export := t.TempDir()
+	want := smallTree(5, 30, 70<<10)
+	want["big.bin"] = randBytes(5, 5<<20+3)
+	want.writeDir(t, filepath.Join(export, "datasets", "one"))
+	dataset{"elsewhere.bin": []byte("not part of it")}.writeDir(t, export)
+	if err := os.Symlink("../d00/e0/f00000.bin", filepath.Join(export, "datasets", "one", "d01", "link")); err != nil {
+		t.Fatal(err)
+	}
+	addr := testpeers.StartNFS(t, export)
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{ChunkSize: 1 << 20})
+	spec := mustSpec(t, map[string]string{"source": "nfs://" + addr + "/export/datasets/one"})
+	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	tree, _ := m.TreePath(pool, spec)
+	checkTree(t, tree, want)
+	if l, err := os.Readlink(filepath.Join(tree, "d01", "link")); err != nil || l != "../d00/e0/f00000.bin" {
+		t.Fatalf("symlink: %q %v", l, err)
+	}
+}
+
+// TestNFSSymlinkOutside refuses a dataset whose symlink points outside it.
+func TestNFSSymlinkOutside(t *testing.T) {
+	ctx := testCtx(t)
+	export := t.TempDir()
+	dataset{"a/x.bin": []byte("x")}.writeDir(t, export)
+	os.Symlink("/etc/passwd", filepath.Join(export, "a", "passwd"))
+	addr := testpeers.StartNFS(t, export)
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{})
+	spec := mustSpec(t, map[string]string{"source": "nfs://" + addr + "/export"})
+	_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool})
+	if datasource.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "a/passwd") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestNFSMissingPath fails fast with not found.
+func TestNFSMissingPath(t *testing.T) {
+	ctx := testCtx(t)
+	addr := testpeers.StartNFS(t, t.TempDir())
+	m := newManager(t, datasource.Config{})
+	spec := mustSpec(t, map[string]string{"source": "nfs://" + addr + "/export/nope"})
+	_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: t.TempDir()})
+	if datasource.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("got %v", err)
+	}
+}
+
+// TestStageLocal copies a node directory under an allowed root, and refuses everything else.
+func TestStageLocal(t *testing.T) {
+	ctx := testCtx(t)
+	base := t.TempDir()
+	allowed := filepath.Join(base, "allowed")
+	want := smallTree(6, 20, 10<<10)
+	want.writeDir(t, filepath.Join(allowed, "set"))
+	dataset{"secret": []byte("s")}.writeDir(t, filepath.Join(base, "private"))
+	os.Symlink(filepath.Join(base, "private"), filepath.Join(allowed, "sneaky"))
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{LocalSourceRoots: []string{allowed}})
+
+	spec := mustSpec(t, map[string]string{"source": "file://" + allowed + "/set"})
+	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	tree, _ := m.TreePath(pool, spec)
+	checkTree(t, tree, want)
+
+	for _, tc := range []struct {
+		name string
+		src  string
+		want codes.Code
+	}{
+		{"failure case - outside the roots", "file://" + base + "/private", codes.PermissionDenied},
+		{"failure case - symlink out of a root", "file://" + allowed + "/sneaky", codes.PermissionDenied},
+		{"failure case - missing", "file://" + allowed + "/nope", codes.FailedPrecondition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := mustSpec(t, map[string]string{"source": tc.src})
+			_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool})
+			if datasource.Code(err) != tc.want {
+				t.Fatalf("got %v (%v), want %v", datasource.Code(err), err, tc.want)
+			}
+		})
+	}
+	t.Run("failure case - no roots configured", func(t *testing.T) {
+		m := newManager(t, datasource.Config{})
+		_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool})
+		if datasource.Code(err) != codes.PermissionDenied {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("failure case - symlink inside pointing out", func(t *testing.T) {
+		dir := filepath.Join(allowed, "links")
+		dataset{"a.bin": []byte("a")}.writeDir(t, dir)
+		os.Symlink("../../private/secret", filepath.Join(dir, "out"))
+		spec := mustSpec(t, map[string]string{"source": "file://" + dir})
+		_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool})
+		if datasource.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("got %v", err)
+		}
+	})
+}

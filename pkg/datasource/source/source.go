@@ -1,0 +1,68 @@
+// Package source defines what the staging engine needs from a dataset source (S3, NFS, a node-local
+// directory): a point-in-time listing and ranged reads. Implementations live in sibling packages.
+package source
+
+import (
+	"context"
+	"io"
+)
+
+// Type is the kind of a dataset entry.
+type Type string
+
+const (
+	File    Type = "f"
+	Dir     Type = "d"
+	Symlink Type = "l"
+)
+
+// Object is one entry of a dataset manifest. Key is relative to the dataset root, '/'-separated,
+// and validated by ValidateKey before anything is written for it.
+type Object struct {
+	Key  string `json:"k"`
+	Type Type   `json:"t"`
+	Size int64  `json:"s,omitempty"`
+	// ETag is the S3 entity tag without quotes. Reads are pinned to it, so the bytes staged are the
+	// bytes listed even if the object is overwritten meanwhile.
+	ETag string `json:"e,omitempty"`
+	// Version is a change token for sources without ETags (NFS, local: mtime and size).
+	Version string `json:"v,omitempty"`
+	// Target is a symlink's target.
+	Target string `json:"l,omitempty"`
+	// Mode holds permission bits where the source has them (0 means the default).
+	Mode uint32 `json:"m,omitempty"`
+}
+
+// Source is a dataset origin. Implementations must be safe for concurrent Open calls.
+type Source interface {
+	// List calls fn for every entry under the dataset root, in any order. Keys are relative.
+	List(ctx context.Context, fn func(Object) error) error
+	// Open returns the bytes [off, off+n) of a file entry as listed (pinned to obj.ETag/Version).
+	Open(ctx context.Context, obj Object, off, n int64) (io.ReadCloser, error)
+	// Verify is called after a file has been fully read; sources that can detect a change since
+	// the listing (mtime, size) report it here.
+	Verify(ctx context.Context, obj Object) error
+	// CheckAccess proves the caller's credentials may read the dataset, cheaply. It guards cache
+	// hits: data staged with one tenant's credentials is not served to another without access.
+	CheckAccess(ctx context.Context) error
+	// Close releases connections.
+	Close() error
+}
+
+// Planner is implemented by sources that can say, before reading a large object, how best to
+// verify it (S3): a full-object checksum lets one full read be checked as it streams; otherwise
+// a multipart object's reads align on its parts, whose MD5s make up its ETag.
+type Planner interface {
+	Plan(ctx context.Context, obj Object) (Plan, error)
+}
+
+// Plan is how to read one large object.
+type Plan struct {
+	// FullChecksum: a full read is verified by the source against a full-object checksum.
+	FullChecksum bool
+	// Algorithm and Checksum are that checksum (S3 names, e.g. CRC64NVME, and its base64
+	// value) when it is a CRC, which the engine can also check over parallel ranges.
+	Algorithm, Checksum string
+	// PartSize is the size of the object's parts (all but the last), 0 when not multipart.
+	PartSize int64
+}

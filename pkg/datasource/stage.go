@@ -1,0 +1,758 @@
+package datasource
+
+import (
+	"bufio"
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+const copyBufSize = 1 << 20
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+
+var (
+	md5ETag       = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	multipartETag = regexp.MustCompile(`^[0-9a-f]{32}-([0-9]+)$`)
+)
+
+// job stages one dataset into one pool's cache. Memory stays bounded whatever the dataset size:
+// the manifest is streamed from disk, and each worker holds one copy buffer.
+type job struct {
+	m    *Manager
+	req  Request
+	pool string
+	dir  string
+	src  source.Source
+	root *os.Root // dir; every write goes through it, so no path can leave the dataset
+
+	phase                                      atomic.Value
+	bytesDone, bytesTotal, objsDone, objsTotal atomic.Int64
+	alloc                                      atomic.Int64
+	done                                       chan struct{}
+	err                                        error
+
+	dirMu sync.Mutex
+	dirs  map[string]bool
+	// resuming is set when staging/ already held files at start.
+	resuming bool
+
+	bigMu sync.Mutex
+	big   []*bigFile
+}
+
+func newJob(m *Manager, req Request, dir string, src source.Source) *job {
+	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, done: make(chan struct{}), dirs: map[string]bool{}}
+	j.phase.Store(PhaseListing)
+	return j
+}
+
+func (j *job) status() Status {
+	return Status{
+		Dataset: j.req.Spec.Source, Phase: j.phase.Load().(Phase),
+		BytesDone: j.bytesDone.Load(), BytesTotal: j.bytesTotal.Load(),
+		ObjectsDone: j.objsDone.Load(), ObjectsTotal: j.objsTotal.Load(),
+	}
+}
+
+func (j *job) describe() string { return j.req.Spec.describe() }
+
+func (j *job) run(ctx context.Context) (err error) {
+	logger := klog.FromContext(ctx)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer func() {
+		if err == nil {
+			return
+		}
+		j.phase.Store(PhaseFailed)
+		if ctx.Err() == nil && source.IsPermanent(err) {
+			// Nothing is left behind of a dataset that cannot be staged.
+			if rerr := removeAllQuick(j.dir); rerr != nil {
+				logger.Error(rerr, "cleaning up failed dataset")
+			}
+		}
+		err = fmt.Errorf("%s: %w", j.describe(), err)
+	}()
+	// The cache is root's: volumes reach a dataset through bind mounts, never through this path.
+	if err := os.MkdirAll(cacheDir(j.pool), 0o700); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(j.dir, 0o755); err != nil {
+		return err
+	}
+	if j.root, err = os.OpenRoot(j.dir); err != nil {
+		return err
+	}
+	defer j.root.Close()
+	defer j.closeBig()
+	// Partial downloads are discarded; files already in staging/ were verified and are kept.
+	if err := os.RemoveAll(filepath.Join(j.dir, tmpDir)); err != nil {
+		return err
+	}
+	// A staging/ that already holds files is a resume: each file is checked before fetching.
+	if ents, err := os.ReadDir(filepath.Join(j.dir, stagingDir)); err == nil && len(ents) > 0 {
+		j.resuming = true
+	}
+	// Temporary files are spread over shards: one directory taking every create and rename is a
+	// point of contention with many small objects.
+	for k := range tmpShards {
+		if err := j.root.MkdirAll(path.Join(tmpDir, strconv.Itoa(k)), 0o755); err != nil {
+			return err
+		}
+	}
+	if err := j.root.MkdirAll(stagingDir, 0o755); err != nil {
+		return err
+	}
+	if f, err := j.root.OpenFile(lastUsedFile, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+		f.Close()
+	}
+
+	md, err := j.manifest(ctx)
+	if err != nil {
+		return err
+	}
+	j.bytesTotal.Store(md.Bytes)
+	j.objsTotal.Store(md.Objects)
+	j.alloc.Store(md.Alloc)
+	if err := checkCapacity(j.req, md.Bytes, md.Alloc); err != nil {
+		return err
+	}
+	if err := j.m.makeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
+		return err
+	}
+
+	j.phase.Store(PhaseFetching)
+	stop := j.logProgress(ctx, logger)
+	err = j.fetchAll(ctx)
+	stop()
+	if err != nil {
+		return err
+	}
+	j.phase.Store(PhaseSyncing)
+	if err := j.finish(ctx, md); err != nil {
+		return err
+	}
+	j.phase.Store(PhaseReady)
+	return nil
+}
+
+func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				st := j.status()
+				logger.Info("staging progress", "bytesDone", st.BytesDone, "bytesTotal", st.BytesTotal,
+					"objectsDone", st.ObjectsDone, "objectsTotal", st.ObjectsTotal)
+			}
+		}
+	}()
+	return cancel
+}
+
+// manifest returns the committed manifest, listing the source first if there is none yet. The
+// listing is the dataset's point in time: reads are pinned to the ETags it records.
+func (j *job) manifest(ctx context.Context) (*meta, error) {
+	if manifestExists(j.dir) {
+		if md, err := readMeta(j.dir); err == nil {
+			return md, nil
+		}
+	}
+	j.phase.Store(PhaseListing)
+	md := &meta{Spec: j.req.Spec, Created: time.Now().UTC()}
+	filter := j.req.Spec.Filter()
+	tmp := filepath.Join(j.dir, objectsFile+".tmp")
+	err := writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
+		bw := bufio.NewWriterSize(f, 256<<10)
+		enc := json.NewEncoder(bw)
+		err := j.src.List(ctx, func(o source.Object) error {
+			if o.Type == source.Dir {
+				if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
+					return nil
+				}
+			} else if !filter.Match(o.Key) {
+				return nil
+			}
+			if err := source.ValidateKey(o.Key); err != nil {
+				return err
+			}
+			if o.Type == source.Symlink {
+				if err := source.ValidateSymlink(o.Key, o.Target); err != nil {
+					return err
+				}
+			}
+			if o.Size < 0 {
+				return source.Errorf(source.Invalid, "entry %q has a negative size", o.Key)
+			}
+			md.Objects++
+			md.Bytes += o.Size
+			md.Alloc += allocSize(o.Size)
+			if o.Type == source.Dir {
+				md.Alloc += 4096
+			}
+			j.objsTotal.Store(md.Objects)
+			j.bytesTotal.Store(md.Bytes)
+			if err := checkCapacity(j.req, md.Bytes, md.Alloc); err != nil {
+				return err // refuse as soon as it is known, before any download
+			}
+			return enc.Encode(o)
+		})
+		if err != nil {
+			return err
+		}
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		// meta.json first: objects.jsonl appearing is the commit point.
+		return writeMeta(j.dir, md)
+	})
+	os.Remove(tmp)
+	if err != nil {
+		return nil, err
+	}
+	return md, nil
+}
+
+type task struct {
+	i   int64
+	obj source.Object
+	big *bigFile
+	off int64
+	n   int64
+	idx int
+}
+
+// rangesPerObject bounds the parallel ranged reads of one large object: more streams of the
+// same object add contention, not throughput (rclone's multi-thread default is 4 too).
+const rangesPerObject = 4
+
+// bigFile is a large object read in parallel ranges; the last range to finish verifies it.
+type bigFile struct {
+	f        *os.File
+	streams  chan struct{}
+	left     atomic.Int64
+	partSize int64 // >0: ranges are the object's multipart parts, each MD5-checked
+	partSums [][]byte
+	// crc, when set, checks the object's full-object CRC: one CRC per range, combined.
+	crc       *crcAlgo
+	crcWant   string
+	rangeSums []uint64
+	chunk     int64
+	closeOnce sync.Once
+}
+
+func (j *job) closeBig() {
+	j.bigMu.Lock()
+	defer j.bigMu.Unlock()
+	for _, b := range j.big {
+		b.closeOnce.Do(func() { b.f.Close() })
+	}
+}
+
+func (j *job) fetchAll(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	tasks := make(chan task, 2*j.m.cfg.Concurrency)
+	var wg sync.WaitGroup
+	fail := func(err error) {
+		if err != nil {
+			cancel(err)
+		}
+	}
+	for range j.m.cfg.Concurrency {
+		wg.Go(func() {
+			for t := range tasks {
+				if ctx.Err() != nil {
+					continue
+				}
+				fail(j.runTask(ctx, t))
+			}
+		})
+	}
+	err := eachObject(j.dir, func(i int64, o source.Object) error {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		switch o.Type {
+		case source.Dir:
+			j.objsDone.Add(1)
+			return j.mkdirs(path.Join(stagingDir, o.Key))
+		case source.Symlink:
+			return nil // after every file: no write may pass through a link
+		}
+		if j.resuming && j.staged(o) {
+			j.bytesDone.Add(o.Size)
+			j.objsDone.Add(1)
+			return nil
+		}
+		if o.Size <= 2*j.m.cfg.ChunkSize {
+			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
+		}
+		return j.sendRanges(ctx, tasks, i, o)
+	})
+	close(tasks)
+	wg.Wait()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	if err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+func send(ctx context.Context, tasks chan<- task, t task) error {
+	select {
+	case tasks <- t:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// staged reports whether a verified copy of o is already in staging/ (resume after a restart).
+func (j *job) staged(o source.Object) bool {
+	name := path.Join(stagingDir, o.Key)
+	fi, err := j.root.Lstat(name)
+	if err != nil {
+		return false
+	}
+	if fi.Mode().IsRegular() && fi.Size() == o.Size {
+		return true
+	}
+	_ = j.root.RemoveAll(name)
+	return false
+}
+
+func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
+	chunk := j.m.cfg.ChunkSize
+	b := &bigFile{streams: make(chan struct{}, rangesPerObject)}
+	if p, ok := j.src.(source.Planner); ok {
+		plan, err := p.Plan(ctx, o)
+		if err != nil {
+			return err
+		}
+		if a, ok := crcAlgos[plan.Algorithm]; ok && plan.FullChecksum {
+			// A few long parallel ranges (one per stream, as rclone does): each request has a
+			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
+			chunk = max(chunk, (o.Size+rangesPerObject-1)/rangesPerObject)
+			b.crc, b.crcWant = &a, plan.Checksum
+			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
+		} else if plan.FullChecksum {
+			// A checksum that cannot be combined (SHA): one read, checked as it streams.
+			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
+		}
+		if m := multipartETag.FindStringSubmatch(o.ETag); m != nil && plan.PartSize > 0 && b.crc == nil {
+			parts, _ := strconv.ParseInt(m[1], 10, 64)
+			if (o.Size+plan.PartSize-1)/plan.PartSize == parts {
+				chunk, b.partSize = plan.PartSize, plan.PartSize
+				b.partSums = make([][]byte, parts)
+			}
+		}
+	}
+	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_RDWR, fileMode(o))
+	if err != nil {
+		return err
+	}
+	// Allocate the whole file first: parallel ranges written into a sparse file fragment it and
+	// make writeback slower, and a full pool shows here rather than halfway through.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, o.Size); err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			f.Close()
+			return writeErr(err)
+		}
+		if err := f.Truncate(o.Size); err != nil { // filesystems without fallocate
+			f.Close()
+			return err
+		}
+	}
+	b.f = f
+	j.bigMu.Lock()
+	j.big = append(j.big, b)
+	j.bigMu.Unlock()
+	n := (o.Size + chunk - 1) / chunk
+	b.left.Store(n)
+	b.chunk = chunk
+	for k := range n {
+		off := k * chunk
+		if err := send(ctx, tasks, task{i: i, obj: o, big: b, off: off, n: min(chunk, o.Size-off), idx: int(k)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runTask runs t within the object's stream limit, then the node's concurrency limit, in that
+// order, so a task waiting for its object never holds a node slot.
+func (j *job) runTask(ctx context.Context, t task) error {
+	if t.big != nil {
+		select {
+		case t.big.streams <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		defer func() { <-t.big.streams }()
+	}
+	select {
+	case j.m.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil
+	}
+	defer func() { <-j.m.slots }()
+	return j.do(ctx, t)
+}
+
+const tmpShards = 64
+
+func tmpName(i int64) string {
+	return path.Join(tmpDir, strconv.FormatInt(i%tmpShards, 10), strconv.FormatInt(i, 10))
+}
+
+func (j *job) do(ctx context.Context, t task) error {
+	if t.big != nil {
+		return j.fetchRange(ctx, t)
+	}
+	var err error
+	for attempt := range 3 {
+		if err = j.fetchWhole(ctx, t.i, t.obj); source.KindOf(err) != source.Corrupt || attempt == 2 {
+			break
+		}
+		klog.FromContext(ctx).Info("verification failed, fetching again", "key", t.obj.Key, "err", err)
+	}
+	return err
+}
+
+func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
+	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, fileMode(o))
+	if err != nil {
+		return err
+	}
+	var newHash func() hash.Hash
+	if md5ETag.MatchString(o.ETag) {
+		newHash = md5.New
+	}
+	verified, sum, err := j.readInto(ctx, o, f, 0, o.Size, newHash)
+	if err != nil {
+		f.Close()
+		_ = j.root.Remove(tmpName(i))
+		return err
+	}
+	if !verified && newHash != nil && hex.EncodeToString(sum) != o.ETag {
+		err = source.Errorf(source.Corrupt, "%q: MD5 %x does not match ETag %s", o.Key, sum, o.ETag)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = j.src.Verify(ctx, o)
+	}
+	if err != nil {
+		j.bytesDone.Add(-o.Size) // readInto counted what it wrote; it will be fetched again
+		_ = j.root.Remove(tmpName(i))
+		return err
+	}
+	return j.commit(i, o)
+}
+
+func (j *job) fetchRange(ctx context.Context, t task) error {
+	b := t.big
+	var newHash func() hash.Hash
+	switch {
+	case b.crc != nil:
+		newHash = b.crc.new
+	case b.partSize > 0:
+		newHash = md5.New
+	}
+	_, sum, err := j.readInto(ctx, t.obj, b.f, t.off, t.n, newHash)
+	if err != nil {
+		return err
+	}
+	switch {
+	case b.crc != nil:
+		b.rangeSums[t.idx] = b.crc.sumBytes(sum)
+	case b.partSize > 0:
+		b.partSums[t.idx] = sum
+	}
+	if b.left.Add(-1) > 0 {
+		return nil
+	}
+	// Last range: verify the whole object.
+	o := t.obj
+	switch {
+	case b.crc != nil:
+		crc := b.rangeSums[0]
+		for k := 1; k < len(b.rangeSums); k++ {
+			crc = b.crc.combine(crc, b.rangeSums[k], min(b.chunk, o.Size-int64(k)*b.chunk))
+		}
+		if got := b.crc.encode(crc); got != b.crcWant {
+			return source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
+		}
+	case b.partSize > 0:
+		h := md5.New()
+		for _, s := range b.partSums {
+			h.Write(s)
+		}
+		if got := fmt.Sprintf("%x-%d", h.Sum(nil), len(b.partSums)); got != o.ETag {
+			return source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+		}
+	case md5ETag.MatchString(o.ETag):
+		h := md5.New()
+		if _, err := io.Copy(h, io.NewSectionReader(b.f, 0, o.Size)); err != nil {
+			return err
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != o.ETag {
+			return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+		}
+	}
+	var cerr error
+	b.closeOnce.Do(func() { cerr = b.f.Close() })
+	if cerr != nil {
+		return cerr
+	}
+	if err := j.src.Verify(ctx, o); err != nil {
+		return err
+	}
+	return j.commit(t.i, o)
+}
+
+// readInto copies [off, off+n) of o into f at off, retrying transient failures with exponential
+// backoff and full jitter, resuming where the last attempt stopped. It returns whether the source
+// verified a full-object checksum, and the MD5 of the range when newHash is set.
+func (j *job) readInto(ctx context.Context, o source.Object, f *os.File, off, n int64, newHash func() hash.Hash) (bool, []byte, error) {
+	var (
+		written  int64
+		verified bool
+		h        hash.Hash
+		err      error
+	)
+	for attempt := 0; ; attempt++ {
+		var rc io.ReadCloser
+		rc, err = j.src.Open(ctx, o, off+written, n-written)
+		if err == nil {
+			if written == 0 {
+				v, ok := rc.(interface{ ChecksumVerified() bool })
+				verified = ok && v.ChecksumVerified()
+				h = nil
+				if !verified && newHash != nil {
+					h = newHash()
+				}
+			}
+			var k int64
+			k, err = j.copyAt(ctx, f, off+written, n-written, rc, h)
+			written += k
+			rc.Close()
+			if err == nil && written < n {
+				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
+			}
+			if err == nil {
+				if h != nil {
+					return verified, h.Sum(nil), nil
+				}
+				return verified, nil, nil
+			}
+		}
+		if verified && written > 0 {
+			// The checksum covers a full read only: start over.
+			j.bytesDone.Add(-written)
+			written = 0
+		}
+		if ctx.Err() != nil {
+			return false, nil, context.Cause(ctx)
+		}
+		if source.KindOf(err) != source.Retryable || attempt+1 >= j.m.cfg.Retries {
+			j.bytesDone.Add(-written)
+			return false, nil, err
+		}
+		j.m.metrics.retries.Inc()
+		klog.FromContext(ctx).V(2).Info("retrying read", "key", o.Key, "attempt", attempt+1, "err", err)
+		if err := sleepBackoff(ctx, attempt); err != nil {
+			j.bytesDone.Add(-written)
+			return false, nil, err
+		}
+	}
+}
+
+func sleepBackoff(ctx context.Context, attempt int) error {
+	d := min(200*time.Millisecond<<attempt, 10*time.Second)
+	d = time.Duration(rand.Int64N(int64(d)) + 1) // full jitter
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// copyAt copies up to n bytes from r to f at off through one pooled buffer, honouring the node's
+// bandwidth limit, and counts progress.
+func (j *job) copyAt(ctx context.Context, f *os.File, off, n int64, r io.Reader, h hash.Hash) (int64, error) {
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	var done int64
+	for done < n {
+		want := min(int64(len(buf)), n-done)
+		k, rerr := io.ReadFull(r, buf[:want])
+		if k > 0 {
+			if j.m.limiter != nil {
+				if err := j.m.limiter.WaitN(ctx, k); err != nil {
+					return done, err
+				}
+			}
+			if _, err := f.WriteAt(buf[:k], off+done); err != nil {
+				return done, writeErr(err)
+			}
+			if h != nil {
+				h.Write(buf[:k])
+			}
+			done += int64(k)
+			j.bytesDone.Add(int64(k))
+		}
+		if rerr == io.EOF || rerr == io.ErrUnexpectedEOF {
+			return done, nil
+		}
+		if rerr != nil {
+			return done, rerr
+		}
+	}
+	return done, nil
+}
+
+func writeErr(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return source.Wrap(source.NoSpace, err, "pool is full")
+	}
+	return err
+}
+
+func fileMode(o source.Object) os.FileMode {
+	if o.Mode&0o777 == 0 {
+		return 0o644
+	}
+	return os.FileMode(o.Mode&0o777) | 0o444 // always readable: volumes are read by any pod user
+}
+
+// commit moves a verified file to its place in staging/.
+func (j *job) commit(i int64, o source.Object) error {
+	if dir := path.Dir(o.Key); dir != "." {
+		if err := j.mkdirs(path.Join(stagingDir, dir)); err != nil {
+			return err
+		}
+	}
+	if err := j.root.Rename(tmpName(i), path.Join(stagingDir, o.Key)); err != nil {
+		return conflictErr(o.Key, err)
+	}
+	j.objsDone.Add(1)
+	return nil
+}
+
+func (j *job) mkdirs(dir string) error {
+	j.dirMu.Lock()
+	defer j.dirMu.Unlock()
+	if j.dirs[dir] {
+		return nil
+	}
+	if err := j.root.MkdirAll(dir, 0o755); err != nil {
+		return conflictErr(dir, err)
+	}
+	j.dirs[dir] = true
+	return nil
+}
+
+func conflictErr(key string, err error) error {
+	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.EEXIST) {
+		return source.Wrap(source.Invalid, err, "entry %q conflicts with another entry (a file and a directory of the same name)", key)
+	}
+	return writeErr(err)
+}
+
+// finish creates symlinks, syncs once and publishes staging/ as tree/.
+func (j *job) finish(ctx context.Context, md *meta) error {
+	err := eachObject(j.dir, func(_ int64, o source.Object) error {
+		if o.Type != source.Symlink {
+			return nil
+		}
+		if err := source.ValidateSymlink(o.Key, o.Target); err != nil {
+			return err
+		}
+		if dir := path.Dir(o.Key); dir != "." {
+			if err := j.mkdirs(path.Join(stagingDir, dir)); err != nil {
+				return err
+			}
+		}
+		name := path.Join(stagingDir, o.Key)
+		if t, err := j.root.Readlink(name); err == nil && t == o.Target {
+			j.objsDone.Add(1)
+			return nil
+		}
+		if err := j.root.Symlink(o.Target, name); err != nil {
+			return conflictErr(o.Key, err)
+		}
+		j.objsDone.Add(1)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// One sync for the whole dataset, then the rename that makes it visible.
+	d, err := j.root.Open(stagingDir)
+	if err != nil {
+		return err
+	}
+	err = unix.Syncfs(int(d.Fd()))
+	d.Close()
+	if err != nil {
+		return err
+	}
+	if err := j.root.Rename(stagingDir, treeDir); err != nil {
+		return err
+	}
+	if err := syncDir(j.dir); err != nil {
+		return err
+	}
+	_ = os.RemoveAll(filepath.Join(j.dir, tmpDir))
+	md.Ready = time.Now().UTC()
+	touch(j.dir)
+	return writeMeta(j.dir, md)
+}
+
+// removeAllQuick hides dir under a trash name first, so a half-deleted dataset is never mistaken
+// for one to resume, then deletes it.
+func removeAllQuick(dir string) error {
+	trash := filepath.Join(filepath.Dir(dir), trashPrefix+filepath.Base(dir)+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	if err := os.Rename(dir, trash); err != nil {
+		if isNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	return os.RemoveAll(trash)
+}

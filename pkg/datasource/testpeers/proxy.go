@@ -1,0 +1,139 @@
+package testpeers
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Fault is what the proxy does to one request.
+type Fault struct {
+	// Status answers with this HTTP status and an S3 error Code instead of forwarding.
+	Status int
+	Code   string
+	// Body answers 200 with this body (e.g. a crafted listing) instead of forwarding.
+	Body string
+	// Delay waits before forwarding.
+	Delay time.Duration
+	// ResetAfter forwards, then resets the connection after this many body bytes (-1: off).
+	ResetAfter int64
+	// Stall forwards, then stops sending after ResetAfter bytes without closing, for Stall.
+	Stall time.Duration
+	// StripChecksums hides the object's S3 checksums, as servers without them would.
+	StripChecksums bool
+}
+
+// None is the zero fault.
+var None = Fault{ResetAfter: -1}
+
+// Proxy forwards to an S3 server and injects faults chosen per request.
+type Proxy struct {
+	URL      string
+	Requests atomic.Int64
+	// GETs counts object GETs by path.
+	mu     sync.Mutex
+	gets   map[string]int
+	choose func(r *http.Request, n int64) Fault
+	target string
+}
+
+// StartProxy starts a proxy to target (http://host:port). choose may be nil (no faults) and can
+// be replaced with SetFaults.
+func StartProxy(t testing.TB, target string, choose func(r *http.Request, n int64) Fault) *Proxy {
+	p := &Proxy{target: target, gets: map[string]int{}, choose: choose}
+	srv := httptest.NewServer(p)
+	t.Cleanup(srv.Close)
+	p.URL = srv.URL
+	return p
+}
+
+// SetFaults replaces the fault chooser.
+func (p *Proxy) SetFaults(choose func(r *http.Request, n int64) Fault) {
+	p.mu.Lock()
+	p.choose = choose
+	p.mu.Unlock()
+}
+
+// Gets returns how many GETs a path received.
+func (p *Proxy) Gets(path string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.gets[path]
+}
+
+var transport = &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := p.Requests.Add(1)
+	p.mu.Lock()
+	choose := p.choose
+	if r.Method == http.MethodGet && r.URL.RawQuery == "" {
+		p.gets[r.URL.Path]++
+	}
+	p.mu.Unlock()
+	f := None
+	if choose != nil {
+		f = choose(r, n)
+	}
+	if f.Delay > 0 {
+		time.Sleep(f.Delay)
+	}
+	if f.Status != 0 {
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(f.Status)
+		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>`+f.Code+`</Code><Message>injected</Message></Error>`)
+		return
+	}
+	if f.Body != "" {
+		w.Header().Set("Content-Type", "application/xml")
+		io.WriteString(w, f.Body)
+		return
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	out.Header = r.Header.Clone()
+	out.Host = r.Host // the signature covers the Host header
+	out.ContentLength = r.ContentLength
+	resp, err := transport.RoundTrip(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return
+	}
+	defer resp.Body.Close()
+	for k, v := range resp.Header {
+		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") {
+			continue
+		}
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	if f.ResetAfter < 0 {
+		io.Copy(w, resp.Body)
+		return
+	}
+	io.CopyN(w, resp.Body, f.ResetAfter)
+	w.(http.Flusher).Flush()
+	if f.Stall > 0 {
+		select {
+		case <-time.After(f.Stall):
+		case <-r.Context().Done():
+		}
+	}
+	conn, _, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		tc.SetLinger(0) // RST, not FIN
+	}
+	conn.Close()
+}

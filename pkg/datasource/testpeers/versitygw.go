@@ -1,0 +1,171 @@
+// Package testpeers starts the real servers dataset tests run against: versitygw (S3 over a
+// directory), a go-nfs server, and a fault-injecting HTTP proxy placed in front of S3.
+package testpeers
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+)
+
+// S3 is a running versitygw with a posix backend.
+type S3 struct {
+	Endpoint  string
+	AccessKey string
+	SecretKey string
+	// Dir is the backend directory: <Dir>/<bucket>/<key>.
+	Dir    string
+	Client *s3.Client
+	cmd    *exec.Cmd
+}
+
+// Binary finds a peer binary from its environment variable; without it the test is skipped,
+// unless CISTERN_REQUIRE_PEERS is set (make test-datasource), when it fails.
+func Binary(t testing.TB, env string) string {
+	t.Helper()
+	p := os.Getenv(env)
+	if p != "" {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CISTERN_REQUIRE_PEERS") != "" {
+		t.Fatalf("%s=%q: binary missing (run make s3-tools)", env, p)
+	}
+	t.Skipf("%s not set; run through make test-datasource", env)
+	return ""
+}
+
+// FreePort returns a loopback address nobody listens on.
+func FreePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// StartS3 starts versitygw on loopback over dir (a temp dir when empty), with static root
+// credentials, and stops it when the test ends.
+func StartS3(t testing.TB, dir string) *S3 {
+	t.Helper()
+	bin := Binary(t, "CISTERN_VERSITYGW")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	addr := FreePort(t)
+	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
+	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
+		"--keep-alive", "--quiet", "posix", dir)
+	var out bytes.Buffer
+	s.cmd.Stdout, s.cmd.Stderr = &out, &out
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("versitygw did not start: %s", out.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.Client = s.NewClient(s.Endpoint)
+	return s
+}
+
+// NewClient returns a client for endpoint with the root credentials.
+func (s *S3) NewClient(endpoint string) *s3.Client {
+	return s3.New(s3.Options{
+		Region:       "us-east-1",
+		BaseEndpoint: aws.String(endpoint),
+		UsePathStyle: true,
+		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
+		HTTPClient:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+	})
+}
+
+// Bucket creates a bucket.
+func (s *S3) Bucket(t testing.TB, name string) {
+	t.Helper()
+	if _, err := s.Client.CreateBucket(context.Background(), &s3.CreateBucketInput{Bucket: aws.String(name)}); err != nil {
+		t.Fatalf("create bucket %s: %v", name, err)
+	}
+}
+
+// Put uploads one object in a single PUT (its ETag is the MD5 of the data).
+func (s *S3) Put(t testing.TB, bucket, key string, data []byte) {
+	t.Helper()
+	if _, err := s.Client.PutObject(context.Background(), &s3.PutObjectInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), Body: bytes.NewReader(data),
+	}); err != nil {
+		t.Fatalf("put %s/%s: %v", bucket, key, err)
+	}
+}
+
+// PutMultipart uploads an object in parts of partSize (its ETag is composite, "<md5>-<parts>").
+// next returns the bytes of part i; parts are produced one at a time to keep memory flat.
+func (s *S3) PutMultipart(t testing.TB, bucket, key string, size, partSize int64, next func(i int, buf []byte)) {
+	t.Helper()
+	ctx := context.Background()
+	up, err := s.Client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []types.CompletedPart
+	buf := make([]byte, partSize)
+	for i, off := 1, int64(0); off < size; i, off = i+1, off+partSize {
+		n := min(partSize, size-off)
+		next(i-1, buf[:n])
+		sum := md5.Sum(buf[:n])
+		out, err := s.Client.UploadPart(ctx, &s3.UploadPartInput{
+			Bucket: aws.String(bucket), Key: aws.String(key), UploadId: up.UploadId,
+			PartNumber: aws.Int32(int32(i)), Body: bytes.NewReader(buf[:n]),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Trim(aws.ToString(out.ETag), `"`); got != fmt.Sprintf("%x", sum) {
+			t.Fatalf("part %d ETag %s, want MD5 %x", i, got, sum)
+		}
+		parts = append(parts, types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(int32(i))})
+	}
+	if _, err := s.Client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+		Bucket: aws.String(bucket), Key: aws.String(key), UploadId: up.UploadId,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ObjectPath is where the posix backend keeps an object.
+func (s *S3) ObjectPath(bucket, key string) string {
+	return filepath.Join(s.Dir, bucket, filepath.FromSlash(key))
+}

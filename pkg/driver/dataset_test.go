@@ -1,0 +1,224 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+)
+
+// datasetEnv is a driver whose file:// dataset sources may read src.
+func datasetEnv(t *testing.T) (*testEnv, string) {
+	env := startDriver(t, testPool{name: "fast"})
+	src := filepath.Join(env.dir, "sources")
+	writeTree(t, filepath.Join(src, "set"), map[string]string{"a.txt": "alpha", "d/b.txt": "beta", "d/e/c.txt": "gamma"})
+	env.stop()
+	env.cfg.Datasets.LocalSourceRoots = []string{src}
+	env.start()
+	return env, src
+}
+
+func writeTree(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for k, v := range files {
+		p := filepath.Join(dir, k)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(v), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func checkFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	for k, v := range files {
+		b, err := os.ReadFile(filepath.Join(dir, k))
+		if err != nil || string(b) != v {
+			t.Errorf("%s: %q %v, want %q", k, b, err, v)
+		}
+	}
+}
+
+// retryUnavailable repeats an RPC while it answers Unavailable (staging in progress), as kubelet
+// does.
+func retryUnavailable(t *testing.T, call func() error) error {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		err := call()
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+var want = map[string]string{"a.txt": "alpha", "d/b.txt": "beta", "d/e/c.txt": "gamma"}
+
+// TestDatasetDynamicVolume: a StorageClass with a source makes volumes that start with the
+// dataset, filled once; the user's later changes survive a restage.
+func TestDatasetDynamicVolume(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	vol := env.create("ds-1", 64<<20, map[string]string{"source": "file://" + src + "/set", "pool": "fast"})
+	staging := filepath.Join(env.dir, "staging", vol.VolumeId)
+	target := filepath.Join(env.dir, "target", vol.VolumeId)
+	stage := func() error {
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+			StagingTargetPath: staging, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext})
+		return err
+	}
+	if err := retryUnavailable(t, stage); err != nil {
+		t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.VolumeId,
+		StagingTargetPath: staging, TargetPath: target, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext}); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, target, want)
+	if err := os.WriteFile(filepath.Join(target, "a.txt"), []byte("changed by the user"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env.unpublishAndUnstage(vol.VolumeId)
+	if err := retryUnavailable(t, stage); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, staging, map[string]string{"a.txt": "changed by the user", "d/b.txt": "beta"})
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("failure case - source outside the allowed roots", func(t *testing.T) {
+		vol := env.create("ds-2", 64<<20, map[string]string{"source": "file:///etc"})
+		err := retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+				StagingTargetPath: filepath.Join(env.dir, "staging", vol.VolumeId), VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext})
+			return err
+		})
+		wantCode(t, err, codes.PermissionDenied, "not under an allowed root")
+	})
+	t.Run("failure case - dataset larger than the volume", func(t *testing.T) {
+		writeTree(t, filepath.Join(src, "big"), map[string]string{"big.bin": string(make([]byte, 40<<20))})
+		vol := env.create("ds-3", 32<<20, map[string]string{"source": "file://" + src + "/big"})
+		err := retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+				StagingTargetPath: filepath.Join(env.dir, "staging", vol.VolumeId), VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext})
+			return err
+		})
+		wantCode(t, err, codes.OutOfRange, "volume holds")
+	})
+	t.Run("failure case - bad dataset parameters", func(t *testing.T) {
+		for _, params := range []map[string]string{
+			{"source": "ftp://x/y"},
+			{"endpoint": "http://x"},
+			{"source": "s3://b", "pathStyle": "maybe"},
+		} {
+			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "bad", Parameters: params,
+				VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}})
+			wantCode(t, err, codes.InvalidArgument, "")
+		}
+		_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "bad-block", Parameters: map[string]string{"source": "s3://b"},
+			VolumeCapabilities: []*csi.VolumeCapability{blockCap()}})
+		wantCode(t, err, codes.InvalidArgument, "block")
+	})
+}
+
+// TestDatasetStaticPV: a static PV naming a source, with no volume behind its handle, is the
+// node's cached tree bind-mounted read-only; unstaging releases it for eviction.
+func TestDatasetStaticPV(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	roMany := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+	}
+	vc := map[string]string{"source": "file://" + src + "/set"}
+	id := "imagenet-static"
+	staging := filepath.Join(env.dir, "staging", id)
+	target := filepath.Join(env.dir, "target", id)
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			VolumeCapability: roMany, VolumeContext: vc})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: roMany, VolumeContext: vc, Readonly: true}); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, target, want)
+	if err := os.WriteFile(filepath.Join(target, "x"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("write to a shared dataset: %v, want EROFS", err)
+	}
+	refs := filepath.Join(env.pools[0].path, datasource.CacheDirName, "*", "refs", "*")
+	if m, _ := filepath.Glob(refs); len(m) != 1 {
+		t.Fatalf("references %v, want one", m)
+	}
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := filepath.Glob(refs); len(m) != 0 {
+		t.Fatalf("references left: %v", m)
+	}
+}
+
+// TestDatasetInline: CSI inline volumes with an NFS dataset, read-only (shared cached tree) and
+// writable (own copy); file:// is refused since any pod author writes inline volumes.
+func TestDatasetInline(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	export := filepath.Join(env.dir, "export")
+	writeTree(t, filepath.Join(export, "data"), want)
+	addr := testpeers.StartNFS(t, export)
+	mc := mountCap("")
+	for _, tc := range []struct {
+		name     string
+		readOnly bool
+	}{{"read-only", true}, {"writable", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := "inline-" + tc.name
+			target := filepath.Join(env.dir, "target", id)
+			vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "nfs://" + addr + "/export/data", "size": "32Mi"}
+			if err := retryUnavailable(t, func() error {
+				_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+					VolumeCapability: mc, VolumeContext: vc, Readonly: tc.readOnly})
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			checkFiles(t, target, want)
+			err := os.WriteFile(filepath.Join(target, "new"), []byte("x"), 0o644)
+			if tc.readOnly != errors.Is(err, unix.EROFS) {
+				t.Fatalf("write: %v (read-only %v)", err, tc.readOnly)
+			}
+			if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(target); !os.IsNotExist(err) {
+				t.Fatalf("target left behind: %v", err)
+			}
+		})
+	}
+	t.Run("failure case - file source inline", func(t *testing.T) {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-file",
+			TargetPath: filepath.Join(env.dir, "target", "inline-file"), VolumeCapability: mc, Readonly: true,
+			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "file://" + src + "/set"}})
+		wantCode(t, err, codes.PermissionDenied, "inline")
+	})
+}

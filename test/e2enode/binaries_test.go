@@ -1,0 +1,136 @@
+package e2enode
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// Where the suite finds what the Makefile built; keep the defaults in step with
+// hack/make/70-e2enode.mk.
+const (
+	// NodeBinEnv is the directory with containerd, containerd-shim-runc-v2, ctr, runc and cni/.
+	NodeBinEnv = "CISTERN_NODE_BIN"
+	// ImagesEnv is the images.json written by hack/images/build.
+	ImagesEnv = "CISTERN_NODE_IMAGES"
+	// CSIBinEnv is the directory with csi-provisioner (as for the harness).
+	CSIBinEnv = "CISTERN_CSI_BIN"
+
+	containerdVersion           = "v2.4.2"
+	externalProvisionerVersion  = "v6.4.0"
+	defaultImagesRelativeToRepo = "_output/node-images/images.json"
+)
+
+// binaries are the paths of everything the suite runs.
+type binaries struct {
+	kubelet, containerd, ctr, runc, cniDir, shimDir string
+	provisioner, driver                             string
+	images                                          map[string]imageEntry
+}
+
+type imageEntry struct {
+	Ref     string `json:"ref"`
+	Tarball string `json:"tarball"`
+}
+
+func cacheDir() string {
+	if dir := os.Getenv("CISTERN_CACHE"); dir != "" {
+		return dir
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "cistern")
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// findBinaries locates the built tools and builds the driver; a missing tool skips the suite
+// (fails it under CI=true) with the make target that builds it.
+func findBinaries(t *testing.T) *binaries {
+	t.Helper()
+	nodeBin := envOr(NodeBinEnv, filepath.Join(cacheDir(), "node-runtime-"+containerdVersion, "bin"))
+	csiBin := envOr(CSIBinEnv, filepath.Join(cacheDir(), "external-provisioner-"+externalProvisionerVersion, "bin"))
+	b := &binaries{
+		kubelet:     framework.Binary(t, "kubelet"),
+		containerd:  filepath.Join(nodeBin, "containerd"),
+		ctr:         filepath.Join(nodeBin, "ctr"),
+		runc:        filepath.Join(nodeBin, "runc"),
+		shimDir:     nodeBin,
+		cniDir:      filepath.Join(nodeBin, "cni"),
+		provisioner: filepath.Join(csiBin, "csi-provisioner"),
+	}
+	for path, target := range map[string]string{
+		b.containerd: "make node-tools",
+		filepath.Join(nodeBin, "containerd-shim-runc-v2"): "make node-tools",
+		b.ctr:                               "make node-tools",
+		b.runc:                              "make node-tools",
+		filepath.Join(b.cniDir, "loopback"): "make node-tools",
+		b.provisioner:                       "make csi-tools",
+	} {
+		if _, err := os.Stat(path); err != nil {
+			unavailable(t, "%s not found; run `%s`", path, target)
+		}
+	}
+
+	imagesFile := os.Getenv(ImagesEnv)
+	if imagesFile == "" {
+		root, err := repoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		imagesFile = filepath.Join(root, defaultImagesRelativeToRepo)
+	}
+	data, err := os.ReadFile(imagesFile)
+	if err != nil {
+		unavailable(t, "test images: %v; run `make node-images`", err)
+	}
+	if err := json.Unmarshal(data, &b.images); err != nil {
+		t.Fatalf("reading %s: %v", imagesFile, err)
+	}
+	for _, name := range []string{"pause", "checker"} {
+		if _, ok := b.images[name]; !ok {
+			t.Fatalf("%s has no %q image", imagesFile, name)
+		}
+	}
+
+	b.driver = filepath.Join(t.TempDir(), "csi-driver")
+	out, err := exec.Command("go", "build", "-o", b.driver, "github.com/cistern-csi/cistern/cmd/csi-driver").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building the driver: %v\n%s", err, out)
+	}
+	return b
+}
+
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the repository root: %w", err)
+	}
+	return string(trimNewline(out)), nil
+}
+
+func trimNewline(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}
+
+// unavailable skips the suite for want of a tool or a machine capability, or fails it under
+// CI=true, so that CI cannot pass by skipping what the Makefile should have provided.
+func unavailable(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("node e2e: "+format, args...)
+	}
+	t.Skipf("node e2e: "+format, args...)
+}

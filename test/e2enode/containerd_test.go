@@ -1,0 +1,156 @@
+package e2enode
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// containerd is a containerd with its CRI plugin, all of its state under dir.
+type containerd struct {
+	dir     string
+	socket  string
+	bins    *binaries
+	process *framework.Process
+}
+
+// criNamespace is the containerd namespace the CRI plugin (and so kubelet) uses.
+const criNamespace = "k8s.io"
+
+// containerdConfig follows what is known to work on this machine (see docs/testing.md): runc
+// from our build, the sandbox image equal to our pause image, oom_score_adj never lowered
+// (the host denies it), cgroupfs, a CNI directory holding only the loopback plugin.
+func (c *containerd) config(cniConfDir string) string {
+	q := func(s string) string { return fmt.Sprintf("%q", s) }
+	return strings.Join([]string{
+		`version = 3`,
+		`root = ` + q(filepath.Join(c.dir, "root")),
+		`state = ` + q(filepath.Join(c.dir, "state")),
+		`[grpc]`,
+		`  address = ` + q(c.socket),
+		`[ttrpc]`,
+		`  address = ` + q(c.socket+".ttrpc"),
+		`[plugins]`,
+		`  [plugins.'io.containerd.internal.v1.opt']`,
+		`    path = ` + q(filepath.Join(c.dir, "opt")),
+		`  [plugins.'io.containerd.nri.v1.nri']`,
+		`    disable = true`,
+		`  [plugins.'io.containerd.cri.v1.images']`,
+		`    snapshotter = 'overlayfs'`,
+		`    [plugins.'io.containerd.cri.v1.images'.pinned_images]`,
+		`      sandbox = ` + q(c.bins.images["pause"].Ref),
+		`  [plugins.'io.containerd.cri.v1.runtime']`,
+		`    restrict_oom_score_adj = true`,
+		`    netns_mounts_under_state_dir = true`,
+		`    [plugins.'io.containerd.cri.v1.runtime'.containerd]`,
+		`      default_runtime_name = 'runc'`,
+		`      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]`,
+		`        runtime_type = 'io.containerd.runc.v2'`,
+		`        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]`,
+		`          BinaryName = ` + q(c.bins.runc),
+		`          Root = ` + q(filepath.Join(c.dir, "runc")),
+		`          SystemdCgroup = false`,
+		`    [plugins.'io.containerd.cri.v1.runtime'.cni]`,
+		`      bin_dirs = [` + q(c.bins.cniDir) + `]`,
+		`      conf_dir = ` + q(cniConfDir),
+		`  [plugins.'io.containerd.grpc.v1.cri']`,
+		`    stream_server_address = '127.0.0.1'`,
+		`    stream_server_port = '0'`,
+		``,
+	}, "\n")
+}
+
+// loopbackConflist is all the pod network the node needs to be Ready; pods use the host network.
+const loopbackConflist = `{"cniVersion": "1.0.0", "name": "cistern-e2e", "plugins": [{"type": "loopback"}]}`
+
+// startContainerd starts containerd in dir and imports the test images. Its cleanup kills every
+// container it runs before stopping it, so that no shim or mount outlives the test.
+func startContainerd(t *testing.T, bins *binaries, dir string) *containerd {
+	t.Helper()
+	c := &containerd{dir: dir, socket: filepath.Join(dir, "containerd.sock"), bins: bins}
+	cniConfDir := filepath.Join(dir, "cni", "net.d")
+	if err := os.MkdirAll(cniConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cniConfDir, "10-loopback.conflist"), []byte(loopbackConflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	configPath := filepath.Join(dir, "containerd.toml")
+	if err := os.WriteFile(configPath, []byte(c.config(cniConfDir)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(bins.containerd, "--config", configPath, "--log-level", "info")
+	// The shim is found on PATH.
+	cmd.Env = append(os.Environ(), "PATH="+bins.shimDir+":"+os.Getenv("PATH"))
+	c.process = framework.StartCommand(t, "containerd", cmd)
+	// Runs before the process is stopped (cleanups run in reverse).
+	t.Cleanup(func() {
+		defer logDuration(t, "killing containers", time.Now())
+		c.killContainers(t)
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		if conn, err := net.Dial("unix", c.socket); err == nil {
+			conn.Close()
+			if _, err := c.ctr(ctx, "version"); err == nil {
+				break
+			}
+		}
+		select {
+		case <-c.process.Done():
+			t.Fatalf("containerd exited: %v (log: %s)", c.process.Err(), c.process.LogPath)
+		case <-ctx.Done():
+			t.Fatalf("containerd not ready: %v (log: %s)", ctx.Err(), c.process.LogPath)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	for _, im := range bins.images {
+		if out, err := c.ctr(ctx, "images", "import", im.Tarball); err != nil {
+			t.Fatalf("importing %s: %v\n%s", im.Tarball, err, out)
+		}
+	}
+	return c
+}
+
+// ctr runs ctr against this containerd in the CRI namespace and returns its stdout; stderr
+// (where it also warns, e.g. about cgroup v1) goes into the error.
+func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
+	args = append([]string{"--address", c.socket, "--namespace", criNamespace}, args...)
+	cmd := exec.CommandContext(ctx, c.bins.ctr, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args[4:], " "), err, stderr.String())
+	}
+	return string(out), nil
+}
+
+// killContainers force-deletes every task (SIGKILL, then delete) and container left in the CRI
+// namespace: what kubelet did not tear down because the test failed, or because it was stopped
+// before it collected the sandboxes of deleted pods.
+func (c *containerd) killContainers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if out, err := c.ctr(ctx, "tasks", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
+		if out, err := c.ctr(ctx, append([]string{"tasks", "delete", "--force"}, strings.Fields(out)...)...); err != nil {
+			t.Logf("cleanup: deleting tasks: %v: %s", err, out)
+		}
+	}
+	if out, err := c.ctr(ctx, "containers", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
+		if out, err := c.ctr(ctx, append([]string{"containers", "delete"}, strings.Fields(out)...)...); err != nil {
+			t.Logf("cleanup: deleting containers: %v: %s", err, out)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package e2enode
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apimetav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+)
+
+const (
+	datasetBucket = "datasets"
+	datasetPrefix = "model"
+	datasetSecret = "dataset-reader"
+)
+
+// dataset is an S3 dataset on the local S3 server and the sha256 of each of its files.
+type dataset struct {
+	s3     *testpeers.S3
+	source string
+	files  map[string]string
+}
+
+// startDataset starts the S3 server (versitygw, `make s3-tools`) and uploads a small dataset
+// with nested keys, plus a Secret holding the credentials in the test namespace.
+func startDataset(t *testing.T, c *cluster) *dataset {
+	t.Helper()
+	s3 := testpeers.StartS3(t, "")
+	s3.Bucket(t, datasetBucket)
+	d := &dataset{s3: s3, source: "s3://" + datasetBucket + "/" + datasetPrefix, files: map[string]string{}}
+	for key, size := range map[string]int{
+		"config.json":                 512,
+		"weights/part-000.bin":        3 << 20,
+		"weights/part-001.bin":        1<<20 + 17,
+		"tokenizer/vocab/merges.txt":  64 << 10,
+		"tokenizer/vocab/special.txt": 0,
+	} {
+		data := make([]byte, size)
+		_, _ = rand.Read(data)
+		s3.Put(t, datasetBucket, datasetPrefix+"/"+key, data)
+		sum := sha256.Sum256(data)
+		d.files[key] = hex.EncodeToString(sum[:])
+	}
+	secret := &corev1.Secret{
+		ObjectMeta: apimetav1.ObjectMeta{Name: datasetSecret},
+		StringData: map[string]string{"accessKeyID": s3.AccessKey, "secretAccessKey": s3.SecretKey},
+	}
+	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(context.Background(), secret, apimetav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// attributes are the dataset's volume parameters, as in a StorageClass or inline volume.
+func (d *dataset) attributes() map[string]string {
+	return map[string]string{
+		"pool":      poolName,
+		"source":    d.source,
+		"endpoint":  d.s3.Endpoint,
+		"pathStyle": "true",
+	}
+}
+
+// storageClass creates a StorageClass for the dataset, with credentials for staging at
+// CreateVolume and at NodeStageVolume.
+func (d *dataset) storageClass(t *testing.T, c *cluster) string {
+	t.Helper()
+	params := d.attributes()
+	maps.Copy(params, map[string]string{
+		"csi.storage.k8s.io/provisioner-secret-name":      datasetSecret,
+		"csi.storage.k8s.io/provisioner-secret-namespace": c.ns,
+		"csi.storage.k8s.io/node-stage-secret-name":       datasetSecret,
+		"csi.storage.k8s.io/node-stage-secret-namespace":  c.ns,
+	})
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	sc := &storagev1.StorageClass{
+		ObjectMeta:        apimetav1.ObjectMeta{Name: "cistern-dataset"},
+		Provisioner:       consts.DriverName,
+		Parameters:        params,
+		VolumeBindingMode: &wffc,
+	}
+	if _, err := c.cp.Client.StorageV1().StorageClasses().Create(context.Background(), sc, apimetav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.cp.Client.StorageV1().StorageClasses().Delete(context.Background(), sc.Name, apimetav1.DeleteOptions{})
+	})
+	return sc.Name
+}
+
+// checkFiles compares what a pod saw with the dataset, byte for byte (by sha256).
+func (d *dataset) checkFiles(t *testing.T, pod string, dr DirResult) {
+	t.Helper()
+	if dr.HashError != "" {
+		t.Errorf("%s: reading the dataset: %s", pod, dr.HashError)
+	}
+	if !maps.Equal(dr.Files, d.files) {
+		t.Errorf("%s sees a dataset that differs from the source:\n got  %v\n want %v", pod, dr.Files, d.files)
+	}
+}
+
+func testDatasets(t *testing.T, c *cluster) {
+	d := startDataset(t, c)
+	sc := d.storageClass(t, c)
+	ctx := context.Background()
+
+	// Two claims of the same dataset, one after the other: the second is served from the node's
+	// cache, which the driver's cache-hit counter shows.
+	for i, name := range []string{"dataset-1", "dataset-2"} {
+		hitsBefore := c.node.metric(t, "cistern_dataset_cache_hits_total")
+		if _, err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Create(ctx, pvc(name, sc, "64Mi"), apimetav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod := checkerPod(c.checkerImage, c.resultsDir, name,
+			[]corev1.Volume{pvcVolume("data", name)},
+			[]corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+			"-dir", "/data", "-hash", "-write-read")
+		createPod(t, c.cp, c.ns, pod)
+		waitPodRunning(t, c.cp, c.ns, name)
+		dr := readResult(t, c.resultsDir, name).Dirs[0]
+		d.checkFiles(t, name, dr)
+		if dr.WriteRead == nil || !dr.WriteRead.OK {
+			t.Errorf("%s: the dataset volume is not writable: %+v", name, dr.WriteRead)
+		}
+		hits := c.node.metric(t, "cistern_dataset_cache_hits_total")
+		if i == 1 && hits <= hitsBefore {
+			t.Errorf("the second volume of the dataset did not come from the node cache (cache hits %v -> %v)", hitsBefore, hits)
+		}
+	}
+
+	// An inline ephemeral volume of the same dataset, read-only: the cached tree itself.
+	attrs := d.attributes()
+	attrs["size"] = "64Mi"
+	pod := checkerPod(c.checkerImage, c.resultsDir, "dataset-inline",
+		[]corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+			Driver:               consts.DriverName,
+			ReadOnly:             ptr.To(true),
+			VolumeAttributes:     attrs,
+			NodePublishSecretRef: &corev1.LocalObjectReference{Name: datasetSecret},
+		}}}},
+		[]corev1.VolumeMount{{Name: "model", MountPath: "/model", ReadOnly: true}},
+		"-dir", "/model", "-hash", "-write-read")
+	createPod(t, c.cp, c.ns, pod)
+	waitPodRunning(t, c.cp, c.ns, "dataset-inline")
+	dr := readResult(t, c.resultsDir, "dataset-inline").Dirs[0]
+	d.checkFiles(t, "dataset-inline", dr)
+	if dr.WriteRead == nil || dr.WriteRead.OK {
+		t.Errorf("a read-only inline dataset volume accepted a write: %+v", dr.WriteRead)
+	}
+
+	for _, name := range []string{"dataset-1", "dataset-2", "dataset-inline"} {
+		deletePodAndWait(t, c.cp, c.ns, name)
+	}
+	for _, name := range []string{"dataset-1", "dataset-2"} {
+		if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, name, apimetav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

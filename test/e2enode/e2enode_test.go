@@ -1,0 +1,344 @@
+package e2enode
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+const nodeName = "cistern-e2e-node"
+
+// cluster is the one-node cluster the suite's tests share, in order.
+type cluster struct {
+	cp           *framework.ControlPlane
+	bins         *binaries
+	dir          string
+	containerd   *containerd
+	kubelet      *kubelet
+	node         *cisternNode
+	storageClass string
+	ns           string
+	resultsDir   string
+	checkerImage string
+}
+
+// requireMachine skips the suite where this machine cannot run a node.
+func requireMachine(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		unavailable(t, "needs root (kubelet, containerd, runc, mounts)")
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		unavailable(t, "needs loop devices: %v", err)
+	}
+	filesystems, err := os.ReadFile("/proc/filesystems")
+	if err != nil || !strings.Contains(string(filesystems), "overlay") {
+		unavailable(t, "needs overlayfs for containerd's snapshotter")
+	}
+	if _, err := os.Stat("/sys/fs/cgroup"); err != nil {
+		unavailable(t, "needs cgroups: %v", err)
+	}
+}
+
+// startCluster brings up control plane, containerd, kubelet and the Cistern node; every piece is
+// torn down by t.Cleanup in reverse order, and the host is cleaned last.
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	requireMachine(t)
+	bins := findBinaries(t)
+
+	// Not t.TempDir: it must not be removed while something is still mounted below it.
+	dir, err := os.MkdirTemp("", "cistern-e2enode-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kubelet's device manager and containerd's shims use these fixed paths whatever the root
+	// directories; remove them afterwards if they are ours.
+	var created []string
+	for _, p := range []string{"/var/lib/kubelet", "/run/containerd"} {
+		if _, err := os.Stat(p); os.IsNotExist(err) {
+			created = append(created, p)
+		}
+	}
+	t.Cleanup(func() {
+		defer logDuration(t, "host cleanup", time.Now())
+		cleanupHost(t, dir)
+		for _, p := range created {
+			_ = os.RemoveAll(p)
+		}
+		cleanupCgroups(t)
+		if left := mountsUnder(t, dir); len(left) > 0 {
+			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+
+	begin := time.Now()
+	ca := newNodeCA(t, dir)
+	c := &cluster{bins: bins, dir: dir, resultsDir: filepath.Join(dir, "results"), checkerImage: bins.images["checker"].Ref}
+	c.cp = framework.StartControlPlane(t, framework.Options{
+		ControllerManager: true,
+		Scheduler:         true,
+		APIServerArgs:     []string{"--client-ca-file=" + ca.certFile},
+	})
+	c.containerd = startContainerd(t, bins, filepath.Join(dir, "containerd"))
+	kubeletRoot := filepath.Join(dir, "kubelet")
+	c.kubelet = startKubelet(t, c.cp, ca, bins.kubelet, nodeName, kubeletRoot, c.containerd.socket)
+	waitNodeReady(t, c.cp, c.kubelet, nodeName, 2*time.Minute)
+	t.Logf("node %s Ready %s after start", nodeName, time.Since(begin).Round(time.Millisecond))
+
+	// Writable by the non-root users the pods run as.
+	if err := os.Mkdir(c.resultsDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(c.resultsDir, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	c.node = newCisternNode(t, bins, dir, kubeletRoot, nodeName)
+	c.storageClass = createStorageObjects(t, c.cp)
+	c.node.startDriver(t)
+	c.node.startProvisioner(t, c.cp)
+	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")
+	// Runs before the driver stops: kubelet unmounts through it.
+	t.Cleanup(func() {
+		defer logDuration(t, "deleting the remaining pods", time.Now())
+		c.deleteAllPods(t)
+	})
+	return c
+}
+
+// deleteAllPods deletes the test namespace's pods and waits for them to go, so that kubelet
+// tears their volumes down while the driver still runs.
+func (c *cluster) deleteAllPods(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pods := c.cp.Client.CoreV1().Pods(c.ns)
+	_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		return err == nil && len(list.Items) == 0, nil
+	})
+	// kubelet unstages after the pod is gone; give it the time to do so through the driver.
+	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
+		return len(volumeMounts(t, c)) == 0, nil
+	})
+}
+
+func TestNode(t *testing.T) {
+	c := startCluster(t)
+	ctx := context.Background()
+
+	t.Run("registration", func(t *testing.T) {
+		csiNode := c.node.waitRegistered(t, c.cp)
+		for _, d := range csiNode.Spec.Drivers {
+			if d.Name == consts.DriverName && !slices.Contains(d.TopologyKeys, consts.TopologyKey) {
+				t.Errorf("CSINode driver topology keys %v lack %s", d.TopologyKeys, consts.TopologyKey)
+			}
+		}
+		node, err := c.cp.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := node.Labels[consts.TopologyKey]; got != nodeName {
+			t.Errorf("Node label %s = %q, want %q (kubelet sets it from NodeGetInfo)", consts.TopologyKey, got, nodeName)
+		}
+	})
+
+	var pvcPod *corev1.Pod
+	t.Run("pvc", func(t *testing.T) {
+		claim := pvc("data", c.storageClass, "64Mi")
+		if _, err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		pod := checkerPod(c.checkerImage, c.resultsDir, "pvc",
+			[]corev1.Volume{pvcVolume("data", "data")},
+			[]corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
+			"-dir", "/data", "-write-read", "-size", "4194304", "-fill", "-heartbeat", "1s")
+		// A non-root user that can write only through fsGroup: kubelet applies it to the volume.
+		pod.Spec.SecurityContext = &corev1.PodSecurityContext{
+			RunAsUser: ptr.To[int64](1000), RunAsGroup: ptr.To[int64](1000), FSGroup: ptr.To[int64](2000),
+		}
+		createPod(t, c.cp, c.ns, pod)
+		pvcPod = waitPodRunning(t, c.cp, c.ns, "pvc")
+
+		res := readResult(t, c.resultsDir, "pvc")
+		if len(res.Dirs) != 1 {
+			t.Fatalf("result has %d dirs", len(res.Dirs))
+		}
+		d := res.Dirs[0]
+		if d.WriteRead == nil || !d.WriteRead.OK {
+			t.Errorf("write and read back in the container failed: %+v", d.WriteRead)
+		}
+		if d.Fill == nil || !d.Fill.ENOSPC {
+			t.Errorf("writing past the requested size did not fail with ENOSPC: %+v", d.Fill)
+		} else if d.Fill.Bytes > 64<<20 {
+			t.Errorf("wrote %d bytes into a 64 MiB volume", d.Fill.Bytes)
+		}
+		if d.TotalBytes > 64<<20 || d.TotalBytes < 32<<20 {
+			t.Errorf("the container sees a %d-byte filesystem for a 64 MiB claim", d.TotalBytes)
+		}
+		if !slices.Contains(res.Groups, 2000) {
+			t.Errorf("container groups %v lack the fsGroup 2000", res.Groups)
+		}
+
+		claim, err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Get(ctx, "data", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pv, err := c.cp.Client.CoreV1().PersistentVolumes().Get(ctx, claim.Spec.VolumeName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("PV of the claim: %v", err)
+		}
+		if pv.Spec.CSI == nil || !strings.HasPrefix(pv.Spec.CSI.VolumeHandle, poolName+"-") {
+			t.Errorf("PV %s is not a volume of pool %s: %+v", pv.Name, poolName, pv.Spec.CSI)
+		}
+		if !pvPinnedTo(pv, nodeName) {
+			t.Errorf("PV %s has no node affinity to %s: %+v", pv.Name, nodeName, pv.Spec.NodeAffinity)
+		}
+		if n := len(volumeMounts(t, c)); n < 2 {
+			t.Errorf("expected a staging and a publish mount under kubelet's directory, found %d", n)
+		}
+	})
+
+	t.Run("inline-ephemeral", func(t *testing.T) {
+		pod := checkerPod(c.checkerImage, c.resultsDir, "inline",
+			[]corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+				Driver:           consts.DriverName,
+				VolumeAttributes: map[string]string{"pool": poolName, "size": "32Mi"},
+			}}}},
+			[]corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}},
+			"-dir", "/scratch", "-write-read", "-fill")
+		createPod(t, c.cp, c.ns, pod)
+		waitPodRunning(t, c.cp, c.ns, "inline")
+		d := readResult(t, c.resultsDir, "inline").Dirs[0]
+		if d.WriteRead == nil || !d.WriteRead.OK {
+			t.Errorf("write and read back failed: %+v", d.WriteRead)
+		}
+		if d.Fill == nil || !d.Fill.ENOSPC || d.Fill.Bytes > 32<<20 {
+			t.Errorf("filling a 32 MiB inline volume: %+v, want ENOSPC within 32 MiB", d.Fill)
+		}
+		deletePodAndWait(t, c.cp, c.ns, "inline")
+	})
+
+	t.Run("datasets", func(t *testing.T) { testDatasets(t, c) })
+
+	t.Run("leaderworkerset", func(t *testing.T) { testLeaderWorkerSet(t, c) })
+
+	t.Run("driver-restart", func(t *testing.T) {
+		if pvcPod == nil {
+			t.Skip("the pvc pod did not start")
+		}
+		before := volumeMounts(t, c)
+		c.node.restartDriver()
+		c.node.waitRegistered(t, c.cp)
+		// Heartbeats written and read back after the restart prove the mount still works.
+		restarted := time.Now()
+		deadline := restarted.Add(time.Minute)
+		var hb Heartbeat
+		for {
+			readJSON(t, filepath.Join(c.resultsDir, "pvc.heartbeat.json"), &hb)
+			if !hb.OK {
+				t.Fatalf("heartbeat after the driver restart failed: %s", hb.Error)
+			}
+			if hb.Time.After(restarted.Add(3 * time.Second)) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no heartbeat from the pod since the driver restarted (last %+v)", hb)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		after := volumeMounts(t, c)
+		if strings.Join(before, "\n") != strings.Join(after, "\n") {
+			t.Errorf("volume mounts changed across the driver restart:\nbefore %v\nafter  %v", before, after)
+		}
+		if pod, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, "pvc", metav1.GetOptions{}); err != nil || pod.Status.Phase != corev1.PodRunning {
+			t.Errorf("pvc pod after the driver restart: %v %v", err, pod.Status.Phase)
+		}
+	})
+
+	t.Run("teardown", func(t *testing.T) {
+		deletePodAndWait(t, c.cp, c.ns, "pvc")
+		if left := volumeMounts(t, c); len(left) > 0 {
+			t.Errorf("mounts left in kubelet's directories after the pods are gone: %v", left)
+		}
+		if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, "data", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitNoPVs(t, c)
+		if loops := volumeLoopDevices(t, c); len(loops) > 0 {
+			t.Errorf("loop devices left for volumes: %v", loops)
+		}
+		images, _ := filepath.Glob(filepath.Join(c.dir, "pool", ".cistern", "volumes", "*"))
+		if len(images) > 0 {
+			t.Errorf("volume images left in the pool: %v", images)
+		}
+	})
+}
+
+// volumeMounts lists the CSI mounts in kubelet's directories: staging (plugins/kubernetes.io/csi)
+// and publish (pods/<uid>/volumes/kubernetes.io~csi) paths.
+func volumeMounts(t *testing.T, c *cluster) []string {
+	t.Helper()
+	var csi []string
+	for _, mp := range mountsUnder(t, c.kubelet.rootDir) {
+		if strings.Contains(mp, "/kubernetes.io~csi/") || strings.Contains(mp, "/plugins/kubernetes.io/csi/") {
+			csi = append(csi, mp)
+		}
+	}
+	return csi
+}
+
+// volumeLoopDevices lists loop devices backed by volume images in the pool (not the pool's own).
+func volumeLoopDevices(t *testing.T, c *cluster) map[string]string {
+	t.Helper()
+	return loopDevicesUnder(t, filepath.Join(c.dir, "pool"))
+}
+
+func waitNoPVs(t *testing.T, c *cluster) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		list, err := c.cp.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return err == nil && len(list.Items) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("PersistentVolumes not deleted: %v", err)
+	}
+}
+
+func pvPinnedTo(pv *corev1.PersistentVolume, node string) bool {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return false
+	}
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == consts.TopologyKey && slices.Contains(e.Values, node) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func logDuration(t *testing.T, what string, start time.Time) {
+	t.Logf("%s took %s", what, time.Since(start).Round(time.Millisecond))
+}

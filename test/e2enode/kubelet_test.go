@@ -1,0 +1,211 @@
+package e2enode
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// nodeCA signs kubelet's client certificate; kube-apiserver trusts it through --client-ca-file,
+// so kubelet authenticates as system:node:<name> and the Node authorizer applies to it, as in
+// a real cluster.
+type nodeCA struct {
+	certFile string
+	cert     *x509.Certificate
+	key      *ecdsa.PrivateKey
+}
+
+func newNodeCA(t *testing.T, dir string) *nodeCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "cistern-e2e-node-ca"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &nodeCA{certFile: filepath.Join(dir, "node-ca.crt"), cert: cert, key: key}
+	if err := os.WriteFile(ca.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// clientCert returns a PEM certificate and key for user in groups.
+func (ca *nodeCA) clientCert(t *testing.T, user string, groups ...string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: user, Organization: groups},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+}
+
+// kubelet is a running kubelet.
+type kubelet struct {
+	rootDir string
+	process *framework.Process
+}
+
+// kubeletConfig follows what is known to work on this machine: cgroup v1 with cgroupfs,
+// oom_score_adj left alone, no eviction or image GC that a busy shared disk could trigger.
+func kubeletConfig(rootDir, runtimeSocket string, port, healthzPort int32) *kubeletv1beta1.KubeletConfiguration {
+	return &kubeletv1beta1.KubeletConfiguration{
+		TypeMeta:                 metav1.TypeMeta{APIVersion: "kubelet.config.k8s.io/v1beta1", Kind: "KubeletConfiguration"},
+		ContainerRuntimeEndpoint: "unix://" + runtimeSocket,
+		FailCgroupV1:             ptr.To(false),
+		CgroupDriver:             "cgroupfs",
+		OOMScoreAdj:              ptr.To[int32](0),
+		FailSwapOn:               ptr.To(false),
+		Address:                  "127.0.0.1",
+		Port:                     port,
+		ReadOnlyPort:             0,
+		HealthzBindAddress:       "127.0.0.1",
+		HealthzPort:              ptr.To(healthzPort),
+		PodLogsDir:               filepath.Join(rootDir, "pod-logs"),
+		// Nobody calls kubelet's API in these tests (no logs, no exec); refuse everyone.
+		Authentication: kubeletv1beta1.KubeletAuthentication{
+			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
+			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: ptr.To(false)},
+		},
+		Authorization:                 kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeAlwaysAllow},
+		EvictionHard:                  map[string]string{"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+		MergeDefaultEvictionSettings:  ptr.To(false),
+		ImageGCHighThresholdPercent:   ptr.To[int32](100),
+		ImageGCLowThresholdPercent:    ptr.To[int32](99),
+		SyncFrequency:                 metav1.Duration{Duration: 10 * time.Second},
+		NodeStatusUpdateFrequency:     metav1.Duration{Duration: 5 * time.Second},
+		ResolverConfig:                ptr.To(""),
+		MakeIPTablesUtilChains:        ptr.To(false),
+		SerializeImagePulls:           ptr.To(false),
+		LocalStorageCapacityIsolation: ptr.To(true),
+	}
+}
+
+// startKubelet starts kubelet as system:node:<name> with its root directory in rootDir.
+func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nodeName, rootDir, runtimeSocket string) *kubelet {
+	t.Helper()
+	if err := os.MkdirAll(rootDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	confDir := t.TempDir()
+	certPEM, keyPEM := ca.clientCert(t, "system:node:"+nodeName, "system:nodes")
+	kubeconfig := clientcmdapi.NewConfig()
+	kubeconfig.Clusters["cistern"] = &clientcmdapi.Cluster{Server: cp.URL, CertificateAuthorityData: cp.Config.CAData}
+	kubeconfig.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	kubeconfig.Contexts["cistern"] = &clientcmdapi.Context{Cluster: "cistern", AuthInfo: "kubelet"}
+	kubeconfig.CurrentContext = "cistern"
+	kubeconfigPath := filepath.Join(confDir, "kubelet.kubeconfig")
+	if err := clientcmd.WriteToFile(*kubeconfig, kubeconfigPath); err != nil {
+		t.Fatal(err)
+	}
+
+	ports, err := freePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := yaml.Marshal(kubeletConfig(rootDir, runtimeSocket, ports[0], ports[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	configPath := filepath.Join(confDir, "kubelet.yaml")
+	if err := os.WriteFile(configPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	p := framework.StartProcess(t, "kubelet", bin,
+		"--config="+configPath,
+		"--kubeconfig="+kubeconfigPath,
+		"--root-dir="+rootDir,
+		"--cert-dir="+filepath.Join(rootDir, "pki"),
+		"--hostname-override="+nodeName,
+		"--v=2",
+	)
+	return &kubelet{rootDir: rootDir, process: p}
+}
+
+// waitNodeReady waits until kubelet has registered the Node and reports it Ready.
+func waitNodeReady(t *testing.T, cp *framework.ControlPlane, k *kubelet, nodeName string, timeout time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last string
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		select {
+		case <-k.process.Done():
+			return false, errExited(k.process)
+		default:
+		}
+		node, err := cp.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			last = "not registered"
+			return false, nil
+		}
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				last = string(c.Status) + ": " + c.Message
+				return c.Status == corev1.ConditionTrue, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("Node %s not Ready (%s): %v; kubelet log: %s", nodeName, last, err, k.process.LogPath)
+	}
+}

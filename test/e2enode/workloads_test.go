@@ -1,0 +1,161 @@
+package e2enode
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
+)
+
+const lwsName = "ranks"
+
+// startWorkloadController installs the workload CRDs and runs the workload-controller in the
+// test process, its webhooks self-registered on loopback, until the test ends.
+func startWorkloadController(t *testing.T, c *cluster) {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.InstallCRDs(c.cp.Config, filepath.Join(root, "deploy", "csi", "crds")); err != nil {
+		t.Fatalf("installing the workload CRDs: %v", err)
+	}
+	ports, err := freePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := int(ports[0])
+	certDir := t.TempDir()
+	cfg := workloads.Config{
+		MetricsAddr: "0", ProbeAddr: "0",
+		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
+		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
+		GitImage: "localhost/cistern/git:unused",
+	}
+	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(1)))
+	errc := make(chan error, 1)
+	go func() { errc <- workloads.Run(ctx, c.cp.Config, cfg) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-errc:
+		case <-time.After(30 * time.Second):
+			t.Log("workload-controller did not stop within 30s")
+		}
+	})
+	deadline := time.Now().Add(time.Minute)
+	for {
+		select {
+		case err := <-errc:
+			t.Fatalf("workload-controller exited: %v", err)
+		default:
+		}
+		if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+			conn.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workload-controller's webhook server not up on port %d", port)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// lwsManifest is a LeaderWorkerSet of one group of a leader and one worker, each with its own
+// claim from the pool-targeted class; every pod checks its claim and writes its results under
+// its own name.
+func lwsManifest(c *cluster) string {
+	return fmt.Sprintf(`apiVersion: workloads.cistern.dev/v1alpha1
+kind: LeaderWorkerSet
+metadata:
+  name: %[1]s
+  namespace: %[2]s
+spec:
+  replicas: 1
+  leaderWorkerTemplate:
+    size: 2
+    volumeClaimTemplates:
+    - metadata: {name: data}
+      spec:
+        accessModes: [ReadWriteOnce]
+        storageClassName: %[3]s
+        resources: {requests: {storage: 32Mi}}
+    workerTemplate:
+      spec:
+        hostNetwork: true
+        terminationGracePeriodSeconds: 5
+        containers:
+        - name: checker
+          image: %[4]s
+          imagePullPolicy: Never
+          env:
+          - name: POD_NAME
+            valueFrom: {fieldRef: {fieldPath: metadata.name}}
+          args: [-out, /results/$(POD_NAME), -dir, /data, -write-read, -fill]
+          volumeMounts:
+          - {name: data, mountPath: /data}
+          - {name: results, mountPath: /results}
+        volumes:
+        - name: results
+          hostPath: {path: %[5]s, type: DirectoryOrCreate}
+`, lwsName, c.ns, c.storageClass, c.checkerImage, c.resultsDir)
+}
+
+func testLeaderWorkerSet(t *testing.T, c *cluster) {
+	startWorkloadController(t, c)
+	framework.ApplyYAML(t, c.cp, lwsManifest(c))
+	ctx := context.Background()
+	pods := []string{lwsName + "-0", lwsName + "-0-1"} // the leader, then worker 1 of group 0
+	for _, name := range pods {
+		waitPodCreated(t, c, name)
+		waitPodRunning(t, c.cp, c.ns, name)
+		d := readResult(t, c.resultsDir, name).Dirs[0]
+		if d.WriteRead == nil || !d.WriteRead.OK {
+			t.Errorf("%s: write and read back failed: %+v", name, d.WriteRead)
+		}
+		if d.Fill == nil || !d.Fill.ENOSPC || d.Fill.Bytes > 32<<20 {
+			t.Errorf("%s: filling its 32 MiB claim: %+v, want ENOSPC within 32 MiB", name, d.Fill)
+		}
+		claim, err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Get(ctx, "data-"+name, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("%s: its claim: %v", name, err)
+		} else if claim.Status.Phase != corev1.ClaimBound {
+			t.Errorf("claim %s is %s", claim.Name, claim.Status.Phase)
+		}
+	}
+
+	// Delete the LeaderWorkerSet and wait for its pods; the claims are retained (the default
+	// policy), so delete them too.
+	framework.Kubectl(t, c.cp, "delete", "leaderworkersets.workloads.cistern.dev", lwsName, "-n", c.ns, "--cascade=foreground", "--wait=true", "--timeout=120s")
+	for _, name := range pods {
+		deletePodAndWait(t, c.cp, c.ns, name)
+		if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, "data-"+name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("deleting claim data-%s: %v", name, err)
+		}
+	}
+}
+
+// waitPodCreated waits for a controller to create the pod.
+func waitPodCreated(t *testing.T, c *cluster, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, name, metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s not created: %v", name, err)
+	}
+}
