@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -290,7 +289,7 @@ func (s *scenario) poolShrink(t *testing.T) {
 	})
 }
 
-// podsOn is a helper for LWS: the node each pod of the namespace runs on, by name.
+// podNodes returns the pods of the test namespace matching selector, by name.
 func (s *scenario) podNodes(ctx context.Context, selector string) (map[string]*corev1.Pod, error) {
 	pods, err := s.cp.Client.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
@@ -302,5 +301,3 @@ func (s *scenario) podNodes(ctx context.Context, selector string) (map[string]*c
 	}
 	return m, nil
 }
-
-var _ = ptr.To[int]

@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -124,3 +125,5 @@ func scheduledNode(t *testing.T, c kubernetes.Interface, ns, pod string) string 
 	})
 	return node
 }
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

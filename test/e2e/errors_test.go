@@ -1,5 +1,0 @@
-package e2e_test
-
-import "fmt"
-
-func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
