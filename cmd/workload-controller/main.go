@@ -24,7 +24,11 @@ func main() {
 	var kubeconfig, localRoots string
 	var qps float64
 	var burst int
-	flag.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
+	// controller-runtime registers --kubeconfig on the default FlagSet when it is linked in;
+	// defining it again panics.
+	if flag.Lookup("kubeconfig") == nil {
+		flag.String("kubeconfig", "", "kubeconfig file; in-cluster configuration when empty")
+	}
 	flag.Float64Var(&qps, "kube-api-qps", 50, "steady queries per second to the API server")
 	flag.IntVar(&burst, "kube-api-burst", 100, "burst of queries to the API server")
 	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":8080", "metrics address; 0 disables")
@@ -45,6 +49,7 @@ func main() {
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
 	flag.Parse()
+	kubeconfig = flag.Lookup("kubeconfig").Value.String()
 	if localRoots != "" {
 		cfg.VolumeManager.LocalSourceRoots = strings.Split(localRoots, ",")
 	}

@@ -84,8 +84,13 @@ func usableBytes(capacity int64) int64 { return capacity - capacity/20 }
 
 // prestageDataset starts staging right after CreateVolume when this process is also the node
 // plugin; failures are logged and surface again at NodeStageVolume.
+//
+// Without CreateVolume secrets it does not start: a class that passes its credentials only to
+// NodeStageVolume (csi.storage.k8s.io/node-stage-secret-*) would otherwise stage anonymously,
+// fail with access denied, and NodeStageVolume would get that cached permanent failure even
+// though it brings the right credentials.
 func (d *Driver) prestageDataset(ctx context.Context, v state.Volume, spec *datasource.Spec, secrets map[string]string) {
-	if spec == nil || d.cfg.Mode != ModeAll {
+	if spec == nil || d.cfg.Mode != ModeAll || len(secrets) == 0 {
 		return
 	}
 	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "dataset", spec.String())

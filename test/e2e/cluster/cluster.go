@@ -1,0 +1,178 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// Cluster is deploy/csi installed on a control plane, with simulated nodes running the node
+// components and, when the tree has it, the workload-controller.
+type Cluster struct {
+	CP       *framework.ControlPlane
+	Features Features
+	Nodes    map[string]*Node
+	// NodeNames in the order they were given.
+	NodeNames  []string
+	Controller *framework.Process
+}
+
+// Options for Start.
+type Options struct {
+	Nodes    []NodeSpec
+	Node     NodeOptions
+	Features Features
+}
+
+// CreateNamespace creates the install namespace, so that a server-side dry run of deploy/csi
+// can check its namespaced objects (a dry-run Namespace is not there for them).
+func CreateNamespace(t testing.TB, cp *framework.ControlPlane) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating namespace %s: %v", Namespace, err)
+	}
+}
+
+// Install applies deploy/csi (CRDs, RBAC, CSIDriver, DaemonSet, ...) as an administrator would.
+func Install(t testing.TB, cp *framework.ControlPlane) {
+	t.Helper()
+	framework.ApplyManifests(t, cp, DeployDir())
+}
+
+// Start installs deploy/csi and starts the nodes and the controller.
+func Start(t testing.TB, cp *framework.ControlPlane, opts Options) *Cluster {
+	t.Helper()
+	Install(t, cp)
+	c := &Cluster{CP: cp, Features: opts.Features, Nodes: map[string]*Node{}}
+	nodeOpts := opts.Node
+	nodeOpts.StoragePools = opts.Features.StoragePools
+	for _, spec := range opts.Nodes {
+		c.Nodes[spec.Name] = StartNode(t, cp, spec, nodeOpts)
+		c.NodeNames = append(c.NodeNames, spec.Name)
+	}
+	if opts.Features.Workloads {
+		c.Controller = startController(t, cp, opts.Node.Bins.Controller)
+	}
+	FakeKubelet(t, cp.Client, c.NodeNames...)
+	return c
+}
+
+// startController runs the workload-controller as its ServiceAccount, its webhooks served on
+// loopback and registered by URL (no Service can reach a process outside the cluster).
+func startController(t testing.TB, cp *framework.ControlPlane, bin string) *framework.Process {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	certDir := filepath.Join(t.TempDir(), "webhook-certs")
+	if err := os.MkdirAll(certDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	p := framework.StartProcess(t, "workload-controller", bin,
+		"--kubeconfig="+framework.ServiceAccountKubeconfig(t, cp, Namespace, ControllerServiceAccount),
+		"--metrics-bind-address=0",
+		"--health-probe-bind-address=0",
+		"--webhook-host=127.0.0.1",
+		fmt.Sprintf("--webhook-port=%d", port),
+		"--webhook-cert-dir="+certDir,
+		"--webhook-self-register",
+		"--webhook-namespace="+Namespace,
+		"--v=2",
+	)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+			c.Close()
+			return p
+		}
+		select {
+		case <-p.Done():
+			t.Fatalf("workload-controller exited: %v (log %s)", p.Err(), p.LogPath)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workload-controller webhook not serving on port %d (log %s)", port, p.LogPath)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// FakeKubelet does for pods bound to the given nodes what a kubelet that starts every container
+// at once would: it reports them Running and Ready and confirms their deletion. The node
+// DaemonSet's own pods are left alone: their components run as local processes instead.
+func FakeKubelet(t testing.TB, c kubernetes.Interface, nodes ...string) {
+	mine := map[string]bool{}
+	for _, n := range nodes {
+		mine[n] = true
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	handle := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || !mine[pod.Spec.NodeName] || pod.Namespace == Namespace {
+			return
+		}
+		if pod.DeletionTimestamp != nil {
+			_ = c.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+				GracePeriodSeconds: ptr.To[int64](0), Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+			return
+		}
+		if pod.Status.Phase == corev1.PodRunning {
+			return
+		}
+		p := pod.DeepCopy()
+		now := metav1.Now()
+		p.Status.Phase = corev1.PodRunning
+		p.Status.StartTime = &now
+		p.Status.PodIP = "127.0.0.1"
+		p.Status.PodIPs = []corev1.PodIP{{IP: "127.0.0.1"}}
+		p.Status.Conditions = []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
+		}
+		p.Status.ContainerStatuses = nil
+		for _, ctr := range p.Spec.Containers {
+			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
+				Name: ctr.Name, Image: ctr.Image, ImageID: ctr.Image, Ready: true, Started: ptr.To(true),
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
+			})
+		}
+		_, _ = c.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	}
+	lw := cache.NewListWatchFromClient(c.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, fields.Everything())
+	_, informer := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: lw,
+		ObjectType:    &corev1.Pod{},
+		ResyncPeriod:  2 * time.Second, // retries updates that lost a race
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    handle,
+			UpdateFunc: func(_, n any) { handle(n) },
+		},
+	})
+	wg.Add(1)
+	go func() { defer wg.Done(); informer.Run(ctx.Done()) }()
+}

@@ -1,0 +1,112 @@
+package cluster
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"k8s.io/mount-utils"
+)
+
+// MakePool creates a filesystem of size bytes in an image file under dir and mounts it, through a
+// loop device, at dir/<name>; it returns the mount point. At the end of the test everything
+// mounted or attached under it is released, then the filesystem itself.
+func MakePool(t testing.TB, dir, name string, size int64) string {
+	t.Helper()
+	img := filepath.Join(dir, name+".img")
+	mnt := filepath.Join(dir, name)
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatalf("pool %s: %v", name, err)
+	}
+	f, err := os.Create(img)
+	if err == nil {
+		err = f.Truncate(size)
+		f.Close()
+	}
+	if err != nil {
+		t.Fatalf("pool %s: image: %v", name, err)
+	}
+	// No reserved blocks: the pool's free space is what statfs reports to everyone.
+	run(t, "mkfs.ext4", "-q", "-F", "-m", "0", img)
+	// The loop device is freed by the kernel when the filesystem is unmounted (autoclear).
+	run(t, "mount", "-o", "loop", img, mnt)
+	t.Cleanup(func() {
+		if err := ReleaseUnder(mnt); err != nil {
+			t.Logf("pool %s: %v", name, err)
+		}
+		if err := exec.Command("umount", mnt).Run(); err != nil {
+			_ = exec.Command("umount", "-l", mnt).Run()
+		}
+		_ = os.Remove(img)
+	})
+	return mnt
+}
+
+func run(t testing.TB, name string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// ReleaseUnder unmounts every mount point under dir (deepest first) and detaches every loop
+// device whose backing file is under dir: what a driver that was killed, or a test that failed
+// half-way, may have left. dir itself stays mounted.
+func ReleaseUnder(dir string) error {
+	dir = filepath.Clean(dir)
+	var errs []string
+	mps, err := mount.New("").List()
+	if err != nil {
+		return err
+	}
+	var under []string
+	for _, mp := range mps {
+		if strings.HasPrefix(mp.Path, dir+"/") {
+			under = append(under, mp.Path)
+		}
+	}
+	// Deepest first; a path mounted twice is unmounted twice.
+	sort.Slice(under, func(i, j int) bool { return len(under[i]) > len(under[j]) })
+	for _, p := range under {
+		if out, err := exec.Command("umount", p).CombinedOutput(); err != nil {
+			if out2, err2 := exec.Command("umount", "-l", p).CombinedOutput(); err2 != nil {
+				errs = append(errs, fmt.Sprintf("umount %s: %s %s", p, out, out2))
+			}
+		}
+	}
+	loops, err := LoopDevicesUnder(dir)
+	if err != nil {
+		errs = append(errs, err.Error())
+	}
+	for _, dev := range loops {
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Sprintf("losetup -d %s: %s", dev, out))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("releasing %s: %s", dir, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// LoopDevicesUnder lists the loop devices whose backing file is under dir.
+func LoopDevicesUnder(dir string) ([]string, error) {
+	out, err := exec.Command("losetup", "--list", "--noheadings", "--raw", "--output", "NAME,BACK-FILE").Output()
+	if err != nil {
+		return nil, fmt.Errorf("losetup --list: %v", err)
+	}
+	var devs []string
+	for _, line := range strings.Split(string(out), "\n") {
+		name, back, ok := strings.Cut(strings.TrimSpace(line), " ")
+		// A deleted backing file shows as "<path> (deleted)".
+		back = strings.TrimSuffix(back, " (deleted)")
+		if ok && strings.HasPrefix(back, filepath.Clean(dir)+"/") {
+			devs = append(devs, name)
+		}
+	}
+	return devs, nil
+}

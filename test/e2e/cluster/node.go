@@ -1,0 +1,236 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// PoolSpec is one pool of a simulated node: an ext4 filesystem of Size bytes.
+type PoolSpec struct {
+	Name   string
+	Size   int64
+	Labels map[string]string
+}
+
+// NodeSpec is a simulated node.
+type NodeSpec struct {
+	Name  string
+	Pools []PoolSpec
+}
+
+// Node is a simulated node with its components running.
+type Node struct {
+	Name string
+	// Dir holds the node's pools, state, socket and the pools config.
+	Dir    string
+	Socket string
+	// Pools maps pool name to its mount point.
+	Pools       map[string]string
+	PoolsConfig string
+
+	Driver, Provisioner, Sidecar *framework.Process
+}
+
+// NodeOptions tunes the components for tests: short intervals make changes show quickly.
+type NodeOptions struct {
+	Bins Binaries
+	// PoolCheckInterval is the driver's --pool-check-interval.
+	PoolCheckInterval time.Duration
+	// CapacityPollInterval is the provisioner's --capacity-poll-interval.
+	CapacityPollInterval time.Duration
+	// SidecarResync is the storagepool-sidecar's --resync-period.
+	SidecarResync time.Duration
+	// StoragePools starts the storagepool-sidecar.
+	StoragePools bool
+}
+
+// StartNode registers a Node and CSINode as kubelet and node-driver-registrar would, creates its
+// pools, and starts the driver, the external-provisioner and (with StoragePools) the
+// storagepool-sidecar for it. deploy/csi must be installed: the provisioner and sidecar run as
+// its node ServiceAccount, and the provisioner owns its CSIStorageCapacity objects through the
+// node's DaemonSet pod, as --capacity-ownerref-level=0 does in a real cluster.
+func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts NodeOptions) *Node {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), spec.Name)
+	n := &Node{
+		Name:        spec.Name,
+		Dir:         dir,
+		Socket:      filepath.Join(dir, "csi", "csi.sock"),
+		Pools:       map[string]string{},
+		PoolsConfig: filepath.Join(dir, "pools.yaml"),
+	}
+	for _, d := range []string{filepath.Dir(n.Socket), filepath.Join(dir, "state"), filepath.Join(dir, "pools")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type poolEntry struct {
+		Name   string            `json:"name"`
+		Path   string            `json:"path"`
+		Labels map[string]string `json:"labels,omitempty"`
+	}
+	var cfg struct {
+		Pools []poolEntry `json:"pools"`
+	}
+	for _, p := range spec.Pools {
+		mnt := MakePool(t, filepath.Join(dir, "pools"), p.Name, p.Size)
+		n.Pools[p.Name] = mnt
+		cfg.Pools = append(cfg.Pools, poolEntry{Name: p.Name, Path: mnt, Labels: p.Labels})
+	}
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(n.PoolsConfig, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	framework.CreateNode(t, cp, spec.Name, nil)
+
+	n.Driver = framework.StartProcess(t, spec.Name+"-csi-driver", opts.Bins.Driver,
+		"--endpoint=unix://"+n.Socket,
+		"--node-id="+spec.Name,
+		"--mode=all",
+		"--pools-config="+n.PoolsConfig,
+		"--state-dir="+filepath.Join(dir, "state"),
+		"--pool-check-interval="+orDefault(opts.PoolCheckInterval, 10*time.Second).String(),
+		"--v=3",
+	)
+	// Before anything else is stopped, release what the driver staged, so the pools unmount.
+	t.Cleanup(func() {
+		n.Driver.Stop()
+		for _, mnt := range n.Pools {
+			_ = ReleaseUnder(mnt)
+		}
+	})
+	waitSocket(t, n.Driver, n.Socket)
+
+	pod := daemonSetPod(t, cp, spec.Name)
+	kubeconfig := framework.ServiceAccountKubeconfig(t, cp, Namespace, NodeServiceAccount)
+	prov := exec.Command(opts.Bins.Provisioner,
+		"--kubeconfig="+kubeconfig,
+		"--csi-address="+n.Socket,
+		"--node-deployment",
+		"--enable-capacity",
+		"--capacity-ownerref-level=0",
+		"--strict-topology",
+		"--extra-create-metadata",
+		"--capacity-poll-interval="+orDefault(opts.CapacityPollInterval, time.Minute).String(),
+		"--retry-interval-start=500ms",
+		"--retry-interval-max=5s",
+		"--v=4",
+	)
+	prov.Env = append(os.Environ(), "NODE_NAME="+spec.Name, "NAMESPACE="+Namespace, "POD_NAME="+pod)
+	n.Provisioner = framework.StartCommand(t, spec.Name+"-csi-provisioner", prov)
+
+	if opts.StoragePools {
+		n.Sidecar = framework.StartProcess(t, spec.Name+"-storagepool-sidecar", opts.Bins.Sidecar,
+			"--kubeconfig="+kubeconfig,
+			"--csi-address="+n.Socket,
+			"--node-name="+spec.Name,
+			"--resync-period="+orDefault(opts.SidecarResync, time.Minute).String(),
+			"--v=3",
+		)
+	}
+	return n
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// waitSocket waits until the driver accepts connections on its socket.
+func waitSocket(t testing.TB, p *framework.Process, socket string) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		select {
+		case <-p.Done():
+			return false, fmt.Errorf("%s exited: %v (log %s)", p.Name, p.Err(), p.LogPath)
+		default:
+		}
+		c, err := net.Dial("unix", socket)
+		if err != nil {
+			return false, nil
+		}
+		c.Close()
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("driver socket %s: %v", socket, err)
+	}
+}
+
+// daemonSetPod waits for the node DaemonSet's pod on node (created by kube-controller-manager,
+// never run: no kubelet) and returns its name.
+func daemonSetPod(t testing.TB, cp *framework.ControlPlane, node string) string {
+	t.Helper()
+	var name string
+	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		pods, err := cp.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=cistern-node"})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range pods.Items {
+			if podNode(&p) == node {
+				name = p.Name
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("DaemonSet pod for node %s: %v", node, err)
+	}
+	return name
+}
+
+// podNode is the node a DaemonSet pod is for: bound, or pinned by its node affinity.
+func podNode(p *corev1.Pod) string {
+	if p.Spec.NodeName != "" {
+		return p.Spec.NodeName
+	}
+	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, f := range term.MatchFields {
+				if f.Key == "metadata.name" && len(f.Values) == 1 {
+					return f.Values[0]
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// TopologyOf returns the node a PersistentVolume is pinned to by the driver's topology key.
+func TopologyOf(pv *corev1.PersistentVolume) string {
+	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
+		return ""
+	}
+	var nodes []string
+	for _, term := range pv.Spec.NodeAffinity.Required.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == consts.TopologyKey && e.Operator == corev1.NodeSelectorOpIn {
+				nodes = append(nodes, e.Values...)
+			}
+		}
+	}
+	return strings.Join(nodes, ",")
+}

@@ -1,0 +1,182 @@
+package e2e_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/cistern-csi/cistern/test/e2e/cluster"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// s3Server starts versitygw with the sample dataset, or skips.
+func s3Server(t *testing.T) (*cluster.S3, map[string]string) {
+	t.Helper()
+	bin := cluster.VersitygwBinary()
+	if bin == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("versitygw not built; run `make s3-tools`")
+		}
+		t.Skip("versitygw not built; run `make s3-tools`")
+	}
+	s3 := cluster.StartS3(t, bin, t.TempDir())
+	sums, err := s3.SampleDataset(ctx(t), "datasets", "sample")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s3, sums
+}
+
+// dataset: a claim of a class with an S3 source and a secret; once provisioned on node-a, the
+// test calls NodeStageVolume and NodePublishVolume as kubelet does (with the secret's data) and
+// checks every file against the source.
+func (s *scenario) dataset(t *testing.T) {
+	if !s.c.Features.Datasets {
+		t.Skip("the driver does not stage datasets in this tree (pkg/datasource not wired into pkg/driver)")
+	}
+	s3, sums := s3Server(t)
+	cs := s.cp.Client
+	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: sample-s3, namespace: %[1]s}
+stringData: {accessKeyID: %[2]s, secretAccessKey: %[3]s}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: cistern-sample}
+provisioner: cistern.csi.dev
+volumeBindingMode: WaitForFirstConsumer
+parameters:
+  pool: fast
+  source: s3://datasets/sample/
+  endpoint: %[4]s
+  pathStyle: "true"
+  csi.storage.k8s.io/node-stage-secret-name: sample-s3
+  csi.storage.k8s.io/node-stage-secret-namespace: %[1]s
+`, s.ns, s3.AccessKey, s3.SecretKey, s3.Endpoint))
+	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim("sample", "cistern-sample", "64Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods(s.ns).Create(ctx(t), newPod("sample", "sample", map[string]string{corev1.LabelHostname: nodeA}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pv := boundPV(t, cs, s.ns, "sample")
+	secret, err := cs.CoreV1().Secrets(s.ns).Get(ctx(t), "sample-s3", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets := map[string]string{}
+	for k, v := range secret.Data {
+		secrets[k] = string(v)
+	}
+	stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[nodeA].Socket, pv, secrets, filepath.Join(t.TempDir(), "kubelet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Unmount(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := cluster.VerifyFiles(m.TargetPath, sums); err != nil {
+		t.Errorf("published volume: %v", err)
+	}
+}
+
+// volumeManager: a VolumeManager with replicas 2 gets a static PV and claim pinned to both nodes,
+// and its status lists them with the node affinity pods need. Where the driver stages datasets,
+// the test then stages that PV on each node as kubelet would and checks the data on both.
+func (s *scenario) volumeManager(t *testing.T) {
+	if !s.c.Features.Workloads {
+		t.Skip("workload-controller or deploy/csi/workload-controller not in this tree")
+	}
+	endpoint, access, secret := "http://127.0.0.1:1", "unused", "unused"
+	var sums map[string]string
+	if s.c.Features.Datasets {
+		var s3 *cluster.S3
+		s3, sums = s3Server(t)
+		endpoint, access, secret = s3.Endpoint, s3.AccessKey, s3.SecretKey
+	}
+	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
+apiVersion: v1
+kind: Secret
+metadata: {name: vm-s3, namespace: %[1]s}
+stringData: {accessKeyID: %[2]s, secretAccessKey: %[3]s}
+---
+apiVersion: data.cistern.dev/v1alpha1
+kind: VolumeManager
+metadata: {name: sample, namespace: %[1]s}
+spec:
+  volumes:
+  - id: sample
+    replicas: 2
+    sourceType: S3
+    sourceURL: s3://datasets/sample/
+    capacity: 64Mi
+    accessMode: ReadOnlyMany
+    options: {endpoint: %[4]q, pathStyle: "true", secretName: vm-s3}
+`, s.ns, access, secret, endpoint))
+	var claim string
+	eventually(t, 2*time.Minute, "VolumeManager status lists both nodes", func(ctx context.Context) error {
+		obj, err := s.dynamic(t).Resource(volumeManagerGVR).Namespace(s.ns).Get(ctx, "sample", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		vols, _, _ := unstructured.NestedSlice(obj.Object, "status", "volumes")
+		if len(vols) != 1 {
+			return errorf("status.volumes %v", vols)
+		}
+		v, _ := vols[0].(map[string]any)
+		nodes, _, _ := unstructured.NestedStringSlice(v, "nodes")
+		slices.Sort(nodes)
+		if !slices.Equal(nodes, []string{nodeA, nodeB}) {
+			return errorf("status.volumes[0].nodes %v, want both nodes", nodes)
+		}
+		terms, _, _ := unstructured.NestedSlice(v, "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+		if len(terms) != 1 {
+			return errorf("status.volumes[0].nodeAffinity %v", terms)
+		}
+		claim, _, _ = unstructured.NestedString(v, "volumeSource", "persistentVolumeClaim", "claimName")
+		return nil
+	})
+	pv := boundPV(t, s.cp.Client, s.ns, claim)
+	if got := strings.Split(cluster.TopologyOf(pv), ","); !slices.Equal(sorted(got), []string{nodeA, nodeB}) {
+		t.Errorf("PV %s pinned to %v, want both nodes", pv.Name, got)
+	}
+	if !s.c.Features.Datasets {
+		t.Log("the driver does not stage datasets in this tree: data on the nodes not checked")
+		return
+	}
+	secrets := map[string]string{"accessKeyID": access, "secretAccessKey": secret}
+	for _, node := range []string{nodeA, nodeB} {
+		stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[node].Socket, pv, secrets, filepath.Join(t.TempDir(), "kubelet"))
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", node, err)
+		}
+		if err := cluster.VerifyFiles(m.TargetPath, sums); err != nil {
+			t.Errorf("%s: %v", node, err)
+		}
+		if err := m.Unmount(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func sorted(s []string) []string {
+	slices.Sort(s)
+	return s
+}
