@@ -39,6 +39,9 @@ func InstallCRDs(cfg *rest.Config, dir string) error {
 		if err := yaml.Unmarshal(b, &crd); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
+		if crd.Kind != "CustomResourceDefinition" {
+			continue // the directory's kustomization.yaml
+		}
 		if err := c.Create(ctx, &crd); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
