@@ -27,3 +27,8 @@ test-datasource: $(VERSITYGW)
 bench-datasource: s3-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkStaging -benchtime 1x -v ./pkg/datasource/bench/
+
+# The driver's dataset tests (pkg/driver/dataset_test.go) need the S3 server too.
+test-driver: $(VERSITYGW)
+test-driver: export CISTERN_VERSITYGW := $(VERSITYGW)
+test-driver: export CISTERN_REQUIRE_PEERS := 1

@@ -230,7 +230,7 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 		return nil, err
 	}
 	defer release()
-	if err := mount.CleanupMountPoint(target, d.mounter, true); err != nil {
+	if err := unmountTarget(d.mounter, target); err != nil {
 		return nil, internal("unmounting staging path", err)
 	}
 	v, ok := d.store.GetVolume(id)
@@ -351,6 +351,15 @@ func (d *Driver) bindMount(source, target string, block, readOnly bool, flags []
 	if !notMnt {
 		return nil
 	}
+	if !readOnly && len(flags) == 0 {
+		// The common case: one bind mount(2). mount-utils runs mount(8) twice for a bind
+		// (bind, then a remount that applies options), which only read-only or flagged
+		// publications need.
+		if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+			return internal("bind-mounting volume", err)
+		}
+		return nil
+	}
 	opts := append([]string{"bind"}, flags...)
 	if readOnly {
 		opts = append(opts, "ro")
@@ -407,7 +416,9 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
-// unmountTarget unmounts a directory or block-file target and removes it.
+// unmountTarget unmounts everything mounted at a directory or block-file target and removes
+// it. It calls umount(2) directly — no mount table scan, no fork of umount(8) — and leaves
+// anything unexpected (a busy or broken mount) to mount-utils.
 func unmountTarget(m mount.Interface, target string) error {
 	fi, err := os.Lstat(target)
 	if errors.Is(err, os.ErrNotExist) {
@@ -416,19 +427,23 @@ func unmountTarget(m mount.Interface, target string) error {
 	if err != nil {
 		return err
 	}
-	if fi.IsDir() {
-		return mount.CleanupMountPoint(target, m, true)
-	}
-	// A block target is a file; the mount point check by parent device does not apply.
 	for {
-		if err := unix.Unmount(target, 0); err != nil {
-			if errors.Is(err, unix.EINVAL) { // not a mount point (any more)
-				break
-			}
-			return fmt.Errorf("unmount %s: %w", target, err)
+		err := unix.Unmount(target, 0)
+		if err == nil {
+			continue // mounts can be stacked
 		}
+		if errors.Is(err, unix.EINVAL) { // not a mount point (any more)
+			break
+		}
+		if fi.IsDir() {
+			return mount.CleanupMountPoint(target, m, true)
+		}
+		return fmt.Errorf("unmount %s: %w", target, err)
 	}
-	return os.Remove(target)
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
