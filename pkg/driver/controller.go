@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
@@ -141,14 +142,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		pl.pool = v.Pool
 	}
-	pools, _ := d.pools.List()
-	chosen, err := pool.Select(pools, pool.Request{Name: pl.pool, Selector: pl.selector, RequiredBytes: size})
+	chosen, err := d.selectPool(pl, size)
 	if err != nil {
-		var noRoom *pool.NoRoomError
-		if errors.As(err, &noRoom) {
-			return nil, status.Errorf(codes.ResourceExhausted, "node %s: %v", d.cfg.NodeID, err)
-		}
-		return nil, internal("selecting a pool", err)
+		return nil, err
 	}
 	v.Pool = chosen.Name
 	v.ID = newVolumeID(chosen.Name)
@@ -166,11 +162,10 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		_ = image.Remove(img)
 		_ = d.store.DeleteVolume(v.ID)
-		if strings.Contains(err.Error(), "no space left") {
-			return nil, status.Errorf(codes.ResourceExhausted, "pool %q on node %s: %v", chosen.Name, d.cfg.NodeID, err)
+		if !errors.Is(err, unix.ENOSPC) {
+			d.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
 		}
-		d.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
-		return nil, internal("creating volume image", err)
+		return nil, d.imageError("creating volume image", chosen.Name, err)
 	}
 	v.Ready = true
 	if err := d.store.PutVolume(v); err != nil {
@@ -486,10 +481,7 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 		return nil, status.Errorf(codes.ResourceExhausted, "pool %q has %d bytes free, not enough to grow volume %s by %d bytes", v.Pool, pool.MaxVolumeBytes(p), id, grow)
 	}
 	if err := image.Grow(image.VolumePath(p.Path, pool.MetaDir, id), size); err != nil {
-		if strings.Contains(err.Error(), "no space left") {
-			return nil, status.Errorf(codes.ResourceExhausted, "growing volume %s: %v", id, err)
-		}
-		return nil, internal("growing volume image", err)
+		return nil, d.imageError("growing volume image", v.Pool, err)
 	}
 	v.CapacityBytes = size
 	v.NeedsGrow = true

@@ -2,8 +2,6 @@ package driver
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -70,14 +68,9 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 
 	v, exists := d.store.GetVolume(id)
 	if !exists {
-		pools, _ := d.pools.List()
-		chosen, err := pool.Select(pools, pool.Request{Name: pl.pool, Selector: pl.selector, RequiredBytes: size})
+		chosen, err := d.selectPool(pl, size)
 		if err != nil {
-			var noRoom *pool.NoRoomError
-			if errors.As(err, &noRoom) {
-				return nil, status.Errorf(codes.ResourceExhausted, "node %s: %v", d.cfg.NodeID, err)
-			}
-			return nil, internal("selecting a pool", err)
+			return nil, err
 		}
 		v = state.Volume{
 			ID: id, Name: id, Pool: chosen.Name, CapacityBytes: size, AccessType: state.Mount,
@@ -88,10 +81,7 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 		}
 		if err := image.Create(image.VolumePath(chosen.Path, pool.MetaDir, id), size); err != nil {
 			_ = d.store.DeleteVolume(id)
-			if strings.Contains(err.Error(), "no space left") {
-				return nil, status.Errorf(codes.ResourceExhausted, "pool %q: %v", chosen.Name, err)
-			}
-			return nil, internal("creating volume image", err)
+			return nil, d.imageError("creating volume image", chosen.Name, err)
 		}
 		v.Ready = true
 		if err := d.store.PutVolume(v); err != nil {

@@ -109,10 +109,7 @@ func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snaps
 	if err := image.CreateFrom(img, image.VolumePath(p.Path, pool.MetaDir, v.ID), 0); err != nil {
 		_ = image.Remove(img)
 		_ = d.store.DeleteSnapshot(sn.ID)
-		if strings.Contains(err.Error(), "no space left") {
-			return state.Snapshot{}, status.Errorf(codes.ResourceExhausted, "pool %q: %v", v.Pool, err)
-		}
-		return state.Snapshot{}, internal("copying volume image", err)
+		return state.Snapshot{}, d.imageError("copying volume image", v.Pool, err)
 	}
 	sn.Ready = true
 	if err := d.store.PutSnapshot(sn); err != nil {

@@ -3,9 +3,11 @@ package driver
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -99,6 +101,30 @@ func (d *Driver) lookupVolume(id string) (state.Volume, error) {
 	}
 	// Unknown history: Formatted makes staging probe the device before any mkfs.
 	return state.Volume{ID: id, Pool: poolName, CapacityBytes: size, Ready: true, Formatted: true, NeedsGrow: true}, nil
+}
+
+// selectPool picks the pool for a new volume. No room, or no allowed pool on this node, is
+// ResourceExhausted so that external-provisioner retries or tries another node.
+func (d *Driver) selectPool(pl placement, size int64) (pool.Status, error) {
+	pools, _ := d.pools.List()
+	chosen, err := pool.Select(pools, pool.Request{Name: pl.pool, Selector: pl.selector, RequiredBytes: size})
+	if err != nil {
+		var noRoom *pool.NoRoomError
+		if errors.As(err, &noRoom) {
+			return pool.Status{}, status.Errorf(codes.ResourceExhausted, "node %s: %v", d.cfg.NodeID, err)
+		}
+		return pool.Status{}, internal("selecting a pool", err)
+	}
+	return chosen, nil
+}
+
+// imageError maps a failed image operation: a full pool is ResourceExhausted, anything else
+// Internal.
+func (d *Driver) imageError(what, poolName string, err error) error {
+	if errors.Is(err, unix.ENOSPC) {
+		return status.Errorf(codes.ResourceExhausted, "%s: pool %q on node %s: %v", what, poolName, d.cfg.NodeID, err)
+	}
+	return internal(what, err)
 }
 
 func internal(what string, err error) error {
