@@ -6,8 +6,6 @@ import (
 	"github.com/cistern-csi/cistern/pkg/pool"
 )
 
-var maxVolumeBytes = pool.MaxVolumeBytes
-
 // poolCollector exports per-pool capacity and health, read from the pool manager at scrape time.
 type poolCollector struct {
 	d         *Driver
@@ -50,7 +48,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(c.total, prometheus.GaugeValue, float64(p.TotalBytes), node, p.Name)
 		ch <- prometheus.MustNewConstMetric(c.available, prometheus.GaugeValue, float64(p.AvailableBytes), node, p.Name)
-		ch <- prometheus.MustNewConstMetric(c.maxVolume, prometheus.GaugeValue, float64(maxVolumeBytes(p)), node, p.Name)
+		ch <- prometheus.MustNewConstMetric(c.maxVolume, prometheus.GaugeValue, float64(pool.MaxVolumeBytes(p)), node, p.Name)
 		ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, healthy, node, p.Name)
 		ch <- prometheus.MustNewConstMetric(c.volumes, prometheus.GaugeValue, float64(counts[p.Name]), node, p.Name)
 	}

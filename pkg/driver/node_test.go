@@ -15,6 +15,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/cistern-csi/cistern/test/testutil"
 )
@@ -293,7 +294,7 @@ func TestConcurrentCallsOnOneVolumeAreAborted(t *testing.T) {
 				CapacityRange: &csi.CapacityRange{RequiredBytes: 16 * mb}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}})
 			if err == nil {
 				ids <- resp.GetVolume().GetVolumeId()
-			} else if c := statusCode(err); c != codes.Aborted {
+			} else if c := status.Code(err); c != codes.Aborted {
 				t.Errorf("concurrent CreateVolume: %v", err)
 			}
 		}()
@@ -434,8 +435,6 @@ func TestEphemeralInlineVolume(t *testing.T) {
 	_, err := env.node.NodePublishVolume(ctx, bad)
 	wantCode(t, err, codes.InvalidArgument, "size")
 }
-
-func statusCode(err error) codes.Code { return statusFromError(err) }
 
 func syncFilesystem(path string) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY, 0)

@@ -6,13 +6,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
 )
-
-func statusFromError(err error) codes.Code { return status.Code(err) }
 
 func TestControllerListStoragePools(t *testing.T) {
 	env := startDriver(t, testPool{name: "a", labels: map[string]string{"media": "ssd"}}, testPool{name: "b"}, testPool{name: "c"})
