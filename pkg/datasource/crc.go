@@ -1,16 +1,23 @@
 package datasource
 
 import (
+	"crypto/sha1"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
 	"hash"
 	"hash/crc32"
-	"hash/crc64"
+
+	"github.com/minio/crc64nvme"
 )
 
-// Full-object CRC checksums can be checked on an object read in parallel ranges: each range is
-// CRC'd on its own and the CRCs are combined (zlib's crc32_combine method, over GF(2), for any
-// reflected CRC with inverted initial value and output like Go's hash/crc32 and hash/crc64).
+// The engine checks S3 full-object checksums itself, as the bytes stream, rather than letting
+// the SDK do it: the SDK's CRC-64/NVME is table-driven (about 0.5 GB/s on one core), these are
+// hardware-assisted (carry-less multiply, SSE 4.2; several GB/s), and staging is CPU-bound.
+//
+// CRC checksums can also be checked on an object read in parallel ranges: each range is CRC'd on
+// its own and the CRCs are combined (zlib's crc32_combine method, over GF(2), for any reflected
+// CRC with inverted initial value and output like Go's hash/crc32 and crc64nvme).
 
 // crcAlgo is a combinable S3 checksum algorithm.
 type crcAlgo struct {
@@ -19,13 +26,31 @@ type crcAlgo struct {
 	new   func() hash.Hash
 }
 
-var crc64NVMETable = crc64.MakeTable(0x9a6c9329ac4bc9b5)
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 var crcAlgos = map[string]crcAlgo{
 	"CRC32":     {32, 0xedb88320, func() hash.Hash { return crc32.NewIEEE() }},
-	"CRC32C":    {32, 0x82f63b78, func() hash.Hash { return crc32.New(crc32.MakeTable(crc32.Castagnoli)) }},
-	"CRC64NVME": {64, 0x9a6c9329ac4bc9b5, func() hash.Hash { return crc64.New(crc64NVMETable) }},
+	"CRC32C":    {32, 0x82f63b78, func() hash.Hash { return crc32.New(castagnoli) }},
+	"CRC64NVME": {64, crc64nvme.NVME, func() hash.Hash { return crc64nvme.New() }},
 }
+
+// checksumHash returns the hash of an S3 checksum algorithm, or nil for one the engine does not
+// know.
+func checksumHash(algorithm string) func() hash.Hash {
+	if a, ok := crcAlgos[algorithm]; ok {
+		return a.new
+	}
+	switch algorithm {
+	case "SHA1":
+		return sha1.New
+	case "SHA256":
+		return sha256.New
+	}
+	return nil
+}
+
+// encodeChecksum renders a digest the way S3 headers carry it.
+func encodeChecksum(sum []byte) string { return base64.StdEncoding.EncodeToString(sum) }
 
 func gf2Times(mat []uint64, vec uint64) uint64 {
 	var sum uint64

@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
@@ -163,6 +166,78 @@ func TestStageS3Faults(t *testing.T) {
 	}
 	tree, _ := m.TreePath(pool, spec)
 	checkTree(t, tree, want)
+}
+
+// TestStageS3DetectsCorruption: bytes damaged on the way are caught by the objects' own
+// checksums (computed by the engine as they stream, or per range and combined), fetched again
+// when the damage is transient, and never published when it persists.
+func TestStageS3DetectsCorruption(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	want := smallTree(4, 20, 10<<10)
+	want.upload(t, s, "data", "")
+	big := randBytes(5, 9<<20+7) // read in ranges whose CRCs combine
+	s.Put(t, "data", "big.bin", big)
+	want["big.bin"] = big
+	head, err := s.Client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String("data"), Key: aws.String("big.bin"),
+		ChecksumMode: types.ChecksumModeEnabled})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if head.ChecksumCRC32 == nil && head.ChecksumCRC32C == nil && head.ChecksumCRC64NVME == nil {
+		t.Fatal("the server keeps no CRC for objects: nothing to test")
+	}
+
+	var seen sync_map
+	proxy := testpeers.StartProxy(t, s.Endpoint, nil)
+	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data"))
+
+	t.Run("failure case - every read damaged", func(t *testing.T) {
+		proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+			if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") {
+				return testpeers.Fault{ResetAfter: -1, Flip: true}
+			}
+			return testpeers.None
+		})
+		pool := t.TempDir()
+		m := newManager(t, datasource.Config{Concurrency: 4, ChunkSize: 2 << 20, Retries: 2})
+		_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool})
+		if datasource.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "does not match") {
+			t.Fatalf("got %v (%v), want a checksum mismatch", datasource.Code(err), err)
+		}
+		if _, err := m.TreePath(pool, spec); err == nil {
+			t.Fatal("a damaged dataset was published")
+		}
+	})
+	t.Run("damage on first reads only", func(t *testing.T) {
+		proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+			if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") && seen.count(r.URL.Path+r.Header.Get("Range")) == 1 {
+				return testpeers.Fault{ResetAfter: -1, Flip: true}
+			}
+			return testpeers.None
+		})
+		pool := t.TempDir()
+		m := newManager(t, datasource.Config{Concurrency: 4, ChunkSize: 2 << 20})
+		req := datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}
+		// A damaged whole object is fetched again at once; a damaged range shows when the
+		// object's CRCs are combined, and fails the attempt: the next attempt keeps every
+		// verified file and reads that object again.
+		_, err := stage(ctx, t, m, req)
+		if err != nil {
+			if !strings.Contains(err.Error(), "does not match") {
+				t.Fatal(err)
+			}
+			if _, err = stage(ctx, t, m, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tree, err := m.TreePath(pool, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkTree(t, tree, want)
+	})
 }
 
 // TestStageS3PermanentErrors fails fast with a clear cause and leaves nothing behind.

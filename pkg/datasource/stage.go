@@ -358,13 +358,13 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if err != nil {
 			return err
 		}
-		if a, ok := crcAlgos[plan.Algorithm]; ok && plan.FullChecksum {
+		if a, ok := crcAlgos[plan.Checksum.Algorithm]; ok {
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
 			chunk = max(chunk, (o.Size+rangesPerObject-1)/rangesPerObject)
-			b.crc, b.crcWant = &a, plan.Checksum
+			b.crc, b.crcWant = &a, plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
-		} else if plan.FullChecksum {
+		} else if checksumHash(plan.Checksum.Algorithm) != nil {
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
 		}
@@ -542,24 +542,29 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 }
 
 // readInto copies [off, off+n) of o into f at off, retrying transient failures with exponential
-// backoff and full jitter, resuming where the last attempt stopped. It returns whether the source
-// verified a full-object checksum, and the MD5 of the range when newHash is set.
-func (j *job) readInto(ctx context.Context, o source.Object, f *os.File, off, n int64, newHash func() hash.Hash) (bool, []byte, error) {
+// backoff and full jitter, resuming where the last attempt stopped. A full read of an object that
+// comes with a full-object checksum is checked against it (verified); otherwise, when newHash is
+// set, the range's digest is returned for the caller to check.
+func (j *job) readInto(ctx context.Context, o source.Object, f *os.File, off, n int64, newHash func() hash.Hash) (verified bool, sum []byte, err error) {
 	var (
-		written  int64
-		verified bool
-		h        hash.Hash
-		err      error
+		written int64
+		h       hash.Hash
+		want    source.Checksum
 	)
 	for attempt := 0; ; attempt++ {
 		var rc io.ReadCloser
 		rc, err = j.src.Open(ctx, o, off+written, n-written)
 		if err == nil {
 			if written == 0 {
-				v, ok := rc.(interface{ ChecksumVerified() bool })
-				verified = ok && v.ChecksumVerified()
-				h = nil
-				if !verified && newHash != nil {
+				// A resumed read continues the same digest: reads are pinned to the listed
+				// version, so the rest of the bytes belong to the checksum of the first.
+				want, h = source.Checksum{}, nil
+				if c, ok := rc.(source.Checksummed); ok {
+					if nh := checksumHash(c.Checksum().Algorithm); nh != nil {
+						want, h = c.Checksum(), nh()
+					}
+				}
+				if h == nil && newHash != nil {
 					h = newHash()
 				}
 			}
@@ -571,16 +576,19 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *os.File, off, n 
 				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
 			}
 			if err == nil {
-				if h != nil {
-					return verified, h.Sum(nil), nil
+				switch {
+				case want.Algorithm != "":
+					if got := encodeChecksum(h.Sum(nil)); got != want.Value {
+						j.bytesDone.Add(-written)
+						return false, nil, source.Errorf(source.Corrupt, "%q: %s checksum %s does not match %s",
+							o.Key, want.Algorithm, got, want.Value)
+					}
+					return true, nil, nil
+				case h != nil:
+					return false, h.Sum(nil), nil
 				}
-				return verified, nil, nil
+				return false, nil, nil
 			}
-		}
-		if verified && written > 0 {
-			// The checksum covers a full read only: start over.
-			j.bytesDone.Add(-written)
-			written = 0
 		}
 		if ctx.Err() != nil {
 			return false, nil, context.Cause(ctx)

@@ -12,6 +12,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/pprof"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -73,12 +76,20 @@ func TestStagingChild(t *testing.T) {
 		AccessKeyID: os.Getenv("CISTERN_BENCH_AK"), SecretAccessKey: os.Getenv("CISTERN_BENCH_SK")}}
 	ctx := context.Background()
 	var res childResult
+	if path := os.Getenv("CISTERN_BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+	}
 	start := time.Now()
 	if _, err := m.Wait(ctx, req); err != nil {
 		t.Fatal(err)
 	}
 	res.StageSeconds = time.Since(start).Seconds()
 	res.CPUSeconds = cpuSeconds()
+	pprof.StopCPUProfile()
 	// A second volume of the same dataset: Ensure is a cache hit, then the read-only tree is
 	// referenced for a bind mount.
 	start = time.Now()
@@ -105,93 +116,222 @@ func TestStagingChild(t *testing.T) {
 	fmt.Printf("RESULT %s\n", b)
 }
 
+// Knobs for tuning runs (the make target sets none of them):
+//
+//	CISTERN_BENCH_DIR=/path    where the S3 server's data and the copies live (default: a temp dir)
+//	CISTERN_BENCH_REUSE=1      keep uploaded buckets in CISTERN_BENCH_DIR and reuse them next time
+//	CISTERN_BENCH_ONLY="2 GiB" only the datasets whose name contains this
+//	CISTERN_BENCH_REPS=n       measure each copier n times (default 3) and report medians
+//	CISTERN_BENCH_PROFILE=dir  write the staging child's CPU profile there, one per dataset
 func BenchmarkStaging(b *testing.B) {
 	base := os.Getenv("CISTERN_BENCH_DIR")
 	if base == "" {
 		base = b.TempDir()
 	}
+	reuse := os.Getenv("CISTERN_BENCH_REUSE") != ""
+	reps := 3
+	if n, err := strconv.Atoi(os.Getenv("CISTERN_BENCH_REPS")); err == nil && n > 0 {
+		reps = n
+	}
 	rclone := testpeers.Binary(b, "CISTERN_RCLONE")
 	s := testpeers.StartS3(b, filepath.Join(base, "s3"))
-	os.MkdirAll(s.Dir, 0o755)
 	var report strings.Builder
-	fmt.Fprintf(&report, "| dataset | Cistern staging | rclone copy --transfers 16 | cp -r | Cistern / rclone | Cistern / cp -r | cache hit | hit / staging | writable copy from cache | peak RSS Cistern | peak RSS rclone | CPU Cistern | CPU rclone |\n")
-	fmt.Fprintf(&report, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(&report, "| dataset | Cistern staging | rclone copy --transfers 16 | cp -r | Cistern / rclone | Cistern / cp -r | cache hit | hit / staging | writable copy from cache | peak RSS Cistern | peak RSS rclone | CPU Cistern | CPU rclone | load average |\n")
+	fmt.Fprintf(&report, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for i, sh := range shapes {
 		if only := os.Getenv("CISTERN_BENCH_ONLY"); only != "" && !strings.Contains(sh.name, only) {
-			continue // e.g. CISTERN_BENCH_ONLY="2 GiB"
+			continue
 		}
 		bucket := fmt.Sprintf("bench%d", i)
-		s.Bucket(b, bucket)
-		upStart := time.Now()
-		upload(b, s, bucket, sh)
-		b.Logf("%s: uploaded in %s", sh.name, time.Since(upStart))
-		debug.FreeOSMemory()
-		work := filepath.Join(base, fmt.Sprintf("run%d", i))
-
-		// cp -r: the disk's limit for the same files (plus one sync, as staging does).
-		cpDst := filepath.Join(work, "cp")
-		os.MkdirAll(work, 0o755)
-		dropCaches(b)
-		start := time.Now()
-		_, _ = run(b, nil, "cp", "-r", filepath.Join(s.Dir, bucket), cpDst)
-		syncfs(b, work)
-		cpTime := time.Since(start)
-		os.RemoveAll(cpDst)
-
-		// rclone copy --transfers 16.
-		rcDst := filepath.Join(work, "rclone")
-		env := []string{"RCLONE_CONFIG=/dev/null", "RCLONE_CONFIG_SRC_TYPE=s3", "RCLONE_CONFIG_SRC_PROVIDER=Other",
-			"RCLONE_CONFIG_SRC_ENDPOINT=" + s.Endpoint, "RCLONE_CONFIG_SRC_ACCESS_KEY_ID=" + s.AccessKey,
-			"RCLONE_CONFIG_SRC_SECRET_ACCESS_KEY=" + s.SecretKey, "RCLONE_CONFIG_SRC_FORCE_PATH_STYLE=true",
-			"RCLONE_CONFIG_SRC_REGION=us-east-1"}
-		dropCaches(b)
-		start = time.Now()
-		rcRSS, rcCPU := run(b, env, rclone, "copy", "--transfers", "16", "src:"+bucket, rcDst)
-		syncfs(b, work)
-		rcTime := time.Since(start)
-		os.RemoveAll(rcDst)
-
-		// Cistern, in a child process standing for the driver.
-		pool := filepath.Join(work, "pool")
-		popDst := filepath.Join(work, "volume")
-		os.MkdirAll(pool, 0o755)
-		os.MkdirAll(popDst, 0o755)
-		params, _ := json.Marshal(map[string]string{"source": "s3://" + bucket, "endpoint": s.Endpoint, "pathStyle": "true"})
-		dropCaches(b)
-		cmd := exec.Command(os.Args[0], "-test.run=^TestStagingChild$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(params),
-			"CISTERN_BENCH_POOL="+pool, "CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey,
-			"CISTERN_BENCH_POPULATE="+popDst)
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			b.Fatalf("staging child: %v\n%s", err, tail(out))
-		}
-		var res childResult
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.HasPrefix(line, "RESULT ") {
-				json.Unmarshal([]byte(strings.TrimPrefix(line, "RESULT ")), &res)
+		uploaded := filepath.Join(base, bucket+".uploaded")
+		if _, err := os.Stat(uploaded); err != nil || !reuse {
+			os.RemoveAll(filepath.Join(s.Dir, bucket))
+			s.Bucket(b, bucket)
+			upStart := time.Now()
+			upload(b, s, bucket, sh)
+			b.Logf("%s: uploaded in %s", sh.name, time.Since(upStart))
+			if reuse {
+				os.WriteFile(uploaded, nil, 0o644)
 			}
 		}
-		if res.StageSeconds == 0 {
-			b.Fatalf("no result from the staging child:\n%s", tail(out))
+		debug.FreeOSMemory()
+		work := filepath.Join(base, fmt.Sprintf("run%d", i))
+		os.RemoveAll(work)
+		os.MkdirAll(work, 0o755)
+		// Each copier writes into a fresh filesystem of its own, sized for the dataset and a
+		// writable copy of it.
+		fsSize := 3*int64(sh.objects)*sh.size + 1<<30
+		fresh := func(name string) (string, func()) { return freshFS(b, work, name, fsSize) }
+
+		// The three copiers take turns, so a burst of other load hits them alike.
+		var cps, rcs, stages []time.Duration
+		var ress []childResult
+		var rcRSS int64
+		var rcCPUs []float64
+		load := loadAverage()
+		for r := range reps {
+			// cp -r: the disk's limit for the same files (plus one sync, as staging does).
+			dst, done := fresh("cp")
+			dropCaches(b)
+			start := time.Now()
+			_, _ = run(b, nil, "cp", "-r", filepath.Join(s.Dir, bucket), filepath.Join(dst, "copy"))
+			syncfs(b, dst)
+			cps = append(cps, time.Since(start))
+			done()
+
+			dst, done = fresh("rclone")
+			env := []string{"RCLONE_CONFIG=/dev/null", "RCLONE_CONFIG_SRC_TYPE=s3", "RCLONE_CONFIG_SRC_PROVIDER=Other",
+				"RCLONE_CONFIG_SRC_ENDPOINT=" + s.Endpoint, "RCLONE_CONFIG_SRC_ACCESS_KEY_ID=" + s.AccessKey,
+				"RCLONE_CONFIG_SRC_SECRET_ACCESS_KEY=" + s.SecretKey, "RCLONE_CONFIG_SRC_FORCE_PATH_STYLE=true",
+				"RCLONE_CONFIG_SRC_REGION=us-east-1"}
+			dropCaches(b)
+			start = time.Now()
+			rss, cpu := run(b, env, rclone, "copy", "--transfers", "16", "src:"+bucket, filepath.Join(dst, "copy"))
+			syncfs(b, dst)
+			rcs = append(rcs, time.Since(start))
+			rcRSS, rcCPUs = max(rcRSS, rss), append(rcCPUs, cpu)
+			done()
+
+			profile := ""
+			if dir := os.Getenv("CISTERN_BENCH_PROFILE"); dir != "" && r == 0 {
+				profile = filepath.Join(dir, bucket+".cpu.pprof")
+			}
+			dst, done = fresh("cistern")
+			res := stageChild(b, s, bucket, dst, profile)
+			done()
+			ress = append(ress, res)
+			stages = append(stages, time.Duration(res.StageSeconds*float64(time.Second)))
+			b.Logf("%s, run %d: cp -r %s, rclone %s, Cistern %s", sh.name, r+1, round(cps[r]), round(rcs[r]), round(stages[r]))
 		}
-		stage := time.Duration(res.StageSeconds * float64(time.Second))
-		hit := time.Duration(res.HitSeconds * float64(time.Second))
-		pop := time.Duration(res.PopulateSeconds * float64(time.Second))
-		row := fmt.Sprintf("| %s | %s | %s | %s | %.2f | %.2f | %s | %.4f%% | %s | %d MiB | %d MiB | %.1fs | %.1fs |\n", sh.name,
+		load = fmt.Sprintf("%s → %s", load, loadAverage())
+		cpTime, rcTime, stage := median(cps), median(rcs), median(stages)
+		hit := median(collect(ress, func(r childResult) time.Duration { return seconds(r.HitSeconds) }))
+		pop := median(collect(ress, func(r childResult) time.Duration { return seconds(r.PopulateSeconds) }))
+		cpu := median(collect(ress, func(r childResult) time.Duration { return seconds(r.CPUSeconds) }))
+		rcCPU := median(collect(rcCPUs, seconds))
+		var rss int64
+		for _, r := range ress {
+			rss = max(rss, r.MaxRSSBytes)
+		}
+		row := fmt.Sprintf("| %s | %s | %s | %s | %.2f | %.2f | %s | %.4f%% | %s | %d MiB | %d MiB | %.1fs | %.1fs | %s |\n", sh.name,
 			round(stage), round(rcTime), round(cpTime), stage.Seconds()/rcTime.Seconds(), stage.Seconds()/cpTime.Seconds(),
-			hit.Round(10*time.Microsecond), 100*hit.Seconds()/stage.Seconds(), round(pop), res.MaxRSSBytes>>20, rcRSS>>20,
-			res.CPUSeconds, rcCPU)
+			hit.Round(10*time.Microsecond), 100*hit.Seconds()/stage.Seconds(), round(pop), rss>>20, rcRSS>>20,
+			cpu.Seconds(), rcCPU.Seconds(), load)
 		b.Logf("%s", row)
 		report.WriteString(row)
 		os.RemoveAll(work)
-		os.RemoveAll(filepath.Join(s.Dir, bucket))
+		if !reuse {
+			os.RemoveAll(filepath.Join(s.Dir, bucket))
+		}
 	}
-	fmt.Fprintf(&report, "\n(%s, %d CPUs; page cache %s)\n", time.Now().UTC().Format("2006-01-02"), cpus(), cacheMode())
+	fmt.Fprintf(&report, "\n(%s, %d CPUs; medians of %d runs; peak RSS is the highest; page cache %s)\n",
+		time.Now().UTC().Format("2006-01-02"), cpus(), reps, cacheMode())
 	b.Logf("\n%s", report.String())
 	if out := os.Getenv("CISTERN_BENCH_OUT"); out != "" {
 		os.WriteFile(out, []byte(report.String()), 0o644)
 	}
+}
+
+// stageChild stages bucket in a child process standing for the driver, into a pool on fs.
+func stageChild(b *testing.B, s *testpeers.S3, bucket, fs, profile string) childResult {
+	pool := filepath.Join(fs, "pool")
+	popDst := filepath.Join(fs, "volume")
+	os.MkdirAll(pool, 0o755)
+	os.MkdirAll(popDst, 0o755)
+	params, _ := json.Marshal(map[string]string{"source": "s3://" + bucket, "endpoint": s.Endpoint, "pathStyle": "true"})
+	dropCaches(b)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestStagingChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(params),
+		"CISTERN_BENCH_POOL="+pool, "CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey,
+		"CISTERN_BENCH_POPULATE="+popDst, "CISTERN_BENCH_CPUPROFILE="+profile)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("staging child: %v\n%s", err, tail(out))
+	}
+	var res childResult
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "RESULT ") {
+			json.Unmarshal([]byte(strings.TrimPrefix(line, "RESULT ")), &res)
+		}
+	}
+	if res.StageSeconds == 0 {
+		b.Fatalf("no result from the staging child:\n%s", tail(out))
+	}
+	return res
+}
+
+// freshFS mounts a new ext4 filesystem at dir/name, in an image file in dir: on the same disk as
+// the S3 server's data, with a journal as a node's pool filesystem has. A fresh one per copier
+// makes runs comparable: on a filesystem where many files were just deleted, creating files can
+// cost several times more (ext4 without a journal skips recently freed inodes, and this test
+// machine's root filesystem has none). Without root, it falls back to a directory.
+func freshFS(b *testing.B, dir, name string, size int64) (string, func()) {
+	mnt := filepath.Join(dir, name)
+	img := mnt + ".img"
+	os.MkdirAll(mnt, 0o755)
+	fallback := func(err error) (string, func()) {
+		b.Logf("no fresh filesystem (%v); copying into a directory", err)
+		return mnt, func() { os.RemoveAll(mnt) }
+	}
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		return fallback(err)
+	}
+	if err := os.Truncate(img, size); err != nil {
+		return fallback(err)
+	}
+	out, err := exec.Command("losetup", "--direct-io=on", "--find", "--show", img).CombinedOutput()
+	if err != nil {
+		os.Remove(img)
+		return fallback(fmt.Errorf("losetup: %v: %s", err, out))
+	}
+	dev := strings.TrimSpace(string(out))
+	// Once only: a loop device detached twice may by then be someone else's.
+	undo := sync.OnceFunc(func() {
+		exec.Command("umount", mnt).Run()
+		exec.Command("losetup", "-d", dev).Run()
+		os.Remove(img)
+		os.RemoveAll(mnt)
+	})
+	// No lazy initialization: a background thread zeroing inode tables would disturb the copy.
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", dev).CombinedOutput(); err != nil {
+		undo()
+		b.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	if out, err := exec.Command("mount", dev, mnt).CombinedOutput(); err != nil {
+		undo()
+		b.Fatalf("mount: %v: %s", err, out)
+	}
+	b.Cleanup(undo)
+	return mnt, undo
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+func collect[T any](in []T, f func(T) time.Duration) []time.Duration {
+	out := make([]time.Duration, len(in))
+	for i, v := range in {
+		out[i] = f(v)
+	}
+	return out
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// loadAverage is the 1-minute load average: the machine may be shared, and figures mean more
+// with it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Fields(string(b))[0]
 }
 
 func round(d time.Duration) time.Duration { return d.Round(10 * time.Millisecond) }

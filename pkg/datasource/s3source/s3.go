@@ -87,10 +87,8 @@ func New(cfg Config) (*Source, error) {
 			// Throttling is the server asking us to slow down, not a reason to give up.
 			o.RateLimiter = noRateLimit{}
 		}),
-		// Checksums are asked for explicitly on full reads only: for a ranged read the server
-		// would have no use for it, and some servers compute one over the whole object anyway.
-		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
-		// Objects without checksums are verified by the engine (size, MD5 ETag); no log noise.
+		// The engine checks checksums itself (see Open).
+		ResponseChecksumValidation:                aws.ResponseChecksumValidationWhenRequired,
 		DisableLogOutputChecksumValidationSkipped: true,
 	}
 	if cfg.Endpoint != "" {
@@ -146,9 +144,10 @@ func (s *Source) List(ctx context.Context, fn func(source.Object) error) error {
 	return nil
 }
 
-// Open reads [off, off+n) of the object, pinned to the listed ETag. A full read of an object that
-// carries a full-object checksum is checked by the SDK as it streams; the returned reader then
-// reports ChecksumVerified.
+// Open reads [off, off+n) of the object, pinned to the listed ETag. A full read asks for the
+// object's checksum headers; the returned reader reports a full-object checksum, if the object has
+// one, for the engine to check as the bytes stream (source.Checksummed). The SDK does not check it
+// too: one pass over the bytes is enough, and the engine's CRCs are the faster ones.
 func (s *Source) Open(ctx context.Context, obj source.Object, off, n int64) (io.ReadCloser, error) {
 	in := &s3.GetObjectInput{
 		Bucket: aws.String(s.cfg.Bucket),
@@ -158,32 +157,58 @@ func (s *Source) Open(ctx context.Context, obj source.Object, off, n int64) (io.
 		in.IfMatch = aws.String(`"` + obj.ETag + `"`)
 	}
 	full := off == 0 && n == obj.Size
+	var opts []func(*s3.Options)
 	if full {
-		in.ChecksumMode = types.ChecksumModeEnabled
+		opts = append(opts, checksumHeaders)
 	} else {
 		in.Range = aws.String(fmt.Sprintf("bytes=%d-%d", off, off+n-1))
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	out, err := s.client.GetObject(ctx, in)
+	out, err := s.client.GetObject(ctx, in, opts...)
 	if err != nil {
 		cancel()
 		return nil, classify(err, "reading %s%s", s.where(), obj.Key)
 	}
-	verified := full && out.ChecksumType != types.ChecksumTypeComposite &&
-		(out.ChecksumCRC32 != nil || out.ChecksumCRC32C != nil || out.ChecksumCRC64NVME != nil ||
-			out.ChecksumSHA1 != nil || out.ChecksumSHA256 != nil)
-	return &body{rc: out.Body, cancel: cancel, idle: s.cfg.IdleTimeout, verified: verified, key: obj.Key}, nil
+	b := &body{rc: out.Body, cancel: cancel, idle: s.cfg.IdleTimeout, key: obj.Key}
+	if full {
+		b.sum = fullChecksum(out.ChecksumType, out.ChecksumCRC64NVME, out.ChecksumCRC32C, out.ChecksumCRC32,
+			out.ChecksumSHA256, out.ChecksumSHA1)
+	}
+	return b, nil
+}
+
+// checksumHeaders asks for the object's checksums (x-amz-checksum-mode) without setting the
+// input's ChecksumMode, which would make the SDK validate them as well.
+func checksumHeaders(o *s3.Options) {
+	o.APIOptions = append(o.APIOptions, smithyhttp.AddHeaderValue("X-Amz-Checksum-Mode", "ENABLED"))
+}
+
+// fullChecksum picks the checksum to check among those a response carries, cheapest first. A
+// composite checksum (a checksum of part checksums) says nothing a full read can check.
+func fullChecksum(typ types.ChecksumType, crc64nvme, crc32c, crc32, sha256, sha1 *string) source.Checksum {
+	if typ == types.ChecksumTypeComposite {
+		return source.Checksum{}
+	}
+	for _, c := range []struct {
+		algo  string
+		value *string
+	}{{"CRC32C", crc32c}, {"CRC64NVME", crc64nvme}, {"CRC32", crc32}, {"SHA256", sha256}, {"SHA1", sha1}} {
+		if v := aws.ToString(c.value); v != "" && !strings.Contains(v, "-") {
+			return source.Checksum{Algorithm: c.algo, Value: v}
+		}
+	}
+	return source.Checksum{}
 }
 
 // body cancels the request when no byte arrives for idle: a stalled server becomes a retryable
 // error instead of a hung worker.
 type body struct {
-	rc       io.ReadCloser
-	cancel   context.CancelFunc
-	idle     time.Duration
-	timer    *time.Timer
-	verified bool
-	key      string
+	rc     io.ReadCloser
+	cancel context.CancelFunc
+	idle   time.Duration
+	timer  *time.Timer
+	sum    source.Checksum
+	key    string
 }
 
 func (b *body) Read(p []byte) (int, error) {
@@ -208,42 +233,31 @@ func (b *body) Close() error {
 	return err
 }
 
-// ChecksumVerified reports that the SDK checked a full-object checksum of this read.
-func (b *body) ChecksumVerified() bool { return b.verified }
+// Checksum is the object's full-object checksum, when this is a full read of an object that has
+// one.
+func (b *body) Checksum() source.Checksum { return b.sum }
 
 // Verify has nothing to add: reads are pinned with If-Match.
 func (s *Source) Verify(context.Context, source.Object) error { return nil }
 
-// Plan asks the server (HEAD) whether the object carries a full-object checksum, which a full
-// read verifies cheaply; if not, and it is multipart, it returns the part size so reads can align
-// on parts.
+// Plan asks the server (HEAD) whether the object carries a full-object checksum; if not, and it
+// is multipart, it returns the part size so reads can align on parts.
 func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, error) {
 	in := &s3.HeadObjectInput{
-		Bucket:       aws.String(s.cfg.Bucket),
-		Key:          aws.String(s.cfg.Prefix + obj.Key),
-		IfMatch:      aws.String(`"` + obj.ETag + `"`),
-		ChecksumMode: types.ChecksumModeEnabled,
+		Bucket:  aws.String(s.cfg.Bucket),
+		Key:     aws.String(s.cfg.Prefix + obj.Key),
+		IfMatch: aws.String(`"` + obj.ETag + `"`),
 	}
-	out, err := s.client.HeadObject(ctx, in)
+	out, err := s.client.HeadObject(ctx, in, checksumHeaders)
 	if err != nil {
 		return source.Plan{}, classify(err, "reading attributes of %s%s", s.where(), obj.Key)
 	}
-	if out.ChecksumType != types.ChecksumTypeComposite {
-		switch {
-		case out.ChecksumCRC64NVME != nil:
-			return source.Plan{FullChecksum: true, Algorithm: "CRC64NVME", Checksum: *out.ChecksumCRC64NVME}, nil
-		case out.ChecksumCRC32C != nil:
-			return source.Plan{FullChecksum: true, Algorithm: "CRC32C", Checksum: *out.ChecksumCRC32C}, nil
-		case out.ChecksumCRC32 != nil:
-			return source.Plan{FullChecksum: true, Algorithm: "CRC32", Checksum: *out.ChecksumCRC32}, nil
-		case out.ChecksumSHA1 != nil || out.ChecksumSHA256 != nil:
-			return source.Plan{FullChecksum: true}, nil
-		}
+	sum := fullChecksum(out.ChecksumType, out.ChecksumCRC64NVME, out.ChecksumCRC32C, out.ChecksumCRC32,
+		out.ChecksumSHA256, out.ChecksumSHA1)
+	if sum.Algorithm != "" || !strings.Contains(obj.ETag, "-") {
+		return source.Plan{Checksum: sum}, nil
 	}
-	if !strings.Contains(obj.ETag, "-") {
-		return source.Plan{}, nil
-	}
-	in.ChecksumMode, in.PartNumber = "", aws.Int32(1)
+	in.PartNumber = aws.Int32(1)
 	if out, err = s.client.HeadObject(ctx, in); err != nil {
 		return source.Plan{}, classify(err, "reading part size of %s%s", s.where(), obj.Key)
 	}

@@ -49,20 +49,30 @@ type Source interface {
 	Close() error
 }
 
+// Checksum is an object's full-object checksum as S3 carries it: the algorithm (CRC32, CRC32C,
+// CRC64NVME, SHA1, SHA256) and its base64 value. The zero value is "none".
+type Checksum struct {
+	Algorithm, Value string
+}
+
+// Checksummed is implemented by a reader of a whole object that came with a full-object checksum:
+// the engine computes it over the bytes as they stream and compares.
+type Checksummed interface {
+	Checksum() Checksum
+}
+
 // Planner is implemented by sources that can say, before reading a large object, how best to
-// verify it (S3): a full-object checksum lets one full read be checked as it streams; otherwise
-// a multipart object's reads align on its parts, whose MD5s make up its ETag.
+// verify it (S3): a full-object checksum is checked over one full read or, for a CRC, over
+// parallel ranges whose CRCs combine; otherwise a multipart object's reads align on its parts,
+// whose MD5s make up its ETag.
 type Planner interface {
 	Plan(ctx context.Context, obj Object) (Plan, error)
 }
 
 // Plan is how to read one large object.
 type Plan struct {
-	// FullChecksum: a full read is verified by the source against a full-object checksum.
-	FullChecksum bool
-	// Algorithm and Checksum are that checksum (S3 names, e.g. CRC64NVME, and its base64
-	// value) when it is a CRC, which the engine can also check over parallel ranges.
-	Algorithm, Checksum string
+	// Checksum is the object's full-object checksum, if it has one.
+	Checksum Checksum
 	// PartSize is the size of the object's parts (all but the last), 0 when not multipart.
 	PartSize int64
 }

@@ -27,6 +27,8 @@ type Fault struct {
 	Stall time.Duration
 	// StripChecksums hides the object's S3 checksums, as servers without them would.
 	StripChecksums bool
+	// Flip corrupts the first byte of a successful response's body, headers untouched.
+	Flip bool
 }
 
 // None is the zero fault.
@@ -116,6 +118,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header()[k] = v
 	}
 	w.WriteHeader(resp.StatusCode)
+	if f.Flip && resp.StatusCode/100 == 2 {
+		var first [1]byte
+		if n, _ := io.ReadFull(resp.Body, first[:]); n == 1 {
+			first[0] ^= 0xff
+			w.Write(first[:])
+		}
+	}
 	if f.ResetAfter < 0 {
 		io.Copy(w, resp.Body)
 		return
