@@ -185,15 +185,42 @@ func (m *Manager) Wait(ctx context.Context, req Request) (Status, error) {
 	}
 	select {
 	case <-j.done:
-		if j.err != nil {
-			m.mu.Lock()
-			delete(m.failed, jobKey(req.Pool, req.Spec.ID())) // reported here, not again
-			m.mu.Unlock()
-		}
-		return j.status(), j.err
+		return m.finished(req, j)
 	case <-ctx.Done():
 		return j.status(), nil
 	}
+}
+
+// Listed is Ensure, then waits until the dataset's manifest is taken, so its size is known, or
+// staging fails, or ctx ends. A dataset that cannot fit req.Capacity is refused (OutOfRange)
+// before any object is read. When ctx ends first it returns the progress and no error.
+func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
+	st, j, err := m.ensure(ctx, req)
+	if err != nil || j == nil {
+		return st, err
+	}
+	select {
+	case <-j.listed:
+		st := j.status()
+		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
+			return st, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		}
+		return st, nil
+	case <-j.done:
+		return m.finished(req, j)
+	case <-ctx.Done():
+		return j.status(), nil
+	}
+}
+
+// finished returns the outcome of a finished job, and forgets its failure: it was reported.
+func (m *Manager) finished(req Request, j *job) (Status, error) {
+	if j.err != nil {
+		m.mu.Lock()
+		delete(m.failed, jobKey(req.Pool, req.Spec.ID()))
+		m.mu.Unlock()
+	}
+	return j.status(), j.err
 }
 
 func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error) {
@@ -219,8 +246,8 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 	if j != nil {
 		pl.Unlock()
 		st := j.status()
-		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load()); err != nil {
-			return st, nil, err
+		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
+			return st, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
 		}
 		return st, j, nil
 	}
@@ -235,8 +262,8 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		if err != nil {
 			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
 		}
-		if err := checkCapacity(req, md.Bytes, md.Alloc); err != nil {
-			return Status{}, nil, err
+		if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
+			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
 		}
 		// Data staged with one tenant's credentials is served to another only if it may read it.
 		if err := m.checkAccess(ctx, req); err != nil {
@@ -285,13 +312,19 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	m.evictPool(context.Background(), j.pool, 0)
 }
 
-func checkCapacity(req Request, bytes, alloc int64) error {
+// checkCapacity refuses a dataset whose files take more than the volume has room for; complete
+// is false while the listing is still counting. Callers prefix the dataset's name.
+func checkCapacity(req Request, bytes, alloc int64, complete bool) error {
 	if req.Capacity <= 0 || bytes == 0 && alloc == 0 {
 		return nil
 	}
 	if alloc > req.Capacity {
-		return source.Errorf(source.TooLarge, "%s needs %s but the volume holds %s", req.Spec.describe(),
-			humanBytes(alloc), humanBytes(req.Capacity))
+		atLeast := ""
+		if !complete {
+			atLeast = "at least "
+		}
+		return source.Errorf(source.TooLarge, "it holds %s%s (%s on disk), more than the %s the volume has room for",
+			atLeast, humanBytes(bytes), humanBytes(alloc), humanBytes(req.Capacity))
 	}
 	return nil
 }

@@ -49,11 +49,13 @@ type job struct {
 	phase                                      atomic.Value
 	bytesDone, bytesTotal, objsDone, objsTotal atomic.Int64
 	alloc                                      atomic.Int64
-	done                                       chan struct{}
-	err                                        error
+	// listed is closed once the manifest is taken: the dataset's size is known.
+	listed chan struct{}
+	done   chan struct{}
+	err    error
 
-	dirMu sync.Mutex
-	dirs  map[string]bool
+	dirs *dirCache
+	tmp  [tmpShards]*dir
 	// resuming is set when staging/ already held files at start.
 	resuming bool
 
@@ -62,7 +64,7 @@ type job struct {
 }
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
-	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, done: make(chan struct{}), dirs: map[string]bool{}}
+	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{})}
 	j.phase.Store(PhaseListing)
 	return j
 }
@@ -105,6 +107,8 @@ func (j *job) run(ctx context.Context) (err error) {
 		return err
 	}
 	defer j.root.Close()
+	j.dirs = newDirCache(j.root)
+	defer j.dirs.close()
 	defer j.closeBig()
 	// Partial downloads are discarded; files already in staging/ were verified and are kept.
 	if err := os.RemoveAll(filepath.Join(j.dir, tmpDir)); err != nil {
@@ -117,11 +121,11 @@ func (j *job) run(ctx context.Context) (err error) {
 	// Temporary files are spread over shards: one directory taking every create and rename is a
 	// point of contention with many small objects.
 	for k := range tmpShards {
-		if err := j.root.MkdirAll(path.Join(tmpDir, strconv.Itoa(k)), 0o755); err != nil {
+		if j.tmp[k], err = j.dirs.mkdir(path.Join(tmpDir, strconv.Itoa(k))); err != nil {
 			return err
 		}
 	}
-	if err := j.root.MkdirAll(stagingDir, 0o755); err != nil {
+	if err := j.mkdirs(stagingDir); err != nil {
 		return err
 	}
 	if f, err := j.root.OpenFile(lastUsedFile, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
@@ -135,9 +139,10 @@ func (j *job) run(ctx context.Context) (err error) {
 	j.bytesTotal.Store(md.Bytes)
 	j.objsTotal.Store(md.Objects)
 	j.alloc.Store(md.Alloc)
-	if err := checkCapacity(j.req, md.Bytes, md.Alloc); err != nil {
+	if err := checkCapacity(j.req, md.Bytes, md.Alloc, true); err != nil {
 		return err
 	}
+	close(j.listed)
 	if err := j.m.makeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
 		return err
 	}
@@ -218,7 +223,7 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 			}
 			j.objsTotal.Store(md.Objects)
 			j.bytesTotal.Store(md.Bytes)
-			if err := checkCapacity(j.req, md.Bytes, md.Alloc); err != nil {
+			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
 				return err // refuse as soon as it is known, before any download
 			}
 			return enc.Encode(o)
@@ -376,7 +381,7 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			}
 		}
 	}
-	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_RDWR, fileMode(o))
+	f, err := j.dirs.create(j.tmpDir(i), tmpBase(i), os.O_RDWR, fileMode(o))
 	if err != nil {
 		return err
 	}
@@ -430,9 +435,9 @@ func (j *job) runTask(ctx context.Context, t task) error {
 
 const tmpShards = 64
 
-func tmpName(i int64) string {
-	return path.Join(tmpDir, strconv.FormatInt(i%tmpShards, 10), strconv.FormatInt(i, 10))
-}
+// tmpDir and tmpBase place the temporary file of manifest entry i.
+func (j *job) tmpDir(i int64) *dir { return j.tmp[i%tmpShards] }
+func tmpBase(i int64) string       { return strconv.FormatInt(i, 10) }
 
 func (j *job) do(ctx context.Context, t task) error {
 	if t.big != nil {
@@ -449,7 +454,7 @@ func (j *job) do(ctx context.Context, t task) error {
 }
 
 func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
-	f, err := j.root.OpenFile(tmpName(i), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, fileMode(o))
+	f, err := j.dirs.create(j.tmpDir(i), tmpBase(i), os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
 	}
@@ -460,7 +465,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
 	verified, sum, err := j.readInto(ctx, o, f, 0, o.Size, newHash)
 	if err != nil {
 		f.Close()
-		_ = j.root.Remove(tmpName(i))
+		_ = j.dirs.remove(j.tmpDir(i), tmpBase(i))
 		return err
 	}
 	if !verified && newHash != nil && hex.EncodeToString(sum) != o.ETag {
@@ -474,7 +479,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
 	}
 	if err != nil {
 		j.bytesDone.Add(-o.Size) // readInto counted what it wrote; it will be fetched again
-		_ = j.root.Remove(tmpName(i))
+		_ = j.dirs.remove(j.tmpDir(i), tmpBase(i))
 		return err
 	}
 	return j.commit(i, o)
@@ -670,12 +675,11 @@ func fileMode(o source.Object) os.FileMode {
 
 // commit moves a verified file to its place in staging/.
 func (j *job) commit(i int64, o source.Object) error {
-	if dir := path.Dir(o.Key); dir != "." {
-		if err := j.mkdirs(path.Join(stagingDir, dir)); err != nil {
-			return err
-		}
+	dst, err := j.dirs.mkdir(path.Join(stagingDir, path.Dir(o.Key)))
+	if err != nil {
+		return err
 	}
-	if err := j.root.Rename(tmpName(i), path.Join(stagingDir, o.Key)); err != nil {
+	if err := j.dirs.rename(j.tmpDir(i), tmpBase(i), dst, path.Base(o.Key)); err != nil {
 		return conflictErr(o.Key, err)
 	}
 	j.objsDone.Add(1)
@@ -683,16 +687,8 @@ func (j *job) commit(i int64, o source.Object) error {
 }
 
 func (j *job) mkdirs(dir string) error {
-	j.dirMu.Lock()
-	defer j.dirMu.Unlock()
-	if j.dirs[dir] {
-		return nil
-	}
-	if err := j.root.MkdirAll(dir, 0o755); err != nil {
-		return conflictErr(dir, err)
-	}
-	j.dirs[dir] = true
-	return nil
+	_, err := j.dirs.mkdir(dir)
+	return err
 }
 
 func conflictErr(key string, err error) error {

@@ -146,6 +146,10 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
+	// Before anything is created: a dataset that cannot fit is refused here.
+	if err := d.prestageDataset(ctx, name, chosen.Path, size, dataset, req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	v.Pool = chosen.Name
 	v.ID = newVolumeID(chosen.Name)
 
@@ -174,7 +178,6 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		return nil, internal("saving volume state", err)
 	}
 	d.pools.UpdateCapacity(v.Pool)
-	d.prestageDataset(ctx, v, dataset, req.GetSecrets())
 	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
 }

@@ -82,33 +82,49 @@ func checkDatasetCreate(params map[string]string, shape volumeShape) (*datasourc
 // usableBytes is what a dataset may take of a volume: the filesystem keeps some for itself.
 func usableBytes(capacity int64) int64 { return capacity - capacity/20 }
 
-// prestageDataset starts staging right after CreateVolume when this process is also the node
-// plugin; failures are logged and surface again at NodeStageVolume.
+// prestageDataset starts staging at CreateVolume when this process is also the node plugin
+// (--mode all), so the data is usually in place before the pod, and waits, within the RPC's
+// budget, for the dataset's listing: a dataset that cannot fit the requested capacity is refused
+// with OutOfRange before the volume is created (the code the CSI spec gives a volume smaller than
+// its source snapshot: the request, not the node, must change; ResourceExhausted would have the
+// provisioner retry the same size). Other failures are logged and surface again at
+// NodeStageVolume, as does a listing that outlasts the budget (staging goes on).
 //
-// Without CreateVolume secrets it does not start: a class that passes its credentials only to
-// NodeStageVolume (csi.storage.k8s.io/node-stage-secret-*) would otherwise stage anonymously,
-// fail with access denied, and NodeStageVolume would get that cached permanent failure even
-// though it brings the right credentials.
-func (d *Driver) prestageDataset(ctx context.Context, v state.Volume, spec *datasource.Spec, secrets map[string]string) {
-	if spec == nil || d.cfg.Mode != ModeAll || len(secrets) == 0 {
-		return
+// An S3 dataset without CreateVolume secrets is not pre-staged: a class that passes its
+// credentials only to NodeStageVolume (csi.storage.k8s.io/node-stage-secret-*) would otherwise
+// stage anonymously, fail with access denied, and NodeStageVolume would get that cached permanent
+// failure even though it brings the right credentials.
+func (d *Driver) prestageDataset(ctx context.Context, name, poolPath string, size int64, spec *datasource.Spec, secrets map[string]string) error {
+	if spec == nil || d.cfg.Mode != ModeAll || spec.Scheme == datasource.SchemeS3 && len(secrets) == 0 {
+		return nil
 	}
-	logger := klog.FromContext(ctx).WithValues("volumeID", v.ID, "dataset", spec.String())
+	logger := klog.FromContext(ctx).WithValues("name", name, "dataset", spec.String())
 	creds, err := datasource.CredentialsFromSecrets(secrets)
 	if err != nil {
 		logger.Error(err, "Not pre-staging dataset")
-		return
+		return nil
 	}
-	p, ok := d.pools.Get(v.Pool)
-	if !ok {
-		return
-	}
-	st, err := d.datasets.Ensure(context.WithoutCancel(ctx), datasource.Request{Spec: spec, Creds: creds, Pool: p.Path, Capacity: usableBytes(v.CapacityBytes)})
-	if err != nil {
+	lctx, cancel := listBudget(ctx)
+	defer cancel()
+	st, err := d.datasets.Listed(lctx, datasource.Request{Spec: spec, Creds: creds, Pool: poolPath, Capacity: usableBytes(size)})
+	switch {
+	case datasource.Code(err) == codes.OutOfRange:
+		return status.Errorf(codes.OutOfRange, "%v; requested capacity %d bytes: request a larger volume", err, size)
+	case err != nil:
 		logger.Error(err, "Pre-staging dataset failed")
-		return
+	default:
+		logger.V(2).Info("Pre-staging dataset", "status", st.String())
 	}
-	logger.V(2).Info("Pre-staging dataset", "status", st.String())
+	return nil
+}
+
+// listBudget is how long CreateVolume waits for a dataset's listing: until shortly before its
+// deadline (a minute without one).
+func listBudget(ctx context.Context) (context.Context, context.CancelFunc) {
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, dl.Add(-3*time.Second))
+	}
+	return context.WithTimeout(ctx, time.Minute)
 }
 
 // waitBudget is how long an RPC may wait for staging: until shortly before its deadline.

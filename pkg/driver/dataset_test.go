@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,13 +112,9 @@ func TestDatasetDynamicVolume(t *testing.T) {
 	})
 	t.Run("failure case - dataset larger than the volume", func(t *testing.T) {
 		writeTree(t, filepath.Join(src, "big"), map[string]string{"big.bin": string(make([]byte, 40<<20))})
-		vol := env.create("ds-3", 32<<20, map[string]string{"source": "file://" + src + "/big"})
-		err := retryUnavailable(t, func() error {
-			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
-				StagingTargetPath: filepath.Join(env.dir, "staging", vol.VolumeId), VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext})
-			return err
-		})
-		wantCode(t, err, codes.OutOfRange, "volume holds")
+		_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "ds-3", CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20},
+			VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}, Parameters: map[string]string{"source": "file://" + src + "/big"}})
+		wantCode(t, err, codes.OutOfRange, "requested capacity 33554432 bytes")
 	})
 	t.Run("failure case - bad dataset parameters", func(t *testing.T) {
 		for _, params := range []map[string]string{
@@ -133,6 +130,68 @@ func TestDatasetDynamicVolume(t *testing.T) {
 			VolumeCapabilities: []*csi.VolumeCapability{blockCap()}})
 		wantCode(t, err, codes.InvalidArgument, "block")
 	})
+}
+
+// TestDatasetTooLargeAtCreate: with the node plugin in the same process, CreateVolume takes the
+// dataset's listing from the real S3 server and refuses a dataset larger than the requested
+// capacity with OutOfRange, naming both, before any object is read and leaving no volume, image or
+// cached data behind.
+func TestDatasetTooLargeAtCreate(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	ctx := context.Background()
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "models")
+	s.Put(t, "models", "llm/weights-1.bin", make([]byte, 24<<20))
+	s.Put(t, "models", "llm/weights-2.bin", make([]byte, 24<<20))
+	proxy := testpeers.StartProxy(t, s.Endpoint, nil)
+	params := map[string]string{"source": "s3://models/llm", "endpoint": proxy.URL, "pathStyle": "true"}
+	secrets := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	create := func(name string, size int64) (*csi.CreateVolumeResponse, error) {
+		return env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size},
+			VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}, Parameters: params, Secrets: secrets})
+	}
+
+	_, err := create("too-small", 40<<20)
+	wantCode(t, err, codes.OutOfRange, "requested capacity 41943040 bytes")
+	t.Logf("refused: %v", err)
+	for _, part := range []string{"s3://models/llm", "48.0 MiB"} {
+		if !strings.Contains(err.Error(), part) {
+			t.Errorf("error %q does not name %q", err, part)
+		}
+	}
+	for _, k := range []string{"/models/llm/weights-1.bin", "/models/llm/weights-2.bin"} {
+		if n := proxy.Gets(k); n != 0 {
+			t.Errorf("%s read %d times before the refusal", k, n)
+		}
+	}
+	if vols, err := env.ctrl.ListVolumes(ctx, &csi.ListVolumesRequest{}); err != nil || len(vols.GetEntries()) != 0 {
+		t.Fatalf("volumes left behind: %v %v", vols.GetEntries(), err)
+	}
+	if m, _ := filepath.Glob(filepath.Join(env.pools[0].path, ".cistern", "volumes", "*")); len(m) != 0 {
+		t.Fatalf("images left behind: %v", m)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(env.pools[0].path, datasource.CacheDirName)); len(ents) != 0 {
+		t.Fatalf("cached data left behind: %v", ents)
+	}
+
+	// Large enough: created, and staging has begun.
+	resp, err := create("big-enough", 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetVolume().GetCapacityBytes() < 64<<20 {
+		t.Fatalf("capacity %d", resp.GetVolume().GetCapacityBytes())
+	}
+	spec, err := datasetSpec(params, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, _ := datasource.CredentialsFromSecrets(secrets)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if st, err := env.driver.datasets.Wait(wctx, datasource.Request{Spec: spec, Creds: creds, Pool: env.pools[0].path}); err != nil || !st.Ready() {
+		t.Fatalf("pre-staging: %v %v", st, err)
+	}
 }
 
 // TestDatasetStaticPV: a static PV naming a source, with no volume behind its handle, is the
