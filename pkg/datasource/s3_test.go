@@ -240,6 +240,31 @@ func TestStageS3DetectsCorruption(t *testing.T) {
 	})
 }
 
+// TestStageS3DirectWrites stages large objects read whole, written with direct I/O: a read cut
+// off mid-block resumes on a block boundary, and the last block's padding is cut off.
+func TestStageS3DirectWrites(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	want := dataset{"unaligned.bin": randBytes(21, 8<<20+4097), "aligned.bin": randBytes(22, 12<<20)}
+	want.upload(t, s, "data", "")
+	var seen sync_map
+	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") && seen.count(r.URL.Path) == 1 {
+			return testpeers.Fault{ResetAfter: 3<<20 + 17}
+		}
+		return testpeers.None
+	})
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{Concurrency: 2, ChunkSize: 16 << 20})
+	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data"))
+	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	tree, _ := m.TreePath(pool, spec)
+	checkTree(t, tree, want)
+}
+
 // TestStageS3PermanentErrors fails fast with a clear cause and leaves nothing behind.
 func TestStageS3PermanentErrors(t *testing.T) {
 	ctx := testCtx(t)

@@ -29,7 +29,7 @@ import (
 
 const copyBufSize = 1 << 20
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+var bufPool = sync.Pool{New: func() any { b := alignedBuf(copyBufSize); return &b }}
 
 var (
 	md5ETag       = regexp.MustCompile(`^[0-9a-f]{32}$`)
@@ -259,7 +259,7 @@ const rangesPerObject = 4
 
 // bigFile is a large object read in parallel ranges; the last range to finish verifies it.
 type bigFile struct {
-	f        *os.File
+	out      *output
 	streams  chan struct{}
 	left     atomic.Int64
 	partSize int64 // >0: ranges are the object's multipart parts, each MD5-checked
@@ -276,7 +276,7 @@ func (j *job) closeBig() {
 	j.bigMu.Lock()
 	defer j.bigMu.Unlock()
 	for _, b := range j.big {
-		b.closeOnce.Do(func() { b.f.Close() })
+		b.closeOnce.Do(func() { b.out.f.Close() })
 	}
 }
 
@@ -366,7 +366,8 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if a, ok := crcAlgos[plan.Checksum.Algorithm]; ok {
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
-			chunk = max(chunk, (o.Size+rangesPerObject-1)/rangesPerObject)
+			// Ranges start on MiB boundaries, as direct I/O needs.
+			chunk = max(chunk, ((o.Size+rangesPerObject-1)/rangesPerObject+1<<20-1)&^(1<<20-1))
 			b.crc, b.crcWant = &a, plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
 		} else if checksumHash(plan.Checksum.Algorithm) != nil {
@@ -397,7 +398,9 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			return err
 		}
 	}
-	b.f = f
+	// Direct I/O when the ranges are block-aligned and verified as they stream (not by reading
+	// the file again).
+	b.out = newOutput(f, o.Size, o.Size >= directMinSize && chunk%directAlign == 0 && (b.crc != nil || b.partSize > 0))
 	j.bigMu.Lock()
 	j.big = append(j.big, b)
 	j.bigMu.Unlock()
@@ -462,7 +465,11 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
 	if md5ETag.MatchString(o.ETag) {
 		newHash = md5.New
 	}
-	verified, sum, err := j.readInto(ctx, o, f, 0, o.Size, newHash)
+	out := newOutput(f, o.Size, o.Size >= directMinSize)
+	verified, sum, err := j.readInto(ctx, o, out, 0, o.Size, newHash)
+	if err == nil {
+		err = out.finish()
+	}
 	if err != nil {
 		f.Close()
 		_ = j.dirs.remove(j.tmpDir(i), tmpBase(i))
@@ -494,7 +501,7 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 	case b.partSize > 0:
 		newHash = md5.New
 	}
-	_, sum, err := j.readInto(ctx, t.obj, b.f, t.off, t.n, newHash)
+	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, newHash)
 	if err != nil {
 		return err
 	}
@@ -528,15 +535,18 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 		}
 	case md5ETag.MatchString(o.ETag):
 		h := md5.New()
-		if _, err := io.Copy(h, io.NewSectionReader(b.f, 0, o.Size)); err != nil {
+		if _, err := io.Copy(h, io.NewSectionReader(b.out.f, 0, o.Size)); err != nil {
 			return err
 		}
 		if got := hex.EncodeToString(h.Sum(nil)); got != o.ETag {
 			return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
 		}
 	}
+	if err := b.out.finish(); err != nil {
+		return err
+	}
 	var cerr error
-	b.closeOnce.Do(func() { cerr = b.f.Close() })
+	b.closeOnce.Do(func() { cerr = b.out.f.Close() })
 	if cerr != nil {
 		return cerr
 	}
@@ -550,7 +560,7 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 // backoff and full jitter, resuming where the last attempt stopped. A full read of an object that
 // comes with a full-object checksum is checked against it (verified); otherwise, when newHash is
 // set, the range's digest is returned for the caller to check.
-func (j *job) readInto(ctx context.Context, o source.Object, f *os.File, off, n int64, newHash func() hash.Hash) (verified bool, sum []byte, err error) {
+func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash) (verified bool, sum []byte, err error) {
 	var (
 		written int64
 		h       hash.Hash
@@ -626,7 +636,7 @@ func sleepBackoff(ctx context.Context, attempt int) error {
 
 // copyAt copies up to n bytes from r to f at off through one pooled buffer, honouring the node's
 // bandwidth limit, and counts progress.
-func (j *job) copyAt(ctx context.Context, f *os.File, off, n int64, r io.Reader, h hash.Hash) (int64, error) {
+func (j *job) copyAt(ctx context.Context, f *output, off, n int64, r io.Reader, h hash.Hash) (int64, error) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
@@ -634,14 +644,15 @@ func (j *job) copyAt(ctx context.Context, f *os.File, off, n int64, r io.Reader,
 	for done < n {
 		want := min(int64(len(buf)), n-done)
 		k, rerr := io.ReadFull(r, buf[:want])
+		w, k := f.chunk(buf[:want], k, off+done)
 		if k > 0 {
 			if j.m.limiter != nil {
 				if err := j.m.limiter.WaitN(ctx, k); err != nil {
 					return done, err
 				}
 			}
-			if _, err := f.WriteAt(buf[:k], off+done); err != nil {
-				return done, writeErr(err)
+			if err := f.writeAt(buf[:w], off+done); err != nil {
+				return done, err
 			}
 			if h != nil {
 				h.Write(buf[:k])
