@@ -132,10 +132,12 @@ func (j *job) run(ctx context.Context) (err error) {
 		f.Close()
 	}
 
+	listStart := time.Now()
 	md, err := j.manifest(ctx)
 	if err != nil {
 		return err
 	}
+	logger.V(2).Info("dataset listed", "objects", md.Objects, "bytes", md.Bytes, "duration", time.Since(listStart))
 	j.bytesTotal.Store(md.Bytes)
 	j.objsTotal.Store(md.Objects)
 	j.alloc.Store(md.Alloc)

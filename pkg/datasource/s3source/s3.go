@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -106,16 +108,71 @@ func (noRateLimit) AddTokens(uint) error { return nil }
 
 func (s *Source) where() string { return fmt.Sprintf("s3://%s/%s", s.cfg.Bucket, s.cfg.Prefix) }
 
-// List pages through every key under the prefix.
+// Listing: the first levels of the key tree are listed with a "/" delimiter, in parallel, until
+// there are listWidth subtrees or listDepth levels; each subtree is then listed flat, side by
+// side. A large dataset's listing takes a few rounds of parallel pages instead of one long
+// sequence of pages, and a server that walks directories (a POSIX gateway) walks only a
+// subtree per request.
+const (
+	listWidth = 16
+	listDepth = 3
+)
+
+// List lists every key under the prefix. fn is called from one goroutine at a time.
 func (s *Source) List(ctx context.Context, fn func(source.Object) error) error {
-	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{
-		Bucket: aws.String(s.cfg.Bucket),
-		Prefix: aws.String(s.cfg.Prefix),
-	})
+	var mu sync.Mutex
+	emit := func(o source.Object) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return fn(o)
+	}
+	level := []string{s.cfg.Prefix}
+	for depth := 0; depth < listDepth && len(level) < listWidth; depth++ {
+		var next []string
+		err := s.each(ctx, level, func(p string) error {
+			return s.listPages(ctx, p, "/", emit, func(sub string) {
+				mu.Lock()
+				next = append(next, sub)
+				mu.Unlock()
+			})
+		})
+		if err != nil || len(next) == 0 {
+			return err
+		}
+		level = next
+	}
+	return s.each(ctx, level, func(p string) error { return s.listPages(ctx, p, "", emit, nil) })
+}
+
+// each runs list for every prefix, listWidth at a time, and returns the first error.
+func (s *Source) each(ctx context.Context, prefixes []string, list func(string) error) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.SetLimit(listWidth)
+	for _, p := range prefixes {
+		g.Go(func() error {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return list(p)
+		})
+	}
+	return g.Wait()
+}
+
+// listPages pages through the keys under prefix; with a delimiter, the sub-prefixes go to sub.
+func (s *Source) listPages(ctx context.Context, prefix, delimiter string, emit func(source.Object) error, sub func(string)) error {
+	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.cfg.Bucket), Prefix: aws.String(prefix)}
+	if delimiter != "" {
+		in.Delimiter = aws.String(delimiter)
+	}
+	p := s3.NewListObjectsV2Paginator(s.client, in)
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
 			return classify(err, "listing %s", s.where())
+		}
+		for _, cp := range page.CommonPrefixes {
+			sub(aws.ToString(cp.Prefix))
 		}
 		for _, o := range page.Contents {
 			key := aws.ToString(o.Key)
@@ -125,13 +182,13 @@ func (s *Source) List(ctx context.Context, fn func(source.Object) error) error {
 			}
 			if strings.HasSuffix(rel, "/") && aws.ToInt64(o.Size) == 0 {
 				if r := strings.TrimSuffix(rel, "/"); r != "" {
-					if err := fn(source.Object{Key: r, Type: source.Dir}); err != nil {
+					if err := emit(source.Object{Key: r, Type: source.Dir}); err != nil {
 						return err
 					}
 				}
 				continue
 			}
-			if err := fn(source.Object{
+			if err := emit(source.Object{
 				Key:  rel,
 				Type: source.File,
 				Size: aws.ToInt64(o.Size),
