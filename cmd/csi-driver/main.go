@@ -14,9 +14,12 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/registration"
 )
@@ -47,6 +50,8 @@ func main() {
 	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
 	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
 	flag.Float64Var(&cfg.Datasets.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
+	events := flag.Bool("events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
+	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events; empty uses the in-cluster configuration.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
 	if localSourceRoots != "" {
@@ -58,6 +63,15 @@ func main() {
 	}
 	cfg.Mode = driver.Mode(mode)
 	cfg.DefaultVolumeSize = defaultSize
+	if *events {
+		rec, err := eventRecorder(*kubeconfig, cfg.NodeID)
+		if err != nil {
+			klog.ErrorS(err, "Cannot record Events")
+			os.Exit(1)
+		}
+		defer rec.Stop()
+		cfg.Datasets.OnEvict = rec.Evicted
+	}
 
 	d, err := driver.New(cfg)
 	if err != nil {
@@ -83,6 +97,23 @@ func main() {
 		os.Exit(1)
 	}
 	klog.InfoS("Driver stopped")
+}
+
+// eventRecorder records Events on the node through the in-cluster configuration or kubeconfig.
+func eventRecorder(kubeconfig, node string) (*nodeevents.Recorder, error) {
+	if node == "" {
+		return nil, errors.New("--events needs --node-id")
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "cistern-csi-driver/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return nodeevents.New(client, node, "cistern-csi-driver"), nil
 }
 
 // registerWhenReady offers the driver to kubelet once it serves: kubelet calls NodeGetInfo as

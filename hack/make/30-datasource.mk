@@ -18,8 +18,9 @@ $(VERSITYGW):
 $(RCLONE):
 	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/rclone/rclone
 
-# Tests need only the S3 server; rclone is the benchmark's peer.
-test-datasource: $(VERSITYGW)
+# Tests need the S3 server, and a control plane for the node Events (nodeevents); rclone is
+# the benchmark's peer.
+test-datasource: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO) test -count=1 -timeout 15m ./pkg/datasource/...
 

@@ -1,0 +1,49 @@
+// Package nodeevents records what dataset staging does to a node's disks as Events on its Node
+// object, where `kubectl describe node` shows them: today, evictions from the dataset cache.
+package nodeevents
+
+import (
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+)
+
+// ReasonEvicted is the reason of an eviction's Event.
+const ReasonEvicted = "DatasetEvicted"
+
+// Recorder records Events about one node.
+type Recorder struct {
+	broadcaster record.EventBroadcaster
+	recorder    record.EventRecorder
+	node        *corev1.ObjectReference
+}
+
+// New records Events on the Node named node through client, as component.
+func New(client kubernetes.Interface, node, component string) *Recorder {
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return &Recorder{
+		broadcaster: b,
+		recorder:    b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component, Host: node}),
+		// Node events carry the node's name as UID, as kubelet's do: kubectl describe node
+		// finds them that way.
+		node: &corev1.ObjectReference{APIVersion: "v1", Kind: "Node", Name: node, UID: types.UID(node)},
+	}
+}
+
+// Evicted records an eviction; it is the dataset manager's OnEvict.
+func (r *Recorder) Evicted(e datasource.EvictEvent) {
+	r.recorder.Eventf(r.node, corev1.EventTypeNormal, ReasonEvicted,
+		"Evicted cached dataset %s (%d bytes, last used %s) from pool %s: %s",
+		e.Source, e.Bytes, e.LastUsed.UTC().Format(time.RFC3339), e.Pool, e.Reason)
+}
+
+// Stop flushes pending Events (as far as the broadcaster does) and stops recording.
+func (r *Recorder) Stop() { r.broadcaster.Shutdown() }
