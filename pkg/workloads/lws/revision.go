@@ -8,8 +8,11 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
@@ -162,4 +165,16 @@ func groupTemplate(ctx context.Context, c client.Reader, lws *v1alpha1.LeaderWor
 		return nil, nil
 	}
 	return ApplyRevision(lws, rev)
+}
+
+// CacheByObject narrows the manager's cache to what this package reads of shared kinds: only the
+// ControllerRevisions of LeaderWorkerSets, not those of every StatefulSet and DaemonSet.
+func CacheByObject() map[client.Object]cache.ByObject {
+	ours, err := labels.NewRequirement(v1alpha1.SetNameLabelKey, selection.Exists, nil)
+	if err != nil {
+		panic(err) // a constant, valid key
+	}
+	return map[client.Object]cache.ByObject{
+		&appsv1.ControllerRevision{}: {Label: labels.NewSelector().Add(*ours)},
+	}
 }
