@@ -23,24 +23,24 @@ import (
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
-const surgeKey = "test.cistern.dev/surge"
+const readyNodeKey = "test.cistern.dev/ready-nodes"
 
-// surgeNodes registers two nodes, labelled and tainted with surgeKey=ns so only this test's pods
+// readyNodes registers two nodes, labelled and tainted with readyNodeKey=ns so only this test's pods
 // land there, with a fake kubelet that makes every pod bound to them Ready at once.
-func surgeNodes(t *testing.T, cp *framework.ControlPlane, ns string) {
+func readyNodes(t *testing.T, cp *framework.ControlPlane, ns string) {
 	nodes := []string{ns + "-a", ns + "-b"}
 	for _, n := range nodes {
-		createNode(t, cp, n, map[string]string{surgeKey: ns}, corev1.Taint{Key: surgeKey, Value: ns, Effect: corev1.TaintEffectNoSchedule})
+		createNode(t, cp, n, map[string]string{readyNodeKey: ns}, corev1.Taint{Key: readyNodeKey, Value: ns, Effect: corev1.TaintEffectNoSchedule})
 	}
 	fakeKubelet(t, cp.Client, ns, nodes...)
 }
 
-// onSurgeNodes sends every pod of the LeaderWorkerSet to the nodes of surgeNodes.
-func onSurgeNodes(ns string) func(*v1alpha1.LeaderWorkerSet) {
+// onReadyNodes sends every pod of the LeaderWorkerSet to the nodes of readyNodes.
+func onReadyNodes(ns string) func(*v1alpha1.LeaderWorkerSet) {
 	return func(l *v1alpha1.LeaderWorkerSet) {
 		spec := &l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec
-		spec.NodeSelector = map[string]string{surgeKey: ns}
-		spec.Tolerations = []corev1.Toleration{{Key: surgeKey, Operator: corev1.TolerationOpEqual, Value: ns, Effect: corev1.TaintEffectNoSchedule}}
+		spec.NodeSelector = map[string]string{readyNodeKey: ns}
+		spec.Tolerations = []corev1.Toleration{{Key: readyNodeKey, Operator: corev1.TolerationOpEqual, Value: ns, Effect: corev1.TaintEffectNoSchedule}}
 	}
 }
 
@@ -255,9 +255,9 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-surge")
 	ctx := ctxT(t)
-	surgeNodes(t, cp, ns)
+	readyNodes(t, cp, ns)
 	const name = "surge"
-	l := newLWS(ns, name, 3, 2, onSurgeNodes(ns), func(l *v1alpha1.LeaderWorkerSet) {
+	l := newLWS(ns, name, 3, 2, onReadyNodes(ns), func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.RolloutStrategy.RollingUpdateConfiguration = &v1alpha1.RollingUpdateConfiguration{
 			MaxUnavailable: intstr.FromInt32(1), MaxSurge: intstr.FromInt32(1)}
 	})
@@ -317,9 +317,9 @@ func TestLeaderWorkerSetRevisions(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-rev")
 	ctx := ctxT(t)
-	surgeNodes(t, cp, ns)
+	readyNodes(t, cp, ns)
 	const name = "rev"
-	l := newLWS(ns, name, 3, 2, onSurgeNodes(ns))
+	l := newLWS(ns, name, 3, 2, onReadyNodes(ns))
 	if err := cl.Create(ctx, l); err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func (r *LeaderWorkerSetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		return ctrl.Result{}, err
 	}
 	if cur != nil {
-		r.recordRollout(&lws, cur, templateChanged, partition, replicas)
+		r.recordRollout(&lws, cur, revision, templateChanged, partition, replicas)
 	}
 	if subdomainPolicy(desired) == v1alpha1.SubdomainShared {
 		svc := HeadlessService(desired, desired.Name, map[string]string{v1alpha1.SetNameLabelKey: desired.Name})
@@ -134,19 +134,20 @@ func updatedOnly(states []groupState) []groupState {
 }
 
 // recordRollout reports the steps of a rolling update as events.
-func (r *LeaderWorkerSetReconciler) recordRollout(lws *v1alpha1.LeaderWorkerSet, cur *appsv1.StatefulSet, templateChanged bool, partition, replicas int32) {
+func (r *LeaderWorkerSetReconciler) recordRollout(lws *v1alpha1.LeaderWorkerSet, cur *appsv1.StatefulSet, revision string, templateChanged bool, partition, replicas int32) {
+	want := ptr.Deref(lws.Spec.Replicas, 1)
 	oldPartition, oldReplicas := currentPartition(cur), ptr.Deref(cur.Spec.Replicas, 1)
 	switch {
 	case templateChanged:
 		r.Recorder.Eventf(lws, nil, corev1.EventTypeNormal, "GroupsUpdating", "RollingUpdate",
-			"template changed: rolling %d groups with %d surge groups", min(oldReplicas, partition), max(replicas-ptr.Deref(lws.Spec.Replicas, 1), 0))
+			"rolling %d groups to template revision %s with %d surge groups", partition, revision, max(replicas-want, 0))
 	case partition < oldPartition:
 		r.Recorder.Eventf(lws, nil, corev1.EventTypeNormal, "GroupsUpdating", "RollingUpdate",
 			"updating groups %d to %d", partition, oldPartition-1)
 	}
-	if !templateChanged && replicas < oldReplicas && oldReplicas > ptr.Deref(lws.Spec.Replicas, 1) {
+	if !templateChanged && replicas < oldReplicas && oldReplicas > want {
 		r.Recorder.Eventf(lws, nil, corev1.EventTypeNormal, "GroupsProgressing", "RemoveSurge",
-			"removing surge groups %d to %d", replicas, oldReplicas-1)
+			"removing surge groups %d to %d", max(replicas, want), oldReplicas-1)
 	}
 }
 
