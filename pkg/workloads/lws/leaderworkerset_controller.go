@@ -113,24 +113,12 @@ func (r *LeaderWorkerSetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	if err := r.updateStatus(ctx, &lws, desired, revision, g); err != nil {
 		return ctrl.Result{}, err
 	}
-	// Once every group runs the current revision and no surge is left, older revisions can go.
-	want := ptr.Deref(desired.Spec.Replicas, 1)
-	if cur != nil && !templateChanged && partition == 0 && replicas == want && currentPartition(cur) == 0 &&
-		ptr.Deref(cur.Spec.Replicas, 1) == want && unreadyGroups(updatedOnly(states), want) == 0 {
+	if rolloutDone(desired, cur, templateChanged, partition, replicas, states) {
 		if err := truncateRevisions(ctx, r.Client, desired, revision); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
 	return ctrl.Result{}, nil
-}
-
-// updatedOnly marks every updated group ready, so unreadyGroups counts the groups not updated.
-func updatedOnly(states []groupState) []groupState {
-	out := make([]groupState, len(states))
-	for i, s := range states {
-		out[i] = groupState{ready: true, updated: s.updated}
-	}
-	return out
 }
 
 // recordRollout reports the steps of a rolling update as events.

@@ -148,6 +148,23 @@ func unreadyGroups(groups []groupState, replicas int32) int32 {
 	return n
 }
 
+// rolloutDone says whether no update is under way: the leader StatefulSet was, and stays, at
+// partition 0 and spec.replicas, and every group carries the current revision. Only then can no
+// other template revision be needed again.
+func rolloutDone(lws *v1alpha1.LeaderWorkerSet, sts *appsv1.StatefulSet, templateChanged bool, partition, replicas int32, groups []groupState) bool {
+	want := ptr.Deref(lws.Spec.Replicas, 1)
+	if sts == nil || templateChanged || partition != 0 || replicas != want ||
+		currentPartition(sts) != 0 || ptr.Deref(sts.Spec.Replicas, 1) != want {
+		return false
+	}
+	for i := range want {
+		if int(i) >= len(groups) || !groups[i].updated {
+			return false
+		}
+	}
+	return true
+}
+
 func currentPartition(sts *appsv1.StatefulSet) int32 {
 	if ru := sts.Spec.UpdateStrategy.RollingUpdate; ru != nil && ru.Partition != nil {
 		return *ru.Partition

@@ -283,6 +283,32 @@ func TestRollingUpdateKeepsBudget(t *testing.T) {
 	}
 }
 
+func TestRolloutDone(t *testing.T) {
+	l := rolloutLWS(3, intstr.FromInt32(1), intstr.FromInt32(1))
+	for _, tc := range []struct {
+		name                string
+		sts                 *appsv1.StatefulSet
+		changed             bool
+		partition, replicas int32
+		groups              string
+		want                bool
+	}{
+		{"at rest, all updated (ready or not)", leaderSts(3, 0, 3), false, 0, 3, "RRN", true},
+		{"no StatefulSet yet", nil, false, 0, 3, "", false},
+		{"template just changed", leaderSts(3, 0, 3), true, 3, 4, "OOO", false},
+		{"a group at an old revision", leaderSts(3, 0, 3), false, 0, 3, "RRO", false},
+		{"a group missing", leaderSts(3, 0, 3), false, 0, 3, "RR", false},
+		{"surge still there", leaderSts(4, 0, 3), false, 0, 3, "RRRR", false},
+		{"partition about to move", leaderSts(3, 1, 3), false, 0, 3, "RRR", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := rolloutDone(l, tc.sts, tc.changed, tc.partition, tc.replicas, groupsOf(tc.groups)); got != tc.want {
+				t.Errorf("rolloutDone = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
 func TestStateOf(t *testing.T) {
 	leader := func(rev string, ready bool, size string) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "lws-0", UID: "leader",
