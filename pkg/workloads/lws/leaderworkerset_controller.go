@@ -39,7 +39,7 @@ type LeaderWorkerSetReconciler struct {
 // +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update
-// +kubebuilder:rbac:groups=apps,resources=controllerrevisions,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=apps,resources=controllerrevisions,verbs=list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
 
