@@ -153,6 +153,22 @@ func (w *groupWatch) count() (live, ready int, state string) {
 	return live, ready, state
 }
 
+// settled says whether the watch has seen exactly n groups, all ready, all leaders at rev.
+func (w *groupWatch) settled(n int, rev string) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	live, ready, state := w.count()
+	if live != n || ready != n {
+		return fmt.Errorf("%d groups, %d ready:%s", live, ready, state)
+	}
+	for _, p := range w.pods {
+		if p.Labels[v1alpha1.RevisionKey] != rev {
+			return fmt.Errorf("pod %s at %s", p.Name, p.Labels[v1alpha1.RevisionKey])
+		}
+	}
+	return nil
+}
+
 func (w *groupWatch) extremes() (maxLive, minReady int, sawLive, sawReady string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -270,14 +286,7 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	eventually(t, 2*time.Minute, "three ready groups at the first revision", func() error {
 		return allUpdated(t, ns, name, 3, rev1, "registry.invalid/app:1")
 	})
-	eventually(t, 30*time.Second, "the watch sees three ready groups", func() error {
-		groups.mu.Lock()
-		defer groups.mu.Unlock()
-		if live, ready, state := groups.count(); live != 3 || ready != 3 {
-			return fmt.Errorf("%d groups, %d ready:%s", live, ready, state)
-		}
-		return nil
-	})
+	eventually(t, 30*time.Second, "the watch sees three ready groups", func() error { return groups.settled(3, rev1) })
 	if got := revisions(t, ns, name); len(got) != 1 || got[rev1] == "" {
 		t.Fatalf("ControllerRevisions %v, want one for %s", got, rev1)
 	}
@@ -289,6 +298,9 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	eventually(t, 3*time.Minute, "three ready groups at the new revision", func() error {
 		return allUpdated(t, ns, name, 3, rev2, "registry.invalid/app:2")
 	})
+	// The watch may lag behind the reads above: the extremes are complete once it has seen the
+	// end state too.
+	eventually(t, 30*time.Second, "the watch sees the end of the update", func() error { return groups.settled(3, rev2) })
 	maxLive, minReady, sawLive, sawReady := groups.extremes()
 	t.Logf("during the update: up to %d groups (%s), at least %d ready (%s); leader StatefulSet up to %d replicas",
 		maxLive, sawLive, minReady, sawReady, largest())
