@@ -71,10 +71,12 @@ func findBinaries(t *testing.T) *binaries {
 	for path, target := range map[string]string{
 		b.containerd: "make node-tools",
 		filepath.Join(nodeBin, "containerd-shim-runc-v2"): "make node-tools",
-		b.ctr:                               "make node-tools",
-		b.runc:                              "make node-tools",
-		filepath.Join(b.cniDir, "loopback"): "make node-tools",
-		b.provisioner:                       "make csi-tools",
+		b.ctr:                                 "make node-tools",
+		b.runc:                                "make node-tools",
+		filepath.Join(b.cniDir, "loopback"):   "make node-tools",
+		filepath.Join(b.cniDir, "ptp"):        "make node-tools",
+		filepath.Join(b.cniDir, "host-local"): "make node-tools",
+		b.provisioner:                         "make csi-tools",
 	} {
 		if _, err := os.Stat(path); err != nil {
 			unavailable(t, "%s not found; run `%s`", path, target)
@@ -96,9 +98,9 @@ func findBinaries(t *testing.T) *binaries {
 	if err := json.Unmarshal(data, &b.images); err != nil {
 		t.Fatalf("reading %s: %v", imagesFile, err)
 	}
-	for _, name := range []string{"pause", "checker"} {
+	for _, name := range []string{"pause", "checker", "git", "papermill"} {
 		if _, ok := b.images[name]; !ok {
-			t.Fatalf("%s has no %q image", imagesFile, name)
+			unavailable(t, "%s has no %q image; run `make node-images`", imagesFile, name)
 		}
 	}
 

@@ -234,9 +234,23 @@ func TestNode(t *testing.T) {
 		deletePodAndWait(t, c.cp, c.ns, "inline")
 	})
 
-	t.Run("datasets", func(t *testing.T) { testDatasets(t, c) })
+	d := startDataset(t, c)
+	t.Run("datasets", func(t *testing.T) { testDatasets(t, c, d) })
 
-	t.Run("leaderworkerset", func(t *testing.T) { testLeaderWorkerSet(t, c) })
+	// The leaderworkerset and notebooks scenarios share one workload-controller.
+	workloadsErr := startWorkloadController(t, c)
+	t.Run("leaderworkerset", func(t *testing.T) {
+		if workloadsErr != nil {
+			t.Fatal(workloadsErr)
+		}
+		testLeaderWorkerSet(t, c)
+	})
+	t.Run("notebooks", func(t *testing.T) {
+		if workloadsErr != nil {
+			t.Fatal(workloadsErr)
+		}
+		testNotebooks(t, c, d)
+	})
 
 	t.Run("driver-restart", func(t *testing.T) {
 		if pvcPod == nil {

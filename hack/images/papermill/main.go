@@ -7,7 +7,7 @@
 // reads the notebook INPUT (nbformat 4 JSON), runs its code cells in order and writes the executed
 // notebook to OUTPUT, with each cell's outputs, execution_count and papermill status, as papermill
 // does. A code cell holds statements of a tiny language, one per line (see statements.go): print,
-// cat, ls, sha256, df, write, sleep, fail. A statement that fails (a missing file, `fail`, anything
+// cat, ls, sha256, df, sleep, fail, each optionally redirected to a file. A statement that fails (a missing file, `fail`, anything
 // that is not a statement) fails its cell: like papermill, the stand-in then leaves the remaining
 // cells pending, still writes OUTPUT, prints a PapermillExecutionError to stderr and exits 1.
 package main

@@ -81,7 +81,7 @@ func TestRun(t *testing.T) {
 	}
 	writeNotebook(t, "ok.ipynb",
 		"# a markdown cell",
-		[]string{"print hello\n", "# a comment\n", "\n", "write data/out.txt some text\n", "cat data/out.txt\n"},
+		[]string{"print hello\n", "# a comment\n", "\n", "print some text > data/out.txt\n", "cat data/out.txt\n"},
 		"sha256 data\nls data\ndf data",
 	)
 	if err := run(options{input: "ok.ipynb", output: "ok.out.ipynb"}, io.Discard); err != nil {
@@ -96,7 +96,7 @@ func TestRun(t *testing.T) {
 			t.Errorf("cell %d: %+v", i+1, c)
 		}
 	}
-	if got, want := cells[1].Outputs[0].Text, "hello\nwrote 10 bytes to data/out.txt\nsome text\n"; got != want {
+	if got, want := cells[1].Outputs[0].Text, "hello\nsome text\n"; got != want {
 		t.Errorf("cell 1 printed %q, want %q", got, want)
 	}
 	got := cells[2].Outputs[0].Text
@@ -117,6 +117,7 @@ func TestRunFailure(t *testing.T) {
 	}{
 		{"fail statement", "fail the answer was 41", "NotebookFailure", "the answer was 41"},
 		{"missing file", "cat /nonexistent", "StatementError", "cat /nonexistent: open /nonexistent: no such file or directory"},
+		{"redirect to a missing directory", "print x > /nonexistent/f", "StatementError", "print x > /nonexistent/f: open /nonexistent/f: no such file or directory"},
 		{"python", "import os", "StatementError", "import os: not a statement of the papermill stand-in"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -25,24 +25,48 @@ import (
 //	sha256 DIR        "<sha256>  <path relative to DIR>" for every regular file below DIR
 //	                  (lost+found left out), in lexical order of the paths
 //	df PATH           "df PATH total=<bytes> free=<bytes>" of the filesystem holding PATH
-//	write PATH TEXT   writes TEXT and a newline to PATH, then "wrote N bytes to PATH"
 //	sleep DURATION    waits (Go duration syntax, e.g. 10s)
 //	fail MESSAGE      fails the cell with MESSAGE
 //
-// Any other line fails the cell: a real notebook (Python) never passes by accident.
+// A statement ending in "> PATH" writes its output to the file PATH instead, as a shell would,
+// e.g. to leave results on a volume. Any other line fails the cell: a real notebook (Python)
+// never passes by accident.
 func runStatements(source string, stdout io.Writer) error {
 	for line := range strings.Lines(source) {
 		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		verb, arg, _ := strings.Cut(line, " ")
-		arg = strings.TrimSpace(arg)
-		if err := runStatement(verb, arg, stdout); err != nil {
+		if err := runLine(line, stdout); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+func runLine(line string, stdout io.Writer) error {
+	stmt, target, redirected := cutLast(line, " > ")
+	if !redirected {
+		return runStatement(stmt, stdout)
+	}
+	target = strings.TrimSpace(target)
+	f, err := os.Create(target)
+	if err != nil {
+		return statementError{line: line, err: err}
+	}
+	err = runStatement(strings.TrimSpace(stmt), f)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		return statementError{line: line, err: cerr}
+	}
+	return err
+}
+
+func cutLast(s, sep string) (before, after string, found bool) {
+	i := strings.LastIndex(s, sep)
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+len(sep):], true
 }
 
 // failure is the error of a `fail` statement; statementError of any other failing statement.
@@ -65,7 +89,9 @@ func errorName(err error) string {
 	return "StatementError"
 }
 
-func runStatement(verb, arg string, stdout io.Writer) error {
+func runStatement(stmt string, stdout io.Writer) error {
+	verb, arg, _ := strings.Cut(stmt, " ")
+	arg = strings.TrimSpace(arg)
 	var err error
 	switch verb {
 	case "print":
@@ -83,12 +109,6 @@ func runStatement(verb, arg string, stdout io.Writer) error {
 		var st unix.Statfs_t
 		if err = unix.Statfs(arg, &st); err == nil {
 			_, err = fmt.Fprintf(stdout, "df %s total=%d free=%d\n", arg, st.Blocks*uint64(st.Bsize), st.Bavail*uint64(st.Bsize))
-		}
-	case "write":
-		path, text, _ := strings.Cut(arg, " ")
-		data := []byte(text + "\n")
-		if err = os.WriteFile(path, data, 0o644); err == nil {
-			_, err = fmt.Fprintf(stdout, "wrote %d bytes to %s\n", len(data), path)
 		}
 	case "sleep":
 		var d time.Duration
