@@ -65,10 +65,10 @@ func startCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// kubelet's device manager and containerd's shims use these fixed paths whatever the root
-	// directories; remove them afterwards if they are ours.
+	// kubelet's device manager, containerd's shims and CNI's result cache use these fixed paths
+	// whatever the root directories; remove them afterwards if they are ours.
 	var created []string
-	for _, p := range []string{"/var/lib/kubelet", "/run/containerd"} {
+	for _, p := range []string{"/var/lib/kubelet", "/run/containerd", "/var/lib/cni"} {
 		if _, err := os.Stat(p); os.IsNotExist(err) {
 			created = append(created, p)
 		}

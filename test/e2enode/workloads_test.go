@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/test/framework"
@@ -25,6 +26,8 @@ const lwsName = "ranks"
 // image, until the test ends.
 func startWorkloadController(t *testing.T, c *cluster) error {
 	t.Helper()
+	// InstallCRDs logs through controller-runtime before workloads.Run sets its logger.
+	crlog.SetLogger(klog.Background())
 	root, err := repoRoot()
 	if err != nil {
 		return err
