@@ -119,8 +119,9 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	failing := newNotebookJob(c.ns, "failing", url, "v1", "notebooks/fail.ipynb", image)
 	timeout := newNotebookJob(c.ns, "timeout", url, "", "notebooks/timeout.ipynb", image)
 	timeout.Spec.Timeout = &metav1.Duration{Duration: 20 * time.Second}
+	badRef := newNotebookJob(c.ns, "bad-ref", url, "no-such-branch", "notebooks/fail.ipynb", image)
 
-	jobs := []*v1alpha1.NotebookValidationJob{volumes, failing, timeout}
+	jobs := []*v1alpha1.NotebookValidationJob{volumes, failing, timeout, badRef}
 	for _, j := range jobs {
 		if err := cl.Create(ctx, j); err != nil {
 			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
@@ -169,7 +170,23 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 				t.Errorf("job message %q lacks %q", job.Status.Message, want)
 			}
 		}
-		t.Logf("failed job's message: %s", job.Status.Message)
+		t.Logf("failed job's message: %q", job.Status.Message)
+		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(job))
+	})
+
+	t.Run("clone-failure", func(t *testing.T) {
+		job := waitJobDone(t, c, cl, badRef)
+		if job.Status.Phase != v1alpha1.NotebookPhaseFailed {
+			t.Fatalf("job %s is %s: %s", job.Name, job.Status.Phase, job.Status.Message)
+		}
+		for _, want := range []string{
+			"container git-clone exited with code 128",
+			"fatal: Remote branch no-such-branch not found in upstream origin",
+		} {
+			if !strings.Contains(job.Status.Message, want) {
+				t.Errorf("job message %q lacks %q", job.Status.Message, want)
+			}
+		}
 		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(job))
 	})
 
