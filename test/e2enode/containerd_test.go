@@ -68,9 +68,9 @@ func (c *containerd) config(cniConfDir string) string {
 	}, "\n")
 }
 
-// The pod network: each pod on it gets a veth pair from the CNI ptp plugin and an address from
-// host-local, and reaches the host, and only the host, at podGateway (no masquerading, no default
-// route). Test pods use the host network; the notebook validation pods, which the
+// The pod network: each pod on it gets a veth pair to the host from the CNI ptp plugin, an
+// address from host-local and a route to podSubnet only, via the host at podGateway (no default
+// route, no masquerading). Test pods use the host network; the notebook validation pods, which the
 // workload-controller builds, are on this one and fetch their repository from the test at
 // podGateway.
 const (
