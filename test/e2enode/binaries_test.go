@@ -18,11 +18,8 @@ const (
 	NodeBinEnv = "CISTERN_NODE_BIN"
 	// ImagesEnv is the images.json written by hack/images/build.
 	ImagesEnv = "CISTERN_NODE_IMAGES"
-	// CSIBinEnv is the directory with csi-provisioner (as for the harness).
-	CSIBinEnv = "CISTERN_CSI_BIN"
 
 	containerdVersion           = "v2.4.2"
-	externalProvisionerVersion  = "v6.4.0"
 	defaultImagesRelativeToRepo = "_output/node-images/images.json"
 )
 
@@ -38,27 +35,14 @@ type imageEntry struct {
 	Tarball string `json:"tarball"`
 }
 
-func cacheDir() string {
-	if dir := os.Getenv("CISTERN_CACHE"); dir != "" {
-		return dir
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache", "cistern")
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 // findBinaries locates the built tools and builds the driver; a missing tool skips the suite
 // (fails it under CI=true) with the make target that builds it.
 func findBinaries(t *testing.T) *binaries {
 	t.Helper()
-	nodeBin := envOr(NodeBinEnv, filepath.Join(cacheDir(), "node-runtime-"+containerdVersion, "bin"))
-	csiBin := envOr(CSIBinEnv, filepath.Join(cacheDir(), "external-provisioner-"+externalProvisionerVersion, "bin"))
+	nodeBin, err := framework.ToolDir(NodeBinEnv, "node-runtime-"+containerdVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := &binaries{
 		kubelet:     framework.Binary(t, "kubelet"),
 		containerd:  filepath.Join(nodeBin, "containerd"),
@@ -66,7 +50,7 @@ func findBinaries(t *testing.T) *binaries {
 		runc:        filepath.Join(nodeBin, "runc"),
 		shimDir:     nodeBin,
 		cniDir:      filepath.Join(nodeBin, "cni"),
-		provisioner: filepath.Join(csiBin, "csi-provisioner"),
+		provisioner: framework.ExternalProvisioner(t),
 	}
 	for path, target := range map[string]string{
 		b.containerd: "make node-tools",
