@@ -30,7 +30,7 @@ const readyNodeKey = "test.cistern.dev/ready-nodes"
 func readyNodes(t *testing.T, cp *framework.ControlPlane, ns string) {
 	nodes := []string{ns + "-a", ns + "-b"}
 	for _, n := range nodes {
-		createNode(t, cp, n, map[string]string{readyNodeKey: ns}, corev1.Taint{Key: readyNodeKey, Value: ns, Effect: corev1.TaintEffectNoSchedule})
+		framework.CreateNode(t, cp, n, map[string]string{readyNodeKey: ns}, corev1.Taint{Key: readyNodeKey, Value: ns, Effect: corev1.TaintEffectNoSchedule})
 	}
 	fakeKubelet(t, cp.Client, ns, nodes...)
 }
