@@ -2,11 +2,13 @@ package e2e_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -66,4 +68,83 @@ func TestKustomizationsBuild(t *testing.T) {
 			t.Errorf("deploy/csi/kustomization.yaml does not include %s/", e.Name())
 		}
 	}
+}
+
+// TestDeployedFlagsExist: every flag the install manifests pass to a binary this project builds
+// (the driver, the sidecar, the controller, and the upstream csi-provisioner of `make csi-tools`)
+// is one that binary defines, so a renamed or dropped flag fails here rather than in a
+// crash-looping pod. The registrar's and livenessprobe's flags are left to their images.
+func TestDeployedFlagsExist(t *testing.T) {
+	b := binaries(t)
+	cp := framework.Shared(t)
+	byImage := map[string]map[string]string{ // image repository -> command -> binary
+		"cistern/node":                                {"/usr/local/bin/csi-driver": b.Driver, "/usr/local/bin/storagepool-sidecar": b.Sidecar},
+		"cistern/workload-controller":                 {"": b.Controller},
+		"registry.k8s.io/sig-storage/csi-provisioner": {"": b.Provisioner},
+	}
+	manifests := framework.Kubectl(t, cp, "kustomize", cluster.DeployDir())
+	checked := 0
+	for _, doc := range strings.Split(manifests, "\n---\n") {
+		var obj struct {
+			Kind string `json:"kind"`
+			Spec struct {
+				Template struct {
+					Spec corev1.PodSpec `json:"spec"`
+				} `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if obj.Kind != "DaemonSet" && obj.Kind != "Deployment" {
+			continue
+		}
+		for _, c := range obj.Spec.Template.Spec.Containers {
+			repo, _, _ := strings.Cut(c.Image, ":")
+			commands, ok := byImage[repo]
+			if !ok {
+				continue
+			}
+			command := strings.Join(c.Command, " ")
+			bin, ok := commands[command]
+			if !ok {
+				t.Errorf("%s container %s: command %q is not one the image has", obj.Kind, c.Name, command)
+				continue
+			}
+			defined := flagsOf(t, bin)
+			for _, arg := range c.Args {
+				name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+				if !strings.HasPrefix(arg, "-") || !defined[name] {
+					t.Errorf("%s container %s: %s does not define the flag in %q", obj.Kind, c.Name, filepath.Base(bin), arg)
+				}
+				checked++
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no container arguments checked: the manifests or the image names changed")
+	}
+	t.Logf("%d flags checked", checked)
+}
+
+// flagsOf lists the flags a Go program prints for -help (flag and pflag both name each one at
+// the start of a line, after spaces, with one or two dashes).
+func flagsOf(t *testing.T, bin string) map[string]bool {
+	t.Helper()
+	out, _ := exec.Command(bin, "-help").CombinedOutput() // exits 0 or 2 by flag package
+	flags := map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "-") {
+			continue
+		}
+		flags[strings.TrimLeft(strings.TrimSuffix(f[0], ","), "-")] = true
+		if strings.HasSuffix(f[0], ",") && len(f) > 1 { // pflag: "-v, --v Level"
+			flags[strings.TrimLeft(f[1], "-")] = true
+		}
+	}
+	if len(flags) == 0 {
+		t.Fatalf("%s -help listed no flags:\n%s", bin, out)
+	}
+	return flags
 }
