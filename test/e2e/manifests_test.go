@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	kindv1alpha4 "sigs.k8s.io/kind/pkg/apis/config/v1alpha4"
 	"sigs.k8s.io/yaml"
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -147,4 +148,34 @@ func flagsOf(t *testing.T, bin string) map[string]bool {
 		t.Fatalf("%s -help listed no flags:\n%s", bin, out)
 	}
 	return flags
+}
+
+// TestKindConfig: deploy/kind/kind-config.yaml decodes strictly into kind's own v1alpha4 types,
+// so a misspelt field fails here, on a machine without Docker, not at `make kind-up`.
+func TestKindConfig(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(cluster.RepoRoot(), "deploy", "kind", "kind-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c kindv1alpha4.Cluster
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		t.Fatalf("kind-config.yaml: %v", err)
+	}
+	if c.Kind != "Cluster" || c.APIVersion != "kind.x-k8s.io/v1alpha4" {
+		t.Errorf("kind-config.yaml is %s %s, want kind.x-k8s.io/v1alpha4 Cluster", c.APIVersion, c.Kind)
+	}
+	workers := 0
+	for _, n := range c.Nodes {
+		if n.Role != kindv1alpha4.WorkerRole {
+			continue
+		}
+		workers++
+		// The default pools profile (deploy/csi/driver/pools.yaml) has a pool at /mnt/cistern/fast.
+		if !slices.ContainsFunc(n.ExtraMounts, func(m kindv1alpha4.Mount) bool { return m.ContainerPath == "/mnt/cistern/fast" }) {
+			t.Errorf("a worker has no extra mount for the fast pool at /mnt/cistern/fast")
+		}
+	}
+	if workers == 0 {
+		t.Error("kind-config.yaml has no worker nodes")
+	}
 }
