@@ -25,6 +25,16 @@ $(BIN)/tools/protoc-gen-go:
 $(BIN)/tools/protoc-gen-go-grpc:
 	GOBIN=$(BIN)/tools $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 
+# controller-gen for CRDs, deepcopy, apply configurations and RBAC. Keyed by version through its
+# directory: the binary keeps its name, which it writes into the generated headers.
+CONTROLLER_GEN_VERSION := v0.23.0
+CONTROLLER_GEN := $(BIN)/tools/controller-tools-$(CONTROLLER_GEN_VERSION)/controller-gen
+$(CONTROLLER_GEN):
+	GOBIN=$(dir $@) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+
+.PHONY: generate
+generate:
+
 clean:
 	rm -rf $(BIN)
 

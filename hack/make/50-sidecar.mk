@@ -1,16 +1,8 @@
 # storagepool-sidecar: StoragePool API generation, unit + integration tests, scale benchmark.
-CONTROLLER_TOOLS_VERSION := v0.23.0
-# Keyed by version through its directory: the binary must keep its name, which it writes into
-# the generated headers.
-CONTROLLER_GEN := $(BIN)/tools/controller-tools-$(CONTROLLER_TOOLS_VERSION)/controller-gen
-
 .PHONY: generate-storagepool test-sidecar bench-sidecar
 TEST_TARGETS += test-sidecar
 BENCH_TARGETS += bench-sidecar
 generate: generate-storagepool
-
-$(CONTROLLER_GEN):
-	GOBIN=$(dir $@) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
 
 # Deepcopy, apply configurations and the CRD of storagepool.storage.k8s.io; the output is committed.
 generate-storagepool: $(CONTROLLER_GEN)

@@ -3,24 +3,39 @@
 CONTAINERD_VERSION := v2.4.2
 NODE_BIN := $(CISTERN_CACHE)/node-runtime-$(CONTAINERD_VERSION)/bin
 NODE_IMAGES := $(CURDIR)/_output/node-images
+# Static busybox (Debian's busybox-static, unpacked, not installed): /bin/sh of the git image.
+BUSYBOX := $(CISTERN_CACHE)/busybox-static/busybox
 # test/e2enode finds what it runs through these.
 export CISTERN_NODE_BIN := $(NODE_BIN)
 export CISTERN_NODE_IMAGES := $(NODE_IMAGES)/images.json
 
-.PHONY: node-tools node-images e2e-node test-registration
-TEST_TARGETS += test-registration e2e-node
+.PHONY: node-tools node-images node-host-packages e2e-node test-registration test-node-images
+TEST_TARGETS += test-registration test-node-images e2e-node
 
 # The driver's kubelet plugin registration (pkg/registration) over its real socket.
 test-registration:
 	$(GO) test -count=1 ./pkg/registration/...
 
-# containerd, containerd-shim-runc-v2, ctr, runc (cgo, libseccomp) and the CNI loopback plugin.
+# The images' programs (the papermill and git stand-ins) as functions; seconds.
+test-node-images:
+	cd hack/images && $(GO) test -count=1 ./...
+
+# containerd, containerd-shim-runc-v2, ctr, runc (cgo, libseccomp) and the CNI loopback, ptp
+# and host-local plugins.
 node-tools:
 	@hack/tools/node/build.sh $(NODE_BIN)
 
-# The pause and checker images as tarballs for `ctr images import`; seconds to build.
-node-images:
-	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES)
+# The pause, checker, git and papermill images as tarballs for `ctr images import`; seconds to
+# build.
+node-images: $(BUSYBOX)
+	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX)
+
+$(BUSYBOX):
+	@hack/images/busybox.sh $@
+
+# The notebook scenarios serve their repository with the host's `git http-backend`.
+node-host-packages:
+	@command -v git >/dev/null || { echo "e2e-node: installing git"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null; }; }
 
 # Runs where a node can run (root, loop devices, overlayfs, cgroups); elsewhere it says why
 # and skips. Builds kubelet, the node runtime, external-provisioner and the S3 server (versitygw,
@@ -28,6 +43,6 @@ node-images:
 e2e-node:
 	@reason=$$(hack/tools/node/check-host.sh); \
 	if [ -n "$$reason" ]; then echo "e2e-node: SKIPPED: this machine cannot run a kubelet node: $$reason"; exit 0; fi; \
-	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images $(VERSITYGW) && \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages $(VERSITYGW) && \
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 20m -v ./test/e2enode/... 2>&1 | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

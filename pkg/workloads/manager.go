@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -124,6 +125,7 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 		LeaderElectionID:        "workload-controller.cistern.dev",
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
 		Logger:                  logger,
+		Cache:                   cache.Options{ByObject: lws.CacheByObject()},
 	}
 	var certs *whcerts.CertProvisioner
 	if !cfg.DisableWebhooks {

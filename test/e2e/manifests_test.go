@@ -2,11 +2,14 @@ package e2e_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	kindv1alpha4 "sigs.k8s.io/kind/pkg/apis/config/v1alpha4"
 	"sigs.k8s.io/yaml"
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -65,5 +68,114 @@ func TestKustomizationsBuild(t *testing.T) {
 		if e.IsDir() && e.Name() != "examples" && !included {
 			t.Errorf("deploy/csi/kustomization.yaml does not include %s/", e.Name())
 		}
+	}
+}
+
+// TestDeployedFlagsExist: every flag the install manifests pass to a binary this project builds
+// (the driver, the sidecar, the controller, and the upstream csi-provisioner of `make csi-tools`)
+// is one that binary defines, so a renamed or dropped flag fails here rather than in a
+// crash-looping pod. The registrar's and livenessprobe's flags are left to their images.
+func TestDeployedFlagsExist(t *testing.T) {
+	b := binaries(t)
+	cp := framework.Shared(t)
+	byImage := map[string]map[string]string{ // image repository -> command -> binary
+		"cistern/node":                                {"/usr/local/bin/csi-driver": b.Driver, "/usr/local/bin/storagepool-sidecar": b.Sidecar},
+		"cistern/workload-controller":                 {"": b.Controller},
+		"registry.k8s.io/sig-storage/csi-provisioner": {"": b.Provisioner},
+	}
+	manifests := framework.Kubectl(t, cp, "kustomize", cluster.DeployDir())
+	checked := 0
+	for _, doc := range strings.Split(manifests, "\n---\n") {
+		var obj struct {
+			Kind string `json:"kind"`
+			Spec struct {
+				Template struct {
+					Spec corev1.PodSpec `json:"spec"`
+				} `json:"template"`
+			} `json:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if obj.Kind != "DaemonSet" && obj.Kind != "Deployment" {
+			continue
+		}
+		for _, c := range obj.Spec.Template.Spec.Containers {
+			repo, _, _ := strings.Cut(c.Image, ":")
+			commands, ok := byImage[repo]
+			if !ok {
+				continue
+			}
+			command := strings.Join(c.Command, " ")
+			bin, ok := commands[command]
+			if !ok {
+				t.Errorf("%s container %s: command %q is not one the image has", obj.Kind, c.Name, command)
+				continue
+			}
+			defined := flagsOf(t, bin)
+			for _, arg := range c.Args {
+				name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+				if !strings.HasPrefix(arg, "-") || !defined[name] {
+					t.Errorf("%s container %s: %s does not define the flag in %q", obj.Kind, c.Name, filepath.Base(bin), arg)
+				}
+				checked++
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no container arguments checked: the manifests or the image names changed")
+	}
+	t.Logf("%d flags checked", checked)
+}
+
+// flagsOf lists the flags a Go program prints for -help (flag and pflag both name each one at
+// the start of a line, after spaces, with one or two dashes).
+func flagsOf(t *testing.T, bin string) map[string]bool {
+	t.Helper()
+	out, _ := exec.Command(bin, "-help").CombinedOutput() // exits 0 or 2 by flag package
+	flags := map[string]bool{}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || !strings.HasPrefix(f[0], "-") {
+			continue
+		}
+		flags[strings.TrimLeft(strings.TrimSuffix(f[0], ","), "-")] = true
+		if strings.HasSuffix(f[0], ",") && len(f) > 1 { // pflag: "-v, --v Level"
+			flags[strings.TrimLeft(f[1], "-")] = true
+		}
+	}
+	if len(flags) == 0 {
+		t.Fatalf("%s -help listed no flags:\n%s", bin, out)
+	}
+	return flags
+}
+
+// TestKindConfig: deploy/kind/kind-config.yaml decodes strictly into kind's own v1alpha4 types,
+// so a misspelt field fails here, on a machine without Docker, not at `make kind-up`.
+func TestKindConfig(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(cluster.RepoRoot(), "deploy", "kind", "kind-config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c kindv1alpha4.Cluster
+	if err := yaml.UnmarshalStrict(data, &c); err != nil {
+		t.Fatalf("kind-config.yaml: %v", err)
+	}
+	if c.Kind != "Cluster" || c.APIVersion != "kind.x-k8s.io/v1alpha4" {
+		t.Errorf("kind-config.yaml is %s %s, want kind.x-k8s.io/v1alpha4 Cluster", c.APIVersion, c.Kind)
+	}
+	workers := 0
+	for _, n := range c.Nodes {
+		if n.Role != kindv1alpha4.WorkerRole {
+			continue
+		}
+		workers++
+		// The default pools profile (deploy/csi/driver/pools.yaml) has a pool at /mnt/cistern/fast.
+		if !slices.ContainsFunc(n.ExtraMounts, func(m kindv1alpha4.Mount) bool { return m.ContainerPath == "/mnt/cistern/fast" }) {
+			t.Errorf("a worker has no extra mount for the fast pool at /mnt/cistern/fast")
+		}
+	}
+	if workers == 0 {
+		t.Error("kind-config.yaml has no worker nodes")
 	}
 }

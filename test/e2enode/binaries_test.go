@@ -18,11 +18,8 @@ const (
 	NodeBinEnv = "CISTERN_NODE_BIN"
 	// ImagesEnv is the images.json written by hack/images/build.
 	ImagesEnv = "CISTERN_NODE_IMAGES"
-	// CSIBinEnv is the directory with csi-provisioner (as for the harness).
-	CSIBinEnv = "CISTERN_CSI_BIN"
 
 	containerdVersion           = "v2.4.2"
-	externalProvisionerVersion  = "v6.4.0"
 	defaultImagesRelativeToRepo = "_output/node-images/images.json"
 )
 
@@ -38,27 +35,14 @@ type imageEntry struct {
 	Tarball string `json:"tarball"`
 }
 
-func cacheDir() string {
-	if dir := os.Getenv("CISTERN_CACHE"); dir != "" {
-		return dir
-	}
-	home, _ := os.UserHomeDir()
-	return filepath.Join(home, ".cache", "cistern")
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
 // findBinaries locates the built tools and builds the driver; a missing tool skips the suite
 // (fails it under CI=true) with the make target that builds it.
 func findBinaries(t *testing.T) *binaries {
 	t.Helper()
-	nodeBin := envOr(NodeBinEnv, filepath.Join(cacheDir(), "node-runtime-"+containerdVersion, "bin"))
-	csiBin := envOr(CSIBinEnv, filepath.Join(cacheDir(), "external-provisioner-"+externalProvisionerVersion, "bin"))
+	nodeBin, err := framework.ToolDir(NodeBinEnv, "node-runtime-"+containerdVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b := &binaries{
 		kubelet:     framework.Binary(t, "kubelet"),
 		containerd:  filepath.Join(nodeBin, "containerd"),
@@ -66,15 +50,17 @@ func findBinaries(t *testing.T) *binaries {
 		runc:        filepath.Join(nodeBin, "runc"),
 		shimDir:     nodeBin,
 		cniDir:      filepath.Join(nodeBin, "cni"),
-		provisioner: filepath.Join(csiBin, "csi-provisioner"),
+		provisioner: framework.ExternalProvisioner(t),
 	}
 	for path, target := range map[string]string{
 		b.containerd: "make node-tools",
 		filepath.Join(nodeBin, "containerd-shim-runc-v2"): "make node-tools",
-		b.ctr:                               "make node-tools",
-		b.runc:                              "make node-tools",
-		filepath.Join(b.cniDir, "loopback"): "make node-tools",
-		b.provisioner:                       "make csi-tools",
+		b.ctr:                                 "make node-tools",
+		b.runc:                                "make node-tools",
+		filepath.Join(b.cniDir, "loopback"):   "make node-tools",
+		filepath.Join(b.cniDir, "ptp"):        "make node-tools",
+		filepath.Join(b.cniDir, "host-local"): "make node-tools",
+		b.provisioner:                         "make csi-tools",
 	} {
 		if _, err := os.Stat(path); err != nil {
 			unavailable(t, "%s not found; run `%s`", path, target)
@@ -96,9 +82,9 @@ func findBinaries(t *testing.T) *binaries {
 	if err := json.Unmarshal(data, &b.images); err != nil {
 		t.Fatalf("reading %s: %v", imagesFile, err)
 	}
-	for _, name := range []string{"pause", "checker"} {
+	for _, name := range []string{"pause", "checker", "git", "papermill"} {
 		if _, ok := b.images[name]; !ok {
-			t.Fatalf("%s has no %q image", imagesFile, name)
+			unavailable(t, "%s has no %q image; run `make node-images`", imagesFile, name)
 		}
 	}
 

@@ -27,7 +27,7 @@ const criNamespace = "k8s.io"
 
 // containerdConfig follows what is known to work on this machine (see docs/testing.md): runc
 // from our build, the sandbox image equal to our pause image, oom_score_adj never lowered
-// (the host denies it), cgroupfs, a CNI directory holding only the loopback plugin.
+// (the host denies it), cgroupfs, the CNI configuration of podNetworkConflist.
 func (c *containerd) config(cniConfDir string) string {
 	q := func(s string) string { return fmt.Sprintf("%q", s) }
 	return strings.Join([]string{
@@ -68,8 +68,37 @@ func (c *containerd) config(cniConfDir string) string {
 	}, "\n")
 }
 
-// loopbackConflist is all the pod network the node needs to be Ready; pods use the host network.
-const loopbackConflist = `{"cniVersion": "1.0.0", "name": "cistern-e2e", "plugins": [{"type": "loopback"}]}`
+// The pod network: each pod on it gets a veth pair to the host from the CNI ptp plugin, an
+// address from host-local and a route to podSubnet only, via the host at podGateway (no default
+// route, no masquerading). Test pods use the host network; the notebook validation pods, which the
+// workload-controller builds, are on this one and fetch their repository from the test at
+// podGateway.
+const (
+	podSubnet  = "10.244.117.0/24"
+	podGateway = "10.244.117.1"
+)
+
+func podNetworkConflist(ipamDir string) string {
+	return fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "cistern-e2e", "plugins": [
+  {"type": "ptp", "ipMasq": false, "mtu": 1500,
+   "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "gateway": %q}]]}}
+]}`, ipamDir, podSubnet, podGateway)
+}
+
+// keepIPForward restores the host's net.ipv4.ip_forward after the test: the ptp plugin turns it
+// on when it sets up a pod.
+func keepIPForward(t *testing.T) {
+	const path = "/proc/sys/net/ipv4/ip_forward"
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := os.WriteFile(path, before, 0o644); err != nil {
+			t.Logf("cleanup: restoring %s: %v", path, err)
+		}
+	})
+}
 
 // startContainerd starts containerd in dir and imports the test images. Its cleanup kills every
 // container it runs before stopping it, so that no shim or mount outlives the test.
@@ -80,9 +109,10 @@ func startContainerd(t *testing.T, bins *binaries, dir string) *containerd {
 	if err := os.MkdirAll(cniConfDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cniConfDir, "10-loopback.conflist"), []byte(loopbackConflist), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cniConfDir, "10-pods.conflist"), []byte(podNetworkConflist(filepath.Join(dir, "cni", "ipam"))), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	keepIPForward(t)
 	configPath := filepath.Join(dir, "containerd.toml")
 	if err := os.WriteFile(configPath, []byte(c.config(cniConfDir)), 0o644); err != nil {
 		t.Fatal(err)

@@ -108,8 +108,7 @@ func (d *dataset) checkFiles(t *testing.T, pod string, dr DirResult) {
 	}
 }
 
-func testDatasets(t *testing.T, c *cluster) {
-	d := startDataset(t, c)
+func testDatasets(t *testing.T, c *cluster, d *dataset) {
 	sc := d.storageClass(t, c)
 	ctx := context.Background()
 

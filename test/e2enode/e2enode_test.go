@@ -65,10 +65,10 @@ func startCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// kubelet's device manager and containerd's shims use these fixed paths whatever the root
-	// directories; remove them afterwards if they are ours.
+	// kubelet's device manager, containerd's shims and CNI's result cache use these fixed paths
+	// whatever the root directories; remove them afterwards if they are ours.
 	var created []string
-	for _, p := range []string{"/var/lib/kubelet", "/run/containerd"} {
+	for _, p := range []string{"/var/lib/kubelet", "/run/containerd", "/var/lib/cni"} {
 		if _, err := os.Stat(p); os.IsNotExist(err) {
 			created = append(created, p)
 		}
@@ -234,9 +234,23 @@ func TestNode(t *testing.T) {
 		deletePodAndWait(t, c.cp, c.ns, "inline")
 	})
 
-	t.Run("datasets", func(t *testing.T) { testDatasets(t, c) })
+	d := startDataset(t, c)
+	t.Run("datasets", func(t *testing.T) { testDatasets(t, c, d) })
 
-	t.Run("leaderworkerset", func(t *testing.T) { testLeaderWorkerSet(t, c) })
+	// The leaderworkerset and notebooks scenarios share one workload-controller.
+	workloadsErr := startWorkloadController(t, c)
+	t.Run("leaderworkerset", func(t *testing.T) {
+		if workloadsErr != nil {
+			t.Fatal(workloadsErr)
+		}
+		testLeaderWorkerSet(t, c)
+	})
+	t.Run("notebooks", func(t *testing.T) {
+		if workloadsErr != nil {
+			t.Fatal(workloadsErr)
+		}
+		testNotebooks(t, c, d)
+	})
 
 	t.Run("driver-restart", func(t *testing.T) {
 		if pvcPod == nil {

@@ -38,6 +38,8 @@ type DirResult struct {
 	Fill       *FillOutcome      `json:"fill"`
 	Files      map[string]string `json:"files"`
 	HashError  string            `json:"hashError"`
+	Contents   map[string]string `json:"contents"`
+	ReadError  string            `json:"readError"`
 }
 
 type Outcome struct {

@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/test/framework"
@@ -21,19 +22,22 @@ import (
 const lwsName = "ranks"
 
 // startWorkloadController installs the workload CRDs and runs the workload-controller in the
-// test process, its webhooks self-registered on loopback, until the test ends.
-func startWorkloadController(t *testing.T, c *cluster) {
+// test process, its webhooks self-registered on loopback, notebook jobs cloning with the git
+// image, until the test ends.
+func startWorkloadController(t *testing.T, c *cluster) error {
 	t.Helper()
+	// InstallCRDs logs through controller-runtime before workloads.Run sets its logger.
+	crlog.SetLogger(klog.Background())
 	root, err := repoRoot()
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := testutil.InstallCRDs(c.cp.Config, filepath.Join(root, "deploy", "csi", "crds")); err != nil {
-		t.Fatalf("installing the workload CRDs: %v", err)
+		return fmt.Errorf("installing the workload CRDs: %w", err)
 	}
 	ports, err := freePorts(1)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	port := int(ports[0])
 	certDir := t.TempDir()
@@ -41,7 +45,7 @@ func startWorkloadController(t *testing.T, c *cluster) {
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: "localhost/cistern/git:unused",
+		GitImage: c.bins.images["git"].Ref,
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(1)))
 	errc := make(chan error, 1)
@@ -58,15 +62,15 @@ func startWorkloadController(t *testing.T, c *cluster) {
 	for {
 		select {
 		case err := <-errc:
-			t.Fatalf("workload-controller exited: %v", err)
+			return fmt.Errorf("workload-controller exited: %w", err)
 		default:
 		}
 		if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
 			conn.Close()
-			return
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("workload-controller's webhook server not up on port %d", port)
+			return fmt.Errorf("workload-controller's webhook server not up on port %d", port)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -113,7 +117,6 @@ spec:
 }
 
 func testLeaderWorkerSet(t *testing.T, c *cluster) {
-	startWorkloadController(t, c)
 	framework.ApplyYAML(t, c.cp, lwsManifest(c))
 	ctx := context.Background()
 	pods := []string{lwsName + "-0", lwsName + "-0-1"} // the leader, then worker 1 of group 0

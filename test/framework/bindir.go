@@ -63,7 +63,7 @@ func missing(t testing.TB, err error) {
 
 // findBinDir resolves the binary directory and checks that the control plane is complete.
 func findBinDir() (string, error) {
-	dir, err := toolDir(BinDirEnv, "k8s-"+k8sVersion)
+	dir, err := ToolDir(BinDirEnv, "k8s-"+k8sVersion)
 	if err != nil {
 		return "", err
 	}
@@ -75,25 +75,35 @@ func findBinDir() (string, error) {
 	return dir, nil
 }
 
-// ExternalProvisioner returns the path of the csi-provisioner built by `make csi-tools`:
-// $CISTERN_CSI_BIN/csi-provisioner, else $CISTERN_CACHE/external-provisioner-<version>/bin/.
+// ExternalProvisioner returns the path of the csi-provisioner built by `make csi-tools`.
 // Missing, it skips the test (fails it when CI=true).
 func ExternalProvisioner(t testing.TB) string {
 	t.Helper()
-	dir, err := toolDir(CSIBinDirEnv, "external-provisioner-"+externalProvisionerVersion)
+	path, err := ExternalProvisionerPath()
 	if err != nil {
-		missing(t, fmt.Errorf("%w: %v", errBinariesMissing, err))
-	}
-	path := filepath.Join(dir, "csi-provisioner")
-	if _, err := os.Stat(path); err != nil {
-		missing(t, fmt.Errorf("%w: csi-provisioner not found in %s; run `make csi-tools` (or set %s)", errBinariesMissing, dir, CSIBinDirEnv))
+		missing(t, err)
 	}
 	return path
 }
 
-// toolDir is $<env> if set, else <CISTERN_CACHE>/<name>/bin (CISTERN_CACHE defaults to
-// ~/.cache/cistern, as in the Makefile).
-func toolDir(env, name string) (string, error) {
+// ExternalProvisionerPath is $CISTERN_CSI_BIN/csi-provisioner, else
+// $CISTERN_CACHE/external-provisioner-<version>/bin/csi-provisioner, for callers without a test
+// (the demo); the error says how to build it.
+func ExternalProvisionerPath() (string, error) {
+	dir, err := ToolDir(CSIBinDirEnv, "external-provisioner-"+externalProvisionerVersion)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", errBinariesMissing, err)
+	}
+	path := filepath.Join(dir, "csi-provisioner")
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%w: csi-provisioner not found in %s; run `make csi-tools` (or set %s)", errBinariesMissing, dir, CSIBinDirEnv)
+	}
+	return path, nil
+}
+
+// ToolDir is $<env> if set, else <CISTERN_CACHE>/<name>/bin (CISTERN_CACHE defaults to
+// ~/.cache/cistern, as in the Makefile): where the tool builds of the Makefile put their output.
+func ToolDir(env, name string) (string, error) {
 	if dir := os.Getenv(env); dir != "" {
 		return dir, nil
 	}

@@ -29,13 +29,14 @@ const (
 // kube-controller-manager keeps it Ready and untainted. It also creates the CSINode that
 // node-driver-registrar would, with the Cistern driver, node ID = name, and the topology key,
 // and labels the Node with that key as kubelet does. labels are added to the defaults
-// (kubernetes.io/hostname, os, arch, topology key) and win over them. No pod ever runs on it.
-func CreateNode(t testing.TB, cp *ControlPlane, name string, labels map[string]string) *corev1.Node {
+// (kubernetes.io/hostname, os, arch, topology key) and win over them. taints are set at creation,
+// so no pod can be scheduled there before they are in place. No pod ever runs on it.
+func CreateNode(t testing.TB, cp *ControlPlane, name string, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
 
-	node, err := cp.Client.CoreV1().Nodes().Create(ctx, newNode(name, labels), metav1.CreateOptions{})
+	node, err := cp.Client.CoreV1().Nodes().Create(ctx, newNode(name, labels, taints), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("creating Node %s: %v", name, err)
 	}
@@ -57,7 +58,7 @@ func CreateNode(t testing.TB, cp *ControlPlane, name string, labels map[string]s
 		if err != nil {
 			return err
 		}
-		current.Status = newNode(name, labels).Status
+		current.Status = newNode(name, labels, taints).Status
 		node, err = cp.Client.CoreV1().Nodes().UpdateStatus(ctx, current, metav1.UpdateOptions{})
 		return err
 	})
@@ -78,7 +79,7 @@ func CreateNode(t testing.TB, cp *ControlPlane, name string, labels map[string]s
 	return node
 }
 
-func newNode(name string, labels map[string]string) *corev1.Node {
+func newNode(name string, labels map[string]string, taints []corev1.Taint) *corev1.Node {
 	all := map[string]string{
 		corev1.LabelHostname:   name,
 		corev1.LabelOSStable:   "linux",
@@ -98,6 +99,7 @@ func newNode(name string, labels map[string]string) *corev1.Node {
 	}
 	return &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: all},
+		Spec:       corev1.NodeSpec{Taints: taints},
 		Status: corev1.NodeStatus{
 			Capacity:    resources,
 			Allocatable: resources,

@@ -107,7 +107,7 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 		for k := range 3 {
 			n := fmt.Sprintf("%s-g%d-%d", ns, g, k)
 			value := fmt.Sprintf("%s-%d", name, g)
-			createNode(t, cp, n, map[string]string{replicaKey: value},
+			framework.CreateNode(t, cp, n, map[string]string{replicaKey: value},
 				corev1.Taint{Key: replicaKey, Value: value, Effect: corev1.TaintEffectNoSchedule})
 			groupNodes[g] = append(groupNodes[g], n)
 			all = append(all, n)

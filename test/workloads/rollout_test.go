@@ -18,12 +18,14 @@ import (
 
 // TestLeaderWorkerSetRollout: a new worker image rolls every group onto the new revision (each
 // replaced leader brings a new worker StatefulSet), and UniquePerReplica gives each group its own
-// headless Service and subdomain.
+// headless Service and subdomain. The update waits for each replaced group to be ready before
+// the next, so the pods run on nodes with a fake kubelet.
 func TestLeaderWorkerSetRollout(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-roll")
 	ctx := ctxT(t)
-	l := newLWS(ns, "roll", 2, 2, func(l *v1alpha1.LeaderWorkerSet) {
+	readyNodes(t, cp, ns)
+	l := newLWS(ns, "roll", 2, 2, onReadyNodes(ns), func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.NetworkConfig = &v1alpha1.NetworkConfig{SubdomainPolicy: ptr.To(v1alpha1.SubdomainUniquePerReplica)}
 	})
 	if err := cl.Create(ctx, l); err != nil {

@@ -30,10 +30,10 @@ func TestVolumeManager(t *testing.T) {
 	var gpuNodes []string
 	for i := range 3 {
 		n := fmt.Sprintf("%s-gpu-%d", ns, i)
-		createNode(t, cp, n, map[string]string{"test.cistern.dev/gpu": "true"}, vmTaint)
+		framework.CreateNode(t, cp, n, map[string]string{"test.cistern.dev/gpu": "true"}, vmTaint)
 		gpuNodes = append(gpuNodes, n)
 	}
-	createNode(t, cp, ns+"-cpu", nil, vmTaint)
+	framework.CreateNode(t, cp, ns+"-cpu", nil, vmTaint)
 
 	vm := &datav1alpha1.VolumeManager{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "data"},

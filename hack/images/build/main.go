@@ -1,8 +1,9 @@
 // Command build makes the node-level tests' container images without Docker or a registry: each
-// is one static Go binary from this module in a single-layer image, written as an image tarball
-// that `ctr images import` loads into containerd.
+// is a single-layer image of static Go binaries from this module (and, for the git image, a
+// static busybox as /bin/sh), written as an image tarball that `ctr images import` loads into
+// containerd.
 //
-//	go run ./build -out _output/node-images
+//	go run ./build -out _output/node-images -busybox /path/to/static/busybox
 //
 // writes <out>/<name>.tar for each image and <out>/images.json mapping names to references and
 // tarballs. References are under localhost/, so nothing ever tries to pull them.
@@ -11,6 +12,7 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"debug/elf"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -28,17 +31,44 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
-// image is one image to build: the package whose binary is the entrypoint, and its reference.
+// image is one image to build: its files, entrypoint and search path.
 type image struct {
-	Name string `json:"name"`
-	Ref  string `json:"ref"`
-	pkg  string
+	Name       string
+	Ref        string
+	files      []file
+	entrypoint string
+	path       string
 }
 
-var images = []image{
-	// The tag must equal containerd's CRI sandbox image setting, so containerd never pulls one.
-	{Name: "pause", Ref: "localhost/cistern/pause:v1", pkg: "./pause"},
-	{Name: "checker", Ref: "localhost/cistern/checker:v1", pkg: "./checker"},
+// file is one file of an image: a static binary built from a package of this module, a static
+// executable from the host (busybox), or a symbolic link.
+type file struct {
+	path string // absolute, in the image
+	pkg  string
+	host string
+	link string
+}
+
+// images are built in this order. busybox is the host path of a static busybox.
+func images(busybox string) []image {
+	return []image{
+		// The tag must equal containerd's CRI sandbox image setting, so containerd never pulls one.
+		{Name: "pause", Ref: "localhost/cistern/pause:v1", entrypoint: "/pause", path: "/",
+			files: []file{{path: "/pause", pkg: "./pause"}}},
+		{Name: "checker", Ref: "localhost/cistern/checker:v1", entrypoint: "/checker", path: "/",
+			files: []file{{path: "/checker", pkg: "./checker"}}},
+		// The notebook jobs' git-clone container runs `/bin/sh -c 'git clone ...'`: busybox's sh
+		// and the git stand-in.
+		{Name: "git", Ref: "localhost/cistern/git:v1", entrypoint: "/usr/bin/git", path: "/usr/bin:/bin",
+			files: []file{
+				{path: "/bin/busybox", host: busybox},
+				{path: "/bin/sh", link: "busybox"},
+				{path: "/usr/bin/git", pkg: "./git"},
+			}},
+		// The notebook container runs `papermill INPUT OUTPUT --log-output`.
+		{Name: "papermill", Ref: "localhost/cistern/papermill:v1", entrypoint: "/usr/local/bin/papermill", path: "/usr/local/bin:/usr/bin:/bin",
+			files: []file{{path: "/usr/local/bin/papermill", pkg: "./papermill"}}},
+	}
 }
 
 // Entry is one line of images.json.
@@ -49,14 +79,15 @@ type Entry struct {
 
 func main() {
 	out := flag.String("out", "_output/node-images", "Directory for the image tarballs and images.json.")
+	busybox := flag.String("busybox", "", "A static busybox executable for the git image's /bin/sh (Debian's busybox-static).")
 	flag.Parse()
-	if err := run(*out); err != nil {
+	if err := run(*out, *busybox); err != nil {
 		fmt.Fprintln(os.Stderr, "build:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out string) error {
+func run(out, busybox string) error {
 	out, err := filepath.Abs(out)
 	if err != nil {
 		return err
@@ -71,12 +102,12 @@ func run(out string) error {
 	defer os.RemoveAll(work)
 
 	index := map[string]Entry{}
-	for _, im := range images {
-		bin := filepath.Join(work, im.Name)
-		if err := goBuild(im.pkg, bin); err != nil {
-			return err
+	for _, im := range images(busybox) {
+		layer, err := imageLayer(im, work)
+		if err != nil {
+			return fmt.Errorf("%s: %w", im.Name, err)
 		}
-		img, err := newImage(bin, "/"+im.Name)
+		img, err := newImage(layer, im)
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.Name, err)
 		}
@@ -109,12 +140,102 @@ func goBuild(pkg, out string) error {
 	return nil
 }
 
-// newImage returns an image holding bin at path, run as its entrypoint.
-func newImage(bin, path string) (v1.Image, error) {
-	layerTar, err := singleFileTar(bin, path)
-	if err != nil {
+// imageLayer builds the image's binaries into work and returns its single layer as a tar.
+func imageLayer(im image, work string) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	for _, f := range im.files {
+		if err := addParents(tw, dirs, f.path); err != nil {
+			return nil, err
+		}
+		var err error
+		switch {
+		case f.link != "":
+			err = tw.WriteHeader(header(f.path, tar.TypeSymlink, 0o777, 0, f.link))
+		case f.pkg != "":
+			bin := filepath.Join(work, im.Name+"-"+filepath.Base(f.path))
+			if err = goBuild(f.pkg, bin); err == nil {
+				err = addFile(tw, bin, f.path)
+			}
+		default:
+			if f.host == "" {
+				return nil, fmt.Errorf("%s needs a host file (see -help)", f.path)
+			}
+			if err = requireStatic(f.host); err == nil {
+				err = addFile(tw, f.host, f.path)
+			}
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.WriteHeader(header("/tmp", tar.TypeDir, 0o1777, 0, "")); err != nil {
 		return nil, err
 	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// addParents writes the directories above path that are not in the layer yet.
+func addParents(tw *tar.Writer, done map[string]bool, path string) error {
+	var parents []string
+	for d := filepath.Dir(path); d != "/" && !done[d]; d = filepath.Dir(d) {
+		parents = append([]string{d}, parents...)
+	}
+	for _, d := range parents {
+		if err := tw.WriteHeader(header(d, tar.TypeDir, 0o755, 0, "")); err != nil {
+			return err
+		}
+		done[d] = true
+	}
+	return nil
+}
+
+func addFile(tw *tar.Writer, src, path string) error {
+	data, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := tw.WriteHeader(header(path, tar.TypeReg, 0o755, int64(len(data)), "")); err != nil {
+		return err
+	}
+	_, err = tw.Write(data)
+	return err
+}
+
+// header is a tar header with fixed times and owner, which keep the digest stable.
+func header(path string, typ byte, mode, size int64, link string) *tar.Header {
+	return &tar.Header{
+		Typeflag: typ,
+		Name:     strings.TrimPrefix(path, "/"),
+		Linkname: link,
+		Mode:     mode,
+		Size:     size,
+		ModTime:  time.Unix(0, 0),
+		Format:   tar.FormatPAX,
+	}
+}
+
+// requireStatic refuses a dynamically linked executable: the images have no libc or loader.
+func requireStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked; the image needs a static executable (busybox-static)", path)
+		}
+	}
+	return nil
+}
+
+// newImage returns an image of one layer with the image's entrypoint and PATH.
+func newImage(layerTar []byte, im image) (v1.Image, error) {
 	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
 	})
@@ -132,34 +253,7 @@ func newImage(bin, path string) (v1.Image, error) {
 	cfg = cfg.DeepCopy()
 	cfg.OS = "linux"
 	cfg.Architecture = runtime.GOARCH
-	cfg.Config.Entrypoint = []string{path}
-	cfg.Config.Env = []string{"PATH=/"}
+	cfg.Config.Entrypoint = []string{im.entrypoint}
+	cfg.Config.Env = []string{"PATH=" + im.path}
 	return mutate.ConfigFile(img, cfg)
-}
-
-// singleFileTar is a layer with one executable file; fixed times keep the digest stable.
-func singleFileTar(src, path string) ([]byte, error) {
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return nil, err
-	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	hdr := &tar.Header{
-		Name:    path[1:],
-		Mode:    0o755,
-		Size:    int64(len(data)),
-		ModTime: time.Unix(0, 0),
-		Format:  tar.FormatPAX,
-	}
-	if err := tw.WriteHeader(hdr); err != nil {
-		return nil, err
-	}
-	if _, err := tw.Write(data); err != nil {
-		return nil, err
-	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
 }

@@ -3,7 +3,7 @@
 // the host (tests never use kubectl exec or logs). The image holds nothing but this static
 // binary: no shell, no libc.
 //
-//	checker -dir /data -out /results/pod1 -write-read -fill -hash -heartbeat 1s
+//	checker -dir /data -out /results/pod1 -write-read -fill -hash -read -heartbeat 1s
 //
 // writes /results/pod1.json once the checks ran, then (with -heartbeat) writes a file in each
 // directory and reads it back every period, recording the outcome in /results/pod1.heartbeat.json,
@@ -45,6 +45,8 @@ type DirResult struct {
 	Fill       *FillOutcome      `json:"fill,omitempty"`
 	Files      map[string]string `json:"files,omitempty"` // relative path -> sha256
 	HashError  string            `json:"hashError,omitempty"`
+	Contents   map[string]string `json:"contents,omitempty"` // relative path -> content, small files
+	ReadError  string            `json:"readError,omitempty"`
 }
 
 // Outcome of a check: OK or the error it met.
@@ -82,6 +84,7 @@ func main() {
 	fill := flag.Bool("fill", false, "Write until the first error (expected: ENOSPC), then remove what was written.")
 	fillMax := flag.Int64("fill-max", 8<<30, "Stop -fill after this many bytes.")
 	hash := flag.Bool("hash", false, "Record the sha256 of every regular file.")
+	read := flag.Bool("read", false, "Record the content of every regular file of up to 64 KiB, e.g. what a notebook left on a volume.")
 	heartbeat := flag.Duration("heartbeat", 0, "Period of the write-and-read-back heartbeat; 0 disables it.")
 	exit := flag.Bool("exit", false, "Exit after the checks instead of running until SIGTERM.")
 	flag.Parse()
@@ -105,6 +108,13 @@ func main() {
 			dr.Files = files
 			if err != nil {
 				dr.HashError = err.Error()
+			}
+		}
+		if *read {
+			contents, err := readTree(dir, 64<<10)
+			dr.Contents = contents
+			if err != nil {
+				dr.ReadError = err.Error()
 			}
 		}
 		var st syscall.Statfs_t
@@ -215,19 +225,10 @@ func outcomeOf(n int64, err error) *FillOutcome {
 	return &FillOutcome{Bytes: n, Error: err.Error(), ENOSPC: errors.Is(err, syscall.ENOSPC)}
 }
 
-// hashTree returns the sha256 of every regular file under dir, skipping the checker's own files.
+// hashTree returns the sha256 of every regular file under dir.
 func hashTree(dir string) (map[string]string, error) {
 	files := map[string]string{}
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.Name() == "lost+found" && d.IsDir() {
-			return filepath.SkipDir
-		}
-		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".checker-") {
-			return nil
-		}
+	err := walkFiles(dir, func(path, rel string) error {
 		f, err := os.Open(path)
 		if err != nil {
 			return err
@@ -237,11 +238,43 @@ func hashTree(dir string) (map[string]string, error) {
 		if _, err := io.Copy(h, f); err != nil {
 			return err
 		}
-		rel, _ := filepath.Rel(dir, path)
-		files[filepath.ToSlash(rel)] = hex.EncodeToString(h.Sum(nil))
+		files[rel] = hex.EncodeToString(h.Sum(nil))
 		return nil
 	})
 	return files, err
+}
+
+// walkFiles calls fn for every regular file under dir with its path relative to dir, skipping
+// lost+found and the checker's own files.
+func walkFiles(dir string, fn func(path, rel string) error) error {
+	return filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Name() == "lost+found" && d.IsDir() {
+			return filepath.SkipDir
+		}
+		if !d.Type().IsRegular() || strings.HasPrefix(d.Name(), ".checker-") {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, path)
+		return fn(path, filepath.ToSlash(rel))
+	})
+}
+
+// readTree returns the content of every regular file under dir of at most max bytes.
+func readTree(dir string, max int64) (map[string]string, error) {
+	contents := map[string]string{}
+	err := walkFiles(dir, func(path, rel string) error {
+		info, err := os.Stat(path)
+		if err != nil || info.Size() > max {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		contents[rel] = string(data)
+		return err
+	})
+	return contents, err
 }
 
 func writeJSON(path string, v any) error {

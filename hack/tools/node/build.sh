@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the node runtime (containerd, containerd-shim-runc-v2, ctr, runc, the CNI loopback plugin)
-# from this module into a cache directory, once.
+# Builds the node runtime (containerd, containerd-shim-runc-v2, ctr, runc, the CNI loopback, ptp
+# and host-local plugins) from this module into a cache directory, once.
 #
 #   build.sh <bin-dir>
 #
@@ -44,7 +44,9 @@ CGO_ENABLED=1 go build -trimpath -tags seccomp -o "${bin_dir}/runc" \
 mkdir -p "${bin_dir}/cni"
 CGO_ENABLED=0 go build -trimpath -o "${bin_dir}/cni/" \
   -ldflags="-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=${cni_version}" \
-  github.com/containernetworking/plugins/plugins/main/loopback
+  github.com/containernetworking/plugins/plugins/main/loopback \
+  github.com/containernetworking/plugins/plugins/main/ptp \
+  github.com/containernetworking/plugins/plugins/ipam/host-local
 
 echo "${key}" >"${stamp}"
 echo "node runtime: built in $(( $(date +%s) - start ))s"

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"maps"
 	"strconv"
 	"strings"
@@ -111,28 +110,20 @@ func claimTemplates(lws *v1alpha1.LeaderWorkerSet) []corev1.PersistentVolumeClai
 	return out
 }
 
-// rollingMaxUnavailable is the leader StatefulSet's maxUnavailable: the groups that may be down
-// at once. The StatefulSet cannot surge, so maxSurge widens the window instead, as upstream does.
+// rollingMaxUnavailable is the leader StatefulSet's own maxUnavailable. The partition is what keeps
+// the update within the LeaderWorkerSet's budget (rollingUpdate); this only lets the StatefulSet
+// replace every group above the partition at once, which is at most maxUnavailable+maxSurge.
 func rollingMaxUnavailable(lws *v1alpha1.LeaderWorkerSet) (int32, error) {
-	ru := lws.Spec.RolloutStrategy.RollingUpdateConfiguration
-	if ru == nil {
-		return 1, nil
-	}
-	replicas := int(ptr.Deref(lws.Spec.Replicas, 1))
-	mu, err := intstr.GetScaledValueFromIntOrPercent(&ru.MaxUnavailable, replicas, false)
+	b, err := budgetOf(lws)
 	if err != nil {
-		return 0, fmt.Errorf("maxUnavailable: %w", err)
+		return 0, err
 	}
-	ms, err := intstr.GetScaledValueFromIntOrPercent(&ru.MaxSurge, replicas, true)
-	if err != nil {
-		return 0, fmt.Errorf("maxSurge: %w", err)
-	}
-	ms = min(ms, replicas)
-	return int32(max(mu+ms, 1)), nil
+	return max(b.maxUnavailable+b.maxSurge, 1), nil
 }
 
-// LeaderStatefulSet builds the StatefulSet <lws> whose pods are the leaders of every group.
-func LeaderStatefulSet(lws *v1alpha1.LeaderWorkerSet, revision string) (*appsv1.StatefulSet, error) {
+// LeaderStatefulSet builds the StatefulSet <lws> whose pods are the leaders of every group, with
+// the pod template of revision, and the replicas and partition the rolling update asks for.
+func LeaderStatefulSet(lws *v1alpha1.LeaderWorkerSet, revision string, replicas, partition int32) (*appsv1.StatefulSet, error) {
 	tpl := &lws.Spec.LeaderWorkerTemplate
 	var pod corev1.PodTemplateSpec
 	if tpl.LeaderTemplate != nil {
@@ -170,7 +161,7 @@ func LeaderStatefulSet(lws *v1alpha1.LeaderWorkerSet, revision string) (*appsv1.
 			}),
 		},
 		Spec: appsv1.StatefulSetSpec{
-			Replicas:            ptr.To(ptr.Deref(lws.Spec.Replicas, 1)),
+			Replicas:            ptr.To(replicas),
 			ServiceName:         lws.Name,
 			PodManagementPolicy: appsv1.ParallelPodManagement,
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{
@@ -181,7 +172,7 @@ func LeaderStatefulSet(lws *v1alpha1.LeaderWorkerSet, revision string) (*appsv1.
 			UpdateStrategy: appsv1.StatefulSetUpdateStrategy{
 				Type: appsv1.RollingUpdateStatefulSetStrategyType,
 				RollingUpdate: &appsv1.RollingUpdateStatefulSetStrategy{
-					Partition:      ptr.To[int32](0),
+					Partition:      ptr.To(partition),
 					MaxUnavailable: ptr.To(intstr.FromInt32(maxUnavailable)),
 				},
 			},

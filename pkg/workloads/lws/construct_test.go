@@ -165,7 +165,7 @@ func TestLeaderStatefulSet(t *testing.T) {
 				},
 			}
 			tc.want(want)
-			got, err := LeaderStatefulSet(tc.lws, "rev")
+			got, err := LeaderStatefulSet(tc.lws, "rev", *tc.lws.Spec.Replicas, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -277,14 +277,18 @@ func TestTemplateHash(t *testing.T) {
 }
 
 func TestLeaderStatefulSetHashIgnoresNothingThatMatters(t *testing.T) {
-	a, _ := LeaderStatefulSet(testLWS(), "rev")
-	b, _ := LeaderStatefulSet(testLWS(func(l *v1alpha1.LeaderWorkerSet) { l.Spec.Replicas = ptr.To[int32](3) }), "rev")
+	a, _ := LeaderStatefulSet(testLWS(), "rev", 2, 0)
+	b, _ := LeaderStatefulSet(testLWS(func(l *v1alpha1.LeaderWorkerSet) { l.Spec.Replicas = ptr.To[int32](3) }), "rev", 3, 0)
 	if a.Annotations[SpecHashAnnotationKey] == b.Annotations[SpecHashAnnotationKey] {
 		t.Error("a scale did not change the leader StatefulSet's spec hash")
 	}
-	c, _ := LeaderStatefulSet(testLWS(), "rev")
+	c, _ := LeaderStatefulSet(testLWS(), "rev", 2, 0)
 	if a.Annotations[SpecHashAnnotationKey] != c.Annotations[SpecHashAnnotationKey] {
 		t.Error("the same input gave two spec hashes")
+	}
+	d, _ := LeaderStatefulSet(testLWS(), "rev", 2, 1)
+	if a.Annotations[SpecHashAnnotationKey] == d.Annotations[SpecHashAnnotationKey] {
+		t.Error("a partition change did not change the leader StatefulSet's spec hash")
 	}
 }
 

@@ -39,6 +39,7 @@ type LeaderWorkerSetReconciler struct {
 // +kubebuilder:rbac:groups=workloads.cistern.dev,resources=leaderworkersets/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=pods/finalizers,verbs=update
 // +kubebuilder:rbac:groups=apps,resources=statefulsets,verbs=get;list;watch;create;update
+// +kubebuilder:rbac:groups=apps,resources=controllerrevisions,verbs=list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;delete
 
@@ -59,7 +60,34 @@ func (r *LeaderWorkerSetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 	SetDefaults(desired)
 	revision := TemplateHash(desired)
 
-	sts, err := LeaderStatefulSet(desired, revision)
+	var cur *appsv1.StatefulSet
+	var existing appsv1.StatefulSet
+	switch err := r.Get(ctx, req.NamespacedName, &existing); {
+	case err == nil:
+		cur = &existing
+	case !apierrors.IsNotFound(err):
+		return ctrl.Result{}, err
+	}
+	// The revision is recorded before any pod can carry it, so the workers of its groups can
+	// always be built from it.
+	if err := ensureRevision(ctx, r.Client, desired, revision); err != nil {
+		return ctrl.Result{}, fmt.Errorf("template revision %s: %w", revision, err)
+	}
+	g, err := r.listGroups(ctx, &lws)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	templateChanged := cur != nil && cur.Labels[v1alpha1.RevisionKey] != revision
+	var states []groupState
+	if cur != nil {
+		states = groupStates(lws.Name, revision, ptr.Deref(cur.Spec.Replicas, 1), g.leaders, g.sets)
+	}
+	partition, replicas, err := rollingUpdate(desired, cur, templateChanged, states)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	sts, err := LeaderStatefulSet(desired, revision, replicas, partition)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -70,6 +98,9 @@ func (r *LeaderWorkerSetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 		r.Recorder.Eventf(&lws, nil, corev1.EventTypeWarning, "FailedApply", "ApplyLeaderStatefulSet", "leader StatefulSet %s: %v", sts.Name, err)
 		return ctrl.Result{}, err
 	}
+	if cur != nil {
+		r.recordRollout(&lws, cur, revision, templateChanged, partition, replicas)
+	}
 	if subdomainPolicy(desired) == v1alpha1.SubdomainShared {
 		svc := HeadlessService(desired, desired.Name, map[string]string{v1alpha1.SetNameLabelKey: desired.Name})
 		if err := controllerutil.SetControllerReference(&lws, svc, r.Scheme()); err != nil {
@@ -79,7 +110,53 @@ func (r *LeaderWorkerSetReconciler) Reconcile(ctx context.Context, req ctrl.Requ
 			return ctrl.Result{}, err
 		}
 	}
-	return ctrl.Result{}, r.updateStatus(ctx, &lws, desired, revision)
+	if err := r.updateStatus(ctx, &lws, desired, revision, g); err != nil {
+		return ctrl.Result{}, err
+	}
+	if rolloutDone(desired, cur, templateChanged, partition, replicas, states) {
+		if err := truncateRevisions(ctx, r.Client, desired, revision); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	return ctrl.Result{}, nil
+}
+
+// recordRollout reports the steps of a rolling update as events.
+func (r *LeaderWorkerSetReconciler) recordRollout(lws *v1alpha1.LeaderWorkerSet, cur *appsv1.StatefulSet, revision string, templateChanged bool, partition, replicas int32) {
+	want := ptr.Deref(lws.Spec.Replicas, 1)
+	oldPartition, oldReplicas := currentPartition(cur), ptr.Deref(cur.Spec.Replicas, 1)
+	switch {
+	case templateChanged:
+		r.Recorder.Eventf(lws, nil, corev1.EventTypeNormal, "GroupsUpdating", "RollingUpdate",
+			"rolling %d groups to template revision %s with %d surge groups", partition, revision, max(replicas-want, 0))
+	case partition < oldPartition:
+		r.Recorder.Eventf(lws, nil, corev1.EventTypeNormal, "GroupsUpdating", "RollingUpdate",
+			"updating groups %d to %d", partition, oldPartition-1)
+	}
+	if !templateChanged && replicas < oldReplicas && oldReplicas > want {
+		r.Recorder.Eventf(lws, nil, corev1.EventTypeNormal, "GroupsProgressing", "RemoveSurge",
+			"removing surge groups %d to %d", max(replicas, want), oldReplicas-1)
+	}
+}
+
+// groups is what the cache holds of a LeaderWorkerSet's groups.
+type groups struct {
+	leaders []corev1.Pod
+	sets    []appsv1.StatefulSet
+}
+
+func (r *LeaderWorkerSetReconciler) listGroups(ctx context.Context, lws *v1alpha1.LeaderWorkerSet) (groups, error) {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(lws.Namespace), client.MatchingLabels{
+		v1alpha1.SetNameLabelKey: lws.Name, v1alpha1.WorkerIndexLabelKey: "0",
+	}); err != nil {
+		return groups{}, err
+	}
+	var sets appsv1.StatefulSetList
+	if err := r.List(ctx, &sets, client.InNamespace(lws.Namespace), client.MatchingLabels{v1alpha1.SetNameLabelKey: lws.Name}); err != nil {
+		return groups{}, err
+	}
+	return groups{leaders: pods.Items, sets: sets.Items}, nil
 }
 
 // ensureStatefulSet creates sts, or updates the mutable parts of an existing one whose spec hash
@@ -130,18 +207,8 @@ func ensureService(ctx context.Context, c client.Client, svc *corev1.Service) er
 
 // updateStatus counts groups from the cached leader pods and worker StatefulSets, and writes the
 // status only when it changed.
-func (r *LeaderWorkerSetReconciler) updateStatus(ctx context.Context, lws, desired *v1alpha1.LeaderWorkerSet, revision string) error {
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(lws.Namespace), client.MatchingLabels{
-		v1alpha1.SetNameLabelKey: lws.Name, v1alpha1.WorkerIndexLabelKey: "0",
-	}); err != nil {
-		return err
-	}
-	var sets appsv1.StatefulSetList
-	if err := r.List(ctx, &sets, client.InNamespace(lws.Namespace), client.MatchingLabels{v1alpha1.SetNameLabelKey: lws.Name}); err != nil {
-		return err
-	}
-	status := ComputeStatus(desired, revision, pods.Items, sets.Items)
+func (r *LeaderWorkerSetReconciler) updateStatus(ctx context.Context, lws, desired *v1alpha1.LeaderWorkerSet, revision string, g groups) error {
+	status := ComputeStatus(desired, revision, g.leaders, g.sets)
 	status.Conditions = lws.Status.Conditions
 	setConditions(&status, desired, lws.Generation)
 	if apiequality.Semantic.DeepEqual(status, lws.Status) {
@@ -156,10 +223,10 @@ func (r *LeaderWorkerSetReconciler) updateStatus(ctx context.Context, lws, desir
 	return err
 }
 
-// ComputeStatus counts existing, ready and updated groups. A group is ready when its leader pod
-// and all size-1 workers are ready, and updated when both carry the current revision.
+// ComputeStatus counts existing, ready and updated groups among the first spec.replicas (surge
+// groups of a rolling update are not counted). A group is ready when its leader pod and all its
+// workers are ready, and updated when both carry the current revision.
 func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []corev1.Pod, sets []appsv1.StatefulSet) v1alpha1.LeaderWorkerSetStatus {
-	size := ptr.Deref(lws.Spec.LeaderWorkerTemplate.Size, 1)
 	replicas := ptr.Deref(lws.Spec.Replicas, 1)
 	workers := make(map[string]*appsv1.StatefulSet, len(sets))
 	for i := range sets {
@@ -180,13 +247,11 @@ func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []cor
 			continue
 		}
 		st.Replicas++
-		w := workers[p.Name]
-		workerReady := size == 1 || (w != nil && w.Status.ReadyReplicas == size-1 && w.Status.AvailableReplicas == size-1)
-		if podReady(p) && workerReady {
+		g := stateOf(p, workers[p.Name], revision)
+		if g.ready {
 			st.ReadyReplicas++
 		}
-		workerUpdated := size == 1 || (w != nil && w.Labels[v1alpha1.RevisionKey] == revision)
-		if p.Labels[v1alpha1.RevisionKey] == revision && workerUpdated {
+		if g.updated {
 			st.UpdatedReplicas++
 		}
 	}

@@ -54,8 +54,18 @@ func (r *PodReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	if !IsLeader(&pod) || pod.DeletionTimestamp != nil {
 		return ctrl.Result{}, nil
 	}
-	if subdomainPolicy(&lws) == v1alpha1.SubdomainUniquePerReplica {
-		svc := HeadlessService(&lws, pod.Name, map[string]string{
+	// The group is built from the template revision its leader carries: in the middle of a rolling
+	// update, a group below the partition that restarts keeps its old workers.
+	group, err := groupTemplate(ctx, r.Client, &lws, pod.Labels[v1alpha1.RevisionKey])
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if group == nil {
+		logger.V(2).Info("template revision not in the cache yet", "revision", pod.Labels[v1alpha1.RevisionKey])
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	if subdomainPolicy(group) == v1alpha1.SubdomainUniquePerReplica {
+		svc := HeadlessService(group, pod.Name, map[string]string{
 			v1alpha1.SetNameLabelKey:    lws.Name,
 			v1alpha1.GroupIndexLabelKey: pod.Labels[v1alpha1.GroupIndexLabelKey],
 		})
@@ -64,7 +74,7 @@ func (r *PodReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 			return ctrl.Result{}, err
 		}
 	}
-	if ptr.Deref(lws.Spec.LeaderWorkerTemplate.Size, 1) == 1 {
+	if ptr.Deref(group.Spec.LeaderWorkerTemplate.Size, 1) == 1 {
 		return ctrl.Result{}, nil
 	}
 	if lws.Spec.StartupPolicy == v1alpha1.LeaderReadyStartupPolicy && !podReady(&pod) {
@@ -73,7 +83,7 @@ func (r *PodReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	}
 
 	var cur appsv1.StatefulSet
-	err := r.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &cur)
+	err = r.Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: pod.Name}, &cur)
 	switch {
 	case err == nil:
 		if !metav1.IsControlledBy(&cur, &pod) {
@@ -84,7 +94,7 @@ func (r *PodReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	case !apierrors.IsNotFound(err):
 		return ctrl.Result{}, err
 	}
-	sts := WorkerStatefulSet(&lws, &pod)
+	sts := WorkerStatefulSet(group, &pod)
 	if err := r.Create(ctx, sts); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return ctrl.Result{RequeueAfter: time.Second}, nil

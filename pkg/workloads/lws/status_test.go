@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 )
@@ -15,8 +17,9 @@ import (
 func TestComputeStatus(t *testing.T) {
 	l := testLWS() // replicas 2, size 3
 	leader := func(name, rev string, ready bool, deleting bool) corev1.Pod {
-		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.RevisionKey: rev}}}
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, UID: types.UID(name), Labels: map[string]string{v1alpha1.RevisionKey: rev}}}
 		if ready {
+			p.Status.Phase = corev1.PodRunning
 			p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
 		}
 		if deleting {
@@ -25,7 +28,10 @@ func TestComputeStatus(t *testing.T) {
 		return p
 	}
 	workers := func(name, rev string, ready int32) appsv1.StatefulSet {
-		return appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.RevisionKey: rev}},
+		return appsv1.StatefulSet{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{v1alpha1.RevisionKey: rev},
+				OwnerReferences: []metav1.OwnerReference{{Kind: "Pod", Name: name, UID: types.UID(name), Controller: ptr.To(true)}}},
+			Spec:   appsv1.StatefulSetSpec{Replicas: ptr.To[int32](2)},
 			Status: appsv1.StatefulSetStatus{ReadyReplicas: ready, AvailableReplicas: ready}}
 	}
 	tests := []struct {

@@ -61,8 +61,9 @@ func TestBuildPod(t *testing.T) {
 			ActiveDeadlineSeconds: ptr.To[int64](300),
 			InitContainers: []corev1.Container{{
 				Name: "git-clone", Image: "git:1", Command: []string{"/bin/sh", "-c", cloneScript},
-				Env:          own[:2],
-				VolumeMounts: []corev1.VolumeMount{{Name: "git-clone", MountPath: "/workspace"}},
+				Env:                      own[:2],
+				VolumeMounts:             []corev1.VolumeMount{{Name: "git-clone", MountPath: "/workspace"}},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 			Containers: []corev1.Container{{
 				Name: "notebook", Image: "jupyter/papermill:1",
@@ -75,6 +76,7 @@ func TestBuildPod(t *testing.T) {
 					{Name: "git-clone", MountPath: "/workspace"}, {Name: "notebook-data", MountPath: "/output"},
 					{Name: "models", MountPath: "/models"}, {Name: "dataset", MountPath: "/data", ReadOnly: true},
 				},
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 			Volumes: []corev1.Volume{
 				{Name: "git-clone", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},

@@ -104,6 +104,9 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 		WorkingDir:   path.Dir(repoDir + "/" + spec.Notebook.Path),
 		Env:          MergeEnv(own, spec.PodConfig.Env),
 		VolumeMounts: mounts,
+		// papermill reports a failed cell on stderr only: the log's tail becomes the
+		// termination message, and so the job's message.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
 	if r := spec.PodConfig.Resources; r != nil {
 		nb.Resources = *r.DeepCopy()
@@ -123,6 +126,8 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 				Command:      []string{"/bin/sh", "-c", cloneScript},
 				Env:          own[:2],
 				VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
+				// So is git's "fatal: ..." when the clone fails.
+				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 			}},
 			Containers: []corev1.Container{nb},
 			Volumes:    volumes,

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
 // Namespace is where deploy/csi installs everything.
@@ -86,7 +88,7 @@ func BuildBinaries(dir string) (Binaries, error) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return Binaries{}, fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
 	}
-	prov, err := ProvisionerBinary()
+	prov, err := framework.ExternalProvisionerPath()
 	if err != nil {
 		return Binaries{}, err
 	}
@@ -96,28 +98,4 @@ func BuildBinaries(dir string) (Binaries, error) {
 		Controller:  filepath.Join(dir, "workload-controller"),
 		Provisioner: prov,
 	}, nil
-}
-
-// ProvisionerVersion is what hack/make/20-harness.mk builds.
-const ProvisionerVersion = "v6.4.0"
-
-// ProvisionerBinary is csi-provisioner from `make csi-tools`.
-func ProvisionerBinary() (string, error) {
-	dir := os.Getenv("CISTERN_CSI_BIN")
-	if dir == "" {
-		cache := os.Getenv("CISTERN_CACHE")
-		if cache == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", err
-			}
-			cache = filepath.Join(home, ".cache", "cistern")
-		}
-		dir = filepath.Join(cache, "external-provisioner-"+ProvisionerVersion, "bin")
-	}
-	p := filepath.Join(dir, "csi-provisioner")
-	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("csi-provisioner not found in %s; run `make csi-tools`", dir)
-	}
-	return p, nil
 }

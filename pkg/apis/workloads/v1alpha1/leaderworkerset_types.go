@@ -155,7 +155,8 @@ type RollingUpdateConfiguration struct {
 	MaxUnavailable intstr.IntOrString `json:"maxUnavailable,omitempty"`
 
 	// maxSurge is how many groups may exist above replicas during the update (number or percent,
-	// rounded up).
+	// rounded up; at most replicas). The surge groups are added to the leader StatefulSet at the
+	// new revision and removed as the last groups become ready.
 	// +kubebuilder:validation:XIntOrString
 	// +kubebuilder:default=0
 	MaxSurge intstr.IntOrString `json:"maxSurge,omitempty"`

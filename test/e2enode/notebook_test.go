@@ -1,0 +1,287 @@
+package e2enode
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+)
+
+// The notebook scenarios run NotebookValidationJobs end to end: the workload-controller builds
+// the pod, the git stand-in (hack/images/git) clones the test's repository over the pod network,
+// and the papermill stand-in (hack/images/papermill) runs the notebook's statements in the
+// user's volumes. The executed notebook lives in an emptyDir that kubelet removes once the pod
+// ends, so the notebook leaves its findings on its claim, and a checker pod reads them back.
+
+const (
+	notebookClaim     = "notebook-work"
+	notebookConfigMap = "notebook-settings"
+	notebookGreeting  = "hello from a ConfigMap\n"
+	notebookInput     = "input data from the repository\n"
+	notebookFailure   = "the model answered 41, expected 42"
+)
+
+// notebookJSON is an nbformat 4 notebook of a markdown cell and one code cell per source.
+func notebookJSON(t *testing.T, title string, sources ...string) string {
+	t.Helper()
+	cells := []map[string]any{{"cell_type": "markdown", "metadata": map[string]any{}, "source": "# " + title}}
+	for _, src := range sources {
+		cells = append(cells, map[string]any{"cell_type": "code", "metadata": map[string]any{},
+			"execution_count": nil, "outputs": []any{}, "source": src})
+	}
+	data, err := json.Marshal(map[string]any{"cells": cells, "nbformat": 4, "nbformat_minor": 5,
+		"metadata": map[string]any{"kernelspec": map[string]any{"name": "python3", "language": "python"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// notebookRepo is the repository the jobs clone: one notebook per scenario, and a file the
+// first one reads relative to its working directory.
+func notebookRepo(t *testing.T) map[string]string {
+	return map[string]string{
+		"notebooks/input.txt": notebookInput,
+		"notebooks/volumes.ipynb": notebookJSON(t, "every volume where the job mounts it",
+			"# the clone, from the notebook's directory\ncat input.txt > /mnt/work/repository.txt",
+			"cat /etc/notebook-settings/greeting.txt > /mnt/work/configmap.txt",
+			"sha256 /mnt/model > /mnt/work/dataset.sha256",
+			"df /mnt/work > /mnt/work/df.txt"),
+		"notebooks/fail.ipynb":    notebookJSON(t, "a failing cell", "print starting", "fail "+notebookFailure, "print unreachable"),
+		"notebooks/timeout.ipynb": notebookJSON(t, "never ends", "sleep 10m"),
+	}
+}
+
+func newNotebookJob(ns, name, url, ref, path, image string) *v1alpha1.NotebookValidationJob {
+	return &v1alpha1.NotebookValidationJob{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.NotebookValidationJobSpec{
+			Notebook:  v1alpha1.NotebookSource{Git: v1alpha1.GitSource{URL: url, Ref: ref}, Path: path},
+			PodConfig: v1alpha1.PodConfig{ContainerImage: image},
+			Timeout:   &metav1.Duration{Duration: 3 * time.Minute},
+		},
+	}
+}
+
+func testNotebooks(t *testing.T, c *cluster, d *dataset) {
+	ctx := context.Background()
+	cl, err := client.New(c.cp.Config, client.Options{Scheme: workloads.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	git := startGitServer(t)
+	url := git.createRepo(t, "notebooks", notebookRepo(t), "v1")
+	image := c.bins.images["papermill"].Ref
+
+	settings := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: notebookConfigMap},
+		Data: map[string]string{"greeting.txt": notebookGreeting}}
+	if _, err := c.cp.Client.CoreV1().ConfigMaps(c.ns).Create(ctx, settings, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Create(ctx, pvc(notebookClaim, c.storageClass, "64Mi"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A claim of the pool class, a ConfigMap and an inline dataset volume, each where asked.
+	volumes := newNotebookJob(c.ns, "volumes", url, "main", "notebooks/volumes.ipynb", image)
+	model := d.attributes()
+	model["size"] = "64Mi"
+	volumes.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{
+		{Name: "work", PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: notebookClaim}},
+		{Name: "settings", ConfigMap: &v1alpha1.ConfigMapVolumeSource{Name: notebookConfigMap}},
+		{Name: "model", CSI: &v1alpha1.CSIVolumeSource{Driver: consts.DriverName, ReadOnly: ptr.To(true),
+			VolumeAttributes: model, NodePublishSecretRef: &corev1.LocalObjectReference{Name: datasetSecret}}},
+	}
+	volumes.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{
+		{Name: "work", MountPath: "/mnt/work"},
+		{Name: "settings", MountPath: "/etc/notebook-settings", ReadOnly: true},
+		{Name: "model", MountPath: "/mnt/model", ReadOnly: true},
+	}
+	// A tag as the ref, so the clone resolves one.
+	failing := newNotebookJob(c.ns, "failing", url, "v1", "notebooks/fail.ipynb", image)
+	timeout := newNotebookJob(c.ns, "timeout", url, "", "notebooks/timeout.ipynb", image)
+	timeout.Spec.Timeout = &metav1.Duration{Duration: 20 * time.Second}
+	badRef := newNotebookJob(c.ns, "bad-ref", url, "no-such-branch", "notebooks/fail.ipynb", image)
+
+	jobs := []*v1alpha1.NotebookValidationJob{volumes, failing, timeout, badRef}
+	for _, j := range jobs {
+		if err := cl.Create(ctx, j); err != nil {
+			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, j := range jobs {
+			_ = cl.Delete(context.Background(), j)
+		}
+	})
+
+	t.Run("volumes", func(t *testing.T) {
+		job := waitJobDone(t, c, cl, volumes)
+		if job.Status.Phase != v1alpha1.NotebookPhaseSucceeded {
+			t.Fatalf("job %s is %s: %s\n%s", job.Name, job.Status.Phase, job.Status.Message, describe(c.cp, c.ns, "Pod", notebook.PodName(job), nil))
+		}
+		pod, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, job.Status.PodName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, subnet, _ := net.ParseCIDR(podSubnet); pod.Spec.HostNetwork || !subnet.Contains(net.ParseIP(pod.Status.PodIP)) {
+			t.Errorf("pod %s ran with IP %q, hostNetwork %v; want an address of the pod network %s", pod.Name, pod.Status.PodIP, pod.Spec.HostNetwork, podSubnet)
+		}
+		if git.podRequests.Load() == 0 {
+			t.Errorf("the git server saw no request from the pod network")
+		}
+		// kubelet tears the volumes of an ended pod down before the pod is deleted.
+		waitNoPodMounts(t, c, pod.UID)
+		checkNotebookFindings(t, c, d)
+		deletePodAndWait(t, c.cp, c.ns, pod.Name)
+	})
+
+	t.Run("failing-cell", func(t *testing.T) {
+		job := waitJobDone(t, c, cl, failing)
+		complete := meta.FindStatusCondition(job.Status.Conditions, v1alpha1.NotebookConditionComplete)
+		if job.Status.Phase != v1alpha1.NotebookPhaseFailed || complete == nil || complete.Reason != v1alpha1.ReasonFailed {
+			t.Fatalf("job %s: phase %s, Complete condition %+v, want Failed with reason %s", job.Name, job.Status.Phase, complete, v1alpha1.ReasonFailed)
+		}
+		// The message names the container and carries papermill's error from the log's tail.
+		for _, want := range []string{
+			"container notebook exited with code 1",
+			`Exception encountered at "In [2]"`,
+			"NotebookFailure: " + notebookFailure,
+		} {
+			if !strings.Contains(job.Status.Message, want) {
+				t.Errorf("job message %q lacks %q", job.Status.Message, want)
+			}
+		}
+		t.Logf("failed job's message: %q", job.Status.Message)
+		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(job))
+	})
+
+	t.Run("clone-failure", func(t *testing.T) {
+		job := waitJobDone(t, c, cl, badRef)
+		if job.Status.Phase != v1alpha1.NotebookPhaseFailed {
+			t.Fatalf("job %s is %s: %s", job.Name, job.Status.Phase, job.Status.Message)
+		}
+		for _, want := range []string{
+			"container git-clone exited with code 128",
+			"fatal: Remote branch no-such-branch not found in upstream origin",
+		} {
+			if !strings.Contains(job.Status.Message, want) {
+				t.Errorf("job message %q lacks %q", job.Status.Message, want)
+			}
+		}
+		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(job))
+	})
+
+	t.Run("timeout", func(t *testing.T) {
+		job := waitJobDone(t, c, cl, timeout)
+		complete := meta.FindStatusCondition(job.Status.Conditions, v1alpha1.NotebookConditionComplete)
+		if job.Status.Phase != v1alpha1.NotebookPhaseFailed || complete == nil || complete.Reason != v1alpha1.ReasonTimedOut {
+			t.Fatalf("job %s: phase %s, Complete condition %+v, want Failed with reason %s", job.Name, job.Status.Phase, complete, v1alpha1.ReasonTimedOut)
+		}
+		t.Logf("timed-out job's message: %s", job.Status.Message)
+		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(job))
+	})
+
+	if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, notebookClaim, metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
+	}
+	if err := c.cp.Client.CoreV1().ConfigMaps(c.ns).Delete(ctx, notebookConfigMap, metav1.DeleteOptions{}); err != nil {
+		t.Error(err)
+	}
+}
+
+// checkNotebookFindings reads what the notebook left on its claim with a checker pod and compares
+// it with what each volume holds.
+func checkNotebookFindings(t *testing.T, c *cluster, d *dataset) {
+	t.Helper()
+	const reader = "notebook-findings"
+	createPod(t, c.cp, c.ns, checkerPod(c.checkerImage, c.resultsDir, reader,
+		[]corev1.Volume{pvcVolume("work", notebookClaim)},
+		[]corev1.VolumeMount{{Name: "work", MountPath: "/data"}},
+		"-dir", "/data", "-read"))
+	defer deletePodAndWait(t, c.cp, c.ns, reader)
+	dr := readResult(t, c.resultsDir, reader).Dirs[0]
+	if dr.ReadError != "" {
+		t.Errorf("reading the claim: %s", dr.ReadError)
+	}
+	found := dr.Contents
+	if got := found["repository.txt"]; got != notebookInput {
+		t.Errorf("the notebook read %q from input.txt in its working directory, want the repository's %q", got, notebookInput)
+	}
+	if got := found["configmap.txt"]; got != notebookGreeting {
+		t.Errorf("the notebook read %q from the ConfigMap at /etc/notebook-settings, want %q", got, notebookGreeting)
+	}
+	var want strings.Builder
+	for _, path := range slices.Sorted(maps.Keys(d.files)) {
+		fmt.Fprintf(&want, "%s  %s\n", d.files[path], path)
+	}
+	if got := found["dataset.sha256"]; got != want.String() {
+		t.Errorf("the notebook saw a dataset at /mnt/model that differs from the source:\n got\n%s want\n%s", got, want.String())
+	}
+	// The claim's own filesystem, not the container's root: about the requested 64 MiB.
+	var total, free uint64
+	if _, err := fmt.Sscanf(found["df.txt"], "df /mnt/work total=%d free=%d", &total, &free); err != nil {
+		t.Errorf("df.txt %q: %v", found["df.txt"], err)
+	} else if total > 64<<20 || total < 32<<20 {
+		t.Errorf("the notebook saw a %d-byte filesystem at /mnt/work for a 64 MiB claim", total)
+	}
+}
+
+// waitJobDone waits for the job to reach Succeeded or Failed.
+func waitJobDone(t *testing.T, c *cluster, cl client.Client, j *v1alpha1.NotebookValidationJob) *v1alpha1.NotebookValidationJob {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), podTimeout)
+	defer cancel()
+	var job v1alpha1.NotebookValidationJob
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := cl.Get(ctx, types.NamespacedName{Namespace: j.Namespace, Name: j.Name}, &job); err != nil {
+			return false, nil
+		}
+		return job.Status.Phase == v1alpha1.NotebookPhaseSucceeded || job.Status.Phase == v1alpha1.NotebookPhaseFailed, nil
+	})
+	if err != nil {
+		pod, perr := c.cp.Client.CoreV1().Pods(c.ns).Get(context.Background(), notebook.PodName(j), metav1.GetOptions{})
+		if perr != nil {
+			pod = nil
+		}
+		t.Fatalf("NotebookValidationJob %s did not finish: %v; phase %q: %s\npod: %s", j.Name, err, job.Status.Phase, job.Status.Message,
+			describe(c.cp, c.ns, "Pod", notebook.PodName(j), pod))
+	}
+	return &job
+}
+
+// waitNoPodMounts waits until no CSI mount of the pod is left in kubelet's directory.
+func waitNoPodMounts(t *testing.T, c *cluster, uid types.UID) {
+	t.Helper()
+	var left []string
+	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		left = left[:0]
+		for _, mp := range volumeMounts(t, c) {
+			if strings.Contains(mp, "/pods/"+string(uid)+"/") {
+				left = append(left, mp)
+			}
+		}
+		return len(left) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("the ended pod's volumes are still mounted: %v", left)
+	}
+}
