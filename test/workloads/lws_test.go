@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/util/retry"
@@ -113,7 +114,7 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 			all = append(all, n)
 		}
 	}
-	fakeKubelet(t, cp.Client, ns, all...)
+	framework.FakeKubelet(t, cp.Client, fields.OneTermEqualSelector("metadata.namespace", ns), all...)
 
 	// One static volume per expected claim: the PV binder binds them, so the scheduler can place
 	// the pods. (No provisioner runs in this suite.)

@@ -32,7 +32,7 @@ func readyNodes(t *testing.T, cp *framework.ControlPlane, ns string) {
 	for _, n := range nodes {
 		framework.CreateNode(t, cp, n, map[string]string{readyNodeKey: ns}, corev1.Taint{Key: readyNodeKey, Value: ns, Effect: corev1.TaintEffectNoSchedule})
 	}
-	fakeKubelet(t, cp.Client, ns, nodes...)
+	framework.FakeKubelet(t, cp.Client, fields.OneTermEqualSelector("metadata.namespace", ns), nodes...)
 }
 
 // onReadyNodes sends every pod of the LeaderWorkerSet to the nodes of readyNodes.

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,9 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -71,7 +67,8 @@ func Start(t testing.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	if opts.Features.Workloads {
 		c.Controller = startController(t, cp, opts.Node.Bins.Controller)
 	}
-	FakeKubelet(t, cp.Client, c.NodeNames...)
+	// The node DaemonSet's own pods are left alone: their components run as local processes.
+	framework.FakeKubelet(t, cp.Client, fields.OneTermNotEqualSelector("metadata.namespace", Namespace), c.NodeNames...)
 	return c
 }
 
@@ -116,63 +113,4 @@ func startController(t testing.TB, cp *framework.ControlPlane, bin string) *fram
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// FakeKubelet does for pods bound to the given nodes what a kubelet that starts every container
-// at once would: it reports them Running and Ready and confirms their deletion. The node
-// DaemonSet's own pods are left alone: their components run as local processes instead.
-func FakeKubelet(t testing.TB, c kubernetes.Interface, nodes ...string) {
-	mine := map[string]bool{}
-	for _, n := range nodes {
-		mine[n] = true
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	t.Cleanup(func() { cancel(); wg.Wait() })
-	handle := func(obj any) {
-		pod, ok := obj.(*corev1.Pod)
-		if !ok || !mine[pod.Spec.NodeName] || pod.Namespace == Namespace {
-			return
-		}
-		if pod.DeletionTimestamp != nil {
-			_ = c.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
-				GracePeriodSeconds: ptr.To[int64](0), Preconditions: &metav1.Preconditions{UID: &pod.UID}})
-			return
-		}
-		if pod.Status.Phase == corev1.PodRunning {
-			return
-		}
-		p := pod.DeepCopy()
-		now := metav1.Now()
-		p.Status.Phase = corev1.PodRunning
-		p.Status.StartTime = &now
-		p.Status.PodIP = "127.0.0.1"
-		p.Status.PodIPs = []corev1.PodIP{{IP: "127.0.0.1"}}
-		p.Status.Conditions = []corev1.PodCondition{
-			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			{Type: corev1.ContainersReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-			{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now},
-		}
-		p.Status.ContainerStatuses = nil
-		for _, ctr := range p.Spec.Containers {
-			p.Status.ContainerStatuses = append(p.Status.ContainerStatuses, corev1.ContainerStatus{
-				Name: ctr.Name, Image: ctr.Image, ImageID: ctr.Image, Ready: true, Started: ptr.To(true),
-				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}},
-			})
-		}
-		_, _ = c.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
-	}
-	lw := cache.NewListWatchFromClient(c.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, fields.Everything())
-	_, informer := cache.NewInformerWithOptions(cache.InformerOptions{
-		ListerWatcher: lw,
-		ObjectType:    &corev1.Pod{},
-		ResyncPeriod:  2 * time.Second, // retries updates that lost a race
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    handle,
-			UpdateFunc: func(_, n any) { handle(n) },
-		},
-	})
-	wg.Add(1)
-	go func() { defer wg.Done(); informer.Run(ctx.Done()) }()
 }
