@@ -246,7 +246,8 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 	if j != nil {
 		pl.Unlock()
 		st := j.status()
-		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
+		// The job may still be listing: then its size so far is a lower bound.
+		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), j.isListed()); err != nil {
 			return st, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
 		}
 		return st, j, nil

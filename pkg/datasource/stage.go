@@ -69,6 +69,16 @@ func newJob(m *Manager, req Request, dir string, src source.Source) *job {
 	return j
 }
 
+// isListed reports whether the manifest is taken, so that bytesTotal is the dataset's size.
+func (j *job) isListed() bool {
+	select {
+	case <-j.listed:
+		return true
+	default:
+		return false
+	}
+}
+
 func (j *job) status() Status {
 	return Status{
 		Dataset: j.req.Spec.Source, Phase: j.phase.Load().(Phase),
