@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,9 +45,13 @@ type Config struct {
 
 // Source is an S3 dataset source.
 type Source struct {
-	cfg    Config
+	cfg     Config
 	client *s3.Client
 	http   *http.Client
+	// direct sends whole-object GETs (signedget.go); nil where only GetObject will do.
+	direct *signedGet
+	// directOff is set once the server has refused a signed GET that GetObject then passed.
+	directOff atomic.Bool
 }
 
 // New builds the client. Credentials come only from cfg: no environment, profile or instance
@@ -96,7 +101,7 @@ func New(cfg Config) (*Source, error) {
 	if cfg.Endpoint != "" {
 		opts.BaseEndpoint = aws.String(cfg.Endpoint)
 	}
-	return &Source{cfg: cfg, client: s3.New(opts), http: hc}, nil
+	return &Source{cfg: cfg, client: s3.New(opts), http: hc, direct: newSignedGet(context.Background(), cfg.Bucket, opts)}, nil
 }
 
 type noRateLimit struct{}
@@ -204,8 +209,18 @@ func (s *Source) listPages(ctx context.Context, prefix, delimiter string, emit f
 // Open reads [off, off+n) of the object, pinned to the listed ETag. A full read asks for the
 // object's checksum headers; the returned reader reports a full-object checksum, if the object has
 // one, for the engine to check as the bytes stream (source.Checksummed). The SDK does not check it
-// too: one pass over the bytes is enough, and the engine's CRCs are the faster ones.
+// too: one pass over the bytes is enough, and the engine's CRCs are the faster ones. A full read
+// is tried as a plain signed GET first (signedget.go).
 func (s *Source) Open(ctx context.Context, obj source.Object, off, n int64) (io.ReadCloser, error) {
+	full := off == 0 && n == obj.Size
+	status := 0
+	if full && s.direct != nil && !s.directOff.Load() {
+		var rc io.ReadCloser
+		var ok bool
+		if rc, status, ok = s.openSigned(ctx, obj); ok {
+			return rc, nil
+		}
+	}
 	in := &s3.GetObjectInput{
 		Bucket: aws.String(s.cfg.Bucket),
 		Key:    aws.String(s.cfg.Prefix + obj.Key),
@@ -213,7 +228,6 @@ func (s *Source) Open(ctx context.Context, obj source.Object, off, n int64) (io.
 	if obj.ETag != "" {
 		in.IfMatch = aws.String(`"` + obj.ETag + `"`)
 	}
-	full := off == 0 && n == obj.Size
 	var opts []func(*s3.Options)
 	if full {
 		opts = append(opts, checksumHeaders)
@@ -222,6 +236,9 @@ func (s *Source) Open(ctx context.Context, obj source.Object, off, n int64) (io.
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	out, err := s.client.GetObject(ctx, in, opts...)
+	if status != 0 {
+		s.fellBack(ctx, status, err)
+	}
 	if err != nil {
 		cancel()
 		return nil, classify(err, "reading %s%s", s.where(), obj.Key)
