@@ -45,7 +45,7 @@ type Config struct {
 
 // Source is an S3 dataset source.
 type Source struct {
-	cfg     Config
+	cfg    Config
 	client *s3.Client
 	http   *http.Client
 	// direct sends whole-object GETs (signedget.go); nil where only GetObject will do.
