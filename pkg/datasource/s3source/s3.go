@@ -1,5 +1,6 @@
 // Package s3source reads datasets from S3 and S3-compatible servers with aws-sdk-go-v2: custom
-// endpoints, path-style addressing, paginated listing, ranged reads pinned to the listed ETag.
+// endpoints, path-style addressing, paginated listing, ranged reads pinned to the listed ETag,
+// and whole-object reads as plain GETs the SDK signs (signedget.go).
 package s3source
 
 import (

@@ -38,8 +38,8 @@ var None = Fault{ResetAfter: -1}
 type Proxy struct {
 	URL      string
 	Requests atomic.Int64
-	// GETs counts object GETs by path.
-	mu     sync.Mutex
+	mu       sync.Mutex
+	// gets counts object GETs by path.
 	gets   map[string]int
 	choose func(r *http.Request, n int64) Fault
 	target string
@@ -75,8 +75,8 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := p.Requests.Add(1)
 	p.mu.Lock()
 	choose := p.choose
-	if r.Method == http.MethodGet && r.URL.RawQuery == "" {
-		p.gets[r.URL.Path]++
+	if q := r.URL.Query(); r.Method == http.MethodGet && (len(q) == 0 || len(q) == 1 && q.Has("x-id")) {
+		p.gets[r.URL.Path]++ // an object GET: GetObject's (?x-id=GetObject) or a plain one
 	}
 	p.mu.Unlock()
 	f := None
