@@ -179,38 +179,37 @@ func TestWholeReadsAreSignedGETs(t *testing.T) {
 // on; a transient error is GetObject's to retry without giving up signed GETs; an object
 // changed since listing is reported as such.
 func TestSignedGETFallsBack(t *testing.T) {
-	t.Run("refused", func(t *testing.T) {
-		f := start(t)
-		f.s.Put(t, "data", "a", []byte("first"))
-		f.s.Put(t, "data", "b", []byte("second"))
-		f.rec.refusePlain = http.StatusForbidden
-		src := f.source(t, "")
-		objs := list(t, src)
-		for _, k := range []string{"a", "b"} {
-			if got, _ := read(t, src, objs[k], 0, objs[k].Size); string(got) == "" {
-				t.Fatalf("%s: empty read", k)
+	for _, c := range []struct {
+		name       string
+		status     int
+		refuseOnce bool // answer status to the first plain GET only
+		plain, sdk int  // GETs of each kind for two objects
+	}{
+		{"refused: GetObject from then on", http.StatusForbidden, false, 1, 2},
+		{"transient: signed GETs go on", http.StatusServiceUnavailable, true, 2, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := start(t)
+			f.s.Put(t, "data", "a", []byte("first"))
+			f.s.Put(t, "data", "b", []byte("second"))
+			f.rec.refusePlain = c.status
+			src := f.source(t, "")
+			objs := list(t, src)
+			for _, k := range []string{"a", "b"} {
+				if got, _ := read(t, src, objs[k], 0, objs[k].Size); string(got) == "" {
+					t.Fatalf("%s: empty read", k)
+				}
+				if c.refuseOnce {
+					f.rec.mu.Lock()
+					f.rec.refusePlain = 0
+					f.rec.mu.Unlock()
+				}
 			}
-		}
-		if plain, sdk := f.rec.counts(); plain != 1 || sdk != 2 {
-			t.Fatalf("%d plain GETs and %d GetObject calls, want 1 (refused, then never again) and 2", plain, sdk)
-		}
-	})
-	t.Run("transient", func(t *testing.T) {
-		f := start(t)
-		f.s.Put(t, "data", "a", []byte("first"))
-		f.s.Put(t, "data", "b", []byte("second"))
-		f.rec.refusePlain = http.StatusServiceUnavailable
-		src := f.source(t, "")
-		objs := list(t, src)
-		read(t, src, objs["a"], 0, objs["a"].Size)
-		f.rec.mu.Lock()
-		f.rec.refusePlain = 0
-		f.rec.mu.Unlock()
-		read(t, src, objs["b"], 0, objs["b"].Size)
-		if plain, sdk := f.rec.counts(); plain != 2 || sdk != 1 {
-			t.Fatalf("%d plain GETs and %d GetObject calls, want 2 and 1", plain, sdk)
-		}
-	})
+			if plain, sdk := f.rec.counts(); plain != c.plain || sdk != c.sdk {
+				t.Fatalf("%d plain GETs and %d GetObject calls, want %d and %d", plain, sdk, c.plain, c.sdk)
+			}
+		})
+	}
 	t.Run("failure case - object changed since listing", func(t *testing.T) {
 		f := start(t)
 		f.s.Put(t, "data", "a", []byte("first"))
