@@ -8,6 +8,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -230,13 +231,16 @@ func TestSignedGETFallsBack(t *testing.T) {
 // as service/s3 resolves it, a session token signed along, and the buckets whose requests
 // need more than SigV4 on one endpoint (S3 Express) left to GetObject.
 func TestSignedGETRequest(t *testing.T) {
-	base := func(bucket, endpoint string, pathStyle bool) *signedGet {
+	options := func(endpoint string, pathStyle bool) s3.Options {
 		opts := s3.Options{Region: "eu-west-1", UsePathStyle: pathStyle,
 			Credentials: credentials.NewStaticCredentialsProvider("AK", "SK", "TOKEN")}
 		if endpoint != "" {
 			opts.BaseEndpoint = aws.String(endpoint)
 		}
-		return newSignedGet(context.Background(), bucket, opts)
+		return opts
+	}
+	base := func(bucket, endpoint string, pathStyle bool) *signedGet {
+		return newSignedGet(context.Background(), bucket, options(endpoint, pathStyle))
 	}
 	for _, c := range []struct {
 		name, bucket, endpoint string
@@ -245,6 +249,9 @@ func TestSignedGETRequest(t *testing.T) {
 	}{
 		{"path style", "data", "http://127.0.0.1:9000", true, "http://127.0.0.1:9000/data/k%20%2B.bin"},
 		{"virtual host", "data", "https://storage.example.com", false, "https://data.storage.example.com/k%20%2B.bin"},
+		{"AWS", "data", "", false, "https://data.s3.eu-west-1.amazonaws.com/k%20%2B.bin"},
+		{"endpoint with a trailing slash", "data", "http://127.0.0.1:9000/", true, "http://127.0.0.1:9000/data/k%20%2B.bin"},
+		{"endpoint with a path", "data", "http://127.0.0.1:9000/s3/", true, "http://127.0.0.1:9000/s3/data/k%20%2B.bin"},
 		{"dotted bucket on a custom endpoint", "my.data", "http://10.0.0.1:9000", false, "http://10.0.0.1:9000/my.data/k%20%2B.bin"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -258,6 +265,15 @@ func TestSignedGETRequest(t *testing.T) {
 			}
 			if got := req.URL.String(); got != c.want {
 				t.Errorf("URL %s, want %s", got, c.want)
+			}
+			// The same URL as GetObject's, which the SDK shows through its presigner.
+			sdk, err := s3.NewPresignClient(s3.New(options(c.endpoint, c.pathStyle))).PresignGetObject(context.Background(),
+				&s3.GetObjectInput{Bucket: aws.String(c.bucket), Key: aws.String("k +.bin")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u, _ := url.Parse(sdk.URL); u.Scheme+"://"+u.Host+u.EscapedPath() != req.URL.String() {
+				t.Errorf("GetObject goes to %s://%s%s, the signed GET to %s", u.Scheme, u.Host, u.EscapedPath(), req.URL)
 			}
 			auth := req.Header.Get("Authorization")
 			for _, want := range []string{"Credential=AK/", "/eu-west-1/s3/aws4_request", "if-match", "x-amz-checksum-mode", "x-amz-security-token"} {
