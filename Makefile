@@ -38,6 +38,14 @@ generate:
 clean:
 	rm -rf $(BIN)
 
+# Static checks first: go vet over every package, gofmt over every tracked Go file.
+.PHONY: vet
+TEST_TARGETS := vet
+vet:
+	$(GO) vet ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+
 # Each area adds its own targets and appends to TEST_TARGETS / BENCH_TARGETS.
 include $(sort $(wildcard hack/make/*.mk))
 
