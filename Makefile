@@ -38,12 +38,12 @@ generate:
 clean:
 	rm -rf $(BIN)
 
-# Static checks first: go vet over every package, gofmt over every tracked Go file.
+# Static checks first: go vet over every package, gofmt over every Go file of the tree.
 .PHONY: vet
 TEST_TARGETS := vet
 vet:
 	$(GO) vet ./...
-	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	@unformatted=$$(gofmt -l .); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 
 # Each area adds its own targets and appends to TEST_TARGETS / BENCH_TARGETS.
