@@ -214,13 +214,13 @@ func (s *Source) listPages(ctx context.Context, prefix, delimiter string, emit f
 // is tried as a plain signed GET first (signedget.go).
 func (s *Source) Open(ctx context.Context, obj source.Object, off, n int64) (io.ReadCloser, error) {
 	full := off == 0 && n == obj.Size
-	status := 0
+	status := 0 // the signed GET's answer, when GetObject comes after one
 	if full && s.direct != nil && !s.directOff.Load() {
-		var rc io.ReadCloser
-		var ok bool
-		if rc, status, ok = s.openSigned(ctx, obj); ok {
+		rc, st, ok := s.openSigned(ctx, obj)
+		if ok {
 			return rc, nil
 		}
+		status = st
 	}
 	in := &s3.GetObjectInput{
 		Bucket: aws.String(s.cfg.Bucket),

@@ -286,11 +286,17 @@ func TestSignedGETRequest(t *testing.T) {
 			}
 		})
 	}
-	t.Run("S3 Express directory bucket", func(t *testing.T) {
-		if g := base("data--euw1-az1--x-s3", "", false); g != nil {
-			t.Fatalf("signed GETs to %s for a directory bucket", g.base.String())
-		}
-	})
+	for name, bucket := range map[string]string{
+		"S3 Express directory bucket": "data--euw1-az1--x-s3",
+		"multi-region access point":   "arn:aws:s3::123456789012:accesspoint/mfzwi23gnjvgw.mrap",
+		"Object Lambda access point":  "arn:aws:s3-object-lambda:eu-west-1:123456789012:accesspoint/banner",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if g := base(bucket, "", false); g != nil {
+				t.Fatalf("signed GETs to %s", g.base.String())
+			}
+		})
+	}
 	t.Run("anonymous", func(t *testing.T) {
 		g := newSignedGet(context.Background(), "data", s3.Options{Region: "us-east-1", UsePathStyle: true,
 			BaseEndpoint: aws.String("http://127.0.0.1:9000"), Credentials: aws.AnonymousCredentials{}})

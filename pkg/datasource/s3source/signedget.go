@@ -21,8 +21,8 @@ import (
 
 // Whole-object reads skip GetObject's per-call middleware stack. For a dataset of many small
 // files the per-request work is what costs: building and running GetObject's stack (endpoint
-// rules, retry loop, response deserialization, metrics) took about a quarter of the client's
-// CPU per 32 KiB object, more than the HTTP exchange's own overhead. The pieces that make the
+// rules, retry loop, response deserialization, metrics) took about half of the client's CPU
+// per 32 KiB object, as much as the HTTP exchange itself. The pieces that make the
 // request right are still the SDK's: the bucket's endpoint comes from service/s3's endpoint
 // resolver, once per source; the key is escaped by the same smithy-go function GetObject uses;
 // the request is signed by the SDK's SigV4 signer, as GetObject signs it. Anything but a 200
@@ -40,9 +40,10 @@ type signedGet struct {
 	signer *v4.Signer
 }
 
-// newSignedGet resolves the bucket's endpoint as GetObject would. It returns nil where
-// GetObject's resolution depends on more than the bucket (access point ARNs, S3 Express
-// directory buckets, other signing schemes): those sources use GetObject for every read.
+// newSignedGet resolves the bucket's endpoint as GetObject would. It returns nil where a
+// request needs more than SigV4 for "s3" on that endpoint (S3 Express directory buckets, Object
+// Lambda and multi-region access points) or the endpoint does not resolve: those sources use
+// GetObject for every read.
 func newSignedGet(ctx context.Context, bucket string, opts s3.Options) *signedGet {
 	resolver := opts.EndpointResolverV2
 	if resolver == nil {
