@@ -128,10 +128,11 @@ func (s *Source) openSigned(ctx context.Context, obj source.Object) (rc io.ReadC
 		cancel()
 		return nil, resp.StatusCode, false
 	}
-	h := resp.Header
+	h := resp.Header // fullChecksum skips the empty values of absent headers
 	sum := fullChecksum(types.ChecksumType(h.Get("X-Amz-Checksum-Type")),
-		header(h, "X-Amz-Checksum-Crc64nvme"), header(h, "X-Amz-Checksum-Crc32c"), header(h, "X-Amz-Checksum-Crc32"),
-		header(h, "X-Amz-Checksum-Sha256"), header(h, "X-Amz-Checksum-Sha1"))
+		aws.String(h.Get("X-Amz-Checksum-Crc64nvme")), aws.String(h.Get("X-Amz-Checksum-Crc32c")),
+		aws.String(h.Get("X-Amz-Checksum-Crc32")), aws.String(h.Get("X-Amz-Checksum-Sha256")),
+		aws.String(h.Get("X-Amz-Checksum-Sha1")))
 	return &body{rc: resp.Body, cancel: cancel, idle: s.cfg.IdleTimeout, key: obj.Key, sum: sum}, resp.StatusCode, true
 }
 
@@ -147,12 +148,4 @@ func (s *Source) fellBack(ctx context.Context, status int, getErr error) {
 		klog.FromContext(ctx).Info("S3 server refused a plain signed GET that GetObject passed; using GetObject for every read",
 			"dataset", s.where(), "status", status)
 	}
-}
-
-func header(h http.Header, k string) *string {
-	v := h.Get(k)
-	if v == "" {
-		return nil
-	}
-	return &v
 }
