@@ -270,14 +270,6 @@ func (d *Driver) isTreeStage(id string, volumeContext map[string]string) bool {
 	return poolOfVolumeID(id) == ""
 }
 
-func readOnlyMode(c *csi.VolumeCapability) bool {
-	switch c.GetAccessMode().GetMode() {
-	case csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY, csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY:
-		return true
-	}
-	return false
-}
-
 // serveTree stages the dataset on a pool chosen by the parameters, references it for volumeID
 // and bind-mounts the cached tree read-only at path.
 func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, secrets map[string]string, ephemeral bool) error {

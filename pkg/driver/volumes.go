@@ -4,7 +4,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -40,11 +39,6 @@ func randomHex() string {
 // poolOfVolumeID returns the pool encoded in a volume ID, or "" for a foreign ID.
 func poolOfVolumeID(id string) string {
 	return poolOfID(id, "-")
-}
-
-// poolOfSnapshotID returns the pool encoded in a snapshot ID, or "" for a foreign ID.
-func poolOfSnapshotID(id string) string {
-	return poolOfID(id, snapshotMarker)
 }
 
 func poolOfID(id, sep string) string {
@@ -129,8 +123,4 @@ func (d *Driver) imageError(what, poolName string, err error) error {
 
 func internal(what string, err error) error {
 	return status.Errorf(codes.Internal, "%s: %v", what, err)
-}
-
-func errorf(c codes.Code, format string, args ...any) error {
-	return status.Error(c, fmt.Sprintf(format, args...))
 }

@@ -21,7 +21,7 @@ const (
 )
 
 // errBinariesMissing means `make k8s-tools` has not been run.
-var errBinariesMissing = errors.New("Kubernetes test binaries missing")
+var errBinariesMissing = errors.New("missing Kubernetes test binaries")
 
 // controlPlaneBinaries are what `make k8s-tools` builds and StartControlPlane needs.
 var controlPlaneBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}

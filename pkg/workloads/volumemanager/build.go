@@ -95,7 +95,7 @@ func checkLocalPath(u *url.URL, roots []string) error {
 		}
 	}
 	if len(roots) == 0 {
-		return fmt.Errorf("Local sources are disabled (no --local-source-roots)")
+		return fmt.Errorf("local sources are disabled (no --local-source-roots)")
 	}
 	return fmt.Errorf("path %q is not under an allowed root (%s)", p, strings.Join(roots, ", "))
 }

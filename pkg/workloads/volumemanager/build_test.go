@@ -58,7 +58,7 @@ func TestDatasetAttributes(t *testing.T) {
 		})
 	}
 	if _, err := DatasetAttributes(&datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/x"}, Config{}); err == nil ||
-		!strings.Contains(err.Error(), "Local sources are disabled") {
+		!strings.Contains(err.Error(), "local sources are disabled") {
 		t.Errorf("Local without roots: %v", err)
 	}
 }
