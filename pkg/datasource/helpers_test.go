@@ -16,7 +16,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // randBytes returns n deterministic pseudo-random bytes.

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // TestStageNFS stages a directory below an export from a real NFSv3 server (userspace client),

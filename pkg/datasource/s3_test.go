@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // TestStageS3 stages small nested objects, a multipart object and a large single-part object

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // datasetEnv is a driver whose file:// dataset sources may read src.

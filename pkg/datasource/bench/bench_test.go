@@ -26,7 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 type shape struct {
