@@ -62,6 +62,10 @@ generate:
 clean:
 	rm -rf $(BIN)
 
+# Unit packages (no root, no peers) also run under the race detector: a few seconds more once the
+# race-instrumented dependencies are in the build cache (see docs/testing.md).
+RACE ?= -race
+
 # Static checks first: go vet and staticcheck over every package of the main module and of
 # hack/images, gofmt over every Go file of the tree.
 .PHONY: vet verify

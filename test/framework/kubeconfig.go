@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,7 +32,7 @@ func kubeconfigYAML(server string, caCert []byte, user, token string) []byte {
 // ServiceAccountConfig returns a client config authenticated as the ServiceAccount namespace/sa,
 // with a token from the TokenRequest API, so that a component runs with the RBAC its manifests
 // grant rather than as admin. The ServiceAccount must exist (e.g. applied from deploy/csi).
-func ServiceAccountConfig(t testing.TB, cp *ControlPlane, namespace, sa string) *rest.Config {
+func ServiceAccountConfig(t TB, cp *ControlPlane, namespace, sa string) *rest.Config {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
@@ -50,7 +49,7 @@ func ServiceAccountConfig(t testing.TB, cp *ControlPlane, namespace, sa string) 
 
 // ServiceAccountKubeconfig writes a kubeconfig for the ServiceAccount namespace/sa (see
 // ServiceAccountConfig) and returns its path, for a component started with --kubeconfig.
-func ServiceAccountKubeconfig(t testing.TB, cp *ControlPlane, namespace, sa string) string {
+func ServiceAccountKubeconfig(t TB, cp *ControlPlane, namespace, sa string) string {
 	t.Helper()
 	cfg := ServiceAccountConfig(t, cp, namespace, sa)
 	path := filepath.Join(t.TempDir(), namespace+"-"+sa+".kubeconfig")

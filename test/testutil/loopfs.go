@@ -10,10 +10,14 @@ import (
 	"testing"
 )
 
-// RequireRoot skips a test that needs mounts and loop devices when not run as root.
+// RequireRoot skips a test that needs mounts and loop devices when not run as root, or fails it
+// under CI=true: CI must not pass by skipping.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("needs root for loop devices and mounts")
+		}
 		t.Skip("needs root for loop devices and mounts")
 	}
 }
