@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -67,7 +66,7 @@ func main() {
 		rec, err := eventRecorder(*kubeconfig, cfg.NodeID)
 		if err != nil {
 			klog.ErrorS(err, "Cannot record Events")
-			os.Exit(1)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 		}
 		defer rec.Stop()
 		cfg.Datasets.OnEvict = rec.Evicted
@@ -76,7 +75,7 @@ func main() {
 	d, err := driver.New(cfg)
 	if err != nil {
 		klog.ErrorS(err, "Cannot start the driver")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -87,14 +86,14 @@ func main() {
 		reg, err := registration.New(registration.Config{DriverName: cfg.DriverName, Endpoint: registrationPath, Dir: registrationDir})
 		if err != nil {
 			klog.ErrorS(err, "Cannot register with kubelet")
-			os.Exit(1)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 		}
 		go registerWhenReady(ctx, d, reg)
 	}
 	klog.InfoS("Starting Cistern CSI driver", "version", version, "driver", cfg.DriverName, "node", cfg.NodeID, "mode", cfg.Mode)
 	if err := d.Run(ctx); err != nil {
 		klog.ErrorS(err, "Driver stopped with an error")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.InfoS("Driver stopped")
 }
@@ -126,7 +125,7 @@ func registerWhenReady(ctx context.Context, d *driver.Driver, reg *registration.
 	}
 	if err := reg.Run(ctx); err != nil {
 		klog.ErrorS(err, "Kubelet plugin registration failed")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 }
 

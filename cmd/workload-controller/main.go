@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"strings"
@@ -17,6 +18,9 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 )
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
 
 func main() {
 	klog.InitFlags(nil)
@@ -48,25 +52,37 @@ func main() {
 	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version)
+		return
+	}
 	kubeconfig = flag.Lookup("kubeconfig").Value.String()
 	if localRoots != "" {
 		cfg.VolumeManager.LocalSourceRoots = strings.Split(localRoots, ",")
 	}
-
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
 	logger := klog.Background()
-	ctx = klog.NewContext(ctx, logger)
 
 	restConfig, err := loadConfig(kubeconfig)
 	if err != nil {
 		logger.Error(err, "loading kubeconfig")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	restConfig.QPS, restConfig.Burst = float32(qps), burst
-	restConfig.UserAgent = "cistern-workload-controller"
-	if err := workloads.Run(ctx, restConfig, cfg); err != nil {
+	restConfig.UserAgent = "cistern-workload-controller/" + version
+	cfg.RestConfig = restConfig
+	c, err := workloads.New(cfg)
+	if err != nil {
+		logger.Error(err, "Invalid configuration")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	ctx = klog.NewContext(ctx, logger)
+	logger.Info("Starting workload-controller", "version", version)
+	if err := c.Run(ctx); err != nil {
 		logger.Error(err, "workload-controller failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}

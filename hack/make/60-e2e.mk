@@ -28,12 +28,13 @@ demo:
 	@$(E2E_ENV) $(BIN)/demo up --dir $(DEMO_DIR)
 
 # The demo and the commands it runs (test/e2e/cluster.BinDir), so the demo itself only links
-# what changed.
+# what changed: it builds them again with the same flags (testutil.GoBuild, main.version from the
+# exported VERSION).
 .PHONY: demo-binaries
 demo-binaries:
 	@echo "demo: building hack/demo and ./cmd/..."
 	@$(GO) build -o $(BIN)/demo ./hack/demo
-	@$(GO) build -o $(CURDIR)/_output/bin/ ./cmd/...
+	@$(GO) build -ldflags "$(LDFLAGS)" -o $(CURDIR)/_output/bin/ ./cmd/...
 
 demo-down:
 	@$(GO) build -o $(BIN)/demo ./hack/demo

@@ -38,6 +38,9 @@ import (
 
 // Config is everything the workload-controller needs; cmd/workload-controller fills it from flags.
 type Config struct {
+	// RestConfig reaches the API server.
+	RestConfig *rest.Config
+
 	// MetricsAddr and ProbeAddr: "0" disables.
 	MetricsAddr, ProbeAddr string
 	// LeaderElection with its lease in LeaderElectionNamespace.
@@ -83,10 +86,13 @@ func Scheme() *runtime.Scheme {
 }
 
 func (c *Config) validate() error {
-	if c.DisableWebhooks {
-		return nil
-	}
 	var errs []error
+	if c.RestConfig == nil {
+		errs = append(errs, errors.New("no API server configuration"))
+	}
+	if c.DisableWebhooks {
+		return errors.Join(errs...)
+	}
 	if c.WebhookPort <= 0 || c.WebhookPort > 65535 {
 		errs = append(errs, fmt.Errorf("webhook port %d out of range", c.WebhookPort))
 	}
@@ -108,11 +114,22 @@ func (c *Config) validate() error {
 	return errors.Join(errs...)
 }
 
-// Run runs the controller until ctx ends.
-func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
+// Controller is the workload-controller: its reconcilers and webhooks in one manager.
+type Controller struct {
+	cfg Config
+}
+
+// New checks cfg and returns the controller; Run starts it.
+func New(cfg Config) (*Controller, error) {
 	if err := cfg.validate(); err != nil {
-		return err
+		return nil, err
 	}
+	return &Controller{cfg: cfg}, nil
+}
+
+// Run runs the controller until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	cfg, restConfig := c.cfg, c.cfg.RestConfig
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
 	scheme := Scheme()
@@ -182,6 +199,6 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	logger.Info("starting workload-controller", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister)
+	logger.Info("starting the manager", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister)
 	return mgr.Start(ctx)
 }

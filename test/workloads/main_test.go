@@ -129,6 +129,7 @@ func startController(cfg *rest.Config) error {
 		return err
 	}
 	wc := workloads.Config{
+		RestConfig:  ctrlCfg,
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: controllerNamespace, WebhookSecretName: "cistern-workload-webhook-cert",
@@ -138,7 +139,11 @@ func startController(cfg *rest.Config) error {
 	logger := klog.Background().V(1)
 	ctx := klog.NewContext(context.Background(), logger)
 	errc := make(chan error, 1)
-	go func() { errc <- workloads.Run(ctx, ctrlCfg, wc) }()
+	wctl, err := workloads.New(wc)
+	if err != nil {
+		return err
+	}
+	go func() { errc <- wctl.Run(ctx) }()
 	// Ready when the webhook server answers TLS.
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {

@@ -2,11 +2,11 @@ package cluster
 
 import (
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // Namespace is where deploy/csi installs everything.
@@ -41,7 +41,7 @@ func BinDir() string { return filepath.Join(RepoRoot(), "_output", "bin") }
 // BuildBinaries builds Cistern's commands into dir with the go command, and finds the
 // external-provisioner from $CISTERN_CSI_BIN or the cache.
 func BuildBinaries(dir string) (Binaries, error) {
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/...")
+	cmd := testutil.GoBuild(dir+"/", "./cmd/...")
 	cmd.Dir = RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return Binaries{}, fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
