@@ -10,9 +10,9 @@ KIND_CLUSTER ?= cistern
 KUBECTL ?= kubectl
 DOCKER ?= docker
 
-# The S3 server (versitygw) comes from the datasource area's make file when the tree has it.
+# The S3 server (versitygw) is built by 30-datasource.mk.
 E2E_TOOLS := k8s-tools csi-tools $(VERSITYGW)
-E2E_ENV := $(if $(VERSITYGW),CISTERN_VERSITYGW=$(VERSITYGW))
+E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
 
 .PHONY: e2e demo demo-down images kind-up kind-deploy kind-down
 

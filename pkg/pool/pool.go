@@ -13,8 +13,8 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// MetaDir is the directory inside each pool that Cistern owns: volume images, snapshots, the
-// dataset cache and the pool marker live below it.
+// MetaDir is the directory inside each pool where the driver keeps volume and snapshot images
+// (pkg/image). The dataset cache is its sibling, <pool>/.cistern-cache (pkg/datasource).
 const MetaDir = ".cistern"
 
 // DefaultMaxErrors bounds the per-pool error history.
