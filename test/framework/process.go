@@ -94,9 +94,6 @@ func (p *Process) Err() error {
 	}
 }
 
-// Pid is the process id, which is also its process group id.
-func (p *Process) Pid() int { return p.cmd.Process.Pid }
-
 // Stop sends SIGTERM to the process group, waits up to 10s, then kills the group. Safe to call
 // more than once.
 func (p *Process) Stop() {

@@ -1,8 +1,6 @@
 package lws
 
 import (
-	"fmt"
-
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -144,12 +142,4 @@ func validateSchedulingPolicy(sp *v1alpha1.SchedulingPolicy, p *field.Path) fiel
 		}
 	}
 	return errs
-}
-
-// ErrorsToString joins errors for messages and tests.
-func ErrorsToString(errs field.ErrorList) string {
-	if len(errs) == 0 {
-		return ""
-	}
-	return fmt.Sprint(errs.ToAggregate())
 }
