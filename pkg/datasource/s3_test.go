@@ -82,12 +82,12 @@ func TestStageS3(t *testing.T) {
 
 	// A writable volume gets its own copy, once.
 	vol := t.TempDir()
-	if err := m.Populate(ctx, pool, spec, vol); err != nil {
+	if err := m.Populate(ctx, pool, spec, "", vol); err != nil {
 		t.Fatal(err)
 	}
 	checkTree(t, vol, want)
 	os.WriteFile(filepath.Join(vol, "user-file"), []byte("mine"), 0o644)
-	if err := m.Populate(ctx, pool, spec, vol); err != nil {
+	if err := m.Populate(ctx, pool, spec, "", vol); err != nil {
 		t.Fatal(err)
 	}
 	if !exists(filepath.Join(vol, "user-file")) {
