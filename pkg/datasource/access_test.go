@@ -222,7 +222,7 @@ func TestResumeProvesAccess(t *testing.T) {
 	})
 	pool := t.TempDir()
 	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data/set"))
-	m := newManager(t, datasource.Config{Concurrency: 1, Retries: 1})
+	m := newManager(t, datasource.Config{Concurrency: 4, Retries: 1})
 	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); datasource.Code(err) != codes.Unavailable {
 		t.Fatalf("A's attempt: %v", err)
 	}

@@ -306,13 +306,15 @@ func TestInlineDatasetTenants(t *testing.T) {
 	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
 		f := testpeers.None
 		if r.Method == http.MethodGet && r.URL.Query().Get("list-type") == "" && slow.Load() {
-			f.Delay = 500 * time.Millisecond
+			f.Delay = 6 * time.Second // longer than a publish's budget below
 		}
 		return f
 	})
 	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://private/set",
 		"endpoint": proxy.URL, "pathStyle": "true"}
 	publish := func(id string, secrets map[string]string) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // kubelet's calls have deadlines too
+		defer cancel()
 		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id,
 			TargetPath: filepath.Join(env.dir, "target", id), VolumeCapability: mountCap(""),
 			VolumeContext: vc, Readonly: true, Secrets: secrets})
