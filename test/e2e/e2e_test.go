@@ -84,6 +84,7 @@ parameters: {pool: bulk}
 	t.Run("DatasetStagedOnNode", s.dataset)
 	t.Run("VolumeManagerReplicas", s.volumeManager)
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
+	t.Run("NodePersistentVolumePolicy", s.pvPolicy)
 }
 
 type scenario struct {
