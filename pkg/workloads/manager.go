@@ -33,8 +33,12 @@ import (
 // Permissions of the process as a whole (each reconciler lists its own):
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;update,resourceNames=cistern-workload-controller
-// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=get;create;update
-// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=get;create;update
+// The webhook's certificate Secret: created once (create cannot be limited to a name), then read
+// and renewed by name only; no other Secret of the namespace is readable.
+// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=get;update,resourceNames=cistern-workload-webhook-cert
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=create
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=get;update,resourceNames=workload-controller.cistern.dev
 
 // Config is everything the workload-controller needs; cmd/workload-controller fills it from flags.
 type Config struct {

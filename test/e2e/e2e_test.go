@@ -85,6 +85,7 @@ parameters: {pool: bulk}
 	t.Run("VolumeManagerReplicas", s.volumeManager)
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
 	t.Run("NodePersistentVolumePolicy", s.pvPolicy)
+	t.Run("WorkloadControllerSecretsByName", s.controllerRBAC)
 }
 
 type scenario struct {

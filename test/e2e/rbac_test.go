@@ -55,6 +55,39 @@ func (s *scenario) rbac(t *testing.T) {
 	}
 }
 
+// controllerRBAC: the workload-controller reads and renews its own webhook certificate Secret and
+// leader-election Lease by name, and no other Secret.
+func (s *scenario) controllerRBAC(t *testing.T) {
+	user := "system:serviceaccount:" + cluster.Namespace + ":" + cluster.ControllerServiceAccount
+	for _, tc := range []struct {
+		verb, group, resource, name string
+		want                        bool
+	}{
+		{"get", "", "secrets", "cistern-workload-webhook-cert", true},
+		{"update", "", "secrets", "cistern-workload-webhook-cert", true},
+		{"get", "", "secrets", "another-tenant-secret", false},
+		{"list", "", "secrets", "", false},
+		{"update", "coordination.k8s.io", "leases", "workload-controller.cistern.dev", true},
+		{"update", "coordination.k8s.io", "leases", "kube-scheduler", false},
+	} {
+		review, err := s.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   user,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + cluster.Namespace, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: cluster.Namespace, Name: tc.name,
+				},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if review.Status.Allowed != tc.want {
+			t.Errorf("%s may %s %s.%s %q: %v, want %v", cluster.ControllerServiceAccount, tc.verb, tc.resource, tc.group, tc.name, review.Status.Allowed, tc.want)
+		}
+	}
+}
+
 // pvPolicy: RBAC lets the node ServiceAccount create and delete PersistentVolumes (the
 // provisioner in node-deployment mode must); deploy/csi's ValidatingAdmissionPolicy holds each
 // node's plugin to Cistern PersistentVolumes pinned to its own node. Real requests, with tokens
