@@ -31,7 +31,8 @@ func main() {
 	}
 	flag.Float64Var(&qps, "kube-api-qps", 50, "steady queries per second to the API server")
 	flag.IntVar(&burst, "kube-api-burst", 100, "burst of queries to the API server")
-	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":8080", "metrics address; 0 disables")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":8443", "metrics address; 0 disables")
+	flag.BoolVar(&cfg.MetricsSecure, "metrics-secure", true, "serve metrics over HTTPS to authenticated callers allowed to GET /metrics; false serves them in the clear")
 	flag.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address; 0 disables")
 	flag.BoolVar(&cfg.LeaderElection, "leader-elect", false, "elect a leader among replicas")
 	flag.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease")

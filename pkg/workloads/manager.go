@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -32,6 +33,9 @@ import (
 
 // Permissions of the process as a whole (each reconciler lists its own):
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// Authenticating and authorizing metrics scrapers (MetricsSecure):
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;update,resourceNames=cistern-workload-controller
 // The webhook's certificate Secret: created once (create cannot be limited to a name), then read
 // and renewed by name only; no other Secret of the namespace is readable.
@@ -44,6 +48,9 @@ import (
 type Config struct {
 	// MetricsAddr and ProbeAddr: "0" disables.
 	MetricsAddr, ProbeAddr string
+	// MetricsSecure serves metrics over HTTPS to callers that authenticate with a token and may
+	// GET /metrics (TokenReview, SubjectAccessReview), as kubelet's and kube-rbac-proxy's do.
+	MetricsSecure bool
 	// LeaderElection with its lease in LeaderElectionNamespace.
 	LeaderElection          bool
 	LeaderElectionNamespace string
@@ -112,6 +119,16 @@ func (c *Config) validate() error {
 	return errors.Join(errs...)
 }
 
+// metricsOptions serves metrics in the clear only when not MetricsSecure (tests, the demo).
+func metricsOptions(cfg Config) metricsserver.Options {
+	opts := metricsserver.Options{BindAddress: cfg.MetricsAddr}
+	if cfg.MetricsSecure {
+		opts.SecureServing = true
+		opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return opts
+}
+
 // Run runs the controller until ctx ends.
 func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 	if err := cfg.validate(); err != nil {
@@ -123,7 +140,7 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 
 	opts := ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		Metrics:                 metricsOptions(cfg),
 		HealthProbeBindAddress:  cfg.ProbeAddr,
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        "workload-controller.cistern.dev",

@@ -86,6 +86,7 @@ parameters: {pool: bulk}
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
 	t.Run("NodePersistentVolumePolicy", s.pvPolicy)
 	t.Run("WorkloadControllerSecretsByName", s.controllerRBAC)
+	t.Run("ControllerMetricsNeedAuthorization", s.controllerMetrics)
 }
 
 type scenario struct {

@@ -2,12 +2,17 @@ package e2e_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -99,7 +104,9 @@ func (s *scenario) pvPolicy(t *testing.T) {
 	nodeA, nodeB := s.c.NodeNames[0], s.c.NodeNames[1]
 	asNode := kubernetes.NewForConfigOrDie(framework.PodServiceAccountConfig(t, s.cp, cluster.DaemonSetPod(t, s.cp, nodeA)))
 	unbound := kubernetes.NewForConfigOrDie(framework.ServiceAccountConfig(t, s.cp, cluster.Namespace, cluster.NodeServiceAccount))
-	pvs := func(c kubernetes.Interface) typedcorev1.PersistentVolumeInterface { return c.CoreV1().PersistentVolumes() }
+	pvs := func(c kubernetes.Interface) typedcorev1.PersistentVolumeInterface {
+		return c.CoreV1().PersistentVolumes()
+	}
 	forbidden := func(t *testing.T, err error, want string) {
 		t.Helper()
 		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(fmt.Sprint(err), want) {
@@ -154,4 +161,57 @@ func policyPV(name, node string) *corev1.PersistentVolume {
 					Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
 		},
 	}
+}
+
+// controllerMetrics: the workload-controller serves /metrics only to callers whose token may GET
+// it (deploy/csi's cistern-metrics-reader), over HTTPS.
+func (s *scenario) controllerMetrics(t *testing.T) {
+	if s.c.ControllerMetrics == "" {
+		t.Fatal("the workload-controller runs without metrics")
+	}
+	c := ctx(t)
+	const scraper = "metrics-scraper"
+	if _, err := s.cp.Client.CoreV1().ServiceAccounts(s.ns).Create(c, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: scraper}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "cistern-e2e-metrics-scraper"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: scraper, Namespace: s.ns}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cistern-metrics-reader"},
+	}
+	if _, err := s.cp.Client.RbacV1().ClusterRoleBindings().Create(c, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.cp.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequestWithContext(c, http.MethodGet, s.c.ControllerMetrics, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		// The controller's serving certificate is self-signed: this checks who may read, not TLS.
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get(""); code != http.StatusUnauthorized {
+		t.Errorf("anonymous: HTTP %d, want 401", code)
+	}
+	other := framework.ServiceAccountConfig(t, s.cp, cluster.Namespace, cluster.NodeServiceAccount).BearerToken
+	if code, _ := get(other); code != http.StatusForbidden {
+		t.Errorf("a ServiceAccount without cistern-metrics-reader: HTTP %d, want 403", code)
+	}
+	token := framework.ServiceAccountConfig(t, s.cp, s.ns, scraper).BearerToken
+	eventually(t, time.Minute, "the scraper reads metrics", func(context.Context) error {
+		if code, body := get(token); code != http.StatusOK || !strings.Contains(body, "controller_runtime_reconcile_total") {
+			return fmt.Errorf("HTTP %d: %.200s", code, body)
+		}
+		return nil
+	})
 }

@@ -204,7 +204,6 @@ func DaemonSetPod(t testing.TB, cp *framework.ControlPlane, node string) *corev1
 	return pod
 }
 
-
 // TopologyOf returns the node a PersistentVolume is pinned to by the driver's topology key.
 func TopologyOf(pv *corev1.PersistentVolume) string {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
