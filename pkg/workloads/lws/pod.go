@@ -2,6 +2,7 @@ package lws
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -74,22 +75,18 @@ func DefaultPod(pod *corev1.Pod) error {
 	return applySchedulingPolicy(pod, leaderName)
 }
 
-// addEnv puts the LWS variables first, so that user variables can refer to them with $(VAR), and
-// leaves a variable the user set alone.
+// addEnv puts the LWS variables first, in upstream's order, so that user variables can refer to
+// them with $(VAR), and drops a user variable of the same name: frameworks such as vLLM form the
+// group from these values, so a stale LWS_GROUP_SIZE in a template must not win.
 func addEnv(c *corev1.Container, env []corev1.EnvVar) {
-	have := make(map[string]bool, len(c.Env))
+	out := make([]corev1.EnvVar, 0, len(env)+len(c.Env))
+	out = append(out, env...)
 	for _, e := range c.Env {
-		have[e.Name] = true
-	}
-	var add []corev1.EnvVar
-	for _, e := range env {
-		if !have[e.Name] {
-			add = append(add, e)
+		if !slices.ContainsFunc(env, func(l corev1.EnvVar) bool { return l.Name == e.Name }) {
+			out = append(out, e)
 		}
 	}
-	if len(add) > 0 {
-		c.Env = append(add, c.Env...)
-	}
+	c.Env = out
 }
 
 // applySchedulingPolicy pins the pod to the nodes of its group: nodeSelector[<key>] = leader name
