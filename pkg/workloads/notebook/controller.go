@@ -26,6 +26,10 @@ const DefaultTimeout = 30 * time.Minute
 // missingVolumeRetry is how often a job waiting for a PVC or ConfigMap looks again.
 const missingVolumeRetry = 10 * time.Second
 
+// podCreateRetry is how often a job whose pod was refused for a reason that may pass (quota, an
+// admission webhook, a server error) tries again.
+const podCreateRetry = 15 * time.Second
+
 // Reconciler drives NotebookValidationJobs: it creates the pod once every referenced PVC and
 // ConfigMap exists, follows the pod's phase, and enforces the timeout.
 type Reconciler struct {
@@ -175,13 +179,32 @@ func (r *Reconciler) createPod(ctx context.Context, job *v1alpha1.NotebookValida
 		return ctrl.Result{}, err
 	}
 	if err := r.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
-		return ctrl.Result{}, err
+		return r.podCreateFailed(ctx, job, st, err)
 	}
+	meta.RemoveStatusCondition(&st.Conditions, v1alpha1.NotebookConditionPodCreated)
 	klog.FromContext(ctx).V(3).Info("created validation pod", "pod", klog.KObj(pod))
 	st.Phase = v1alpha1.NotebookPhasePending
 	st.PodName = pod.Name
 	st.Message = "pod created"
 	return ctrl.Result{}, nil
+}
+
+// podCreateFailed records a refused pod. A pod the API server finds invalid (or malformed) can
+// never be created from this spec, so the job fails with the API server's message; anything else
+// (quota, an admission webhook, the server itself) may pass later, so the job stays Pending with
+// PodCreated=False and the message, and is tried again.
+func (r *Reconciler) podCreateFailed(ctx context.Context, job *v1alpha1.NotebookValidationJob, st *v1alpha1.NotebookValidationJobStatus, err error) (ctrl.Result, error) {
+	msg := "creating pod " + PodName(job) + ": " + err.Error()
+	klog.FromContext(ctx).Info("pod refused", "pod", PodName(job), "err", err)
+	if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+		r.finish(st, v1alpha1.NotebookPhaseFailed, v1alpha1.ReasonPodCreateFailed, msg)
+		return ctrl.Result{}, nil
+	}
+	st.Phase = v1alpha1.NotebookPhasePending
+	st.Message = msg
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionPodCreated,
+		Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPodCreateFailed, Message: msg, ObservedGeneration: job.Generation})
+	return ctrl.Result{RequeueAfter: podCreateRetry}, nil
 }
 
 // missingVolumes names every PersistentVolumeClaim and non-optional ConfigMap the job mounts that

@@ -168,6 +168,71 @@ func TestValidate(t *testing.T) {
 			j.Spec.Notebook.Git.URL = "--upload-pack=touch"
 		}, want: []string{"spec.notebook.path: Invalid value: \"/etc/passwd\": must be a relative path", "must name a .ipynb file",
 			"spec.notebook.git.url: Invalid value"}},
+		{name: "failure case - item path traversal, absolute item path, mode bits, default mode", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{
+				{Name: "a", ConfigMap: &v1alpha1.ConfigMapVolumeSource{Name: "cm", DefaultMode: ptr.To[int32](0o1777),
+					Items: []corev1.KeyToPath{{Key: "k", Path: "../../etc/cron.d/x"}, {Key: "k", Path: "/abs"}, {Key: "k", Path: "ok", Mode: ptr.To[int32](01000)}}}},
+				{Name: "b", Secret: &v1alpha1.SecretVolumeSource{SecretName: "s",
+					Items: []corev1.KeyToPath{{Key: "k", Path: "a/../../b"}, {Key: "", Path: "x"}, {Key: "k", Path: "..data"}}}},
+			}
+		}, want: []string{
+			`spec.podConfig.volumes[0].configMap.defaultMode: Invalid value: "01777": must be a number between 0 and 0777`,
+			`spec.podConfig.volumes[0].configMap.items[0].path: Invalid value: "../../etc/cron.d/x": must not start with '..'`,
+			`spec.podConfig.volumes[0].configMap.items[1].path: Invalid value: "/abs": must be a relative path`,
+			`spec.podConfig.volumes[0].configMap.items[2].mode: Invalid value: "01000"`,
+			`spec.podConfig.volumes[1].secret.items[0].path: Invalid value: "a/../../b": must not contain '..'`,
+			`spec.podConfig.volumes[1].secret.items[1].key: Required value`,
+			`spec.podConfig.volumes[1].secret.items[2].path: Invalid value: "..data": must not start with '..'`,
+		}},
+		{name: "failure case - emptyDir medium and size, object names", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{
+				{Name: "a", EmptyDir: &v1alpha1.EmptyDirVolumeSource{Medium: "Disk"}},
+				{Name: "b", EmptyDir: &v1alpha1.EmptyDirVolumeSource{Medium: "HugePages-x", SizeLimit: resourceQ("-1Gi")}},
+				{Name: "c", Secret: &v1alpha1.SecretVolumeSource{SecretName: "Not_A_Name"}},
+			}
+		}, want: []string{
+			`spec.podConfig.volumes[0].emptyDir.medium: Unsupported value: "Disk"`,
+			`spec.podConfig.volumes[1].emptyDir.medium: Unsupported value: "HugePages-x"`,
+			`spec.podConfig.volumes[1].emptyDir.sizeLimit: Invalid value: "-1Gi": must not be negative`,
+			`spec.podConfig.volumes[2].secret.secretName: Invalid value: "Not_A_Name"`,
+		}},
+		{name: "valid emptyDir media", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{
+				{Name: "a", EmptyDir: &v1alpha1.EmptyDirVolumeSource{Medium: "Memory", SizeLimit: resourceQ("1Gi")}},
+				{Name: "b", EmptyDir: &v1alpha1.EmptyDirVolumeSource{Medium: "HugePages-2Mi"}},
+				{Name: "c", ConfigMap: &v1alpha1.ConfigMapVolumeSource{Name: "cm", DefaultMode: ptr.To[int32](0o644),
+					Items: []corev1.KeyToPath{{Key: "k.json", Path: "conf/k.json", Mode: ptr.To[int32](0o400)}}}},
+			}
+		}},
+		{name: "failure case - env names and sources, resources", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Env = []corev1.EnvVar{
+				{Name: "1BAD=x", Value: "v"},
+				{Name: "OK", Value: "v", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+				{Name: "F", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.containers"}}},
+				{Name: "S", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{Key: "k"}}},
+				{Name: "E", ValueFrom: &corev1.EnvVarSource{}},
+			}
+			j.Spec.PodConfig.Resources = &corev1.ResourceRequirements{
+				Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")},
+				Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2")},
+			}
+		}, want: []string{
+			`spec.podConfig.env[0].name: Invalid value: "1BAD=x"`,
+			"spec.podConfig.env[1].valueFrom: Invalid value: \"\": may not be specified when `value` is not empty",
+			`spec.podConfig.env[2].valueFrom.fieldRef.fieldPath: Unsupported value: "spec.containers"`,
+			`spec.podConfig.env[3].valueFrom.secretKeyRef.name: Required value`,
+			"spec.podConfig.env[4].valueFrom: Invalid value: \"\": must specify one of",
+			`spec.podConfig.resources.requests[cpu]: Invalid value: "2": must be less than or equal to cpu limit of 1`,
+		}},
+		{name: "valid env sources", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Env = []corev1.EnvVar{
+				{Name: "POD", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}},
+				{Name: "MEM", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory"}}},
+				{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+					LocalObjectReference: corev1.LocalObjectReference{Name: "s"}, Key: "token"}}},
+				{Name: "my.var-1", Value: "x"},
+			}
+		}},
 		{name: "failure case - subPath escapes", mod: func(j *v1alpha1.NotebookValidationJob) {
 			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{pvc("a")}
 			j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "a", MountPath: "/a", SubPath: "../b"}}
@@ -199,4 +264,9 @@ func TestValidateWarnsOnReservedEnv(t *testing.T) {
 	if len(warnings) != 1 || !strings.Contains(warnings[0], "spec.podConfig.env[0].name: GIT_URL is set by the controller") {
 		t.Errorf("warnings = %q", warnings)
 	}
+}
+
+func resourceQ(s string) *resource.Quantity {
+	q := resource.MustParse(s)
+	return &q
 }

@@ -51,6 +51,7 @@ func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) 
 			raw = rawVolumes[i]
 		}
 		errs = append(errs, validateVolume(pc.Child("volumes").Index(i), v, raw, volNames)...)
+		errs = append(errs, validateVolumeSource(pc.Child("volumes").Index(i), v)...)
 	}
 	mountPaths := sets.New[string]()
 	for i, m := range job.Spec.PodConfig.VolumeMounts {
@@ -63,6 +64,8 @@ func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) 
 			errs = append(errs, validateRelPath(mp.Child("subPath"), m.SubPath, false)...)
 		}
 	}
+	errs = append(errs, validateEnv(pc.Child("env"), job.Spec.PodConfig.Env)...)
+	errs = append(errs, validateResources(pc.Child("resources"), job.Spec.PodConfig.Resources)...)
 	var warnings []string
 	for i, e := range job.Spec.PodConfig.Env {
 		if slices.Contains(ReservedEnv, e.Name) {

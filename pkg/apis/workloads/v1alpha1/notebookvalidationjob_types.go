@@ -172,6 +172,9 @@ const (
 	NotebookConditionVolumesReady = "VolumesReady"
 	// NotebookConditionComplete is True once the job Succeeded or Failed.
 	NotebookConditionComplete = "Complete"
+	// NotebookConditionPodCreated is False while the API server refuses the pod for a reason that
+	// may pass (quota, an admission webhook); the message is the API server's.
+	NotebookConditionPodCreated = "PodCreated"
 
 	ReasonVolumeMissing = "VolumeMissing"
 	ReasonVolumesFound  = "VolumesFound"
@@ -179,6 +182,8 @@ const (
 	ReasonFailed        = "NotebookFailed"
 	ReasonTimedOut      = "Timeout"
 	ReasonPodDeleted    = "PodDeleted"
+	// ReasonPodCreateFailed: the API server refused the pod.
+	ReasonPodCreateFailed = "PodCreateFailed"
 )
 
 // NotebookValidationJobStatus is the observed state of a job.
@@ -198,7 +203,7 @@ type NotebookValidationJobStatus struct {
 	// message explains the phase.
 	// +optional
 	Message string `json:"message,omitempty"`
-	// conditions: VolumesReady, Complete.
+	// conditions: VolumesReady, PodCreated (only while a pod is refused), Complete.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
