@@ -35,13 +35,18 @@ type revisionData struct {
 type revisionSpec struct {
 	LeaderWorkerTemplate v1alpha1.LeaderWorkerTemplate `json:"leaderWorkerTemplate"`
 	NetworkConfig        *v1alpha1.NetworkConfig       `json:"networkConfig,omitempty"`
+	// The exclusive-placement annotations of the LeaderWorkerSet at this revision.
+	ExclusiveTopology         string `json:"exclusiveTopology,omitempty"`
+	SubGroupExclusiveTopology string `json:"subGroupExclusiveTopology,omitempty"`
 }
 
 // NewRevision builds revision number of the defaulted lws, whose template hash is key.
 func NewRevision(lws *v1alpha1.LeaderWorkerSet, key string, number int64) (*appsv1.ControllerRevision, error) {
 	raw, err := json.Marshal(revisionData{Spec: revisionSpec{
-		LeaderWorkerTemplate: lws.Spec.LeaderWorkerTemplate,
-		NetworkConfig:        lws.Spec.NetworkConfig,
+		LeaderWorkerTemplate:      lws.Spec.LeaderWorkerTemplate,
+		NetworkConfig:             lws.Spec.NetworkConfig,
+		ExclusiveTopology:         lws.Annotations[v1alpha1.ExclusiveKeyAnnotationKey],
+		SubGroupExclusiveTopology: lws.Annotations[v1alpha1.SubGroupExclusiveKeyAnnotationKey],
 	}})
 	if err != nil {
 		return nil, err
@@ -76,6 +81,19 @@ func ApplyRevision(lws *v1alpha1.LeaderWorkerSet, rev *appsv1.ControllerRevision
 	out := lws.DeepCopy()
 	out.Spec.LeaderWorkerTemplate = d.Spec.LeaderWorkerTemplate
 	out.Spec.NetworkConfig = d.Spec.NetworkConfig
+	for key, v := range map[string]string{
+		v1alpha1.ExclusiveKeyAnnotationKey:         d.Spec.ExclusiveTopology,
+		v1alpha1.SubGroupExclusiveKeyAnnotationKey: d.Spec.SubGroupExclusiveTopology,
+	} {
+		if v == "" {
+			delete(out.Annotations, key)
+			continue
+		}
+		if out.Annotations == nil {
+			out.Annotations = map[string]string{}
+		}
+		out.Annotations[key] = v
+	}
 	return out, nil
 }
 
