@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -40,8 +41,9 @@ type revisionSpec struct {
 	SubGroupExclusiveTopology string `json:"subGroupExclusiveTopology,omitempty"`
 }
 
-// NewRevision builds revision number of the defaulted lws, whose template hash is key.
-func NewRevision(lws *v1alpha1.LeaderWorkerSet, key string, number int64) (*appsv1.ControllerRevision, error) {
+// NewRevision builds revision number of the defaulted lws, whose template hash is key, owned by
+// lws as kind (the LeaderWorkerSet's group depends on the API the controller serves).
+func NewRevision(lws *v1alpha1.LeaderWorkerSet, kind schema.GroupVersionKind, key string, number int64) (*appsv1.ControllerRevision, error) {
 	raw, err := json.Marshal(revisionData{Spec: revisionSpec{
 		LeaderWorkerTemplate:      lws.Spec.LeaderWorkerTemplate,
 		NetworkConfig:             lws.Spec.NetworkConfig,
@@ -58,7 +60,7 @@ func NewRevision(lws *v1alpha1.LeaderWorkerSet, key string, number int64) (*apps
 			Namespace: lws.Namespace,
 			Labels:    map[string]string{v1alpha1.SetNameLabelKey: lws.Name, v1alpha1.RevisionKey: key},
 			OwnerReferences: []metav1.OwnerReference{
-				*metav1.NewControllerRef(lws, v1alpha1.GroupVersion.WithKind("LeaderWorkerSet")),
+				*metav1.NewControllerRef(lws, kind),
 			},
 		},
 		Data:     runtime.RawExtension{Raw: raw},
@@ -135,7 +137,11 @@ func ensureRevision(ctx context.Context, c client.Client, desired *v1alpha1.Lead
 	if last := latestRevision(revs, ""); last != nil {
 		number = last.Revision + 1
 	}
-	rev, err := NewRevision(desired, key, number)
+	kind, err := c.GroupVersionKindFor(desired)
+	if err != nil {
+		return err
+	}
+	rev, err := NewRevision(desired, kind, key, number)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,8 @@ import (
 
 // Upstream LeaderWorkerSet features: subGroupPolicy, exclusive placement, rollout partition.
 
+var lwsKind = v1alpha1.GroupVersion.WithKind("LeaderWorkerSet")
+
 func TestSubGroupIndex(t *testing.T) {
 	for _, tc := range []struct {
 		name               string
@@ -172,7 +174,7 @@ func TestTemplateHashCoversExclusivePlacement(t *testing.T) {
 		t.Error("an unrelated annotation changed the template hash")
 	}
 	// The revision keeps the annotation, so a group restarted at it is placed as it was.
-	rev, err := NewRevision(withTopology, TemplateHash(withTopology), 1)
+	rev, err := NewRevision(withTopology, lwsKind, TemplateHash(withTopology), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
