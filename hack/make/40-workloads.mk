@@ -22,6 +22,7 @@ generate-workloads: $(CONTROLLER_GEN)
 test-workloads: k8s-tools
 	$(GO) test -count=1 ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
 	$(GO) test -count=1 -timeout 20m ./test/workloads/
+	$(GO) test -count=1 -timeout 10m ./test/workloads/dropin/
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 bench-workloads: k8s-tools
