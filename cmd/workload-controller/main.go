@@ -16,9 +16,14 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
 )
 
 func main() {
+	// The validation pods of notebook jobs with a golden notebook run this binary to compare.
+	if len(os.Args) > 1 && os.Args[1] == compare.Command {
+		os.Exit(compare.Main(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	klog.InitFlags(nil)
 	var cfg workloads.Config
 	var kubeconfig, localRoots, lwsAPI string
@@ -49,6 +54,8 @@ func main() {
 		"group/version LeaderWorkerSet is served under; leaderworkerset.x-k8s.io/v1 runs this as the cluster's LeaderWorkerSet controller "+
 			"(install deploy/csi/lws-upstream; refused when another controller serves that group)")
 	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
+	flag.StringVar(&cfg.CompareImage, "compare-image", envOr("COMPARE_IMAGE", "cistern/workload-controller:latest"),
+		"image of the notebook jobs' golden-notebook comparison: this controller's own image (default $COMPARE_IMAGE)")
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
 	flag.Parse()

@@ -75,6 +75,9 @@ type Config struct {
 
 	// GitImage runs the git-clone init container of notebook jobs.
 	GitImage string
+	// CompareImage runs the golden-notebook comparison of notebook jobs: the workload-controller's
+	// own image (its compare-notebook subcommand).
+	CompareImage string
 	// VolumeManager settings.
 	VolumeManager volumemanager.Config
 }
@@ -199,7 +202,7 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 		return err
 	}
 	if err := (&notebook.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-		Images: notebook.Images{Git: cfg.GitImage}}).SetupWithManager(mgr); err != nil {
+		Images: notebook.Images{Git: cfg.GitImage, Compare: cfg.CompareImage}}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), Config: cfg.VolumeManager}).SetupWithManager(mgr); err != nil {

@@ -113,28 +113,40 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 	st.PodName = pod.Name
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:
-		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, "notebook ran; output in "+OutputFile(job))
+		msg := "notebook ran; output in " + OutputFile(job)
+		if job.Spec.GoldenNotebook != nil {
+			msg = "notebook ran and its outputs match the golden notebook " + job.Spec.GoldenNotebook.Path + "; output in " + OutputFile(job)
+		}
+		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, msg)
 		return ctrl.Result{}, nil
 	case corev1.PodFailed:
 		reason, msg := v1alpha1.ReasonFailed, failureMessage(&pod)
-		if pod.Status.Reason == "DeadlineExceeded" {
+		switch {
+		case pod.Status.Reason == "DeadlineExceeded":
 			reason = v1alpha1.ReasonTimedOut
+		case containerFailed(pod.Status.ContainerStatuses, CompareContainer):
+			reason = v1alpha1.ReasonGoldenMismatch
 		}
 		r.finish(st, v1alpha1.NotebookPhaseFailed, reason, msg)
 		return ctrl.Result{}, nil
-	case corev1.PodRunning:
+	case corev1.PodRunning, corev1.PodPending:
+		if pod.Status.Phase == corev1.PodPending && !notebookStarted(&pod) {
+			st.Phase = v1alpha1.NotebookPhasePending
+			st.Message = "waiting for the pod to start"
+			break
+		}
 		st.Phase = v1alpha1.NotebookPhaseRunning
 		st.Message = "notebook is running"
-		if st.StartTime == nil {
-			t := metav1.NewTime(r.now())
-			if pod.Status.StartTime != nil {
-				t = *pod.Status.StartTime
-			}
-			st.StartTime = &t
-		}
 	default:
 		st.Phase = v1alpha1.NotebookPhasePending
 		st.Message = "waiting for the pod to start"
+	}
+	if st.Phase == v1alpha1.NotebookPhaseRunning && st.StartTime == nil {
+		t := metav1.NewTime(r.now())
+		if pod.Status.StartTime != nil {
+			t = *pod.Status.StartTime
+		}
+		st.StartTime = &t
 	}
 	// The clock runs from the start of the run, or from the pod's creation while it has not
 	// started, so a pod that never starts times out too.
@@ -239,6 +251,26 @@ func (r *Reconciler) finish(st *v1alpha1.NotebookValidationJobStatus, phase v1al
 	status := metav1.ConditionTrue
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionComplete,
 		Status: status, Reason: reason, Message: msg, ObservedGeneration: st.ObservedGeneration})
+}
+
+// notebookStarted says whether the notebook runs, or ran: with a golden notebook papermill is an
+// init container, so the pod is Pending while it runs.
+func notebookStarted(pod *corev1.Pod) bool {
+	for _, cs := range pod.Status.InitContainerStatuses {
+		if cs.Name == NotebookContainer && (cs.State.Running != nil || cs.State.Terminated != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+func containerFailed(statuses []corev1.ContainerStatus, name string) bool {
+	for _, cs := range statuses {
+		if cs.Name == name && cs.State.Terminated != nil && cs.State.Terminated.ExitCode != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // failureMessage explains a failed pod from its containers' terminated states.

@@ -2,6 +2,7 @@ package notebook
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -243,6 +244,79 @@ func validateResources(p *field.Path, r *corev1.ResourceRequirements) field.Erro
 		if lim, ok := r.Limits[name]; ok && req.Cmp(lim) > 0 {
 			errs = append(errs, field.Invalid(p.Child("requests").Key(string(name)), req.String(),
 				fmt.Sprintf("must be less than or equal to %s limit of %s", name, lim.String())))
+		}
+	}
+	return errs
+}
+
+// validateEnvFrom checks each source: exactly one of configMapRef and secretRef, a valid name and
+// prefix.
+func validateEnvFrom(p *field.Path, from []corev1.EnvFromSource) field.ErrorList {
+	var errs field.ErrorList
+	for i, f := range from {
+		fp := p.Index(i)
+		if f.Prefix != "" {
+			for _, msg := range validation.IsEnvVarName(f.Prefix) {
+				errs = append(errs, field.Invalid(fp.Child("prefix"), f.Prefix, msg))
+			}
+		}
+		switch {
+		case f.ConfigMapRef != nil && f.SecretRef != nil:
+			errs = append(errs, field.Invalid(fp, "", "may not have more than one field specified at a time"))
+		case f.ConfigMapRef != nil:
+			errs = append(errs, validateObjectName(fp.Child("configMapRef", "name"), f.ConfigMapRef.Name)...)
+		case f.SecretRef != nil:
+			errs = append(errs, validateObjectName(fp.Child("secretRef", "name"), f.SecretRef.Name)...)
+		default:
+			errs = append(errs, field.Invalid(fp, "", "must specify one of: `configMapRef` or `secretRef`"))
+		}
+	}
+	return errs
+}
+
+// validatePlacement checks nodeSelector and tolerations as the API server does; affinity is left
+// to the API server (a refused pod fails the job with its message).
+func validatePlacement(p *field.Path, pc *v1alpha1.PodConfig) field.ErrorList {
+	var errs field.ErrorList
+	for _, k := range slices.Sorted(maps.Keys(pc.NodeSelector)) {
+		v := pc.NodeSelector[k]
+		for _, msg := range validation.IsQualifiedName(k) {
+			errs = append(errs, field.Invalid(p.Child("nodeSelector").Key(k), k, msg))
+		}
+		for _, msg := range validation.IsValidLabelValue(v) {
+			errs = append(errs, field.Invalid(p.Child("nodeSelector").Key(k), v, msg))
+		}
+	}
+	for i, t := range pc.Tolerations {
+		tp := p.Child("tolerations").Index(i)
+		if t.Key != "" {
+			for _, msg := range validation.IsQualifiedName(t.Key) {
+				errs = append(errs, field.Invalid(tp.Child("key"), t.Key, msg))
+			}
+		}
+		switch t.Operator {
+		case corev1.TolerationOpEqual, "":
+			if t.Key == "" {
+				errs = append(errs, field.Invalid(tp.Child("operator"), t.Operator, "operator must be Exists when `key` is empty"))
+			}
+			for _, msg := range validation.IsValidLabelValue(t.Value) {
+				errs = append(errs, field.Invalid(tp.Child("value"), t.Value, msg))
+			}
+		case corev1.TolerationOpExists:
+			if t.Value != "" {
+				errs = append(errs, field.Invalid(tp.Child("value"), t.Value, "value must be empty when `operator` is 'Exists'"))
+			}
+		default:
+			errs = append(errs, field.NotSupported(tp.Child("operator"), t.Operator, []string{string(corev1.TolerationOpEqual), string(corev1.TolerationOpExists)}))
+		}
+		switch t.Effect {
+		case "", corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+		default:
+			errs = append(errs, field.NotSupported(tp.Child("effect"), t.Effect, []string{
+				string(corev1.TaintEffectNoSchedule), string(corev1.TaintEffectPreferNoSchedule), string(corev1.TaintEffectNoExecute)}))
+		}
+		if t.TolerationSeconds != nil && t.Effect != corev1.TaintEffectNoExecute {
+			errs = append(errs, field.Invalid(tp.Child("effect"), t.Effect, "effect must be 'NoExecute' when `tolerationSeconds` is set"))
 		}
 	}
 	return errs
