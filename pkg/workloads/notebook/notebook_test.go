@@ -1,6 +1,9 @@
 package notebook
 
 import (
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -269,4 +272,174 @@ func TestValidateWarnsOnReservedEnv(t *testing.T) {
 func resourceQ(s string) *resource.Quantity {
 	q := resource.MustParse(s)
 	return &q
+}
+
+// A private repository, GPU placement and a golden notebook: the credentials reach only the clone,
+// the placement the pod, and the comparison runs after papermill.
+func TestBuildPodPrivateRepoPlacementGolden(t *testing.T) {
+	job := testJob(func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.Notebook.Git.CredentialsSecret = "git-creds"
+		j.Spec.PodConfig.ServiceAccountName = "trainer"
+		j.Spec.PodConfig.EnvFrom = []corev1.EnvFromSource{{SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "hf-token"}}}}
+		j.Spec.PodConfig.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}
+		j.Spec.PodConfig.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		j.Spec.PodConfig.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: corev1.NodeSelectorOpIn, Values: []string{"a100"}}}}}}}}
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Git: &v1alpha1.GitSource{URL: "https://example.com/golden.git", Ref: "v1"},
+			Path: "golden/train.ipynb", NumericTolerance: "1e-3"}
+	})
+	pod := BuildPod(job, Images{Git: "git:1", Compare: "controller:1"})
+
+	if pod.Spec.ServiceAccountName != "trainer" || pod.Spec.NodeSelector["nvidia.com/gpu.present"] != "true" ||
+		len(pod.Spec.Tolerations) != 1 || pod.Spec.Affinity == nil {
+		t.Errorf("placement not on the pod: %+v", pod.Spec)
+	}
+	if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[0].Name != GitCloneContainer || pod.Spec.InitContainers[1].Name != NotebookContainer {
+		t.Fatalf("init containers %v", pod.Spec.InitContainers)
+	}
+	clone, nb := pod.Spec.InitContainers[0], pod.Spec.InitContainers[1]
+	want := corev1.Container{
+		Name: CompareContainer, Image: "controller:1",
+		Command: []string{"/usr/local/bin/workload-controller", "compare-notebook"},
+		Args:    []string{"--golden", "/workspace/golden/golden/train.ipynb", "--executed", "/output/train.output.ipynb", "--tolerance", "1e-3"},
+		VolumeMounts: []corev1.VolumeMount{{Name: "git-clone", MountPath: "/workspace", ReadOnly: true},
+			{Name: "notebook-data", MountPath: "/output", ReadOnly: true}},
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
+	if len(pod.Spec.Containers) != 1 {
+		t.Fatalf("containers %v", pod.Spec.Containers)
+	}
+	if d := cmp.Diff(want, pod.Spec.Containers[0]); d != "" {
+		t.Errorf("compare container (-want +got):\n%s", d)
+	}
+	if len(nb.EnvFrom) != 1 || nb.EnvFrom[0].SecretRef.Name != "hf-token" {
+		t.Errorf("notebook envFrom %v", nb.EnvFrom)
+	}
+	// The credentials: a Secret volume mounted only in the clone, read by git's credential helper.
+	var vol *corev1.Volume
+	for i := range pod.Spec.Volumes {
+		if pod.Spec.Volumes[i].Name == GitCredentialsVolume {
+			vol = &pod.Spec.Volumes[i]
+		}
+	}
+	if vol == nil || vol.Secret == nil || vol.Secret.SecretName != "git-creds" || *vol.Secret.DefaultMode != 0o400 {
+		t.Fatalf("credentials volume %+v", vol)
+	}
+	mounted := func(c corev1.Container) bool {
+		for _, m := range c.VolumeMounts {
+			if m.Name == GitCredentialsVolume {
+				return true
+			}
+		}
+		return false
+	}
+	if !mounted(clone) || mounted(nb) || mounted(pod.Spec.Containers[0]) {
+		t.Error("the credentials must be mounted in git-clone and nowhere else")
+	}
+	env := map[string]string{}
+	for _, e := range clone.Env {
+		env[e.Name] = e.Value
+	}
+	if env["GIT_CONFIG_KEY_0"] != "credential.helper" || !strings.Contains(env["GIT_CONFIG_VALUE_0"], "d=/etc/git-credentials; ") || !strings.Contains(env["GIT_CONFIG_VALUE_0"], "cat $d/password") ||
+		!strings.Contains(env["GIT_SSH_COMMAND"], "-i /etc/git-credentials/ssh-privatekey") || env["GIT_TERMINAL_PROMPT"] != "0" ||
+		env[EnvGoldenGitURL] != "https://example.com/golden.git" || env[EnvGoldenGitRef] != "v1" {
+		t.Errorf("git-clone env %v", env)
+	}
+	for _, e := range nb.Env {
+		if strings.HasPrefix(e.Name, "GIT_CONFIG") || e.Name == "GIT_SSH_COMMAND" {
+			t.Errorf("notebook container has %s", e.Name)
+		}
+	}
+	// Same repository: the golden notebook comes from the clone.
+	same := testJob(func(j *v1alpha1.NotebookValidationJob) { j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "golden/train.ipynb"} })
+	if got := GoldenFile(same); got != "/workspace/repo/golden/train.ipynb" {
+		t.Errorf("golden file %s", got)
+	}
+}
+
+func TestValidateRealNotebookFields(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*v1alpha1.NotebookValidationJob)
+		want []string
+	}{
+		{name: "valid private repo, placement and golden", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.Notebook.Git.CredentialsSecret = "git-creds"
+			j.Spec.PodConfig.ServiceAccountName = "trainer"
+			j.Spec.PodConfig.EnvFrom = []corev1.EnvFromSource{{Prefix: "HF_", SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "hf"}}}}
+			j.Spec.PodConfig.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}
+			j.Spec.PodConfig.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+			j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "golden.ipynb", NumericTolerance: "0.01"}
+		}},
+		{name: "failure case - bad names, envFrom without source, tolerations, golden", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.Notebook.Git.CredentialsSecret = "Bad_Secret"
+			j.Spec.PodConfig.ServiceAccountName = "Bad SA"
+			j.Spec.PodConfig.EnvFrom = []corev1.EnvFromSource{{}}
+			j.Spec.PodConfig.NodeSelector = map[string]string{"bad key!": "v"}
+			j.Spec.PodConfig.Tolerations = []corev1.Toleration{{Key: "k", Operator: corev1.TolerationOpExists, Value: "v"}, {Key: "k", Effect: "Sometimes"}}
+			j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "../golden.ipynb", NumericTolerance: "-1",
+				Git: &v1alpha1.GitSource{URL: "--upload-pack=x", CredentialsSecret: "other"}}
+		}, want: []string{
+			`spec.notebook.git.credentialsSecret: Invalid value: "Bad_Secret"`,
+			`spec.podConfig.serviceAccountName: Invalid value: "Bad SA"`,
+			"spec.podConfig.envFrom[0]: Invalid value: \"\": must specify one of: `configMapRef` or `secretRef`",
+			`spec.podConfig.nodeSelector[bad key!]: Invalid value: "bad key!"`,
+			`spec.podConfig.tolerations[0].value: Invalid value: "v": value must be empty when`,
+			`spec.podConfig.tolerations[1].effect: Unsupported value: "Sometimes"`,
+			`spec.goldenNotebook.path: Invalid value: "../golden.ipynb": must not contain '..'`,
+			`spec.goldenNotebook.numericTolerance: Invalid value: "-1"`,
+			`spec.goldenNotebook.git.url: Invalid value: "--upload-pack=x"`,
+			`spec.goldenNotebook.git.credentialsSecret: Forbidden`,
+		}},
+		{name: "failure case - reserved credentials volume name", mod: func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "git-credentials", EmptyDir: &v1alpha1.EmptyDirVolumeSource{}}}
+		}, want: []string{`spec.podConfig.volumes[0].name: Invalid value: "git-credentials": is used by the controller`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs, _ := Validate(testJob(tc.mod), nil)
+			got := ""
+			if len(errs) > 0 {
+				got = errs.ToAggregate().Error()
+			}
+			if len(tc.want) == 0 && got != "" {
+				t.Fatalf("unexpected errors: %s", got)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("errors %q\ndo not contain %q", got, w)
+				}
+			}
+		})
+	}
+}
+
+// The credential helper, run as git runs a "!" helper (sh -c '<helper> "$@"' <helper> get), on a
+// copy of the Secret's files.
+func TestCredentialHelper(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		want  string
+	}{
+		{"basic-auth Secret", map[string]string{"username": "alice", "password": "s3cret"}, "username=alice\npassword=s3cret\n"},
+		{"token only", map[string]string{"token": "ghp_x"}, "username=git\npassword=ghp_x\n"},
+		{"ssh Secret: no HTTPS password", map[string]string{"ssh-privatekey": "KEY"}, "username=git\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, content := range tc.files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o400); err != nil {
+					t.Fatal(err)
+				}
+			}
+			helper := strings.Replace(strings.TrimPrefix(credentialHelper, "!"), CredentialsPath, dir, 1)
+			out, err := exec.Command("/bin/sh", "-c", helper+` "$@"`, helper, "get").Output()
+			if err != nil || string(out) != tc.want {
+				t.Errorf("helper get: %q %v, want %q", out, err, tc.want)
+			}
+			if out, _ := exec.Command("/bin/sh", "-c", helper+` "$@"`, helper, "store").Output(); len(out) != 0 {
+				t.Errorf("helper store printed %q", out)
+			}
+		})
+	}
 }
