@@ -351,7 +351,9 @@ func TestBuildPodPrivateRepoPlacementGolden(t *testing.T) {
 		}
 	}
 	// Same repository: the golden notebook comes from the clone.
-	same := testJob(func(j *v1alpha1.NotebookValidationJob) { j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "golden/train.ipynb"} })
+	same := testJob(func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "golden/train.ipynb"}
+	})
 	if got := GoldenFile(same); got != "/workspace/repo/golden/train.ipynb" {
 		t.Errorf("golden file %s", got)
 	}
