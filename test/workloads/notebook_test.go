@@ -356,3 +356,82 @@ func TestNotebookJobPodRefused(t *testing.T) {
 		return nil
 	})
 }
+
+// TestNotebookJobPrivateRepoGolden: a job with a credentials Secret, GPU-style placement and a
+// golden notebook gets a pod whose credentials volume is mounted in git-clone only, with papermill
+// before the comparison; the job is Running while papermill runs, and a failed comparison fails it
+// with reason GoldenMismatch and the first differing cell.
+func TestNotebookJobPrivateRepoGolden(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "nb-golden")
+	ctx := ctxT(t)
+	job := newJob(ns, "golden", func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.Notebook.Git.CredentialsSecret = "git-creds"
+		j.Spec.PodConfig.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}
+		j.Spec.PodConfig.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		j.Spec.PodConfig.EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "settings"}}}}
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "eda/explore.golden.ipynb", NumericTolerance: "1e-3"}
+	})
+	if err := cl.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	var pod corev1.Pod
+	eventually(t, time.Minute, "pod", func() error {
+		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "golden-validation"}, &pod)
+	})
+	if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[1].Name != notebook.NotebookContainer ||
+		len(pod.Spec.Containers) != 1 || pod.Spec.Containers[0].Name != notebook.CompareContainer {
+		t.Fatalf("containers: init %d, main %v", len(pod.Spec.InitContainers), pod.Spec.Containers)
+	}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		for _, m := range c.VolumeMounts {
+			if m.Name == notebook.GitCredentialsVolume && c.Name != notebook.GitCloneContainer {
+				t.Errorf("credentials mounted in %s", c.Name)
+			}
+		}
+	}
+	if pod.Spec.NodeSelector["nvidia.com/gpu.present"] != "true" || len(pod.Spec.Tolerations) == 0 {
+		t.Errorf("placement: %v %v", pod.Spec.NodeSelector, pod.Spec.Tolerations)
+	}
+
+	// papermill runs (an init container): the job is Running.
+	now := metav1.Now()
+	pod.Status.Phase = corev1.PodPending
+	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{
+		{Name: notebook.GitCloneContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
+		{Name: notebook.NotebookContainer, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}},
+	}
+	if err := cl.Status().Update(ctx, &pod); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, job, v1alpha1.NotebookPhaseRunning)
+
+	msg := `output differs from the golden notebook: cell 2: stream stdout differs: got "accuracy 0.85\n", golden "accuracy 0.91\n" (numeric tolerance 0.001)`
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(&pod), &pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase = corev1.PodFailed
+	pod.Status.InitContainerStatuses[1].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: notebook.CompareContainer, State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: msg, StartedAt: now, FinishedAt: now}}}}
+	if err := cl.Status().Update(ctx, &pod); err != nil {
+		t.Fatal(err)
+	}
+	got := waitPhase(t, job, v1alpha1.NotebookPhaseFailed)
+	c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete)
+	if c == nil || c.Reason != v1alpha1.ReasonGoldenMismatch || !strings.Contains(got.Status.Message, "cell 2: stream stdout differs") {
+		t.Errorf("condition %+v, message %q", c, got.Status.Message)
+	}
+
+	// Admission checks the new fields too.
+	bad := newJob(ns, "bad", func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "/etc/passwd.ipynb", NumericTolerance: "lots"}
+		j.Spec.Notebook.Git.CredentialsSecret = "Bad_Name"
+	})
+	err := cl.Create(ctx, bad)
+	for _, want := range []string{"spec.goldenNotebook.path", "spec.goldenNotebook.numericTolerance", "spec.notebook.git.credentialsSecret"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %s", err, want)
+		}
+	}
+}
