@@ -132,6 +132,9 @@ func (c *Config) validate() error {
 	if c.GitImage == "" {
 		errs = append(errs, errors.New("git image not set"))
 	}
+	if c.CompareImage == "" {
+		errs = append(errs, errors.New("compare image not set"))
+	}
 	return errors.Join(errs...)
 }
 

@@ -294,7 +294,7 @@ spec:
 		}, `spec.podConfig.volumes[0].configMap.defaultMode: Invalid value`, "defaultMode"},
 		{"env name", func(j *v1alpha1.NotebookValidationJob) {
 			j.Spec.PodConfig.Env = []corev1.EnvVar{{Name: "A=B", Value: "x"}}
-		}, `spec.podConfig.env[0].name: Invalid value: "A=B"`, "env[0].name"},
+		}, `spec.podConfig.env[0].name: Invalid value: "A=B"`, `.name: Invalid value: "A=B"`},
 		{"emptyDir medium", func(j *v1alpha1.NotebookValidationJob) {
 			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", EmptyDir: &v1alpha1.EmptyDirVolumeSource{Medium: "HugePages-x"}}}
 		}, `spec.podConfig.volumes[0].emptyDir.medium: Unsupported value: "HugePages-x"`, ""},

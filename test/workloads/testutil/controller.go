@@ -52,7 +52,7 @@ func ControllerConfig(mod func(*workloads.Config)) (workloads.Config, error) {
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: ControllerNamespace, WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: "registry.invalid/git:test", GroupWorkers: 4,
+		GitImage: "registry.invalid/git:test", CompareImage: "registry.invalid/workload-controller:test", GroupWorkers: 4,
 	}
 	if mod != nil {
 		mod(&wc)
