@@ -154,7 +154,7 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 		RestConfig:  cfg,
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: t.TempDir(), WebhookSelfRegister: true,
-		WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git", GroupWorkers: 8,
+		WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git", CompareImage: "controller", GroupWorkers: 8,
 	})
 	if err != nil {
 		t.Fatal(err)
