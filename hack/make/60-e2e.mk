@@ -17,7 +17,9 @@ E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
 .PHONY: e2e demo demo-down images kind-up kind-deploy kind-down
 
 # Runs as root (loop devices, mounts). One control plane for the whole package.
+# hack/demo's own tests (its harness session) are unit tests.
 e2e: $(E2E_TOOLS)
+	$(GO) test -count=1 $(RACE) ./hack/demo/
 	$(E2E_ENV) $(GO) test -count=1 -timeout 20m ./test/e2e/...
 
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.
