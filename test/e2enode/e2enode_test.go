@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,11 +54,33 @@ func requireMachine(t *testing.T) {
 	}
 }
 
+// lockHost lets one node suite run on a host at a time, across checkouts: kubelet, containerd and
+// CNI use fixed host paths, and a run's cleanup removes them and kills what runs in its cgroups,
+// which would tear down another run's pods mid-test.
+func lockHost(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "cistern-e2enode.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() }) // closing releases the lock; registered first, so it runs last
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
+		return
+	}
+	t.Log("waiting for another node e2e run on this host to finish")
+	start := time.Now()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatalf("locking the host for the node suite: %v", err)
+	}
+	t.Logf("waited %s for the other run", time.Since(start).Round(time.Second))
+}
+
 // startCluster brings up control plane, containerd, kubelet and the Cistern node; every piece is
 // torn down by t.Cleanup in reverse order, and the host is cleaned last.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	requireMachine(t)
+	lockHost(t)
 	bins := findBinaries(t)
 
 	// Not t.TempDir: it must not be removed while something is still mounted below it.
