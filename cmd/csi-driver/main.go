@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/registration"
@@ -44,8 +45,9 @@ func main() {
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
 	flag.StringVar(&registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
 	flag.StringVar(&registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
-	var localSourceRoots string
+	var localSourceRoots, tenantEndpoints string
 	flag.StringVar(&localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
+	flag.StringVar(&tenantEndpoints, "tenant-s3-endpoints", "", "Comma-separated S3 endpoints that inline volumes and VolumeManagers may name: host names, *.domain suffixes, CIDR blocks (AWS without an endpoint counts as s3.amazonaws.com). Empty allows any endpoint; link-local and cloud metadata addresses are refused always.")
 	flag.IntVar(&cfg.Datasets.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
 	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
 	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
@@ -57,6 +59,12 @@ func main() {
 	if localSourceRoots != "" {
 		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")
 	}
+	allow, err := egress.ParseAllow(strings.Split(tenantEndpoints, ","))
+	if err != nil {
+		klog.ErrorS(err, "Invalid --tenant-s3-endpoints")
+		os.Exit(1)
+	}
+	cfg.Datasets.TenantEndpoints = allow
 	if *showVersion {
 		fmt.Println(version)
 		return

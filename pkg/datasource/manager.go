@@ -13,6 +13,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -40,6 +41,10 @@ type Config struct {
 	OnEvict func(EvictEvent)
 	// EvictInterval is how often Run checks watermarks (0: one minute).
 	EvictInterval time.Duration
+	// TenantEndpoints are the S3 endpoints tenant datasets (Spec.Tenant) may name (flag
+	// --tenant-s3-endpoints); empty allows any endpoint that is not link-local or a metadata
+	// service.
+	TenantEndpoints egress.Allow
 }
 
 // Phase is the state of a dataset on one pool.
@@ -353,10 +358,14 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 	s := req.Spec
 	switch s.Scheme {
 	case SchemeS3:
+		policy, err := m.egressPolicy(s)
+		if err != nil {
+			return nil, err
+		}
 		return s3source.New(s3source.Config{
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
-			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency,
+			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path)

@@ -42,6 +42,12 @@ type Spec struct {
 	Prefix string `json:"-"` // s3: key prefix ending in "/" or empty
 	Host   string `json:"-"` // nfs: host or host:port
 	Path   string `json:"-"` // nfs: export path and subpath; file: absolute node path
+
+	// Tenant marks a dataset a pod author named (an inline volume, a VolumeManager): its S3
+	// endpoint must be in the administrator's allow-list (Config.TenantEndpoints). The caller
+	// sets it; it is kept with a staging job (a resumed one stays restricted) but is not part of
+	// the dataset's identity.
+	Tenant bool `json:"tenant,omitempty"`
 }
 
 // Credentials come from a CSI secret; empty means anonymous access.

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -52,7 +53,8 @@ func (d *Driver) initDatasets(reg *prometheus.Registry) error {
 }
 
 // datasetSpec returns the dataset a volume's parameters ask for, or nil. Only dataset keys are
-// looked at: the other keys are parsePlacement's to check.
+// looked at: the other keys are parsePlacement's to check. An inline volume's dataset is a
+// tenant's (docs/security.md).
 func datasetSpec(params map[string]string, ephemeral bool) (*datasource.Spec, error) {
 	ds := map[string]string{}
 	for k, v := range params {
@@ -64,7 +66,16 @@ func datasetSpec(params map[string]string, ephemeral bool) (*datasource.Spec, er
 	if err != nil {
 		return nil, status.Error(datasource.Code(err), err.Error())
 	}
+	if spec != nil {
+		spec.Tenant = ephemeral
+	}
 	return spec, nil
+}
+
+// tenantVolume says whether a static PV was written by the VolumeManager controller for a
+// namespace user rather than by an administrator.
+func tenantVolume(volumeID string) bool {
+	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
 }
 
 // checkDatasetCreate validates a CreateVolume's dataset parameters.
@@ -139,6 +150,9 @@ func waitBudget(ctx context.Context) (context.Context, context.CancelFunc) {
 // the volume has no dataset, Unavailable with the progress while staging goes on (kubelet
 // retries), and the staging error with its own code when staging failed.
 func (d *Driver) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) error {
+	if err := d.datasets.CheckEndpoint(spec); err != nil {
+		return status.Error(datasource.Code(err), err.Error())
+	}
 	creds, err := datasource.CredentialsFromSecrets(secrets)
 	if err != nil {
 		return status.Error(datasource.Code(err), err.Error())
@@ -285,6 +299,7 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 	if err != nil {
 		return err
 	}
+	spec.Tenant = spec.Tenant || tenantVolume(volumeID)
 	pl, err := parsePlacement(params)
 	if err != nil {
 		return err

@@ -110,7 +110,7 @@ func objectName(vm *datav1alpha1.VolumeManager, id string, nodes []string) strin
 // pvName is cluster-wide, so it carries the namespace too.
 func pvName(vm *datav1alpha1.VolumeManager, id string, nodes []string) string {
 	sum := sha256.Sum256([]byte(vm.Namespace + "/" + objectName(vm, id, nodes)))
-	return "cistern-vm-" + hex.EncodeToString(sum[:])[:20]
+	return consts.VolumeManagerHandlePrefix + hex.EncodeToString(sum[:])[:20]
 }
 
 func accessMode(vc *datav1alpha1.VolumeConfig) corev1.PersistentVolumeAccessMode {
