@@ -11,9 +11,9 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
-	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )

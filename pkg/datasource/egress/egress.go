@@ -100,7 +100,9 @@ func (p Policy) DialContext(d net.Dialer) func(ctx context.Context, network, add
 // DeniedError is a connection the policy refused.
 type DeniedError struct{ Err error }
 
-func (e *DeniedError) Error() string { return "connection refused by the endpoint policy: " + e.Err.Error() }
+func (e *DeniedError) Error() string {
+	return "connection refused by the endpoint policy: " + e.Err.Error()
+}
 func (e *DeniedError) Unwrap() error { return e.Err }
 
 // Allow is the administrator's list of endpoints that untrusted volumes (inline volumes,
