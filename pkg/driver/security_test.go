@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -13,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
+	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/pool"
 )
 
 // TestTenantEndpoints: inline volumes and VolumeManager PVs may name only the S3 endpoints the
@@ -87,4 +90,73 @@ func TestTenantEndpoints(t *testing.T) {
 			t.Fatalf("NodeStageVolume: %v after %d requests; want the server asked (and refusing)", err, hits.Load())
 		}
 	})
+}
+
+// loopsBacking counts the loop devices whose backing file the kernel reports as path.
+func loopsBacking(t *testing.T, path string) int {
+	t.Helper()
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	n := 0
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.TrimSpace(string(b)) == path {
+			n++
+		}
+	}
+	return n
+}
+
+// TestPoolPathThroughSymlink: a pool configured through a symlink attaches one loop device per
+// staged block volume however often it is staged, keeps it staged across a restart and
+// detaches it at unstage.
+func TestPoolPathThroughSymlink(t *testing.T) {
+	testutilRoot(t)
+	env := startDriver(t, testPool{name: "fast"})
+	env.stop()
+	link := filepath.Join(env.dir, "pool-link")
+	if err := os.Symlink(env.pools[0].path, link); err != nil {
+		t.Fatal(err)
+	}
+	linked := env.pools[0]
+	linked.path = link
+	writePoolsConfig(t, env.cfg.PoolsConfig, []testPool{linked})
+	env.start()
+	ctx := context.Background()
+	resp, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "blk-link",
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 8 * mb}, VolumeCapabilities: []*csi.VolumeCapability{blockCap()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetVolume().GetVolumeId()
+	img := image.VolumePath(env.pools[0].path, pool.MetaDir, id)
+	staging := filepath.Join(env.dir, "staging", id)
+	stage := func() {
+		t.Helper()
+		if _, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id,
+			StagingTargetPath: staging, VolumeCapability: blockCap()}); err != nil {
+			t.Fatalf("NodeStageVolume: %v", err)
+		}
+	}
+	stage()
+	stage() // a retried stage finds the device it attached
+	if n := loopsBacking(t, img); n != 1 {
+		t.Fatalf("%d loop devices back the image after two stages, want 1", n)
+	}
+	env.restart()
+	v, ok := env.driver.store.GetVolume(id)
+	if !ok || v.StagingPath == "" || v.Device == "" {
+		t.Fatalf("staged block volume forgotten across a restart: %+v", v)
+	}
+	stage()
+	if n := loopsBacking(t, img); n != 1 {
+		t.Fatalf("%d loop devices back the image after a restart and stage, want 1", n)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if n := loopsBacking(t, img); n != 0 {
+		t.Fatalf("%d loop devices left after unstage", n)
+	}
+	if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -26,8 +26,18 @@ func Attach(path string) (string, error) {
 }
 
 // Find returns the loop device backed by the image at path, or "" when there is none. It reads
-// sysfs rather than running losetup: it is on every stage, unstage and delete.
+// sysfs rather than running losetup: it is on every stage, unstage and delete. Devices are
+// matched by the backing file's device and inode, not its name: the kernel reports the path it
+// resolved (no symlinks, its own view of bind mounts), which need not be the path the driver
+// attached, and a name match would leak a device on every stage and lose it across restarts.
 func Find(path string) (string, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(path, &want); err != nil {
+		if os.IsNotExist(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("stat %s: %w", path, err)
+	}
 	matches, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	if err != nil {
 		return "", err
@@ -37,8 +47,12 @@ func Find(path string) (string, error) {
 		if err != nil {
 			continue // detached meanwhile
 		}
-		back := strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")
-		if back == path {
+		back := strings.TrimSpace(string(data))
+		var st unix.Stat_t
+		if unix.Stat(back, &st) != nil {
+			continue // deleted, or out of this mount namespace's reach
+		}
+		if st.Dev == want.Dev && st.Ino == want.Ino {
 			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(m))), nil
 		}
 	}
