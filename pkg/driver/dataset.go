@@ -257,11 +257,7 @@ func (d *Driver) putTreeVolume(t treeVolume) error {
 	if err != nil {
 		return err
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return state.WriteFile(p, b)
 }
 
 func (d *Driver) deleteTreeVolume(volumeID string) error {

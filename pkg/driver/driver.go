@@ -128,7 +128,7 @@ func New(cfg Config) (*Driver, error) {
 		ready:   make(chan struct{}),
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newPoolCollector(d))
+	reg.MustRegister(newPoolCollector(d), newStateCollector(d))
 	d.metrics = d.metrics.WithAdditionalRegistry(reg)
 	d.poolsConfigStamp, _ = stampOf(cfg.PoolsConfig)
 	d.pools.Refresh()

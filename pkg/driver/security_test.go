@@ -160,3 +160,32 @@ func TestPoolPathThroughSymlink(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCorruptStateRecord: one unreadable record does not stop the node plugin; it is set aside,
+// logged and counted, and the other volumes are served.
+func TestCorruptStateRecord(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	good := env.create("good", 8*mb, nil).GetVolumeId()
+	env.stop()
+	bad := filepath.Join(env.cfg.StateDir, "volumes", "fast-corrupt.json")
+	if err := os.WriteFile(bad, []byte(`{"id": "fast-corrupt", "pool": "fa`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env.start()
+	if _, err := os.Stat(bad); !os.IsNotExist(err) {
+		t.Fatalf("corrupt record still in place: %v", err)
+	}
+	if m, _ := filepath.Glob(bad + ".corrupt-*"); len(m) != 1 {
+		t.Fatalf("quarantined copies %v, want 1", m)
+	}
+	if _, err := env.ctrl.ControllerGetVolume(context.Background(), &csi.ControllerGetVolumeRequest{VolumeId: good}); err != nil {
+		t.Fatalf("the good volume: %v", err)
+	}
+	mux := http.NewServeMux()
+	env.driver.Metrics().RegisterToServer(mux, "/metrics")
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if want := `cistern_state_records_quarantined_total{node="node-1"} 1`; !strings.Contains(rec.Body.String(), want) {
+		t.Fatalf("metrics lack %q:\n%s", want, rec.Body.String())
+	}
+}
