@@ -81,7 +81,7 @@ func TestCorruptRecordIsQuarantined(t *testing.T) {
 	}
 	for name, data := range map[string]string{
 		"fast-2.json": `{"id": "fast-2", "na`, // truncated by a power loss
-		"fast-3.json": `{"id": "other"}`,     // not the record its name says
+		"fast-3.json": `{"id": "other"}`,      // not the record its name says
 		"fast-4.json": ``,
 	} {
 		if err := os.WriteFile(filepath.Join(dir, "volumes", name), []byte(data), 0o600); err != nil {
