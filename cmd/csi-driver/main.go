@@ -43,6 +43,7 @@ func main() {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
 	flag.StringVar(&registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
 	flag.StringVar(&registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
 	var localSourceRoots, tenantEndpoints string

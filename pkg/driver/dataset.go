@@ -78,14 +78,19 @@ func tenantVolume(volumeID string) bool {
 	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
 }
 
-// checkDatasetCreate validates a CreateVolume's dataset parameters.
-func checkDatasetCreate(params map[string]string, shape volumeShape) (*datasource.Spec, error) {
+// checkDatasetCreate validates a CreateVolume's dataset parameters. A volume is filled from a
+// dataset or from a snapshot or clone, never both: filling a restored volume from a dataset
+// would overwrite (or, for a dataset that shrank, delete) restored files.
+func checkDatasetCreate(params map[string]string, shape volumeShape, content *csi.VolumeContentSource) (*datasource.Spec, error) {
 	spec, err := datasetSpec(params, false)
 	if err != nil || spec == nil {
 		return nil, err
 	}
 	if shape.access == state.Block {
 		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
+	}
+	if content.GetSnapshot() != nil || content.GetVolume() != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "parameter %q and a snapshot or volume content source exclude each other", consts.ParamSource)
 	}
 	return spec, nil
 }

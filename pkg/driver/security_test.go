@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -187,5 +188,85 @@ func TestCorruptStateRecord(t *testing.T) {
 	mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if want := `cistern_state_records_quarantined_total{node="node-1"} 1`; !strings.Contains(rec.Body.String(), want) {
 		t.Fatalf("metrics lack %q:\n%s", want, rec.Body.String())
+	}
+}
+
+// TestRequestValidation: IDs and node paths from a CSI client are checked before any handler
+// touches the disk; sizes near the int64 limit are OutOfRange; a dataset and a content source
+// exclude each other.
+func TestRequestValidation(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	ctx := context.Background()
+	inRoot := func(p ...string) string { return filepath.Join(append([]string{env.dir}, p...)...) }
+	outside := filepath.Join(filepath.Dir(env.dir), "elsewhere")
+	for _, tc := range []struct {
+		name string
+		call func() error
+		code codes.Code
+		want string
+	}{
+		{"failure case - volume ID with a path", func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "../../etc",
+				StagingTargetPath: inRoot("staging", "x"), VolumeCapability: mountCap("")})
+			return err
+		}, codes.InvalidArgument, "ID"},
+		{"failure case - volume ID too long", func() error {
+			_, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: strings.Repeat("a", 129)})
+			return err
+		}, codes.InvalidArgument, "ID"},
+		{"failure case - snapshot ID with a slash", func() error {
+			_, err := env.ctrl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: "fast-snap-1/../../x"})
+			return err
+		}, codes.InvalidArgument, "ID"},
+		{"failure case - content source ID with a slash", func() error {
+			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "restore",
+				VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
+				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+					Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "a/b"}}}})
+			return err
+		}, codes.InvalidArgument, "ID"},
+		{"failure case - target outside the kubelet root", func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "fast-0123",
+				StagingTargetPath: inRoot("staging", "x"), TargetPath: outside, VolumeCapability: mountCap("")})
+			return err
+		}, codes.InvalidArgument, "kubelet root"},
+		{"failure case - staging path escaping the kubelet root", func() error {
+			_, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: "fast-0123",
+				StagingTargetPath: inRoot("staging", "..", "..", "elsewhere")})
+			return err
+		}, codes.InvalidArgument, "kubelet root"},
+		{"failure case - relative target", func() error {
+			_, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "fast-0123", TargetPath: "target/x"})
+			return err
+		}, codes.InvalidArgument, "kubelet root"},
+		{"failure case - required bytes at the int64 limit", func() error {
+			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "huge",
+				CapacityRange: &csi.CapacityRange{RequiredBytes: math.MaxInt64}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}})
+			return err
+		}, codes.OutOfRange, "largest"},
+		{"failure case - required bytes just below the int64 limit", func() error {
+			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "huge2",
+				CapacityRange: &csi.CapacityRange{RequiredBytes: math.MaxInt64 - 100}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}})
+			return err
+		}, codes.OutOfRange, "largest"},
+		{"failure case - dataset and snapshot", func() error {
+			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "both",
+				Parameters: map[string]string{"source": "s3://data/set"}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
+				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+					Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "fast-snap-0123"}}}})
+			return err
+		}, codes.InvalidArgument, "exclude each other"},
+		{"failure case - dataset and clone", func() error {
+			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "both2",
+				Parameters: map[string]string{"source": "s3://data/set"}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
+				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+					Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "fast-0123"}}}})
+			return err
+		}, codes.InvalidArgument, "exclude each other"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { wantCode(t, tc.call(), tc.code, tc.want) })
+	}
+	if _, err := os.Stat(outside); !os.IsNotExist(err) {
+		t.Fatalf("a path outside the kubelet root was touched: %v", err)
 	}
 }
