@@ -59,6 +59,9 @@ func requestIDs(req any) []string {
 	return ids
 }
 
+// requestPaths are the paths the driver mounts at, or unmounts and removes. The volume_path of
+// NodeGetVolumeStats and NodeExpandVolume is left to the handlers: it is only read (and a
+// missing one must be NotFound, as csi-sanity checks).
 func requestPaths(req any) []string {
 	var paths []string
 	if r, ok := req.(interface{ GetTargetPath() string }); ok {
@@ -66,9 +69,6 @@ func requestPaths(req any) []string {
 	}
 	if r, ok := req.(interface{ GetStagingTargetPath() string }); ok {
 		paths = append(paths, r.GetStagingTargetPath())
-	}
-	if r, ok := req.(interface{ GetVolumePath() string }); ok {
-		paths = append(paths, r.GetVolumePath())
 	}
 	return paths
 }
