@@ -49,6 +49,9 @@ func requestIDs(req any) []string {
 	if r, ok := req.(interface{ GetSourceVolumeIds() []string }); ok {
 		ids = append(ids, r.GetSourceVolumeIds()...)
 	}
+	if r, ok := req.(interface{ GetSnapshotIds() []string }); ok {
+		ids = append(ids, r.GetSnapshotIds()...)
+	}
 	if r, ok := req.(interface{ GetGroupSnapshotId() string }); ok {
 		ids = append(ids, r.GetGroupSnapshotId())
 	}
