@@ -48,10 +48,15 @@ func main() {
 	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
+	var nfsServers string
+	flag.StringVar(&nfsServers, "nfs-servers", "", "comma-separated NFS servers (host or host:port) a VolumeManager NFS source may name (must match the driver's); empty refuses NFS sources")
 	flag.Parse()
 	kubeconfig = flag.Lookup("kubeconfig").Value.String()
 	if localRoots != "" {
 		cfg.VolumeManager.LocalSourceRoots = strings.Split(localRoots, ",")
+	}
+	if nfsServers != "" {
+		cfg.VolumeManager.NFSServers = strings.Split(nfsServers, ",")
 	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -151,31 +151,32 @@ func waitBudget(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, 30*time.Second)
 }
 
-// awaitDataset waits for the dataset of a volume to be staged on its pool. It returns nil when
-// the volume has no dataset, Unavailable with the progress while staging goes on (kubelet
-// retries), and the staging error with its own code when staging failed.
-func (d *Driver) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) error {
+// awaitDataset waits for the dataset of a volume to be staged on its pool and for the caller to
+// prove, with the secrets it brings, that it may read it. It returns the version proved,
+// Unavailable with the progress while staging goes on (kubelet retries), and the staging error
+// with its own code when staging failed.
+func (d *Driver) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) (string, error) {
 	if err := d.datasets.CheckEndpoint(spec); err != nil {
-		return status.Error(datasource.Code(err), err.Error())
+		return "", status.Error(datasource.Code(err), err.Error())
 	}
 	creds, err := datasource.CredentialsFromSecrets(secrets)
 	if err != nil {
-		return status.Error(datasource.Code(err), err.Error())
+		return "", status.Error(datasource.Code(err), err.Error())
 	}
 	poolPath, err := d.poolPath(poolName)
 	if err != nil {
-		return err
+		return "", err
 	}
 	wctx, cancel := waitBudget(ctx)
 	defer cancel()
 	st, err := d.datasets.Wait(wctx, datasource.Request{Spec: spec, Creds: creds, Pool: poolPath, Capacity: capacity})
 	if err != nil {
-		return status.Error(datasource.Code(err), err.Error())
+		return "", status.Error(datasource.Code(err), err.Error())
 	}
 	if !st.Ready() {
-		return status.Errorf(codes.Unavailable, "%s; retry later", st)
+		return "", status.Errorf(codes.Unavailable, "%s; retry later", st)
 	}
-	return nil
+	return st.Version, nil
 }
 
 // volumeDataset returns the dataset of an image-backed volume, from its CreateVolume parameters
@@ -188,14 +189,14 @@ func volumeDataset(v state.Volume, volumeContext map[string]string) (*datasource
 	return datasetSpec(params, v.Ephemeral)
 }
 
-// populateDataset copies the staged dataset into a volume's new filesystem; a volume already
-// populated is left alone (its data is the user's now).
-func (d *Driver) populateDataset(ctx context.Context, spec *datasource.Spec, poolName, target string) error {
+// populateDataset copies the staged dataset version the caller proved it may read into a
+// volume's new filesystem; a volume already populated is left alone (its data is the user's now).
+func (d *Driver) populateDataset(ctx context.Context, spec *datasource.Spec, version, poolName, target string) error {
 	poolPath, err := d.poolPath(poolName)
 	if err != nil {
 		return err
 	}
-	if err := d.datasets.Populate(ctx, poolPath, spec, target); err != nil {
+	if err := d.datasets.Populate(ctx, poolPath, spec, version, target); err != nil {
 		return status.Errorf(datasource.Code(err), "filling volume from %s: %v", spec, err)
 	}
 	return nil
@@ -211,12 +212,8 @@ func (d *Driver) datasetHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthE
 	if !ok {
 		return nil
 	}
-	st, known, err := d.datasets.Status(p.Path, spec)
-	switch {
-	case err != nil:
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
-			Reason: "DatasetFailed", Message: err.Error()}}
-	case known && !st.Ready():
+	// Failures are told to the caller whose attempt failed (NodeStageVolume's error), not here.
+	if st, known, err := d.datasets.Status(p.Path, spec); err == nil && known && !st.Ready() {
 		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
 			Reason: "DatasetStaging", Message: st.String()}}
 	}
@@ -313,7 +310,8 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 	if t, ok := d.getTreeVolume(volumeID); ok {
 		chosen.Name, chosen.Path = t.Pool, t.PoolPath // stay where the first attempt staged
 	}
-	if err := d.awaitDataset(ctx, spec, chosen.Name, 0, secrets); err != nil {
+	version, err := d.awaitDataset(ctx, spec, chosen.Name, 0, secrets)
+	if err != nil {
 		return err
 	}
 	t := treeVolume{VolumeID: volumeID, Pool: chosen.Name, PoolPath: chosen.Path, DatasetID: spec.ID(),
@@ -322,10 +320,7 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 	if err := d.putTreeVolume(t); err != nil {
 		return internal("saving dataset volume state", err)
 	}
-	if err := d.datasets.Acquire(chosen.Path, spec, volumeID); err != nil {
-		return status.Error(datasource.Code(err), err.Error())
-	}
-	tree, err := d.datasets.TreePath(chosen.Path, spec)
+	tree, err := d.datasets.Acquire(chosen.Path, spec, version, volumeID)
 	if err != nil {
 		return status.Error(datasource.Code(err), err.Error())
 	}
@@ -437,8 +432,9 @@ func (d *Driver) fillDataset(ctx context.Context, v state.Volume, volumeContext,
 	if datasource.Populated(target, spec) {
 		return nil
 	}
-	if err := d.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
+	version, err := d.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets)
+	if err != nil {
 		return err
 	}
-	return d.populateDataset(ctx, spec, v.Pool, target)
+	return d.populateDataset(ctx, spec, version, v.Pool, target)
 }

@@ -68,7 +68,7 @@ func TestStagingChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := datasource.NewManager(datasource.Config{})
+	m, err := datasource.NewManager(datasource.Config{AccessProofTTL: datasource.DefaultAccessProofTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,16 +97,13 @@ func TestStagingChild(t *testing.T) {
 	if err != nil || !st.CacheHit {
 		t.Fatalf("second Ensure: %v %v", st, err)
 	}
-	if _, err := m.TreePath(req.Pool, spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Acquire(req.Pool, spec, "bench-volume"); err != nil {
+	if _, err := m.Acquire(req.Pool, spec, st.Version, "bench-volume"); err != nil {
 		t.Fatal(err)
 	}
 	res.HitSeconds = time.Since(start).Seconds()
 	if target := os.Getenv("CISTERN_BENCH_POPULATE"); target != "" {
 		start = time.Now()
-		if err := m.Populate(ctx, req.Pool, spec, target); err != nil {
+		if err := m.Populate(ctx, req.Pool, spec, st.Version, target); err != nil {
 			t.Fatal(err)
 		}
 		res.PopulateSeconds = time.Since(start).Seconds()

@@ -45,6 +45,10 @@ type Config struct {
 	// LocalSourceRoots are the node directories a Local source may name (the driver's
 	// --local-source-roots); with none, Local sources are refused.
 	LocalSourceRoots []string
+	// NFSServers are the NFS servers (host or host:port) an NFS source may name (the driver's
+	// --nfs-servers, the list it allows in inline volumes); with none, NFS sources are refused:
+	// any namespace user writes a VolumeManager.
+	NFSServers []string
 }
 
 // DatasetAttributes turns a volume config into the driver's dataset parameters, refusing a source
@@ -72,6 +76,9 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 		if err := checkLocalPath(u, cfg.LocalSourceRoots); err != nil {
 			return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
 		}
+	}
+	if vc.SourceType == datav1alpha1.SourceNFS && !slices.Contains(cfg.NFSServers, u.Host) {
+		return nil, fmt.Errorf("sourceURL %q: NFS server %s is not allowed (the administrator allows servers with --nfs-servers)", vc.SourceURL, u.Host)
 	}
 	attrs := map[string]string{consts.ParamSource: vc.SourceURL}
 	for opt, param := range map[string]string{
