@@ -270,3 +270,36 @@ func TestRequestValidation(t *testing.T) {
 		t.Fatalf("a path outside the kubelet root was touched: %v", err)
 	}
 }
+
+// TestRedirectNotFollowedThroughSocket: an inline volume whose S3 endpoint redirects every
+// request to an internal URL fails, and the internal URL is never asked.
+func TestRedirectNotFollowedThroughSocket(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	var internalHits atomic.Int32
+	internal := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		internalHits.Add(1)
+		_, _ = w.Write([]byte("node secret"))
+	}))
+	t.Cleanup(internal.Close)
+	redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, internal.URL+"/latest/meta-data/", http.StatusFound)
+	}))
+	t.Cleanup(redirector.Close)
+	ctx := context.Background()
+	id := "inline-redirect"
+	target := filepath.Join(env.dir, "target", id)
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://data/set",
+		"endpoint": redirector.URL, "pathStyle": "true"}
+	err := retryUnavailable(t, func() error {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+			VolumeCapability: mountCap(""), VolumeContext: vc, Readonly: true})
+		return err
+	})
+	t.Cleanup(func() {
+		_, _ = env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	})
+	wantCode(t, err, codes.InvalidArgument, "redirect")
+	if n := internalHits.Load(); n != 0 {
+		t.Fatalf("the redirect target got %d requests", n)
+	}
+}
