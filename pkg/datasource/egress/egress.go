@@ -21,6 +21,9 @@ var metadataAddrs = []netip.Addr{
 	netip.MustParseAddr("100.100.100.200"),
 }
 
+// nat64 is the well-known NAT64 prefix (RFC 6052): 64:ff9b::a9fe:a9fe is 169.254.169.254.
+var nat64 = netip.MustParsePrefix("64:ff9b::/96")
+
 // metadataNames resolve to a metadata service; refused before any lookup, as a proxy would
 // resolve them itself.
 var metadataNames = []string{"metadata.google.internal", "metadata.goog", "metadata", "instance-data"}
@@ -30,6 +33,10 @@ var metadataNames = []string{"metadata.google.internal", "metadata.goog", "metad
 // services' other addresses.
 func Forbidden(ip netip.Addr) error {
 	ip = ip.Unmap()
+	if nat64.Contains(ip) { // an IPv4 address through a NAT64 gateway
+		b := ip.As16()
+		ip = netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]})
+	}
 	if ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() {
 		return fmt.Errorf("address %s is link-local", ip)
 	}

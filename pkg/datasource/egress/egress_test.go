@@ -17,6 +17,8 @@ func TestForbidden(t *testing.T) {
 		{"fe80::1", true},
 		{"fd00:ec2::254", true},
 		{"100.100.100.200", true},
+		{"64:ff9b::a9fe:a9fe", true},
+		{"64:ff9b::a00:1", false},
 		{"127.0.0.1", false},
 		{"::1", false},
 		{"10.1.2.3", false},
