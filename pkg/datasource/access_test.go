@@ -12,6 +12,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
@@ -83,6 +84,29 @@ func TestJoinProvesAccess(t *testing.T) {
 	wantCode(t, err, codes.PermissionDenied)
 	if st.Ready() || st.BytesTotal != 0 {
 		t.Fatalf("the denied caller was told %v", st)
+	}
+	// Metrics name datasets by ID: whoever reads them learns no tenant's bucket.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m.Collector())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	progress := 0
+	for _, f := range families {
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "source" || strings.Contains(l.GetValue(), "private") {
+					t.Errorf("%s has label %s=%q", f.GetName(), l.GetName(), l.GetValue())
+				}
+			}
+			if f.GetName() == "cistern_dataset_staging_bytes_total" {
+				progress++
+			}
+		}
+	}
+	if progress != 1 {
+		t.Errorf("%d staging progress series, want 1", progress)
 	}
 	slow.Store(false)
 	if _, err := stage(ctx, t, m, a); err != nil {
