@@ -59,6 +59,18 @@ func main() {
 	flag.StringVar(&nfsServers, "nfs-servers", "", "Comma-separated NFS servers (host or host:port, as written in nfs:// URLs) that inline volumes may name; empty refuses nfs:// in inline volumes.")
 	nfsUID := flag.Uint("nfs-uid", datasource.NobodyID, "AUTH_UNIX uid the NFS client presents.")
 	nfsGID := flag.Uint("nfs-gid", datasource.NobodyID, "AUTH_UNIX gid the NFS client presents.")
+	lim := &cfg.Datasets.Limits
+	def := datasource.DefaultLimits
+	flag.Int64Var(&lim.MaxBytes, "max-dataset-bytes", def.MaxBytes, "Largest dataset (bytes) a volume may name.")
+	flag.Int64Var(&lim.MaxObjects, "max-dataset-objects", def.MaxObjects, "Most entries (files, directories, links; empty files too) a dataset may have.")
+	flag.IntVar(&lim.MaxKeyLength, "max-dataset-key-length", def.MaxKeyLength, "Longest key (bytes) of a dataset entry.")
+	flag.IntVar(&lim.MaxKeyDepth, "max-dataset-key-depth", def.MaxKeyDepth, "Most path segments of a dataset entry's key.")
+	flag.Int64Var(&lim.MaxManifestBytes, "max-dataset-manifest-bytes", def.MaxManifestBytes, "Largest manifest (bytes) a dataset may write to its pool.")
+	flag.Int64Var(&lim.MinThroughput, "staging-min-throughput", def.MinThroughput, "Bytes per second below which a read of an object is cancelled and retried (after --staging-read-grace).")
+	flag.DurationVar(&lim.ReadGrace, "staging-read-grace", def.ReadGrace, "Time a read of an object may take on top of its size at --staging-min-throughput.")
+	flag.DurationVar(&lim.JobDeadline, "staging-deadline", def.JobDeadline, "Longest one staging attempt may take.")
+	flag.DurationVar(&lim.AbandonAfter, "staging-abandon-after", def.AbandonAfter, "A staging no volume asked for in this long is cancelled and its partial data deleted.")
+	flag.IntVar(&lim.PerSource, "staging-concurrency-per-source", 0, "Parallel reads from one source endpoint (S3 endpoint, NFS server); 0 is a quarter of --staging-concurrency.")
 	events := flag.Bool("events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
 	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events; empty uses the in-cluster configuration.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")

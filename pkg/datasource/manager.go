@@ -52,6 +52,8 @@ type Config struct {
 	// --nfs-servers); empty refuses nfs:// in inline volumes. Administrators' StorageClasses and
 	// PersistentVolumes may name any server.
 	NFSServers []string
+	// Limits bound what one dataset may make the node spend; zero fields get DefaultLimits.
+	Limits Limits
 	// NFSUID and NFSGID are the AUTH_UNIX identity the NFS client presents (flags --nfs-uid,
 	// --nfs-gid); 65534 (nobody) unless set.
 	NFSUID, NFSGID *uint32
@@ -115,6 +117,7 @@ type Manager struct {
 	cfg     Config
 	slots   chan struct{}
 	limiter *rate.Limiter
+	limits  Limits
 	metrics *metrics
 
 	// principalKey keys the hash that tells callers apart (access.go).
@@ -129,7 +132,9 @@ type Manager struct {
 	inUse   map[string]int       // pool/id -> in-memory users (Populate)
 	proofs  map[string]time.Time // digest/principal -> proof valid until
 	proving map[string]*proof    // digest/principal -> proof under way
-	poolMu  map[string]*sync.Mutex
+	// perSource holds the concurrency slots of each source endpoint.
+	perSource map[string]chan struct{}
+	poolMu    map[string]*sync.Mutex
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -172,6 +177,8 @@ func NewManager(cfg Config) (*Manager, error) {
 		inUse:        map[string]int{},
 		proofs:       map[string]time.Time{},
 		proving:      map[string]*proof{},
+		perSource:    map[string]chan struct{}{},
+		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
 		poolMu:       map[string]*sync.Mutex{},
 	}
 	if cfg.NFSUID != nil {
@@ -385,6 +392,7 @@ func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, str
 // other once the manifest is taken and the caller proved it reads the same data. Until then the
 // caller is told only that the dataset is being listed.
 func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (Status, *job, error) {
+	j.want()
 	if j.principal != who {
 		select {
 		case <-j.listed:
