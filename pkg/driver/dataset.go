@@ -20,6 +20,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -52,7 +53,8 @@ func (d *Driver) initDatasets(reg *prometheus.Registry) error {
 }
 
 // datasetSpec returns the dataset a volume's parameters ask for, or nil. Only dataset keys are
-// looked at: the other keys are parsePlacement's to check.
+// looked at: the other keys are parsePlacement's to check. An inline volume's dataset is a
+// tenant's (docs/security.md).
 func datasetSpec(params map[string]string, ephemeral bool) (*datasource.Spec, error) {
 	ds := map[string]string{}
 	for k, v := range params {
@@ -64,17 +66,31 @@ func datasetSpec(params map[string]string, ephemeral bool) (*datasource.Spec, er
 	if err != nil {
 		return nil, status.Error(datasource.Code(err), err.Error())
 	}
+	if spec != nil {
+		spec.Tenant = ephemeral
+	}
 	return spec, nil
 }
 
-// checkDatasetCreate validates a CreateVolume's dataset parameters.
-func checkDatasetCreate(params map[string]string, shape volumeShape) (*datasource.Spec, error) {
+// tenantVolume says whether a static PV was written by the VolumeManager controller for a
+// namespace user rather than by an administrator.
+func tenantVolume(volumeID string) bool {
+	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
+}
+
+// checkDatasetCreate validates a CreateVolume's dataset parameters. A volume is filled from a
+// dataset or from a snapshot or clone, never both: filling a restored volume from a dataset
+// would overwrite (or, for a dataset that shrank, delete) restored files.
+func checkDatasetCreate(params map[string]string, shape volumeShape, content *csi.VolumeContentSource) (*datasource.Spec, error) {
 	spec, err := datasetSpec(params, false)
 	if err != nil || spec == nil {
 		return nil, err
 	}
 	if shape.access == state.Block {
 		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
+	}
+	if content.GetSnapshot() != nil || content.GetVolume() != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "parameter %q and a snapshot or volume content source exclude each other", consts.ParamSource)
 	}
 	return spec, nil
 }
@@ -140,6 +156,9 @@ func waitBudget(ctx context.Context) (context.Context, context.CancelFunc) {
 // Unavailable with the progress while staging goes on (kubelet retries), and the staging error
 // with its own code when staging failed.
 func (d *Driver) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) (string, error) {
+	if err := d.datasets.CheckEndpoint(spec); err != nil {
+		return "", status.Error(datasource.Code(err), err.Error())
+	}
 	creds, err := datasource.CredentialsFromSecrets(secrets)
 	if err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())
@@ -240,11 +259,7 @@ func (d *Driver) putTreeVolume(t treeVolume) error {
 	if err != nil {
 		return err
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return state.WriteFile(p, b)
 }
 
 func (d *Driver) deleteTreeVolume(volumeID string) error {
@@ -274,6 +289,7 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 	if err != nil {
 		return err
 	}
+	spec.Tenant = spec.Tenant || tenantVolume(volumeID)
 	pl, err := parsePlacement(params)
 	if err != nil {
 		return err

@@ -32,7 +32,11 @@ const (
 	Finalizer = "data.cistern.dev/release-volumes"
 )
 
-var defaultCapacity = resource.MustParse("1Gi")
+var (
+	defaultCapacity = resource.MustParse("1Gi")
+	// maxCapacity bounds a VolumeConfig's capacity (the CRD cannot: see its field comment).
+	maxCapacity = resource.MustParse("1Pi")
+)
 
 // Config is what the admin decides for every VolumeManager.
 type Config struct {
@@ -48,7 +52,8 @@ type Config struct {
 }
 
 // DatasetAttributes turns a volume config into the driver's dataset parameters, refusing a source
-// URL that does not match its type and Local paths outside the allowed roots.
+// URL that does not match its type, Local paths outside the allowed roots and capacities out of
+// bounds.
 func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]string, error) {
 	u, err := url.Parse(vc.SourceURL)
 	if err != nil {
@@ -60,6 +65,9 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 	}
 	if u.Scheme != want {
 		return nil, fmt.Errorf("sourceURL %q: a %s source must start with %s://", vc.SourceURL, vc.SourceType, want)
+	}
+	if vc.Capacity != nil && (vc.Capacity.Sign() <= 0 || vc.Capacity.Cmp(maxCapacity) > 0) {
+		return nil, fmt.Errorf("capacity %s is not more than 0 and at most %s", vc.Capacity.String(), maxCapacity.String())
 	}
 	if u.Host == "" && vc.SourceType != datav1alpha1.SourceLocal {
 		return nil, fmt.Errorf("sourceURL %q has no bucket or server", vc.SourceURL)
@@ -117,7 +125,7 @@ func objectName(vm *datav1alpha1.VolumeManager, id string, nodes []string) strin
 // pvName is cluster-wide, so it carries the namespace too.
 func pvName(vm *datav1alpha1.VolumeManager, id string, nodes []string) string {
 	sum := sha256.Sum256([]byte(vm.Namespace + "/" + objectName(vm, id, nodes)))
-	return "cistern-vm-" + hex.EncodeToString(sum[:])[:20]
+	return consts.VolumeManagerHandlePrefix + hex.EncodeToString(sum[:])[:20]
 }
 
 func accessMode(vc *datav1alpha1.VolumeConfig) corev1.PersistentVolumeAccessMode {
