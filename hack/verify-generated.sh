@@ -19,7 +19,7 @@ before=$(state)
 "$@"
 after=$(state)
 if [[ "$before" != "$after" ]]; then
-  changed=$(diff <(echo "$before") <(echo "$after") | sed -n 's/^[<>] [^ ]* //p' | sort -u)
+  changed=$(diff <(echo "$before") <(echo "$after") | sed -n 's/^[<>] [^ ]* //p' | sort -u || true)
   echo "verify: the generators changed these files; run \`make generate proto\` and commit the result:"
   echo "$changed" | sed 's/^/  /'
   echo "$changed" | xargs -r git --no-pager diff --stat --
