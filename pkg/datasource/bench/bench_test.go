@@ -333,8 +333,8 @@ func BenchmarkStaging(b *testing.B) {
 		if stage > fastest {
 			verdict = "NOT met"
 		}
-		verdicts = append(verdicts, fmt.Sprintf("%s: Cistern %s, fastest of the three %s (%s): ratio %s, goal <= 1.0 %s",
-			sh.name, round(stage), round(fastest), fastestName, ratio(fastest), verdict))
+		verdicts = append(verdicts, fmt.Sprintf("%s: Cistern %s, fastest of the three %s (%s): ratio %.3f, goal <= 1.0 %s",
+			sh.name, stage.Round(time.Millisecond), fastest.Round(time.Millisecond), fastestName, stage.Seconds()/fastest.Seconds(), verdict))
 		os.RemoveAll(work)
 		if !reuse {
 			os.RemoveAll(filepath.Join(s.Dir, bucket))
