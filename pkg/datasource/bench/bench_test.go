@@ -82,13 +82,7 @@ func TestStagingChild(t *testing.T) {
 		AccessKeyID: os.Getenv("CISTERN_BENCH_AK"), SecretAccessKey: os.Getenv("CISTERN_BENCH_SK")}}
 	ctx := context.Background()
 	var res childResult
-	if path := os.Getenv("CISTERN_BENCH_CPUPROFILE"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pprof.StartCPUProfile(f)
-	}
+	startProfile(t)
 	start := time.Now()
 	if _, err := m.Wait(ctx, req); err != nil {
 		t.Fatal(err)
@@ -157,6 +151,7 @@ func TestTransferManagerChild(t *testing.T) {
 		o.Concurrency = peerConcurrency
 		o.PartSizeBytes = 64 << 20
 	})
+	startProfile(t)
 	start := time.Now()
 	out, err := tm.DownloadDirectory(context.Background(), &transfermanager.DownloadDirectoryInput{
 		Bucket: aws.String(p.Bucket), Destination: aws.String(p.Dest)})
@@ -167,9 +162,21 @@ func TestTransferManagerChild(t *testing.T) {
 		t.Fatalf("transfer manager: %d objects failed", out.ObjectsFailed)
 	}
 	syncfs(t, p.Dest)
+	pprof.StopCPUProfile()
 	res := childResult{StageSeconds: time.Since(start).Seconds(), CPUSeconds: cpuSeconds(), MaxRSSBytes: peakRSS(os.Getpid())}
 	b, _ := json.Marshal(res)
 	fmt.Printf("RESULT %s\n", b)
+}
+
+// startProfile starts a CPU profile of a child process when the benchmark asks for one.
+func startProfile(t *testing.T) {
+	if path := os.Getenv("CISTERN_BENCH_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+	}
 }
 
 // Knobs for tuning runs (the make target sets none of them):
@@ -178,7 +185,8 @@ func TestTransferManagerChild(t *testing.T) {
 //	CISTERN_BENCH_REUSE=1      keep uploaded buckets in CISTERN_BENCH_DIR and reuse them next time
 //	CISTERN_BENCH_ONLY="2 GiB" only the datasets whose name contains this
 //	CISTERN_BENCH_REPS=n       measure each copier n times (default 3) and report medians
-//	CISTERN_BENCH_PROFILE=dir  write the staging child's CPU profile there, one per dataset
+//	CISTERN_BENCH_PROFILE=dir  write the staging and transfer manager children's CPU profiles
+//	                           there, one per dataset
 func BenchmarkStaging(b *testing.B) {
 	base := os.Getenv("CISTERN_BENCH_DIR")
 	if base == "" {
@@ -236,6 +244,11 @@ func BenchmarkStaging(b *testing.B) {
 		var rcCPUs, tmCPUs, awsCPUs []float64
 		load := loadAverage()
 		for r := range reps {
+			profile, tmProfile := "", ""
+			if dir := os.Getenv("CISTERN_BENCH_PROFILE"); dir != "" && r == 0 {
+				profile = filepath.Join(dir, bucket+".cpu.pprof")
+				tmProfile = filepath.Join(dir, bucket+".transfermanager.cpu.pprof")
+			}
 			// cp -r: the disk's limit for the same files (plus one sync, as staging does).
 			dst, done := fresh("cp")
 			dropCaches(b)
@@ -263,7 +276,7 @@ func BenchmarkStaging(b *testing.B) {
 			// the staging child does.
 			dst, done = fresh("transfermanager")
 			tm := copyChild(b, "TestTransferManagerChild", s, map[string]string{
-				"endpoint": s.Endpoint, "bucket": bucket, "dest": filepath.Join(dst, "copy")})
+				"endpoint": s.Endpoint, "bucket": bucket, "dest": filepath.Join(dst, "copy")}, "CISTERN_BENCH_CPUPROFILE="+tmProfile)
 			tms = append(tms, seconds(tm.StageSeconds))
 			tmRSS, tmCPUs = max(tmRSS, tm.MaxRSSBytes), append(tmCPUs, tm.CPUSeconds)
 			checkCopy(b, "transfer manager", filepath.Join(dst, "copy"), sh)
@@ -286,10 +299,6 @@ func BenchmarkStaging(b *testing.B) {
 			checkCopy(b, "awscli", filepath.Join(dst, "copy"), sh)
 			done()
 
-			profile := ""
-			if dir := os.Getenv("CISTERN_BENCH_PROFILE"); dir != "" && r == 0 {
-				profile = filepath.Join(dir, bucket+".cpu.pprof")
-			}
 			dst, done = fresh("cistern")
 			res := stageChild(b, s, bucket, dst, profile)
 			done()
