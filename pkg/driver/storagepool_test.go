@@ -2,12 +2,14 @@ package driver
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
 )
 
@@ -60,5 +62,51 @@ func TestWatchStoragePools(t *testing.T) {
 	list, err := env.poolsRPC.ControllerListStoragePools(ctx, &spv1.ControllerListStoragePoolsRequest{})
 	if err != nil || len(list.GetPools()) != 1 || list.GetGeneration() != next.GetGeneration() {
 		t.Fatalf("list after removal: %v %v", list, err)
+	}
+}
+
+// TestStoragePoolCache: a dataset staged on a pool shows in the pool's cache, and watchers hear
+// of it.
+func TestStoragePoolCache(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stream, err := env.poolsRPC.WatchStoragePools(ctx, &spv1.WatchStoragePoolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := env.poolsRPC.ControllerListStoragePools(ctx, &spv1.ControllerListStoragePoolsRequest{})
+	if err != nil || list.GetPools()[0].GetCache().GetTotal() != 0 || list.GetGeneration() != first.GetGeneration() {
+		t.Fatalf("before staging: %v %v", list, err)
+	}
+
+	spec, err := datasource.ParseParams(map[string]string{"source": "file://" + filepath.Join(src, "set")}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := env.driver.datasets.Wait(ctx, datasource.Request{Spec: spec, Pool: env.pools[0].path})
+	if err != nil || !st.Ready() {
+		t.Fatalf("staging: %v %v", st, err)
+	}
+	next, err := stream.Recv()
+	if err != nil || next.GetGeneration() <= first.GetGeneration() {
+		t.Fatalf("watch after staging: %v %v", next, err)
+	}
+	list, err = env.poolsRPC.ControllerListStoragePools(ctx, &spv1.ControllerListStoragePoolsRequest{MaxCachedDatasets: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := list.GetPools()[0].GetCache()
+	if c.GetTotal() != 1 || c.GetReady() != 1 || c.GetBytes() != st.BytesTotal || len(c.GetDatasets()) != 1 {
+		t.Fatalf("cache: %v", c)
+	}
+	ds := c.GetDatasets()[0]
+	if ds.GetId() != spec.ID() || ds.GetState() != spv1.DatasetState_DATASET_STATE_READY || ds.GetSource() != spec.Source ||
+		ds.GetBytesDone() != st.BytesTotal || ds.GetLastUsed() == nil {
+		t.Fatalf("dataset: %v", ds)
 	}
 }
