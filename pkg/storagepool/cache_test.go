@@ -113,6 +113,11 @@ func TestSyncPublishesCacheOnlyOnChange(t *testing.T) {
 			t.Errorf("writes = %v, want none", writes)
 		}
 	})
+	t.Run("a restarted sidecar writes nothing", func(t *testing.T) {
+		if writes := e.sync(t, e.reconciler(t, "node-1")); len(writes) != 0 {
+			t.Errorf("writes = %v, want none", writes)
+		}
+	})
 }
 
 // TestSyncCapsCachedDatasets keeps at most MaxCachedDatasets entries, whatever the driver sends;
