@@ -97,9 +97,13 @@ func (m *Manager) InventoryGeneration() (uint64, <-chan struct{}) { return m.cha
 // changed records that an inventory would now read differently.
 func (m *Manager) changed() { m.changes.bump() }
 
-// Inventory reads what the cache of pool (a directory) holds, listing at most max datasets
-// (0: all). A pool without a cache holds nothing.
-func (m *Manager) Inventory(pool string, max int) (Inventory, error) {
+// Inventory reads what the cache of pool (a directory) holds, listing at most limit datasets
+// (0: all). A pool without a cache holds nothing. It takes the pool's lock, as eviction and
+// staging do when they add or remove a dataset, so it never sees one half-moved.
+func (m *Manager) Inventory(pool string, limit int) (Inventory, error) {
+	pl := m.poolLock(pool)
+	pl.Lock()
+	defer pl.Unlock()
 	ents, err := os.ReadDir(cacheDir(pool))
 	if err != nil && !isNotExist(err) {
 		return Inventory{}, err
@@ -199,8 +203,8 @@ func (m *Manager) Inventory(pool string, max int) (Inventory, error) {
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
-	if max > 0 && len(inv.Datasets) > max {
-		inv.Datasets = inv.Datasets[:max]
+	if limit > 0 && len(inv.Datasets) > limit {
+		inv.Datasets = inv.Datasets[:limit]
 	}
 	return inv, nil
 }
