@@ -1,9 +1,11 @@
 package datasource_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 )
@@ -116,5 +118,57 @@ func TestInventory(t *testing.T) {
 	}
 	if inv.Datasets[0].LastUsed.Before(inv.Datasets[1].LastUsed) {
 		t.Fatalf("not most recent first: %+v", inv.Datasets)
+	}
+}
+
+// TestInventoryStaging shows a dataset being staged with its progress, and the generation moving
+// every ProgressInterval while it is, so that published progress follows.
+func TestInventoryStaging(t *testing.T) {
+	ctx := testCtx(t)
+	src := t.TempDir()
+	dataset{"a.bin": randBytes(1, 3<<20), "b.bin": randBytes(2, 3<<20)}.writeDir(t, src)
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{LocalSourceRoots: []string{src}, BandwidthBytesPerSec: 2 << 20,
+		ProgressInterval: 50 * time.Millisecond})
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go m.Run(runCtx)
+	spec := mustSpec(t, map[string]string{"source": "file://" + src})
+	if _, err := m.Ensure(ctx, datasource.Request{Spec: spec, Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	var seen datasource.CachedDataset
+	moves := 0
+	for seen.BytesTotal == 0 || moves < 2 {
+		gen, changed := m.InventoryGeneration()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			t.Fatalf("no progress while staging; last %+v", seen)
+		}
+		if g, _ := m.InventoryGeneration(); g > gen {
+			moves++
+		}
+		d := findDataset(inventory(t, m, pool, 0), spec.ID())
+		if d == nil {
+			t.Fatal("the dataset being staged is not listed")
+		}
+		if d.State == datasource.DatasetReady {
+			t.Fatalf("staged before its progress was seen twice: %+v", d)
+		}
+		seen = *d
+	}
+	if seen.State != datasource.DatasetStaging || seen.BytesTotal != 6<<20 || seen.BytesDone > seen.BytesTotal ||
+		seen.Source != spec.Source || seen.LastUsed.IsZero() {
+		t.Fatalf("staging: %+v", seen)
+	}
+	if inv := inventory(t, m, pool, 0); inv.Staging != 1 || inv.Total != 1 {
+		t.Fatalf("counts: %+v", inv)
+	}
+	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	if d := findDataset(inventory(t, m, pool, 0), spec.ID()); d.State != datasource.DatasetReady || d.BytesDone != 6<<20 {
+		t.Fatalf("ready: %+v", d)
 	}
 }
