@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
@@ -65,8 +66,8 @@ func TestWatchStoragePools(t *testing.T) {
 	}
 }
 
-// TestStoragePoolCache: a dataset staged on a pool shows in the pool's cache, and watchers hear
-// of it.
+// TestStoragePoolCache: a dataset staged for a static PV shows in its pool's cache, with the
+// volume's reference, and watchers hear of it.
 func TestStoragePoolCache(t *testing.T) {
 	env, src := datasetEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -84,13 +85,18 @@ func TestStoragePoolCache(t *testing.T) {
 		t.Fatalf("before staging: %v %v", list, err)
 	}
 
-	spec, err := datasource.ParseParams(map[string]string{"source": "file://" + filepath.Join(src, "set")}, false)
-	if err != nil {
+	source := "file://" + src + "/set"
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "set-static",
+			StagingTargetPath: filepath.Join(env.dir, "staging", "set-static"),
+			VolumeCapability: &csi.VolumeCapability{
+				AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+				AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+			},
+			VolumeContext: map[string]string{"source": source}})
+		return err
+	}); err != nil {
 		t.Fatal(err)
-	}
-	st, err := env.driver.datasets.Wait(ctx, datasource.Request{Spec: spec, Pool: env.pools[0].path})
-	if err != nil || !st.Ready() {
-		t.Fatalf("staging: %v %v", st, err)
 	}
 	next, err := stream.Recv()
 	if err != nil || next.GetGeneration() <= first.GetGeneration() {
@@ -100,13 +106,19 @@ func TestStoragePoolCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	dirs, _ := filepath.Glob(filepath.Join(env.pools[0].path, datasource.CacheDirName, "*", "tree"))
+	if len(dirs) != 1 {
+		t.Fatalf("cached trees on disk: %v", dirs)
+	}
+	id := filepath.Base(filepath.Dir(dirs[0]))
+	size := int64(len("alpha") + len("beta") + len("gamma")) // the files of datasetEnv's "set"
 	c := list.GetPools()[0].GetCache()
-	if c.GetTotal() != 1 || c.GetReady() != 1 || c.GetBytes() != st.BytesTotal || len(c.GetDatasets()) != 1 {
+	if c.GetTotal() != 1 || c.GetReady() != 1 || c.GetBytes() != size || len(c.GetDatasets()) != 1 {
 		t.Fatalf("cache: %v", c)
 	}
 	ds := c.GetDatasets()[0]
-	if ds.GetId() != spec.ID() || ds.GetState() != spv1.DatasetState_DATASET_STATE_READY || ds.GetSource() != spec.Source ||
-		ds.GetBytesDone() != st.BytesTotal || ds.GetLastUsed() == nil {
+	if ds.GetId() != id || ds.GetState() != spv1.DatasetState_DATASET_STATE_READY || ds.GetSource() != source ||
+		ds.GetBytesDone() != size || ds.GetReferences() != 1 || ds.GetLastUsed() == nil {
 		t.Fatalf("dataset: %v", ds)
 	}
 }
