@@ -34,6 +34,7 @@ func main() {
 	flag.DurationVar(&cfg.ResyncPeriod, "resync-period", 10*time.Minute, "How often to compare the driver's pools with the StoragePool objects even when the driver reports no change.")
 	flag.IntVar(&cfg.MaxErrors, "max-errors", storagepool.DefaultMaxErrors, "How many recent errors each StoragePool keeps (per reporting node).")
 	flag.IntVar(&pageSize, "list-page-size", 500, "Pools per ControllerListStoragePools call (0: all at once).")
+	flag.IntVar(&cfg.MaxCachedDatasets, "max-cached-datasets", storagepool.DefaultMaxCachedDatasets, "How many datasets of a pool's cache each StoragePool lists in status.cache.datasets (the most recently used; the counts cover all).")
 	flag.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "Timeout of the driver calls made at start.")
 	flag.Parse()
 	if standardflags.Configuration.ShowVersion {

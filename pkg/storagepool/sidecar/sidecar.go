@@ -42,6 +42,8 @@ type Config struct {
 	MaxErrors int
 	// ListPageSize is how many pools one ControllerListStoragePools call returns (0: all).
 	ListPageSize int32
+	// MaxCachedDatasets is how many datasets of a pool's cache each StoragePool lists.
+	MaxCachedDatasets int
 	// Timeout bounds the driver calls made at start.
 	Timeout time.Duration
 	// UserAgent names this process to the API server.
@@ -69,6 +71,9 @@ func New(cfg Config) (*Sidecar, error) {
 	}
 	if cfg.ListPageSize < 0 {
 		errs = append(errs, fmt.Errorf("--list-page-size %d must not be negative", cfg.ListPageSize))
+	}
+	if cfg.MaxCachedDatasets <= 0 || cfg.MaxCachedDatasets > 1024 {
+		errs = append(errs, fmt.Errorf("--max-cached-datasets must be between 1 and 1024 (the CRD's bound), got %d", cfg.MaxCachedDatasets))
 	}
 	if cfg.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("--timeout %s must be positive", cfg.Timeout))
@@ -107,7 +112,7 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return fmt.Errorf("asking the CSI driver its name: %w", err)
 	}
 	metricsManager.SetDriverName(driverName)
-	source := storagepool.NewDriverPools(conn, cfg.ListPageSize)
+	source := storagepool.NewDriverPools(conn, cfg.ListPageSize).WithMaxCachedDatasets(int32(cfg.MaxCachedDatasets))
 	if err := source.CheckSupported(callCtx); err != nil {
 		return err
 	}
@@ -153,10 +158,11 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return err
 	}
 	reconciler, err := storagepool.NewReconciler(storagepool.Config{
-		DriverName:   driverName,
-		NodeName:     cfg.NodeName,
-		ResyncPeriod: cfg.ResyncPeriod,
-		MaxErrors:    cfg.MaxErrors,
+		DriverName:        driverName,
+		NodeName:          cfg.NodeName,
+		ResyncPeriod:      cfg.ResyncPeriod,
+		MaxErrors:         cfg.MaxErrors,
+		MaxCachedDatasets: cfg.MaxCachedDatasets,
 	}, source, client, objects, m)
 	if err != nil {
 		return err

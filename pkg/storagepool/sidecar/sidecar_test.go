@@ -25,7 +25,7 @@ func TestNew(t *testing.T) {
 	}
 	ok := Config{
 		Standard:     standardflags.SidecarConfiguration{CSIAddress: "/csi/csi.sock", KubeConfig: path, KubeAPIQPS: 5, KubeAPIBurst: 10},
-		ResyncPeriod: time.Minute, ListPageSize: 500, Timeout: time.Second, UserAgent: "test/v1",
+		ResyncPeriod: time.Minute, ListPageSize: 500, MaxCachedDatasets: 64, Timeout: time.Second, UserAgent: "test/v1",
 	}
 	tests := []struct {
 		name string
@@ -39,6 +39,8 @@ func TestNew(t *testing.T) {
 		{name: "failure case - no resync", mod: func(c *Config) { c.ResyncPeriod = 0 }, want: "--resync-period 0s must be positive"},
 		{name: "failure case - negative page size, no timeout", mod: func(c *Config) { c.ListPageSize, c.Timeout = -1, 0 },
 			want: "--list-page-size -1 must not be negative\n--timeout 0s must be positive"},
+		{name: "failure case - cached datasets above the CRD's bound", mod: func(c *Config) { c.MaxCachedDatasets = 1025 },
+			want: "--max-cached-datasets must be between 1 and 1024"},
 		{name: "failure case - unreadable kubeconfig", mod: func(c *Config) { c.Standard.KubeConfig = path + ".missing" },
 			want: "API server configuration"},
 	}
