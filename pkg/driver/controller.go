@@ -73,11 +73,6 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err := parseMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(volumeNameKey(name))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 
 	if v, ok := d.store.GetVolumeByName(name); ok && v.Ready {
 		if err := sameVolume(v, req, shape); err != nil {
@@ -159,12 +154,12 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	}
 	img := image.VolumePath(chosen.Path, pool.MetaDir, v.ID)
 	if source != "" {
-		err = image.CreateFrom(img, source, size)
+		err = d.images.CreateFrom(img, source, size)
 	} else {
-		err = image.Create(img, size)
+		err = d.images.Create(img, size)
 	}
 	if err != nil {
-		_ = image.Remove(img)
+		_ = d.images.Remove(img)
 		_ = d.store.DeleteVolume(v.ID)
 		if !errors.Is(err, unix.ENOSPC) {
 			d.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
@@ -173,7 +168,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	}
 	v.Ready = true
 	if err := d.store.PutVolume(v); err != nil {
-		_ = image.Remove(img)
+		_ = d.images.Remove(img)
 		_ = d.store.DeleteVolume(v.ID)
 		return nil, internal("saving volume state", err)
 	}
@@ -237,11 +232,6 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, ok := d.store.GetVolume(id)
 	if !ok {
 		return &csi.DeleteVolumeResponse{}, nil
@@ -259,12 +249,12 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 // deleteVolume removes the image, then the record.
 func (d *Driver) deleteVolume(v state.Volume) error {
 	if img, err := d.volumeImage(v); err == nil {
-		if dev, _ := image.Find(img); dev != "" {
-			if err := image.Detach(dev); err != nil {
+		if dev, _ := d.images.Find(img); dev != "" {
+			if err := d.images.Detach(dev); err != nil {
 				return internal("detaching loop device", err)
 			}
 		}
-		if err := image.Remove(img); err != nil {
+		if err := d.images.Remove(img); err != nil {
 			return internal("removing volume image", err)
 		}
 	}
@@ -408,7 +398,7 @@ func (d *Driver) volumeHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEn
 		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
 			Reason: "PoolUnhealthy", Message: "pool " + v.Pool + " is unhealthy: " + p.Message}}
 	}
-	if _, err := image.Size(image.VolumePath(p.Path, pool.MetaDir, v.ID)); err != nil {
+	if _, err := d.images.Size(image.VolumePath(p.Path, pool.MetaDir, v.ID)); err != nil {
 		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_DATA_LOSS,
 			Reason: "ImageMissing", Message: "volume image is missing: " + err.Error()}}
 	}
@@ -455,11 +445,6 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 	if req.GetCapacityRange() == nil {
 		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, ok := d.store.GetVolume(id)
 	if !ok || !v.Ready {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
@@ -483,7 +468,7 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 	if grow := size - v.CapacityBytes; grow > pool.MaxVolumeBytes(p) {
 		return nil, status.Errorf(codes.ResourceExhausted, "pool %q has %d bytes free, not enough to grow volume %s by %d bytes", v.Pool, pool.MaxVolumeBytes(p), id, grow)
 	}
-	if err := image.Grow(image.VolumePath(p.Path, pool.MetaDir, id), size); err != nil {
+	if err := d.images.Grow(image.VolumePath(p.Path, pool.MetaDir, id), size); err != nil {
 		return nil, d.imageError("growing volume image", v.Pool, err)
 	}
 	v.CapacityBytes = size

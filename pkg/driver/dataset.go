@@ -345,11 +345,6 @@ func (d *Driver) stageTree(ctx context.Context, req *csi.NodeStageVolumeRequest)
 	if req.GetVolumeCapability().GetBlock() != nil {
 		return true, status.Error(codes.InvalidArgument, "a dataset volume must be a mount volume")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return true, err
-	}
-	defer release()
 	return true, d.serveTree(ctx, id, req.GetStagingTargetPath(), req.GetVolumeContext(), req.GetSecrets(), false)
 }
 
@@ -359,11 +354,6 @@ func (d *Driver) unstageTree(ctx context.Context, id, path string) (handled bool
 	if !ok || t.Ephemeral {
 		return false, nil
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return true, err
-	}
-	defer release()
 	return true, d.releaseTree(ctx, t, path)
 }
 
@@ -389,11 +379,6 @@ func (d *Driver) publishTree(ctx context.Context, req *csi.NodePublishVolumeRequ
 			attrs[k] = v
 		}
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return true, err
-	}
-	defer release()
 	return true, d.serveTree(ctx, id, req.GetTargetPath(), attrs, req.GetSecrets(), true)
 }
 
@@ -403,11 +388,6 @@ func (d *Driver) unpublishTree(ctx context.Context, id, target string) (handled 
 	if !ok || !t.Ephemeral {
 		return false, nil
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return true, err
-	}
-	defer release()
 	return true, d.releaseTree(ctx, t, target)
 }
 

@@ -91,6 +91,7 @@ type Driver struct {
 	cfg     Config
 	pools   *pool.Manager
 	store   *state.Store
+	images  images
 	locks   *keyLocks
 	mounter *mount.SafeFormatAndMount
 	resizer *mount.ResizeFs
@@ -121,6 +122,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg:     cfg,
 		pools:   pool.NewManager(pc),
 		store:   store,
+		images:  loopImages{},
 		locks:   newKeyLocks(),
 		mounter: mount.NewSafeFormatAndMount(mount.New(""), exec),
 		resizer: mount.NewResizeFs(exec),
@@ -161,7 +163,7 @@ func (d *Driver) recover() {
 		}
 		logger.Info("Removing volume whose creation was interrupted", "volumeID", v.ID, "name", v.Name)
 		if path, err := d.volumeImage(v); err == nil {
-			_ = image.Remove(path)
+			_ = d.images.Remove(path)
 		}
 		if err := d.store.DeleteVolume(v.ID); err != nil {
 			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
@@ -180,7 +182,7 @@ func (d *Driver) recover() {
 			continue
 		}
 		if p, ok := d.pools.Get(sn.Pool); ok {
-			_ = image.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
+			_ = d.images.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
 		}
 		_ = d.store.DeleteSnapshot(sn.ID)
 	}
@@ -219,7 +221,7 @@ func (d *Driver) forgetLostMounts() {
 				img, err := d.volumeImage(v)
 				dev := ""
 				if err == nil {
-					dev, _ = image.Find(img)
+					dev, _ = d.images.Find(img)
 				}
 				lost, v.Device = dev == "", dev
 			}

@@ -60,11 +60,6 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 	if err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 
 	v, exists := d.store.GetVolume(id)
 	if !exists {
@@ -79,7 +74,7 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 		if err := d.store.PutVolume(v); err != nil {
 			return nil, internal("saving volume state", err)
 		}
-		if err := image.Create(image.VolumePath(chosen.Path, pool.MetaDir, id), size); err != nil {
+		if err := d.images.Create(image.VolumePath(chosen.Path, pool.MetaDir, id), size); err != nil {
 			_ = d.store.DeleteVolume(id)
 			return nil, d.imageError("creating volume image", chosen.Name, err)
 		}
@@ -92,7 +87,7 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 	if err != nil {
 		return nil, err
 	}
-	dev, err := image.Attach(img)
+	dev, err := d.images.Attach(img)
 	if err != nil {
 		return nil, internal("attaching volume image", err)
 	}
@@ -105,7 +100,7 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 	}
 	if err := d.fillDataset(ctx, v, req.GetVolumeContext(), req.GetSecrets(), target); err != nil {
 		_ = mount.CleanupMountPoint(target, d.mounter, true)
-		_ = image.Detach(dev)
+		_ = d.images.Detach(dev)
 		return nil, err
 	}
 	v.Device, v.Formatted = dev, true
@@ -121,7 +116,7 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 // deleteEphemeral removes an inline volume once its target is unmounted.
 func (d *Driver) deleteEphemeral(v state.Volume) error {
 	if v.Device != "" {
-		if err := image.Detach(v.Device); err != nil {
+		if err := d.images.Detach(v.Device); err != nil {
 			return internal("detaching loop device", err)
 		}
 	}

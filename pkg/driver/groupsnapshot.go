@@ -43,11 +43,6 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(snapshotNameKey("group " + name))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	if g, ok := d.store.GetGroupSnapshotByName(name); ok && g.Ready {
 		if !sameSources(d, g, ids) {
 			return nil, status.Errorf(codes.AlreadyExists, "group snapshot %q exists for other volumes", name)
@@ -141,11 +136,6 @@ func (s *groupControllerServer) DeleteVolumeGroupSnapshot(ctx context.Context, r
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "group snapshot ID is required")
 	}
-	release, err := d.locks.acquire(snapshotKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	g, ok := d.store.GetGroupSnapshot(id)
 	if !ok {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil

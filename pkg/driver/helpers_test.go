@@ -40,6 +40,8 @@ type testEnv struct {
 	ident    csi.IdentityClient
 	group    csi.GroupControllerClient
 	poolsRPC spv1.StoragePoolControllerClient
+	// wrapImages, when set, wraps the driver's image operations before it serves (to pause one).
+	wrapImages func(images) images
 }
 
 func writePoolsConfig(t *testing.T, path string, pools []testPool) {
@@ -102,6 +104,9 @@ func (e *testEnv) start() {
 	d, err := New(e.cfg)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	if e.wrapImages != nil {
+		d.images = e.wrapImages(d.images)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

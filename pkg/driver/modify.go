@@ -64,11 +64,6 @@ func (s *controllerServer) ControllerModifyVolume(ctx context.Context, req *csi.
 	if err := parseMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, ok := d.store.GetVolume(id)
 	if !ok || !v.Ready {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)

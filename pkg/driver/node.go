@@ -15,7 +15,6 @@ import (
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 
-	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/state"
 )
 
@@ -74,11 +73,6 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if err := checkCapability(req.GetVolumeCapability()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, err := d.lookupVolume(id)
 	if err != nil {
 		return nil, err
@@ -99,22 +93,22 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if err != nil {
 		return nil, err
 	}
-	dev, err := image.Attach(img)
+	dev, err := d.images.Attach(img)
 	if err != nil {
 		return nil, internal("attaching volume image", err)
 	}
 	if err := applyMutable(dev, v.MutableParameters); err != nil {
-		_ = image.Detach(dev)
+		_ = d.images.Detach(dev)
 		return nil, internal("applying mutable parameters", err)
 	}
 	if v.AccessType == state.Mount {
 		if err := d.mountStaging(dev, target, v, req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
-			_ = image.Detach(dev)
+			_ = d.images.Detach(dev)
 			return nil, err
 		}
 		if err := d.fillDataset(ctx, v, req.GetVolumeContext(), req.GetSecrets(), target); err != nil {
 			_ = mount.CleanupMountPoint(target, d.mounter, true)
-			_ = image.Detach(dev)
+			_ = d.images.Detach(dev)
 			return nil, err
 		}
 	}
@@ -225,11 +219,6 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 		}
 		return &csi.NodeUnstageVolumeResponse{}, nil
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	if err := unmountTarget(d.mounter, target); err != nil {
 		return nil, internal("unmounting staging path", err)
 	}
@@ -242,11 +231,11 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 	}
 	dev := v.Device
 	if img, err := d.volumeImage(v); err == nil {
-		if found, _ := image.Find(img); found != "" {
+		if found, _ := d.images.Find(img); found != "" {
 			dev = found
 		}
 	}
-	if err := image.Detach(dev); err != nil {
+	if err := d.images.Detach(dev); err != nil {
 		return nil, internal("detaching loop device", err)
 	}
 	if ok {
@@ -288,11 +277,6 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if staging == "" {
 		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, err := d.lookupVolume(id)
 	if err != nil {
 		return nil, err
@@ -385,11 +369,6 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 		}
 		return &csi.NodeUnpublishVolumeResponse{}, nil
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	if err := unmountTarget(d.mounter, target); err != nil {
 		return nil, internal("unmounting target path", err)
 	}
@@ -464,7 +443,7 @@ func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVol
 		return nil, status.Errorf(codes.NotFound, "volume path %s: %v", path, err)
 	}
 	if !fi.IsDir() || v.AccessType == state.Block {
-		size, err := image.DeviceSize(path)
+		size, err := d.images.DeviceSize(path)
 		if err != nil {
 			return nil, internal("reading block device size", err)
 		}
@@ -542,11 +521,6 @@ func (s *nodeServer) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVo
 	if path == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume path is required")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, err := d.lookupVolume(id)
 	if err != nil {
 		return nil, err
@@ -558,17 +532,17 @@ func (s *nodeServer) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVo
 	if err != nil {
 		return nil, err
 	}
-	dev, err := image.Find(img)
+	dev, err := d.images.Find(img)
 	if err != nil {
 		return nil, internal("finding loop device", err)
 	}
 	if dev == "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged on this node", id)
 	}
-	if err := image.RefreshSize(dev); err != nil {
+	if err := d.images.RefreshSize(dev); err != nil {
 		return nil, internal("refreshing loop device size", err)
 	}
-	size, err := image.DeviceSize(dev)
+	size, err := d.images.DeviceSize(dev)
 	if err != nil {
 		return nil, internal("reading device size", err)
 	}

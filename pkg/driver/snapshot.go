@@ -58,11 +58,6 @@ func (s *controllerServer) CreateSnapshot(ctx context.Context, req *csi.CreateSn
 	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(snapshotNameKey(name))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	if sn, ok := d.store.GetSnapshotByName(name); ok && sn.Ready {
 		if sn.SourceVolumeID != srcID {
 			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists for volume %s", name, sn.SourceVolumeID)
@@ -106,14 +101,14 @@ func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snaps
 		return state.Snapshot{}, internal("saving snapshot state", err)
 	}
 	img := image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)
-	if err := image.CreateFrom(img, image.VolumePath(p.Path, pool.MetaDir, v.ID), 0); err != nil {
-		_ = image.Remove(img)
+	if err := d.images.CreateFrom(img, image.VolumePath(p.Path, pool.MetaDir, v.ID), 0); err != nil {
+		_ = d.images.Remove(img)
 		_ = d.store.DeleteSnapshot(sn.ID)
 		return state.Snapshot{}, d.imageError("copying volume image", v.Pool, err)
 	}
 	sn.Ready = true
 	if err := d.store.PutSnapshot(sn); err != nil {
-		_ = image.Remove(img)
+		_ = d.images.Remove(img)
 		_ = d.store.DeleteSnapshot(sn.ID)
 		return state.Snapshot{}, internal("saving snapshot state", err)
 	}
@@ -124,7 +119,7 @@ func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snaps
 // removeSnapshot deletes a snapshot's image and record.
 func (d *Driver) removeSnapshot(sn state.Snapshot) error {
 	if p, ok := d.pools.Get(sn.Pool); ok {
-		if err := image.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)); err != nil {
+		if err := d.images.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)); err != nil {
 			return internal("removing snapshot image", err)
 		}
 	}
@@ -178,11 +173,6 @@ func (s *controllerServer) DeleteSnapshot(ctx context.Context, req *csi.DeleteSn
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "snapshot ID is required")
 	}
-	release, err := d.locks.acquire(snapshotKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	sn, ok := d.store.GetSnapshot(id)
 	if !ok {
 		return &csi.DeleteSnapshotResponse{}, nil

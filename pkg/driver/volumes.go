@@ -95,7 +95,7 @@ func (d *Driver) lookupVolume(id string) (state.Volume, error) {
 		return state.Volume{}, status.Errorf(codes.NotFound, "volume %s does not exist: %v", id, err)
 	}
 	img := image.VolumePath(path, pool.MetaDir, id)
-	size, err := image.Size(img)
+	size, err := d.images.Size(img)
 	if err != nil {
 		return state.Volume{}, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
