@@ -126,6 +126,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		v.Pool = src.Pool
 		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < size
+		// The copy holds what the source holds now (the source is locked): its dataset, if the
+		// same one was filled in.
+		v.DatasetFilled = src.DatasetFilled && sameDataset(src.Parameters, req.GetParameters())
 		if source, err = d.volumeImage(src); err != nil {
 			return nil, err
 		}

@@ -391,18 +391,12 @@ func (d *Driver) unpublishTree(ctx context.Context, id, target string) (handled 
 	return true, d.releaseTree(ctx, t, target)
 }
 
-// fillDataset fills a freshly mounted volume from its dataset, once: it waits for staging within
-// the RPC's deadline (Unavailable with the progress otherwise) and copies the cached tree in.
-func (d *Driver) fillDataset(ctx context.Context, v state.Volume, volumeContext, secrets map[string]string, target string) error {
-	spec, err := volumeDataset(v, volumeContext)
-	if err != nil || spec == nil {
-		return err
+// sameDataset says whether two volumes' parameters name the same dataset.
+func sameDataset(a, b map[string]string) bool {
+	sa, errA := datasetSpec(a, false)
+	sb, errB := datasetSpec(b, false)
+	if errA != nil || errB != nil || sa == nil || sb == nil {
+		return false
 	}
-	if datasource.Populated(target, spec) {
-		return nil
-	}
-	if err := d.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
-		return err
-	}
-	return d.populateDataset(ctx, spec, v.Pool, target)
+	return sa.ID() == sb.ID()
 }

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	utilexec "k8s.io/utils/exec"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
@@ -280,4 +283,117 @@ func TestDatasetInline(t *testing.T) {
 			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "file://" + src + "/set"}})
 		wantCode(t, err, codes.PermissionDenied, "inline")
 	})
+}
+
+// countingExec counts the commands the driver runs through its mounter (mkfs, blkid, fsck).
+type countingExec struct {
+	utilexec.Interface
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (c *countingExec) count(cmd string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.runs[cmd]++
+}
+
+func (c *countingExec) Command(cmd string, args ...string) utilexec.Cmd {
+	c.count(cmd)
+	return c.Interface.Command(cmd, args...)
+}
+
+func (c *countingExec) CommandContext(ctx context.Context, cmd string, args ...string) utilexec.Cmd {
+	c.count(cmd)
+	return c.Interface.CommandContext(ctx, cmd, args...)
+}
+
+func (c *countingExec) mkfs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for cmd, k := range c.runs {
+		if strings.HasPrefix(cmd, "mkfs.") {
+			n += k
+		}
+	}
+	return n
+}
+
+// countingImages counts loop device attachments.
+type countingImages struct {
+	images
+	attaches atomic.Int32
+}
+
+func (c *countingImages) Attach(path string) (string, error) {
+	c.attaches.Add(1)
+	return c.images.Attach(path)
+}
+
+// TestDatasetStageRetriedDuringDownload: while a dataset downloads, NodeStageVolume answers
+// Unavailable without touching the node; kubelet's retries do not attach, format or mount the
+// volume again and again. Once the data is there, one attempt formats, mounts and fills it.
+func TestDatasetStageRetriedDuringDownload(t *testing.T) {
+	env, src := datasetEnv(t)
+	writeTree(t, filepath.Join(src, "slow"), map[string]string{"weights.bin": strings.Repeat("w", 4<<20), "config.json": "{}"})
+	run := &countingExec{runs: map[string]int{}}
+	imgs := &countingImages{}
+	env.stop()
+	// 1 MiB/s: the 4 MiB file takes at least three seconds, longer than one attempt's budget.
+	env.cfg.Datasets.BandwidthBytesPerSec = 1 << 20
+	env.prepare = func(d *Driver) {
+		run.Interface, d.mounter.Exec = d.mounter.Exec, run
+		imgs.images, d.images = d.images, imgs
+	}
+	env.start()
+	// CreateVolume (mode all) starts the download and returns once the listing is taken.
+	vol := env.create("slow-ds", 64<<20, map[string]string{"source": "file://" + src + "/slow"})
+	staging := filepath.Join(env.dir, "staging", vol.VolumeId)
+
+	attempts, waiting := 0, 0
+	err := retryUnavailable(t, func() error {
+		attempts++
+		// kubelet's budget: the driver answers shortly before the deadline (waitBudget).
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+			StagingTargetPath: staging, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext})
+		if status.Code(err) == codes.Unavailable {
+			waiting++
+			if n := imgs.attaches.Load(); n != 0 {
+				t.Errorf("attempt %d: %d loop attachments while the dataset downloads", attempts, n)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if waiting == 0 {
+		t.Fatalf("no attempt saw the download in progress (%d attempts)", attempts)
+	}
+	if n := run.mkfs(); n != 1 {
+		t.Errorf("mkfs ran %d times over %d attempts, want once", n, attempts)
+	}
+	if n := imgs.attaches.Load(); n != 1 {
+		t.Errorf("loop device attached %d times over %d attempts, want once", n, attempts)
+	}
+	checkFiles(t, staging, map[string]string{"config.json": "{}"})
+	t.Logf("%d attempts, %d answered Unavailable", attempts, waiting)
+
+	// Restaging a filled volume neither formats nor waits for the dataset again.
+	if _, err := env.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodeStageVolume(context.Background(), &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+		StagingTargetPath: staging, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext}); err != nil {
+		t.Fatal(err)
+	}
+	if n := run.mkfs(); n != 1 {
+		t.Errorf("mkfs ran %d times after a restage, want once", n)
+	}
+	if _, err := env.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
 }

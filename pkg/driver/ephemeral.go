@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
-	mount "k8s.io/mount-utils"
 
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -83,27 +82,15 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 			return nil, internal("saving volume state", err)
 		}
 	}
-	img, err := d.volumeImage(v)
-	if err != nil {
-		return nil, err
-	}
-	dev, err := d.images.Attach(img)
-	if err != nil {
-		return nil, internal("attaching volume image", err)
-	}
 	flags := req.GetVolumeCapability().GetMount().GetMountFlags()
 	if req.GetReadonly() {
 		flags = append(append([]string(nil), flags...), "ro")
 	}
-	if err := d.mountStaging(dev, target, v, flags); err != nil {
+	dev, err := d.mountImage(ctx, &v, target, flags, req.GetVolumeContext(), req.GetSecrets())
+	if err != nil {
 		return nil, err
 	}
-	if err := d.fillDataset(ctx, v, req.GetVolumeContext(), req.GetSecrets(), target); err != nil {
-		_ = mount.CleanupMountPoint(target, d.mounter, true)
-		_ = d.images.Detach(dev)
-		return nil, err
-	}
-	v.Device, v.Formatted = dev, true
+	v.Device = dev
 	v.Published = map[string]bool{target: req.GetReadonly()}
 	if err := d.store.PutVolume(v); err != nil {
 		return nil, internal("saving volume state", err)

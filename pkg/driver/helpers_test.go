@@ -40,8 +40,8 @@ type testEnv struct {
 	ident    csi.IdentityClient
 	group    csi.GroupControllerClient
 	poolsRPC spv1.StoragePoolControllerClient
-	// wrapImages, when set, wraps the driver's image operations before it serves (to pause one).
-	wrapImages func(images) images
+	// prepare, when set, adjusts a new driver before it serves (to wrap its images or exec).
+	prepare func(*Driver)
 }
 
 func writePoolsConfig(t *testing.T, path string, pools []testPool) {
@@ -105,8 +105,8 @@ func (e *testEnv) start() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if e.wrapImages != nil {
-		d.images = e.wrapImages(d.images)
+	if e.prepare != nil {
+		e.prepare(d)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

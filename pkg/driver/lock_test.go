@@ -120,7 +120,7 @@ func (p *pausingImages) CreateFrom(path, src string, size int64) error {
 func TestSnapshotOfVolumeBeingDeleted(t *testing.T) {
 	env := startDriver(t, testPool{name: "fast"})
 	imgs := &pausingImages{}
-	env.wrapImages = func(i images) images { imgs.images = i; return imgs }
+	env.prepare = func(d *Driver) { imgs.images = d.images; d.images = imgs }
 	env.restart()
 	ctx := context.Background()
 	snapshot := func(name, src string) (*csi.CreateSnapshotResponse, error) {

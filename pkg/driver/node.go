@@ -89,37 +89,17 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if v.StagingPath != "" && v.StagingPath != target {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is already staged at %s", id, v.StagingPath)
 	}
-	img, err := d.volumeImage(v)
+	var dev string
+	if v.AccessType == state.Mount {
+		dev, err = d.mountImage(ctx, &v, target, req.GetVolumeCapability().GetMount().GetMountFlags(), req.GetVolumeContext(), req.GetSecrets())
+	} else {
+		dev, err = d.attachImage(v)
+	}
 	if err != nil {
 		return nil, err
 	}
-	dev, err := d.images.Attach(img)
-	if err != nil {
-		return nil, internal("attaching volume image", err)
-	}
-	if err := applyMutable(dev, v.MutableParameters); err != nil {
-		_ = d.images.Detach(dev)
-		return nil, internal("applying mutable parameters", err)
-	}
-	if v.AccessType == state.Mount {
-		if err := d.mountStaging(dev, target, v, req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
-			_ = d.images.Detach(dev)
-			return nil, err
-		}
-		if err := d.fillDataset(ctx, v, req.GetVolumeContext(), req.GetSecrets(), target); err != nil {
-			_ = mount.CleanupMountPoint(target, d.mounter, true)
-			_ = d.images.Detach(dev)
-			return nil, err
-		}
-	}
 	v.StagingPath, v.Device = target, dev
-	put := d.store.PutVolumeNodeState
-	if v.AccessType == state.Mount && (!v.Formatted || v.NeedsGrow) {
-		// A lost Formatted flag would let a later stage format over data: write it durably.
-		v.Formatted, v.NeedsGrow = true, false
-		put = d.store.PutVolume
-	}
-	if err := put(v); err != nil {
+	if err := d.store.PutVolumeNodeState(v); err != nil {
 		return nil, internal("saving volume state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Staged volume", "volumeID", id, "device", dev, "path", target)

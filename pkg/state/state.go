@@ -46,6 +46,9 @@ type Volume struct {
 	// NeedsGrow is set when the image grew (expansion, or a copy into a larger volume) and the
 	// filesystem has not been grown yet.
 	NeedsGrow bool `json:"needsGrow,omitempty"`
+	// DatasetFilled is set once the volume's filesystem holds the dataset its parameters name,
+	// so a later staging neither waits for the dataset nor copies it again.
+	DatasetFilled bool `json:"datasetFilled,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
 	// finds such records and removes their half-made images.
 	Ready     bool      `json:"ready"`
