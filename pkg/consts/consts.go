@@ -14,6 +14,9 @@ const (
 	ParamPoolSelector = "poolSelector"
 	// ParamFSType selects the filesystem of a volume image (ext4 or xfs).
 	ParamFSType = "csi.storage.k8s.io/fstype"
+	// ParamSize is the size of a CSI inline volume (a resource quantity, e.g. 2Gi); only valid in
+	// inline volume attributes.
+	ParamSize = "size"
 	// ReservedParamPrefix is the prefix of keys external-provisioner adds; always accepted.
 	ReservedParamPrefix = "csi.storage.k8s.io/"
 

@@ -13,7 +13,9 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
 )
@@ -58,13 +60,12 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
-	pl, err := parsePlacement(req.GetParameters())
+	pl, err := parseParams(req.GetParameters(), params.StorageClass)
 	if err != nil {
 		return nil, err
 	}
-	dataset, err := checkDatasetCreate(req.GetParameters(), shape)
-	if err != nil {
-		return nil, err
+	if pl.Dataset != nil && shape.access == state.Block {
+		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
 	}
 	size, err := volumeSize(req.GetCapacityRange(), shape, d.cfg.DefaultVolumeSize)
 	if err != nil {
@@ -135,17 +136,17 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	}
 	if v.Pool != "" {
 		// Copies stay in their source's pool: the copy is a reflink or a local sparse copy.
-		if pl.pool != "" && pl.pool != v.Pool {
-			return nil, status.Errorf(codes.InvalidArgument, "the content source is in pool %q, not in the requested pool %q", v.Pool, pl.pool)
+		if pl.Pool != "" && pl.Pool != v.Pool {
+			return nil, status.Errorf(codes.InvalidArgument, "the content source is in pool %q, not in the requested pool %q", v.Pool, pl.Pool)
 		}
-		pl.pool = v.Pool
+		pl.Pool = v.Pool
 	}
 	chosen, err := d.selectPool(pl, size)
 	if err != nil {
 		return nil, err
 	}
 	// Before anything is created: a dataset that cannot fit is refused here.
-	if err := d.prestageDataset(ctx, name, chosen.Path, size, dataset, req.GetSecrets()); err != nil {
+	if err := d.prestageDataset(ctx, name, chosen.Path, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
 		return nil, err
 	}
 	v.Pool = chosen.Name
@@ -280,8 +281,8 @@ func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *
 	if !ok || !v.Ready {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
-	if _, err := parsePlacement(req.GetParameters()); err != nil {
-		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	if _, err := parseParams(req.GetParameters(), params.StorageClass); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 	}
 	if err := capabilitiesFit(v, req.GetVolumeCapabilities()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -410,7 +411,7 @@ func (d *Driver) volumeHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEn
 
 func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	d := s.d
-	pl, err := parsePlacement(req.GetParameters())
+	pl, err := parseParams(req.GetParameters(), params.StorageClass)
 	if err != nil {
 		return nil, err
 	}
@@ -427,7 +428,7 @@ func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacity
 	}
 	pools, _ := d.pools.List()
 	var total, largest int64
-	for _, p := range pool.Matching(pools, pl.pool, pl.selector) {
+	for _, p := range pool.Matching(pools, pl.Pool, pl.PoolSelector) {
 		m := pool.MaxVolumeBytes(p)
 		total += m
 		if m > largest {

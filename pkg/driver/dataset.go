@@ -31,6 +31,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
 )
@@ -51,32 +52,18 @@ func (d *Driver) initDatasets(reg *prometheus.Registry) error {
 	return nil
 }
 
-// datasetSpec returns the dataset a volume's parameters ask for, or nil. Only dataset keys are
-// looked at: the other keys are parsePlacement's to check.
-func datasetSpec(params map[string]string, ephemeral bool) (*datasource.Spec, error) {
-	ds := map[string]string{}
-	for k, v := range params {
-		if datasource.IsParam(k) {
-			ds[k] = v
-		}
+// recordedDataset returns the dataset of a volume the driver recorded, or nil: its parameters
+// were checked when it was created.
+func recordedDataset(v state.Volume) (*datasource.Spec, error) {
+	use := params.StorageClass
+	if v.Ephemeral {
+		use = params.Inline
 	}
-	spec, err := datasource.ParseParams(ds, ephemeral)
+	p, err := parseParams(v.Parameters, use)
 	if err != nil {
-		return nil, status.Error(datasource.Code(err), err.Error())
-	}
-	return spec, nil
-}
-
-// checkDatasetCreate validates a CreateVolume's dataset parameters.
-func checkDatasetCreate(params map[string]string, shape volumeShape) (*datasource.Spec, error) {
-	spec, err := datasetSpec(params, false)
-	if err != nil || spec == nil {
 		return nil, err
 	}
-	if shape.access == state.Block {
-		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
-	}
-	return spec, nil
+	return datasource.SpecOf(p.Dataset), nil
 }
 
 // usableBytes is what a dataset may take of a volume: the filesystem keeps some for itself.
@@ -160,13 +147,23 @@ func (d *Driver) awaitDataset(ctx context.Context, spec *datasource.Spec, poolNa
 }
 
 // volumeDataset returns the dataset of an image-backed volume, from its CreateVolume parameters
-// or, for a volume the driver adopted, from the volume context.
+// or, for a volume the driver adopted, from the dataset keys of the volume context (which also
+// holds keys the provisioner adds, such as its identity).
 func volumeDataset(v state.Volume, volumeContext map[string]string) (*datasource.Spec, error) {
-	params := v.Parameters
-	if len(params) == 0 {
-		params = volumeContext
+	if len(v.Parameters) > 0 {
+		return recordedDataset(v)
 	}
-	return datasetSpec(params, v.Ephemeral)
+	ds := map[string]string{}
+	for k, val := range volumeContext {
+		if params.IsDatasetKey(k) {
+			ds[k] = val
+		}
+	}
+	p, err := parseParams(ds, params.StorageClass)
+	if err != nil {
+		return nil, err
+	}
+	return datasource.SpecOf(p.Dataset), nil
 }
 
 // populateDataset copies the staged dataset into a volume's new filesystem; a volume already
@@ -184,7 +181,7 @@ func (d *Driver) populateDataset(ctx context.Context, spec *datasource.Spec, poo
 
 // datasetHealth reports a dataset still staging, or failed, as the volume's condition.
 func (d *Driver) datasetHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEntry {
-	spec, err := datasetSpec(v.Parameters, v.Ephemeral)
+	spec, err := recordedDataset(v)
 	if err != nil || spec == nil {
 		return nil
 	}
@@ -280,17 +277,21 @@ func readOnlyMode(c *csi.VolumeCapability) bool {
 
 // serveTree stages the dataset on a pool chosen by the parameters, references it for volumeID
 // and bind-mounts the cached tree read-only at path.
-func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, secrets map[string]string, ephemeral bool) error {
-	spec, err := datasetSpec(params, ephemeral)
+func (d *Driver) serveTree(ctx context.Context, volumeID, path string, attrs, secrets map[string]string, ephemeral bool) error {
+	use := params.StaticPV
+	if ephemeral {
+		use = params.Inline
+	}
+	pl, err := parseParams(attrs, use)
 	if err != nil {
 		return err
 	}
-	pl, err := parsePlacement(params)
-	if err != nil {
-		return err
+	spec := datasource.SpecOf(pl.Dataset)
+	if spec == nil {
+		return status.Errorf(codes.InvalidArgument, "volume %s names no %s", volumeID, consts.ParamSource)
 	}
 	pools, _ := d.pools.List()
-	chosen, err := pool.Select(pools, pool.Request{Name: pl.pool, Selector: pl.selector})
+	chosen, err := pool.Select(pools, pool.Request{Name: pl.Pool, Selector: pl.PoolSelector})
 	if err != nil {
 		return status.Errorf(codes.ResourceExhausted, "node %s: %v", d.cfg.NodeID, err)
 	}
@@ -301,7 +302,7 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 		return err
 	}
 	t := treeVolume{VolumeID: volumeID, Pool: chosen.Name, PoolPath: chosen.Path, DatasetID: spec.ID(),
-		Params: params, Path: path, Ephemeral: ephemeral}
+		Params: attrs, Path: path, Ephemeral: ephemeral}
 	// Reference first: from here eviction leaves the tree alone, even across a restart.
 	if err := d.putTreeVolume(t); err != nil {
 		return internal("saving dataset volume state", err)
@@ -373,13 +374,7 @@ func (d *Driver) publishTree(ctx context.Context, req *csi.NodePublishVolumeRequ
 	if _, ok := req.GetVolumeContext()[consts.ParamSource]; !ok {
 		return false, nil
 	}
-	attrs := map[string]string{}
-	for k, v := range req.GetVolumeContext() {
-		if k != ParamSize {
-			attrs[k] = v
-		}
-	}
-	return true, d.serveTree(ctx, id, req.GetTargetPath(), attrs, req.GetSecrets(), true)
+	return true, d.serveTree(ctx, id, req.GetTargetPath(), req.GetVolumeContext(), req.GetSecrets(), true)
 }
 
 // unpublishTree handles NodeUnpublishVolume of a read-only inline dataset volume.
@@ -391,12 +386,12 @@ func (d *Driver) unpublishTree(ctx context.Context, id, target string) (handled 
 	return true, d.releaseTree(ctx, t, target)
 }
 
-// sameDataset says whether two volumes' parameters name the same dataset.
+// sameDataset says whether two volumes' StorageClass parameters name the same dataset.
 func sameDataset(a, b map[string]string) bool {
-	sa, errA := datasetSpec(a, false)
-	sb, errB := datasetSpec(b, false)
-	if errA != nil || errB != nil || sa == nil || sb == nil {
+	pa, errA := params.Parse(a, params.StorageClass)
+	pb, errB := params.Parse(b, params.StorageClass)
+	if errA != nil || errB != nil || pa.Dataset == nil || pb.Dataset == nil {
 		return false
 	}
-	return sa.ID() == sb.ID()
+	return pa.Dataset.ID() == pb.Dataset.ID()
 }

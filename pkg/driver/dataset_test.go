@@ -19,6 +19,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/pkg/state"
 )
 
 // datasetEnv is a driver whose file:// dataset sources may read src.
@@ -185,7 +186,7 @@ func TestDatasetTooLargeAtCreate(t *testing.T) {
 	if resp.GetVolume().GetCapacityBytes() < 64<<20 {
 		t.Fatalf("capacity %d", resp.GetVolume().GetCapacityBytes())
 	}
-	spec, err := datasetSpec(params, false)
+	spec, err := recordedDataset(state.Volume{Parameters: params})
 	if err != nil {
 		t.Fatal(err)
 	}

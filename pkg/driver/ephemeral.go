@@ -2,25 +2,22 @@ package driver
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
 )
 
-const (
-	ephemeralContextKey = "csi.storage.k8s.io/ephemeral"
-	// ParamSize is the size of a CSI inline ephemeral volume (a resource quantity, e.g. 2Gi);
-	// only valid in inline volume attributes.
-	ParamSize = "size"
-)
+const ephemeralContextKey = "csi.storage.k8s.io/ephemeral"
 
 func isEphemeral(volumeContext map[string]string) bool {
 	return volumeContext[ephemeralContextKey] == "true"
@@ -33,27 +30,20 @@ func (d *Driver) publishEphemeral(ctx context.Context, req *csi.NodePublishVolum
 	if req.GetVolumeCapability().GetBlock() != nil {
 		return nil, status.Error(codes.InvalidArgument, "inline ephemeral volumes must be mount volumes")
 	}
-	attrs := map[string]string{}
-	for k, v := range req.GetVolumeContext() {
-		if k != ParamSize {
-			attrs[k] = v
-		}
-	}
-	pl, err := parsePlacement(attrs)
+	pl, err := parseParams(req.GetVolumeContext(), params.Inline)
 	if err != nil {
 		return nil, err
 	}
+	// The record keeps the attributes without the size, which is the image's.
+	attrs := maps.Clone(req.GetVolumeContext())
+	delete(attrs, consts.ParamSize)
 	shape := volumeShape{access: state.Mount, fsType: req.GetVolumeCapability().GetMount().GetFsType()}
 	if shape.fsType == "" {
 		shape.fsType = defaultFSType
 	}
 	var rng *csi.CapacityRange
-	if s, ok := req.GetVolumeContext()[ParamSize]; ok {
-		q, err := resource.ParseQuantity(s)
-		if err != nil || q.Sign() <= 0 {
-			return nil, status.Errorf(codes.InvalidArgument, "invalid size %q for an inline volume", s)
-		}
-		rng = &csi.CapacityRange{RequiredBytes: q.Value()}
+	if pl.Size > 0 {
+		rng = &csi.CapacityRange{RequiredBytes: pl.Size}
 	}
 	size, err := volumeSize(rng, shape, d.cfg.DefaultVolumeSize)
 	if err != nil {

@@ -2,59 +2,25 @@ package driver
 
 import (
 	"fmt"
-	"sort"
-	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
 )
 
-// knownParams are the StorageClass / volume attribute keys the driver understands. Keys under
-// csi.storage.k8s.io/ (added by external-provisioner and kubelet) are always accepted.
-var knownParams = map[string]bool{
-	consts.ParamPool:         true,
-	consts.ParamPoolSelector: true,
-	consts.ParamSource:       true,
-	consts.ParamEndpoint:     true,
-	consts.ParamRegion:       true,
-	consts.ParamPathStyle:    true,
-	consts.ParamInclude:      true,
-	consts.ParamExclude:      true,
-}
-
-// placement is what the parameters say about where a volume may go.
-type placement struct {
-	pool     string
-	selector labels.Selector
-}
-
-// parsePlacement validates parameter keys and the pool targeting ones. Unknown keys are an
-// InvalidArgument naming them, so a typo in a StorageClass fails loudly instead of being ignored.
-func parsePlacement(params map[string]string) (placement, error) {
-	var unknown []string
-	for k := range params {
-		if !knownParams[k] && !strings.HasPrefix(k, consts.ReservedParamPrefix) {
-			unknown = append(unknown, k)
-		}
+// parseParams parses a parameter map once for its use (pkg/params: one key table, one parser)
+// and returns its errors with the code datasource.Code gives them.
+func parseParams(m map[string]string, use params.Use) (params.Volume, error) {
+	v, err := params.Parse(m, use)
+	if err != nil {
+		return params.Volume{}, status.Error(datasource.Code(err), err.Error())
 	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return placement{}, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: pool, poolSelector, source, endpoint, region, pathStyle, include, exclude)", unknown[0])
-	}
-	pl := placement{pool: params[consts.ParamPool]}
-	if s, ok := params[consts.ParamPoolSelector]; ok {
-		sel, err := labels.Parse(s)
-		if err != nil {
-			return placement{}, status.Errorf(codes.InvalidArgument, "invalid poolSelector %q: %v", s, err)
-		}
-		pl.selector = sel
-	}
-	return pl, nil
+	return v, nil
 }
 
 const (

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
 )
@@ -105,9 +106,9 @@ func (d *Driver) lookupVolume(id string) (state.Volume, error) {
 
 // selectPool picks the pool for a new volume. No room, or no allowed pool on this node, is
 // ResourceExhausted so that external-provisioner retries or tries another node.
-func (d *Driver) selectPool(pl placement, size int64) (pool.Status, error) {
+func (d *Driver) selectPool(pl params.Volume, size int64) (pool.Status, error) {
 	pools, _ := d.pools.List()
-	chosen, err := pool.Select(pools, pool.Request{Name: pl.pool, Selector: pl.selector, RequiredBytes: size})
+	chosen, err := pool.Select(pools, pool.Request{Name: pl.Pool, Selector: pl.PoolSelector, RequiredBytes: size})
 	if err != nil {
 		var noRoom *pool.NoRoomError
 		if errors.As(err, &noRoom) {

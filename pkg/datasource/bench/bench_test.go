@@ -27,6 +27,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	cparams "github.com/cistern-csi/cistern/pkg/params"
 )
 
 type shape struct {
@@ -64,10 +65,11 @@ func TestStagingChild(t *testing.T) {
 	}
 	var params map[string]string
 	json.Unmarshal([]byte(os.Getenv("CISTERN_BENCH_PARAMS")), &params)
-	spec, err := datasource.ParseParams(params, false)
+	v, err := cparams.Parse(params, cparams.StorageClass)
 	if err != nil {
 		t.Fatal(err)
 	}
+	spec := datasource.SpecOf(v.Dataset)
 	m, err := datasource.NewManager(datasource.Config{})
 	if err != nil {
 		t.Fatal(err)
