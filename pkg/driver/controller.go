@@ -18,6 +18,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 type controllerServer struct {
@@ -60,7 +61,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
-	pl, err := parseParams(req.GetParameters(), params.StorageClass)
+	pl, err := volume.ParseParams(req.GetParameters(), params.StorageClass)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +109,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		v.Pool = sn.Pool
 		v.Formatted, v.NeedsGrow = true, sn.SizeBytes < size
-		p, err := d.poolPath(sn.Pool)
+		p, err := d.volumes.PoolPath(sn.Pool)
 		if err != nil {
 			return nil, err
 		}
@@ -129,8 +130,8 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < size
 		// The copy holds what the source holds now (the source is locked): its dataset, if the
 		// same one was filled in.
-		v.DatasetFilled = src.DatasetFilled && sameDataset(src.Parameters, req.GetParameters())
-		if source, err = d.volumeImage(src); err != nil {
+		v.DatasetFilled = src.DatasetFilled && volume.SameDataset(src.Parameters, req.GetParameters())
+		if source, err = d.volumes.ImagePath(src); err != nil {
 			return nil, err
 		}
 	}
@@ -141,20 +142,20 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		pl.Pool = v.Pool
 	}
-	chosen, err := d.selectPool(pl, size)
+	chosen, err := d.volumes.SelectPool(pl, size)
 	if err != nil {
 		return nil, err
 	}
 	// Before anything is created: a dataset that cannot fit is refused here.
-	if err := d.prestageDataset(ctx, name, chosen.Path, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
+	if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
 		return nil, err
 	}
 	v.Pool = chosen.Name
-	v.ID = newVolumeID(chosen.Name)
+	v.ID = volume.NewVolumeID(chosen.Name)
 
 	// The record goes first, not Ready: a crash from here on is cleaned up at the next start.
 	if err := d.store.PutVolume(v); err != nil {
-		return nil, internal("saving volume state", err)
+		return nil, volume.Internal("saving volume state", err)
 	}
 	img := image.VolumePath(chosen.Path, pool.MetaDir, v.ID)
 	if source != "" {
@@ -168,13 +169,13 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		if !errors.Is(err, unix.ENOSPC) {
 			d.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
 		}
-		return nil, d.imageError("creating volume image", chosen.Name, err)
+		return nil, d.volumes.ImageError("creating volume image", chosen.Name, err)
 	}
 	v.Ready = true
 	if err := d.store.PutVolume(v); err != nil {
 		_ = d.images.Remove(img)
 		_ = d.store.DeleteVolume(v.ID)
-		return nil, internal("saving volume state", err)
+		return nil, volume.Internal("saving volume state", err)
 	}
 	d.pools.UpdateCapacity(v.Pool)
 	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
@@ -243,30 +244,11 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 	if v.StagingPath != "" || len(v.Published) > 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still staged or published on node %s", id, d.cfg.NodeID)
 	}
-	if err := d.deleteVolume(v); err != nil {
+	if err := d.volumes.Delete(v); err != nil {
 		return nil, err
 	}
 	klog.FromContext(ctx).V(4).Info("Deleted volume", "volumeID", id, "pool", v.Pool)
 	return &csi.DeleteVolumeResponse{}, nil
-}
-
-// deleteVolume removes the image, then the record.
-func (d *Driver) deleteVolume(v state.Volume) error {
-	if img, err := d.volumeImage(v); err == nil {
-		if dev, _ := d.images.Find(img); dev != "" {
-			if err := d.images.Detach(dev); err != nil {
-				return internal("detaching loop device", err)
-			}
-		}
-		if err := d.images.Remove(img); err != nil {
-			return internal("removing volume image", err)
-		}
-	}
-	if err := d.store.DeleteVolume(v.ID); err != nil {
-		return internal("removing volume state", err)
-	}
-	d.pools.UpdateCapacity(v.Pool)
-	return nil
 }
 
 func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
@@ -281,7 +263,7 @@ func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *
 	if !ok || !v.Ready {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
-	if _, err := parseParams(req.GetParameters(), params.StorageClass); err != nil {
+	if _, err := volume.ParseParams(req.GetParameters(), params.StorageClass); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 	}
 	if err := capabilitiesFit(v, req.GetVolumeCapabilities()); err != nil {
@@ -411,11 +393,11 @@ func (d *Driver) volumeHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEn
 
 func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	d := s.d
-	pl, err := parseParams(req.GetParameters(), params.StorageClass)
+	pl, err := volume.ParseParams(req.GetParameters(), params.StorageClass)
 	if err != nil {
 		return nil, err
 	}
-	shape := volumeShape{access: state.Mount, fsType: defaultFSType}
+	shape := volumeShape{access: state.Mount, fsType: volume.DefaultFSType}
 	if caps := req.GetVolumeCapabilities(); len(caps) > 0 {
 		if shape, err = checkCapabilities(caps); err != nil {
 			return &csi.GetCapacityResponse{}, nil // nothing can be created with these
@@ -473,12 +455,12 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 		return nil, status.Errorf(codes.ResourceExhausted, "pool %q has %d bytes free, not enough to grow volume %s by %d bytes", v.Pool, pool.MaxVolumeBytes(p), id, grow)
 	}
 	if err := d.images.Grow(image.VolumePath(p.Path, pool.MetaDir, id), size); err != nil {
-		return nil, d.imageError("growing volume image", v.Pool, err)
+		return nil, d.volumes.ImageError("growing volume image", v.Pool, err)
 	}
 	v.CapacityBytes = size
 	v.NeedsGrow = true
 	if err := d.store.PutVolume(v); err != nil {
-		return nil, internal("saving volume state", err)
+		return nil, volume.Internal("saving volume state", err)
 	}
 	d.pools.UpdateCapacity(v.Pool)
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil

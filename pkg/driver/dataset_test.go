@@ -19,7 +19,8 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
-	"github.com/cistern-csi/cistern/pkg/state"
+	cparams "github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // datasetEnv is a driver whose file:// dataset sources may read src.
@@ -186,10 +187,11 @@ func TestDatasetTooLargeAtCreate(t *testing.T) {
 	if resp.GetVolume().GetCapacityBytes() < 64<<20 {
 		t.Fatalf("capacity %d", resp.GetVolume().GetCapacityBytes())
 	}
-	spec, err := recordedDataset(state.Volume{Parameters: params})
+	parsed, err := volume.ParseParams(params, cparams.StorageClass)
 	if err != nil {
 		t.Fatal(err)
 	}
+	spec := datasource.SpecOf(parsed.Dataset)
 	creds, _ := datasource.CredentialsFromSecrets(secrets)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -323,13 +325,13 @@ func (c *countingExec) mkfs() int {
 
 // countingImages counts loop device attachments.
 type countingImages struct {
-	images
+	volume.Images
 	attaches atomic.Int32
 }
 
 func (c *countingImages) Attach(path string) (string, error) {
 	c.attaches.Add(1)
-	return c.images.Attach(path)
+	return c.Images.Attach(path)
 }
 
 // TestDatasetStageRetriedDuringDownload: while a dataset downloads, NodeStageVolume answers
@@ -343,10 +345,8 @@ func TestDatasetStageRetriedDuringDownload(t *testing.T) {
 	env.stop()
 	// 1 MiB/s: the 4 MiB file takes at least three seconds, longer than one attempt's budget.
 	env.cfg.Datasets.BandwidthBytesPerSec = 1 << 20
-	env.prepare = func(d *Driver) {
-		run.Interface, d.mounter.Exec = d.mounter.Exec, run
-		imgs.images, d.images = d.images, imgs
-	}
+	env.prepare = func(d *Driver) { run.Interface, d.mounter.Exec = d.mounter.Exec, run }
+	env.wrapImages = func(i volume.Images) volume.Images { imgs.Images = i; return imgs }
 	env.start()
 	// CreateVolume (mode all) starts the download and returns once the listing is taken.
 	vol := env.create("slow-ds", 64<<20, map[string]string{"source": "file://" + src + "/slow"})
@@ -396,5 +396,25 @@ func TestDatasetStageRetriedDuringDownload(t *testing.T) {
 	}
 	if _, err := env.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLegacyTreeRecordsMove: a cached-tree volume recorded by an older version (its own JSON
+// store) is moved into the state store at start, so it can still be unstaged.
+func TestLegacyTreeRecordsMove(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	env.stop()
+	dir := filepath.Join(env.cfg.StateDir, legacyTreeDir)
+	writeTree(t, dir, map[string]string{
+		"0123.json": `{"volumeID":"imagenet-static","pool":"fast","poolPath":"/p","datasetID":"abc","params":{"source":"s3://b"},"path":"/staging/x"}`,
+		"bad.json":  `{`,
+	})
+	env.start()
+	got, ok := env.driver.store.GetTreeVolume("imagenet-static")
+	if !ok || got.Pool != "fast" || got.DatasetID != "abc" || got.Path != "/staging/x" || got.Parameters["source"] != "s3://b" || got.Inline {
+		t.Fatalf("moved record %+v %v", got, ok)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("legacy records left behind: %v", err)
 	}
 }

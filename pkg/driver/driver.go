@@ -19,6 +19,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // Mode selects which CSI services the plugin serves.
@@ -91,13 +92,15 @@ type Driver struct {
 	cfg     Config
 	pools   *pool.Manager
 	store   *state.Store
-	images  images
+	images  volume.Images
 	locks   *keyLocks
 	mounter *mount.SafeFormatAndMount
 	resizer *mount.ResizeFs
 	metrics metrics.CSIMetricsManager
 	// datasets stages dataset sources into the pools' caches (see dataset.go).
 	datasets *datasource.Manager
+	// volumes is the node's volume engine; the node RPCs are a thin layer over it.
+	volumes *volume.Service
 
 	poolsConfigStamp fileStamp
 	ready            chan struct{}
@@ -106,6 +109,11 @@ type Driver struct {
 // New validates cfg, loads the pools config and the persisted state, and cleans up what a crash
 // may have left half-done. It does not listen yet; call Run.
 func New(cfg Config) (*Driver, error) {
+	return newDriver(cfg, volume.LoopImages{})
+}
+
+// newDriver is New with the image operations given (tests wrap them).
+func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("invalid driver config: %w", err)
 	}
@@ -122,7 +130,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg:     cfg,
 		pools:   pool.NewManager(pc),
 		store:   store,
-		images:  loopImages{},
+		images:  images,
 		locks:   newKeyLocks(),
 		mounter: mount.NewSafeFormatAndMount(mount.New(""), exec),
 		resizer: mount.NewResizeFs(exec),
@@ -134,9 +142,12 @@ func New(cfg Config) (*Driver, error) {
 	d.metrics = d.metrics.WithAdditionalRegistry(reg)
 	d.poolsConfigStamp, _ = stampOf(cfg.PoolsConfig)
 	d.pools.Refresh()
-	if err := d.initDatasets(reg); err != nil {
+	if d.datasets, err = d.initDatasets(reg); err != nil {
 		return nil, fmt.Errorf("invalid dataset config: %w", err)
 	}
+	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
+		Mounter: d.mounter, Resizer: d.resizer, Datasets: datasource.NewDatasets(d.datasets, d.pools)})
+	d.migrateTreeRecords()
 	d.recover()
 	return d, nil
 }
@@ -162,7 +173,7 @@ func (d *Driver) recover() {
 			continue
 		}
 		logger.Info("Removing volume whose creation was interrupted", "volumeID", v.ID, "name", v.Name)
-		if path, err := d.volumeImage(v); err == nil {
+		if path, err := d.volumes.ImagePath(v); err == nil {
 			_ = d.images.Remove(path)
 		}
 		if err := d.store.DeleteVolume(v.ID); err != nil {
@@ -218,7 +229,7 @@ func (d *Driver) forgetLostMounts() {
 		if v.StagingPath != "" {
 			lost := !mounted[v.StagingPath]
 			if v.AccessType == state.Block {
-				img, err := d.volumeImage(v)
+				img, err := d.volumes.ImagePath(v)
 				dev := ""
 				if err == nil {
 					dev, _ = d.images.Find(img)

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // groupControllerServer takes consistent snapshots of several volumes at once: every staged
@@ -29,7 +30,7 @@ func (s *groupControllerServer) GroupControllerGetCapabilities(context.Context, 
 	}}}, nil
 }
 
-func newGroupSnapshotID() string { return "group-" + randomHex() }
+func newGroupSnapshotID() string { return "group-" + volume.RandomHex() }
 
 func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
 	d := s.d
@@ -59,7 +60,7 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	}
 	g := state.GroupSnapshot{ID: newGroupSnapshotID(), Name: name, CreatedAt: time.Now().UTC()}
 	if err := d.store.PutGroupSnapshot(g); err != nil {
-		return nil, internal("saving group snapshot state", err)
+		return nil, volume.Internal("saving group snapshot state", err)
 	}
 	var thaws []func()
 	for _, v := range vols {
@@ -86,7 +87,7 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	}
 	g.Ready = true
 	if err := d.store.PutGroupSnapshot(g); err != nil {
-		return nil, internal("saving group snapshot state", err)
+		return nil, volume.Internal("saving group snapshot state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Created group snapshot", "groupSnapshotID", g.ID, "volumes", ids)
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroupSnapshot(g)}, nil
@@ -151,7 +152,7 @@ func (s *groupControllerServer) DeleteVolumeGroupSnapshot(ctx context.Context, r
 		}
 	}
 	if err := d.store.DeleteGroupSnapshot(id); err != nil {
-		return nil, internal("removing group snapshot state", err)
+		return nil, volume.Internal("removing group snapshot state", err)
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 }

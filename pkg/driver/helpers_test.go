@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -40,7 +41,9 @@ type testEnv struct {
 	ident    csi.IdentityClient
 	group    csi.GroupControllerClient
 	poolsRPC spv1.StoragePoolControllerClient
-	// prepare, when set, adjusts a new driver before it serves (to wrap its images or exec).
+	// wrapImages, when set, wraps the driver's image operations (to count or pause them).
+	wrapImages func(volume.Images) volume.Images
+	// prepare, when set, adjusts a new driver before it serves (to wrap its exec).
 	prepare func(*Driver)
 }
 
@@ -101,7 +104,11 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 
 func (e *testEnv) start() {
 	e.t.Helper()
-	d, err := New(e.cfg)
+	var images volume.Images = volume.LoopImages{}
+	if e.wrapImages != nil {
+		images = e.wrapImages(images)
+	}
+	d, err := newDriver(e.cfg, images)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // TestLockKeys: the table names every volume and snapshot an RPC reads or changes, sources
@@ -66,7 +67,7 @@ func TestLockKeys(t *testing.T) {
 // pausingImages pauses one image operation: the test learns when it is under way and lets it
 // finish. before pauses ahead of the real operation, otherwise after it.
 type pausingImages struct {
-	images
+	volume.Images
 	mu      sync.Mutex
 	op      string
 	before  bool
@@ -106,11 +107,11 @@ func (p *pausingImages) pause(op string, real func() error) error {
 }
 
 func (p *pausingImages) Remove(path string) error {
-	return p.pause("Remove", func() error { return p.images.Remove(path) })
+	return p.pause("Remove", func() error { return p.Images.Remove(path) })
 }
 
 func (p *pausingImages) CreateFrom(path, src string, size int64) error {
-	return p.pause("CreateFrom", func() error { return p.images.CreateFrom(path, src, size) })
+	return p.pause("CreateFrom", func() error { return p.Images.CreateFrom(path, src, size) })
 }
 
 // TestSnapshotOfVolumeBeingDeleted: CreateSnapshot and DeleteVolume of one volume are
@@ -120,7 +121,7 @@ func (p *pausingImages) CreateFrom(path, src string, size int64) error {
 func TestSnapshotOfVolumeBeingDeleted(t *testing.T) {
 	env := startDriver(t, testPool{name: "fast"})
 	imgs := &pausingImages{}
-	env.prepare = func(d *Driver) { imgs.images = d.images; d.images = imgs }
+	env.wrapImages = func(i volume.Images) volume.Images { imgs.Images = i; return imgs }
 	env.restart()
 	ctx := context.Background()
 	snapshot := func(name, src string) (*csi.CreateSnapshotResponse, error) {

@@ -1,27 +1,14 @@
 package driver
 
 import (
-	"fmt"
-
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
-
-// parseParams parses a parameter map once for its use (pkg/params: one key table, one parser)
-// and returns its errors with the code datasource.Code gives them.
-func parseParams(m map[string]string, use params.Use) (params.Volume, error) {
-	v, err := params.Parse(m, use)
-	if err != nil {
-		return params.Volume{}, status.Error(datasource.Code(err), err.Error())
-	}
-	return v, nil
-}
 
 const (
 	mib          = int64(1) << 20
@@ -29,7 +16,6 @@ const (
 	// mkfs.xfs refuses filesystems smaller than 300 MB.
 	minXFSBytes   = 300 * mib
 	minBlockBytes = 1 * mib
-	defaultFSType = "ext4"
 )
 
 var supportedFSTypes = map[string]bool{"ext4": true, "xfs": true}
@@ -69,7 +55,7 @@ func checkCapabilities(caps []*csi.VolumeCapability) (volumeShape, error) {
 		}
 	}
 	if shape.access == state.Mount && shape.fsType == "" {
-		shape.fsType = defaultFSType
+		shape.fsType = volume.DefaultFSType
 	}
 	return shape, nil
 }
@@ -192,11 +178,8 @@ func capabilitiesFit(v state.Volume, caps []*csi.VolumeCapability) error {
 		if err := checkCapability(c); err != nil {
 			return err
 		}
-		if (c.GetBlock() != nil) != (v.AccessType == state.Block) {
-			return fmt.Errorf("volume %s is a %s volume", v.ID, v.AccessType)
-		}
-		if fs := c.GetMount().GetFsType(); fs != "" && v.FSType != "" && fs != v.FSType {
-			return fmt.Errorf("volume %s has filesystem %s, not %s", v.ID, v.FSType, fs)
+		if err := volume.Fits(v, c.GetBlock() != nil, c.GetMount().GetFsType()); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // Filesystem freeze ioctls (linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int)).
@@ -89,7 +90,7 @@ func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snaps
 		return state.Snapshot{}, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, d.cfg.NodeID)
 	}
 	sn := state.Snapshot{
-		ID:              newSnapshotID(v.Pool),
+		ID:              volume.NewSnapshotID(v.Pool),
 		Name:            name,
 		SourceVolumeID:  v.ID,
 		Pool:            v.Pool,
@@ -98,19 +99,19 @@ func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snaps
 		GroupSnapshotID: groupID,
 	}
 	if err := d.store.PutSnapshot(sn); err != nil {
-		return state.Snapshot{}, internal("saving snapshot state", err)
+		return state.Snapshot{}, volume.Internal("saving snapshot state", err)
 	}
 	img := image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)
 	if err := d.images.CreateFrom(img, image.VolumePath(p.Path, pool.MetaDir, v.ID), 0); err != nil {
 		_ = d.images.Remove(img)
 		_ = d.store.DeleteSnapshot(sn.ID)
-		return state.Snapshot{}, d.imageError("copying volume image", v.Pool, err)
+		return state.Snapshot{}, d.volumes.ImageError("copying volume image", v.Pool, err)
 	}
 	sn.Ready = true
 	if err := d.store.PutSnapshot(sn); err != nil {
 		_ = d.images.Remove(img)
 		_ = d.store.DeleteSnapshot(sn.ID)
-		return state.Snapshot{}, internal("saving snapshot state", err)
+		return state.Snapshot{}, volume.Internal("saving snapshot state", err)
 	}
 	d.pools.UpdateCapacity(sn.Pool)
 	return sn, nil
@@ -120,11 +121,11 @@ func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snaps
 func (d *Driver) removeSnapshot(sn state.Snapshot) error {
 	if p, ok := d.pools.Get(sn.Pool); ok {
 		if err := d.images.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)); err != nil {
-			return internal("removing snapshot image", err)
+			return volume.Internal("removing snapshot image", err)
 		}
 	}
 	if err := d.store.DeleteSnapshot(sn.ID); err != nil {
-		return internal("removing snapshot state", err)
+		return volume.Internal("removing snapshot state", err)
 	}
 	d.pools.UpdateCapacity(sn.Pool)
 	return nil
