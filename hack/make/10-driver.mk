@@ -3,7 +3,7 @@ TEST_TARGETS += test-driver sanity
 BENCH_TARGETS += bench-driver
 
 # Packages whose tests need nothing but root, loop devices and mkfs.
-DRIVER_PKGS := ./pkg/consts/... ./pkg/params/... ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./pkg/state/... ./cmd/csi-driver/...
+DRIVER_PKGS := ./pkg/consts/... ./pkg/params/... ./pkg/volume/... ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./pkg/state/... ./cmd/csi-driver/...
 
 .PHONY: test-driver sanity bench-driver
 test-driver:
