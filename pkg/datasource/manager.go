@@ -90,7 +90,11 @@ type Request struct {
 
 // Manager stages datasets into per-pool caches. One per node.
 type Manager struct {
-	cfg     Config
+	cfg Config
+	// base is the context of every staging job; Run cancels it when it returns, so a shutting
+	// down driver stops its downloads.
+	base    context.Context
+	stop    context.CancelFunc
 	slots   chan struct{}
 	limiter *rate.Limiter
 	metrics *metrics
@@ -131,8 +135,11 @@ func NewManager(cfg Config) (*Manager, error) {
 		roots = append(roots, filepath.Clean(r))
 	}
 	cfg.LocalSourceRoots = roots
+	base, stop := context.WithCancel(context.Background())
 	m := &Manager{
 		cfg:    cfg,
+		base:   base,
+		stop:   stop,
 		slots:  make(chan struct{}, cfg.Concurrency),
 		jobs:   map[string]*job{},
 		failed: map[string]error{},
@@ -291,7 +298,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 
 func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	start := time.Now()
-	err := j.run(klog.NewContext(context.Background(), logger))
+	err := j.run(klog.NewContext(m.base, logger))
 	j.src.Close()
 	m.mu.Lock()
 	delete(m.jobs, key)
@@ -310,7 +317,7 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	m.metrics.stagings.WithLabelValues("ready").Inc()
 	m.metrics.stagedBytes.Add(float64(st.BytesTotal))
 	logger.Info("dataset ready", "bytes", st.BytesTotal, "objects", st.ObjectsTotal, "duration", time.Since(start))
-	m.evictPool(context.Background(), j.pool, 0)
+	m.evictPool(m.base, j.pool, 0)
 }
 
 // checkCapacity refuses a dataset whose files take more than the volume has room for; complete
@@ -409,8 +416,9 @@ func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	return nil
 }
 
-// Run evicts on every pool periodically until ctx ends.
+// Run evicts on every pool periodically until ctx ends, then stops the staging jobs.
 func (m *Manager) Run(ctx context.Context) {
+	defer m.stop()
 	t := time.NewTicker(m.cfg.EvictInterval)
 	defer t.Stop()
 	for {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -411,22 +412,15 @@ func TestHostileKeys(t *testing.T) {
 	}
 }
 
+// sync_map counts keys under a lock, for callbacks that run concurrently.
 type sync_map struct {
-	mu chan struct{}
+	mu sync.Mutex
 	m  map[string]int
 }
 
-func (s *sync_map) lock() {
-	if s.mu == nil {
-		s.mu = make(chan struct{}, 1)
-	}
-}
-
-var smMu = make(chan struct{}, 1)
-
 func (s *sync_map) count(k string) int {
-	smMu <- struct{}{}
-	defer func() { <-smMu }()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.m == nil {
 		s.m = map[string]int{}
 	}
