@@ -384,7 +384,7 @@ func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
 }
 
 // Acquire records that volumeID uses the dataset's tree on pool (a read-only bind mount). The
-// reference is a file, so it survives driver restarts; Release removes it. Both are idempotent.
+// reference is a file, so it survives driver restarts; ReleaseID removes it. Both are idempotent.
 func (m *Manager) Acquire(pool string, spec *Spec, volumeID string) error {
 	dir := datasetDir(pool, spec.ID())
 	pl := m.poolLock(pool)
@@ -400,12 +400,7 @@ func (m *Manager) Acquire(pool string, spec *Spec, volumeID string) error {
 	return writeFileSync(filepath.Join(dir, refsDir, refName(volumeID)), []byte(volumeID))
 }
 
-// Release drops volumeID's reference to the dataset on pool.
-func (m *Manager) Release(pool string, spec *Spec, volumeID string) error {
-	return m.ReleaseID(pool, spec.ID(), volumeID)
-}
-
-// ReleaseID is Release by dataset ID, for callers that kept only the ID.
+// ReleaseID drops volumeID's reference to the dataset id on pool.
 func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	dir := datasetDir(pool, id)
 	err := os.Remove(filepath.Join(dir, refsDir, refName(volumeID)))

@@ -1,6 +1,7 @@
 // Package datasource stages datasets (S3 prefixes, NFS exports, node-local directories) into a
-// per-node, per-pool cache, and fills volumes from it. The driver creates one Manager per node
-// and calls Ensure/Wait, Populate, TreePath and Acquire/Release with datasets pkg/params parsed.
+// per-node, per-pool cache, and fills volumes from it. The driver creates one Manager per node;
+// the volume service (pkg/volume) uses it through Datasets (Prepare, Fill, Serve, Unserve), with
+// pool names and datasets that pkg/params parsed.
 package datasource
 
 import (
