@@ -2,19 +2,16 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -109,11 +106,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		v.Pool = sn.Pool
 		v.Formatted, v.NeedsGrow = true, sn.SizeBytes < size
-		p, err := d.volumes.PoolPath(sn.Pool)
-		if err != nil {
+		if source, err = d.volumes.SnapshotPath(sn); err != nil {
 			return nil, err
 		}
-		source = image.SnapshotPath(p, pool.MetaDir, sn.ID)
 	case req.GetVolumeContentSource().GetVolume() != nil:
 		v.SourceVolumeID = req.GetVolumeContentSource().GetVolume().GetVolumeId()
 		src, ok := d.store.GetVolume(v.SourceVolumeID)
@@ -150,34 +145,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
 		return nil, err
 	}
-	v.Pool = chosen.Name
-	v.ID = volume.NewVolumeID(chosen.Name)
-
-	// The record goes first, not Ready: a crash from here on is cleaned up at the next start.
-	if err := d.store.PutVolume(v); err != nil {
-		return nil, volume.Internal("saving volume state", err)
+	if v, err = d.volumes.Create(v, chosen, source); err != nil {
+		return nil, err
 	}
-	img := image.VolumePath(chosen.Path, pool.MetaDir, v.ID)
-	if source != "" {
-		err = d.images.CreateFrom(img, source, size)
-	} else {
-		err = d.images.Create(img, size)
-	}
-	if err != nil {
-		_ = d.images.Remove(img)
-		_ = d.store.DeleteVolume(v.ID)
-		if !errors.Is(err, unix.ENOSPC) {
-			d.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
-		}
-		return nil, d.volumes.ImageError("creating volume image", chosen.Name, err)
-	}
-	v.Ready = true
-	if err := d.store.PutVolume(v); err != nil {
-		_ = d.images.Remove(img)
-		_ = d.store.DeleteVolume(v.ID)
-		return nil, volume.Internal("saving volume state", err)
-	}
-	d.pools.UpdateCapacity(v.Pool)
 	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
 }
@@ -375,18 +345,12 @@ func (s *controllerServer) ControllerListVolumeHealth(ctx context.Context, req *
 // volumeHealth reports what is wrong with a volume: its pool unhealthy or gone (INACCESSIBLE),
 // its image missing (DATA_LOSS). Empty means healthy.
 func (d *Driver) volumeHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEntry {
-	p, ok := d.pools.Get(v.Pool)
-	if !ok {
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
-			Reason: "PoolNotConfigured", Message: "pool " + v.Pool + " is not configured on node " + d.cfg.NodeID}}
-	}
-	if !p.Healthy {
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
-			Reason: "PoolUnhealthy", Message: "pool " + v.Pool + " is unhealthy: " + p.Message}}
-	}
-	if _, err := d.images.Size(image.VolumePath(p.Path, pool.MetaDir, v.ID)); err != nil {
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_DATA_LOSS,
-			Reason: "ImageMissing", Message: "volume image is missing: " + err.Error()}}
+	if reason, msg, dataLoss := d.volumes.ImageProblem(v); reason != "" {
+		c := csi.VolumeHealthErrorType_INACCESSIBLE
+		if dataLoss {
+			c = csi.VolumeHealthErrorType_DATA_LOSS
+		}
+		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: c, Reason: reason, Message: msg}}
 	}
 	return d.datasetHealth(v)
 }
@@ -447,21 +411,8 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 	if size <= v.CapacityBytes {
 		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
 	}
-	p, ok := d.pools.Get(v.Pool)
-	if !ok {
-		return nil, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, d.cfg.NodeID)
+	if _, err := d.volumes.Grow(v, size); err != nil {
+		return nil, err
 	}
-	if grow := size - v.CapacityBytes; grow > pool.MaxVolumeBytes(p) {
-		return nil, status.Errorf(codes.ResourceExhausted, "pool %q has %d bytes free, not enough to grow volume %s by %d bytes", v.Pool, pool.MaxVolumeBytes(p), id, grow)
-	}
-	if err := d.images.Grow(image.VolumePath(p.Path, pool.MetaDir, id), size); err != nil {
-		return nil, d.volumes.ImageError("growing volume image", v.Pool, err)
-	}
-	v.CapacityBytes = size
-	v.NeedsGrow = true
-	if err := d.store.PutVolume(v); err != nil {
-		return nil, volume.Internal("saving volume state", err)
-	}
-	d.pools.UpdateCapacity(v.Pool)
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
 }

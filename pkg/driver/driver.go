@@ -92,7 +92,6 @@ type Driver struct {
 	cfg     Config
 	pools   *pool.Manager
 	store   *state.Store
-	images  volume.Images
 	locks   *keyLocks
 	mounter *mount.SafeFormatAndMount
 	resizer *mount.ResizeFs
@@ -130,7 +129,6 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 		cfg:     cfg,
 		pools:   pool.NewManager(pc),
 		store:   store,
-		images:  images,
 		locks:   newKeyLocks(),
 		mounter: mount.NewSafeFormatAndMount(mount.New(""), exec),
 		resizer: mount.NewResizeFs(exec),
@@ -174,7 +172,7 @@ func (d *Driver) recover() {
 		}
 		logger.Info("Removing volume whose creation was interrupted", "volumeID", v.ID, "name", v.Name)
 		if path, err := d.volumes.ImagePath(v); err == nil {
-			_ = d.images.Remove(path)
+			_ = d.volumes.Images().Remove(path)
 		}
 		if err := d.store.DeleteVolume(v.ID); err != nil {
 			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
@@ -193,7 +191,7 @@ func (d *Driver) recover() {
 			continue
 		}
 		if p, ok := d.pools.Get(sn.Pool); ok {
-			_ = d.images.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
+			_ = d.volumes.Images().Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
 		}
 		_ = d.store.DeleteSnapshot(sn.ID)
 	}
@@ -232,7 +230,7 @@ func (d *Driver) forgetLostMounts() {
 				img, err := d.volumes.ImagePath(v)
 				dev := ""
 				if err == nil {
-					dev, _ = d.images.Find(img)
+					dev, _ = d.volumes.Images().Find(img)
 				}
 				lost, v.Device = dev == "", dev
 			}

@@ -64,17 +64,17 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	}
 	var thaws []func()
 	for _, v := range vols {
-		thaws = append(thaws, freeze(ctx, v))
+		thaws = append(thaws, volume.Freeze(ctx, v))
 	}
 	var taken []state.Snapshot
 	for _, v := range vols {
-		sn, err := d.takeSnapshot(v, g.Name+"/"+v.ID, g.ID)
+		sn, err := d.volumes.Snapshot(v, g.Name+"/"+v.ID, g.ID)
 		if err != nil {
 			for _, t := range thaws {
 				t()
 			}
 			for _, done := range taken {
-				_ = d.removeSnapshot(done)
+				_ = d.volumes.DeleteSnapshot(done)
 			}
 			_ = d.store.DeleteGroupSnapshot(g.ID)
 			return nil, err
@@ -146,7 +146,7 @@ func (s *groupControllerServer) DeleteVolumeGroupSnapshot(ctx context.Context, r
 	}
 	for _, sid := range g.SnapshotIDs {
 		if sn, ok := d.store.GetSnapshot(sid); ok {
-			if err := d.removeSnapshot(sn); err != nil {
+			if err := d.volumes.DeleteSnapshot(sn); err != nil {
 				return nil, err
 			}
 		}

@@ -183,7 +183,7 @@ func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVol
 		return nil, status.Errorf(codes.NotFound, "volume path %s: %v", path, err)
 	}
 	if !fi.IsDir() || v.AccessType == state.Block {
-		size, err := d.images.DeviceSize(path)
+		size, err := d.volumes.Images().DeviceSize(path)
 		if err != nil {
 			return nil, volume.Internal("reading block device size", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	mount "k8s.io/mount-utils"
@@ -340,5 +341,48 @@ func TestPublish(t *testing.T) {
 	}
 	if n := e.images.attached(); n != 0 {
 		t.Fatalf("%d loop devices left attached after unstage", n)
+	}
+}
+
+// fullImages is a pool without room: every image it creates fails with ENOSPC.
+type fullImages struct{ *fakeImages }
+
+func (fullImages) Create(string, int64) error { return unix.ENOSPC }
+
+// TestCreateAndSnapshotRollBack: a failed image operation leaves no record and no image, and a
+// full pool is ResourceExhausted.
+func TestCreateAndSnapshotRollBack(t *testing.T) {
+	e := newFakeEnv(t, false)
+	chosen, _ := e.s.pools.Get("fast")
+	v, err := e.s.Create(state.Volume{Name: "pvc-1", CapacityBytes: 16 << 20, AccessType: state.Mount}, chosen, "")
+	if err != nil || !v.Ready || PoolOfVolumeID(v.ID) != "fast" {
+		t.Fatalf("Create: %+v %v", v, err)
+	}
+	sn, err := e.s.Snapshot(v, "snap-1", "")
+	if err != nil || !sn.Ready || sn.SizeBytes != v.CapacityBytes {
+		t.Fatalf("Snapshot: %+v %v", sn, err)
+	}
+
+	e.s.images = fullImages{e.images}
+	_, err = e.s.Create(state.Volume{Name: "pvc-2", CapacityBytes: 16 << 20}, chosen, "")
+	wantCode(t, err, codes.ResourceExhausted)
+	if _, ok := e.store.GetVolumeByName("pvc-2"); ok {
+		t.Fatal("record of a failed CreateVolume left behind")
+	}
+
+	e.s.images = e.images
+	if err := e.s.Delete(v); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.s.Snapshot(v, "snap-2", "")
+	wantCode(t, err, codes.Internal)
+	if _, ok := e.store.GetSnapshotByName("snap-2"); ok {
+		t.Fatal("record of a failed snapshot left behind")
+	}
+	if err := e.s.DeleteSnapshot(sn); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.images.files) != 0 {
+		t.Fatalf("images left: %v", e.images.files)
 	}
 }
