@@ -141,9 +141,12 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
-	// Before anything is created: a dataset that cannot fit is refused here.
-	if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
-		return nil, err
+	// Before anything is created: a dataset that cannot fit is refused here. A clone that holds
+	// its dataset already needs none.
+	if !v.DatasetFilled {
+		if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
+			return nil, err
+		}
 	}
 	if v, err = d.volumes.Create(v, chosen, source); err != nil {
 		return nil, err
