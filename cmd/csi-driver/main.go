@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/registration"
@@ -50,6 +51,11 @@ func main() {
 	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
 	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
 	flag.Float64Var(&cfg.Datasets.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
+	flag.DurationVar(&cfg.Datasets.AccessProofTTL, "dataset-access-ttl", datasource.DefaultAccessProofTTL, "How long a caller's full proof of access to a cached dataset (its own listing matching the cache) is remembered; within it a cache hit costs one pinned read. 0 lists on every hit.")
+	var nfsServers string
+	flag.StringVar(&nfsServers, "nfs-servers", "", "Comma-separated NFS servers (host or host:port, as written in nfs:// URLs) that inline volumes may name; empty refuses nfs:// in inline volumes.")
+	nfsUID := flag.Uint("nfs-uid", datasource.NobodyID, "AUTH_UNIX uid the NFS client presents.")
+	nfsGID := flag.Uint("nfs-gid", datasource.NobodyID, "AUTH_UNIX gid the NFS client presents.")
 	events := flag.Bool("events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
 	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events; empty uses the in-cluster configuration.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
@@ -57,6 +63,11 @@ func main() {
 	if localSourceRoots != "" {
 		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")
 	}
+	if nfsServers != "" {
+		cfg.Datasets.NFSServers = strings.Split(nfsServers, ",")
+	}
+	uid, gid := uint32(*nfsUID), uint32(*nfsGID)
+	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
 	if *showVersion {
 		fmt.Println(version)
 		return

@@ -34,9 +34,10 @@ func (d *Datasets) path(pool string) (string, error) {
 	return p, nil
 }
 
-// Prepare waits, until ctx ends, for the dataset to be staged on pool; see Manager.Wait. With
-// wholeList it waits only until its listing is taken (Manager.Listed): the size is then known,
-// and a dataset larger than capacity is refused before any object is read.
+// Prepare waits, until ctx ends, for the dataset to be staged on pool and for the caller to prove
+// with creds that it may read it; see Manager.Wait. The ready Status names the Version proved.
+// With wholeList it waits only until its listing is taken (Manager.Listed): the size is then
+// known, and a dataset larger than capacity is refused before any object is read.
 func (d *Datasets) Prepare(ctx context.Context, pool string, spec *Spec, creds Credentials, capacity int64, wholeList bool) (Status, error) {
 	p, err := d.path(pool)
 	if err != nil {
@@ -49,26 +50,25 @@ func (d *Datasets) Prepare(ctx context.Context, pool string, spec *Spec, creds C
 	return d.m.Wait(ctx, req)
 }
 
-// Fill copies the dataset staged on pool into target, once; see Manager.Populate.
-func (d *Datasets) Fill(ctx context.Context, pool string, spec *Spec, target string) error {
+// Fill copies the dataset version staged on pool, which the caller proved it may read (the
+// Status.Version Prepare returned), into target, once; see Manager.Populate.
+func (d *Datasets) Fill(ctx context.Context, pool string, spec *Spec, version, target string) error {
 	p, err := d.path(pool)
 	if err != nil {
 		return err
 	}
-	return d.m.Populate(ctx, p, spec, target)
+	return d.m.Populate(ctx, p, spec, version, target)
 }
 
-// Serve references the dataset staged on pool for volumeID and returns its tree, for a
-// read-only bind mount; eviction leaves it alone until Unserve.
-func (d *Datasets) Serve(pool string, spec *Spec, volumeID string) (string, error) {
+// Serve references the dataset version staged on pool, which the caller proved it may read, for
+// volumeID and returns its tree, for a read-only bind mount; eviction leaves it alone until
+// Unserve. See Manager.Acquire.
+func (d *Datasets) Serve(pool string, spec *Spec, version, volumeID string) (string, error) {
 	p, err := d.path(pool)
 	if err != nil {
 		return "", err
 	}
-	if err := d.m.Acquire(p, spec, volumeID); err != nil {
-		return "", err
-	}
-	return d.m.TreePath(p, spec)
+	return d.m.Acquire(p, spec, version, volumeID)
 }
 
 // Unserve drops volumeID's reference to the dataset datasetID on pool. A pool no longer

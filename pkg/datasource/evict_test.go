@@ -80,7 +80,7 @@ func TestEviction(t *testing.T) {
 		}
 	}
 	// b is bind-mounted by a volume; a is older and unused.
-	if err := m.Acquire(pool, spec("b"), "vol-b"); err != nil {
+	if _, err := m.Acquire(pool, spec("b"), "", "vol-b"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec("c"), Pool: pool}); err != nil {

@@ -45,6 +45,8 @@ type meta struct {
 	// Alloc estimates the space the files take in a filesystem (4 KiB blocks, one per directory).
 	Alloc int64     `json:"alloc"`
 	Ready time.Time `json:"ready,omitzero"`
+	// Digest identifies the manifest's entries (access.go); empty in caches from before it.
+	Digest string `json:"digest,omitempty"`
 }
 
 func cacheDir(pool string) string       { return filepath.Join(pool, CacheDirName) }

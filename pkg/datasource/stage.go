@@ -58,6 +58,10 @@ type job struct {
 	tmp  [tmpShards]*dir
 	// resuming is set when staging/ already held files at start.
 	resuming bool
+	// principal is the caller whose credentials stage (access.go).
+	principal string
+	// md is the committed manifest's meta, set before listed is closed.
+	md atomic.Pointer[meta]
 
 	bigMu sync.Mutex
 	big   []*bigFile
@@ -80,11 +84,21 @@ func (j *job) isListed() bool {
 }
 
 func (j *job) status() Status {
-	return Status{
+	st := Status{
 		Dataset: j.req.Spec.Source, Phase: j.phase.Load().(Phase),
 		BytesDone: j.bytesDone.Load(), BytesTotal: j.bytesTotal.Load(),
 		ObjectsDone: j.objsDone.Load(), ObjectsTotal: j.objsTotal.Load(),
 	}
+	if md := j.md.Load(); md != nil {
+		st.Version = md.Digest
+	}
+	return st
+}
+
+// manifestMeta returns the committed manifest's meta and digest; only once listed is closed.
+func (j *job) manifestMeta() (*meta, string) {
+	md := j.md.Load()
+	return md, md.Digest
 }
 
 func (j *job) describe() string { return j.req.Spec.describe() }
@@ -154,6 +168,7 @@ func (j *job) run(ctx context.Context) (err error) {
 	if err := checkCapacity(j.req, md.Bytes, md.Alloc, true); err != nil {
 		return err
 	}
+	j.md.Store(md)
 	close(j.listed)
 	if err := j.m.makeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
 		return err
@@ -194,38 +209,37 @@ func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
 }
 
 // manifest returns the committed manifest, listing the source first if there is none yet. The
-// listing is the dataset's point in time: reads are pinned to the ETags it records.
+// listing is the dataset's point in time: reads are pinned to the ETags it records. A manifest
+// left by an earlier attempt (perhaps another caller's, before a restart) is kept only when this
+// job's caller proves it reads the same data; otherwise what was staged is discarded.
 func (j *job) manifest(ctx context.Context) (*meta, error) {
 	if manifestExists(j.dir) {
 		if md, err := readMeta(j.dir); err == nil {
-			return md, nil
+			err := j.checkResume(ctx, md)
+			if err == nil {
+				return md, nil
+			}
+			if !errors.Is(err, errListingDiffers) {
+				return nil, err
+			}
+			klog.FromContext(ctx).Info("discarding a partial staging: the source's listing differs from its manifest")
+			if err := j.discard(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	j.phase.Store(PhaseListing)
 	md := &meta{Spec: j.req.Spec, Created: time.Now().UTC()}
 	filter := j.req.Spec.Filter()
+	var digest digester
 	tmp := filepath.Join(j.dir, objectsFile+".tmp")
 	err := writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		enc := json.NewEncoder(bw)
 		err := j.src.List(ctx, func(o source.Object) error {
-			if o.Type == source.Dir {
-				if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
-					return nil
-				}
-			} else if !filter.Match(o.Key) {
-				return nil
-			}
-			if err := source.ValidateKey(o.Key); err != nil {
+			keep, err := keepEntry(filter, o)
+			if err != nil || !keep {
 				return err
-			}
-			if o.Type == source.Symlink {
-				if err := source.ValidateSymlink(o.Key, o.Target); err != nil {
-					return err
-				}
-			}
-			if o.Size < 0 {
-				return source.Errorf(source.Invalid, "entry %q has a negative size", o.Key)
 			}
 			md.Objects++
 			md.Bytes += o.Size
@@ -238,6 +252,9 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
 				return err // refuse as soon as it is known, before any download
 			}
+			if err := digest.add(o); err != nil {
+				return err
+			}
 			return enc.Encode(o)
 		})
 		if err != nil {
@@ -246,6 +263,7 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		if err := bw.Flush(); err != nil {
 			return err
 		}
+		md.Digest = digest.sum()
 		// meta.json first: objects.jsonl appearing is the commit point.
 		return writeMeta(j.dir, md)
 	})
@@ -254,6 +272,47 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		return nil, err
 	}
 	return md, nil
+}
+
+// checkResume proves that this job's caller reads the data of the manifest an earlier attempt
+// left: its own listing matches, and one file reads pinned to its ETag.
+func (j *job) checkResume(ctx context.Context, md *meta) error {
+	digest, err := manifestDigest(j.dir, md)
+	if err != nil {
+		return err
+	}
+	md.Digest = digest
+	got, err := listingDigest(ctx, j.src, j.req.Spec)
+	if err != nil {
+		return err
+	}
+	if got != digest {
+		return errListingDiffers
+	}
+	err = j.m.pinnedRead(ctx, j.src, j.dir, md)
+	if source.KindOf(err) == source.Changed {
+		return fmt.Errorf("%w: %w", errListingDiffers, err)
+	}
+	return err
+}
+
+// discard removes what an earlier attempt staged under a manifest this caller cannot use.
+func (j *job) discard() error {
+	if err := os.Remove(filepath.Join(j.dir, objectsFile)); err != nil && !isNotExist(err) {
+		return err
+	}
+	staging := filepath.Join(j.dir, stagingDir)
+	ents, err := os.ReadDir(staging)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(staging, e.Name())); err != nil {
+			return err
+		}
+	}
+	j.resuming = false
+	return syncDir(j.dir)
 }
 
 type task struct {

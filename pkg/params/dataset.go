@@ -36,6 +36,10 @@ type Dataset struct {
 	Prefix string `json:"-"` // s3: key prefix ending in "/" or empty
 	Host   string `json:"-"` // nfs: host or host:port
 	Path   string `json:"-"` // nfs: export path and subpath; file: absolute node path
+
+	// Inline is set for the volume attributes of an inline ephemeral volume, which any pod author
+	// writes: the manager admits only the NFS servers the administrator allows there.
+	Inline bool `json:"-"`
 }
 
 // parseSource checks the source URL and the options that go with its scheme. Inline volumes may

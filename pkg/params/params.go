@@ -136,6 +136,7 @@ func Parse(m map[string]string, use Use) (Volume, error) {
 	if err := d.parseSource(use == Inline); err != nil {
 		return Volume{}, err
 	}
+	d.Inline = use == Inline
 	v.Dataset = &d
 	return v, nil
 }

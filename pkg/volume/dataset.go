@@ -115,50 +115,48 @@ func budget(ctx context.Context, def time.Duration) (context.Context, context.Ca
 	return context.WithTimeout(ctx, def)
 }
 
-// awaitDataset waits for a volume's dataset to be staged on its pool. It returns Unavailable with
+// awaitDataset waits for a volume's dataset to be staged on its pool and for the caller to prove,
+// with the secrets it brings, that it may read it. It returns the version proved, Unavailable with
 // the progress while staging goes on (kubelet retries), and the staging error with its own code
 // when staging failed.
-func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) error {
+func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) (string, error) {
 	creds, err := datasource.CredentialsFromSecrets(secrets)
 	if err != nil {
-		return status.Error(datasource.Code(err), err.Error())
+		return "", status.Error(datasource.Code(err), err.Error())
 	}
 	wctx, cancel := budget(ctx, 30*time.Second)
 	defer cancel()
 	st, err := s.datasets.Prepare(wctx, poolName, spec, creds, capacity, false)
 	if err != nil {
-		return status.Error(datasource.Code(err), err.Error())
+		return "", status.Error(datasource.Code(err), err.Error())
 	}
 	if !st.Ready() {
-		return status.Errorf(codes.Unavailable, "%s; retry later", st)
+		return "", status.Errorf(codes.Unavailable, "%s; retry later", st)
 	}
-	return nil
+	return st.Version, nil
 }
 
-// fillDataset copies the staged dataset into a volume's new filesystem; a volume already
-// populated is left alone (its data is the user's now).
-func (s *Service) fillDataset(ctx context.Context, spec *datasource.Spec, poolName, target string) error {
+// fillDataset copies the staged dataset version the caller proved it may read into a volume's
+// new filesystem; a volume already populated is left alone (its data is the user's now).
+func (s *Service) fillDataset(ctx context.Context, spec *datasource.Spec, version, poolName, target string) error {
 	if datasource.Populated(target, spec) {
 		return nil
 	}
-	if err := s.datasets.Fill(ctx, poolName, spec, target); err != nil {
+	if err := s.datasets.Fill(ctx, poolName, spec, version, target); err != nil {
 		return status.Errorf(datasource.Code(err), "filling volume from %s: %v", spec, err)
 	}
 	return nil
 }
 
 // DatasetProblem says what keeps a volume's dataset from being ready on its pool: Reason
-// DatasetStaging while it stages, DatasetFailed when staging failed; empty when there is none.
+// DatasetStaging, with the progress, while it stages; empty otherwise. Failures are told to the
+// caller whose attempt failed (NodeStageVolume's error), not here.
 func (s *Service) DatasetProblem(v state.Volume) (reason, message string) {
 	spec, err := recordedDataset(v)
 	if err != nil || spec == nil {
 		return "", ""
 	}
-	st, known, err := s.datasets.Status(v.Pool, spec)
-	switch {
-	case err != nil:
-		return "DatasetFailed", err.Error()
-	case known && !st.Ready():
+	if st, known, err := s.datasets.Status(v.Pool, spec); err == nil && known && !st.Ready() {
 		return "DatasetStaging", st.String()
 	}
 	return "", ""

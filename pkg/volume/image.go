@@ -264,8 +264,9 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 		return "", err
 	}
 	fill := spec != nil && !v.DatasetFilled
+	var version string // of the dataset, which the caller proved it may read
 	if fill {
-		if err := s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
+		if version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
 			return "", err
 		}
 	}
@@ -289,7 +290,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 		}
 	}
 	if fill {
-		if err := s.fillDataset(ctx, spec, v.Pool, target); err != nil {
+		if err := s.fillDataset(ctx, spec, version, v.Pool, target); err != nil {
 			return undo(err)
 		}
 		v.DatasetFilled = true

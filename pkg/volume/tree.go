@@ -95,7 +95,8 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		}
 		poolName = chosen.Name
 	}
-	if err := s.awaitDataset(ctx, spec, poolName, 0, secrets); err != nil {
+	version, err := s.awaitDataset(ctx, spec, poolName, 0, secrets)
+	if err != nil {
 		return err
 	}
 	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: attrs, Path: path, Inline: tv.inline}
@@ -104,7 +105,7 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		return Internal("saving dataset volume state", err)
 	}
 	tv.rec = &rec
-	tree, err := s.datasets.Serve(poolName, spec, tv.id)
+	tree, err := s.datasets.Serve(poolName, spec, version, tv.id)
 	if err != nil {
 		return status.Error(datasource.Code(err), err.Error())
 	}

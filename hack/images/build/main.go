@@ -45,6 +45,7 @@ type image struct {
 type file struct {
 	path string // absolute, in the image
 	pkg  string
+	dir  string // where pkg is built from: this module when empty, else a directory relative to it
 	host string
 	link string
 }
@@ -65,6 +66,10 @@ func images(busybox string) []image {
 				{path: "/bin/sh", link: "busybox"},
 				{path: "/usr/bin/git", pkg: "./git"},
 			}},
+		// The notebook jobs' golden-compare container runs the workload-controller binary itself
+		// (its compare-notebook subcommand), built from the repository's main module.
+		{Name: "controller", Ref: "localhost/cistern/workload-controller:v1", entrypoint: "/usr/local/bin/workload-controller", path: "/usr/local/bin",
+			files: []file{{path: "/usr/local/bin/workload-controller", pkg: "./cmd/workload-controller", dir: "../.."}}},
 		// The notebook container runs `papermill INPUT OUTPUT --log-output`.
 		{Name: "papermill", Ref: "localhost/cistern/papermill:v1", entrypoint: "/usr/local/bin/papermill", path: "/usr/local/bin:/usr/bin:/bin",
 			files: []file{{path: "/usr/local/bin/papermill", pkg: "./papermill"}}},
@@ -130,8 +135,9 @@ func run(out, busybox string) error {
 }
 
 // goBuild builds a static binary: the images have no libc.
-func goBuild(pkg, out string) error {
+func goBuild(pkg, dir, out string) error {
 	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
@@ -155,7 +161,7 @@ func imageLayer(im image, work string) ([]byte, error) {
 			err = tw.WriteHeader(header(f.path, tar.TypeSymlink, 0o777, 0, f.link))
 		case f.pkg != "":
 			bin := filepath.Join(work, im.Name+"-"+filepath.Base(f.path))
-			if err = goBuild(f.pkg, bin); err == nil {
+			if err = goBuild(f.pkg, f.dir, bin); err == nil {
 				err = addFile(tw, bin, f.path)
 			}
 		default:

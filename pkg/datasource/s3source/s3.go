@@ -342,16 +342,6 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 	return source.Plan{PartSize: aws.ToInt64(out.ContentLength)}, nil
 }
 
-// CheckAccess lists one key with the caller's credentials.
-func (s *Source) CheckAccess(ctx context.Context) error {
-	_, err := s.client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{
-		Bucket:  aws.String(s.cfg.Bucket),
-		Prefix:  aws.String(s.cfg.Prefix),
-		MaxKeys: aws.Int32(1),
-	})
-	return classify(err, "checking access to %s", s.where())
-}
-
 // Close drops idle connections.
 func (s *Source) Close() error {
 	s.http.CloseIdleConnections()

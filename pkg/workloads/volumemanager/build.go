@@ -42,11 +42,16 @@ type Config struct {
 	// LocalSourceRoots are the node directories a Local source may name (the driver's
 	// --local-source-roots); with none, Local sources are refused.
 	LocalSourceRoots []string
+	// NFSServers are the NFS servers (host or host:port) an NFS source may name (the driver's
+	// --nfs-servers, the list it allows in inline volumes); with none, NFS sources are refused:
+	// any namespace user writes a VolumeManager.
+	NFSServers []string
 }
 
 // DatasetAttributes turns a volume config into the driver's dataset parameters. They are checked
 // by the driver's own parser (pkg/params), so admission and the node give the same errors; on top,
-// the source URL must match its type, and a Local path must be under an allowed root.
+// the source URL must match its type, a Local path must be under an allowed root and an NFS server
+// must be one the administrator allows.
 func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]string, error) {
 	want := map[datav1alpha1.SourceType]string{datav1alpha1.SourceS3: "s3", datav1alpha1.SourceNFS: "nfs", datav1alpha1.SourceLocal: "file"}[vc.SourceType]
 	if want == "" {
@@ -75,8 +80,12 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 			return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
 		}
 	}
-	if _, err := params.Parse(attrs, params.StaticPV); err != nil {
+	parsed, err := params.Parse(attrs, params.StaticPV)
+	if err != nil {
 		return nil, err
+	}
+	if host := parsed.Dataset.Host; vc.SourceType == datav1alpha1.SourceNFS && !slices.Contains(cfg.NFSServers, host) {
+		return nil, fmt.Errorf("sourceURL %q: NFS server %s is not allowed (the administrator allows servers with --nfs-servers)", vc.SourceURL, host)
 	}
 	return attrs, nil
 }

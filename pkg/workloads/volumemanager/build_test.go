@@ -13,7 +13,7 @@ import (
 )
 
 func TestDatasetAttributes(t *testing.T) {
-	cfg := Config{LocalSourceRoots: []string{"/srv/datasets/"}}
+	cfg := Config{LocalSourceRoots: []string{"/srv/datasets/"}, NFSServers: []string{"server"}}
 	tests := []struct {
 		name    string
 		vc      datav1alpha1.VolumeConfig
@@ -27,6 +27,8 @@ func TestDatasetAttributes(t *testing.T) {
 				consts.ParamRegion: "us-east-1", consts.ParamPathStyle: "true", consts.ParamInclude: "*.parquet", consts.ParamExclude: "tmp/*"}},
 		{name: "nfs", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data"},
 			want: map[string]string{consts.ParamSource: "nfs://server/export/data"}},
+		{name: "failure case - nfs server not allowed", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://10.0.0.9/export"},
+			wantErr: "NFS server 10.0.0.9 is not allowed"},
 		{name: "local under an allowed root", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/imagenet"},
 			want: map[string]string{consts.ParamSource: "file:///srv/datasets/imagenet"}},
 		{name: "failure case - local outside the roots", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///etc"},
