@@ -6,9 +6,9 @@ VERSITYGW := $(CISTERN_CACHE)/versitygw-$(VERSITYGW_VERSION)/bin/versitygw
 RCLONE := $(CISTERN_CACHE)/rclone-$(RCLONE_VERSION)/bin/rclone
 S3_TOOLS_MOD := hack/tools/s3
 
-.PHONY: s3-tools test-datasource bench-datasource
+.PHONY: s3-tools test-datasource bench-datasource bench-glob
 TEST_TARGETS += test-datasource
-BENCH_TARGETS += bench-datasource
+BENCH_TARGETS += bench-datasource bench-glob
 
 s3-tools: $(VERSITYGW) $(RCLONE)
 
@@ -33,3 +33,7 @@ bench-datasource: s3-tools
 test-driver: $(VERSITYGW)
 test-driver: export CISTERN_VERSITYGW := $(VERSITYGW)
 test-driver: export CISTERN_REQUIRE_PEERS := 1
+
+# Include/exclude matching at its worst: many "**" against a deep key that does not match.
+bench-glob:
+	$(GO) test -count=1 -run '^$$' -bench BenchmarkFilterWorstCase ./pkg/datasource/source/

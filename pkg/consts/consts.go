@@ -34,6 +34,11 @@ const (
 	ParamInclude   = "include"
 	ParamExclude   = "exclude"
 
+	// VolumeManagerHandlePrefix starts the volume handle of every static PV the VolumeManager
+	// controller makes. Only holders of PV create permission can name a handle, so the driver
+	// treats such PVs as written by the VolumeManager's (untrusted) author.
+	VolumeManagerHandlePrefix = "cistern-vm-"
+
 	// LabelPool and LabelNode label StoragePool objects.
 	LabelPool = "cistern.csi.dev/pool"
 	LabelNode = "cistern.csi.dev/node"

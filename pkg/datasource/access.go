@@ -102,7 +102,7 @@ func (d *digester) sum() string {
 
 // keepEntry is staging's filter over listed entries: it says whether o belongs to the dataset
 // and refuses entries that could not be staged safely.
-func keepEntry(filter source.Filter, o source.Object) (bool, error) {
+func keepEntry(limits Limits, filter source.Filter, o source.Object) (bool, error) {
 	if o.Type == source.Dir {
 		if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
 			return false, nil
@@ -111,6 +111,9 @@ func keepEntry(filter source.Filter, o source.Object) (bool, error) {
 		return false, nil
 	}
 	if err := source.ValidateKey(o.Key); err != nil {
+		return false, err
+	}
+	if err := limits.checkKey(o.Key); err != nil {
 		return false, err
 	}
 	if o.Type == source.Symlink {
@@ -125,12 +128,17 @@ func keepEntry(filter source.Filter, o source.Object) (bool, error) {
 }
 
 // listingDigest lists src as staging would and returns the digest of what it keeps.
-func listingDigest(ctx context.Context, src source.Source, spec *Spec) (string, error) {
+func listingDigest(ctx context.Context, src source.Source, spec *Spec, limits Limits) (string, error) {
 	filter := spec.Filter()
 	var d digester
+	var bytes int64
 	err := src.List(ctx, func(o source.Object) error {
-		keep, err := keepEntry(filter, o)
+		keep, err := keepEntry(limits, filter, o)
 		if err != nil || !keep {
+			return err
+		}
+		bytes += o.Size
+		if err := limits.checkTotals(int64(len(d.sums)+1), bytes); err != nil {
 			return err
 		}
 		return d.add(o)
@@ -271,7 +279,7 @@ func (m *Manager) fullProof(ctx context.Context, req Request, dir string, md *me
 		return err
 	}
 	defer src.Close()
-	got, err := listingDigest(ctx, src, req.Spec)
+	got, err := listingDigest(ctx, src, req.Spec, m.limits)
 	if err != nil {
 		return err
 	}

@@ -50,6 +50,9 @@ func (d *Datasets) Prepare(ctx context.Context, pool string, spec *Spec, creds C
 	return d.m.Wait(ctx, req)
 }
 
+// CheckEndpoint refuses an S3 endpoint the caller may not name; see Manager.CheckEndpoint.
+func (d *Datasets) CheckEndpoint(spec *Spec) error { return d.m.CheckEndpoint(spec) }
+
 // Fill copies the dataset version staged on pool, which the caller proved it may read (the
 // Status.Version Prepare returned), into target, once; see Manager.Populate.
 func (d *Datasets) Fill(ctx context.Context, pool string, spec *Spec, version, target string) error {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
@@ -51,9 +52,15 @@ type Config struct {
 	// --nfs-servers); empty refuses nfs:// in inline volumes. Administrators' StorageClasses and
 	// PersistentVolumes may name any server.
 	NFSServers []string
+	// Limits bound what one dataset may make the node spend; zero fields get DefaultLimits.
+	Limits Limits
 	// NFSUID and NFSGID are the AUTH_UNIX identity the NFS client presents (flags --nfs-uid,
 	// --nfs-gid); 65534 (nobody) unless set.
 	NFSUID, NFSGID *uint32
+	// TenantEndpoints are the S3 endpoints tenant datasets (Spec.Tenant) may name (flag
+	// --tenant-s3-endpoints); empty allows any endpoint that is not link-local or a metadata
+	// service.
+	TenantEndpoints egress.Allow
 }
 
 // Phase is the state of a dataset on one pool.
@@ -114,6 +121,7 @@ type Manager struct {
 	stop    context.CancelFunc
 	slots   chan struct{}
 	limiter *rate.Limiter
+	limits  Limits
 	metrics *metrics
 
 	// principalKey keys the hash that tells callers apart (access.go).
@@ -128,7 +136,9 @@ type Manager struct {
 	inUse   map[string]int       // pool/id -> in-memory users (Populate)
 	proofs  map[string]time.Time // digest/principal -> proof valid until
 	proving map[string]*proof    // digest/principal -> proof under way
-	poolMu  map[string]*sync.Mutex
+	// perSource holds the concurrency slots of each source endpoint.
+	perSource map[string]chan struct{}
+	poolMu    map[string]*sync.Mutex
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -174,6 +184,8 @@ func NewManager(cfg Config) (*Manager, error) {
 		inUse:        map[string]int{},
 		proofs:       map[string]time.Time{},
 		proving:      map[string]*proof{},
+		perSource:    map[string]chan struct{}{},
+		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
 		poolMu:       map[string]*sync.Mutex{},
 	}
 	if cfg.NFSUID != nil {
@@ -387,6 +399,7 @@ func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, str
 // other once the manifest is taken and the caller proved it reads the same data. Until then the
 // caller is told only that the dataset is being listed.
 func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (Status, *job, error) {
+	j.want()
 	if j.principal != who {
 		select {
 		case <-j.listed:
@@ -471,10 +484,14 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 	s := req.Spec
 	switch s.Scheme {
 	case SchemeS3:
+		policy, err := m.egressPolicy(s)
+		if err != nil {
+			return nil, err
+		}
 		return s3source.New(s3source.Config{
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
-			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency,
+			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)

@@ -24,6 +24,11 @@ const (
 // these dataset keys, never the driver's.
 type Spec struct {
 	params.Dataset
+	// Tenant marks a dataset a pod author named (an inline volume, a VolumeManager): its S3
+	// endpoint must be in the administrator's allow-list (Config.TenantEndpoints). The caller
+	// sets it; it is kept with a staging job (a resumed one stays restricted) but is not part of
+	// the dataset's identity.
+	Tenant bool `json:"tenant,omitempty"`
 }
 
 // SpecOf wraps a parsed dataset; nil stays nil.

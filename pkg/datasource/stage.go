@@ -60,6 +60,10 @@ type job struct {
 	resuming bool
 	// principal is the caller whose credentials stage (access.go).
 	principal string
+	// wanted is when a caller last asked for the dataset (UnixNano); see Limits.AbandonAfter.
+	wanted atomic.Int64
+	// sourceSlots bound the node's reads from the job's source endpoint.
+	sourceSlots chan struct{}
 	// md is the committed manifest's meta, set before listed is closed.
 	md atomic.Pointer[meta]
 
@@ -68,10 +72,15 @@ type job struct {
 }
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
-	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{})}
+	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
+		sourceSlots: m.sourceSlots(req.Spec)}
 	j.phase.Store(PhaseListing)
+	j.want()
 	return j
 }
+
+// want records that a caller asked for the dataset.
+func (j *job) want() { j.wanted.Store(time.Now().UnixNano()) }
 
 // isListed reports whether the manifest is taken, so that bytesTotal is the dataset's size.
 func (j *job) isListed() bool {
@@ -105,14 +114,21 @@ func (j *job) describe() string { return j.req.Spec.describe() }
 
 func (j *job) run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancelDeadline := context.WithTimeoutCause(ctx, j.m.limits.JobDeadline,
+		source.Errorf(source.Retryable, "staging took longer than %s", j.m.limits.JobDeadline))
+	defer cancelDeadline()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go j.watchInterest(ctx, cancel)
 	defer func() {
 		if err == nil {
 			return
 		}
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+			err = cause // the deadline or abandonment, not the read it interrupted
+		}
 		j.phase.Store(PhaseFailed)
-		if ctx.Err() == nil && source.IsPermanent(err) {
+		if errors.Is(err, errAbandoned) || ctx.Err() == nil && source.IsPermanent(err) {
 			// Nothing is left behind of a dataset that cannot be staged.
 			if rerr := removeAllQuick(j.dir); rerr != nil {
 				logger.Error(rerr, "cleaning up failed dataset")
@@ -235,27 +251,37 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 	tmp := filepath.Join(j.dir, objectsFile+".tmp")
 	err := writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
-		enc := json.NewEncoder(bw)
+		written := &countingWriter{w: bw}
+		enc := json.NewEncoder(written)
+		limits := j.m.limits
 		err := j.src.List(ctx, func(o source.Object) error {
-			keep, err := keepEntry(filter, o)
+			keep, err := keepEntry(limits, filter, o)
 			if err != nil || !keep {
 				return err
 			}
 			md.Objects++
 			md.Bytes += o.Size
-			md.Alloc += allocSize(o.Size)
-			if o.Type == source.Dir {
-				md.Alloc += 4096
-			}
+			md.Alloc += entryAlloc(o)
 			j.objsTotal.Store(md.Objects)
 			j.bytesTotal.Store(md.Bytes)
-			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
-				return err // refuse as soon as it is known, before any download
+			// Refuse as soon as it is known, before any download.
+			if err := limits.checkTotals(md.Objects, md.Bytes); err != nil {
+				return err
 			}
+			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
+				return err
+			}
+
 			if err := digest.add(o); err != nil {
 				return err
 			}
-			return enc.Encode(o)
+			if err := enc.Encode(o); err != nil {
+				return err
+			}
+			if written.n > limits.MaxManifestBytes {
+				return source.Errorf(source.TooLarge, "its manifest is larger than %s, the most a dataset may have on this node", humanBytes(limits.MaxManifestBytes))
+			}
+			return nil
 		})
 		if err != nil {
 			return err
@@ -282,7 +308,7 @@ func (j *job) checkResume(ctx context.Context, md *meta) error {
 		return err
 	}
 	md.Digest = digest
-	got, err := listingDigest(ctx, j.src, j.req.Spec)
+	got, err := listingDigest(ctx, j.src, j.req.Spec, j.m.limits)
 	if err != nil {
 		return err
 	}
@@ -487,8 +513,9 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	return nil
 }
 
-// runTask runs t within the object's stream limit, then the node's concurrency limit, in that
-// order, so a task waiting for its object never holds a node slot.
+// runTask runs t within the object's stream limit, its source's limit, then the node's
+// concurrency limit, in that order, so a task waiting for its object or a slow source never holds
+// a node slot.
 func (j *job) runTask(ctx context.Context, t task) error {
 	if t.big != nil {
 		select {
@@ -498,6 +525,12 @@ func (j *job) runTask(ctx context.Context, t task) error {
 		}
 		defer func() { <-t.big.streams }()
 	}
+	select {
+	case j.sourceSlots <- struct{}{}:
+	case <-ctx.Done():
+		return nil
+	}
+	defer func() { <-j.sourceSlots }()
 	select {
 	case j.m.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -639,7 +672,8 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 	)
 	for attempt := 0; ; attempt++ {
 		var rc io.ReadCloser
-		rc, err = j.src.Open(ctx, o, off+written, n-written)
+		actx, cancel := context.WithTimeoutCause(ctx, j.m.limits.readTimeout(n-written), errTooSlow)
+		rc, err = j.src.Open(actx, o, off+written, n-written)
 		if err == nil {
 			if written == 0 {
 				// A resumed read continues the same digest: reads are pinned to the listed
@@ -655,9 +689,10 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 				}
 			}
 			var k int64
-			k, err = j.copyAt(ctx, f, off+written, n-written, rc, h)
+			k, err = j.copyAt(actx, f, off+written, n-written, rc, h)
 			written += k
 			rc.Close()
+			cancel()
 			if err == nil && written < n {
 				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
 			}
@@ -676,8 +711,12 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 				return false, nil, nil
 			}
 		}
+		cancel()
 		if ctx.Err() != nil {
 			return false, nil, context.Cause(ctx)
+		}
+		if errors.Is(context.Cause(actx), errTooSlow) {
+			err = source.Wrap(source.Retryable, errTooSlow, "%q", o.Key)
 		}
 		if source.KindOf(err) != source.Retryable || attempt+1 >= j.m.cfg.Retries {
 			j.bytesDone.Add(-written)

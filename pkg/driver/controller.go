@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -64,6 +65,11 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	}
 	if pl.Dataset != nil && shape.access == state.Block {
 		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
+	}
+	if pl.Dataset != nil && (req.GetVolumeContentSource().GetSnapshot() != nil || req.GetVolumeContentSource().GetVolume() != nil) {
+		// Filling a restored volume from a dataset would overwrite (or, for a dataset that
+		// shrank, delete) restored files.
+		return nil, status.Errorf(codes.InvalidArgument, "parameter %q and a snapshot or volume content source exclude each other", consts.ParamSource)
 	}
 	size, err := volumeSize(req.GetCapacityRange(), shape, d.cfg.DefaultVolumeSize)
 	if err != nil {
@@ -123,9 +129,6 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		v.Pool = src.Pool
 		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < size
-		// The copy holds what the source holds now (the source is locked): its dataset, if the
-		// same one was filled in.
-		v.DatasetFilled = src.DatasetFilled && volume.SameDataset(src.Parameters, req.GetParameters())
 		if source, err = d.volumes.ImagePath(src); err != nil {
 			return nil, err
 		}
@@ -141,12 +144,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
-	// Before anything is created: a dataset that cannot fit is refused here. A clone that holds
-	// its dataset already needs none.
-	if !v.DatasetFilled {
-		if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
-			return nil, err
-		}
+	// Before anything is created: a dataset that cannot fit is refused here.
+	if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
+		return nil, err
 	}
 	if v, err = d.volumes.Create(v, chosen, source); err != nil {
 		return nil, err

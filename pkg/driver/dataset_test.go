@@ -108,28 +108,6 @@ func TestDatasetDynamicVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Run("a clone holds the dataset and the user's changes", func(t *testing.T) {
-		resp, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "ds-clone", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
-			VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}, Parameters: vol.VolumeContext,
-			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: vol.VolumeId}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		clone := resp.GetVolume()
-		if rec, _ := env.driver.store.GetVolume(clone.VolumeId); !rec.DatasetFilled {
-			t.Fatalf("clone record %+v: not marked as holding its dataset", rec)
-		}
-		cloneStaging := filepath.Join(env.dir, "staging", clone.VolumeId)
-		if _, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: clone.VolumeId,
-			StagingTargetPath: cloneStaging, VolumeCapability: mountCap(""), VolumeContext: clone.VolumeContext}); err != nil {
-			t.Fatal(err)
-		}
-		checkFiles(t, cloneStaging, map[string]string{"a.txt": "changed by the user", "d/b.txt": "beta"})
-		if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: clone.VolumeId, StagingTargetPath: cloneStaging}); err != nil {
-			t.Fatal(err)
-		}
-	})
-
 	t.Run("failure case - source outside the allowed roots", func(t *testing.T) {
 		vol := env.create("ds-2", 64<<20, map[string]string{"source": "file:///etc"})
 		err := retryUnavailable(t, func() error {

@@ -68,6 +68,8 @@ func TestParseDataset(t *testing.T) {
 		{name: "failure case - endpoint on nfs", params: map[string]string{"source": "nfs://h/x", "endpoint": "http://x"}, wantKind: source.Invalid},
 		{name: "failure case - file in ephemeral volume", params: map[string]string{"source": "file:///srv/x"}, ephemeral: true, wantKind: source.Denied},
 		{name: "failure case - bad glob", params: map[string]string{"source": "s3://b", "include": "[a"}, wantKind: source.Invalid},
+		{name: "failure case - too many globs", params: map[string]string{"source": "s3://b", "exclude": strings.Repeat("a,", 65)}, wantKind: source.Invalid},
+		{name: "failure case - glob too deep", params: map[string]string{"source": "s3://b", "include": strings.Repeat("**/", 40) + "x"}, wantKind: source.Invalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			use := StorageClass

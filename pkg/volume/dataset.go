@@ -2,12 +2,14 @@ package volume
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -24,7 +26,7 @@ func ParseParams(m map[string]string, use params.Use) (params.Volume, error) {
 }
 
 // recordedDataset returns the dataset of a volume the driver recorded, or nil: its parameters
-// were checked when it was created.
+// were checked when it was created. An inline volume's dataset is a tenant's (docs/security.md).
 func recordedDataset(v state.Volume) (*datasource.Spec, error) {
 	use := params.StorageClass
 	if v.Ephemeral {
@@ -34,7 +36,17 @@ func recordedDataset(v state.Volume) (*datasource.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	return datasource.SpecOf(p.Dataset), nil
+	spec := datasource.SpecOf(p.Dataset)
+	if spec != nil {
+		spec.Tenant = v.Ephemeral
+	}
+	return spec, nil
+}
+
+// tenantVolume says whether a static PV was written by the VolumeManager controller for a
+// namespace user rather than by an administrator.
+func tenantVolume(volumeID string) bool {
+	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
 }
 
 // volumeDataset returns the dataset of an image-backed volume, from its CreateVolume parameters
@@ -55,16 +67,6 @@ func volumeDataset(v state.Volume, volumeContext map[string]string) (*datasource
 		return nil, err
 	}
 	return datasource.SpecOf(p.Dataset), nil
-}
-
-// SameDataset says whether two volumes' StorageClass parameters name the same dataset.
-func SameDataset(a, b map[string]string) bool {
-	pa, errA := params.Parse(a, params.StorageClass)
-	pb, errB := params.Parse(b, params.StorageClass)
-	if errA != nil || errB != nil || pa.Dataset == nil || pb.Dataset == nil {
-		return false
-	}
-	return pa.Dataset.ID() == pb.Dataset.ID()
 }
 
 // usableBytes is what a dataset may take of a volume: the filesystem keeps some for itself.
@@ -120,6 +122,9 @@ func budget(ctx context.Context, def time.Duration) (context.Context, context.Ca
 // the progress while staging goes on (kubelet retries), and the staging error with its own code
 // when staging failed.
 func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) (string, error) {
+	if err := s.datasets.CheckEndpoint(spec); err != nil {
+		return "", status.Error(datasource.Code(err), err.Error())
+	}
 	creds, err := datasource.CredentialsFromSecrets(secrets)
 	if err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())

@@ -84,6 +84,8 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	if spec == nil {
 		return status.Errorf(codes.InvalidArgument, "volume %s names no %s", tv.id, consts.ParamSource)
 	}
+	// A pod author's (inline) or a namespace user's (VolumeManager) dataset: docs/security.md.
+	spec.Tenant = tv.inline || tenantVolume(tv.id)
 	poolName := ""
 	if tv.rec != nil {
 		poolName = tv.rec.Pool // stay where the first attempt staged

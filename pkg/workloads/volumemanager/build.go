@@ -33,7 +33,11 @@ const (
 	Finalizer = "data.cistern.dev/release-volumes"
 )
 
-var defaultCapacity = resource.MustParse("1Gi")
+var (
+	defaultCapacity = resource.MustParse("1Gi")
+	// maxCapacity bounds a VolumeConfig's capacity (the CRD cannot: see its field comment).
+	maxCapacity = resource.MustParse("1Pi")
+)
 
 // Config is what the admin decides for every VolumeManager.
 type Config struct {
@@ -50,8 +54,8 @@ type Config struct {
 
 // DatasetAttributes turns a volume config into the driver's dataset parameters. They are checked
 // by the driver's own parser (pkg/params), so admission and the node give the same errors; on top,
-// the source URL must match its type, a Local path must be under an allowed root and an NFS server
-// must be one the administrator allows.
+// the source URL must match its type, a Local path must be under an allowed root, an NFS server
+// must be one the administrator allows, and the capacity must be within bounds.
 func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]string, error) {
 	want := map[datav1alpha1.SourceType]string{datav1alpha1.SourceS3: "s3", datav1alpha1.SourceNFS: "nfs", datav1alpha1.SourceLocal: "file"}[vc.SourceType]
 	if want == "" {
@@ -73,6 +77,9 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 	}
 	if u.Scheme != want {
 		return nil, fmt.Errorf("sourceURL %q: a %s source must start with %s://", vc.SourceURL, vc.SourceType, want)
+	}
+	if vc.Capacity != nil && (vc.Capacity.Sign() <= 0 || vc.Capacity.Cmp(maxCapacity) > 0) {
+		return nil, fmt.Errorf("capacity %s is not more than 0 and at most %s", vc.Capacity.String(), maxCapacity.String())
 	}
 	if vc.SourceType == datav1alpha1.SourceLocal {
 		// Before the parser: it would name a ".." segment less plainly.
@@ -119,7 +126,7 @@ func objectName(vm *datav1alpha1.VolumeManager, id string, nodes []string) strin
 // pvName is cluster-wide, so it carries the namespace too.
 func pvName(vm *datav1alpha1.VolumeManager, id string, nodes []string) string {
 	sum := sha256.Sum256([]byte(vm.Namespace + "/" + objectName(vm, id, nodes)))
-	return "cistern-vm-" + hex.EncodeToString(sum[:])[:20]
+	return consts.VolumeManagerHandlePrefix + hex.EncodeToString(sum[:])[:20]
 }
 
 func accessMode(vc *datav1alpha1.VolumeConfig) corev1.PersistentVolumeAccessMode {

@@ -6,7 +6,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
@@ -47,6 +49,10 @@ func TestDatasetAttributes(t *testing.T) {
 		{name: "failure case - bad pattern, as the driver says", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
 			Options: map[string]string{"include": "[a"}},
 			wantErr: "[a"},
+		{name: "failure case - zero capacity", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			Capacity: ptr.To(resource.MustParse("0"))}, wantErr: "capacity 0 is not more than 0"},
+		{name: "failure case - capacity above 1Pi", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			Capacity: ptr.To(resource.MustParse("2Pi"))}, wantErr: "at most 1Pi"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -42,6 +42,9 @@ type Node struct {
 	// Pools maps pool name to its mount point.
 	Pools       map[string]string
 	PoolsConfig string
+	// KubeletRoot stands for kubelet's root directory (the driver's --kubelet-root):
+	// StageAndPublish mounts below it.
+	KubeletRoot string
 
 	Driver, Provisioner, Sidecar *framework.Process
 }
@@ -73,6 +76,7 @@ func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts Nod
 		Socket:      filepath.Join(dir, "csi", "csi.sock"),
 		Pools:       map[string]string{},
 		PoolsConfig: filepath.Join(dir, "pools.yaml"),
+		KubeletRoot: filepath.Join(dir, "kubelet"),
 	}
 	for _, d := range []string{filepath.Dir(n.Socket), filepath.Join(dir, "state"), filepath.Join(dir, "pools")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -108,6 +112,7 @@ func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts Nod
 		"--mode=all",
 		"--pools-config="+n.PoolsConfig,
 		"--state-dir="+filepath.Join(dir, "state"),
+		"--kubelet-root="+n.KubeletRoot,
 		"--pool-check-interval="+orDefault(opts.PoolCheckInterval, 10*time.Second).String(),
 		"--v=3",
 	)
