@@ -2,14 +2,12 @@ package volume
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -41,12 +39,6 @@ func recordedDataset(v state.Volume) (*datasource.Spec, error) {
 		spec.Tenant = v.Ephemeral
 	}
 	return spec, nil
-}
-
-// tenantVolume says whether a static PV was written by the VolumeManager controller for a
-// namespace user rather than by an administrator.
-func tenantVolume(volumeID string) bool {
-	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
 }
 
 // volumeDataset returns the dataset of an image-backed volume, from its CreateVolume parameters

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -132,4 +133,10 @@ func (tv *treeVolume) release(ctx context.Context, path string) error {
 	}
 	klog.FromContext(ctx).V(4).Info("Released cached dataset", "volumeID", t.ID)
 	return nil
+}
+
+// tenantVolume says whether a static PV was written by the VolumeManager controller for a
+// namespace user rather than by an administrator.
+func tenantVolume(volumeID string) bool {
+	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
 }
