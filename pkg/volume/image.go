@@ -48,8 +48,9 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 		return status.Errorf(codes.FailedPrecondition, "volume %s is already staged at %s", iv.id, v.StagingPath)
 	}
 	var dev string
+	unsaved := false // a change that must be written durably
 	if v.AccessType == state.Mount {
-		dev, err = s.mountImage(ctx, &v, r.Path, r.MountFlags, r.VolumeContext, r.Secrets)
+		dev, unsaved, err = s.mountImage(ctx, &v, r.Path, r.MountFlags, r.VolumeContext, r.Secrets)
 	} else {
 		dev, err = s.attach(v)
 	}
@@ -57,7 +58,11 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 		return err
 	}
 	v.StagingPath, v.Device = r.Path, dev
-	if err := s.store.PutVolumeNodeState(v); err != nil {
+	put := s.store.PutVolumeNodeState
+	if unsaved {
+		put = s.store.PutVolume
+	}
+	if err := put(v); err != nil {
 		return Internal("saving volume state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Staged volume", "volumeID", iv.id, "device", dev, "path", r.Path)
@@ -186,7 +191,7 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 	if r.ReadOnly {
 		flags = append(append([]string(nil), flags...), "ro")
 	}
-	dev, err := s.mountImage(ctx, &v, r.Target, flags, r.VolumeContext, r.Secrets)
+	dev, _, err := s.mountImage(ctx, &v, r.Target, flags, r.VolumeContext, r.Secrets)
 	if err != nil {
 		return err
 	}
@@ -253,38 +258,41 @@ func (s *Service) attach(v state.Volume) (string, error) {
 //
 //  1. the dataset, if any, is staged first: while it downloads, a retry touches nothing on the
 //     node (no attach, mkfs, mount, umount, detach);
-//  2. attach, format on first use, mount; a new filesystem is recorded durably at once, so no
-//     later attempt formats it again;
+//  2. attach, format on first use, mount; a new filesystem is recorded durably before anything
+//     else can fail, so no later attempt formats it again;
 //  3. the dataset is copied in once and that is recorded too.
 //
-// On failure nothing stays mounted or attached. v is updated with what was recorded.
-func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string, flags []string, volumeContext, secrets map[string]string) (string, error) {
+// On failure nothing stays mounted or attached. v is updated; unsaved says it holds a change the
+// caller must write durably (a new filesystem with no fill after it: one write instead of two).
+func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string, flags []string, volumeContext, secrets map[string]string) (dev string, unsaved bool, err error) {
 	spec, err := volumeDataset(*v, volumeContext)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	fill := spec != nil && !v.DatasetFilled
 	var version string // of the dataset, which the caller proved it may read
 	if fill {
 		if version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
-			return "", err
+			return "", false, err
 		}
 	}
-	dev, err := s.attach(*v)
-	if err != nil {
-		return "", err
+	if dev, err = s.attach(*v); err != nil {
+		return "", false, err
 	}
-	undo := func(err error) (string, error) {
+	undo := func(err error) (string, bool, error) {
 		_ = mount.CleanupMountPoint(target, s.mounter, true)
 		_ = s.images.Detach(dev)
-		return "", err
+		return "", false, err
 	}
 	if err := s.mountDevice(dev, target, *v, flags); err != nil {
 		return undo(err)
 	}
 	if !v.Formatted || v.NeedsGrow {
-		// A lost Formatted flag would let a later stage format over data: write it durably.
+		// A lost Formatted flag would let a later stage format over data.
 		v.Formatted, v.NeedsGrow = true, false
+		if !fill {
+			return dev, true, nil
+		}
 		if err := s.store.PutVolume(*v); err != nil {
 			return undo(Internal("saving volume state", err))
 		}
@@ -298,7 +306,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 			return undo(Internal("saving volume state", err))
 		}
 	}
-	return dev, nil
+	return dev, false, nil
 }
 
 // Expand makes the loop device of a staged volume see its grown image and grows the filesystem
