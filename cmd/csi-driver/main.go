@@ -54,6 +54,7 @@ func main() {
 	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
 	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
 	flag.Float64Var(&cfg.Datasets.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
+	flag.DurationVar(&cfg.Datasets.ProgressInterval, "dataset-progress-interval", 5*time.Second, "How often a dataset being staged reports its progress to the StoragePool publisher (each report of a changed progress is one status write per staging pool).")
 	flag.DurationVar(&cfg.Datasets.AccessProofTTL, "dataset-access-ttl", datasource.DefaultAccessProofTTL, "How long a caller's full proof of access to a cached dataset (its own listing matching the cache) is remembered; within it a cache hit costs one pinned read. 0 lists on every hit.")
 	var nfsServers string
 	flag.StringVar(&nfsServers, "nfs-servers", "", "Comma-separated NFS servers (host or host:port, as written in nfs:// URLs) that inline volumes may name; empty refuses nfs:// in inline volumes.")

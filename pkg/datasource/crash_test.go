@@ -98,6 +98,15 @@ func TestCrashResume(t *testing.T) {
 		before[k] = proxy.Gets("/data/" + k)
 	}
 	t.Logf("killed with %d of %d objects staged", len(done), len(want))
+	var size int64
+	for _, v := range want {
+		size += int64(len(v))
+	}
+	// The node's inventory, read by a new process, shows the partial dataset, to be resumed.
+	if d := findDataset(inventory(t, newManager(t, datasource.Config{}), pool, 0), spec.ID()); d == nil ||
+		d.State != datasource.DatasetIncomplete || d.BytesTotal != size || d.Source != spec.Source {
+		t.Errorf("inventory after the crash: %+v", d)
+	}
 
 	// The resuming caller proves it reads the same data (access.go): its listing, and one byte of
 	// one file. That byte is not a fetch; every other read of a staged file would be.

@@ -155,6 +155,9 @@ func (m *Manager) evictPool(ctx context.Context, pool string, need int64) {
 		free += c.bytes
 	}
 	pl.Unlock()
+	if len(victims) > 0 {
+		m.changed()
+	}
 
 	for _, c := range victims {
 		if err := os.RemoveAll(c.dir); err != nil {

@@ -44,6 +44,9 @@ type Config struct {
 	OnEvict func(EvictEvent)
 	// EvictInterval is how often Run checks watermarks (0: one minute).
 	EvictInterval time.Duration
+	// ProgressInterval is how often, while a dataset is being staged, the inventory generation
+	// moves so that published progress follows (0: five seconds). At rest it does not move.
+	ProgressInterval time.Duration
 	// AccessProofTTL is how long a caller's full proof of access to a cached dataset (its own
 	// listing matching the cache) is remembered; within it a cache hit costs one pinned read.
 	// 0 lists on every hit.
@@ -129,16 +132,21 @@ type Manager struct {
 	nfsUID       uint32
 	nfsGID       uint32
 
-	mu      sync.Mutex
-	jobs    map[string]*job      // pool/id -> running staging
-	failed  map[string]error     // pool/id/principal -> last failure, reported once to its caller
-	pools   map[string]bool      // known pool dirs
-	inUse   map[string]int       // pool/id -> in-memory users (Populate)
-	proofs  map[string]time.Time // digest/principal -> proof valid until
-	proving map[string]*proof    // digest/principal -> proof under way
+	mu     sync.Mutex
+	jobs   map[string]*job  // pool/id -> running staging
+	failed map[string]error // pool/id/principal -> last failure, reported once to its caller
+	// lastFail is the kind of each pool/id's last failure, for the inventory, until the next attempt.
+	lastFail map[string]failure
+	pools    map[string]bool      // known pool dirs
+	inUse    map[string]int       // pool/id -> in-memory users (Populate)
+	proofs   map[string]time.Time // digest/principal -> proof valid until
+	proving  map[string]*proof    // digest/principal -> proof under way
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
 	poolMu    map[string]*sync.Mutex
+
+	// changes moves whenever an Inventory would read differently (inventory.go).
+	changes changes
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -161,6 +169,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.EvictInterval <= 0 {
 		cfg.EvictInterval = time.Minute
 	}
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = 5 * time.Second
+	}
 	var roots []string
 	for _, r := range cfg.LocalSourceRoots {
 		if !filepath.IsAbs(r) {
@@ -180,6 +191,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		nfsGID:       NobodyID,
 		jobs:         map[string]*job{},
 		failed:       map[string]error{},
+		lastFail:     map[string]failure{},
 		pools:        map[string]bool{},
 		inUse:        map[string]int{},
 		proofs:       map[string]time.Time{},
@@ -296,6 +308,7 @@ func (m *Manager) finished(req Request, j *job) (Status, error) {
 		m.mu.Lock()
 		delete(m.failed, failKey(req.Pool, req.Spec.ID(), j.principal))
 		m.mu.Unlock()
+		m.changed()
 	}
 	return j.status(), j.err
 }
@@ -337,11 +350,13 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		}
 		if failed {
 			pl.Unlock()
+			m.changed()
 			return Status{Dataset: req.Spec.Source, Phase: PhaseFailed}, nil, ferr
 		}
 		if isReady(dir) {
 			touch(dir)
 			pl.Unlock()
+			m.changed()
 			st, digest, err := m.hit(ctx, req, dir)
 			if !errors.Is(err, errListingDiffers) || retired {
 				return st, nil, err
@@ -363,8 +378,10 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		j.principal = who
 		m.mu.Lock()
 		m.jobs[key] = j
+		delete(m.lastFail, key)
 		m.mu.Unlock()
 		pl.Unlock()
+		m.changed()
 		logger.Info("staging dataset", "credentials", req.Creds.String())
 		go m.runJob(logger, key, j)
 		return j.status(), j, nil
@@ -445,10 +462,12 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	delete(m.jobs, key)
 	if err != nil {
 		m.failed[key+"\x00"+j.principal] = err
+		m.recordFailureLocked(key, j.req.Spec, err, time.Now())
 	}
 	m.mu.Unlock()
 	j.err = err
 	close(j.done)
+	m.changed()
 	st := j.status()
 	if err != nil {
 		m.metrics.stagings.WithLabelValues("failed").Inc()
@@ -530,6 +549,7 @@ func (m *Manager) Acquire(pool string, spec *Spec, version, volumeID string) (st
 	if err := writeFileSync(filepath.Join(dir, refsDir, refName(volumeID)), []byte(volumeID)); err != nil {
 		return "", err
 	}
+	m.changed()
 	return filepath.Join(dir, treeDir), nil
 }
 
@@ -576,6 +596,7 @@ func (m *Manager) retire(pool, id, digest string) error {
 	if d, err := manifestDigest(dir, md); err != nil || d != digest {
 		return err // replaced meanwhile
 	}
+	defer m.changed()
 	if refCount(dir) == 0 {
 		return removeDataset(pool, id)
 	}
@@ -603,6 +624,7 @@ func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	err := os.Remove(filepath.Join(dir, refsDir, refName(volumeID)))
 	if err == nil || !isNotExist(err) {
 		touch(dir)
+		m.changed()
 		return err
 	}
 	retired, _ := filepath.Glob(dir + retiredSep + "*")
@@ -614,6 +636,7 @@ func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 		if err != nil {
 			return err
 		}
+		m.changed()
 		pl := m.poolLock(pool)
 		pl.Lock()
 		defer pl.Unlock()
@@ -630,6 +653,7 @@ func (m *Manager) Run(ctx context.Context) {
 	defer m.stop()
 	t := time.NewTicker(m.cfg.EvictInterval)
 	defer t.Stop()
+	go m.watchProgress(ctx.Done(), m.cfg.ProgressInterval)
 	for {
 		for _, p := range m.poolList() {
 			m.evictPool(ctx, p, 0)

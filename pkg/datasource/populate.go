@@ -43,10 +43,12 @@ func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version
 	m.mu.Lock()
 	m.inUse[key]++
 	m.mu.Unlock()
+	m.changed()
 	defer func() {
 		m.mu.Lock()
 		m.inUse[key]--
 		m.mu.Unlock()
+		m.changed()
 	}()
 	dir := datasetDir(pool, id)
 	if err := checkVersion(dir, spec, version); err != nil {

@@ -66,6 +66,8 @@ type job struct {
 	sourceSlots chan struct{}
 	// md is the committed manifest's meta, set before listed is closed.
 	md atomic.Pointer[meta]
+	// started is when the job was created (the inventory's last use of a new dataset).
+	started time.Time
 
 	bigMu sync.Mutex
 	big   []*bigFile
@@ -73,7 +75,7 @@ type job struct {
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
 	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
-		sourceSlots: m.sourceSlots(req.Spec)}
+		sourceSlots: m.sourceSlots(req.Spec), started: time.Now()}
 	j.phase.Store(PhaseListing)
 	j.want()
 	return j
@@ -186,6 +188,7 @@ func (j *job) run(ctx context.Context) (err error) {
 	}
 	j.md.Store(md)
 	close(j.listed)
+	j.m.changed()
 	if err := j.m.makeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
 		return err
 	}
