@@ -2,10 +2,10 @@
 TEST_TARGETS += test-driver sanity
 BENCH_TARGETS += bench-driver
 
-# Packages whose tests need nothing but root, loop devices and mkfs; the pure ones run under the
-# race detector.
+# Packages whose tests need nothing but root, loop devices and mkfs; the pure ones (fakes, no
+# root) run under the race detector.
 DRIVER_PKGS := ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./cmd/csi-driver/...
-DRIVER_UNIT_PKGS := ./pkg/consts/... ./pkg/state/...
+DRIVER_UNIT_PKGS := ./pkg/consts/... ./pkg/state/... ./pkg/params/... ./pkg/volume/...
 
 .PHONY: test-driver sanity bench-driver
 test-driver:

@@ -141,6 +141,17 @@ func (m *Manager) Get(name string) (Status, bool) {
 	return p.copy(), true
 }
 
+// PoolPath returns a configured pool's directory: pkg/datasource resolves pool names through it.
+func (m *Manager) PoolPath(name string) (string, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	p, ok := m.pools[name]
+	if !ok {
+		return "", false
+	}
+	return p.Path, true
+}
+
 // RecordError adds a problem seen outside the health check (for example an I/O error while
 // creating a volume) to the pool's history.
 func (m *Manager) RecordError(name, message string) {
