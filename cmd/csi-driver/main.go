@@ -43,6 +43,8 @@ func main() {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
+	inlinePools := flag.String("inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
 	flag.StringVar(&registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
 	flag.StringVar(&registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
@@ -78,6 +80,9 @@ func main() {
 	if *showVersion {
 		fmt.Println(version)
 		return
+	}
+	if *inlinePools != "" {
+		cfg.Inline.Pools = strings.Split(*inlinePools, ",")
 	}
 	if localSourceRoots != "" {
 		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")

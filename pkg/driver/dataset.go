@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
 )
 
@@ -27,7 +28,7 @@ func (d *Driver) initDatasets(reg *prometheus.Registry) (*datasource.Manager, er
 	cfg := d.cfg.Datasets
 	pools, _ := d.pools.List()
 	for _, p := range pools {
-		cfg.Pools = append(cfg.Pools, p.Path)
+		cfg.Pools = append(cfg.Pools, datasetRoot(p.Spec, d.cfg.NodeID))
 	}
 	m, err := datasource.NewManager(cfg)
 	if err != nil {
@@ -90,4 +91,32 @@ func (d *Driver) migrateTreeRecords() {
 		_ = os.Remove(path)
 	}
 	_ = os.Remove(dir)
+}
+
+// sharedCacheDir holds, in a shared pool, one dataset cache per node.
+const sharedCacheDir = ".cistern-nodes"
+
+// datasetRoot is where the node keeps its dataset cache in pool p: the pool itself, or for a
+// shared pool a directory of the node's own. Nodes that share the storage then never stage into,
+// evict, or serve each other's datasets, which no lock across nodes could make safe on every
+// shared filesystem.
+func datasetRoot(p pool.Spec, node string) string {
+	if p.Shared {
+		return filepath.Join(p.Path, sharedCacheDir, node)
+	}
+	return p.Path
+}
+
+// datasetPools resolves pool names to the node's dataset roots, for datasource.Datasets.
+type datasetPools struct {
+	pools *pool.Manager
+	node  string
+}
+
+func (r datasetPools) PoolPath(name string) (string, bool) {
+	p, ok := r.pools.Get(name)
+	if !ok {
+		return "", false
+	}
+	return datasetRoot(p.Spec, r.node), true
 }

@@ -53,6 +53,8 @@ type Config struct {
 	// KubeletRoot is kubelet's root directory (--root-dir): staging and target paths must be
 	// under it. Empty means DefaultKubeletRoot.
 	KubeletRoot string
+	// Inline bounds inline ephemeral volumes (a pod author's): their size and pools.
+	Inline volume.InlineLimits
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
 	Datasets datasource.Config
 }
@@ -154,7 +156,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 		return nil, fmt.Errorf("invalid dataset config: %w", err)
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
-		Mounter: d.mounter, Resizer: d.resizer, Datasets: datasource.NewDatasets(d.datasets, d.pools)})
+		Mounter: d.mounter, Resizer: d.resizer, Datasets: datasource.NewDatasets(d.datasets, datasetPools{d.pools, cfg.NodeID}), Inline: cfg.Inline})
 	d.migrateTreeRecords()
 	d.recover()
 	return d, nil

@@ -26,6 +26,7 @@ type testPool struct {
 	labels map[string]string
 	size   int64
 	path   string
+	shared bool
 }
 
 // testEnv is a running driver with clients over its real unix socket.
@@ -53,6 +54,9 @@ func writePoolsConfig(t *testing.T, path string, pools []testPool) {
 	b.WriteString("pools:\n")
 	for _, p := range pools {
 		fmt.Fprintf(&b, "- name: %s\n  path: %s\n", p.name, p.path)
+		if p.shared {
+			b.WriteString("  shared: true\n")
+		}
 		if len(p.labels) > 0 {
 			b.WriteString("  labels:\n")
 			for k, v := range p.labels {

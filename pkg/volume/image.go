@@ -156,7 +156,7 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 	}
 	v, exists := s.store.GetVolume(id)
 	if !exists {
-		chosen, err := s.SelectPool(r.Inline.Params, r.Inline.Size)
+		chosen, err := s.selectInlinePool(r.Inline.Params, r.Inline.Size, r.Inline.Size)
 		if err != nil {
 			return err
 		}

@@ -87,18 +87,37 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	}
 	// A pod author's (inline) or a namespace user's (VolumeManager) dataset: docs/security.md.
 	spec.Tenant = tv.inline || tenantVolume(tv.id)
+	// A read-only inline volume's dataset is held to its size like a writable one's: the size
+	// it names, or the largest an inline volume may take.
+	capacity := int64(0)
+	if tv.inline {
+		capacity = pl.Size
+		if capacity == 0 {
+			capacity = s.inline.MaxBytes
+		}
+	}
 	poolName := ""
 	if tv.rec != nil {
 		poolName = tv.rec.Pool // stay where the first attempt staged
 	} else {
-		pools, _ := s.pools.List()
-		chosen, err := pool.Select(pools, pool.Request{Name: pl.Pool, Selector: pl.PoolSelector})
+		var chosen pool.Status
+		var err error
+		if tv.inline {
+			// Room is checked when the dataset's size is known (staging), not against the limit.
+			chosen, err = s.selectInlinePool(pl, capacity, 0)
+		} else {
+			pools, _ := s.pools.List()
+			chosen, err = pool.Select(pools, pool.Request{Name: pl.Pool, Selector: pl.PoolSelector})
+			if err != nil {
+				err = status.Errorf(codes.ResourceExhausted, "node %s: %v", s.nodeID, err)
+			}
+		}
 		if err != nil {
-			return status.Errorf(codes.ResourceExhausted, "node %s: %v", s.nodeID, err)
+			return err
 		}
 		poolName = chosen.Name
 	}
-	version, err := s.awaitDataset(ctx, spec, poolName, 0, secrets)
+	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets)
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -46,6 +48,18 @@ type Config struct {
 	Mounter  *mount.SafeFormatAndMount
 	Resizer  *mount.ResizeFs
 	Datasets *datasource.Datasets
+	// Inline bounds what a pod author's inline volumes may take.
+	Inline InlineLimits
+}
+
+// InlineLimits bound inline ephemeral volumes, which any pod author writes: their size (a
+// writable copy's image, or the dataset a read-only one may cache) and the pools they may use.
+type InlineLimits struct {
+	// MaxBytes is the largest inline volume, and the largest dataset a read-only inline volume
+	// may cache when it names no size. 0: unlimited.
+	MaxBytes int64
+	// Pools are the pools inline volumes may use; empty: every pool.
+	Pools []string
 }
 
 // Service stages, publishes and releases the node's volumes.
@@ -57,12 +71,13 @@ type Service struct {
 	mounter  *mount.SafeFormatAndMount
 	resizer  *mount.ResizeFs
 	datasets *datasource.Datasets
+	inline   InlineLimits
 }
 
 // New returns a Service over cfg.
 func New(cfg Config) *Service {
 	return &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
-		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets}
+		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline}
 }
 
 // Images returns the image operations, which the controller side shares.
@@ -192,6 +207,35 @@ func (s *Service) Lookup(id string) (state.Volume, error) {
 // ResourceExhausted so that external-provisioner retries or tries another node.
 func (s *Service) SelectPool(pl params.Volume, size int64) (pool.Status, error) {
 	pools, _ := s.pools.List()
+	return s.selectFrom(pools, pl, size)
+}
+
+// selectInlinePool is SelectPool for an inline volume of size bytes, required of them free now:
+// among the pools the administrator allows inline volumes, for no more than the largest inline
+// size.
+func (s *Service) selectInlinePool(pl params.Volume, size, required int64) (pool.Status, error) {
+	if s.inline.MaxBytes > 0 && size > s.inline.MaxBytes {
+		return pool.Status{}, status.Errorf(codes.OutOfRange, "an inline volume of %d bytes is larger than the %d bytes inline volumes may take on this node (--max-inline-volume-bytes)",
+			size, s.inline.MaxBytes)
+	}
+	pools, _ := s.pools.List()
+	if len(s.inline.Pools) == 0 {
+		return s.selectFrom(pools, pl, required)
+	}
+	if pl.Pool != "" && !slices.Contains(s.inline.Pools, pl.Pool) {
+		return pool.Status{}, status.Errorf(codes.PermissionDenied, "inline volumes may not use pool %q (the administrator allows %s with --inline-pools)",
+			pl.Pool, strings.Join(s.inline.Pools, ", "))
+	}
+	allowed := pools[:0:0]
+	for _, p := range pools {
+		if slices.Contains(s.inline.Pools, p.Name) {
+			allowed = append(allowed, p)
+		}
+	}
+	return s.selectFrom(allowed, pl, required)
+}
+
+func (s *Service) selectFrom(pools []pool.Status, pl params.Volume, size int64) (pool.Status, error) {
 	chosen, err := pool.Select(pools, pool.Request{Name: pl.Pool, Selector: pl.PoolSelector, RequiredBytes: size})
 	if err != nil {
 		var noRoom *pool.NoRoomError
