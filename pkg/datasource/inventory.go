@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // DatasetState is the state of a dataset in a pool's cache.
@@ -276,19 +277,12 @@ func (m *Manager) recordFailureLocked(key string, spec *Spec, err error, at time
 // watchProgress marks the inventory changed every interval while a dataset is being staged,
 // so that its published progress follows within one interval; at rest it marks nothing.
 func (m *Manager) watchProgress(stop <-chan struct{}, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+	wait.Until(func() {
 		m.mu.Lock()
 		staging := len(m.jobs) > 0
 		m.mu.Unlock()
 		if staging {
 			m.changed()
 		}
-	}
+	}, interval, stop)
 }

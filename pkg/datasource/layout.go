@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cistern-csi/cistern/pkg/atomicfile"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
 
@@ -106,14 +107,7 @@ func writeAtomic(path string, fill func(*os.File) error) error {
 	return syncDir(filepath.Dir(path))
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
+func syncDir(dir string) error { return atomicfile.SyncDir(dir) }
 
 func readMeta(dir string) (*meta, error) {
 	b, err := os.ReadFile(filepath.Join(dir, metaFile))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Limits bound what one dataset may make the node spend. Any pod author can name a dataset (an
@@ -146,17 +147,11 @@ func (m *Manager) sourceSlots(spec *Spec) chan struct{} {
 // watchInterest cancels the job when nobody asked for it in AbandonAfter.
 func (j *job) watchInterest(ctx context.Context, cancel context.CancelCauseFunc) {
 	after := j.m.limits.AbandonAfter
-	t := time.NewTicker(min(after/4, time.Minute))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if time.Since(time.Unix(0, j.wanted.Load())) > after {
-				cancel(errAbandoned)
-				return
-			}
+	_ = wait.PollUntilContextCancel(ctx, min(after/4, time.Minute), false, func(context.Context) (bool, error) {
+		if time.Since(time.Unix(0, j.wanted.Load())) <= after {
+			return false, nil
 		}
-	}
+		cancel(errAbandoned)
+		return true, nil
+	})
 }

@@ -252,39 +252,39 @@ func (m *Manager) Ensure(ctx context.Context, req Request) (Status, error) {
 // Wait is Ensure, then waits until the dataset is ready, staging fails or ctx ends. When ctx ends
 // first it returns the progress and no error: the caller reports "in progress" and retries.
 func (m *Manager) Wait(ctx context.Context, req Request) (Status, error) {
-	for {
-		st, j, err := m.ensure(ctx, req)
-		if err != nil || j == nil {
-			return st, err
-		}
-		select {
-		case <-j.done:
-			if m.othersFailure(req, j) {
-				continue
-			}
-			return m.finished(req, j)
-		case <-ctx.Done():
-			return j.status(), nil
-		}
-	}
+	return m.await(ctx, req, nil, nil)
 }
 
 // Listed is Ensure, then waits until the dataset's manifest is taken, so its size is known, or
 // staging fails, or ctx ends. A dataset that cannot fit req.Capacity is refused (OutOfRange)
 // before any object is read. When ctx ends first it returns the progress and no error.
 func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
+	listed := func(j *job) <-chan struct{} { return j.listed }
+	return m.await(ctx, req, listed, func(j *job) (Status, error) {
+		st := j.status()
+		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
+			return st, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		}
+		return st, nil
+	})
+}
+
+// await is Ensure, then waits for the job to end, or for the event (when set), which reached
+// reports. A job that failed for another caller is that caller's outcome: this one makes an
+// attempt of its own. When ctx ends first it returns the progress and no error.
+func (m *Manager) await(ctx context.Context, req Request, event func(*job) <-chan struct{}, reached func(*job) (Status, error)) (Status, error) {
 	for {
 		st, j, err := m.ensure(ctx, req)
 		if err != nil || j == nil {
 			return st, err
 		}
+		var happened <-chan struct{} // nil: never
+		if event != nil {
+			happened = event(j)
+		}
 		select {
-		case <-j.listed:
-			st := j.status()
-			if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
-				return st, fmt.Errorf("%s: %w", req.Spec.describe(), err)
-			}
-			return st, nil
+		case <-happened:
+			return reached(j)
 		case <-j.done:
 			if m.othersFailure(req, j) {
 				continue

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
@@ -210,20 +211,12 @@ func (j *job) run(ctx context.Context) (err error) {
 
 func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
 	ctx, cancel := context.WithCancel(ctx)
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				st := j.status()
-				logger.Info("staging progress", "bytesDone", st.BytesDone, "bytesTotal", st.BytesTotal,
-					"objectsDone", st.ObjectsDone, "objectsTotal", st.ObjectsTotal)
-			}
-		}
-	}()
+	go wait.PollUntilContextCancel(ctx, 10*time.Second, false, func(context.Context) (bool, error) {
+		st := j.status()
+		logger.Info("staging progress", "bytesDone", st.BytesDone, "bytesTotal", st.BytesTotal,
+			"objectsDone", st.ObjectsDone, "objectsTotal", st.ObjectsTotal)
+		return false, nil
+	})
 	return cancel
 }
 

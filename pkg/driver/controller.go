@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"maps"
 	"sort"
 	"strings"
 	"time"
@@ -168,22 +169,10 @@ func sameVolume(v state.Volume, req *csi.CreateVolumeRequest, shape volumeShape)
 	if src.GetSnapshot().GetSnapshotId() != v.SourceSnapshotID || src.GetVolume().GetVolumeId() != v.SourceVolumeID {
 		return status.Errorf(codes.AlreadyExists, "volume %q exists with a different content source", v.Name)
 	}
-	if !equalMaps(req.GetParameters(), v.Parameters) {
+	if !maps.Equal(req.GetParameters(), v.Parameters) {
 		return status.Errorf(codes.AlreadyExists, "volume %q exists with different parameters", v.Name)
 	}
 	return nil
-}
-
-func equalMaps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
-	}
-	return true
 }
 
 func (d *Driver) csiVolume(v state.Volume) *csi.Volume {
@@ -294,17 +283,27 @@ func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumes
 
 func (s *controllerServer) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	v, ok := s.d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	v, err := s.d.readyVolume(id)
+	if err != nil {
+		return nil, err
 	}
 	return &csi.ControllerGetVolumeResponse{
 		Volume: s.d.csiVolume(v),
 		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{PublishedNodeIds: s.d.publishedNodes(v)},
 	}, nil
+}
+
+// readyVolume returns the ready volume id names: InvalidArgument without an ID, NotFound for a
+// volume that does not exist (yet).
+func (d *Driver) readyVolume(id string) (state.Volume, error) {
+	if id == "" {
+		return state.Volume{}, status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	v, ok := d.store.GetVolume(id)
+	if !ok || !v.Ready {
+		return state.Volume{}, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	}
+	return v, nil
 }
 
 // publishedNodes is this node when the volume is published here.
@@ -317,12 +316,9 @@ func (d *Driver) publishedNodes(v state.Volume) []string {
 
 func (s *controllerServer) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
 	id := req.GetVolumeId()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	v, ok := s.d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	v, err := s.d.readyVolume(id)
+	if err != nil {
+		return nil, err
 	}
 	return &csi.ControllerGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{VolumeId: id, HealthStatuses: s.d.volumeHealth(v)}}, nil
 }

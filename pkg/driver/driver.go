@@ -12,6 +12,7 @@ import (
 
 	"github.com/kubernetes-csi/csi-lib-utils/metrics"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -278,17 +279,10 @@ func (d *Driver) Ready() <-chan struct{} { return d.ready }
 
 // watchPools re-checks pool health periodically and re-reads the pools config when it changes.
 func (d *Driver) watchPools(stop <-chan struct{}) {
-	t := time.NewTicker(d.cfg.PoolCheckInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			d.reloadPoolsConfig()
-			d.pools.Refresh()
-		}
-	}
+	wait.Until(func() {
+		d.reloadPoolsConfig()
+		d.pools.Refresh()
+	}, d.cfg.PoolCheckInterval, stop)
 }
 
 func (d *Driver) reloadPoolsConfig() {

@@ -53,11 +53,8 @@ func access(c *csi.VolumeCapability) volume.Access {
 // format on first use, mount and fill) or a static PV's cached dataset tree.
 func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetStagingTargetPath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	if target == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+	if err := requireVolumeAndPath(id, target, "staging target path"); err != nil {
+		return nil, err
 	}
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
@@ -78,11 +75,8 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 
 func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetStagingTargetPath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	if target == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
+	if err := requireVolumeAndPath(id, target, "staging target path"); err != nil {
+		return nil, err
 	}
 	if err := s.d.volumes.Open(id, nil, false).Unstage(ctx, target); err != nil {
 		return nil, err
@@ -96,11 +90,8 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	d := s.d
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	if target == "" {
-		return nil, status.Error(codes.InvalidArgument, "target path is required")
+	if err := requireVolumeAndPath(id, target, "target path"); err != nil {
+		return nil, err
 	}
 	c := req.GetVolumeCapability()
 	if c == nil {
@@ -153,11 +144,8 @@ func (d *Driver) inlineVolume(req *csi.NodePublishVolumeRequest) (*volume.Inline
 
 func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	if target == "" {
-		return nil, status.Error(codes.InvalidArgument, "target path is required")
+	if err := requireVolumeAndPath(id, target, "target path"); err != nil {
+		return nil, err
 	}
 	if err := s.d.volumes.Open(id, nil, false).Unpublish(ctx, target); err != nil {
 		return nil, err
@@ -168,11 +156,8 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	d := s.d
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	if path == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume path is required")
+	if err := requireVolumeAndPath(id, path, "volume path"); err != nil {
+		return nil, err
 	}
 	v, ok := d.store.GetVolume(id)
 	if !ok || !v.Ready {
@@ -255,11 +240,8 @@ func (s *nodeServer) NodeGetStorageHealth(context.Context, *csi.NodeGetStorageHe
 func (s *nodeServer) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	d := s.d
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	if path == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume path is required")
+	if err := requireVolumeAndPath(id, path, "volume path"); err != nil {
+		return nil, err
 	}
 	if _, err := os.Stat(path); err != nil {
 		if _, lerr := d.volumes.Lookup(id); lerr != nil {
@@ -276,4 +258,16 @@ func (s *nodeServer) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVo
 		return nil, err
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
+}
+
+// requireVolumeAndPath checks the two fields every node RPC needs: the volume ID and a path
+// (what names the path in the error).
+func requireVolumeAndPath(id, path, what string) error {
+	if id == "" {
+		return status.Error(codes.InvalidArgument, "volume ID is required")
+	}
+	if path == "" {
+		return status.Errorf(codes.InvalidArgument, "%s is required", what)
+	}
+	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cistern-csi/cistern/pkg/atomicfile"
 )
 
 const (
@@ -105,30 +107,10 @@ func RemoveTemporary(poolPath, metaDir string) error {
 }
 
 func build(path string, fill func(*os.File) error) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	err = fill(f)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	return nil
+	return atomicfile.Write(path, ".tmp-"+filepath.Base(path)+"-", fill)
 }
 
 // reserve grows f to size and allocates its blocks. Filesystems without fallocate get a sparse

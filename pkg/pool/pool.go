@@ -3,6 +3,7 @@ package pool
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 )
 
@@ -79,7 +81,7 @@ func (m *Manager) setConfigLocked(cfg *Config) bool {
 		old, ok := m.pools[spec.Name]
 		if ok && old.Path == spec.Path {
 			cp := *old
-			if !equalLabels(cp.Labels, spec.Labels) || cp.Shared != spec.Shared {
+			if !maps.Equal(cp.Labels, spec.Labels) || cp.Shared != spec.Shared {
 				changed = true
 			}
 			cp.Spec = spec
@@ -165,16 +167,7 @@ func (m *Manager) RecordError(name, message string) {
 
 // Run refreshes the pools every interval until stop is closed.
 func (m *Manager) Run(stop <-chan struct{}, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-			m.Refresh()
-		}
-	}
+	wait.Until(m.Refresh, interval, stop)
 }
 
 // UpdateCapacity re-reads one pool's free space (statfs only); volume operations call it so
@@ -391,16 +384,4 @@ func probeWrite(path string) error {
 	cerr := f.Close()
 	rerr := os.Remove(name)
 	return errors.Join(werr, cerr, rerr)
-}
-
-func equalLabels(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if bv, ok := b[k]; !ok || bv != v {
-			return false
-		}
-	}
-	return true
 }

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/atomicfile"
 )
 
 // AccessType is how a volume is consumed.
@@ -370,30 +372,17 @@ func WriteFile(path string, data []byte) error { return writeFile(path, data, tr
 // writeFile writes through a synced temporary file, so a crash leaves the old content or the
 // new, never a truncated file; durable also syncs the directory, so the new content survives.
 func writeFile(path string, data []byte, durable bool) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".tmp-")
-	if err != nil {
+	err := atomicfile.Write(path, ".tmp-", func(f *os.File) error {
+		_, err := f.Write(data)
 		return err
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
+	})
 	if err != nil {
-		_ = os.Remove(tmp)
 		return err
 	}
 	if !durable {
 		return nil
 	}
-	return syncDir(dir)
+	return syncDir(filepath.Dir(path))
 }
 
 func removeJSON(dir, id string) error {
@@ -403,14 +392,7 @@ func removeJSON(dir, id string) error {
 	return syncDir(dir)
 }
 
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
+func syncDir(dir string) error { return atomicfile.SyncDir(dir) }
 
 // loadAll calls load for every record file of dir. A record that cannot be parsed (a disk
 // error, a hand edit) is quarantined rather than failing the whole load: one bad record must
