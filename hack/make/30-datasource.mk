@@ -22,7 +22,7 @@ $(RCLONE):
 # the benchmark's peer.
 test-datasource: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO) test -count=1 -timeout 15m ./pkg/datasource/...
+	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/...
 
 # Figures go to docs/benchmarks.md ("Dataset staging" section) by hand from the printed table.
 bench-datasource: s3-tools

@@ -18,7 +18,7 @@ E2E_ENV := $(if $(VERSITYGW),CISTERN_VERSITYGW=$(VERSITYGW))
 
 # Runs as root (loop devices, mounts). One control plane for the whole package.
 e2e: $(E2E_TOOLS)
-	$(E2E_ENV) $(GO) test -count=1 -timeout 20m ./test/e2e/...
+	$(E2E_ENV) $(GO_TEST) -count=1 -timeout 20m ./test/e2e/...
 
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.
 # The builds run side by side: on a cold machine they are most of the time, and one go build

@@ -14,11 +14,11 @@ TEST_TARGETS += test-registration test-node-images e2e-node
 
 # The driver's kubelet plugin registration (pkg/registration) over its real socket.
 test-registration:
-	$(GO) test -count=1 ./pkg/registration/...
+	$(GO_TEST) -count=1 ./pkg/registration/...
 
 # The images' programs (the papermill and git stand-ins) as functions; seconds.
 test-node-images:
-	cd hack/images && $(GO) test -count=1 ./...
+	cd hack/images && $(GO_TEST) -count=1 ./...
 
 # containerd, containerd-shim-runc-v2, ctr, runc (cgo, libseccomp) and the CNI loopback, ptp
 # and host-local plugins.
@@ -37,12 +37,13 @@ $(BUSYBOX):
 node-host-packages:
 	@command -v git >/dev/null || { echo "e2e-node: installing git"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null; }; }
 
-# Runs where a node can run (root, loop devices, overlayfs, cgroups); elsewhere it says why
-# and skips. Builds kubelet, the node runtime, external-provisioner and the S3 server (versitygw,
-# from 30-datasource.mk) first; all are cached after the first time.
+# Runs where a node can run (root, loop devices, overlayfs, cgroups; hack/make/require-node.sh);
+# elsewhere it says why and skips, or fails under CI=true. Builds kubelet, the node runtime,
+# external-provisioner and the S3 server (versitygw, from 30-datasource.mk) first; all are cached
+# after the first time.
+REQUIRE_NODE = hack/make/require-node.sh $@; rc=$$?; if [ $$rc = 2 ]; then exit 0; elif [ $$rc != 0 ]; then exit 1; fi
 e2e-node:
-	@reason=$$(hack/tools/node/check-host.sh); \
-	if [ -n "$$reason" ]; then echo "e2e-node: SKIPPED: this machine cannot run a kubelet node: $$reason"; exit 0; fi; \
+	@$(REQUIRE_NODE); \
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages $(VERSITYGW) && \
-	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 20m -v ./test/e2enode/... 2>&1 | \
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 20m -v ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
