@@ -30,6 +30,9 @@ import (
 	"github.com/cistern-csi/cistern/pkg/storagepool"
 )
 
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
 func main() {
 	klog.InitFlags(nil)
 	standardflags.RegisterCommonFlags(flag.CommandLine)
@@ -43,7 +46,7 @@ func main() {
 	flag.Parse()
 	cfg := standardflags.Configuration
 	if cfg.ShowVersion {
-		fmt.Println(os.Args[0])
+		fmt.Println(os.Args[0], version)
 		return
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"strings"
@@ -17,6 +18,9 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 )
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
 
 func main() {
 	klog.InitFlags(nil)
@@ -48,7 +52,12 @@ func main() {
 	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
+	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version)
+		return
+	}
 	kubeconfig = flag.Lookup("kubeconfig").Value.String()
 	if localRoots != "" {
 		cfg.VolumeManager.LocalSourceRoots = strings.Split(localRoots, ",")
