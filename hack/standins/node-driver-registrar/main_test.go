@@ -15,7 +15,9 @@ import (
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
 )
 
-type identity struct{ csi.UnimplementedIdentityServer }
+type identity struct {
+	csi.UnimplementedIdentityServer
+}
 
 func (identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
 	return &csi.GetPluginInfoResponse{Name: "test.csi.dev", VendorVersion: "v1"}, nil
