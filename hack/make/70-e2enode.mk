@@ -25,10 +25,12 @@ test-node-images:
 node-tools:
 	@hack/tools/node/build.sh $(NODE_BIN)
 
-# The pause, checker, git and papermill images as tarballs for `ctr images import`; seconds to
-# build.
-node-images: $(BUSYBOX)
-	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX)
+# The pause, checker, git and papermill images as tarballs for `ctr images import`, and the
+# sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins for
+# node-driver-registrar and livenessprobe) for the install suite; seconds to build.
+node-images: $(BUSYBOX) csi-tools
+	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX) \
+	  -csi-provisioner $(EXTERNAL_PROVISIONER_BIN)/csi-provisioner
 
 $(BUSYBOX):
 	@hack/images/busybox.sh $@
