@@ -47,5 +47,19 @@ REQUIRE_NODE = hack/make/require-node.sh $@; rc=$$?; if [ $$rc = 2 ]; then exit 
 e2e-node:
 	@$(REQUIRE_NODE); \
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages $(VERSITYGW) && \
-	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 20m -v ./test/e2enode/... | \
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 20m -v -run TestNode ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+
+# The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
+# --server-side -k` (an overlay changing only image references and the pools ConfigMap) on a
+# kubelet node whose containerd pulls every image from a registry on loopback
+# (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node.
+REGISTRY_BIN := $(CURDIR)/_output/bin/registry
+.PHONY: e2e-install
+e2e-install:
+	@$(REQUIRE_NODE); \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images images && \
+	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
+	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
+	  $(GO_TEST) -count=1 -timeout 25m -v -run TestInstall ./test/e2enode/... | \
+	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

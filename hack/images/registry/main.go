@@ -2,11 +2,12 @@
 // blobs in memory) holding the images of the given images.json files, for the install suite:
 // containerd pulls from it as from any registry.
 //
-//	registry -listen 127.0.0.1:0 -addr-file ADDR -images a/images.json,b/images.json
+//	registry -listen 127.0.0.1:0 -addr-file ADDR -images a/images.json,b/images.json [-retag SRC=DST,...]
 //
 // Each image REGISTRY/PATH:TAG of a tarball is served as <addr>/PATH:TAG (registry.k8s.io/
 // sig-storage/csi-provisioner:v6.4.0 as <addr>/sig-storage/csi-provisioner:v6.4.0). The address is
-// written to -addr-file once every image is in; the registry serves until SIGTERM.
+// written to -addr-file once every image is in; the registry serves until SIGTERM. -retag serves
+// the image SRC also as DST (a second tag for an upgrade).
 package main
 
 import (
@@ -38,14 +39,21 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "Address to serve on; loopback only.")
 	addrFile := flag.String("addr-file", "", "Write the address here once the images are in.")
 	images := flag.String("images", "", "Comma-separated images.json files whose images to serve.")
+	retag := flag.String("retag", "", "Comma-separated SRC=DST: serve the image SRC also as DST.")
 	flag.Parse()
-	if err := run(*listen, *addrFile, *images); err != nil {
+	if err := run(*listen, *addrFile, *images, *retag); err != nil {
 		fmt.Fprintln(os.Stderr, "registry:", err)
 		os.Exit(1)
 	}
 }
 
-func run(listen, addrFile, images string) error {
+func run(listen, addrFile, images, retag string) error {
+	also := map[string][]string{}
+	for _, pair := range strings.Split(retag, ",") {
+		if src, dst, ok := strings.Cut(pair, "="); ok {
+			also[src] = append(also[src], dst)
+		}
+	}
 	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
 		return err
@@ -75,11 +83,13 @@ func run(listen, addrFile, images string) error {
 			return fmt.Errorf("%s: %w", index, err)
 		}
 		for _, e := range entries {
-			dst, err := push(e, addr)
-			if err != nil {
-				return err
+			for _, ref := range append([]string{e.Ref}, also[e.Ref]...) {
+				dst, err := push(e, ref, addr)
+				if err != nil {
+					return err
+				}
+				log.Printf("%s -> %s", e.Ref, dst)
 			}
-			log.Printf("%s -> %s", e.Ref, dst)
 		}
 	}
 	if addrFile != "" {
@@ -105,8 +115,8 @@ func run(listen, addrFile, images string) error {
 	}
 }
 
-// push copies the tarball's image to addr under the reference's repository path and tag.
-func push(e entry, addr string) (string, error) {
+// push copies the tarball's image to addr under the repository path and tag of ref.
+func push(e entry, ref, addr string) (string, error) {
 	src, err := name.NewTag(e.Ref)
 	if err != nil {
 		return "", err
@@ -115,7 +125,11 @@ func push(e entry, addr string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", e.Tarball, err)
 	}
-	dst, err := name.NewTag(addr+"/"+src.RepositoryStr()+":"+src.TagStr(), name.Insecure)
+	as, err := name.NewTag(ref)
+	if err != nil {
+		return "", err
+	}
+	dst, err := name.NewTag(addr+"/"+as.RepositoryStr()+":"+as.TagStr(), name.Insecure)
 	if err != nil {
 		return "", err
 	}
