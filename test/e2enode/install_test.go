@@ -100,7 +100,7 @@ func TestInstall(t *testing.T) {
 	serveKubernetesService(t, in.cp)
 	cd := startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{
 		registry:  in.registry,
-		mirrored:  []string{"registry.k8s.io"},
+		mirrored:  []string{"registry.k8s.io", "docker.io"},
 		podRoutes: []string{framework.KubernetesServiceIP + "/32"},
 		imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
 	})
@@ -132,6 +132,8 @@ func TestInstall(t *testing.T) {
 	t.Run("capacity", func(t *testing.T) { in.waitCapacity(t) })
 	t.Run("workload-controller", func(t *testing.T) { in.checkController(t) })
 	t.Run("images-pulled", func(t *testing.T) { in.checkPulled(t, cd) })
+
+	t.Run("examples", func(t *testing.T) { in.runExamples(t) })
 
 	in.ns = framework.CreateNamespace(t, in.cp, "e2einstall")
 	var hb *heartbeatPod
@@ -212,7 +214,8 @@ func prepareInstallHost(t *testing.T, dir string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := f.Truncate(2 << 30); err != nil {
+	// Sparse; room for the examples' five 1 GiB claims and the workloads'.
+	if err := f.Truncate(8 << 30); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -607,11 +610,6 @@ type heartbeatPod struct {
 // and a pod with a 64 MiB claim of it that writes to ENOSPC, then keeps a heartbeat.
 func (in *install) startWorkload(t *testing.T) *heartbeatPod {
 	t.Helper()
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	framework.Kubectl(t, in.cp, "apply", "--server-side", "-f", filepath.Join(root, "deploy", "csi", "examples", "storageclass-fast.yaml"))
 	ctx := context.Background()
 	if _, err := in.cp.Client.CoreV1().PersistentVolumeClaims(in.ns).Create(ctx, pvc("data", "cistern-fast", "64Mi"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -748,9 +746,11 @@ func driverPIDs(t *testing.T) []int {
 	return pids
 }
 
-// deleteWorkloads deletes the pods and claims, and waits until the volumes are gone.
+// deleteWorkloads deletes the examples and the workloads' pods and claims, and waits until the
+// volumes are gone.
 func (in *install) deleteWorkloads(t *testing.T) {
 	t.Helper()
+	in.deleteExamples(t)
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
 	pods := in.cp.Client.CoreV1().Pods(in.ns)
@@ -770,4 +770,68 @@ func (in *install) deleteWorkloads(t *testing.T) {
 	if left := csiMounts(t); len(left) > 0 {
 		t.Errorf("CSI mounts left after the workloads are deleted: %v", left)
 	}
+}
+
+// Examples of deploy/csi/examples that need nothing outside this machine: the pool-targeted
+// class and claim with its pod, and the LeaderWorkerSet with claim templates (busybox:1.37 is
+// pulled from the registry; see docs/testing.md). The dataset class, the VolumeManager and the
+// notebook job name servers on the internet and are not applied.
+var installExamples = []string{"storageclass-fast.yaml", "pvc-fast.yaml", "leaderworkerset.yaml"}
+
+// runExamples applies them as they are and waits for their pods to run on provisioned claims.
+func (in *install) runExamples(t *testing.T) {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range installExamples {
+		framework.Kubectl(t, in.cp, "apply", "--server-side", "-f", filepath.Join(root, "deploy", "csi", "examples", f))
+	}
+	waitPodRunning(t, in.cp, "default", "scratch-user")
+	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
+	defer cancel()
+	var running int
+	err = wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		pods, err := in.cp.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "leaderworkerset.sigs.k8s.io/name=llm"})
+		if err != nil {
+			return false, nil
+		}
+		running = 0
+		for _, p := range pods.Items {
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+		}
+		return running == 4, nil
+	})
+	if err != nil {
+		t.Fatalf("LeaderWorkerSet llm: %d of 4 pods running: %v", running, err)
+	}
+	claims, err := in.cp.Client.CoreV1().PersistentVolumeClaims("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := 0
+	for _, c := range claims.Items {
+		if c.Status.Phase == corev1.ClaimBound {
+			bound++
+		}
+	}
+	if bound != 5 {
+		t.Errorf("%d of the examples' 5 claims are bound", bound)
+	}
+}
+
+// deleteExamples deletes the examples' objects and the claims the LeaderWorkerSet's templates left.
+func (in *install) deleteExamples(t *testing.T) {
+	t.Helper()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range installExamples {
+		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=3m", "-f", filepath.Join(root, "deploy", "csi", "examples", f))
+	}
+	kubectlOutput(in.cp, "delete", "pvc", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 }

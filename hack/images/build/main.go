@@ -17,7 +17,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -54,6 +56,7 @@ const (
 	provisionerRef = "registry.k8s.io/sig-storage/csi-provisioner:v6.4.0"
 	registrarRef   = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0"
 	livenessRef    = "registry.k8s.io/sig-storage/livenessprobe:v2.19.0"
+	busyboxRef     = "busybox:1.37"
 )
 
 // images are built in this order. busybox is the host path of a static busybox; provisioner,
@@ -88,7 +91,27 @@ func images(busybox, provisioner string) []image {
 			files: []file{{path: "/csi-node-driver-registrar", rootPkg: "./hack/standins/node-driver-registrar"}}},
 		image{Name: "livenessprobe", Ref: livenessRef, entrypoint: "/livenessprobe", path: "/",
 			files: []file{{path: "/livenessprobe", rootPkg: "./hack/standins/livenessprobe"}}},
+		// deploy/csi/examples run busybox:1.37; this is Debian's static busybox (another
+		// version) with a link per applet, as the busybox image has them.
+		image{Name: "busybox", Ref: busyboxRef, path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+			files: []file{{path: "/bin/busybox", host: busybox}}},
 	)
+}
+
+// busyboxLinks are the applet links of busybox ("bin/sh -> busybox", ...).
+func busyboxLinks(busybox string) ([]file, error) {
+	out, err := exec.Command(busybox, "--list-full").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --list-full: %w", busybox, err)
+	}
+	var links []file
+	for _, p := range strings.Fields(string(out)) {
+		if p == "bin/busybox" {
+			continue
+		}
+		links = append(links, file{path: "/" + p, link: "/bin/busybox"})
+	}
+	return links, nil
 }
 
 // Entry is one line of images.json.
@@ -125,6 +148,13 @@ func run(out, busybox, provisioner, root string) error {
 
 	index := map[string]Entry{}
 	for _, im := range images(busybox, provisioner) {
+		if im.Ref == busyboxRef {
+			links, err := busyboxLinks(busybox)
+			if err != nil {
+				return err
+			}
+			im.files = append(im.files, links...)
+		}
 		l, err := imageLayer(im, work, root)
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.Name, err)
@@ -134,7 +164,11 @@ func run(out, busybox, provisioner, root string) error {
 			return fmt.Errorf("%s: %w", im.Name, err)
 		}
 		img, err = layer.Configure(img, func(c *v1.Config) {
-			c.Entrypoint = []string{im.entrypoint}
+			if im.entrypoint != "" {
+				c.Entrypoint = []string{im.entrypoint}
+			} else {
+				c.Cmd = []string{"sh"}
+			}
 			c.Env = []string{"PATH=" + im.path}
 		})
 		if err != nil {
