@@ -15,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -53,11 +55,39 @@ func requireMachine(t *testing.T) {
 	}
 }
 
+// nodeLockPath is held by a node-level suite for its whole run (see lockNode).
+const nodeLockPath = "/run/cistern-node-suite.lock"
+
+// lockNode waits until no other node-level suite runs on this machine and holds the lock until
+// the test's last cleanup. Two at once break each other: they share /var/lib/kubelet,
+// /run/containerd and the kubepods cgroups, and each kubelet kills the other's pods as orphans
+// of its cgroup tree (seen: every container of a pod dying at once, "cgroup deleted").
+func lockNode(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(nodeLockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		t.Logf("another node-level suite runs on this machine; waiting for %s", nodeLockPath)
+		start := time.Now()
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("waited %s for the node lock", time.Since(start).Round(time.Second))
+	}
+	t.Cleanup(func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		f.Close()
+	})
+}
+
 // startCluster brings up control plane, containerd, kubelet and the Cistern node; every piece is
 // torn down by t.Cleanup in reverse order, and the host is cleaned last.
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	requireMachine(t)
+	lockNode(t)
 	bins := findBinaries(t)
 
 	// Not t.TempDir: it must not be removed while something is still mounted below it.
