@@ -81,12 +81,6 @@ func TestInstall(t *testing.T) {
 	in.resultsDir = filepath.Join(dir, "results")
 	prepareInstallHost(t, dir)
 	logs := framework.LogDir(t)
-	// Runs after kubelet is stopped (cleanups run in reverse): the containers' logs, for a failure.
-	t.Cleanup(func() {
-		if t.Failed() {
-			_ = exec.Command("cp", "-a", filepath.Join(kubeletRootDir, "pod-logs"), filepath.Join(logs, "pod-logs")).Run()
-		}
-	})
 
 	in.registry = startRegistry(t, registryBin, in.nodeRef(), in.nodeRef()+"-next",
 		filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
@@ -152,6 +146,12 @@ func TestInstall(t *testing.T) {
 		in.killDriver(t, hb)
 	})
 	t.Run("delete-workloads", func(t *testing.T) { in.deleteWorkloads(t) })
+	// The containers' logs, before uninstalling removes them with their pods.
+	if t.Failed() {
+		if out, err := exec.Command("cp", "-a", filepath.Join(kubeletRootDir, "pod-logs"), filepath.Join(logs, "pod-logs")).CombinedOutput(); err != nil {
+			t.Logf("keeping the containers' logs: %v: %s", err, out)
+		}
+	}
 	// Uninstall runs even when a step failed, so the node is left clean.
 	t.Run("uninstall", func(t *testing.T) { in.uninstall(t) })
 }
