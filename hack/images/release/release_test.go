@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,8 +14,11 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/cistern-csi/cistern/hack/images/layer"
@@ -218,5 +223,46 @@ func TestKustomizeImage(t *testing.T) {
 	want := "- name: cistern/node\n  newName: registry.example.com/storage/node\n  newTag: v1.2.3\n"
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
+	}
+}
+
+// push of a built tarball to a registry: the image arrives under REGISTRY/NAME:TAG with the
+// same digest, and the overlay points deploy/csi at it.
+func TestPush(t *testing.T) {
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer srv.Close()
+	host := strings.TrimPrefix(srv.URL, "http://")
+
+	img, err := random.Image(1024, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tag, err := name.NewTag("cistern/node:v1.2.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tarPath := filepath.Join(t.TempDir(), "node.tar")
+	if err := tarball.WriteToFile(tarPath, tag, img); err != nil {
+		t.Fatal(err)
+	}
+	src, dst, err := Push(tarPath, host+"/storage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src != "cistern/node:v1.2.3" || dst != host+"/storage/node:v1.2.3" {
+		t.Errorf("Push = %s -> %s", src, dst)
+	}
+	ref, err := name.ParseReference(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushed, err := remote.Image(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := img.Digest()
+	got, _ := pushed.Digest()
+	if want != got {
+		t.Errorf("pushed digest %s, want %s", got, want)
 	}
 }
