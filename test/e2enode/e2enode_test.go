@@ -127,7 +127,7 @@ func startCluster(t *testing.T) *cluster {
 	})
 	c.containerd = startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{})
 	kubeletRoot := filepath.Join(dir, "kubelet")
-	c.kubelet = startKubelet(t, c.cp, ca, bins.kubelet, nodeName, kubeletRoot, c.containerd.socket)
+	c.kubelet = startKubelet(t, c.cp, ca, bins.kubelet, nodeName, kubeletRoot, c.containerd.socket, "")
 	waitNodeReady(t, c.cp, c.kubelet, nodeName, 2*time.Minute)
 	t.Logf("node %s Ready %s after start", nodeName, time.Since(begin).Round(time.Millisecond))
 

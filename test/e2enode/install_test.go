@@ -40,6 +40,8 @@ const (
 	// The pool, under the DaemonSet's /mnt/cistern hostPath; the overlay's ConfigMap names it.
 	installPoolDir = "/mnt/cistern/e2e-install-fast"
 	installTimeout = 5 * time.Minute
+	// installCgroupRoot is kubelet's --cgroup-root (ownCgroupRoot).
+	installCgroupRoot = "cistern-e2einstall"
 )
 
 // install is the node TestInstall runs deploy/csi on.
@@ -99,7 +101,9 @@ func TestInstall(t *testing.T) {
 		podRoutes: []string{framework.KubernetesServiceIP + "/32"},
 		imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
 	})
-	k := startKubelet(t, in.cp, ca, bins.kubelet, nodeName, kubeletRootDir, cd.socket)
+	// Its own cgroup tree: a kubelet kills the pods of any other kubelet's tree it shares as
+	// orphans, and node suites of older checkouts do not take the node lock.
+	k := startKubelet(t, in.cp, ca, bins.kubelet, nodeName, kubeletRootDir, cd.socket, ownCgroupRoot(t, installCgroupRoot))
 	waitNodeReady(t, in.cp, k, nodeName, 2*time.Minute)
 	if err := os.Mkdir(in.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
@@ -576,8 +580,8 @@ func (in *install) uninstall(t *testing.T) {
 func (in *install) podCgroups() []string {
 	var left []string
 	for uid := range in.podUIDs {
-		m, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods*/pod" + uid)
-		m2, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods*/*/pod" + uid)
+		m, _ := filepath.Glob("/sys/fs/cgroup/*/" + installCgroupRoot + "/kubepods*/pod" + uid)
+		m2, _ := filepath.Glob("/sys/fs/cgroup/*/" + installCgroupRoot + "/kubepods*/*/pod" + uid)
 		left = append(left, append(m, m2...)...)
 	}
 	return left
