@@ -34,7 +34,8 @@ opts=(
   --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias'
 )
 # A snapshot mirror's Release files are past their Valid-Until; follow this machine's setting.
-if apt-config dump 2>/dev/null | grep -q '^Acquire::Check-Valid-Until "false"'; then
+# (Not `apt-config dump | grep -q`: under pipefail grep's early exit makes that flaky.)
+if [[ $(apt-config dump 2>/dev/null) == *'Acquire::Check-Valid-Until "false";'* ]]; then
   opts+=(--aptopt='Acquire::Check-Valid-Until "false"')
 fi
 
