@@ -489,22 +489,27 @@ func (in *install) checkController(t *testing.T) {
 		}
 		t.Fatalf("workload-controller Deployment not Ready: %v (status %+v)", err, status)
 	}
-	// The controller injects the CA bundle at start; retry until the webhook answers.
+	// A claim template without access modes passes the CRD's schema; only the validating
+	// webhook (pkg/workloads/lws/validation.go) refuses it, with its own words. The controller
+	// injects the CA bundle at start: retry until the webhook answers.
 	lws := `apiVersion: workloads.cistern.dev/v1alpha1
 kind: LeaderWorkerSet
 metadata: {name: invalid, namespace: default}
 spec:
-  replicas: -1
+  replicas: 1
   leaderWorkerTemplate:
-    size: 0
+    size: 1
     workerTemplate:
       spec:
         containers: [{name: w, image: unused}]
+    volumeClaimTemplates:
+    - metadata: {name: data}
+      spec: {}
 `
 	var last string
 	err = wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
 		last = kubectlStdin(in.cp, lws, "apply", "--server-side", "--dry-run=server", "-f", "-")
-		return strings.Contains(last, "vleaderworkerset.workloads.cistern.dev") || strings.Contains(last, "mleaderworkerset.workloads.cistern.dev"), nil
+		return strings.Contains(last, "at least one access mode"), nil
 	})
 	if err != nil {
 		t.Fatalf("the webhooks did not answer through the Service: %v; last: %s", err, last)
