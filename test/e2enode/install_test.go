@@ -357,6 +357,8 @@ images:
 
 // waitNodePodReady waits until the DaemonSet's pod runs image (any, when empty) and all five of
 // its containers are ready, the driver container having restarted at least minRestarts times.
+// The image is the pod's spec: the status names an image by the first tag it was pulled as, and
+// both tags of the upgrade are one image.
 func (in *install) waitNodePodReady(t *testing.T, image string, minRestarts int32) *corev1.Pod {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
@@ -373,11 +375,14 @@ func (in *install) waitNodePodReady(t *testing.T, image string, minRestarts int3
 		if p.DeletionTimestamp != nil || len(p.Status.ContainerStatuses) != 5 {
 			return false, nil
 		}
+		if image != "" && !strings.HasSuffix(p.Spec.Containers[0].Image, image) {
+			return false, nil
+		}
 		for _, cs := range p.Status.ContainerStatuses {
 			if !cs.Ready {
 				return false, nil
 			}
-			if cs.Name == "driver" && (cs.RestartCount < minRestarts || (image != "" && !strings.HasSuffix(cs.Image, image))) {
+			if cs.Name == "driver" && cs.RestartCount < minRestarts {
 				return false, nil
 			}
 		}
