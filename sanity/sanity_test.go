@@ -39,6 +39,7 @@ func TestSanity(t *testing.T) {
 		StateDir:          filepath.Join(dir, "state"),
 		DefaultVolumeSize: 64 << 20,
 		PoolCheckInterval: time.Second,
+		KubeletRoot:       dir, // where TargetPath and StagingPath are below
 	})
 	if err != nil {
 		t.Fatal(err)

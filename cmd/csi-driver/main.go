@@ -19,6 +19,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/registration"
@@ -42,14 +44,34 @@ func main() {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
 	flag.StringVar(&registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
 	flag.StringVar(&registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
-	var localSourceRoots string
+	var localSourceRoots, tenantEndpoints string
 	flag.StringVar(&localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
+	flag.StringVar(&tenantEndpoints, "tenant-s3-endpoints", "", "Comma-separated S3 endpoints that inline volumes and VolumeManagers may name: host names, *.domain suffixes, CIDR blocks (AWS without an endpoint counts as s3.amazonaws.com). Empty allows any endpoint; link-local and cloud metadata addresses are refused always.")
 	flag.IntVar(&cfg.Datasets.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
 	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
 	flag.Float64Var(&cfg.Datasets.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
 	flag.Float64Var(&cfg.Datasets.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
+	flag.DurationVar(&cfg.Datasets.ProgressInterval, "dataset-progress-interval", 5*time.Second, "How often a dataset being staged reports its progress to the StoragePool publisher (each report of a changed progress is one status write per staging pool).")
+	flag.DurationVar(&cfg.Datasets.AccessProofTTL, "dataset-access-ttl", datasource.DefaultAccessProofTTL, "How long a caller's full proof of access to a cached dataset (its own listing matching the cache) is remembered; within it a cache hit costs one pinned read. 0 lists on every hit.")
+	var nfsServers string
+	flag.StringVar(&nfsServers, "nfs-servers", "", "Comma-separated NFS servers (host or host:port, as written in nfs:// URLs) that inline volumes may name; empty refuses nfs:// in inline volumes.")
+	nfsUID := flag.Uint("nfs-uid", datasource.NobodyID, "AUTH_UNIX uid the NFS client presents.")
+	nfsGID := flag.Uint("nfs-gid", datasource.NobodyID, "AUTH_UNIX gid the NFS client presents.")
+	lim := &cfg.Datasets.Limits
+	def := datasource.DefaultLimits
+	flag.Int64Var(&lim.MaxBytes, "max-dataset-bytes", def.MaxBytes, "Largest dataset (bytes) a volume may name.")
+	flag.Int64Var(&lim.MaxObjects, "max-dataset-objects", def.MaxObjects, "Most entries (files, directories, links; empty files too) a dataset may have.")
+	flag.IntVar(&lim.MaxKeyLength, "max-dataset-key-length", def.MaxKeyLength, "Longest key (bytes) of a dataset entry.")
+	flag.IntVar(&lim.MaxKeyDepth, "max-dataset-key-depth", def.MaxKeyDepth, "Most path segments of a dataset entry's key.")
+	flag.Int64Var(&lim.MaxManifestBytes, "max-dataset-manifest-bytes", def.MaxManifestBytes, "Largest manifest (bytes) a dataset may write to its pool.")
+	flag.Int64Var(&lim.MinThroughput, "staging-min-throughput", def.MinThroughput, "Bytes per second below which a read of an object is cancelled and retried (after --staging-read-grace).")
+	flag.DurationVar(&lim.ReadGrace, "staging-read-grace", def.ReadGrace, "Time a read of an object may take on top of its size at --staging-min-throughput.")
+	flag.DurationVar(&lim.JobDeadline, "staging-deadline", def.JobDeadline, "Longest one staging attempt may take.")
+	flag.DurationVar(&lim.AbandonAfter, "staging-abandon-after", def.AbandonAfter, "A staging no volume asked for in this long is cancelled and its partial data deleted.")
+	flag.IntVar(&lim.PerSource, "staging-concurrency-per-source", 0, "Parallel reads from one source endpoint (S3 endpoint, NFS server); 0 is a quarter of --staging-concurrency.")
 	events := flag.Bool("events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
 	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events; empty uses the in-cluster configuration.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
@@ -57,6 +79,17 @@ func main() {
 	if localSourceRoots != "" {
 		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")
 	}
+	allow, err := egress.ParseAllow(strings.Split(tenantEndpoints, ","))
+	if err != nil {
+		klog.ErrorS(err, "Invalid --tenant-s3-endpoints")
+		os.Exit(1)
+	}
+	cfg.Datasets.TenantEndpoints = allow
+	if nfsServers != "" {
+		cfg.Datasets.NFSServers = strings.Split(nfsServers, ",")
+	}
+	uid, gid := uint32(*nfsUID), uint32(*nfsGID)
+	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
 	if *showVersion {
 		fmt.Println(version)
 		return

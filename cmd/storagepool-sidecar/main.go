@@ -41,6 +41,7 @@ func main() {
 		resync    = flag.Duration("resync-period", 10*time.Minute, "How often to compare the driver's pools with the StoragePool objects even when the driver reports no change.")
 		maxErrors = flag.Int("max-errors", storagepool.DefaultMaxErrors, "How many recent errors each StoragePool keeps (per reporting node).")
 		pageSize  = flag.Int("list-page-size", 500, "Pools per ControllerListStoragePools call (0: all at once).")
+		maxCached = flag.Int("max-cached-datasets", storagepool.DefaultMaxCachedDatasets, "How many datasets of a pool's cache each StoragePool lists in status.cache.datasets (the most recently used; the counts cover all).")
 		timeout   = flag.Duration("timeout", 30*time.Second, "Timeout of the driver calls made at start.")
 	)
 	flag.Parse()
@@ -52,14 +53,14 @@ func main() {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
 	logger := klog.FromContext(ctx)
-	if err := run(ctx, cfg, *nodeName, *resync, *maxErrors, int32(*pageSize), *timeout); err != nil {
+	if err := run(ctx, cfg, *nodeName, *resync, *maxErrors, *maxCached, int32(*pageSize), *timeout); err != nil {
 		logger.Error(err, "storagepool-sidecar failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 }
 
 func run(ctx context.Context, cfg standardflags.SidecarConfiguration, nodeName string, resync time.Duration,
-	maxErrors int, pageSize int32, timeout time.Duration) error {
+	maxErrors, maxCached int, pageSize int32, timeout time.Duration) error {
 	logger := klog.FromContext(ctx)
 	if cfg.MetricsAddress != "" && cfg.HttpEndpoint != "" {
 		return fmt.Errorf("only one of --metrics-address and --http-endpoint can be set")
@@ -87,7 +88,10 @@ func run(ctx context.Context, cfg standardflags.SidecarConfiguration, nodeName s
 		return fmt.Errorf("asking the CSI driver its name: %w", err)
 	}
 	metricsManager.SetDriverName(driverName)
-	source := storagepool.NewDriverPools(conn, pageSize)
+	if maxCached <= 0 || maxCached > 1024 {
+		return fmt.Errorf("--max-cached-datasets must be between 1 and 1024 (the CRD's bound), got %d", maxCached)
+	}
+	source := storagepool.NewDriverPools(conn, pageSize).WithMaxCachedDatasets(int32(maxCached))
 	if err := source.CheckSupported(callCtx); err != nil {
 		return err
 	}
@@ -133,10 +137,11 @@ func run(ctx context.Context, cfg standardflags.SidecarConfiguration, nodeName s
 		return err
 	}
 	reconciler, err := storagepool.NewReconciler(storagepool.Config{
-		DriverName:   driverName,
-		NodeName:     nodeName,
-		ResyncPeriod: resync,
-		MaxErrors:    maxErrors,
+		DriverName:        driverName,
+		NodeName:          nodeName,
+		ResyncPeriod:      resync,
+		MaxErrors:         maxErrors,
+		MaxCachedDatasets: maxCached,
 	}, source, client, objects, m)
 	if err != nil {
 		return err

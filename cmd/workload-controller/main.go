@@ -17,15 +17,20 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	// The validation pods of notebook jobs with a golden notebook run this binary to compare.
+	if len(os.Args) > 1 && os.Args[1] == compare.Command {
+		os.Exit(compare.Main(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	klog.InitFlags(nil)
 	var cfg workloads.Config
-	var kubeconfig, localRoots string
+	var kubeconfig, localRoots, lwsAPI string
 	var qps float64
 	var burst int
 	// controller-runtime registers --kubeconfig on the default FlagSet when it is linked in;
@@ -35,7 +40,8 @@ func main() {
 	}
 	flag.Float64Var(&qps, "kube-api-qps", 50, "steady queries per second to the API server")
 	flag.IntVar(&burst, "kube-api-burst", 100, "burst of queries to the API server")
-	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":8080", "metrics address; 0 disables")
+	flag.StringVar(&cfg.MetricsAddr, "metrics-bind-address", ":8443", "metrics address; 0 disables")
+	flag.BoolVar(&cfg.MetricsSecure, "metrics-secure", true, "serve metrics over HTTPS to authenticated callers allowed to GET /metrics; false serves them in the clear")
 	flag.StringVar(&cfg.ProbeAddr, "health-probe-bind-address", ":8081", "healthz/readyz address; 0 disables")
 	flag.BoolVar(&cfg.LeaderElection, "leader-elect", false, "elect a leader among replicas")
 	flag.StringVar(&cfg.LeaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader lease")
@@ -49,9 +55,16 @@ func main() {
 	flag.StringVar(&cfg.WebhookSecretName, "webhook-secret-name", "cistern-workload-webhook-cert", "Secret holding the webhook CA and certificate")
 	flag.DurationVar(&cfg.CertCheckInterval, "webhook-cert-check-interval", 0, "how often to check certificates for renewal (default 1h)")
 	flag.IntVar(&cfg.GroupWorkers, "group-workers", 8, "LeaderWorkerSet groups worked on at once")
+	flag.StringVar(&lwsAPI, "leaderworkerset-api", "workloads.cistern.dev/v1alpha1",
+		"group/version LeaderWorkerSet is served under; leaderworkerset.x-k8s.io/v1 runs this as the cluster's LeaderWorkerSet controller "+
+			"(install deploy/csi/lws-upstream; refused when another controller serves that group)")
 	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
+	flag.StringVar(&cfg.CompareImage, "compare-image", envOr("COMPARE_IMAGE", "cistern/workload-controller:latest"),
+		"image of the notebook jobs' golden-notebook comparison: this controller's own image (default $COMPARE_IMAGE)")
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
+	var nfsServers string
+	flag.StringVar(&nfsServers, "nfs-servers", "", "comma-separated NFS servers (host or host:port) a VolumeManager NFS source may name (must match the driver's); empty refuses NFS sources")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
 	if *showVersion {
@@ -59,8 +72,16 @@ func main() {
 		return
 	}
 	kubeconfig = flag.Lookup("kubeconfig").Value.String()
+	var err error
+	if cfg.LeaderWorkerSetAPI, err = workloads.ParseLeaderWorkerSetAPI(lwsAPI); err != nil {
+		klog.Background().Error(err, "--leaderworkerset-api")
+		os.Exit(2)
+	}
 	if localRoots != "" {
 		cfg.VolumeManager.LocalSourceRoots = strings.Split(localRoots, ",")
+	}
+	if nfsServers != "" {
+		cfg.VolumeManager.NFSServers = strings.Split(nfsServers, ",")
 	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -150,6 +150,10 @@ func show(d demoDir) error {
 	for _, l := range s.Dataset {
 		fmt.Println(l)
 	}
+	if s.Features.StoragePools {
+		fmt.Println("What each node now holds in its dataset cache, from the StoragePools:")
+		kubectl("get", "storagepools", "-o", "custom-columns=NAME:.metadata.name,CACHED:.status.cache.bytes,DATASET:.status.cache.datasets[*].id,STATE:.status.cache.datasets[*].state,SOURCE:.status.cache.datasets[*].source")
+	}
 
 	screen("4/5  A LeaderWorkerSet with a claim template")
 	if s.Features.Workloads {

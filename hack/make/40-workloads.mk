@@ -15,12 +15,14 @@ generate-workloads: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) rbac:roleName=cistern-workload-controller paths=./pkg/workloads/... \
 	  output:rbac:artifacts:config=deploy/csi/workload-controller/rbac
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhook/
+	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestDropInCRDManifest ./pkg/workloads/
 
 # Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,
 # kube-controller-manager, kube-scheduler built by k8s-tools).
 test-workloads: k8s-tools
 	$(GO_TEST) -count=1 ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
 	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
+	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 bench-workloads: k8s-tools

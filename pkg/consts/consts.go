@@ -25,11 +25,20 @@ const (
 	ParamInclude   = "include"
 	ParamExclude   = "exclude"
 
+	// VolumeManagerHandlePrefix starts the volume handle of every static PV the VolumeManager
+	// controller makes. Only holders of PV create permission can name a handle, so the driver
+	// treats such PVs as written by the VolumeManager's (untrusted) author.
+	VolumeManagerHandlePrefix = "cistern-vm-"
+
 	// LabelPool and LabelNode label StoragePool objects.
 	LabelPool = "cistern.csi.dev/pool"
 	LabelNode = "cistern.csi.dev/node"
 	// LabelShared marks the StoragePool object of a shared pool (value "true"); it has no node label.
 	LabelShared = "cistern.csi.dev/shared"
+	// LabelDatasetPrefix, followed by a dataset ID, labels the StoragePool of a node-local pool
+	// whose cache holds that dataset Ready (value "true"), so that "which nodes hold dataset X"
+	// is a label selector: -l dataset.cistern.csi.dev/<id>.
+	LabelDatasetPrefix = "dataset.cistern.csi.dev/"
 
 	// StoragePoolGroup is the API group of StoragePool objects (the KEP's group).
 	StoragePoolGroup = "storagepool.storage.k8s.io"

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,17 +98,43 @@ func TestCrashResume(t *testing.T) {
 		before[k] = proxy.Gets("/data/" + k)
 	}
 	t.Logf("killed with %d of %d objects staged", len(done), len(want))
+	var size int64
+	for _, v := range want {
+		size += int64(len(v))
+	}
+	// The node's inventory, read by a new process, shows the partial dataset, to be resumed.
+	if d := findDataset(inventory(t, newManager(t, datasource.Config{}), pool, 0), spec.ID()); d == nil ||
+		d.State != datasource.DatasetIncomplete || d.BytesTotal != size || d.Source != spec.Source {
+		t.Errorf("inventory after the crash: %+v", d)
+	}
 
-	proxy.SetFaults(nil)
+	// The resuming caller proves it reads the same data (access.go): its listing, and one byte of
+	// one file. That byte is not a fetch; every other read of a staged file would be.
+	var mu sync.Mutex
+	proofReads := map[string]int{}
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodGet && r.Header.Get("Range") == "bytes=0-0" {
+			mu.Lock()
+			proofReads[r.URL.Path]++
+			mu.Unlock()
+		}
+		return testpeers.None
+	})
 	cmd, out = child()
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("restarted staging failed: %v\n%s", err, out)
 	}
 	checkTree(t, filepath.Join(dsDir, "tree"), want)
+	proofs := 0
 	for _, k := range done {
-		if n := proxy.Gets("/data/" + k); n != before[k] {
-			t.Errorf("%s fetched again after the restart (%d GETs, %d before)", k, n, before[k])
+		p := proofReads["/data/"+k]
+		proofs += p
+		if n := proxy.Gets("/data/" + k); n != before[k]+p {
+			t.Errorf("%s fetched again after the restart (%d GETs, %d before, %d one-byte proof reads)", k, n, before[k], p)
 		}
+	}
+	if proofs > 1 {
+		t.Errorf("%d proof reads of staged files, want at most one", proofs)
 	}
 }
 

@@ -67,9 +67,10 @@ func (m *Manager) makeRoom(ctx context.Context, pool, dir string, alloc int64) e
 	if free, _, err = poolSpace(pool); err != nil {
 		return err
 	}
-	if free < need {
-		return source.Errorf(source.NoSpace, "pool %s has %s free, the dataset needs %s more, and no unused dataset is left to evict",
-			pool, humanBytes(free), humanBytes(need))
+	// Staging never takes the pool below its low watermark: the pool's volumes keep their room.
+	if low := int64(m.cfg.LowWatermark * float64(size)); free-need < low {
+		return source.Errorf(source.NoSpace, "pool %s has %s free, the dataset needs %s more and %s must stay free (--cache-low-watermark); no unused dataset is left to evict",
+			pool, humanBytes(free), humanBytes(need), humanBytes(low))
 	}
 	return nil
 }
@@ -154,6 +155,9 @@ func (m *Manager) evictPool(ctx context.Context, pool string, need int64) {
 		free += c.bytes
 	}
 	pl.Unlock()
+	if len(victims) > 0 {
+		m.changed()
+	}
 
 	for _, c := range victims {
 		if err := os.RemoveAll(c.dir); err != nil {

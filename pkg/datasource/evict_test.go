@@ -78,7 +78,7 @@ func TestEviction(t *testing.T) {
 		}
 	}
 	// b is bind-mounted by a volume; a is older and unused.
-	if err := m.Acquire(pool, spec("b"), "vol-b"); err != nil {
+	if _, err := m.Acquire(pool, spec("b"), "", "vol-b"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec("c"), Pool: pool}); err != nil {
@@ -97,6 +97,14 @@ func TestEviction(t *testing.T) {
 		t.Fatalf("events %+v", events)
 	}
 	mu.Unlock()
+	// The inventory says the same: a gone, b used by its volume, c ready.
+	inv := inventory(t, m, pool, 0)
+	if findDataset(inv, spec("a").ID()) != nil || inv.Total != 2 || inv.Ready != 2 {
+		t.Fatalf("inventory after eviction: %+v", inv)
+	}
+	if b := findDataset(inv, spec("b").ID()); b == nil || b.References != 1 || b.State != datasource.DatasetReady {
+		t.Fatalf("b after eviction: %+v", b)
+	}
 
 	// Too big even if c were evicted: refused without evicting anything.
 	_, err := stage(ctx, t, m, datasource.Request{Spec: spec("huge"), Pool: pool})

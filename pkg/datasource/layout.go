@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -45,12 +46,30 @@ type meta struct {
 	// Alloc estimates the space the files take in a filesystem (4 KiB blocks, one per directory).
 	Alloc int64     `json:"alloc"`
 	Ready time.Time `json:"ready,omitzero"`
+	// Digest identifies the manifest's entries (access.go); empty in caches from before it.
+	Digest string `json:"digest,omitempty"`
 }
 
 func cacheDir(pool string) string       { return filepath.Join(pool, CacheDirName) }
 func datasetDir(pool, id string) string { return filepath.Join(cacheDir(pool), id) }
 func isReady(dir string) bool           { _, err := os.Stat(filepath.Join(dir, treeDir)); return err == nil }
 func allocSize(size int64) int64        { return (size + 4095) &^ 4095 }
+
+// entryAlloc estimates what an entry takes in a filesystem: its blocks, and one block for every
+// entry, empty files included (an inode and its share of a directory are not free).
+func entryAlloc(o source.Object) int64 { return allocSize(o.Size) + 4096 }
+
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
 func refName(volumeID string) string {
 	s := sha256.Sum256([]byte(volumeID))
 	return hex.EncodeToString(s[:16])

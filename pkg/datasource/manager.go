@@ -2,15 +2,19 @@ package datasource
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
@@ -40,6 +44,26 @@ type Config struct {
 	OnEvict func(EvictEvent)
 	// EvictInterval is how often Run checks watermarks (0: one minute).
 	EvictInterval time.Duration
+	// ProgressInterval is how often, while a dataset is being staged, the inventory generation
+	// moves so that published progress follows (0: five seconds). At rest it does not move.
+	ProgressInterval time.Duration
+	// AccessProofTTL is how long a caller's full proof of access to a cached dataset (its own
+	// listing matching the cache) is remembered; within it a cache hit costs one pinned read.
+	// 0 lists on every hit.
+	AccessProofTTL time.Duration
+	// NFSServers are the NFS servers (host or host:port) that inline volumes may name (flag
+	// --nfs-servers); empty refuses nfs:// in inline volumes. Administrators' StorageClasses and
+	// PersistentVolumes may name any server.
+	NFSServers []string
+	// Limits bound what one dataset may make the node spend; zero fields get DefaultLimits.
+	Limits Limits
+	// NFSUID and NFSGID are the AUTH_UNIX identity the NFS client presents (flags --nfs-uid,
+	// --nfs-gid); 65534 (nobody) unless set.
+	NFSUID, NFSGID *uint32
+	// TenantEndpoints are the S3 endpoints tenant datasets (Spec.Tenant) may name (flag
+	// --tenant-s3-endpoints); empty allows any endpoint that is not link-local or a metadata
+	// service.
+	TenantEndpoints egress.Allow
 }
 
 // Phase is the state of a dataset on one pool.
@@ -63,6 +87,9 @@ type Status struct {
 	ObjectsTotal int64
 	// CacheHit is set when the dataset was already on the node.
 	CacheHit bool
+	// Version names the cached data the caller proved it may read (the manifest's digest), once
+	// it is known; Acquire and Populate hand out only that version.
+	Version string
 }
 
 // Ready reports whether the dataset's tree is complete.
@@ -93,14 +120,29 @@ type Manager struct {
 	cfg     Config
 	slots   chan struct{}
 	limiter *rate.Limiter
+	limits  Limits
 	metrics *metrics
+
+	// principalKey keys the hash that tells callers apart (access.go).
+	principalKey []byte
+	nfsUID       uint32
+	nfsGID       uint32
 
 	mu     sync.Mutex
 	jobs   map[string]*job  // pool/id -> running staging
-	failed map[string]error // pool/id -> last failure, reported once
-	pools  map[string]bool  // known pool dirs
-	inUse  map[string]int   // pool/id -> in-memory users (Populate)
-	poolMu map[string]*sync.Mutex
+	failed map[string]error // pool/id/principal -> last failure, reported once to its caller
+	// lastFail is the kind of each pool/id's last failure, for the inventory, until the next attempt.
+	lastFail map[string]failure
+	pools    map[string]bool      // known pool dirs
+	inUse    map[string]int       // pool/id -> in-memory users (Populate)
+	proofs   map[string]time.Time // digest/principal -> proof valid until
+	proving  map[string]*proof    // digest/principal -> proof under way
+	// perSource holds the concurrency slots of each source endpoint.
+	perSource map[string]chan struct{}
+	poolMu    map[string]*sync.Mutex
+
+	// changes moves whenever an Inventory would read differently (inventory.go).
+	changes changes
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -123,6 +165,9 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.EvictInterval <= 0 {
 		cfg.EvictInterval = time.Minute
 	}
+	if cfg.ProgressInterval <= 0 {
+		cfg.ProgressInterval = 5 * time.Second
+	}
 	var roots []string
 	for _, r := range cfg.LocalSourceRoots {
 		if !filepath.IsAbs(r) {
@@ -132,13 +177,27 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	cfg.LocalSourceRoots = roots
 	m := &Manager{
-		cfg:    cfg,
-		slots:  make(chan struct{}, cfg.Concurrency),
-		jobs:   map[string]*job{},
-		failed: map[string]error{},
-		pools:  map[string]bool{},
-		inUse:  map[string]int{},
-		poolMu: map[string]*sync.Mutex{},
+		cfg:          cfg,
+		slots:        make(chan struct{}, cfg.Concurrency),
+		principalKey: newPrincipalKey(),
+		nfsUID:       NobodyID,
+		nfsGID:       NobodyID,
+		jobs:         map[string]*job{},
+		failed:       map[string]error{},
+		lastFail:     map[string]failure{},
+		pools:        map[string]bool{},
+		inUse:        map[string]int{},
+		proofs:       map[string]time.Time{},
+		proving:      map[string]*proof{},
+		perSource:    map[string]chan struct{}{},
+		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
+		poolMu:       map[string]*sync.Mutex{},
+	}
+	if cfg.NFSUID != nil {
+		m.nfsUID = *cfg.NFSUID
+	}
+	if cfg.NFSGID != nil {
+		m.nfsGID = *cfg.NFSGID
 	}
 	if cfg.BandwidthBytesPerSec > 0 {
 		burst := int(min(max(cfg.BandwidthBytesPerSec/10, copyBufSize), 1<<30))
@@ -169,8 +228,15 @@ func (m *Manager) poolLock(pool string) *sync.Mutex {
 
 func jobKey(pool, id string) string { return pool + "\x00" + id }
 
+// NobodyID is the default AUTH_UNIX uid and gid of the NFS client: nobody, never root.
+const NobodyID = 65534
+
+// DefaultAccessProofTTL is the driver's default Config.AccessProofTTL.
+const DefaultAccessProofTTL = 5 * time.Minute
+
 // Ensure starts staging req's dataset on req.Pool, or joins the staging under way, and returns its
-// progress without waiting. A finished failure is returned once, then a new attempt starts.
+// progress without waiting. A finished failure is returned once to the caller whose attempt
+// failed, then a new attempt starts.
 func (m *Manager) Ensure(ctx context.Context, req Request) (Status, error) {
 	st, _, err := m.ensure(ctx, req)
 	return st, err
@@ -179,15 +245,20 @@ func (m *Manager) Ensure(ctx context.Context, req Request) (Status, error) {
 // Wait is Ensure, then waits until the dataset is ready, staging fails or ctx ends. When ctx ends
 // first it returns the progress and no error: the caller reports "in progress" and retries.
 func (m *Manager) Wait(ctx context.Context, req Request) (Status, error) {
-	st, j, err := m.ensure(ctx, req)
-	if err != nil || j == nil {
-		return st, err
-	}
-	select {
-	case <-j.done:
-		return m.finished(req, j)
-	case <-ctx.Done():
-		return j.status(), nil
+	for {
+		st, j, err := m.ensure(ctx, req)
+		if err != nil || j == nil {
+			return st, err
+		}
+		select {
+		case <-j.done:
+			if m.othersFailure(req, j) {
+				continue
+			}
+			return m.finished(req, j)
+		case <-ctx.Done():
+			return j.status(), nil
+		}
 	}
 }
 
@@ -195,98 +266,185 @@ func (m *Manager) Wait(ctx context.Context, req Request) (Status, error) {
 // staging fails, or ctx ends. A dataset that cannot fit req.Capacity is refused (OutOfRange)
 // before any object is read. When ctx ends first it returns the progress and no error.
 func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
-	st, j, err := m.ensure(ctx, req)
-	if err != nil || j == nil {
-		return st, err
-	}
-	select {
-	case <-j.listed:
-		st := j.status()
-		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
-			return st, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	for {
+		st, j, err := m.ensure(ctx, req)
+		if err != nil || j == nil {
+			return st, err
 		}
-		return st, nil
-	case <-j.done:
-		return m.finished(req, j)
-	case <-ctx.Done():
-		return j.status(), nil
+		select {
+		case <-j.listed:
+			st := j.status()
+			if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
+				return st, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			}
+			return st, nil
+		case <-j.done:
+			if m.othersFailure(req, j) {
+				continue
+			}
+			return m.finished(req, j)
+		case <-ctx.Done():
+			return j.status(), nil
+		}
 	}
+}
+
+// othersFailure reports a finished job that failed for another caller than req's: that failure
+// is its caller's to see, and req's caller makes an attempt of its own.
+func (m *Manager) othersFailure(req Request, j *job) bool {
+	return j.err != nil && j.principal != m.principal(req)
 }
 
 // finished returns the outcome of a finished job, and forgets its failure: it was reported.
 func (m *Manager) finished(req Request, j *job) (Status, error) {
 	if j.err != nil {
 		m.mu.Lock()
-		delete(m.failed, jobKey(req.Pool, req.Spec.ID()))
+		delete(m.failed, failKey(req.Pool, req.Spec.ID(), j.principal))
 		m.mu.Unlock()
+		m.changed()
 	}
 	return j.status(), j.err
 }
+
+func failKey(pool, id, principal string) string { return jobKey(pool, id) + "\x00" + principal }
+
+// checking is the progress reported while a caller's access proof is still under way.
+func checking(spec *Spec) Status { return Status{Dataset: spec.Source, Phase: PhaseListing} }
 
 func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error) {
 	if req.Spec == nil {
 		return Status{}, nil, source.Errorf(source.Invalid, "no dataset spec")
 	}
+	if err := m.admit(req.Spec); err != nil {
+		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	}
 	id := req.Spec.ID()
+	who := m.principal(req)
 	m.addPool(req.Pool)
 	dir := datasetDir(req.Pool, id)
 	key := jobKey(req.Pool, id)
+	fkey := failKey(req.Pool, id, who)
 	logger := klog.FromContext(ctx).WithValues("dataset", req.Spec.String(), "datasetID", id, "pool", req.Pool)
 
 	pl := m.poolLock(req.Pool)
-	pl.Lock()
-	m.mu.Lock()
-	j := m.jobs[key]
-	ferr, failed := m.failed[key]
-	if failed && j == nil {
-		delete(m.failed, key)
-	}
-	m.mu.Unlock()
+	for retired := false; ; retired = true {
+		pl.Lock()
+		m.mu.Lock()
+		j := m.jobs[key]
+		ferr, failed := m.failed[fkey]
+		if failed && j == nil {
+			delete(m.failed, fkey)
+		}
+		m.mu.Unlock()
 
-	if j != nil {
-		pl.Unlock()
-		st := j.status()
-		// The job may still be listing: then its size so far is a lower bound.
-		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), j.isListed()); err != nil {
-			return st, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		if j != nil {
+			pl.Unlock()
+			return m.join(ctx, req, j, who)
 		}
-		return st, j, nil
-	}
-	if failed {
-		pl.Unlock()
-		return Status{Dataset: req.Spec.Source, Phase: PhaseFailed}, nil, ferr
-	}
-	if isReady(dir) {
-		touch(dir)
-		pl.Unlock()
-		md, err := readMeta(dir)
+		if failed {
+			pl.Unlock()
+			m.changed()
+			return Status{Dataset: req.Spec.Source, Phase: PhaseFailed}, nil, ferr
+		}
+		if isReady(dir) {
+			touch(dir)
+			pl.Unlock()
+			m.changed()
+			st, digest, err := m.hit(ctx, req, dir)
+			if !errors.Is(err, errListingDiffers) || retired {
+				return st, nil, err
+			}
+			// The caller sees other data than the cache holds: the source changed, or the caller's
+			// credentials resolve to other data. It gets a staging of what it sees.
+			logger.Info("cached dataset differs from the caller's listing; staging a new version")
+			if err := m.retire(req.Pool, id, digest); err != nil {
+				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			}
+			continue
+		}
+		src, err := m.openSource(req)
 		if err != nil {
+			pl.Unlock()
 			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
 		}
-		if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
-		}
-		// Data staged with one tenant's credentials is served to another only if it may read it.
-		if err := m.checkAccess(ctx, req); err != nil {
-			return Status{}, nil, err
-		}
-		m.metrics.cacheHits.Inc()
-		return Status{Dataset: req.Spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
-			ObjectsDone: md.Objects, ObjectsTotal: md.Objects, CacheHit: true}, nil, nil
-	}
-	src, err := m.openSource(req)
-	if err != nil {
+		j = newJob(m, req, dir, src)
+		j.principal = who
+		m.mu.Lock()
+		m.jobs[key] = j
+		delete(m.lastFail, key)
+		m.mu.Unlock()
 		pl.Unlock()
-		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		m.changed()
+		logger.Info("staging dataset", "credentials", req.Creds.String())
+		go m.runJob(logger, key, j)
+		return j.status(), j, nil
 	}
-	j = newJob(m, req, dir, src)
-	m.mu.Lock()
-	m.jobs[key] = j
-	m.mu.Unlock()
-	pl.Unlock()
-	logger.Info("staging dataset", "credentials", req.Creds.String())
-	go m.runJob(logger, key, j)
-	return j.status(), j, nil
+}
+
+// hit serves a ready cached dataset to a caller that proves it reads the same data.
+func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, string, error) {
+	md, err := readMeta(dir)
+	if err != nil {
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	}
+	if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	}
+	digest, err := manifestDigest(dir, md)
+	if err != nil {
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	}
+	if err := m.prove(ctx, req, dir, md, digest); err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return checking(req.Spec), digest, nil
+		}
+		return Status{}, digest, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	}
+	m.metrics.cacheHits.Inc()
+	return Status{Dataset: req.Spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
+		ObjectsDone: md.Objects, ObjectsTotal: md.Objects, CacheHit: true, Version: digest}, digest, nil
+}
+
+// join hands a staging under way to a caller: at once to the caller that started it; to any
+// other once the manifest is taken and the caller proved it reads the same data. Until then the
+// caller is told only that the dataset is being listed.
+func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (Status, *job, error) {
+	j.want()
+	if j.principal != who {
+		select {
+		case <-j.listed:
+		case <-j.done:
+			if !j.isListed() {
+				return checking(req.Spec), j, nil // failed or ended before its listing: the caller retries
+			}
+		case <-ctx.Done():
+			return checking(req.Spec), nil, nil
+		}
+		md, digest := j.manifestMeta()
+		if err := m.prove(ctx, req, j.dir, md, digest); err != nil {
+			switch {
+			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+				return checking(req.Spec), nil, nil
+			case errors.Is(err, errListingDiffers):
+				err = source.Wrap(source.Retryable, err, "a staging of other data under this name is under way; it is staged anew for this caller after it ends")
+			}
+			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		}
+	}
+	st := j.status()
+	// The job may still be listing: then its size so far is a lower bound.
+	if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), j.isListed()); err != nil {
+		return st, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	}
+	return st, j, nil
+}
+
+// admit refuses what this caller may not name: an NFS server that inline volumes may not reach.
+func (m *Manager) admit(spec *Spec) error {
+	if spec.Inline && spec.Scheme == SchemeNFS && !slices.Contains(m.cfg.NFSServers, spec.Host) {
+		return source.Errorf(source.Denied, "NFS server %s is not allowed in inline volumes (the administrator allows servers with --nfs-servers)", spec.Host)
+	}
+	return nil
 }
 
 func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
@@ -296,17 +454,21 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	m.mu.Lock()
 	delete(m.jobs, key)
 	if err != nil {
-		m.failed[key] = err
+		m.failed[key+"\x00"+j.principal] = err
+		m.recordFailureLocked(key, j.req.Spec, err, time.Now())
 	}
 	m.mu.Unlock()
 	j.err = err
 	close(j.done)
+	m.changed()
 	st := j.status()
 	if err != nil {
 		m.metrics.stagings.WithLabelValues("failed").Inc()
 		logger.Error(err, "staging failed", "permanent", source.IsPermanent(err), "bytesDone", st.BytesDone)
 		return
 	}
+	// Every object was read with the stager's credentials, pinned to the manifest.
+	m.remember(st.Version, j.principal)
 	m.metrics.stagings.WithLabelValues("ready").Inc()
 	m.metrics.stagedBytes.Add(float64(st.BytesTotal))
 	logger.Info("dataset ready", "bytes", st.BytesTotal, "objects", st.ObjectsTotal, "duration", time.Since(start))
@@ -330,44 +492,29 @@ func checkCapacity(req Request, bytes, alloc int64, complete bool) error {
 	return nil
 }
 
-func (m *Manager) checkAccess(ctx context.Context, req Request) error {
-	if req.Spec.Scheme == SchemeNFS {
-		return nil // AUTH_UNIX carries no per-tenant secret to check.
-	}
-	// S3: the caller's credentials must read the bucket. file://: the path must still be under
-	// an allowed root (the admin may have narrowed --local-source-roots since).
-	src, err := m.openSource(req)
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := src.CheckAccess(ctx); err != nil {
-		return fmt.Errorf("%s: %w", req.Spec.describe(), err)
-	}
-	return nil
-}
-
 func (m *Manager) openSource(req Request) (source.Source, error) {
 	s := req.Spec
 	switch s.Scheme {
 	case SchemeS3:
+		policy, err := m.egressPolicy(s)
+		if err != nil {
+			return nil, err
+		}
 		return s3source.New(s3source.Config{
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
-			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency,
+			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
 		})
 	case SchemeNFS:
-		return nfssource.New(s.Host, s.Path)
+		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)
 	case SchemeLocal:
 		return localsource.New(s.Path, m.cfg.LocalSourceRoots)
 	}
 	return nil, source.Errorf(source.Invalid, "unsupported scheme %q", s.Scheme)
 }
 
-// TreePath returns the ready dataset's directory on pool, for a read-only bind mount. Pair it
-// with Acquire so eviction leaves it alone.
+// TreePath returns the ready dataset's directory on pool. It proves nothing of the caller: volumes
+// get the tree from Acquire, after Wait proved the caller may read it.
 func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
 	dir := datasetDir(pool, spec.ID())
 	if !isReady(dir) {
@@ -376,21 +523,91 @@ func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
 	return filepath.Join(dir, treeDir), nil
 }
 
-// Acquire records that volumeID uses the dataset's tree on pool (a read-only bind mount). The
-// reference is a file, so it survives driver restarts; Release removes it. Both are idempotent.
-func (m *Manager) Acquire(pool string, spec *Spec, volumeID string) error {
+// Acquire records that volumeID uses the dataset's tree on pool (a read-only bind mount) and
+// returns the tree's path. version is the Status.Version the caller proved it may read (empty: any);
+// a dataset replaced since is refused as changed, and the caller asks again. The reference is a
+// file, so it survives driver restarts; Release removes it. Both are idempotent.
+func (m *Manager) Acquire(pool string, spec *Spec, version, volumeID string) (string, error) {
 	dir := datasetDir(pool, spec.ID())
 	pl := m.poolLock(pool)
 	pl.Lock()
 	defer pl.Unlock()
-	if !isReady(dir) {
-		return source.Errorf(source.NotFound, "%s is not staged on pool %s", spec.describe(), pool)
+	if err := checkVersion(dir, spec, version); err != nil {
+		return "", err
 	}
 	if err := os.MkdirAll(filepath.Join(dir, refsDir), 0o755); err != nil {
-		return err
+		return "", err
 	}
 	touch(dir)
-	return writeFileSync(filepath.Join(dir, refsDir, refName(volumeID)), []byte(volumeID))
+	if err := writeFileSync(filepath.Join(dir, refsDir, refName(volumeID)), []byte(volumeID)); err != nil {
+		return "", err
+	}
+	m.changed()
+	return filepath.Join(dir, treeDir), nil
+}
+
+// checkVersion says whether dir holds the ready dataset version the caller proved it may read.
+func checkVersion(dir string, spec *Spec, version string) error {
+	if !isReady(dir) {
+		return source.Errorf(source.Retryable, "%s is not staged on this pool (any more); retry", spec.describe())
+	}
+	if version == "" {
+		return nil
+	}
+	md, err := readMeta(dir)
+	if err != nil {
+		return err
+	}
+	if d, err := manifestDigest(dir, md); err != nil || d != version {
+		return errors.Join(err, source.Errorf(source.Retryable, "%s was replaced by a newer version since it was checked; retry", spec.describe()))
+	}
+	return nil
+}
+
+// retiredSep separates a dataset ID from the suffix of a version that a newer one replaced.
+const retiredSep = ".retired-"
+
+// retire moves the ready version of dataset id on pool aside when it still has the given
+// digest, so that a new version can be staged in its place: volumes that use it keep it (their
+// bind mounts follow the directory), new callers never see it, and it is deleted with its last
+// reference. A version nobody uses is deleted at once.
+func (m *Manager) retire(pool, id, digest string) error {
+	pl := m.poolLock(pool)
+	pl.Lock()
+	defer pl.Unlock()
+	dir := datasetDir(pool, id)
+	if m.busy(pool, id) {
+		return source.Errorf(source.Retryable, "the cached version is being copied into a volume; retry")
+	}
+	if !isReady(dir) {
+		return nil // replaced meanwhile
+	}
+	md, err := readMeta(dir)
+	if err != nil {
+		return err
+	}
+	if d, err := manifestDigest(dir, md); err != nil || d != digest {
+		return err // replaced meanwhile
+	}
+	defer m.changed()
+	if refCount(dir) == 0 {
+		return removeDataset(pool, id)
+	}
+	to := dir + retiredSep + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := os.Rename(dir, to); err != nil {
+		return err
+	}
+	return syncDir(cacheDir(pool))
+}
+
+// removeDataset deletes a dataset directory: renamed to trash first, so a crash leaves nothing
+// that looks like a dataset.
+func removeDataset(pool, name string) error {
+	trash := filepath.Join(cacheDir(pool), trashPrefix+name)
+	if err := os.Rename(datasetDir(pool, name), trash); err != nil {
+		return err
+	}
+	return removeAllQuick(trash)
 }
 
 // Release drops volumeID's reference to the dataset on pool.
@@ -398,14 +615,34 @@ func (m *Manager) Release(pool string, spec *Spec, volumeID string) error {
 	return m.ReleaseID(pool, spec.ID(), volumeID)
 }
 
-// ReleaseID is Release by dataset ID, for callers that kept only the ID.
+// ReleaseID is Release by dataset ID, for callers that kept only the ID. The reference may be in
+// a retired version, which goes with its last reference.
 func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	dir := datasetDir(pool, id)
 	err := os.Remove(filepath.Join(dir, refsDir, refName(volumeID)))
-	if err != nil && !isNotExist(err) {
+	if err == nil || !isNotExist(err) {
+		touch(dir)
+		m.changed()
 		return err
 	}
-	touch(dir)
+	retired, _ := filepath.Glob(dir + retiredSep + "*")
+	for _, r := range retired {
+		err := os.Remove(filepath.Join(r, refsDir, refName(volumeID)))
+		if isNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		m.changed()
+		pl := m.poolLock(pool)
+		pl.Lock()
+		defer pl.Unlock()
+		if refCount(r) == 0 {
+			return removeDataset(pool, filepath.Base(r))
+		}
+		return nil
+	}
 	return nil
 }
 
@@ -413,6 +650,7 @@ func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 func (m *Manager) Run(ctx context.Context) {
 	t := time.NewTicker(m.cfg.EvictInterval)
 	defer t.Stop()
+	go m.watchProgress(ctx.Done(), m.cfg.ProgressInterval)
 	for {
 		for _, p := range m.poolList() {
 			m.evictPool(ctx, p, 0)
@@ -456,18 +694,15 @@ func humanBytes(n int64) string {
 }
 
 // Status reports a dataset's state on pool without starting anything: the progress of a staging
-// under way, Ready when cached, or the last failure. ok is false when the pool knows nothing of it.
+// under way, or Ready when cached. ok is false when the pool knows nothing of it. Failures are not
+// reported here: each is told to the caller whose attempt failed, and to no other tenant.
 func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
 	id := spec.ID()
 	m.mu.Lock()
 	j := m.jobs[jobKey(pool, id)]
-	ferr, failed := m.failed[jobKey(pool, id)]
 	m.mu.Unlock()
-	switch {
-	case j != nil:
+	if j != nil {
 		return j.status(), true, nil
-	case failed:
-		return Status{Dataset: spec.Source, Phase: PhaseFailed}, true, ferr
 	}
 	dir := datasetDir(pool, id)
 	if !isReady(dir) {

@@ -37,10 +37,12 @@ func newMetrics(m *Manager) *metrics {
 			Help: "Cached datasets evicted to keep pool free space above the watermark."}, []string{"pool"}),
 		evictedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "evicted_bytes_total",
 			Help: "Bytes freed by evictions."}, []string{"pool"}),
+		// Datasets are named by ID only: a source URL names a tenant's bucket or server, and
+		// metrics are read by people who may not read the tenant's data.
 		progressDone: prometheus.NewDesc(ns+"_staging_bytes_done", "Bytes staged so far by a staging in progress.",
-			[]string{"pool", "dataset", "source"}, nil),
+			[]string{"pool", "dataset"}, nil),
 		progressTotal: prometheus.NewDesc(ns+"_staging_bytes_total", "Size of a dataset being staged.",
-			[]string{"pool", "dataset", "source"}, nil),
+			[]string{"pool", "dataset"}, nil),
 		cachedBytes: prometheus.NewDesc(ns+"_cache_bytes", "Bytes of ready datasets cached on a pool.",
 			[]string{"pool"}, nil),
 		cachedDatasets: prometheus.NewDesc(ns+"_cache_datasets", "Ready datasets cached on a pool.",
@@ -78,8 +80,8 @@ func (c *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, j := range jobs {
 		st := j.status()
 		id := j.req.Spec.ID()
-		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.pool, id, j.req.Spec.Source)
-		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.pool, id, j.req.Spec.Source)
+		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.pool, id)
+		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.pool, id)
 	}
 	for _, pool := range c.m.poolList() {
 		ents, _ := os.ReadDir(cacheDir(pool))

@@ -12,8 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
-
-	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
 
 // populatedXattr marks a volume's root once it holds its dataset, so Populate runs once per volume
@@ -34,8 +32,9 @@ func Populated(target string, spec *Spec) bool {
 // writable volume. It reflinks where source and target share a filesystem that supports it and
 // copies in the kernel otherwise. The copy goes to a hidden directory, is synced, and only then
 // moved into place: a volume never shows half a dataset. Populating an already populated volume is
-// a no-op, so the user's later changes are never overwritten.
-func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, target string) error {
+// a no-op, so the user's later changes are never overwritten. version is the Status.Version the
+// caller proved it may read (empty: any); a dataset replaced since is refused as changed.
+func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version, target string) error {
 	id := spec.ID()
 	if Populated(target, spec) {
 		return nil
@@ -44,14 +43,16 @@ func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, target 
 	m.mu.Lock()
 	m.inUse[key]++
 	m.mu.Unlock()
+	m.changed()
 	defer func() {
 		m.mu.Lock()
 		m.inUse[key]--
 		m.mu.Unlock()
+		m.changed()
 	}()
 	dir := datasetDir(pool, id)
-	if !isReady(dir) {
-		return source.Errorf(source.NotFound, "%s is not staged on pool %s", spec.describe(), pool)
+	if err := checkVersion(dir, spec, version); err != nil {
+		return err
 	}
 	touch(dir)
 	tree := filepath.Join(dir, treeDir)

@@ -48,7 +48,7 @@ func TestStageS3(t *testing.T) {
 		return testpeers.Fault{ResetAfter: -1, StripChecksums: true}
 	})
 	pool := t.TempDir()
-	m := newManager(t, datasource.Config{Concurrency: 4, ChunkSize: 2 << 20})
+	m := newManager(t, datasource.Config{Concurrency: 4, ChunkSize: 2 << 20, AccessProofTTL: time.Minute})
 	params := s3Params(s, proxy.URL, "s3://data/set")
 	params["exclude"] = "*.tmp"
 	spec := mustSpec(t, params)
@@ -76,18 +76,26 @@ func TestStageS3(t *testing.T) {
 	if st.BytesTotal != int64(len(big)+len(single))+sumSizes(smallTree(1, 60, 3000)) {
 		t.Fatalf("bytes total %d", st.BytesTotal)
 	}
-	if n := proxy.Requests.Load() - gets; n > 1 {
-		t.Fatalf("cache hit made %d requests, want one access check", n)
+	if n := proxy.Requests.Load() - gets; n != 1 {
+		t.Fatalf("cache hit made %d requests, want one pinned read (the stager's proof is remembered)", n)
+	}
+	// A caller without a remembered proof lists the dataset and reads one file.
+	gets = proxy.Requests.Load()
+	if st, err := newManager(t, datasource.Config{}).Ensure(ctx, req); err != nil || !st.CacheHit {
+		t.Fatalf("cache hit of a restarted node plugin: %v %v", st, err)
+	}
+	if n := proxy.Requests.Load() - gets; n < 2 {
+		t.Fatalf("a full proof made %d requests", n)
 	}
 
 	// A writable volume gets its own copy, once.
 	vol := t.TempDir()
-	if err := m.Populate(ctx, pool, spec, vol); err != nil {
+	if err := m.Populate(ctx, pool, spec, "", vol); err != nil {
 		t.Fatal(err)
 	}
 	checkTree(t, vol, want)
 	os.WriteFile(filepath.Join(vol, "user-file"), []byte("mine"), 0o644)
-	if err := m.Populate(ctx, pool, spec, vol); err != nil {
+	if err := m.Populate(ctx, pool, spec, "", vol); err != nil {
 		t.Fatal(err)
 	}
 	if !exists(filepath.Join(vol, "user-file")) {

@@ -42,6 +42,15 @@ type Spec struct {
 	Prefix string `json:"-"` // s3: key prefix ending in "/" or empty
 	Host   string `json:"-"` // nfs: host or host:port
 	Path   string `json:"-"` // nfs: export path and subpath; file: absolute node path
+
+	// Inline is set for the volume attributes of an inline ephemeral volume, which any pod author
+	// writes: the manager admits only the NFS servers the administrator allows there.
+	Inline bool `json:"-"`
+	// Tenant marks a dataset a pod author named (an inline volume, a VolumeManager): its S3
+	// endpoint must be in the administrator's allow-list (Config.TenantEndpoints). The caller
+	// sets it; it is kept with a staging job (a resumed one stays restricted) but is not part of
+	// the dataset's identity.
+	Tenant bool `json:"tenant,omitempty"`
 }
 
 // Credentials come from a CSI secret; empty means anonymous access.
@@ -140,6 +149,7 @@ func ParseParams(params map[string]string, ephemeral bool) (*Spec, error) {
 	if err := s.parseSource(ephemeral); err != nil {
 		return nil, err
 	}
+	s.Inline = ephemeral
 	return s, nil
 }
 

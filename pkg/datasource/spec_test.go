@@ -1,6 +1,7 @@
 package datasource
 
 import (
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -54,6 +55,8 @@ func TestParseParams(t *testing.T) {
 		{name: "failure case - endpoint on nfs", params: map[string]string{"source": "nfs://h/x", "endpoint": "http://x"}, wantCode: codes.InvalidArgument},
 		{name: "failure case - file in ephemeral volume", params: map[string]string{"source": "file:///srv/x"}, ephemeral: true, wantCode: codes.PermissionDenied},
 		{name: "failure case - bad glob", params: map[string]string{"source": "s3://b", "include": "[a"}, wantCode: codes.InvalidArgument},
+		{name: "failure case - too many globs", params: map[string]string{"source": "s3://b", "exclude": strings.Repeat("a,", 65)}, wantCode: codes.InvalidArgument},
+		{name: "failure case - glob too deep", params: map[string]string{"source": "s3://b", "include": strings.Repeat("**/", 40) + "x"}, wantCode: codes.InvalidArgument},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, err := ParseParams(tc.params, tc.ephemeral)

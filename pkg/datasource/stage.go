@@ -58,16 +58,31 @@ type job struct {
 	tmp  [tmpShards]*dir
 	// resuming is set when staging/ already held files at start.
 	resuming bool
+	// principal is the caller whose credentials stage (access.go).
+	principal string
+	// wanted is when a caller last asked for the dataset (UnixNano); see Limits.AbandonAfter.
+	wanted atomic.Int64
+	// sourceSlots bound the node's reads from the job's source endpoint.
+	sourceSlots chan struct{}
+	// md is the committed manifest's meta, set before listed is closed.
+	md atomic.Pointer[meta]
+	// started is when the job was created (the inventory's last use of a new dataset).
+	started time.Time
 
 	bigMu sync.Mutex
 	big   []*bigFile
 }
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
-	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{})}
+	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
+		sourceSlots: m.sourceSlots(req.Spec), started: time.Now()}
 	j.phase.Store(PhaseListing)
+	j.want()
 	return j
 }
+
+// want records that a caller asked for the dataset.
+func (j *job) want() { j.wanted.Store(time.Now().UnixNano()) }
 
 // isListed reports whether the manifest is taken, so that bytesTotal is the dataset's size.
 func (j *job) isListed() bool {
@@ -80,25 +95,42 @@ func (j *job) isListed() bool {
 }
 
 func (j *job) status() Status {
-	return Status{
+	st := Status{
 		Dataset: j.req.Spec.Source, Phase: j.phase.Load().(Phase),
 		BytesDone: j.bytesDone.Load(), BytesTotal: j.bytesTotal.Load(),
 		ObjectsDone: j.objsDone.Load(), ObjectsTotal: j.objsTotal.Load(),
 	}
+	if md := j.md.Load(); md != nil {
+		st.Version = md.Digest
+	}
+	return st
+}
+
+// manifestMeta returns the committed manifest's meta and digest; only once listed is closed.
+func (j *job) manifestMeta() (*meta, string) {
+	md := j.md.Load()
+	return md, md.Digest
 }
 
 func (j *job) describe() string { return j.req.Spec.describe() }
 
 func (j *job) run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancelDeadline := context.WithTimeoutCause(ctx, j.m.limits.JobDeadline,
+		source.Errorf(source.Retryable, "staging took longer than %s", j.m.limits.JobDeadline))
+	defer cancelDeadline()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go j.watchInterest(ctx, cancel)
 	defer func() {
 		if err == nil {
 			return
 		}
+		if cause := context.Cause(ctx); cause != nil && !errors.Is(err, cause) {
+			err = cause // the deadline or abandonment, not the read it interrupted
+		}
 		j.phase.Store(PhaseFailed)
-		if ctx.Err() == nil && source.IsPermanent(err) {
+		if errors.Is(err, errAbandoned) || ctx.Err() == nil && source.IsPermanent(err) {
 			// Nothing is left behind of a dataset that cannot be staged.
 			if rerr := removeAllQuick(j.dir); rerr != nil {
 				logger.Error(rerr, "cleaning up failed dataset")
@@ -154,7 +186,9 @@ func (j *job) run(ctx context.Context) (err error) {
 	if err := checkCapacity(j.req, md.Bytes, md.Alloc, true); err != nil {
 		return err
 	}
+	j.md.Store(md)
 	close(j.listed)
+	j.m.changed()
 	if err := j.m.makeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
 		return err
 	}
@@ -194,51 +228,63 @@ func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
 }
 
 // manifest returns the committed manifest, listing the source first if there is none yet. The
-// listing is the dataset's point in time: reads are pinned to the ETags it records.
+// listing is the dataset's point in time: reads are pinned to the ETags it records. A manifest
+// left by an earlier attempt (perhaps another caller's, before a restart) is kept only when this
+// job's caller proves it reads the same data; otherwise what was staged is discarded.
 func (j *job) manifest(ctx context.Context) (*meta, error) {
 	if manifestExists(j.dir) {
 		if md, err := readMeta(j.dir); err == nil {
-			return md, nil
+			err := j.checkResume(ctx, md)
+			if err == nil {
+				return md, nil
+			}
+			if !errors.Is(err, errListingDiffers) {
+				return nil, err
+			}
+			klog.FromContext(ctx).Info("discarding a partial staging: the source's listing differs from its manifest")
+			if err := j.discard(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	j.phase.Store(PhaseListing)
 	md := &meta{Spec: j.req.Spec, Created: time.Now().UTC()}
 	filter := j.req.Spec.Filter()
+	var digest digester
 	tmp := filepath.Join(j.dir, objectsFile+".tmp")
 	err := writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
-		enc := json.NewEncoder(bw)
+		written := &countingWriter{w: bw}
+		enc := json.NewEncoder(written)
+		limits := j.m.limits
 		err := j.src.List(ctx, func(o source.Object) error {
-			if o.Type == source.Dir {
-				if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
-					return nil
-				}
-			} else if !filter.Match(o.Key) {
-				return nil
-			}
-			if err := source.ValidateKey(o.Key); err != nil {
+			keep, err := keepEntry(limits, filter, o)
+			if err != nil || !keep {
 				return err
-			}
-			if o.Type == source.Symlink {
-				if err := source.ValidateSymlink(o.Key, o.Target); err != nil {
-					return err
-				}
-			}
-			if o.Size < 0 {
-				return source.Errorf(source.Invalid, "entry %q has a negative size", o.Key)
 			}
 			md.Objects++
 			md.Bytes += o.Size
-			md.Alloc += allocSize(o.Size)
-			if o.Type == source.Dir {
-				md.Alloc += 4096
-			}
+			md.Alloc += entryAlloc(o)
 			j.objsTotal.Store(md.Objects)
 			j.bytesTotal.Store(md.Bytes)
-			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
-				return err // refuse as soon as it is known, before any download
+			// Refuse as soon as it is known, before any download.
+			if err := limits.checkTotals(md.Objects, md.Bytes); err != nil {
+				return err
 			}
-			return enc.Encode(o)
+			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
+				return err
+			}
+
+			if err := digest.add(o); err != nil {
+				return err
+			}
+			if err := enc.Encode(o); err != nil {
+				return err
+			}
+			if written.n > limits.MaxManifestBytes {
+				return source.Errorf(source.TooLarge, "its manifest is larger than %s, the most a dataset may have on this node", humanBytes(limits.MaxManifestBytes))
+			}
+			return nil
 		})
 		if err != nil {
 			return err
@@ -246,6 +292,7 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		if err := bw.Flush(); err != nil {
 			return err
 		}
+		md.Digest = digest.sum()
 		// meta.json first: objects.jsonl appearing is the commit point.
 		return writeMeta(j.dir, md)
 	})
@@ -254,6 +301,47 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		return nil, err
 	}
 	return md, nil
+}
+
+// checkResume proves that this job's caller reads the data of the manifest an earlier attempt
+// left: its own listing matches, and one file reads pinned to its ETag.
+func (j *job) checkResume(ctx context.Context, md *meta) error {
+	digest, err := manifestDigest(j.dir, md)
+	if err != nil {
+		return err
+	}
+	md.Digest = digest
+	got, err := listingDigest(ctx, j.src, j.req.Spec, j.m.limits)
+	if err != nil {
+		return err
+	}
+	if got != digest {
+		return errListingDiffers
+	}
+	err = j.m.pinnedRead(ctx, j.src, j.dir, md)
+	if source.KindOf(err) == source.Changed {
+		return fmt.Errorf("%w: %w", errListingDiffers, err)
+	}
+	return err
+}
+
+// discard removes what an earlier attempt staged under a manifest this caller cannot use.
+func (j *job) discard() error {
+	if err := os.Remove(filepath.Join(j.dir, objectsFile)); err != nil && !isNotExist(err) {
+		return err
+	}
+	staging := filepath.Join(j.dir, stagingDir)
+	ents, err := os.ReadDir(staging)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(staging, e.Name())); err != nil {
+			return err
+		}
+	}
+	j.resuming = false
+	return syncDir(j.dir)
 }
 
 type task struct {
@@ -428,8 +516,9 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	return nil
 }
 
-// runTask runs t within the object's stream limit, then the node's concurrency limit, in that
-// order, so a task waiting for its object never holds a node slot.
+// runTask runs t within the object's stream limit, its source's limit, then the node's
+// concurrency limit, in that order, so a task waiting for its object or a slow source never holds
+// a node slot.
 func (j *job) runTask(ctx context.Context, t task) error {
 	if t.big != nil {
 		select {
@@ -439,6 +528,12 @@ func (j *job) runTask(ctx context.Context, t task) error {
 		}
 		defer func() { <-t.big.streams }()
 	}
+	select {
+	case j.sourceSlots <- struct{}{}:
+	case <-ctx.Done():
+		return nil
+	}
+	defer func() { <-j.sourceSlots }()
 	select {
 	case j.m.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -580,7 +675,8 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 	)
 	for attempt := 0; ; attempt++ {
 		var rc io.ReadCloser
-		rc, err = j.src.Open(ctx, o, off+written, n-written)
+		actx, cancel := context.WithTimeoutCause(ctx, j.m.limits.readTimeout(n-written), errTooSlow)
+		rc, err = j.src.Open(actx, o, off+written, n-written)
 		if err == nil {
 			if written == 0 {
 				// A resumed read continues the same digest: reads are pinned to the listed
@@ -596,9 +692,10 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 				}
 			}
 			var k int64
-			k, err = j.copyAt(ctx, f, off+written, n-written, rc, h)
+			k, err = j.copyAt(actx, f, off+written, n-written, rc, h)
 			written += k
 			rc.Close()
+			cancel()
 			if err == nil && written < n {
 				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
 			}
@@ -617,8 +714,12 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 				return false, nil, nil
 			}
 		}
+		cancel()
 		if ctx.Err() != nil {
 			return false, nil, context.Cause(ctx)
+		}
+		if errors.Is(context.Cause(actx), errTooSlow) {
+			err = source.Wrap(source.Retryable, errTooSlow, "%q", o.Key)
 		}
 		if source.KindOf(err) != source.Retryable || attempt+1 >= j.m.cfg.Retries {
 			j.bytesDone.Add(-written)

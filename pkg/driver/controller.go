@@ -62,7 +62,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
-	dataset, err := checkDatasetCreate(req.GetParameters(), shape)
+	dataset, err := checkDatasetCreate(req.GetParameters(), shape, req.GetVolumeContentSource())
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -52,7 +53,8 @@ func (d *Driver) initDatasets(reg *prometheus.Registry) error {
 }
 
 // datasetSpec returns the dataset a volume's parameters ask for, or nil. Only dataset keys are
-// looked at: the other keys are parsePlacement's to check.
+// looked at: the other keys are parsePlacement's to check. An inline volume's dataset is a
+// tenant's (docs/security.md).
 func datasetSpec(params map[string]string, ephemeral bool) (*datasource.Spec, error) {
 	ds := map[string]string{}
 	for k, v := range params {
@@ -64,17 +66,31 @@ func datasetSpec(params map[string]string, ephemeral bool) (*datasource.Spec, er
 	if err != nil {
 		return nil, status.Error(datasource.Code(err), err.Error())
 	}
+	if spec != nil {
+		spec.Tenant = ephemeral
+	}
 	return spec, nil
 }
 
-// checkDatasetCreate validates a CreateVolume's dataset parameters.
-func checkDatasetCreate(params map[string]string, shape volumeShape) (*datasource.Spec, error) {
+// tenantVolume says whether a static PV was written by the VolumeManager controller for a
+// namespace user rather than by an administrator.
+func tenantVolume(volumeID string) bool {
+	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
+}
+
+// checkDatasetCreate validates a CreateVolume's dataset parameters. A volume is filled from a
+// dataset or from a snapshot or clone, never both: filling a restored volume from a dataset
+// would overwrite (or, for a dataset that shrank, delete) restored files.
+func checkDatasetCreate(params map[string]string, shape volumeShape, content *csi.VolumeContentSource) (*datasource.Spec, error) {
 	spec, err := datasetSpec(params, false)
 	if err != nil || spec == nil {
 		return nil, err
 	}
 	if shape.access == state.Block {
 		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
+	}
+	if content.GetSnapshot() != nil || content.GetVolume() != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "parameter %q and a snapshot or volume content source exclude each other", consts.ParamSource)
 	}
 	return spec, nil
 }
@@ -135,28 +151,32 @@ func waitBudget(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, 30*time.Second)
 }
 
-// awaitDataset waits for the dataset of a volume to be staged on its pool. It returns nil when
-// the volume has no dataset, Unavailable with the progress while staging goes on (kubelet
-// retries), and the staging error with its own code when staging failed.
-func (d *Driver) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) error {
+// awaitDataset waits for the dataset of a volume to be staged on its pool and for the caller to
+// prove, with the secrets it brings, that it may read it. It returns the version proved,
+// Unavailable with the progress while staging goes on (kubelet retries), and the staging error
+// with its own code when staging failed.
+func (d *Driver) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) (string, error) {
+	if err := d.datasets.CheckEndpoint(spec); err != nil {
+		return "", status.Error(datasource.Code(err), err.Error())
+	}
 	creds, err := datasource.CredentialsFromSecrets(secrets)
 	if err != nil {
-		return status.Error(datasource.Code(err), err.Error())
+		return "", status.Error(datasource.Code(err), err.Error())
 	}
 	poolPath, err := d.poolPath(poolName)
 	if err != nil {
-		return err
+		return "", err
 	}
 	wctx, cancel := waitBudget(ctx)
 	defer cancel()
 	st, err := d.datasets.Wait(wctx, datasource.Request{Spec: spec, Creds: creds, Pool: poolPath, Capacity: capacity})
 	if err != nil {
-		return status.Error(datasource.Code(err), err.Error())
+		return "", status.Error(datasource.Code(err), err.Error())
 	}
 	if !st.Ready() {
-		return status.Errorf(codes.Unavailable, "%s; retry later", st)
+		return "", status.Errorf(codes.Unavailable, "%s; retry later", st)
 	}
-	return nil
+	return st.Version, nil
 }
 
 // volumeDataset returns the dataset of an image-backed volume, from its CreateVolume parameters
@@ -169,14 +189,14 @@ func volumeDataset(v state.Volume, volumeContext map[string]string) (*datasource
 	return datasetSpec(params, v.Ephemeral)
 }
 
-// populateDataset copies the staged dataset into a volume's new filesystem; a volume already
-// populated is left alone (its data is the user's now).
-func (d *Driver) populateDataset(ctx context.Context, spec *datasource.Spec, poolName, target string) error {
+// populateDataset copies the staged dataset version the caller proved it may read into a
+// volume's new filesystem; a volume already populated is left alone (its data is the user's now).
+func (d *Driver) populateDataset(ctx context.Context, spec *datasource.Spec, version, poolName, target string) error {
 	poolPath, err := d.poolPath(poolName)
 	if err != nil {
 		return err
 	}
-	if err := d.datasets.Populate(ctx, poolPath, spec, target); err != nil {
+	if err := d.datasets.Populate(ctx, poolPath, spec, version, target); err != nil {
 		return status.Errorf(datasource.Code(err), "filling volume from %s: %v", spec, err)
 	}
 	return nil
@@ -192,12 +212,8 @@ func (d *Driver) datasetHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthE
 	if !ok {
 		return nil
 	}
-	st, known, err := d.datasets.Status(p.Path, spec)
-	switch {
-	case err != nil:
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
-			Reason: "DatasetFailed", Message: err.Error()}}
-	case known && !st.Ready():
+	// Failures are told to the caller whose attempt failed (NodeStageVolume's error), not here.
+	if st, known, err := d.datasets.Status(p.Path, spec); err == nil && known && !st.Ready() {
 		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
 			Reason: "DatasetStaging", Message: st.String()}}
 	}
@@ -243,11 +259,7 @@ func (d *Driver) putTreeVolume(t treeVolume) error {
 	if err != nil {
 		return err
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p)
+	return state.WriteFile(p, b)
 }
 
 func (d *Driver) deleteTreeVolume(volumeID string) error {
@@ -285,6 +297,7 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 	if err != nil {
 		return err
 	}
+	spec.Tenant = spec.Tenant || tenantVolume(volumeID)
 	pl, err := parsePlacement(params)
 	if err != nil {
 		return err
@@ -297,7 +310,8 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 	if t, ok := d.getTreeVolume(volumeID); ok {
 		chosen.Name, chosen.Path = t.Pool, t.PoolPath // stay where the first attempt staged
 	}
-	if err := d.awaitDataset(ctx, spec, chosen.Name, 0, secrets); err != nil {
+	version, err := d.awaitDataset(ctx, spec, chosen.Name, 0, secrets)
+	if err != nil {
 		return err
 	}
 	t := treeVolume{VolumeID: volumeID, Pool: chosen.Name, PoolPath: chosen.Path, DatasetID: spec.ID(),
@@ -306,10 +320,7 @@ func (d *Driver) serveTree(ctx context.Context, volumeID, path string, params, s
 	if err := d.putTreeVolume(t); err != nil {
 		return internal("saving dataset volume state", err)
 	}
-	if err := d.datasets.Acquire(chosen.Path, spec, volumeID); err != nil {
-		return status.Error(datasource.Code(err), err.Error())
-	}
-	tree, err := d.datasets.TreePath(chosen.Path, spec)
+	tree, err := d.datasets.Acquire(chosen.Path, spec, version, volumeID)
 	if err != nil {
 		return status.Error(datasource.Code(err), err.Error())
 	}
@@ -421,8 +432,9 @@ func (d *Driver) fillDataset(ctx context.Context, v state.Volume, volumeContext,
 	if datasource.Populated(target, spec) {
 		return nil
 	}
-	if err := d.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
+	version, err := d.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets)
+	if err != nil {
 		return err
 	}
-	return d.populateDataset(ctx, spec, v.Pool, target)
+	return d.populateDataset(ctx, spec, version, v.Pool, target)
 }

@@ -3,9 +3,12 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,6 +248,9 @@ func TestDatasetInline(t *testing.T) {
 	export := filepath.Join(env.dir, "export")
 	writeTree(t, filepath.Join(export, "data"), want)
 	addr := testpeers.StartNFS(t, export)
+	env.stop() // inline volumes may name only the NFS servers the administrator allows
+	env.cfg.Datasets.NFSServers = []string{addr}
+	env.start()
 	mc := mountCap("")
 	for _, tc := range []struct {
 		name     string
@@ -280,4 +286,62 @@ func TestDatasetInline(t *testing.T) {
 			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "file://" + src + "/set"}})
 		wantCode(t, err, codes.PermissionDenied, "inline")
 	})
+}
+
+// TestInlineDatasetTenants, as a new user would meet it: tenant A's pod publishes an inline
+// volume of its private bucket, with its secret; while A's staging runs, tenant B's pod on the
+// same node publishes an inline volume of the same source with no secret. B is refused with
+// PermissionDenied, during A's staging and once A's data is cached; A's volume gets the data.
+// An inline nfs:// volume is refused unless the administrator allowed its server.
+func TestInlineDatasetTenants(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	ctx := context.Background()
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "private")
+	for i := range 8 {
+		s.Put(t, "private", fmt.Sprintf("set/f%d", i), []byte(strings.Repeat("secret ", 100+i)))
+	}
+	var slow atomic.Bool
+	slow.Store(true)
+	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+		f := testpeers.None
+		if r.Method == http.MethodGet && r.URL.Query().Get("list-type") == "" && slow.Load() {
+			f.Delay = 6 * time.Second // longer than a publish's budget below
+		}
+		return f
+	})
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://private/set",
+		"endpoint": proxy.URL, "pathStyle": "true"}
+	publish := func(id string, secrets map[string]string) error {
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // kubelet's calls have deadlines too
+		defer cancel()
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id,
+			TargetPath: filepath.Join(env.dir, "target", id), VolumeCapability: mountCap(""),
+			VolumeContext: vc, Readonly: true, Secrets: secrets})
+		return err
+	}
+	secrets := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	wantCode(t, publish("tenant-a", secrets), codes.Unavailable, "")
+	wantCode(t, publish("tenant-b", nil), codes.PermissionDenied, "access denied")
+	slow.Store(false)
+	if err := retryUnavailable(t, func() error { return publish("tenant-a", secrets) }); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(env.dir, "target", "tenant-a", "f0")); err != nil || !strings.HasPrefix(string(b), "secret") {
+		t.Fatalf("tenant A's volume: %q %v", b, err)
+	}
+	wantCode(t, publish("tenant-b", nil), codes.PermissionDenied, "access denied")
+	if _, err := os.ReadDir(filepath.Join(env.dir, "target", "tenant-b")); err == nil {
+		if ents, _ := os.ReadDir(filepath.Join(env.dir, "target", "tenant-b")); len(ents) != 0 {
+			t.Fatalf("tenant B's target shows %v", ents)
+		}
+	}
+
+	export := filepath.Join(env.dir, "export")
+	writeTree(t, filepath.Join(export, "data"), want)
+	addr := testpeers.StartNFS(t, export)
+	_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-nfs",
+		TargetPath: filepath.Join(env.dir, "target", "inline-nfs"), VolumeCapability: mountCap(""), Readonly: true,
+		VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "nfs://" + addr + "/export/data"}})
+	wantCode(t, err, codes.PermissionDenied, "--nfs-servers")
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/kubernetes-csi/csi-lib-utils/metrics"
@@ -48,6 +49,9 @@ type Config struct {
 	PoolCheckInterval time.Duration
 	// ShutdownTimeout bounds how long in-flight RPCs may run after a stop signal.
 	ShutdownTimeout time.Duration
+	// KubeletRoot is kubelet's root directory (--root-dir): staging and target paths must be
+	// under it. Empty means DefaultKubeletRoot.
+	KubeletRoot string
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
 	Datasets datasource.Config
 }
@@ -82,6 +86,12 @@ func (c *Config) validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 30 * time.Second
+	}
+	if c.KubeletRoot == "" {
+		c.KubeletRoot = DefaultKubeletRoot
+	}
+	if !filepath.IsAbs(c.KubeletRoot) {
+		errs = append(errs, fmt.Errorf("kubelet root %q is not absolute", c.KubeletRoot))
 	}
 	return errors.Join(errs...)
 }
@@ -128,7 +138,7 @@ func New(cfg Config) (*Driver, error) {
 		ready:   make(chan struct{}),
 	}
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(newPoolCollector(d))
+	reg.MustRegister(newPoolCollector(d), newStateCollector(d))
 	d.metrics = d.metrics.WithAdditionalRegistry(reg)
 	d.poolsConfigStamp, _ = stampOf(cfg.PoolsConfig)
 	d.pools.Refresh()

@@ -92,6 +92,7 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 		StateDir:          filepath.Join(dir, "state"),
 		DefaultVolumeSize: 32 << 20,
 		PoolCheckInterval: time.Hour, // tests refresh explicitly
+		KubeletRoot:       dir,
 	}
 	env.start()
 	return env

@@ -53,3 +53,22 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.volumes, prometheus.GaugeValue, float64(counts[p.Name]), node, p.Name)
 	}
 }
+
+// stateCollector exports how many state records were quarantined at start (pkg/state): each is
+// a volume or snapshot the driver no longer knows, for an administrator to look at.
+type stateCollector struct {
+	d           *Driver
+	quarantined *prometheus.Desc
+}
+
+func newStateCollector(d *Driver) *stateCollector {
+	return &stateCollector{d: d, quarantined: prometheus.NewDesc("cistern_state_records_quarantined_total",
+		"State records that could not be read at start and were set aside (renamed *.corrupt-*).", []string{"node"}, nil)}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.quarantined }
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.quarantined, prometheus.CounterValue,
+		float64(len(c.d.store.Quarantined())), c.d.cfg.NodeID)
+}

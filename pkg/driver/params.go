@@ -2,6 +2,7 @@ package driver
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 
@@ -171,6 +172,9 @@ func volumeSize(r *csi.CapacityRange, shape volumeShape, def int64) (int64, erro
 	if m := minVolumeBytes(shape); size < m {
 		size = m
 	}
+	if size > maxVolumeBytes {
+		return 0, status.Errorf(codes.OutOfRange, "required bytes %d exceed the largest volume size, %d bytes", size, int64(maxVolumeBytes))
+	}
 	size = roundUp(size, mib)
 	if limit > 0 && size > limit {
 		return 0, status.Errorf(codes.OutOfRange, "the smallest %s volume is %d bytes, above the limit of %d bytes", describe(shape), size, limit)
@@ -184,6 +188,10 @@ func describe(s volumeShape) string {
 	}
 	return s.fsType
 }
+
+// maxVolumeBytes is the largest size that rounds up to whole MiB without overflowing an int64
+// (no filesystem comes near it; the pool's free space is checked later).
+const maxVolumeBytes = math.MaxInt64 / mib * mib
 
 func roundUp(n, unit int64) int64 { return (n + unit - 1) / unit * unit }
 

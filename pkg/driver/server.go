@@ -106,7 +106,11 @@ func (d *Driver) logAndMeasure(ctx context.Context, req any, info *grpc.UnarySer
 	ctx = klog.NewContext(ctx, logger)
 	logger.V(5).Info("Request", "request", protosanitizer.StripSecrets(req))
 	start := time.Now()
-	resp, err := handler(ctx, req)
+	var resp any
+	err := d.checkRequest(req)
+	if err == nil {
+		resp, err = handler(ctx, req)
+	}
 	elapsed := time.Since(start)
 	if err != nil {
 		if _, ok := status.FromError(err); !ok {

@@ -25,24 +25,44 @@ func Attach(path string) (string, error) {
 	return strings.TrimSpace(lines[len(lines)-1]), nil
 }
 
-// Find returns the loop device backed by the image at path, or "" when there is none. It reads
-// sysfs rather than running losetup: it is on every stage, unstage and delete.
+// Find returns the loop device backed by the image at path, or "" when there is none. It is on
+// every stage, unstage and delete, so it lists bound devices from sysfs rather than running
+// losetup. Devices are matched by the backing file's device and inode as the kernel holds them
+// (LOOP_GET_STATUS64), not by name: the kernel reports the path it resolved (no symlinks, its
+// own view of bind mounts), which need not be the path the driver attached, and a name match
+// would leak a device on every stage and lose it across restarts.
 func Find(path string) (string, error) {
-	matches, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var want unix.Stat_t
+	if err := unix.Stat(path, &want); err != nil {
+		if os.IsNotExist(err) {
+			return "", nil
+		}
+		return "", fmt.Errorf("stat %s: %w", path, err)
+	}
+	bound, err := filepath.Glob("/sys/block/loop*/loop")
 	if err != nil {
 		return "", err
 	}
-	for _, m := range matches {
-		data, err := os.ReadFile(m)
+	for _, b := range bound {
+		dev := "/dev/" + filepath.Base(filepath.Dir(b))
+		info, err := loopStatus(dev)
 		if err != nil {
 			continue // detached meanwhile
 		}
-		back := strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")
-		if back == path {
-			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(m))), nil
+		if info.Device == want.Dev && info.Inode == want.Ino {
+			return dev, nil
 		}
 	}
 	return "", nil
+}
+
+func loopStatus(dev string) (*unix.LoopInfo64, error) {
+	f, err := os.Open(dev)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return unix.IoctlLoopGetStatus64(int(f.Fd()))
 }
 
 // Detach releases a loop device. A device that is already free is not an error.

@@ -31,13 +31,38 @@ type Spec struct {
 	Shared bool `json:"shared,omitempty"`
 }
 
-// LoadConfig reads and validates a pools config file.
+// LoadConfig reads and validates a pools config file and resolves the pools' paths.
 func LoadConfig(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading pools config: %w", err)
 	}
-	return ParseConfig(data)
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.ResolvePaths(); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// ResolvePaths replaces each pool path by the path without symlinks. The kernel reports loop
+// devices' backing files and mounts by their resolved paths; a pool reached through a symlink
+// would otherwise be a different string from what the kernel says, and two names for one
+// directory would make two pools of one filesystem. A path that does not exist yet (a disk not
+// mounted) is kept as written: the pool is reported unhealthy until it appears.
+func (c *Config) ResolvePaths() error {
+	for i := range c.Pools {
+		real, err := filepath.EvalSymlinks(c.Pools[i].Path)
+		switch {
+		case err == nil:
+			c.Pools[i].Path = real
+		case !os.IsNotExist(err):
+			return fmt.Errorf("pool %q: resolving path %q: %w", c.Pools[i].Name, c.Pools[i].Path, err)
+		}
+	}
+	return c.Validate()
 }
 
 // ParseConfig parses and validates a pools config document.

@@ -1,6 +1,8 @@
 package pool
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -42,5 +44,37 @@ func TestParseConfig(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestLoadConfigResolvesPaths(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "disk")
+	if err := os.Mkdir(real, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(real, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	write := func(doc string) string {
+		p := filepath.Join(dir, "pools.yaml")
+		if err := os.WriteFile(p, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg, err := LoadConfig(write("pools:\n- {name: a, path: " + dir + "/link}\n- {name: b, path: " + dir + "/missing}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Pools[0].Path; got != real {
+		t.Errorf("pool through a symlink: path %q, want %q", got, real)
+	}
+	if got := cfg.Pools[1].Path; got != filepath.Join(dir, "missing") {
+		t.Errorf("missing pool path %q, want it as written", got)
+	}
+	_, err = LoadConfig(write("pools:\n- {name: a, path: " + dir + "/link}\n- {name: b, path: " + real + "}\n"))
+	if err == nil || !strings.Contains(err.Error(), "already used") {
+		t.Fatalf("two names for one directory: %v, want refused", err)
 	}
 }

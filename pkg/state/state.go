@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"k8s.io/klog/v2"
 )
 
 // AccessType is how a volume is consumed.
@@ -89,6 +91,16 @@ type Store struct {
 	groups    *table[GroupSnapshot]
 }
 
+// Quarantined lists the record files set aside at Open because they could not be read (see
+// quarantine).
+func (s *Store) Quarantined() []string {
+	var out []string
+	for _, q := range [][]string{s.volumes.quarantined, s.snapshots.quarantined, s.groups.quarantined} {
+		out = append(out, q...)
+	}
+	return out
+}
+
 // Open loads every record under dir, creating the directories when needed.
 func Open(dir string) (*Store, error) {
 	var s Store
@@ -125,8 +137,10 @@ func (s *Store) ListVolumes() []Volume { return s.volumes.list() }
 func (s *Store) PutVolume(v Volume) error { return s.volumes.put(v, true) }
 
 // PutVolumeNodeState writes a record whose change is only node-side (staged, published). The
-// write is atomic but not synced: mounts do not outlive a power loss either, so a record that
-// lags the mounts after one is no worse than the mounts themselves, and staging stays fast.
+// file is synced before it replaces the old one, so a power loss leaves the old record or the
+// new one, never a truncated one; the directory is not synced: mounts do not outlive a power
+// loss either, so a record that lags the mounts after one is no worse than the mounts
+// themselves.
 func (s *Store) PutVolumeNodeState(v Volume) error { return s.volumes.put(v, false) }
 
 // DeleteVolume removes the record; deleting a missing record is not an error.
@@ -173,6 +187,8 @@ type table[T any] struct {
 	mu     sync.RWMutex
 	byID   map[string]*T
 	byName map[string]string
+	// quarantined are the files set aside at open.
+	quarantined []string
 }
 
 func openTable[T any](dir string, keys func(*T) (string, string), clone func(*T) T) (*table[T], error) {
@@ -180,18 +196,22 @@ func openTable[T any](dir string, keys func(*T) (string, string), clone func(*T)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating state directory: %w", err)
 	}
-	err := loadAll(dir, func(data []byte) error {
+	q, err := loadAll(dir, func(file string, data []byte) error {
 		var rec T
 		if err := json.Unmarshal(data, &rec); err != nil {
 			return err
 		}
 		id, name := keys(&rec)
+		if id == "" || id+".json" != file {
+			return fmt.Errorf("record ID %q does not match its file name", id)
+		}
 		t.byID[id] = &rec
 		if name != "" {
 			t.byName[name] = id
 		}
 		return nil
 	})
+	t.quarantined = q
 	return t, err
 }
 
@@ -298,24 +318,38 @@ func writeJSON(dir, id string, obj any, durable bool) error {
 	if err != nil {
 		return err
 	}
+	if err := writeFile(filepath.Join(dir, id+".json"), data, durable); err != nil {
+		return fmt.Errorf("writing state for %s: %w", id, err)
+	}
+	return nil
+}
+
+// WriteFile replaces path with data durably, as the store writes its records: temporary file,
+// fsync, rename, fsync of the directory. For node-side records kept outside the Store.
+func WriteFile(path string, data []byte) error { return writeFile(path, data, true) }
+
+// writeFile writes through a synced temporary file, so a crash leaves the old content or the
+// new, never a truncated file; durable also syncs the directory, so the new content survives.
+func writeFile(path string, data []byte, durable bool) error {
+	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, ".tmp-")
 	if err != nil {
-		return fmt.Errorf("writing state: %w", err)
+		return err
 	}
 	tmp := f.Name()
 	_, err = f.Write(data)
-	if err == nil && durable {
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, id+".json"))
+		err = os.Rename(tmp, path)
 	}
 	if err != nil {
 		_ = os.Remove(tmp)
-		return fmt.Errorf("writing state for %s: %w", id, err)
+		return err
 	}
 	if !durable {
 		return nil
@@ -339,11 +373,16 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-func loadAll(dir string, load func([]byte) error) error {
+// loadAll calls load for every record file of dir. A record that cannot be parsed (a disk
+// error, a hand edit) is quarantined rather than failing the whole load: one bad record must
+// not keep the node plugin, and every other volume of the node, from starting. It returns the
+// quarantined files.
+func loadAll(dir string, load func(file string, data []byte) error) ([]string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var quarantined []string
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, ".tmp-") {
@@ -353,13 +392,29 @@ func loadAll(dir string, load func([]byte) error) error {
 		if !strings.HasSuffix(name, ".json") {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(dir, name))
+		path := filepath.Join(dir, name)
+		data, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			return quarantined, err
 		}
-		if err := load(data); err != nil {
-			return fmt.Errorf("loading %s: %w", filepath.Join(dir, name), err)
+		if lerr := load(name, data); lerr != nil {
+			q, err := quarantine(path)
+			if err != nil {
+				return quarantined, fmt.Errorf("loading %s: %w; setting it aside: %w", path, lerr, err)
+			}
+			klog.ErrorS(lerr, "Quarantined a state record that cannot be read; the object it described is unknown to the driver until an administrator restores it",
+				"record", path, "quarantinedAs", q)
+			quarantined = append(quarantined, q)
 		}
 	}
-	return nil
+	return quarantined, nil
+}
+
+// quarantine renames a bad record so it is kept for inspection but no longer loaded.
+func quarantine(path string) (string, error) {
+	q := fmt.Sprintf("%s.corrupt-%s", path, time.Now().UTC().Format("20060102T150405.000000000Z"))
+	if err := os.Rename(path, q); err != nil {
+		return "", err
+	}
+	return q, syncDir(filepath.Dir(path))
 }

@@ -69,3 +69,40 @@ func TestStoreSurvivesReopen(t *testing.T) {
 		t.Fatal("volume not deleted")
 	}
 }
+
+func TestCorruptRecordIsQuarantined(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutVolume(Volume{ID: "fast-1", Name: "pvc-1", Ready: true}); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string]string{
+		"fast-2.json": `{"id": "fast-2", "na`, // truncated by a power loss
+		"fast-3.json": `{"id": "other"}`,      // not the record its name says
+		"fast-4.json": ``,
+	} {
+		if err := os.WriteFile(filepath.Join(dir, "volumes", name), []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err = Open(dir)
+	if err != nil {
+		t.Fatalf("Open with corrupt records: %v", err)
+	}
+	if _, ok := s.GetVolume("fast-1"); !ok || len(s.ListVolumes()) != 1 {
+		t.Fatalf("volumes %+v, want only fast-1", s.ListVolumes())
+	}
+	if q := s.Quarantined(); len(q) != 3 {
+		t.Fatalf("quarantined %v, want 3", q)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "volumes", "*.corrupt-*"))
+	if len(left) != 3 {
+		t.Fatalf("quarantined files %v, want 3 kept for inspection", left)
+	}
+	if s, err = Open(dir); err != nil || len(s.Quarantined()) != 0 {
+		t.Fatalf("reopen: %v, quarantined again %v", err, s.Quarantined())
+	}
+}

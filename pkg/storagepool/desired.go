@@ -49,6 +49,13 @@ func newDesiredPool(p *spv1.StoragePool, driverName, nodeName string) (*desiredP
 		spec:   spapi.StoragePoolSpec{Driver: driverName, Parameters: p.GetParameters()},
 	}
 	d.labels[consts.LabelPool] = LabelValue(p.GetName())
+	if !shared {
+		for _, c := range p.GetCache().GetDatasets() {
+			if c.GetState() == spv1.DatasetState_DATASET_STATE_READY && len(validation.IsQualifiedName(consts.LabelDatasetPrefix+c.GetId())) == 0 {
+				d.labels[consts.LabelDatasetPrefix+c.GetId()] = "true"
+			}
+		}
+	}
 	if shared {
 		d.name = ObjectName(p.GetName(), "", true)
 		d.labels[consts.LabelShared] = "true"
@@ -81,7 +88,7 @@ func nodesOf(p *spv1.StoragePool) []string {
 func poolLabels(in map[string]string) map[string]string {
 	out := make(map[string]string, len(in)+2)
 	for k, v := range in {
-		if strings.HasPrefix(k, "cistern.csi.dev/") ||
+		if strings.HasPrefix(k, "cistern.csi.dev/") || strings.HasPrefix(k, consts.LabelDatasetPrefix) ||
 			len(validation.IsQualifiedName(k)) > 0 || len(validation.IsValidLabelValue(v)) > 0 {
 			continue
 		}
@@ -112,6 +119,9 @@ func (d *desiredPool) status(own, current *spapi.StoragePool, reporter string, m
 	}
 	if p.GetMaximumVolumeBytes() > 0 {
 		st.Capacity.MaximumVolumeSize = resource.NewQuantity(p.GetMaximumVolumeBytes(), resource.BinarySI)
+	}
+	if c := p.GetCache(); c != nil && !d.shared {
+		st.Cache = datasetCache(c)
 	}
 	prefix := ""
 	if d.shared && reporter != "" {
@@ -164,6 +174,42 @@ func unreachableStatus(own, current *spapi.StoragePool, reporter string, cause e
 		Message: msg,
 	}, now)
 	return st
+}
+
+// cacheStates maps the driver's dataset states to the API's.
+var cacheStates = map[spv1.DatasetState]spapi.DatasetState{
+	spv1.DatasetState_DATASET_STATE_STAGING:    spapi.DatasetStaging,
+	spv1.DatasetState_DATASET_STATE_READY:      spapi.DatasetReady,
+	spv1.DatasetState_DATASET_STATE_FAILED:     spapi.DatasetFailed,
+	spv1.DatasetState_DATASET_STATE_INCOMPLETE: spapi.DatasetIncomplete,
+}
+
+// datasetCache is the published inventory of a pool's cache. Last use is kept at the second the
+// API stores, so that an unchanged inventory compares equal to the one published.
+func datasetCache(c *spv1.DatasetCache) *spapi.DatasetCache {
+	out := &spapi.DatasetCache{
+		Bytes: resource.NewQuantity(c.GetBytes(), resource.BinarySI),
+		Total: c.GetTotal(), Ready: c.GetReady(), Staging: c.GetStaging(), Failed: c.GetFailed(),
+	}
+	seen := map[string]bool{}
+	for _, e := range c.GetDatasets() {
+		state, ok := cacheStates[e.GetState()]
+		if !ok || e.GetId() == "" || seen[e.GetId()] {
+			continue // a state this sidecar does not know, or a duplicate: not published
+		}
+		seen[e.GetId()] = true
+		ds := spapi.CachedDataset{
+			ID: e.GetId(), Source: truncate(e.GetSource()), Scheme: e.GetScheme(), Tenant: e.GetTenant(),
+			State: state, Reason: truncate(e.GetReason()), BytesDone: e.GetBytesDone(), BytesTotal: e.GetBytesTotal(),
+			References: e.GetReferences(),
+		}
+		if e.GetLastUsed() != nil {
+			t := metav1.NewTime(e.GetLastUsed().AsTime().UTC().Truncate(time.Second))
+			ds.LastUsed = &t
+		}
+		out.Datasets = append(out.Datasets, ds)
+	}
+	return out
 }
 
 func ownErrors(own *spapi.StoragePool) []spapi.StoragePoolError {

@@ -28,13 +28,21 @@ var errGenerationChanged = errors.New("pool set changed while listing")
 
 // DriverPools reads pools from a driver's StoragePoolController service.
 type DriverPools struct {
-	client   spv1.StoragePoolControllerClient
-	pageSize int32
+	client      spv1.StoragePoolControllerClient
+	pageSize    int32
+	maxDatasets int32
 }
 
 // NewDriverPools returns a PoolSource on conn that lists pageSize pools per call (0: all).
 func NewDriverPools(conn grpc.ClientConnInterface, pageSize int32) *DriverPools {
 	return &DriverPools{client: spv1.NewStoragePoolControllerClient(conn), pageSize: pageSize}
+}
+
+// WithMaxCachedDatasets asks the driver for at most n datasets of each pool's cache (0: the
+// driver's default).
+func (d *DriverPools) WithMaxCachedDatasets(n int32) *DriverPools {
+	d.maxDatasets = n
+	return d
 }
 
 // CheckSupported returns a clear error when the driver does not serve StoragePoolController.
@@ -74,8 +82,9 @@ func (d *DriverPools) listOnce(ctx context.Context) ([]*spv1.StoragePool, uint64
 	)
 	for page := 0; ; page++ {
 		resp, err := d.client.ControllerListStoragePools(ctx, &spv1.ControllerListStoragePoolsRequest{
-			MaxEntries:    d.pageSize,
-			StartingToken: token,
+			MaxEntries:        d.pageSize,
+			StartingToken:     token,
+			MaxCachedDatasets: d.maxDatasets,
 		})
 		if err != nil {
 			return nil, 0, fmt.Errorf("ControllerListStoragePools: %w", err)

@@ -54,7 +54,12 @@ type Config struct {
 	ResyncPeriod time.Duration
 	// MaxErrors bounds status.errors (per reporting sidecar).
 	MaxErrors int
+	// MaxCachedDatasets bounds status.cache.datasets, whatever the driver sends.
+	MaxCachedDatasets int
 }
+
+// DefaultMaxCachedDatasets is how many datasets of a pool's cache an object lists.
+const DefaultMaxCachedDatasets = 32
 
 // PoolWriter is the part of the StoragePool client the reconciler writes with.
 type PoolWriter interface {
@@ -102,6 +107,9 @@ func NewReconciler(cfg Config, source PoolSource, writer PoolWriter, objects Obj
 	}
 	if cfg.MaxErrors <= 0 {
 		cfg.MaxErrors = DefaultMaxErrors
+	}
+	if cfg.MaxCachedDatasets <= 0 {
+		cfg.MaxCachedDatasets = DefaultMaxCachedDatasets
 	}
 	if m == nil {
 		m = NewMetrics(nil)
@@ -224,6 +232,9 @@ func (r *Reconciler) Sync(ctx context.Context) (err error) {
 	desired := map[string]*desiredPool{}
 	complete := true
 	for _, p := range pools {
+		if c := p.GetCache(); c != nil && len(c.GetDatasets()) > r.cfg.MaxCachedDatasets {
+			c.Datasets = c.Datasets[:r.cfg.MaxCachedDatasets]
+		}
 		d, err := newDesiredPool(p, r.cfg.DriverName, r.cfg.NodeName)
 		if err == nil && desired[d.name] != nil {
 			err = fmt.Errorf("pools %q and %q map to the same object %q", desired[d.name].pool.GetName(), p.GetName(), d.name)

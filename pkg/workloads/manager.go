@@ -11,7 +11,9 @@ import (
 	"strconv"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
@@ -19,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -32,14 +35,24 @@ import (
 
 // Permissions of the process as a whole (each reconciler lists its own):
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+// Authenticating and authorizing metrics scrapers (MetricsSecure):
+// +kubebuilder:rbac:groups=authentication.k8s.io,resources=tokenreviews,verbs=create
+// +kubebuilder:rbac:groups=authorization.k8s.io,resources=subjectaccessreviews,verbs=create
 // +kubebuilder:rbac:groups=admissionregistration.k8s.io,resources=mutatingwebhookconfigurations;validatingwebhookconfigurations,verbs=get;update,resourceNames=cistern-workload-controller
-// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=get;create;update
-// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=get;create;update
+// The webhook's certificate Secret: created once (create cannot be limited to a name), then read
+// and renewed by name only; no other Secret of the namespace is readable.
+// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=create
+// +kubebuilder:rbac:groups="",namespace=cistern-system,resources=secrets,verbs=get;update,resourceNames=cistern-workload-webhook-cert
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=create
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=cistern-system,resources=leases,verbs=get;update,resourceNames=workload-controller.cistern.dev
 
 // Config is everything the workload-controller needs; cmd/workload-controller fills it from flags.
 type Config struct {
 	// MetricsAddr and ProbeAddr: "0" disables.
 	MetricsAddr, ProbeAddr string
+	// MetricsSecure serves metrics over HTTPS to callers that authenticate with a token and may
+	// GET /metrics (TokenReview, SubjectAccessReview), as kubelet's and kube-rbac-proxy's do.
+	MetricsSecure bool
 	// LeaderElection with its lease in LeaderElectionNamespace.
 	LeaderElection          bool
 	LeaderElectionNamespace string
@@ -65,21 +78,46 @@ type Config struct {
 	// GroupWorkers is how many groups are worked on at once (worker StatefulSets, restarts).
 	GroupWorkers int
 
+	// LeaderWorkerSetAPI is the group/version LeaderWorkerSet is served under:
+	// workloads.cistern.dev/v1alpha1 (empty), or leaderworkerset.x-k8s.io/v1 to run as the drop-in
+	// LeaderWorkerSet controller of the cluster (deploy/csi/lws-upstream), which refuses to start
+	// when another controller serves that group (checkSoleLeaderWorkerSetController).
+	LeaderWorkerSetAPI schema.GroupVersion
+
 	// GitImage runs the git-clone init container of notebook jobs.
 	GitImage string
+	// CompareImage runs the golden-notebook comparison of notebook jobs: the workload-controller's
+	// own image (its compare-notebook subcommand).
+	CompareImage string
 	// VolumeManager settings.
 	VolumeManager volumemanager.Config
 }
 
-// Scheme holds every type the controller reads or writes.
+// Scheme holds every type the controller reads or writes, with LeaderWorkerSet under
+// workloads.cistern.dev.
 func Scheme() *runtime.Scheme {
+	return SchemeFor(workloadsv1alpha1.GroupVersion)
+}
+
+// SchemeFor is Scheme with LeaderWorkerSet served under lwsAPI.
+func SchemeFor(lwsAPI schema.GroupVersion) *runtime.Scheme {
 	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, workloadsv1alpha1.AddToScheme, datav1alpha1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, datav1alpha1.AddToScheme,
+		func(s *runtime.Scheme) error { return workloadsv1alpha1.AddToSchemeWithLeaderWorkerSetAt(s, lwsAPI) },
+	} {
 		if err := add(s); err != nil {
 			panic(err) // only on conflicting registrations: a programming error
 		}
 	}
 	return s
+}
+
+func (c *Config) lwsAPI() schema.GroupVersion {
+	if c.LeaderWorkerSetAPI.Empty() {
+		return workloadsv1alpha1.GroupVersion
+	}
+	return c.LeaderWorkerSetAPI
 }
 
 func (c *Config) validate() error {
@@ -105,7 +143,20 @@ func (c *Config) validate() error {
 	if c.GitImage == "" {
 		errs = append(errs, errors.New("git image not set"))
 	}
+	if c.CompareImage == "" {
+		errs = append(errs, errors.New("compare image not set"))
+	}
 	return errors.Join(errs...)
+}
+
+// metricsOptions serves metrics in the clear only when not MetricsSecure (tests, the demo).
+func metricsOptions(cfg Config) metricsserver.Options {
+	opts := metricsserver.Options{BindAddress: cfg.MetricsAddr}
+	if cfg.MetricsSecure {
+		opts.SecureServing = true
+		opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+	return opts
 }
 
 // Run runs the controller until ctx ends.
@@ -115,11 +166,22 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 	}
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
-	scheme := Scheme()
+	lwsAPI := cfg.lwsAPI()
+	scheme := SchemeFor(lwsAPI)
+	if lwsAPI != workloadsv1alpha1.GroupVersion {
+		direct, err := client.New(restConfig, client.Options{Scheme: scheme})
+		if err != nil {
+			return err
+		}
+		if err := checkSoleLeaderWorkerSetController(ctx, direct, lwsAPI, whcerts.ConfigurationName); err != nil {
+			return fmt.Errorf("refusing to serve LeaderWorkerSet as %s: %w", lwsAPI, err)
+		}
+		logger.Info("serving LeaderWorkerSet as the cluster's LeaderWorkerSet controller", "api", lwsAPI.String())
+	}
 
 	opts := ctrl.Options{
 		Scheme:                  scheme,
-		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
+		Metrics:                 metricsOptions(cfg),
 		HealthProbeBindAddress:  cfg.ProbeAddr,
 		LeaderElection:          cfg.LeaderElection,
 		LeaderElectionID:        "workload-controller.cistern.dev",
@@ -136,6 +198,7 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 		certs = &whcerts.CertProvisioner{
 			Client: direct, Namespace: cfg.WebhookServiceNamespace, SecretName: cfg.WebhookSecretName,
 			CertDir: cfg.WebhookCertDir, SelfRegister: cfg.WebhookSelfRegister, Interval: cfg.CertCheckInterval,
+			LeaderWorkerSetAPI: lwsAPI,
 		}
 		if cfg.WebhookSelfRegister {
 			certs.Hosts = []string{cfg.WebhookHost}
@@ -163,14 +226,16 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 		return err
 	}
 	if err := (&notebook.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
-		Images: notebook.Images{Git: cfg.GitImage}}).SetupWithManager(mgr); err != nil {
+		Images: notebook.Images{Git: cfg.GitImage, Compare: cfg.CompareImage}}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), Config: cfg.VolumeManager}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if certs != nil {
-		lws.RegisterWebhooks(mgr.GetWebhookServer(), scheme)
+		if err := lws.RegisterWebhooks(mgr.GetWebhookServer(), scheme); err != nil {
+			return err
+		}
 		notebook.RegisterWebhooks(mgr.GetWebhookServer())
 		if err := mgr.Add(certs); err != nil {
 			return err

@@ -7,7 +7,7 @@ import (
 
 func TestConfigValidate(t *testing.T) {
 	ok := Config{WebhookPort: 9443, WebhookCertDir: "/tmp/c", WebhookServiceNamespace: "ns", WebhookSecretName: "s",
-		WebhookServiceName: "svc", GitImage: "git"}
+		WebhookServiceName: "svc", GitImage: "git", CompareImage: "controller"}
 	tests := []struct {
 		name string
 		mod  func(*Config)

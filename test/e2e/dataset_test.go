@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -78,7 +77,7 @@ parameters:
 	}
 	stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[nodeA].Socket, pv, secrets, filepath.Join(t.TempDir(), "kubelet"))
+	m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[nodeA].Socket, pv, secrets, s.c.Nodes[nodeA].KubeletRoot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +158,7 @@ spec:
 	secrets := map[string]string{"accessKeyID": access, "secretAccessKey": secret}
 	for _, node := range []string{nodeA, nodeB} {
 		stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[node].Socket, pv, secrets, filepath.Join(t.TempDir(), "kubelet"))
+		m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[node].Socket, pv, secrets, s.c.Nodes[node].KubeletRoot)
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: %v", node, err)

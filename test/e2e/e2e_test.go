@@ -84,6 +84,9 @@ parameters: {pool: bulk}
 	t.Run("DatasetStagedOnNode", s.dataset)
 	t.Run("VolumeManagerReplicas", s.volumeManager)
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
+	t.Run("NodePersistentVolumePolicy", s.pvPolicy)
+	t.Run("WorkloadControllerSecretsByName", s.controllerRBAC)
+	t.Run("ControllerMetricsNeedAuthorization", s.controllerMetrics)
 }
 
 type scenario struct {

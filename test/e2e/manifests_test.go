@@ -77,10 +77,56 @@ func TestKustomizationsBuild(t *testing.T) {
 		included := slices.ContainsFunc(k.Resources, func(r string) bool {
 			return r == e.Name() || strings.HasPrefix(r, e.Name()+"/")
 		})
-		if e.IsDir() && e.Name() != "examples" && !included {
-			t.Errorf("deploy/csi/kustomization.yaml does not include %s/", e.Name())
+		if !e.IsDir() || e.Name() == "examples" || included {
+			continue
 		}
+		// Kustomize components (the lws-upstream drop-in) are opt-in: they build on top of the base.
+		if isComponent(t, filepath.Join(cluster.DeployDir(), e.Name())) {
+			out := framework.Kubectl(t, cp, "kustomize", overlayWith(t, e.Name()))
+			if !strings.Contains(out, "kind:") {
+				t.Errorf("deploy/csi with component %s: no objects", e.Name())
+			}
+			continue
+		}
+		t.Errorf("deploy/csi/kustomization.yaml does not include %s/", e.Name())
 	}
+}
+
+func isComponent(t *testing.T, dir string) bool {
+	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		return false
+	}
+	var k struct {
+		Kind string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(data, &k); err != nil {
+		t.Fatal(err)
+	}
+	return k.Kind == "Component"
+}
+
+// overlayWith writes an overlay of the base with a component, inside the repository (kustomize
+// takes only relative paths to other directories), and returns its directory.
+func overlayWith(t *testing.T, component string) string {
+	out := filepath.Join(cluster.DeployDir(), "..", "..", "_output")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(out, "overlay-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	base, err := filepath.Rel(dir, cluster.DeployDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := "resources: [" + base + "]\ncomponents: [" + filepath.Join(base, component) + "]\n"
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // TestDeployedFlagsExist: every flag the install manifests pass to a binary this project builds

@@ -1,12 +1,27 @@
 package e2e_test
 
 import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
 // rbac: the node ServiceAccount, which the provisioner and sidecar run as, has what they need and
@@ -43,4 +58,160 @@ func (s *scenario) rbac(t *testing.T) {
 			t.Errorf("%s may %s %s.%s in %q: %v, want %v", cluster.NodeServiceAccount, tc.verb, tc.resource, tc.group, tc.namespace, review.Status.Allowed, tc.want)
 		}
 	}
+}
+
+// controllerRBAC: the workload-controller reads and renews its own webhook certificate Secret and
+// leader-election Lease by name, and no other Secret.
+func (s *scenario) controllerRBAC(t *testing.T) {
+	user := "system:serviceaccount:" + cluster.Namespace + ":" + cluster.ControllerServiceAccount
+	for _, tc := range []struct {
+		verb, group, resource, name string
+		want                        bool
+	}{
+		{"get", "", "secrets", "cistern-workload-webhook-cert", true},
+		{"update", "", "secrets", "cistern-workload-webhook-cert", true},
+		{"get", "", "secrets", "another-tenant-secret", false},
+		{"list", "", "secrets", "", false},
+		{"update", "coordination.k8s.io", "leases", "workload-controller.cistern.dev", true},
+		{"update", "coordination.k8s.io", "leases", "kube-scheduler", false},
+	} {
+		review, err := s.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User:   user,
+				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + cluster.Namespace, "system:authenticated"},
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: cluster.Namespace, Name: tc.name,
+				},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if review.Status.Allowed != tc.want {
+			t.Errorf("%s may %s %s.%s %q: %v, want %v", cluster.ControllerServiceAccount, tc.verb, tc.resource, tc.group, tc.name, review.Status.Allowed, tc.want)
+		}
+	}
+}
+
+// pvPolicy: RBAC lets the node ServiceAccount create and delete PersistentVolumes (the
+// provisioner in node-deployment mode must); deploy/csi's ValidatingAdmissionPolicy holds each
+// node's plugin to Cistern PersistentVolumes pinned to its own node. Real requests, with tokens
+// bound to the DaemonSet pods as kubelet would project them.
+func (s *scenario) pvPolicy(t *testing.T) {
+	if len(s.c.NodeNames) < 2 {
+		t.Fatal("needs two nodes")
+	}
+	nodeA, nodeB := s.c.NodeNames[0], s.c.NodeNames[1]
+	asNode := kubernetes.NewForConfigOrDie(framework.PodServiceAccountConfig(t, s.cp, cluster.DaemonSetPod(t, s.cp, nodeA)))
+	unbound := kubernetes.NewForConfigOrDie(framework.ServiceAccountConfig(t, s.cp, cluster.Namespace, cluster.NodeServiceAccount))
+	pvs := func(c kubernetes.Interface) typedcorev1.PersistentVolumeInterface {
+		return c.CoreV1().PersistentVolumes()
+	}
+	forbidden := func(t *testing.T, err error, want string) {
+		t.Helper()
+		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(fmt.Sprint(err), want) {
+			t.Fatalf("want a refusal naming %q, got %v", want, err)
+		}
+	}
+	c := ctx(t)
+
+	own := policyPV("policy-own", nodeA)
+	if _, err := pvs(asNode).Create(c, own, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("node %s creating its own PersistentVolume: %v", nodeA, err)
+	}
+	if err := pvs(asNode).Delete(c, own.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("node %s deleting its own PersistentVolume: %v", nodeA, err)
+	}
+	_, err := pvs(asNode).Create(c, policyPV("policy-other", nodeB), metav1.CreateOptions{})
+	forbidden(t, err, "may only manage PersistentVolumes pinned to that node")
+	both := policyPV("policy-both", nodeA)
+	both.Spec.NodeAffinity.Required.NodeSelectorTerms = append(both.Spec.NodeAffinity.Required.NodeSelectorTerms,
+		policyPV("", nodeB).Spec.NodeAffinity.Required.NodeSelectorTerms...)
+	_, err = pvs(asNode).Create(c, both, metav1.CreateOptions{})
+	forbidden(t, err, "may only manage PersistentVolumes pinned to that node")
+	hostPath := policyPV("policy-hostpath", nodeA)
+	hostPath.Spec.PersistentVolumeSource = corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}
+	_, err = pvs(asNode).Create(c, hostPath, metav1.CreateOptions{})
+	forbidden(t, err, "only manage PersistentVolumes of cistern.csi.dev")
+	_, err = pvs(unbound).Create(c, policyPV("policy-unbound", nodeA), metav1.CreateOptions{})
+	forbidden(t, err, "not bound to a pod on a node")
+
+	// Another node's volume: neither deleted nor moved.
+	theirs, err := pvs(s.cp.Client).Create(c, policyPV("policy-theirs", nodeB), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pvs(s.cp.Client).Delete(context.Background(), theirs.Name, metav1.DeleteOptions{}) })
+	forbidden(t, pvs(asNode).Delete(c, theirs.Name, metav1.DeleteOptions{}), "may only manage PersistentVolumes pinned to that node")
+	_, err = pvs(asNode).Patch(c, theirs.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"taken":"yes"}}}`), metav1.PatchOptions{})
+	forbidden(t, err, "may only manage PersistentVolumes pinned to that node")
+}
+
+// policyPV is a Cistern PersistentVolume pinned to node, as the provisioner makes them.
+func policyPV(name, node string) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: corev1.PersistentVolumeSpec{
+			Capacity:    corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
+			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: "cistern.csi.dev", VolumeHandle: "fast-" + name}},
+			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "topology.cistern.csi.dev/node",
+					Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
+		},
+	}
+}
+
+// controllerMetrics: the workload-controller serves /metrics only to callers whose token may GET
+// it (deploy/csi's cistern-metrics-reader), over HTTPS.
+func (s *scenario) controllerMetrics(t *testing.T) {
+	if s.c.ControllerMetrics == "" {
+		t.Fatal("the workload-controller runs without metrics")
+	}
+	c := ctx(t)
+	const scraper = "metrics-scraper"
+	if _, err := s.cp.Client.CoreV1().ServiceAccounts(s.ns).Create(c, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: scraper}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "cistern-e2e-metrics-scraper"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: scraper, Namespace: s.ns}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cistern-metrics-reader"},
+	}
+	if _, err := s.cp.Client.RbacV1().ClusterRoleBindings().Create(c, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.cp.Client.RbacV1().ClusterRoleBindings().Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+	})
+	get := func(token string) (int, string) {
+		req, _ := http.NewRequestWithContext(c, http.MethodGet, s.c.ControllerMetrics, nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		// The controller's serving certificate is self-signed: this checks who may read, not TLS.
+		client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get(""); code != http.StatusUnauthorized {
+		t.Errorf("anonymous: HTTP %d, want 401", code)
+	}
+	other := framework.ServiceAccountConfig(t, s.cp, cluster.Namespace, cluster.NodeServiceAccount).BearerToken
+	if code, _ := get(other); code != http.StatusForbidden {
+		t.Errorf("a ServiceAccount without cistern-metrics-reader: HTTP %d, want 403", code)
+	}
+	token := framework.ServiceAccountConfig(t, s.cp, s.ns, scraper).BearerToken
+	eventually(t, time.Minute, "the scraper reads metrics", func(context.Context) error {
+		if code, body := get(token); code != http.StatusOK || !strings.Contains(body, "controller_runtime_reconcile_total") {
+			return fmt.Errorf("HTTP %d: %.200s", code, body)
+		}
+		return nil
+	})
 }

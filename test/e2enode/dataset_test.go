@@ -6,11 +6,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"maps"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apimetav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
@@ -156,7 +160,37 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 		t.Errorf("a read-only inline dataset volume accepted a write: %+v", dr.WriteRead)
 	}
 
-	for _, name := range []string{"dataset-1", "dataset-2", "dataset-inline"} {
+	// Another tenant's pod names the same private dataset inline, without a secret: kubelet reports
+	// the driver's PermissionDenied on the pod, and the pod never runs with the data.
+	intruder := checkerPod(c.checkerImage, c.resultsDir, "dataset-no-secret",
+		[]corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+			Driver: consts.DriverName, ReadOnly: ptr.To(true), VolumeAttributes: attrs,
+		}}}},
+		[]corev1.VolumeMount{{Name: "model", MountPath: "/model", ReadOnly: true}},
+		"-dir", "/model", "-hash")
+	createPod(t, c.cp, c.ns, intruder)
+	err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
+		events, err := c.cp.Client.CoreV1().Events(c.ns).List(ctx, apimetav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": "dataset-no-secret", "reason": "FailedMount"}.String()})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if strings.Contains(e.Message, "PermissionDenied") {
+				t.Logf("event on the pod: %s", e.Message)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no FailedMount event with PermissionDenied: %v\n%s", err, describe(c.cp, c.ns, "Pod", "dataset-no-secret", nil))
+	}
+	if p, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, "dataset-no-secret", apimetav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+		t.Fatalf("the pod without a secret: %v %v", p.Status.Phase, err)
+	}
+
+	for _, name := range []string{"dataset-1", "dataset-2", "dataset-inline", "dataset-no-secret"} {
 		deletePodAndWait(t, c.cp, c.ns, name)
 	}
 	for _, name := range []string{"dataset-1", "dataset-2"} {

@@ -116,6 +116,7 @@ func (n *cisternNode) startDriver(t *testing.T) {
 		"--state-dir="+n.stateDir,
 		"--kubelet-registration-path="+n.socket,
 		"--plugin-registration-dir="+filepath.Join(n.kubeletRoot, "plugins_registry"),
+		"--kubelet-root="+n.kubeletRoot,
 		"--pool-check-interval=2s",
 		"--http-endpoint="+n.metricsAddr,
 		"--v=3",

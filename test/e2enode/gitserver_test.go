@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -25,6 +26,31 @@ type gitServer struct {
 	port int
 	// podRequests counts the requests that came from the pod network.
 	podRequests atomic.Int64
+	// private maps a repository path prefix ("/name.git/") to the user and password it wants.
+	private sync.Map
+	// refused counts the requests refused for want of credentials.
+	refused atomic.Int64
+}
+
+// protect makes the repository name private: every request must carry basic auth with user and
+// password, as a private repository on a git host does.
+func (g *gitServer) protect(name, user, password string) {
+	g.private.Store("/"+name+".git/", [2]string{user, password})
+}
+
+// authorized says whether r may read the repository it asks for.
+func (g *gitServer) authorized(r *http.Request) bool {
+	ok := true
+	g.private.Range(func(prefix, creds any) bool {
+		if strings.HasPrefix(r.URL.Path, prefix.(string)) {
+			want := creds.([2]string)
+			u, p, has := r.BasicAuth()
+			ok = has && u == want[0] && p == want[1]
+			return false
+		}
+		return true
+	})
+	return ok
 }
 
 func startGitServer(t *testing.T) *gitServer {
@@ -55,6 +81,12 @@ func startGitServer(t *testing.T) *gitServer {
 			g.podRequests.Add(1)
 		case !ip.IsLoopback():
 			http.Error(w, "forbidden", http.StatusForbidden)
+			return
+		}
+		if !g.authorized(r) {
+			g.refused.Add(1)
+			w.Header().Set("WWW-Authenticate", `Basic realm="cistern-e2e"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
 			return
 		}
 		backend.ServeHTTP(w, r)

@@ -200,6 +200,8 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(job))
 	})
 
+	t.Run("private-repository-golden", func(t *testing.T) { testPrivateGolden(t, c, cl, git) })
+
 	if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, notebookClaim, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
 	}
@@ -283,5 +285,101 @@ func waitNoPodMounts(t *testing.T, c *cluster, uid types.UID) {
 	})
 	if err != nil {
 		t.Errorf("the ended pod's volumes are still mounted: %v", left)
+	}
+}
+
+// The private repository's credentials: a kubernetes.io/basic-auth Secret with a token.
+const (
+	privateUser  = "notebook-reader"
+	privateToken = "e2e-token-7c1d93"
+)
+
+// goldenJSON is an executed notebook as the golden one: a markdown cell, then one code cell per
+// stdout text.
+func goldenJSON(t *testing.T, stdouts ...string) string {
+	t.Helper()
+	cells := []map[string]any{{"cell_type": "markdown", "metadata": map[string]any{}, "source": "# golden"}}
+	for i, out := range stdouts {
+		cells = append(cells, map[string]any{"cell_type": "code", "metadata": map[string]any{}, "execution_count": i + 1,
+			"source": "", "outputs": []any{map[string]any{"output_type": "stream", "name": "stdout", "text": out}}})
+	}
+	data, err := json.Marshal(map[string]any{"cells": cells, "nbformat": 4, "nbformat_minor": 5, "metadata": map[string]any{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// testPrivateGolden: a repository the git server serves only with basic auth, cloned with a
+// credentials Secret, and the executed notebook compared with golden notebooks: one within the
+// tolerance (Succeeded), one whose first code cell is off (Failed, GoldenMismatch, naming the
+// cell); without the Secret the clone is refused.
+func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServer) {
+	ctx := context.Background()
+	url := git.createRepo(t, "private", map[string]string{
+		"notebooks/report.ipynb":    notebookJSON(t, "report", "print accuracy 0.9120 loss 12.5", "print done"),
+		"golden/report.ipynb":       goldenJSON(t, "accuracy 0.9125 loss 12.51\n", "done\n"),
+		"golden/report-wrong.ipynb": goldenJSON(t, "accuracy 0.9500 loss 12.5\n", "done\n"),
+	})
+	git.protect("private", privateUser, privateToken)
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "git-creds"}, Type: corev1.SecretTypeBasicAuth,
+		StringData: map[string]string{corev1.BasicAuthUsernameKey: privateUser, corev1.BasicAuthPasswordKey: privateToken}}
+	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	image := c.bins.images["papermill"].Ref
+	job := func(name, golden string, creds bool) *v1alpha1.NotebookValidationJob {
+		j := newNotebookJob(c.ns, name, url, "main", "notebooks/report.ipynb", image)
+		if creds {
+			j.Spec.Notebook.Git.CredentialsSecret = secret.Name
+		}
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: golden, NumericTolerance: "1e-3"}
+		return j
+	}
+	matching := job("golden-match", "golden/report.ipynb", true)
+	mismatch := job("golden-mismatch", "golden/report-wrong.ipynb", true)
+	anonymous := job("golden-anonymous", "golden/report.ipynb", false)
+	jobs := []*v1alpha1.NotebookValidationJob{matching, mismatch, anonymous}
+	for _, j := range jobs {
+		if err := cl.Create(ctx, j); err != nil {
+			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, j := range jobs {
+			_ = cl.Delete(context.Background(), j)
+		}
+		_ = c.cp.Client.CoreV1().Secrets(c.ns).Delete(context.Background(), secret.Name, metav1.DeleteOptions{})
+	})
+
+	var messages []string
+	got := waitJobDone(t, c, cl, matching)
+	messages = append(messages, got.Status.Message)
+	if got.Status.Phase != v1alpha1.NotebookPhaseSucceeded || !strings.Contains(got.Status.Message, "match the golden notebook") {
+		t.Errorf("job %s is %s: %s\n%s", got.Name, got.Status.Phase, got.Status.Message, describe(c.cp, c.ns, "Pod", notebook.PodName(got), nil))
+	}
+	got = waitJobDone(t, c, cl, mismatch)
+	messages = append(messages, got.Status.Message)
+	complete := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete)
+	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || complete == nil || complete.Reason != v1alpha1.ReasonGoldenMismatch ||
+		!strings.Contains(got.Status.Message, `cell 1: stream stdout differs: got "accuracy 0.9120 loss 12.5\n", golden "accuracy 0.9500 loss 12.5\n"`) {
+		t.Errorf("job %s: phase %s, condition %+v, message %q", got.Name, got.Status.Phase, complete, got.Status.Message)
+	}
+	t.Logf("golden mismatch: %s", got.Status.Message)
+	got = waitJobDone(t, c, cl, anonymous)
+	messages = append(messages, got.Status.Message)
+	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || !strings.Contains(got.Status.Message, "container git-clone exited with code 128") {
+		t.Errorf("clone without credentials: %s: %s", got.Status.Phase, got.Status.Message)
+	}
+	if git.refused.Load() == 0 {
+		t.Error("the git server refused nothing: the repository was not private")
+	}
+	for _, m := range messages {
+		if strings.Contains(m, privateToken) {
+			t.Errorf("a job's message shows the token: %q", m)
+		}
+	}
+	for _, j := range jobs {
+		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(j))
 	}
 }

@@ -45,7 +45,7 @@ func startWorkloadController(t *testing.T, c *cluster) error {
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: c.bins.images["git"].Ref,
+		GitImage: c.bins.images["git"].Ref, CompareImage: c.bins.images["controller"].Ref,
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(1)))
 	errc := make(chan error, 1)

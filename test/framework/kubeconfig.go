@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -35,10 +36,24 @@ func kubeconfigYAML(server string, caCert []byte, user, token string) []byte {
 // grant rather than as admin. The ServiceAccount must exist (e.g. applied from deploy/csi).
 func ServiceAccountConfig(t testing.TB, cp *ControlPlane, namespace, sa string) *rest.Config {
 	t.Helper()
+	return tokenConfig(t, cp, namespace, sa, nil)
+}
+
+// PodServiceAccountConfig is ServiceAccountConfig with a token bound to pod, as kubelet projects
+// it into the pod's containers: once the pod is scheduled, the API server names its node in the
+// token (the `authentication.kubernetes.io/node-name` extra that policies may check).
+func PodServiceAccountConfig(t testing.TB, cp *ControlPlane, pod *corev1.Pod) *rest.Config {
+	t.Helper()
+	return tokenConfig(t, cp, pod.Namespace, pod.Spec.ServiceAccountName, &authenticationv1.BoundObjectReference{
+		Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
+}
+
+func tokenConfig(t testing.TB, cp *ControlPlane, namespace, sa string, bound *authenticationv1.BoundObjectReference) *rest.Config {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
 	tr, err := cp.Client.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, sa, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](serviceAccountTokenTTL)},
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](serviceAccountTokenTTL), BoundObjectRef: bound},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("requesting a token for ServiceAccount %s/%s: %v", namespace, sa, err)
@@ -52,7 +67,17 @@ func ServiceAccountConfig(t testing.TB, cp *ControlPlane, namespace, sa string) 
 // ServiceAccountConfig) and returns its path, for a component started with --kubeconfig.
 func ServiceAccountKubeconfig(t testing.TB, cp *ControlPlane, namespace, sa string) string {
 	t.Helper()
-	cfg := ServiceAccountConfig(t, cp, namespace, sa)
+	return writeTokenKubeconfig(t, cp, namespace, sa, ServiceAccountConfig(t, cp, namespace, sa))
+}
+
+// PodServiceAccountKubeconfig writes a kubeconfig with PodServiceAccountConfig's token.
+func PodServiceAccountKubeconfig(t testing.TB, cp *ControlPlane, pod *corev1.Pod) string {
+	t.Helper()
+	return writeTokenKubeconfig(t, cp, pod.Namespace, pod.Spec.ServiceAccountName, PodServiceAccountConfig(t, cp, pod))
+}
+
+func writeTokenKubeconfig(t testing.TB, cp *ControlPlane, namespace, sa string, cfg *rest.Config) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), namespace+"-"+sa+".kubeconfig")
 	user := "system:serviceaccount:" + namespace + ":" + sa
 	if err := os.WriteFile(path, kubeconfigYAML(cp.URL, cp.caCert, user, cfg.BearerToken), 0o600); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/go-logr/logr"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,6 +26,7 @@ import (
 	k8smetrics "k8s.io/component-base/metrics"
 	"k8s.io/klog/v2"
 
+	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	spac "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1/applyconfiguration/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
@@ -66,10 +68,62 @@ func newManyNodesDriver(prefix string) *manyNodesDriver {
 				AvailableBytes:     3 << 40,
 				MaximumVolumeBytes: 3 << 40,
 				Healthy:            true,
+				Cache:              benchCache(n, p),
 			})
 		}
 	}
 	return d
+}
+
+// benchCachedDatasets is how many datasets each bench pool's cache lists: a realistic object
+// size, six Ready (six labels), one Staging, one Failed.
+const benchCachedDatasets = 8
+
+// benchCache is the dataset cache a bench pool reports: the same at every list, as a node at rest.
+func benchCache(node, pool int) *spv1.DatasetCache {
+	c := &spv1.DatasetCache{Total: benchCachedDatasets, Ready: benchCachedDatasets - 2, Staging: 1, Failed: 1}
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	for i := range benchCachedDatasets {
+		d := &spv1.CachedDataset{
+			Id: fmt.Sprintf("%012x%06x%06x", i, node, pool), Source: fmt.Sprintf("s3://models/team-%d/model-%d", pool, i),
+			Scheme: "s3", State: spv1.DatasetState_DATASET_STATE_READY, BytesDone: 20 << 30, BytesTotal: 20 << 30,
+			LastUsed: timestamppb.New(t0.Add(-time.Duration(i) * time.Hour)), References: int32(i % 3),
+		}
+		switch i {
+		case 0:
+			d.State, d.BytesDone = spv1.DatasetState_DATASET_STATE_STAGING, 5<<30
+		case benchCachedDatasets - 1:
+			d.State, d.BytesDone, d.Reason, d.Source, d.Tenant = spv1.DatasetState_DATASET_STATE_FAILED, 0, "Denied", "", true
+		}
+		c.Bytes += d.BytesDone
+		c.Datasets = append(c.Datasets, d)
+	}
+	return c
+}
+
+// benchPeerCache is what benchCache publishes, for the peer to write the same objects.
+func benchPeerCache(node, pool int) (*spac.DatasetCacheApplyConfiguration, map[string]string) {
+	c := benchCache(node, pool)
+	labels := map[string]string{}
+	ac := spac.DatasetCache().WithBytes(*resource.NewQuantity(c.Bytes, resource.BinarySI)).WithTotal(c.Total).
+		WithReady(c.Ready).WithStaging(c.Staging).WithFailed(c.Failed)
+	for _, d := range c.Datasets {
+		state := map[spv1.DatasetState]spapi.DatasetState{spv1.DatasetState_DATASET_STATE_READY: spapi.DatasetReady,
+			spv1.DatasetState_DATASET_STATE_STAGING: spapi.DatasetStaging, spv1.DatasetState_DATASET_STATE_FAILED: spapi.DatasetFailed}[d.State]
+		e := spac.CachedDataset().WithID(d.Id).WithScheme(d.Scheme).WithState(state).WithBytesDone(d.BytesDone).
+			WithBytesTotal(d.BytesTotal).WithLastUsed(metav1.NewTime(d.LastUsed.AsTime())).WithReferences(d.References)
+		if d.Source != "" {
+			e.WithSource(d.Source)
+		}
+		if d.Reason != "" {
+			e.WithReason(d.Reason).WithTenant(true)
+		}
+		if state == spapi.DatasetReady {
+			labels[consts.LabelDatasetPrefix+d.Id] = "true"
+		}
+		ac.WithDatasets(e)
+	}
+	return ac, labels
 }
 
 // shrink changes one pool's available capacity.
@@ -205,7 +259,8 @@ func BenchmarkSidecarScale(b *testing.B) {
 	b.ReportMetric(controller.changeWrites, "writes/capacity-change")
 	report := fmt.Sprintf(`Measured %s by `+"`make bench-sidecar`"+` (test/storagepool/bench_test.go) on a real
 kube-apiserver + etcd (v1.37.2) on this machine: %d simulated nodes x %d pools = %d StoragePools,
-published two ways:
+each with a dataset cache of eight datasets in its status (six Ready, so six dataset labels, one
+Staging, one Failed), published two ways:
 
 - **controller mode**: a driver stub serving every node's pools over the real gRPC socket, and ONE
   real storagepool-sidecar binary (leader election on, ServiceAccount of deploy/csi, client rate
@@ -257,14 +312,15 @@ func benchPeer(b *testing.B, c *storagepool.Client, total int) time.Duration {
 	start := time.Now()
 	for i := range total {
 		name := fmt.Sprintf("peer-%04d.pool%d", i/benchPoolsPerNode, i%benchPoolsPerNode)
-		ac := spac.StoragePool(name).WithLabels(map[string]string{consts.LabelPool: "peer"}).
+		cacheAC, cacheLabels := benchPeerCache(i/benchPoolsPerNode, i%benchPoolsPerNode)
+		ac := spac.StoragePool(name).WithLabels(map[string]string{consts.LabelPool: "peer"}).WithLabels(cacheLabels).
 			WithSpec(spac.StoragePoolSpec().WithDriver("peer.bench").WithParameters(map[string]string{"pool": "x"}))
 		if _, err := c.Apply(context.Background(), ac, metav1.ApplyOptions{FieldManager: "bench-peer", Force: true}); err != nil {
 			b.Fatal(err)
 		}
 		q := resource.MustParse("3Ti")
 		st := spac.StoragePool(name).WithStatus(spac.StoragePoolStatus().WithAccessibleNodes("peer").
-			WithCapacity(spac.PoolCapacity().WithTotal(q).WithAvailable(q)))
+			WithCapacity(spac.PoolCapacity().WithTotal(q).WithAvailable(q)).WithCache(cacheAC))
 		if _, err := c.ApplyStatus(context.Background(), st, metav1.ApplyOptions{FieldManager: "bench-peer", Force: true}); err != nil {
 			b.Fatal(err)
 		}

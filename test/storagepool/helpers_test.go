@@ -98,6 +98,8 @@ type driver struct {
 	proc    *framework.Process
 	t       *testing.T
 	stopped bool
+	// args are extra flags of the driver.
+	args []string
 }
 
 func writePoolsConfig(t *testing.T, path string, pools []poolConfig) {
@@ -129,8 +131,14 @@ func writePoolsConfig(t *testing.T, path string, pools []poolConfig) {
 // startDriver runs the real csi-driver for node with pools, checking pools every 200ms.
 func startDriver(t *testing.T, node string, pools ...poolConfig) *driver {
 	t.Helper()
+	return startDriverArgs(t, node, nil, pools...)
+}
+
+// startDriverArgs is startDriver with extra driver flags.
+func startDriverArgs(t *testing.T, node string, args []string, pools ...poolConfig) *driver {
+	t.Helper()
 	dir := t.TempDir()
-	d := &driver{node: node, socket: filepath.Join(dir, "csi.sock"), config: filepath.Join(dir, "pools.yaml"), t: t}
+	d := &driver{node: node, socket: filepath.Join(dir, "csi.sock"), config: filepath.Join(dir, "pools.yaml"), t: t, args: args}
 	writePoolsConfig(t, d.config, pools)
 	d.start()
 	return d
@@ -140,8 +148,8 @@ func (d *driver) start() {
 	d.t.Helper()
 	_ = os.Remove(d.socket)
 	d.proc = framework.StartProcess(d.t, "csi-driver-"+d.node, filepath.Join(binDir, "csi-driver"),
-		"--endpoint=unix://"+d.socket, "--node-id="+d.node, "--mode=node", "--pools-config="+d.config,
-		"--state-dir="+filepath.Join(filepath.Dir(d.config), "state"), "--pool-check-interval=200ms", "-v=4")
+		append([]string{"--endpoint=unix://" + d.socket, "--node-id=" + d.node, "--mode=node", "--pools-config=" + d.config,
+			"--state-dir=" + filepath.Join(filepath.Dir(d.config), "state"), "--pool-check-interval=200ms", "-v=4"}, d.args...)...)
 	waitFor(d.t, "the driver's socket", func() bool {
 		_, err := os.Stat(d.socket)
 		return err == nil

@@ -144,6 +144,9 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 	}
 
 	lws := newLWS(ns, name, 2, 3, withClaim("", ""), func(l *v1alpha1.LeaderWorkerSet) {
+		// A stale LWS_ value in the template is replaced, and a user variable can use $(LWS_...).
+		l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Env = []corev1.EnvVar{
+			{Name: v1alpha1.LwsGroupSize, Value: "99"}, {Name: "PEERS", Value: "$(LWS_GROUP_SIZE)"}}
 		l.Spec.LeaderWorkerTemplate.SchedulingPolicy = &v1alpha1.SchedulingPolicy{
 			ReplicaUniqueNodeSelector: replicaKey,
 			ReplicaUniqueToleration:   &v1alpha1.ReplicaUniqueToleration{Key: replicaKey, Effect: corev1.TaintEffectNoSchedule},
@@ -196,13 +199,14 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 			if !slices.Contains(groupNodes[gi], p.Spec.NodeName) {
 				return fmt.Errorf("pod %s (group %s) on node %q, want one of %v", p.Name, g, p.Spec.NodeName, groupNodes[gi])
 			}
-			env := map[string]string{}
-			for _, e := range p.Spec.Containers[0].Env {
-				env[e.Name] = e.Value
+			want := []corev1.EnvVar{
+				{Name: v1alpha1.LwsLeaderAddress, Value: fmt.Sprintf("%s.%s.%s", leader, name, ns)},
+				{Name: v1alpha1.LwsGroupSize, Value: "3"},
+				{Name: v1alpha1.LwsWorkerIndex, Value: p.Labels[v1alpha1.WorkerIndexLabelKey]},
+				{Name: "PEERS", Value: "$(LWS_GROUP_SIZE)"},
 			}
-			if env[v1alpha1.LwsLeaderAddress] != fmt.Sprintf("%s.%s.%s", leader, name, ns) || env[v1alpha1.LwsGroupSize] != "3" ||
-				env[v1alpha1.LwsWorkerIndex] != p.Labels[v1alpha1.WorkerIndexLabelKey] {
-				return fmt.Errorf("pod %s: env %v", p.Name, env)
+			if env := p.Spec.Containers[0].Env; !slices.Equal(env, want) {
+				return fmt.Errorf("pod %s: env %v, want %v", p.Name, env, want)
 			}
 		}
 		return nil

@@ -8,8 +8,6 @@ package workloads_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -19,7 +17,6 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cistern-csi/cistern/pkg/workloads"
@@ -74,26 +71,9 @@ func setup(t *testing.T) *framework.ControlPlane {
 }
 
 const (
-	controllerNamespace = "cistern-system"
-	controllerSA        = "cistern-workload-controller"
+	controllerNamespace = testutil.ControllerNamespace
+	controllerSA        = testutil.ControllerSA
 )
-
-// selfRegisterRBAC is what --webhook-self-register needs beyond the installed RBAC: creating the
-// webhook configurations (in a cluster they come with the manifests).
-const selfRegisterRBAC = `apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: test-webhook-self-register}
-rules:
-- apiGroups: [admissionregistration.k8s.io]
-  resources: [mutatingwebhookconfigurations, validatingwebhookconfigurations]
-  verbs: [create, get, update]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: test-webhook-self-register}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: test-webhook-self-register}
-subjects: [{kind: ServiceAccount, name: cistern-workload-controller, namespace: cistern-system}]
-`
 
 // installRBAC applies deploy/csi/workload-controller's RBAC and ServiceAccount (everything but
 // the Deployment) into cistern-system.
@@ -112,57 +92,19 @@ func installRBAC(t *testing.T, cp *framework.ControlPlane) error {
 		}
 	}
 	framework.ApplyYAML(t, cp, strings.Join(keep, "\n---\n"))
-	framework.ApplyYAML(t, cp, selfRegisterRBAC)
+	framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
 	return nil
 }
 
 // startController runs the controller in this process until the test binary exits.
 func startController(cfg *rest.Config) error {
-	port, err := freePort()
+	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) {
+		wc.VolumeManager.LocalSourceRoots = []string{"/srv/datasets"}
+	})
 	if err != nil {
 		return err
 	}
-	ctrlCfg := rest.CopyConfig(cfg)
-	ctrlCfg.QPS, ctrlCfg.Burst = 200, 400
-	certDir, err := os.MkdirTemp("", "workload-webhook-")
-	if err != nil {
-		return err
-	}
-	wc := workloads.Config{
-		MetricsAddr: "0", ProbeAddr: "0",
-		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
-		WebhookServiceNamespace: controllerNamespace, WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: "registry.invalid/git:test", GroupWorkers: 4,
-	}
-	wc.VolumeManager.LocalSourceRoots = []string{"/srv/datasets"}
-	logger := klog.Background().V(1)
-	ctx := klog.NewContext(context.Background(), logger)
-	errc := make(chan error, 1)
-	go func() { errc <- workloads.Run(ctx, ctrlCfg, wc) }()
-	// Ready when the webhook server answers TLS.
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-errc:
-			return fmt.Errorf("controller exited: %w", err)
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("webhook server did not start on port %d", port)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return testutil.StartController(cfg, wc)
 }
 
 // eventually polls cond every 200ms until it returns nil or timeout passes.

@@ -8,11 +8,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -269,5 +272,166 @@ spec:
 				t.Errorf("error = %v, want %q", err, tc.want)
 			}
 		})
+	}
+
+	// Fields the API server would refuse in the pod are refused on the job. Each job's pod is also
+	// sent to the API server (dry run, bypassing the job webhook) to show the server refuses it.
+	for _, tc := range []struct {
+		name      string
+		mod       func(*v1alpha1.NotebookValidationJob)
+		want, pod string
+	}{
+		{"item path traversal", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", ConfigMap: &v1alpha1.ConfigMapVolumeSource{Name: "cm",
+				Items: []corev1.KeyToPath{{Key: "k", Path: "a/../../b"}}}}}
+		}, `spec.podConfig.volumes[0].configMap.items[0].path: Invalid value: "a/../../b": must not contain '..'`, "items[0].path"},
+		{"item mode bits", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", Secret: &v1alpha1.SecretVolumeSource{SecretName: "s",
+				Items: []corev1.KeyToPath{{Key: "k", Path: "k", Mode: ptr.To[int32](0o7777)}}}}}
+		}, `spec.podConfig.volumes[0].secret.items[0].mode: Invalid value: "07777"`, "items[0].mode"},
+		{"default mode bits", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", ConfigMap: &v1alpha1.ConfigMapVolumeSource{Name: "cm", DefaultMode: ptr.To[int32](-1)}}}
+		}, `spec.podConfig.volumes[0].configMap.defaultMode: Invalid value`, "defaultMode"},
+		{"env name", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Env = []corev1.EnvVar{{Name: "A=B", Value: "x"}}
+		}, `spec.podConfig.env[0].name: Invalid value: "A=B"`, `.name: Invalid value: "A=B"`},
+		{"emptyDir medium", func(j *v1alpha1.NotebookValidationJob) {
+			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "x", EmptyDir: &v1alpha1.EmptyDirVolumeSource{Medium: "HugePages-x"}}}
+		}, `spec.podConfig.volumes[0].emptyDir.medium: Unsupported value: "HugePages-x"`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := newJob(ns, "bad", tc.mod)
+			err := cl.Create(ctx, job)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error = %v, want %q", err, tc.want)
+			}
+			if tc.pod == "" {
+				return
+			}
+			pod := notebook.BuildPod(job, notebook.Images{Git: "git"})
+			err = cl.Create(ctx, pod, client.DryRunAll)
+			if err == nil || !strings.Contains(err.Error(), tc.pod) {
+				t.Errorf("the API server's own check of the pod: %v, want %q", err, tc.pod)
+			}
+		})
+	}
+}
+
+// TestNotebookJobPodRefused: a pod the API server refuses for a reason that may pass (a quota)
+// keeps the job Pending with PodCreated=False and the server's message (status unknown, then
+// exceeded quota, naming the quota); once the quota is gone
+// the pod is created and the condition cleared.
+func TestNotebookJobPodRefused(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "nb-quota")
+	ctx := ctxT(t)
+	quota := &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "no-pods"},
+		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}},
+	}
+	if err := cl.Create(ctx, quota); err != nil {
+		t.Fatal(err)
+	}
+	job := newJob(ns, "quota")
+	if err := cl.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "PodCreated=False with the quota message", func() error {
+		got := getJob(t, job)
+		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionPodCreated)
+		if got.Status.Phase != v1alpha1.NotebookPhasePending || c == nil || c.Status != metav1.ConditionFalse ||
+			!strings.Contains(c.Message, "forbidden") || !strings.Contains(c.Message, "no-pods") || got.Status.Message != c.Message {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+	if err := cl.Delete(ctx, quota); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, time.Minute, "pod created, condition cleared", func() error {
+		got := getJob(t, job)
+		if got.Status.PodName == "" || meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionPodCreated) != nil {
+			return fmt.Errorf("status %+v", got.Status)
+		}
+		return nil
+	})
+}
+
+// TestNotebookJobPrivateRepoGolden: a job with a credentials Secret, GPU-style placement and a
+// golden notebook gets a pod whose credentials volume is mounted in git-clone only, with papermill
+// before the comparison; the job is Running while papermill runs, and a failed comparison fails it
+// with reason GoldenMismatch and the first differing cell.
+func TestNotebookJobPrivateRepoGolden(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "nb-golden")
+	ctx := ctxT(t)
+	job := newJob(ns, "golden", func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.Notebook.Git.CredentialsSecret = "git-creds"
+		j.Spec.PodConfig.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}
+		j.Spec.PodConfig.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
+		j.Spec.PodConfig.EnvFrom = []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "settings"}}}}
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "eda/explore.golden.ipynb", NumericTolerance: "1e-3"}
+	})
+	if err := cl.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	var pod corev1.Pod
+	eventually(t, time.Minute, "pod", func() error {
+		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "golden-validation"}, &pod)
+	})
+	if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[1].Name != notebook.NotebookContainer ||
+		len(pod.Spec.Containers) != 1 || pod.Spec.Containers[0].Name != notebook.CompareContainer {
+		t.Fatalf("containers: init %d, main %v", len(pod.Spec.InitContainers), pod.Spec.Containers)
+	}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		for _, m := range c.VolumeMounts {
+			if m.Name == notebook.GitCredentialsVolume && c.Name != notebook.GitCloneContainer {
+				t.Errorf("credentials mounted in %s", c.Name)
+			}
+		}
+	}
+	if pod.Spec.NodeSelector["nvidia.com/gpu.present"] != "true" || len(pod.Spec.Tolerations) == 0 {
+		t.Errorf("placement: %v %v", pod.Spec.NodeSelector, pod.Spec.Tolerations)
+	}
+
+	// papermill runs (an init container): the job is Running.
+	now := metav1.Now()
+	pod.Status.Phase = corev1.PodPending
+	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{
+		{Name: notebook.GitCloneContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
+		{Name: notebook.NotebookContainer, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}},
+	}
+	if err := cl.Status().Update(ctx, &pod); err != nil {
+		t.Fatal(err)
+	}
+	waitPhase(t, job, v1alpha1.NotebookPhaseRunning)
+
+	msg := `output differs from the golden notebook: cell 2: stream stdout differs: got "accuracy 0.85\n", golden "accuracy 0.91\n" (numeric tolerance 0.001)`
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(&pod), &pod); err != nil {
+		t.Fatal(err)
+	}
+	pod.Status.Phase = corev1.PodFailed
+	pod.Status.InitContainerStatuses[1].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}
+	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: notebook.CompareContainer, State: corev1.ContainerState{
+		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: msg, StartedAt: now, FinishedAt: now}}}}
+	if err := cl.Status().Update(ctx, &pod); err != nil {
+		t.Fatal(err)
+	}
+	got := waitPhase(t, job, v1alpha1.NotebookPhaseFailed)
+	c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete)
+	if c == nil || c.Reason != v1alpha1.ReasonGoldenMismatch || !strings.Contains(got.Status.Message, "cell 2: stream stdout differs") {
+		t.Errorf("condition %+v, message %q", c, got.Status.Message)
+	}
+
+	// Admission checks the new fields too.
+	bad := newJob(ns, "bad", func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "/etc/passwd.ipynb", NumericTolerance: "lots"}
+		j.Spec.Notebook.Git.CredentialsSecret = "Bad_Name"
+	})
+	err := cl.Create(ctx, bad)
+	for _, want := range []string{"spec.goldenNotebook.path", "spec.goldenNotebook.numericTolerance", "spec.notebook.git.credentialsSecret"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want %s", err, want)
+		}
 	}
 }

@@ -267,6 +267,7 @@ func allUpdated(t *testing.T, ns, name string, replicas int32, rev, image string
 // TestLeaderWorkerSetMaxSurge: replicas 3, size 2, maxUnavailable 1, maxSurge 1. A template change
 // adds a fourth group at the new revision, never has more than 4 groups or fewer than 2 ready
 // ones, and ends with 3 groups, all at the new revision, and only the new ControllerRevision.
+// The status counts the surge group while it exists.
 func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-surge")
@@ -279,6 +280,7 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	})
 	groups := watchGroups(t, cp.Client, ns, name)
 	largest := leaderReplicasWatch(t, cp.Client, ns, name)
+	statusReplicas := statusReplicasWatch(t, cp, ns, name)
 	if err := cl.Create(ctx, l); err != nil {
 		t.Fatal(err)
 	}
@@ -306,6 +308,10 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 		maxLive, sawLive, minReady, sawReady, largest())
 	if largest() != 4 {
 		t.Errorf("the leader StatefulSet grew to %d replicas, want 4 (replicas + maxSurge)", largest())
+	}
+	// Surge groups count in the status, as upstream counts them.
+	if got := statusReplicas(); got != 4 {
+		t.Errorf("status.replicas reached %d during the update, want 4 (the surge group counted)", got)
 	}
 	if maxLive > 4 {
 		t.Errorf("%d groups at once, more than replicas + maxSurge = 4:%s", maxLive, sawLive)

@@ -157,7 +157,7 @@ func startDriver(dir string) *env {
 	must(os.WriteFile(cfgPath, []byte("pools:\n- name: bench\n  path: "+poolDir+"\n"), 0o644))
 	endpoint := "unix://" + filepath.Join(dir, "csi.sock")
 	d, err := driver.New(driver.Config{DriverName: "cistern.csi.dev", Endpoint: endpoint, NodeID: "bench", Mode: driver.ModeAll,
-		PoolsConfig: cfgPath, StateDir: filepath.Join(dir, "state"), PoolCheckInterval: time.Minute})
+		PoolsConfig: cfgPath, StateDir: filepath.Join(dir, "state"), PoolCheckInterval: time.Minute, KubeletRoot: dir})
 	must(err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

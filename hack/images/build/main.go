@@ -76,6 +76,10 @@ func images(busybox, provisioner string) []image {
 				{path: "/bin/sh", link: "busybox"},
 				{path: "/usr/bin/git", pkg: "./git"},
 			}},
+		// The notebook jobs' golden-compare container runs the workload-controller binary itself
+		// (its compare-notebook subcommand), built from the repository's main module.
+		{Name: "controller", Ref: "localhost/cistern/workload-controller:v1", entrypoint: "/usr/local/bin/workload-controller", path: "/usr/local/bin",
+			files: []file{{path: "/usr/local/bin/workload-controller", rootPkg: "./cmd/workload-controller"}}},
 		// The notebook container runs `papermill INPUT OUTPUT --log-output`.
 		{Name: "papermill", Ref: "localhost/cistern/papermill:v1", entrypoint: "/usr/local/bin/papermill", path: "/usr/local/bin:/usr/bin:/bin",
 			files: []file{{path: "/usr/local/bin/papermill", pkg: "./papermill"}}},

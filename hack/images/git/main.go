@@ -7,18 +7,27 @@
 // and clones with go-git over the transports go-git speaks (the tests serve smart HTTP). REF is a
 // branch or a tag, as for git. Anything else is refused with git's exit code for usage errors,
 // so a script that needs more of git fails loudly instead of passing by accident.
+//
+// Credentials come as git takes them from configuration in the environment
+// (GIT_CONFIG_COUNT, GIT_CONFIG_KEY_<n>, GIT_CONFIG_VALUE_<n>): a credential.helper of the "!"
+// (shell) form is run with "get" and its username= and password= lines are sent as basic auth.
+// Real git asks the helper only after the server answers 401; the stand-in asks it up front.
 package main
 
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 
 	"github.com/go-git/go-git/v5"
 	"github.com/go-git/go-git/v5/config"
 	"github.com/go-git/go-git/v5/plumbing"
+	"github.com/go-git/go-git/v5/plumbing/transport"
+	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 	"github.com/go-git/go-git/v5/storage/memory"
 )
 
@@ -100,12 +109,17 @@ func parse(argv []string) (cloneArgs, error) {
 
 // clone clones like git: a shallow clone fetches only the branch it checks out.
 func clone(a cloneArgs) error {
-	ref, err := resolveRef(a.url, a.branch)
+	auth, err := helperAuth(a.url)
+	if err != nil {
+		return err
+	}
+	ref, err := resolveRef(a.url, a.branch, auth)
 	if err != nil {
 		return err
 	}
 	_, err = git.PlainClone(a.dir, false, &git.CloneOptions{
 		URL:           a.url,
+		Auth:          auth,
 		ReferenceName: ref,
 		SingleBranch:  a.depth > 0 || a.branch != "",
 		Depth:         a.depth,
@@ -120,12 +134,12 @@ func clone(a cloneArgs) error {
 
 // resolveRef finds the branch or tag a --branch value names on the remote, as git does; empty
 // means the remote's HEAD.
-func resolveRef(url, name string) (plumbing.ReferenceName, error) {
+func resolveRef(url, name string, auth transport.AuthMethod) (plumbing.ReferenceName, error) {
 	if name == "" {
 		return "", nil
 	}
 	remote := git.NewRemote(memory.NewStorage(), &config.RemoteConfig{Name: "origin", URLs: []string{url}})
-	refs, err := remote.List(&git.ListOptions{})
+	refs, err := remote.List(&git.ListOptions{Auth: auth})
 	if err != nil {
 		return "", fmt.Errorf("listing %s: %w", url, err)
 	}
@@ -137,4 +151,59 @@ func resolveRef(url, name string) (plumbing.ReferenceName, error) {
 		}
 	}
 	return "", errors.New("Remote branch " + name + " not found in upstream origin")
+}
+
+// helperAuth runs the credential helper configured in the environment, if any, for an HTTP(S)
+// URL, as git would: `/bin/sh -c '<helper> "$@"' <helper> get` with the request on stdin.
+func helperAuth(rawURL string) (transport.AuthMethod, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, nil
+	}
+	helper := configValue(os.Environ(), "credential.helper")
+	if helper == "" {
+		return nil, nil
+	}
+	if !strings.HasPrefix(helper, "!") {
+		return nil, fmt.Errorf("credential helper %q: the stand-in runs only shell (\"!\") helpers", helper)
+	}
+	script := strings.TrimPrefix(helper, "!")
+	cmd := exec.Command("/bin/sh", "-c", script+` "$@"`, script, "get")
+	cmd.Stdin = strings.NewReader("protocol=" + u.Scheme + "\nhost=" + u.Host + "\n\n")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("credential helper: %w", err)
+	}
+	var basic githttp.BasicAuth
+	for line := range strings.Lines(string(out)) {
+		k, v, _ := strings.Cut(strings.TrimRight(line, "\n"), "=")
+		switch k {
+		case "username":
+			basic.Username = v
+		case "password":
+			basic.Password = v
+		}
+	}
+	if basic.Password == "" {
+		return nil, nil
+	}
+	return &basic, nil
+}
+
+// configValue is the last value of key in git's configuration from the environment.
+func configValue(env []string, key string) string {
+	vars := map[string]string{}
+	for _, e := range env {
+		k, v, _ := strings.Cut(e, "=")
+		vars[k] = v
+	}
+	n, _ := strconv.Atoi(vars["GIT_CONFIG_COUNT"])
+	var value string
+	for i := range n {
+		if strings.EqualFold(vars["GIT_CONFIG_KEY_"+strconv.Itoa(i)], key) {
+			value = vars["GIT_CONFIG_VALUE_"+strconv.Itoa(i)]
+		}
+	}
+	return value
 }

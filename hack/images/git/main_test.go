@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"testing"
+
+	githttp "github.com/go-git/go-git/v5/plumbing/transport/http"
 )
 
 func TestParse(t *testing.T) {
@@ -32,5 +34,30 @@ func TestParse(t *testing.T) {
 		if _, err := parse(args); !errors.As(err, new(usageError)) {
 			t.Errorf("parse(%q) = %v, want a usage error", args, err)
 		}
+	}
+}
+
+// The credential helper from git's configuration in the environment, as the notebook pod sets it.
+func TestHelperAuth(t *testing.T) {
+	helper := `!f() { test "$1" = get || exit 0; echo username=alice; echo password=tok; }; f`
+	t.Setenv("GIT_CONFIG_COUNT", "2")
+	t.Setenv("GIT_CONFIG_KEY_0", "user.name")
+	t.Setenv("GIT_CONFIG_VALUE_0", "x")
+	t.Setenv("GIT_CONFIG_KEY_1", "credential.helper")
+	t.Setenv("GIT_CONFIG_VALUE_1", helper)
+	auth, err := helperAuth("http://127.0.0.1:1/r.git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	basic, ok := auth.(*githttp.BasicAuth)
+	if !ok || basic.Username != "alice" || basic.Password != "tok" {
+		t.Errorf("auth %#v", auth)
+	}
+	if auth, err := helperAuth("ssh://git@h/r.git"); auth != nil || err != nil {
+		t.Errorf("ssh URL: %v %v", auth, err)
+	}
+	t.Setenv("GIT_CONFIG_COUNT", "0")
+	if auth, err := helperAuth("http://127.0.0.1:1/r.git"); auth != nil || err != nil {
+		t.Errorf("no helper: %v %v", auth, err)
 	}
 }

@@ -125,8 +125,5 @@ func (s *Source) Verify(_ context.Context, obj source.Object) error {
 	return nil
 }
 
-// CheckAccess: node-local data has no per-tenant credentials; admission is the roots list.
-func (s *Source) CheckAccess(context.Context) error { return nil }
-
 // Close releases the directory.
 func (s *Source) Close() error { return s.root.Close() }

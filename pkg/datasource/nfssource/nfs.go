@@ -31,10 +31,11 @@ type Source struct {
 // New mounts dir on host. host is "server" (MOUNT and NFS ports from the portmapper) or
 // "server:port" (one port serving both protocols, as userspace servers do). dir is mounted as
 // given when the server allows it (Linux knfsd allows subdirectories of an export); otherwise its
-// longest mountable prefix is mounted and the rest looked up.
-func New(host, dir string) (*Source, error) {
+// longest mountable prefix is mounted and the rest looked up. Requests carry AUTH_UNIX uid and
+// gid: the server's export rules and file permissions apply to that identity.
+func New(host, dir string, uid, gid uint32) (*Source, error) {
 	s := &Source{where: "nfs://" + host + dir}
-	auth := rpc.NewAuthUnix("cistern", 0, 0).Auth()
+	auth := rpc.NewAuthUnix("cistern", uid, gid).Auth()
 	var err error
 	if _, _, perr := net.SplitHostPort(host); perr == nil {
 		var c *rpc.Client
@@ -184,9 +185,6 @@ func (s *Source) Verify(_ context.Context, obj source.Object) error {
 	}
 	return nil
 }
-
-// CheckAccess: AUTH_UNIX carries no tenant secret; the server's export rules apply at staging.
-func (s *Source) CheckAccess(context.Context) error { return nil }
 
 // Close unmounts and closes connections.
 func (s *Source) Close() error {

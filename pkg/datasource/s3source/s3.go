@@ -25,6 +25,7 @@ import (
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
 
@@ -42,6 +43,9 @@ type Config struct {
 	MaxConns int
 	// IdleTimeout aborts a read that made no progress for this long (slow or stuck server).
 	IdleTimeout time.Duration
+	// Egress is what the client may connect to; the zero value refuses link-local and cloud
+	// metadata addresses only.
+	Egress egress.Policy
 }
 
 // Source is an S3 dataset source.
@@ -69,7 +73,7 @@ func New(cfg Config) (*Source, error) {
 	}
 	tr := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           cfg.Egress.DialContext(net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}),
 		MaxIdleConns:          cfg.MaxConns,
 		MaxIdleConnsPerHost:   cfg.MaxConns,
 		IdleConnTimeout:       90 * time.Second,
@@ -79,7 +83,11 @@ func New(cfg Config) (*Source, error) {
 		// Bodies are binary: gzip would cost CPU and defeat ranged reads.
 		DisableCompression: true,
 	}
-	hc := &http.Client{Transport: tr}
+	// Redirects are never followed: a server could send the node to an internal URL and have
+	// its answer staged into the volume. S3 does not redirect a correctly addressed request.
+	hc := &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error {
+		return http.ErrUseLastResponse
+	}}
 	var creds aws.CredentialsProvider = aws.AnonymousCredentials{}
 	if cfg.AccessKeyID != "" {
 		creds = credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken)
@@ -94,6 +102,8 @@ func New(cfg Config) (*Source, error) {
 			o.MaxBackoff = 10 * time.Second
 			// Throttling is the server asking us to slow down, not a reason to give up.
 			o.RateLimiter = noRateLimit{}
+			// A connection the egress policy refused is refused again on retry.
+			o.Retryables = append([]retry.IsErrorRetryable{retry.IsErrorRetryableFunc(notEgressDenied)}, o.Retryables...)
 		}),
 		// The engine checks checksums itself (see Open).
 		ResponseChecksumValidation:                aws.ResponseChecksumValidationWhenRequired,
@@ -103,6 +113,14 @@ func New(cfg Config) (*Source, error) {
 		opts.BaseEndpoint = aws.String(cfg.Endpoint)
 	}
 	return &Source{cfg: cfg, client: s3.New(opts), http: hc, direct: newSignedGet(context.Background(), cfg.Bucket, opts)}, nil
+}
+
+func notEgressDenied(err error) aws.Ternary {
+	var denied *egress.DeniedError
+	if errors.As(err, &denied) {
+		return aws.FalseTernary
+	}
+	return aws.UnknownTernary
 }
 
 type noRateLimit struct{}
@@ -342,16 +360,6 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 	return source.Plan{PartSize: aws.ToInt64(out.ContentLength)}, nil
 }
 
-// CheckAccess lists one key with the caller's credentials.
-func (s *Source) CheckAccess(ctx context.Context) error {
-	_, err := s.client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{
-		Bucket:  aws.String(s.cfg.Bucket),
-		Prefix:  aws.String(s.cfg.Prefix),
-		MaxKeys: aws.Int32(1),
-	})
-	return classify(err, "checking access to %s", s.where())
-}
-
 // Close drops idle connections.
 func (s *Source) Close() error {
 	s.http.CloseIdleConnections()
@@ -368,6 +376,10 @@ func classify(err error, format string, args ...any) error {
 		return err
 	}
 	msg := fmt.Sprintf(format, args...)
+	var denied *egress.DeniedError
+	if errors.As(err, &denied) {
+		return source.Wrap(source.Denied, denied, "%s", msg)
+	}
 	var api smithy.APIError
 	if errors.As(err, &api) {
 		switch api.ErrorCode() {
@@ -391,8 +403,10 @@ func classify(err error, format string, args ...any) error {
 			return source.Wrap(source.NotFound, fmt.Errorf("HTTP %d", code), "%s: not found", msg)
 		case code == http.StatusPreconditionFailed:
 			return source.Wrap(source.Changed, fmt.Errorf("HTTP %d", code), "%s: object changed since the dataset was listed", msg)
-		case code == http.StatusBadRequest || code == http.StatusMovedPermanently:
+		case code == http.StatusBadRequest:
 			return source.Wrap(source.Invalid, fmt.Errorf("HTTP %d", code), "%s", msg)
+		case code >= 300 && code < 400:
+			return source.Wrap(source.Invalid, fmt.Errorf("HTTP %d", code), "%s: the server answered with a redirect, which is not followed", msg)
 		}
 	}
 	var dns *net.DNSError

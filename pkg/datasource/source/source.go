@@ -42,9 +42,6 @@ type Source interface {
 	// Verify is called after a file has been fully read; sources that can detect a change since
 	// the listing (mtime, size) report it here.
 	Verify(ctx context.Context, obj Object) error
-	// CheckAccess proves the caller's credentials may read the dataset, cheaply. It guards cache
-	// hits: data staged with one tenant's credentials is not served to another without access.
-	CheckAccess(ctx context.Context) error
 	// Close releases connections.
 	Close() error
 }

@@ -36,7 +36,7 @@ type S3 struct {
 }
 
 // Binary finds a peer binary from its environment variable; without it the test is skipped,
-// unless CISTERN_REQUIRE_PEERS is set (make test-datasource), when it fails.
+// unless CISTERN_REQUIRE_PEERS is set (make test-datasource) or CI=true, when it fails.
 func Binary(t testing.TB, env string) string {
 	t.Helper()
 	p := os.Getenv(env)
@@ -45,7 +45,7 @@ func Binary(t testing.TB, env string) string {
 			return p
 		}
 	}
-	testutil.Unavailable(t, "%s=%q: binary missing; run through make test-datasource (make s3-tools builds it)", env, p)
+	testutil.Unavailable(t, "%s=%q: binary missing; run through make test-datasource (make s3-tools builds the S3 tools; make bench-datasource also installs awscli)", env, p)
 	return ""
 }
 

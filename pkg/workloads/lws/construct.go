@@ -24,12 +24,17 @@ import (
 const SpecHashAnnotationKey = "workloads.cistern.dev/spec-hash"
 
 // TemplateHash is the template-revision-hash: it changes whenever something that shapes the pods
-// of a group changes (templates, size, claims, scheduling, network), and not on a scale.
+// of a group changes (templates, size, claims, scheduling, network, the exclusive-placement
+// annotations), and not on a scale. Empty placement annotations leave the hash as it was before
+// they existed, so an upgrade does not roll every LeaderWorkerSet.
 func TemplateHash(lws *v1alpha1.LeaderWorkerSet) string {
 	return hashOf(struct {
-		T v1alpha1.LeaderWorkerTemplate
-		N *v1alpha1.NetworkConfig
-	}{lws.Spec.LeaderWorkerTemplate, lws.Spec.NetworkConfig})
+		T  v1alpha1.LeaderWorkerTemplate
+		N  *v1alpha1.NetworkConfig
+		E  string `json:",omitempty"`
+		SE string `json:",omitempty"`
+	}{lws.Spec.LeaderWorkerTemplate, lws.Spec.NetworkConfig,
+		lws.Annotations[v1alpha1.ExclusiveKeyAnnotationKey], lws.Annotations[v1alpha1.SubGroupExclusiveKeyAnnotationKey]})
 }
 
 func hashOf(v any) string {
@@ -67,19 +72,28 @@ func ParentNameAndOrdinal(podName string) (string, int) {
 	return podName[:i], n
 }
 
-// schedulingAnnotations carries the schedulingPolicy to pods, where the pod webhook turns it into a
-// node selector and a toleration.
-func schedulingAnnotations(lws *v1alpha1.LeaderWorkerSet, into map[string]string) {
-	sp := lws.Spec.LeaderWorkerTemplate.SchedulingPolicy
-	if sp == nil {
-		return
+// podPolicyAnnotations carries to the pods what the pod webhook needs to finish them: the
+// schedulingPolicy (node selector and toleration), the subgroup policy (subgroup labels) and the
+// exclusive-placement topology keys (pod affinity and anti-affinity), as upstream does.
+func podPolicyAnnotations(lws *v1alpha1.LeaderWorkerSet, into map[string]string) {
+	if sp := lws.Spec.LeaderWorkerTemplate.SchedulingPolicy; sp != nil {
+		if sp.ReplicaUniqueNodeSelector != "" {
+			into[v1alpha1.ReplicaUniqueNodeSelectorAnnotationKey] = sp.ReplicaUniqueNodeSelector
+		}
+		if t := sp.ReplicaUniqueToleration; t != nil {
+			into[v1alpha1.ReplicaUniqueTolerationKeyAnnotationKey] = t.Key
+			into[v1alpha1.ReplicaUniqueTolerationEffectAnnotationKey] = string(t.Effect)
+		}
 	}
-	if sp.ReplicaUniqueNodeSelector != "" {
-		into[v1alpha1.ReplicaUniqueNodeSelectorAnnotationKey] = sp.ReplicaUniqueNodeSelector
+	if key := lws.Annotations[v1alpha1.ExclusiveKeyAnnotationKey]; key != "" {
+		into[v1alpha1.ExclusiveKeyAnnotationKey] = key
 	}
-	if t := sp.ReplicaUniqueToleration; t != nil {
-		into[v1alpha1.ReplicaUniqueTolerationKeyAnnotationKey] = t.Key
-		into[v1alpha1.ReplicaUniqueTolerationEffectAnnotationKey] = string(t.Effect)
+	if sg := lws.Spec.LeaderWorkerTemplate.SubGroupPolicy; sg != nil && sg.SubGroupSize != nil {
+		into[v1alpha1.SubGroupSizeAnnotationKey] = strconv.Itoa(int(*sg.SubGroupSize))
+		into[v1alpha1.SubGroupPolicyTypeAnnotationKey] = string(ptr.Deref(sg.Type, v1alpha1.SubGroupPolicyTypeLeaderWorker))
+		if key := lws.Annotations[v1alpha1.SubGroupExclusiveKeyAnnotationKey]; key != "" {
+			into[v1alpha1.SubGroupExclusiveKeyAnnotationKey] = key
+		}
 	}
 }
 
@@ -140,7 +154,7 @@ func LeaderStatefulSet(lws *v1alpha1.LeaderWorkerSet, revision string, replicas,
 	if subdomainPolicy(lws) == v1alpha1.SubdomainUniquePerReplica {
 		ann[v1alpha1.SubdomainPolicyAnnotationKey] = string(v1alpha1.SubdomainUniquePerReplica)
 	}
-	schedulingAnnotations(lws, ann)
+	podPolicyAnnotations(lws, ann)
 	pod.Annotations = merged(pod.Annotations, ann)
 
 	maxUnavailable, err := rollingMaxUnavailable(lws)
@@ -187,8 +201,10 @@ func LeaderStatefulSet(lws *v1alpha1.LeaderWorkerSet, revision string, replicas,
 
 // WorkerStatefulSet builds the StatefulSet of group workers, named after the leader pod, with
 // size-1 replicas numbered from 1 and owned by the leader pod so a group restart (deleting the
-// leader) takes the workers with it.
-func WorkerStatefulSet(lws *v1alpha1.LeaderWorkerSet, leader *corev1.Pod) *appsv1.StatefulSet {
+// leader) takes the workers with it. leaderTopology, under exclusive placement, is the leader's
+// node's value of the topology key: the workers are pinned there by node selector, as upstream
+// does, on top of any node selector of the template and of the schedulingPolicy.
+func WorkerStatefulSet(lws *v1alpha1.LeaderWorkerSet, leader *corev1.Pod, leaderTopology map[string]string) *appsv1.StatefulSet {
 	tpl := &lws.Spec.LeaderWorkerTemplate
 	groupLabels := map[string]string{
 		v1alpha1.SetNameLabelKey:         lws.Name,
@@ -203,8 +219,11 @@ func WorkerStatefulSet(lws *v1alpha1.LeaderWorkerSet, leader *corev1.Pod) *appsv
 		v1alpha1.SizeAnnotationKey:          strconv.Itoa(int(ptr.Deref(tpl.Size, 1))),
 		v1alpha1.LeaderPodNameAnnotationKey: leader.Name,
 	}
-	schedulingAnnotations(lws, ann)
+	podPolicyAnnotations(lws, ann)
 	pod.Annotations = merged(pod.Annotations, ann)
+	if len(leaderTopology) > 0 {
+		pod.Spec.NodeSelector = merged(pod.Spec.NodeSelector, leaderTopology)
+	}
 
 	serviceName := lws.Name
 	if subdomainPolicy(lws) == v1alpha1.SubdomainUniquePerReplica {

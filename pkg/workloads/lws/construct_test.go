@@ -69,7 +69,7 @@ func TestSetDefaults(t *testing.T) {
 		RolloutStrategy: v1alpha1.RolloutStrategy{
 			Type: v1alpha1.RollingUpdateStrategyType,
 			RollingUpdateConfiguration: &v1alpha1.RollingUpdateConfiguration{
-				MaxUnavailable: intstr.FromInt32(1), MaxSurge: intstr.FromInt32(0),
+				MaxUnavailable: intstr.FromInt32(1), MaxSurge: intstr.FromInt32(0), Partition: ptr.To[int32](0),
 			},
 		},
 		StartupPolicy: v1alpha1.LeaderCreatedStartupPolicy,
@@ -77,6 +77,12 @@ func TestSetDefaults(t *testing.T) {
 	}
 	if d := cmp.Diff(want, l.Spec); d != "" {
 		t.Errorf("defaults (-want +got):\n%s", d)
+	}
+	sg := &v1alpha1.LeaderWorkerSet{Spec: v1alpha1.LeaderWorkerSetSpec{LeaderWorkerTemplate: v1alpha1.LeaderWorkerTemplate{
+		SubGroupPolicy: &v1alpha1.SubGroupPolicy{SubGroupSize: ptr.To[int32](2)}}}}
+	SetDefaults(sg)
+	if got := sg.Spec.LeaderWorkerTemplate.SubGroupPolicy.Type; got == nil || *got != v1alpha1.SubGroupPolicyTypeLeaderWorker {
+		t.Errorf("subGroupPolicyType defaulted to %v, want LeaderWorker", got)
 	}
 
 	old := &v1alpha1.LeaderWorkerSet{}
@@ -241,7 +247,7 @@ func TestWorkerStatefulSet(t *testing.T) {
 				},
 			}
 			tc.want(want)
-			if d := cmp.Diff(want, withoutHash(WorkerStatefulSet(tc.lws, leaderPod()))); d != "" {
+			if d := cmp.Diff(want, withoutHash(WorkerStatefulSet(tc.lws, leaderPod(), nil))); d != "" {
 				t.Errorf("worker StatefulSet (-want +got):\n%s", d)
 			}
 		})

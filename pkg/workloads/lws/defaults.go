@@ -38,6 +38,12 @@ func SetDefaults(lws *v1alpha1.LeaderWorkerSet) {
 			MaxSurge:       intstr.FromInt32(0),
 		}
 	}
+	if ru := spec.RolloutStrategy.RollingUpdateConfiguration; ru.Partition == nil {
+		ru.Partition = ptr.To[int32](0)
+	}
+	if sg := tpl.SubGroupPolicy; sg != nil && sg.Type == nil {
+		sg.Type = ptr.To(v1alpha1.SubGroupPolicyTypeLeaderWorker)
+	}
 	if spec.StartupPolicy == "" {
 		spec.StartupPolicy = v1alpha1.LeaderCreatedStartupPolicy
 	}

@@ -208,9 +208,9 @@ func ensureService(ctx context.Context, c client.Client, svc *corev1.Service) er
 // updateStatus counts groups from the cached leader pods and worker StatefulSets, and writes the
 // status only when it changed.
 func (r *LeaderWorkerSetReconciler) updateStatus(ctx context.Context, lws, desired *v1alpha1.LeaderWorkerSet, revision string, g groups) error {
-	status := ComputeStatus(desired, revision, g.leaders, g.sets)
+	status, counts := ComputeStatus(desired, revision, g.leaders, g.sets)
 	status.Conditions = lws.Status.Conditions
-	setConditions(&status, desired, lws.Generation)
+	setConditions(&status, counts, desired, lws.Generation)
 	if apiequality.Semantic.DeepEqual(status, lws.Status) {
 		return nil
 	}
@@ -223,11 +223,27 @@ func (r *LeaderWorkerSetReconciler) updateStatus(ctx context.Context, lws, desir
 	return err
 }
 
-// ComputeStatus counts existing, ready and updated groups among the first spec.replicas (surge
-// groups of a rolling update are not counted). A group is ready when its leader pod and all its
-// workers are ready, and updated when both carry the current revision.
-func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []corev1.Pod, sets []appsv1.StatefulSet) v1alpha1.LeaderWorkerSetStatus {
+// GroupCounts is what the conditions are computed from: the groups 0..replicas-1 (surge groups
+// excluded), and among them those at or above the rollout partition, the only ones an update
+// moves.
+type GroupCounts struct {
+	// Ready groups below spec.replicas.
+	Ready int32
+	// Partitioned groups exist below spec.replicas and at or above the partition; of them,
+	// Updated carry the current revision and UpdatedReady are also ready.
+	Partitioned, Updated, UpdatedReady int32
+}
+
+// ComputeStatus counts groups as upstream does: replicas, readyReplicas and updatedReplicas count
+// every group that exists, surge groups of a rolling update included. A group is ready when its
+// leader pod and all its workers are ready, and updated when both carry the current revision.
+// The GroupCounts leave the surge groups out, for the conditions.
+func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []corev1.Pod, sets []appsv1.StatefulSet) (v1alpha1.LeaderWorkerSetStatus, GroupCounts) {
 	replicas := ptr.Deref(lws.Spec.Replicas, 1)
+	var partition int32
+	if ru := lws.Spec.RolloutStrategy.RollingUpdateConfiguration; ru != nil {
+		partition = ptr.Deref(ru.Partition, 0)
+	}
 	workers := make(map[string]*appsv1.StatefulSet, len(sets))
 	for i := range sets {
 		workers[sets[i].Name] = &sets[i]
@@ -238,12 +254,14 @@ func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []cor
 			v1alpha1.SetNameLabelKey: lws.Name, v1alpha1.WorkerIndexLabelKey: "0",
 		}).String(),
 	}
+	var c GroupCounts
 	for i := range leaders {
 		p := &leaders[i]
 		if p.DeletionTimestamp != nil {
 			continue
 		}
-		if _, ord := ParentNameAndOrdinal(p.Name); ord < 0 || int32(ord) >= replicas {
+		_, ord := ParentNameAndOrdinal(p.Name)
+		if ord < 0 {
 			continue
 		}
 		st.Replicas++
@@ -254,11 +272,29 @@ func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []cor
 		if g.updated {
 			st.UpdatedReplicas++
 		}
+		if int32(ord) >= replicas {
+			continue
+		}
+		if g.ready {
+			c.Ready++
+		}
+		if int32(ord) >= partition {
+			c.Partitioned++
+			if g.updated {
+				c.Updated++
+				if g.ready {
+					c.UpdatedReady++
+				}
+			}
+		}
 	}
-	return st
+	return st, c
 }
 
-func setConditions(st *v1alpha1.LeaderWorkerSetStatus, lws *v1alpha1.LeaderWorkerSet, gen int64) {
+// setConditions: UpdateInProgress while a group at or above the partition is not at the current
+// revision; Available once every group below spec.replicas is ready and those the update moves are
+// updated; Progressing otherwise.
+func setConditions(st *v1alpha1.LeaderWorkerSetStatus, c GroupCounts, lws *v1alpha1.LeaderWorkerSet, gen int64) {
 	replicas := ptr.Deref(lws.Spec.Replicas, 1)
 	set := func(t string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse
@@ -267,14 +303,14 @@ func setConditions(st *v1alpha1.LeaderWorkerSetStatus, lws *v1alpha1.LeaderWorke
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
 	}
-	updating := st.UpdatedReplicas < st.Replicas
-	available := st.ReadyReplicas >= replicas && !updating
+	updating := c.Updated < c.Partitioned
+	available := !updating && c.Ready >= replicas && c.UpdatedReady == c.Partitioned
 	set(v1alpha1.LeaderWorkerSetAvailable, available, "AllGroupsReady",
-		fmt.Sprintf("%d of %d groups ready", st.ReadyReplicas, replicas))
+		fmt.Sprintf("%d of %d groups ready", c.Ready, replicas))
 	set(v1alpha1.LeaderWorkerSetProgressing, !available, "GroupsProgressing",
-		fmt.Sprintf("%d of %d groups ready", st.ReadyReplicas, replicas))
+		fmt.Sprintf("%d of %d groups ready", c.Ready, replicas))
 	set(v1alpha1.LeaderWorkerSetUpdateInProgress, updating, "GroupsUpdating",
-		fmt.Sprintf("%d of %d groups updated", st.UpdatedReplicas, st.Replicas))
+		fmt.Sprintf("%d of %d groups updated", c.Updated, c.Partitioned))
 }
 
 func podReady(p *corev1.Pod) bool {

@@ -2,6 +2,7 @@ package lws
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,6 +25,8 @@ import (
 // PodReconciler runs the groups: it creates each leader's worker StatefulSet (and, for
 // UniquePerReplica, its headless Service), and applies the restart policy by deleting the leader
 // of a group one of whose pods restarted or was deleted, which takes the workers with it.
+//
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 type PodReconciler struct {
 	client.Client
 	Recorder events.EventRecorder
@@ -94,7 +97,11 @@ func (r *PodReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	case !apierrors.IsNotFound(err):
 		return ctrl.Result{}, err
 	}
-	sts := WorkerStatefulSet(group, &pod)
+	topology, ok, err := r.leaderTopology(ctx, group, &pod)
+	if err != nil || !ok {
+		return ctrl.Result{}, err
+	}
+	sts := WorkerStatefulSet(group, &pod, topology)
 	if err := r.Create(ctx, sts); err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return ctrl.Result{RequeueAfter: time.Second}, nil
@@ -104,6 +111,30 @@ func (r *PodReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.R
 	}
 	logger.V(4).Info("created worker StatefulSet", "statefulset", klog.KObj(sts))
 	return ctrl.Result{}, nil
+}
+
+// leaderTopology is, under exclusive placement, the topology domain the leader was scheduled
+// into ({key: value of the leader's node}), where the workers must go; ok is false while the
+// leader is not scheduled yet (its update queues it again).
+func (r *PodReconciler) leaderTopology(ctx context.Context, lws *v1alpha1.LeaderWorkerSet, leader *corev1.Pod) (map[string]string, bool, error) {
+	key := lws.Annotations[v1alpha1.ExclusiveKeyAnnotationKey]
+	if key == "" {
+		return nil, true, nil
+	}
+	if leader.Spec.NodeName == "" {
+		klog.FromContext(ctx).V(4).Info("exclusive placement: waiting for the leader to be scheduled")
+		return nil, false, nil
+	}
+	var node corev1.Node
+	if err := r.Get(ctx, types.NamespacedName{Name: leader.Spec.NodeName}, &node); err != nil {
+		return nil, false, fmt.Errorf("node %s of leader %s: %w", leader.Spec.NodeName, leader.Name, err)
+	}
+	v, ok := node.Labels[key]
+	if !ok {
+		// The scheduler only places a pod with affinity on this key on nodes that carry it.
+		return nil, false, fmt.Errorf("node %s of leader %s has no label %s", node.Name, leader.Name, key)
+	}
+	return map[string]string{key: v}, true, nil
 }
 
 func podOwnerRef(pod *corev1.Pod) metav1.OwnerReference {

@@ -31,12 +31,14 @@ func TestDefaultPod(t *testing.T) {
 			want: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x-0", Labels: map[string]string{"a": "b"}}},
 		},
 		{
-			name: "leader gets group index, group key and env",
+			name: "leader gets group index, group key and env first, replacing user LWS_ values",
 			pod: &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: "lws-1", Namespace: "ns",
 					Labels:      map[string]string{v1alpha1.SetNameLabelKey: "lws", v1alpha1.WorkerIndexLabelKey: "0"},
 					Annotations: map[string]string{v1alpha1.SizeAnnotationKey: "3"}},
-				Spec: corev1.PodSpec{Subdomain: "lws", Containers: []corev1.Container{{Name: "c", Env: []corev1.EnvVar{{Name: "A", Value: "$(LWS_GROUP_SIZE)"}}}}},
+				Spec: corev1.PodSpec{Subdomain: "lws", Containers: []corev1.Container{{Name: "c", Env: []corev1.EnvVar{
+					{Name: v1alpha1.LwsGroupSize, Value: "99"}, {Name: "A", Value: "$(LWS_GROUP_SIZE)"},
+					{Name: v1alpha1.LwsLeaderAddress, Value: "elsewhere"}}}}},
 			},
 			want: &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: "lws-1", Namespace: "ns",
@@ -66,7 +68,7 @@ func TestDefaultPod(t *testing.T) {
 			},
 		},
 		{
-			name: "worker gets its index, env in init containers too, and the scheduling policy",
+			name: "worker gets its index, env in init containers too (replacing a user LWS_WORKER_INDEX), and the scheduling policy",
 			pod: &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: "lws-1-2", Namespace: "ns",
 					Labels: map[string]string{v1alpha1.SetNameLabelKey: "lws", v1alpha1.GroupIndexLabelKey: "1"},
@@ -87,11 +89,9 @@ func TestDefaultPod(t *testing.T) {
 						v1alpha1.ReplicaUniqueTolerationEffectAnnotationKey: "NoExecute"}},
 				Spec: corev1.PodSpec{Subdomain: "lws",
 					InitContainers: []corev1.Container{{Name: "i", Env: env("lws-1.lws.ns", "3", "2")}},
-					Containers: []corev1.Container{{Name: "c", Env: []corev1.EnvVar{
-						{Name: v1alpha1.LwsLeaderAddress, Value: "lws-1.lws.ns"}, {Name: v1alpha1.LwsGroupSize, Value: "3"},
-						{Name: v1alpha1.LwsWorkerIndex, Value: "mine"}}}},
-					NodeSelector: map[string]string{"zone": "a", "pool": "lws-1"},
-					Tolerations:  []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "lws-1", Effect: corev1.TaintEffectNoExecute}},
+					Containers:     []corev1.Container{{Name: "c", Env: env("lws-1.lws.ns", "3", "2")}},
+					NodeSelector:   map[string]string{"zone": "a", "pool": "lws-1"},
+					Tolerations:    []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "lws-1", Effect: corev1.TaintEffectNoExecute}},
 				},
 			},
 		},

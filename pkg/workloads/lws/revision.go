@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -35,13 +36,19 @@ type revisionData struct {
 type revisionSpec struct {
 	LeaderWorkerTemplate v1alpha1.LeaderWorkerTemplate `json:"leaderWorkerTemplate"`
 	NetworkConfig        *v1alpha1.NetworkConfig       `json:"networkConfig,omitempty"`
+	// The exclusive-placement annotations of the LeaderWorkerSet at this revision.
+	ExclusiveTopology         string `json:"exclusiveTopology,omitempty"`
+	SubGroupExclusiveTopology string `json:"subGroupExclusiveTopology,omitempty"`
 }
 
-// NewRevision builds revision number of the defaulted lws, whose template hash is key.
-func NewRevision(lws *v1alpha1.LeaderWorkerSet, key string, number int64) (*appsv1.ControllerRevision, error) {
+// NewRevision builds revision number of the defaulted lws, whose template hash is key, owned by
+// lws as kind (the LeaderWorkerSet's group depends on the API the controller serves).
+func NewRevision(lws *v1alpha1.LeaderWorkerSet, kind schema.GroupVersionKind, key string, number int64) (*appsv1.ControllerRevision, error) {
 	raw, err := json.Marshal(revisionData{Spec: revisionSpec{
-		LeaderWorkerTemplate: lws.Spec.LeaderWorkerTemplate,
-		NetworkConfig:        lws.Spec.NetworkConfig,
+		LeaderWorkerTemplate:      lws.Spec.LeaderWorkerTemplate,
+		NetworkConfig:             lws.Spec.NetworkConfig,
+		ExclusiveTopology:         lws.Annotations[v1alpha1.ExclusiveKeyAnnotationKey],
+		SubGroupExclusiveTopology: lws.Annotations[v1alpha1.SubGroupExclusiveKeyAnnotationKey],
 	}})
 	if err != nil {
 		return nil, err
@@ -53,7 +60,7 @@ func NewRevision(lws *v1alpha1.LeaderWorkerSet, key string, number int64) (*apps
 			Namespace: lws.Namespace,
 			Labels:    map[string]string{v1alpha1.SetNameLabelKey: lws.Name, v1alpha1.RevisionKey: key},
 			OwnerReferences: []metav1.OwnerReference{
-				*metav1.NewControllerRef(lws, v1alpha1.GroupVersion.WithKind("LeaderWorkerSet")),
+				*metav1.NewControllerRef(lws, kind),
 			},
 		},
 		Data:     runtime.RawExtension{Raw: raw},
@@ -76,6 +83,19 @@ func ApplyRevision(lws *v1alpha1.LeaderWorkerSet, rev *appsv1.ControllerRevision
 	out := lws.DeepCopy()
 	out.Spec.LeaderWorkerTemplate = d.Spec.LeaderWorkerTemplate
 	out.Spec.NetworkConfig = d.Spec.NetworkConfig
+	for key, v := range map[string]string{
+		v1alpha1.ExclusiveKeyAnnotationKey:         d.Spec.ExclusiveTopology,
+		v1alpha1.SubGroupExclusiveKeyAnnotationKey: d.Spec.SubGroupExclusiveTopology,
+	} {
+		if v == "" {
+			delete(out.Annotations, key)
+			continue
+		}
+		if out.Annotations == nil {
+			out.Annotations = map[string]string{}
+		}
+		out.Annotations[key] = v
+	}
 	return out, nil
 }
 
@@ -117,7 +137,11 @@ func ensureRevision(ctx context.Context, c client.Client, desired *v1alpha1.Lead
 	if last := latestRevision(revs, ""); last != nil {
 		number = last.Revision + 1
 	}
-	rev, err := NewRevision(desired, key, number)
+	kind, err := c.GroupVersionKindFor(desired)
+	if err != nil {
+		return err
+	}
+	rev, err := NewRevision(desired, kind, key, number)
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 func TestRevisionRoundTrip(t *testing.T) {
 	old := testLWS(func(l *v1alpha1.LeaderWorkerSet) { l.UID = "lws-uid" })
 	key := TemplateHash(old)
-	rev, err := NewRevision(old, key, 3)
+	rev, err := NewRevision(old, lwsKind, key, 3)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,22 @@ func budgetOf(lws *v1alpha1.LeaderWorkerSet) (rolloutBudget, error) {
 //     is given back once the groups still to update or not ready fit within maxUnavailable
 //     (leaderReplicas). A scale during the update keeps the partition (clamped to the new size).
 //   - Done (partition 0, spec.replicas): nothing changes.
+//
+// rollingUpdateConfiguration.partition is a floor under the leader StatefulSet's partition: the
+// groups below it keep their revision (upstream's staged rollout), and lowering it continues the
+// update. Those groups are not being replaced, so they do not hold the surge: it is given back
+// once the groups at and above the floor are updated and ready (upstream keeps it until the
+// partition is back at 0).
 func rollingUpdate(lws *v1alpha1.LeaderWorkerSet, sts *appsv1.StatefulSet, templateChanged bool, groups []groupState) (partition, replicas int32, err error) {
+	var floor int32
+	if ru := lws.Spec.RolloutStrategy.RollingUpdateConfiguration; ru != nil {
+		floor = max(ptr.Deref(ru.Partition, 0), 0)
+	}
+	partition, replicas, err = rollingUpdateSteps(lws, sts, templateChanged, groups, floor)
+	return max(partition, floor), replicas, err
+}
+
+func rollingUpdateSteps(lws *v1alpha1.LeaderWorkerSet, sts *appsv1.StatefulSet, templateChanged bool, groups []groupState, floor int32) (partition, replicas int32, err error) {
 	want := ptr.Deref(lws.Spec.Replicas, 1)
 	if sts == nil {
 		return 0, want, nil
@@ -77,17 +92,17 @@ func rollingUpdate(lws *v1alpha1.LeaderWorkerSet, sts *appsv1.StatefulSet, templ
 		if have < want {
 			return partition, want, nil
 		}
-		return partition, leaderReplicas(want, b, want), nil
+		return partition, leaderReplicas(want, b, max(want-floor, 0)), nil
 	}
 
 	partition = currentPartition(sts)
-	if partition == 0 && have == want {
-		return 0, want, nil
+	if partition <= floor && have == want {
+		return partition, want, nil
 	}
 	if have < want {
 		return partition, want, nil
 	}
-	unready := unreadyGroups(groups, want)
+	unready := unreadyGroups(groups, floor, want)
 	if last, ok := lastReplicas(sts); ok && last != want {
 		return min(partition, want+b.maxSurge), leaderReplicas(want, b, unready), nil
 	}
@@ -136,11 +151,11 @@ func leaderReplicas(replicas int32, b rolloutBudget, unready int32) int32 {
 	return replicas + max(unready-b.maxUnavailable, 0)
 }
 
-// unreadyGroups counts the groups among the first replicas that are not both updated and ready;
-// a group that does not exist yet counts.
-func unreadyGroups(groups []groupState, replicas int32) int32 {
+// unreadyGroups counts the groups from..replicas-1 that are not both updated and ready; a group
+// that does not exist yet counts.
+func unreadyGroups(groups []groupState, from, replicas int32) int32 {
 	var n int32
-	for i := range replicas {
+	for i := from; i < replicas; i++ {
 		if int(i) >= len(groups) || !groups[i].ready || !groups[i].updated {
 			n++
 		}

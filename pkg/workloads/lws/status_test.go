@@ -35,35 +35,55 @@ func TestComputeStatus(t *testing.T) {
 			Status: appsv1.StatefulSetStatus{ReadyReplicas: ready, AvailableReplicas: ready}}
 	}
 	tests := []struct {
-		name    string
-		leaders []corev1.Pod
-		sets    []appsv1.StatefulSet
-		want    [3]int32 // replicas, ready, updated
-		avail   bool
+		name      string
+		leaders   []corev1.Pod
+		sets      []appsv1.StatefulSet
+		want      [3]int32 // replicas, ready, updated
+		avail     bool
+		updating  bool
+		partition int32
 	}{
 		{name: "nothing yet", want: [3]int32{0, 0, 0}},
 		{name: "all ready and current", avail: true,
 			leaders: []corev1.Pod{leader("lws-0", "r", true, false), leader("lws-1", "r", true, false)},
 			sets:    []appsv1.StatefulSet{workers("lws-0", "r", 2), workers("lws-1", "r", 2)},
 			want:    [3]int32{2, 2, 2}},
-		{name: "a worker not ready, an old revision, a leader beyond replicas and one being deleted",
+		{name: "a worker not ready, an old revision, a surge group (counted, as upstream) and one being deleted",
 			leaders: []corev1.Pod{leader("lws-0", "r", true, false), leader("lws-1", "old", true, false),
 				leader("lws-2", "r", true, false), leader("lws-3", "r", true, true)},
-			sets: []appsv1.StatefulSet{workers("lws-0", "r", 1), workers("lws-1", "old", 2)},
-			want: [3]int32{2, 1, 1}},
+			sets: []appsv1.StatefulSet{workers("lws-0", "r", 1), workers("lws-1", "old", 2), workers("lws-2", "r", 2)},
+			want: [3]int32{3, 2, 2}, updating: true},
+		{name: "surge group ready does not make the set available while a group is not",
+			leaders: []corev1.Pod{leader("lws-0", "r", true, false), leader("lws-1", "r", false, false), leader("lws-2", "r", true, false)},
+			sets:    []appsv1.StatefulSet{workers("lws-0", "r", 2), workers("lws-1", "r", 2), workers("lws-2", "r", 2)},
+			want:    [3]int32{3, 2, 3}},
+		{name: "partition 1: group 0 keeps the old revision and the set is available", partition: 1, avail: true,
+			leaders: []corev1.Pod{leader("lws-0", "old", true, false), leader("lws-1", "r", true, false)},
+			sets:    []appsv1.StatefulSet{workers("lws-0", "old", 2), workers("lws-1", "r", 2)},
+			want:    [3]int32{2, 2, 1}},
+		{name: "partition 0: the same groups are an update in progress",
+			leaders: []corev1.Pod{leader("lws-0", "old", true, false), leader("lws-1", "r", true, false)},
+			sets:    []appsv1.StatefulSet{workers("lws-0", "old", 2), workers("lws-1", "r", 2)},
+			want:    [3]int32{2, 2, 1}, updating: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			st := ComputeStatus(l, "r", tc.leaders, tc.sets)
+			l := l.DeepCopy()
+			SetDefaults(l)
+			l.Spec.RolloutStrategy.RollingUpdateConfiguration.Partition = ptr.To(tc.partition)
+			st, counts := ComputeStatus(l, "r", tc.leaders, tc.sets)
 			if d := cmp.Diff(tc.want, [3]int32{st.Replicas, st.ReadyReplicas, st.UpdatedReplicas}); d != "" {
 				t.Errorf("replicas/ready/updated (-want +got):\n%s", d)
 			}
 			if st.HPAPodSelector != "leaderworkerset.sigs.k8s.io/name=lws,leaderworkerset.sigs.k8s.io/worker-index=0" {
 				t.Errorf("selector %q", st.HPAPodSelector)
 			}
-			setConditions(&st, l, 1)
+			setConditions(&st, counts, l, 1)
 			if got := meta.IsStatusConditionTrue(st.Conditions, v1alpha1.LeaderWorkerSetAvailable); got != tc.avail {
 				t.Errorf("Available = %v, want %v", got, tc.avail)
+			}
+			if got := meta.IsStatusConditionTrue(st.Conditions, v1alpha1.LeaderWorkerSetUpdateInProgress); got != tc.updating {
+				t.Errorf("UpdateInProgress = %v, want %v", got, tc.updating)
 			}
 		})
 	}

@@ -37,6 +37,60 @@ func ValidateCreate(lws *v1alpha1.LeaderWorkerSet) field.ErrorList {
 	errs = append(errs, validateRollout(lws)...)
 	errs = append(errs, validateClaims(tpl, tplPath)...)
 	errs = append(errs, validateSchedulingPolicy(tpl.SchedulingPolicy, tplPath.Child("schedulingPolicy"))...)
+	errs = append(errs, validateSubGroupPolicy(tpl, tplPath.Child("subGroupPolicy"))...)
+	errs = append(errs, validatePlacementAnnotations(lws)...)
+	return errs
+}
+
+// validateSubGroupPolicy checks subGroupSize against size as upstream does: at least 1, at most
+// size, dividing size or size-1 (size-1 under LeaderExcluded).
+func validateSubGroupPolicy(tpl *v1alpha1.LeaderWorkerTemplate, p *field.Path) field.ErrorList {
+	sg := tpl.SubGroupPolicy
+	if sg == nil {
+		return nil
+	}
+	sp := p.Child("subGroupSize")
+	if sg.SubGroupSize == nil {
+		return field.ErrorList{field.Required(sp, "the number of pods per subgroup")}
+	}
+	n, size := *sg.SubGroupSize, ptr.Deref(tpl.Size, 1)
+	switch {
+	case n < 1:
+		return field.ErrorList{field.Invalid(sp, n, "must be >= 1")}
+	case n > size:
+		return field.ErrorList{field.Invalid(sp, n, fmt.Sprintf("must not be greater than size (%d)", size))}
+	case ptr.Deref(sg.Type, v1alpha1.SubGroupPolicyTypeLeaderWorker) == v1alpha1.SubGroupPolicyTypeLeaderExcluded:
+		if (size-1)%n != 0 {
+			return field.ErrorList{field.Invalid(sp, n, fmt.Sprintf("size-1 (%d) must be divisible by subGroupSize under LeaderExcluded", size-1))}
+		}
+	case size%n != 0 && (size-1)%n != 0:
+		return field.ErrorList{field.Invalid(sp, n, fmt.Sprintf("size (%d) or size-1 must be divisible by subGroupSize", size))}
+	}
+	if t := sg.Type; t != nil && *t != v1alpha1.SubGroupPolicyTypeLeaderWorker && *t != v1alpha1.SubGroupPolicyTypeLeaderExcluded {
+		return field.ErrorList{field.NotSupported(p.Child("subGroupPolicyType"), *t, []string{
+			string(v1alpha1.SubGroupPolicyTypeLeaderWorker), string(v1alpha1.SubGroupPolicyTypeLeaderExcluded)})}
+	}
+	return nil
+}
+
+// validatePlacementAnnotations checks the exclusive-placement annotations: node label keys, and
+// the subgroup one only with a subGroupPolicy.
+func validatePlacementAnnotations(lws *v1alpha1.LeaderWorkerSet) field.ErrorList {
+	var errs field.ErrorList
+	ap := field.NewPath("metadata", "annotations")
+	for _, key := range []string{v1alpha1.ExclusiveKeyAnnotationKey, v1alpha1.SubGroupExclusiveKeyAnnotationKey} {
+		v, ok := lws.Annotations[key]
+		if !ok {
+			continue
+		}
+		for _, msg := range validation.IsQualifiedName(v) {
+			errs = append(errs, field.Invalid(ap.Key(key), v, "must be a node label key: "+msg))
+		}
+	}
+	if _, ok := lws.Annotations[v1alpha1.SubGroupExclusiveKeyAnnotationKey]; ok && lws.Spec.LeaderWorkerTemplate.SubGroupPolicy == nil {
+		errs = append(errs, field.Invalid(ap.Key(v1alpha1.SubGroupExclusiveKeyAnnotationKey),
+			lws.Annotations[v1alpha1.SubGroupExclusiveKeyAnnotationKey], "needs spec.leaderWorkerTemplate.subGroupPolicy"))
+	}
 	return errs
 }
 
@@ -48,6 +102,17 @@ func ValidateUpdate(old, cur *v1alpha1.LeaderWorkerSet) field.ErrorList {
 	if !apiequality.Semantic.DeepEqual(claimSpecs(old), claimSpecs(cur)) {
 		errs = append(errs, field.Forbidden(p, "volumeClaimTemplates cannot be changed once the LeaderWorkerSet exists "+
 			"(StatefulSets cannot change theirs); delete and recreate the LeaderWorkerSet to change them"))
+	}
+	// Pods are labelled with their subgroup when created; a change would leave groups split two ways.
+	oldSG, curSG := old.Spec.LeaderWorkerTemplate.SubGroupPolicy, cur.Spec.LeaderWorkerTemplate.SubGroupPolicy
+	sgp := field.NewPath("spec", "leaderWorkerTemplate", "subGroupPolicy")
+	switch {
+	case oldSG == nil && curSG != nil:
+		errs = append(errs, field.Forbidden(sgp, "cannot be added once the LeaderWorkerSet exists"))
+	case oldSG != nil && curSG == nil:
+		errs = append(errs, field.Forbidden(sgp, "cannot be removed once set"))
+	case oldSG != nil && ptr.Deref(oldSG.SubGroupSize, 0) != ptr.Deref(curSG.SubGroupSize, 0):
+		errs = append(errs, field.Invalid(sgp.Child("subGroupSize"), ptr.Deref(curSG.SubGroupSize, 0), "field is immutable"))
 	}
 	return errs
 }
@@ -76,6 +141,9 @@ func validateRollout(lws *v1alpha1.LeaderWorkerSet) field.ErrorList {
 	ms, err := intstr.GetScaledValueFromIntOrPercent(&ru.MaxSurge, replicas, true)
 	if err != nil || ms < 0 || (ru.MaxSurge.Type == intstr.String && percentOver100(ru.MaxSurge)) {
 		errs = append(errs, field.Invalid(p.Child("maxSurge"), ru.MaxSurge.String(), "must be a non-negative number or a percentage up to 100%"))
+	}
+	if ru.Partition != nil && *ru.Partition < 0 {
+		errs = append(errs, field.Invalid(p.Child("partition"), *ru.Partition, "must be >= 0"))
 	}
 	if len(errs) == 0 && mu == 0 && ms == 0 && replicas > 0 {
 		errs = append(errs, field.Invalid(p.Child("maxUnavailable"), ru.MaxUnavailable.String(), "must not be 0 when maxSurge is 0"))

@@ -26,6 +26,10 @@ const DefaultTimeout = 30 * time.Minute
 // missingVolumeRetry is how often a job waiting for a PVC or ConfigMap looks again.
 const missingVolumeRetry = 10 * time.Second
 
+// podCreateRetry is how often a job whose pod was refused for a reason that may pass (quota, an
+// admission webhook, a server error) tries again.
+const podCreateRetry = 15 * time.Second
+
 // Reconciler drives NotebookValidationJobs: it creates the pod once every referenced PVC and
 // ConfigMap exists, follows the pod's phase, and enforces the timeout.
 type Reconciler struct {
@@ -109,28 +113,40 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 	st.PodName = pod.Name
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:
-		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, "notebook ran; output in "+OutputFile(job))
+		msg := "notebook ran; output in " + OutputFile(job)
+		if job.Spec.GoldenNotebook != nil {
+			msg = "notebook ran and its outputs match the golden notebook " + job.Spec.GoldenNotebook.Path + "; output in " + OutputFile(job)
+		}
+		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, msg)
 		return ctrl.Result{}, nil
 	case corev1.PodFailed:
 		reason, msg := v1alpha1.ReasonFailed, failureMessage(&pod)
-		if pod.Status.Reason == "DeadlineExceeded" {
+		switch {
+		case pod.Status.Reason == "DeadlineExceeded":
 			reason = v1alpha1.ReasonTimedOut
+		case containerFailed(pod.Status.ContainerStatuses, CompareContainer):
+			reason = v1alpha1.ReasonGoldenMismatch
 		}
 		r.finish(st, v1alpha1.NotebookPhaseFailed, reason, msg)
 		return ctrl.Result{}, nil
-	case corev1.PodRunning:
+	case corev1.PodRunning, corev1.PodPending:
+		if pod.Status.Phase == corev1.PodPending && !notebookStarted(&pod) {
+			st.Phase = v1alpha1.NotebookPhasePending
+			st.Message = "waiting for the pod to start"
+			break
+		}
 		st.Phase = v1alpha1.NotebookPhaseRunning
 		st.Message = "notebook is running"
-		if st.StartTime == nil {
-			t := metav1.NewTime(r.now())
-			if pod.Status.StartTime != nil {
-				t = *pod.Status.StartTime
-			}
-			st.StartTime = &t
-		}
 	default:
 		st.Phase = v1alpha1.NotebookPhasePending
 		st.Message = "waiting for the pod to start"
+	}
+	if st.Phase == v1alpha1.NotebookPhaseRunning && st.StartTime == nil {
+		t := metav1.NewTime(r.now())
+		if pod.Status.StartTime != nil {
+			t = *pod.Status.StartTime
+		}
+		st.StartTime = &t
 	}
 	// The clock runs from the start of the run, or from the pod's creation while it has not
 	// started, so a pod that never starts times out too.
@@ -175,13 +191,32 @@ func (r *Reconciler) createPod(ctx context.Context, job *v1alpha1.NotebookValida
 		return ctrl.Result{}, err
 	}
 	if err := r.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
-		return ctrl.Result{}, err
+		return r.podCreateFailed(ctx, job, st, err)
 	}
+	meta.RemoveStatusCondition(&st.Conditions, v1alpha1.NotebookConditionPodCreated)
 	klog.FromContext(ctx).V(3).Info("created validation pod", "pod", klog.KObj(pod))
 	st.Phase = v1alpha1.NotebookPhasePending
 	st.PodName = pod.Name
 	st.Message = "pod created"
 	return ctrl.Result{}, nil
+}
+
+// podCreateFailed records a refused pod. A pod the API server finds invalid (or malformed) can
+// never be created from this spec, so the job fails with the API server's message; anything else
+// (quota, an admission webhook, the server itself) may pass later, so the job stays Pending with
+// PodCreated=False and the message, and is tried again.
+func (r *Reconciler) podCreateFailed(ctx context.Context, job *v1alpha1.NotebookValidationJob, st *v1alpha1.NotebookValidationJobStatus, err error) (ctrl.Result, error) {
+	msg := "creating pod " + PodName(job) + ": " + err.Error()
+	klog.FromContext(ctx).Info("pod refused", "pod", PodName(job), "err", err)
+	if apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) {
+		r.finish(st, v1alpha1.NotebookPhaseFailed, v1alpha1.ReasonPodCreateFailed, msg)
+		return ctrl.Result{}, nil
+	}
+	st.Phase = v1alpha1.NotebookPhasePending
+	st.Message = msg
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionPodCreated,
+		Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonPodCreateFailed, Message: msg, ObservedGeneration: job.Generation})
+	return ctrl.Result{RequeueAfter: podCreateRetry}, nil
 }
 
 // missingVolumes names every PersistentVolumeClaim and non-optional ConfigMap the job mounts that
@@ -216,6 +251,26 @@ func (r *Reconciler) finish(st *v1alpha1.NotebookValidationJobStatus, phase v1al
 	status := metav1.ConditionTrue
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionComplete,
 		Status: status, Reason: reason, Message: msg, ObservedGeneration: st.ObservedGeneration})
+}
+
+// notebookStarted says whether the notebook runs, or ran: with a golden notebook papermill is an
+// init container, so the pod is Pending while it runs.
+func notebookStarted(pod *corev1.Pod) bool {
+	for _, cs := range pod.Status.InitContainerStatuses {
+		if cs.Name == NotebookContainer && (cs.State.Running != nil || cs.State.Terminated != nil) {
+			return true
+		}
+	}
+	return false
+}
+
+func containerFailed(statuses []corev1.ContainerStatus, name string) bool {
+	for _, cs := range statuses {
+		if cs.Name == name && cs.State.Terminated != nil && cs.State.Terminated.ExitCode != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // failureMessage explains a failed pod from its containers' terminated states.

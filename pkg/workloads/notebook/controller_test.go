@@ -2,19 +2,24 @@ package notebook
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 )
@@ -99,5 +104,81 @@ func TestFailureMessage(t *testing.T) {
 	}}
 	if got, want := failureMessage(pod), "container git-clone exited with code 128 (Error): repository not found"; got != want {
 		t.Errorf("failureMessage = %q, want %q", got, want)
+	}
+}
+
+// A pod the API server refuses: invalid fails the job with the server's message; anything else
+// (here a quota) keeps it Pending with PodCreated=False and is tried again, and the condition goes
+// once the pod is created.
+func TestReconcilerPodCreateRefused(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	podGR := schema.GroupResource{Resource: "pods"}
+	tests := []struct {
+		name      string
+		refusal   error
+		wantPhase v1alpha1.NotebookPhase
+		retried   bool
+	}{
+		{
+			name: "failure case - invalid pod fails the job",
+			refusal: apierrors.NewInvalid(schema.GroupKind{Kind: "Pod"}, "nb-validation", field.ErrorList{
+				field.Invalid(field.NewPath("spec", "volumes").Index(2).Child("configMap", "items").Index(0).Child("path"), "../x", "must not contain '..'")}),
+			wantPhase: v1alpha1.NotebookPhaseFailed,
+		},
+		{
+			name:      "failure case - quota keeps the job pending and retries",
+			refusal:   apierrors.NewForbidden(podGR, "nb-validation", errors.New("exceeded quota: pods, requested: pods=1, used: pods=10, limited: pods=10")),
+			wantPhase: v1alpha1.NotebookPhasePending,
+			retried:   true,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			job := testJob()
+			refuse := true
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(job).WithStatusSubresource(job).
+				WithInterceptorFuncs(interceptor.Funcs{Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+					if _, ok := obj.(*corev1.Pod); ok && refuse {
+						return tc.refusal
+					}
+					return c.Create(ctx, obj, opts...)
+				}}).Build()
+			r := &Reconciler{Client: c, APIReader: c, Images: Images{Git: "git"}}
+			ctx := context.Background()
+			key := client.ObjectKeyFromObject(job)
+			res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got v1alpha1.NotebookValidationJob
+			if err := c.Get(ctx, key, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.Phase != tc.wantPhase || !strings.Contains(got.Status.Message, tc.refusal.Error()) {
+				t.Fatalf("phase %q message %q, want %q with %q", got.Status.Phase, got.Status.Message, tc.wantPhase, tc.refusal.Error())
+			}
+			cond := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionPodCreated)
+			if !tc.retried {
+				if c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete); c == nil || c.Reason != v1alpha1.ReasonPodCreateFailed {
+					t.Fatalf("Complete condition %+v", c)
+				}
+				return
+			}
+			if cond == nil || cond.Status != metav1.ConditionFalse || cond.Reason != v1alpha1.ReasonPodCreateFailed || res.RequeueAfter == 0 {
+				t.Fatalf("PodCreated %+v, result %+v", cond, res)
+			}
+			refuse = false
+			if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Get(ctx, key, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Status.PodName != "nb-validation" || meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionPodCreated) != nil {
+				t.Fatalf("after the quota freed: %+v", got.Status)
+			}
+		})
 	}
 }

@@ -4,6 +4,7 @@
 package notebook
 
 import (
+	"maps"
 	"path"
 	"strings"
 
@@ -12,21 +13,27 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
 )
 
 // Names the controller's own part of the pod uses; user volumes and mounts may not take them.
 const (
-	GitCloneVolume     = "git-clone"
-	NotebookDataVolume = "notebook-data"
+	GitCloneVolume       = "git-clone"
+	NotebookDataVolume   = "notebook-data"
+	GitCredentialsVolume = "git-credentials"
 	// ServiceAccountVolumePrefix is the prefix of the token volume the API server adds to pods.
 	ServiceAccountVolumePrefix = "kube-api-access-"
 
 	WorkspacePath = "/workspace"
 	OutputPath    = "/output"
 	repoDir       = WorkspacePath + "/repo"
+	goldenDir     = WorkspacePath + "/golden"
+	// CredentialsPath is where the git-clone container, and only it, sees the credentials Secret.
+	CredentialsPath = "/etc/git-credentials"
 
 	GitCloneContainer = "git-clone"
 	NotebookContainer = "notebook"
+	CompareContainer  = "golden-compare"
 
 	// JobLabel names the NotebookValidationJob on its pod.
 	JobLabel = "workloads.cistern.dev/notebook-job"
@@ -39,6 +46,9 @@ const (
 	EnvNotebookPath   = "NOTEBOOK_PATH"
 	EnvNotebookInput  = "NOTEBOOK_INPUT"
 	EnvNotebookOutput = "NOTEBOOK_OUTPUT"
+	// The golden notebook's repository, when it is not the notebook's (git-clone only).
+	EnvGoldenGitURL = "GOLDEN_GIT_URL"
+	EnvGoldenGitRef = "GOLDEN_GIT_REF"
 )
 
 // ReservedEnv lists the controller's variables.
@@ -48,7 +58,13 @@ var ReservedEnv = []string{EnvGitURL, EnvGitRef, EnvNotebookPath, EnvNotebookInp
 type Images struct {
 	// Git clones the repository; it must have sh and git.
 	Git string
+	// Compare compares the executed notebook with the golden one: the workload-controller's own
+	// image, whose binary has the compare-notebook subcommand.
+	Compare string
 }
+
+// compareBinary is the workload-controller binary in its image (Dockerfile).
+const compareBinary = "/usr/local/bin/workload-controller"
 
 // PodName is the name of a job's pod.
 func PodName(job *v1alpha1.NotebookValidationJob) string {
@@ -61,14 +77,54 @@ func OutputFile(job *v1alpha1.NotebookValidationJob) string {
 	return OutputPath + "/" + base + ".output.ipynb"
 }
 
-// cloneScript clones $GIT_URL at $GIT_REF; the values come from the environment so nothing from
-// the spec is ever parsed by the shell.
+// cloneScript clones $GIT_URL at $GIT_REF, and the golden notebook's repository when it is
+// another one; the values come from the environment so nothing from the spec is ever parsed by
+// the shell.
 const cloneScript = `set -eu
-if [ -n "${GIT_REF:-}" ]; then
-  git clone --depth 1 --branch "$GIT_REF" -- "$GIT_URL" ` + repoDir + `
-else
-  git clone --depth 1 -- "$GIT_URL" ` + repoDir + `
+clone() {
+  if [ -n "$2" ]; then
+    git clone --depth 1 --branch "$2" -- "$1" "$3"
+  else
+    git clone --depth 1 -- "$1" "$3"
+  fi
+}
+clone "$GIT_URL" "${GIT_REF:-}" ` + repoDir + `
+if [ -n "${GOLDEN_GIT_URL:-}" ]; then
+  clone "$GOLDEN_GIT_URL" "${GOLDEN_GIT_REF:-}" ` + goldenDir + `
 fi`
+
+// credentialHelper hands git the HTTPS credentials from the mounted Secret when a server asks
+// (git runs it with "get"): username (default "git") and password, or token. They are read from
+// the files at that moment: never in the pod spec, the environment or a log.
+const credentialHelper = `!f() { test "$1" = get || exit 0; d=` + CredentialsPath + `; ` +
+	`if [ -f $d/username ]; then echo "username=$(cat $d/username)"; else echo username=git; fi; ` +
+	`if [ -f $d/password ]; then echo "password=$(cat $d/password)"; elif [ -f $d/token ]; then echo "password=$(cat $d/token)"; fi; }; f`
+
+// sshCommand uses the Secret's key and known hosts for SSH URLs; an unknown host is refused.
+const sshCommand = "ssh -i " + CredentialsPath + "/ssh-privatekey -o IdentitiesOnly=yes -o UserKnownHostsFile=" +
+	CredentialsPath + "/known_hosts -o StrictHostKeyChecking=yes"
+
+// credentialsEnv configures git in the git-clone container to use the mounted credentials
+// (GIT_CONFIG_* is git's configuration from the environment).
+var credentialsEnv = []corev1.EnvVar{
+	{Name: "GIT_TERMINAL_PROMPT", Value: "0"},
+	{Name: "GIT_CONFIG_COUNT", Value: "1"},
+	{Name: "GIT_CONFIG_KEY_0", Value: "credential.helper"},
+	{Name: "GIT_CONFIG_VALUE_0", Value: credentialHelper},
+	{Name: "GIT_SSH_COMMAND", Value: sshCommand},
+}
+
+// GoldenFile is where the golden notebook is inside the pod.
+func GoldenFile(job *v1alpha1.NotebookValidationJob) string {
+	g := job.Spec.GoldenNotebook
+	if g == nil {
+		return ""
+	}
+	if g.Git != nil {
+		return goldenDir + "/" + g.Path
+	}
+	return repoDir + "/" + g.Path
+}
 
 // BuildPod builds the validation pod of a job whose spec passed Validate: a git-clone init
 // container filling the workspace volume, and a notebook container running papermill with the
@@ -111,6 +167,28 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	if r := spec.PodConfig.Resources; r != nil {
 		nb.Resources = *r.DeepCopy()
 	}
+	for _, e := range spec.PodConfig.EnvFrom {
+		nb.EnvFrom = append(nb.EnvFrom, *e.DeepCopy())
+	}
+	clone := corev1.Container{
+		Name:         GitCloneContainer,
+		Image:        images.Git,
+		Command:      []string{"/bin/sh", "-c", cloneScript},
+		Env:          own[:2],
+		VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
+		// So is git's "fatal: ..." when the clone fails.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
+	if g := spec.GoldenNotebook; g != nil && g.Git != nil {
+		clone.Env = append(clone.Env, corev1.EnvVar{Name: EnvGoldenGitURL, Value: g.Git.URL}, corev1.EnvVar{Name: EnvGoldenGitRef, Value: g.Git.Ref})
+	}
+	if secret := spec.Notebook.Git.CredentialsSecret; secret != "" {
+		// Only the clone sees the credentials: the volume is mounted in no other container.
+		volumes = append(volumes, corev1.Volume{Name: GitCredentialsVolume, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o400)}}})
+		clone.VolumeMounts = append(clone.VolumeMounts, corev1.VolumeMount{Name: GitCredentialsVolume, MountPath: CredentialsPath, ReadOnly: true})
+		clone.Env = append(clone.Env, credentialsEnv...)
+	}
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -119,19 +197,38 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 			Labels:    map[string]string{JobLabel: job.Name},
 		},
 		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever,
-			InitContainers: []corev1.Container{{
-				Name:         GitCloneContainer,
-				Image:        images.Git,
-				Command:      []string{"/bin/sh", "-c", cloneScript},
-				Env:          own[:2],
-				VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
-				// So is git's "fatal: ..." when the clone fails.
-				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-			}},
-			Containers: []corev1.Container{nb},
-			Volumes:    volumes,
+			RestartPolicy:      corev1.RestartPolicyNever,
+			InitContainers:     []corev1.Container{clone},
+			Containers:         []corev1.Container{nb},
+			Volumes:            volumes,
+			ServiceAccountName: spec.PodConfig.ServiceAccountName,
+			NodeSelector:       maps.Clone(spec.PodConfig.NodeSelector),
+			Affinity:           spec.PodConfig.Affinity.DeepCopy(),
 		},
+	}
+	for _, t := range spec.PodConfig.Tolerations {
+		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *t.DeepCopy())
+	}
+	if g := spec.GoldenNotebook; g != nil {
+		// The notebook runs to the end first, then its outputs are compared: papermill becomes an
+		// init container and the comparison the pod's container, so a failed run never reaches it.
+		tol := g.NumericTolerance
+		if tol == "" {
+			tol = "0"
+		}
+		pod.Spec.InitContainers = append(pod.Spec.InitContainers, nb)
+		pod.Spec.Containers = []corev1.Container{{
+			Name:    CompareContainer,
+			Image:   images.Compare,
+			Command: []string{compareBinary, compare.Command},
+			Args:    []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol},
+			VolumeMounts: []corev1.VolumeMount{
+				{Name: GitCloneVolume, MountPath: WorkspacePath, ReadOnly: true},
+				{Name: NotebookDataVolume, MountPath: OutputPath, ReadOnly: true},
+			},
+			// The first differing cell is on stderr.
+			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		}}
 	}
 	if t := spec.Timeout; t != nil {
 		// The kubelet enforces the deadline too, so a run ends even while the controller is down.

@@ -12,6 +12,7 @@ import (
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
 )
 
 // allowedSources are the volume sources a notebook may use, by their JSON names.
@@ -33,7 +34,11 @@ func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) 
 	if r := job.Spec.Notebook.Git.Ref; strings.HasPrefix(r, "-") {
 		errs = append(errs, field.Invalid(nb.Child("git", "ref"), r, "must not start with '-'"))
 	}
+	if cs := job.Spec.Notebook.Git.CredentialsSecret; cs != "" {
+		errs = append(errs, validateObjectName(nb.Child("git", "credentialsSecret"), cs)...)
+	}
 	errs = append(errs, validateRelPath(nb.Child("path"), job.Spec.Notebook.Path, true)...)
+	errs = append(errs, validateGolden(spec.Child("goldenNotebook"), job.Spec.GoldenNotebook)...)
 	if !strings.HasSuffix(job.Spec.Notebook.Path, ".ipynb") {
 		errs = append(errs, field.Invalid(nb.Child("path"), job.Spec.Notebook.Path, "must name a .ipynb file"))
 	}
@@ -51,6 +56,7 @@ func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) 
 			raw = rawVolumes[i]
 		}
 		errs = append(errs, validateVolume(pc.Child("volumes").Index(i), v, raw, volNames)...)
+		errs = append(errs, validateVolumeSource(pc.Child("volumes").Index(i), v)...)
 	}
 	mountPaths := sets.New[string]()
 	for i, m := range job.Spec.PodConfig.VolumeMounts {
@@ -63,6 +69,13 @@ func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) 
 			errs = append(errs, validateRelPath(mp.Child("subPath"), m.SubPath, false)...)
 		}
 	}
+	errs = append(errs, validateEnv(pc.Child("env"), job.Spec.PodConfig.Env)...)
+	errs = append(errs, validateEnvFrom(pc.Child("envFrom"), job.Spec.PodConfig.EnvFrom)...)
+	errs = append(errs, validatePlacement(pc, &job.Spec.PodConfig)...)
+	if sa := job.Spec.PodConfig.ServiceAccountName; sa != "" {
+		errs = append(errs, validateObjectName(pc.Child("serviceAccountName"), sa)...)
+	}
+	errs = append(errs, validateResources(pc.Child("resources"), job.Spec.PodConfig.Resources)...)
 	var warnings []string
 	for i, e := range job.Spec.PodConfig.Env {
 		if slices.Contains(ReservedEnv, e.Name) {
@@ -79,9 +92,9 @@ func validateVolume(p *field.Path, v v1alpha1.PodVolume, raw map[string]any, see
 		errs = append(errs, field.Invalid(p.Child("name"), v.Name, msg))
 	}
 	switch {
-	case v.Name == GitCloneVolume || v.Name == NotebookDataVolume || strings.HasPrefix(v.Name, ServiceAccountVolumePrefix):
+	case v.Name == GitCloneVolume || v.Name == NotebookDataVolume || v.Name == GitCredentialsVolume || strings.HasPrefix(v.Name, ServiceAccountVolumePrefix):
 		errs = append(errs, field.Invalid(p.Child("name"), v.Name,
-			fmt.Sprintf("is used by the controller (reserved: %s, %s, %s*)", GitCloneVolume, NotebookDataVolume, ServiceAccountVolumePrefix)))
+			fmt.Sprintf("is used by the controller (reserved: %s, %s, %s, %s*)", GitCloneVolume, NotebookDataVolume, GitCredentialsVolume, ServiceAccountVolumePrefix)))
 	case seen.Has(v.Name):
 		errs = append(errs, field.Duplicate(p.Child("name"), v.Name))
 	}
@@ -132,6 +145,37 @@ func validateMountPath(p *field.Path, mp string, seen sets.Set[string]) field.Er
 		errs = append(errs, field.Duplicate(p, mp))
 	}
 	seen.Insert(clean)
+	return errs
+}
+
+// validateGolden checks the golden notebook's repository, path and tolerance.
+func validateGolden(p *field.Path, g *v1alpha1.GoldenNotebook) field.ErrorList {
+	if g == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if gs := g.Git; gs != nil {
+		gp := p.Child("git")
+		switch {
+		case gs.URL == "":
+			errs = append(errs, field.Required(gp.Child("url"), "the repository to clone"))
+		case strings.HasPrefix(gs.URL, "-"):
+			errs = append(errs, field.Invalid(gp.Child("url"), gs.URL, "must not start with '-'"))
+		}
+		if strings.HasPrefix(gs.Ref, "-") {
+			errs = append(errs, field.Invalid(gp.Child("ref"), gs.Ref, "must not start with '-'"))
+		}
+		if gs.CredentialsSecret != "" {
+			errs = append(errs, field.Forbidden(gp.Child("credentialsSecret"), "the golden repository is cloned with spec.notebook.git.credentialsSecret"))
+		}
+	}
+	errs = append(errs, validateRelPath(p.Child("path"), g.Path, true)...)
+	if !strings.HasSuffix(g.Path, ".ipynb") {
+		errs = append(errs, field.Invalid(p.Child("path"), g.Path, "must name a .ipynb file"))
+	}
+	if _, err := compare.ParseTolerance(g.NumericTolerance); err != nil {
+		errs = append(errs, field.Invalid(p.Child("numericTolerance"), g.NumericTolerance, "must be a non-negative decimal number"))
+	}
 	return errs
 }
 

@@ -32,7 +32,11 @@ const (
 	Finalizer = "data.cistern.dev/release-volumes"
 )
 
-var defaultCapacity = resource.MustParse("1Gi")
+var (
+	defaultCapacity = resource.MustParse("1Gi")
+	// maxCapacity bounds a VolumeConfig's capacity (the CRD cannot: see its field comment).
+	maxCapacity = resource.MustParse("1Pi")
+)
 
 // Config is what the admin decides for every VolumeManager.
 type Config struct {
@@ -41,10 +45,15 @@ type Config struct {
 	// LocalSourceRoots are the node directories a Local source may name (the driver's
 	// --local-source-roots); with none, Local sources are refused.
 	LocalSourceRoots []string
+	// NFSServers are the NFS servers (host or host:port) an NFS source may name (the driver's
+	// --nfs-servers, the list it allows in inline volumes); with none, NFS sources are refused:
+	// any namespace user writes a VolumeManager.
+	NFSServers []string
 }
 
 // DatasetAttributes turns a volume config into the driver's dataset parameters, refusing a source
-// URL that does not match its type and Local paths outside the allowed roots.
+// URL that does not match its type, Local paths outside the allowed roots and capacities out of
+// bounds.
 func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]string, error) {
 	u, err := url.Parse(vc.SourceURL)
 	if err != nil {
@@ -57,6 +66,9 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 	if u.Scheme != want {
 		return nil, fmt.Errorf("sourceURL %q: a %s source must start with %s://", vc.SourceURL, vc.SourceType, want)
 	}
+	if vc.Capacity != nil && (vc.Capacity.Sign() <= 0 || vc.Capacity.Cmp(maxCapacity) > 0) {
+		return nil, fmt.Errorf("capacity %s is not more than 0 and at most %s", vc.Capacity.String(), maxCapacity.String())
+	}
 	if u.Host == "" && vc.SourceType != datav1alpha1.SourceLocal {
 		return nil, fmt.Errorf("sourceURL %q has no bucket or server", vc.SourceURL)
 	}
@@ -64,6 +76,9 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 		if err := checkLocalPath(u, cfg.LocalSourceRoots); err != nil {
 			return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
 		}
+	}
+	if vc.SourceType == datav1alpha1.SourceNFS && !slices.Contains(cfg.NFSServers, u.Host) {
+		return nil, fmt.Errorf("sourceURL %q: NFS server %s is not allowed (the administrator allows servers with --nfs-servers)", vc.SourceURL, u.Host)
 	}
 	attrs := map[string]string{consts.ParamSource: vc.SourceURL}
 	for opt, param := range map[string]string{
@@ -110,7 +125,7 @@ func objectName(vm *datav1alpha1.VolumeManager, id string, nodes []string) strin
 // pvName is cluster-wide, so it carries the namespace too.
 func pvName(vm *datav1alpha1.VolumeManager, id string, nodes []string) string {
 	sum := sha256.Sum256([]byte(vm.Namespace + "/" + objectName(vm, id, nodes)))
-	return "cistern-vm-" + hex.EncodeToString(sum[:])[:20]
+	return consts.VolumeManagerHandlePrefix + hex.EncodeToString(sum[:])[:20]
 }
 
 func accessMode(vc *datav1alpha1.VolumeConfig) corev1.PersistentVolumeAccessMode {

@@ -6,14 +6,16 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 )
 
 func TestDatasetAttributes(t *testing.T) {
-	cfg := Config{LocalSourceRoots: []string{"/srv/datasets/"}}
+	cfg := Config{LocalSourceRoots: []string{"/srv/datasets/"}, NFSServers: []string{"server"}}
 	tests := []struct {
 		name    string
 		vc      datav1alpha1.VolumeConfig
@@ -27,6 +29,8 @@ func TestDatasetAttributes(t *testing.T) {
 				consts.ParamRegion: "us-east-1", consts.ParamPathStyle: "true", consts.ParamInclude: "*.parquet", consts.ParamExclude: "tmp/*"}},
 		{name: "nfs", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data"},
 			want: map[string]string{consts.ParamSource: "nfs://server/export/data"}},
+		{name: "failure case - nfs server not allowed", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://10.0.0.9/export"},
+			wantErr: "NFS server 10.0.0.9 is not allowed"},
 		{name: "local under an allowed root", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/imagenet"},
 			want: map[string]string{consts.ParamSource: "file:///srv/datasets/imagenet"}},
 		{name: "failure case - local outside the roots", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///etc"},
@@ -39,6 +43,10 @@ func TestDatasetAttributes(t *testing.T) {
 			wantErr: "a S3 source must start with s3://"},
 		{name: "failure case - s3 without bucket", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3:///prefix"},
 			wantErr: "has no bucket or server"},
+		{name: "failure case - zero capacity", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			Capacity: ptr.To(resource.MustParse("0"))}, wantErr: "capacity 0 is not more than 0"},
+		{name: "failure case - capacity above 1Pi", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			Capacity: ptr.To(resource.MustParse("2Pi"))}, wantErr: "at most 1Pi"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package webhook
 import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
@@ -32,27 +33,24 @@ func URLClientConfig(hostPort string) ClientConfigFunc {
 	}
 }
 
-func rule(group, resource string, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
-	version := workloadsv1alpha1.GroupVersion.Version
-	if group == "" {
-		version = "v1"
-	}
+func rule(gv schema.GroupVersion, resource string, ops ...admissionregistrationv1.OperationType) []admissionregistrationv1.RuleWithOperations {
 	return []admissionregistrationv1.RuleWithOperations{{
 		Operations: ops,
-		Rule: admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{version},
+		Rule: admissionregistrationv1.Rule{APIGroups: []string{gv.Group}, APIVersions: []string{gv.Version},
 			Resources: []string{resource}, Scope: ptr.To(admissionregistrationv1.NamespacedScope)},
 	}}
 }
 
 // Configurations are the webhook configurations the controller's server answers. caBundle may be
-// nil (the controller injects it).
-func Configurations(cc ClientConfigFunc, caBundle []byte) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
+// nil (the controller injects it). lwsAPI is the group and version LeaderWorkerSet is served
+// under (workloads.cistern.dev/v1alpha1, or leaderworkerset.x-k8s.io/v1 as the drop-in).
+func Configurations(cc ClientConfigFunc, caBundle []byte, lwsAPI schema.GroupVersion) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
 	withCA := func(path string) admissionregistrationv1.WebhookClientConfig {
 		c := cc(path)
 		c.CABundle = caBundle
 		return c
 	}
-	group := workloadsv1alpha1.GroupVersion.Group
+	core := schema.GroupVersion{Version: "v1"}
 	create, update := admissionregistrationv1.Create, admissionregistrationv1.Update
 	fail := ptr.To(admissionregistrationv1.Fail)
 	none := ptr.To(admissionregistrationv1.SideEffectClassNone)
@@ -63,14 +61,14 @@ func Configurations(cc ClientConfigFunc, caBundle []byte) (*admissionregistratio
 		Webhooks: []admissionregistrationv1.MutatingWebhook{
 			{
 				Name: "mleaderworkerset.workloads.cistern.dev", ClientConfig: withCA(lws.MutateLeaderWorkerSetPath),
-				Rules: rule(group, "leaderworkersets", create, update), FailurePolicy: fail, SideEffects: none,
+				Rules: rule(lwsAPI, "leaderworkersets", create, update), FailurePolicy: fail, SideEffects: none,
 				AdmissionReviewVersions: versions,
 			},
 			{
 				// Only pods of a LeaderWorkerSet: every other pod creation in the cluster is untouched
 				// even while the controller is down.
 				Name: "mpod.workloads.cistern.dev", ClientConfig: withCA(lws.MutatePodPath),
-				Rules: rule("", "pods", create), FailurePolicy: fail, SideEffects: none,
+				Rules: rule(core, "pods", create), FailurePolicy: fail, SideEffects: none,
 				AdmissionReviewVersions: versions,
 				ObjectSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 					Key: workloadsv1alpha1.SetNameLabelKey, Operator: metav1.LabelSelectorOpExists}}},
@@ -84,12 +82,12 @@ func Configurations(cc ClientConfigFunc, caBundle []byte) (*admissionregistratio
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{
 			{
 				Name: "vleaderworkerset.workloads.cistern.dev", ClientConfig: withCA(lws.ValidateLeaderWorkerSetPath),
-				Rules: rule(group, "leaderworkersets", create, update), FailurePolicy: fail, SideEffects: none,
+				Rules: rule(lwsAPI, "leaderworkersets", create, update), FailurePolicy: fail, SideEffects: none,
 				AdmissionReviewVersions: versions,
 			},
 			{
 				Name: "vnotebookvalidationjob.workloads.cistern.dev", ClientConfig: withCA(notebook.ValidatePath),
-				Rules: rule(group, "notebookvalidationjobs", create, update), FailurePolicy: fail, SideEffects: none,
+				Rules: rule(workloadsv1alpha1.GroupVersion, "notebookvalidationjobs", create, update), FailurePolicy: fail, SideEffects: none,
 				AdmissionReviewVersions: versions,
 			},
 		},

@@ -12,9 +12,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 )
 
 // CertProvisioner keeps the webhook server's certificate valid: it stores the bundle in a Secret
@@ -34,6 +37,9 @@ type CertProvisioner struct {
 	SelfRegister bool
 	// ClientConfig says how the API server reaches the server (used when SelfRegister).
 	ClientConfig ClientConfigFunc
+	// LeaderWorkerSetAPI is the group and version LeaderWorkerSet is served under (for the rules of
+	// self-registered configurations); workloads.cistern.dev/v1alpha1 when empty.
+	LeaderWorkerSetAPI schema.GroupVersion
 	// ConfigurationName names the webhook configurations; ConfigurationName when empty.
 	ConfigurationName string
 	// Interval between checks; one hour when zero.
@@ -164,7 +170,11 @@ func (p *CertProvisioner) writeFiles(b Bundle) error {
 // otherwise it only sets the caBundle of our webhooks in the installed configurations.
 func (p *CertProvisioner) ensureConfigurations(ctx context.Context, ca []byte) error {
 	if p.SelfRegister {
-		m, v := Configurations(p.ClientConfig, ca)
+		api := p.LeaderWorkerSetAPI
+		if api.Empty() {
+			api = workloadsv1alpha1.GroupVersion
+		}
+		m, v := Configurations(p.ClientConfig, ca, api)
 		m.Name, v.Name = p.configurationName(), p.configurationName()
 		if err := createOrUpdate(ctx, p.Client, m, &admissionregistrationv1.MutatingWebhookConfiguration{}, func(cur client.Object) {
 			cur.(*admissionregistrationv1.MutatingWebhookConfiguration).Webhooks = m.Webhooks

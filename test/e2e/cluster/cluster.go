@@ -26,6 +26,8 @@ type Cluster struct {
 	// NodeNames in the order they were given.
 	NodeNames  []string
 	Controller *framework.Process
+	// ControllerMetrics is the workload-controller's metrics URL (HTTPS, token required).
+	ControllerMetrics string
 }
 
 // Options for Start.
@@ -65,7 +67,7 @@ func Start(t testing.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 		c.NodeNames = append(c.NodeNames, spec.Name)
 	}
 	if opts.Features.Workloads {
-		c.Controller = startController(t, cp, opts.Node.Bins.Controller)
+		c.Controller, c.ControllerMetrics = startController(t, cp, opts.Node.Bins.Controller)
 	}
 	// The node DaemonSet's own pods are left alone: their components run as local processes.
 	framework.FakeKubelet(t, cp.Client, fields.OneTermNotEqualSelector("metadata.namespace", Namespace), c.NodeNames...)
@@ -74,7 +76,7 @@ func Start(t testing.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 
 // startController runs the workload-controller as its ServiceAccount, its webhooks served on
 // loopback and registered by URL (no Service can reach a process outside the cluster).
-func startController(t testing.TB, cp *framework.ControlPlane, bin string) *framework.Process {
+func startController(t testing.TB, cp *framework.ControlPlane, bin string) (*framework.Process, string) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -82,13 +84,20 @@ func startController(t testing.TB, cp *framework.ControlPlane, bin string) *fram
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
+	ml, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metricsAddr := ml.Addr().String()
+	ml.Close()
 	certDir := filepath.Join(t.TempDir(), "webhook-certs")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	p := framework.StartProcess(t, "workload-controller", bin,
 		"--kubeconfig="+framework.ServiceAccountKubeconfig(t, cp, Namespace, ControllerServiceAccount),
-		"--metrics-bind-address=0",
+		"--metrics-bind-address="+metricsAddr,
+		"--metrics-secure",
 		"--health-probe-bind-address=0",
 		"--webhook-host=127.0.0.1",
 		fmt.Sprintf("--webhook-port=%d", port),
@@ -101,7 +110,7 @@ func startController(t testing.TB, cp *framework.ControlPlane, bin string) *fram
 	for {
 		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
 			c.Close()
-			return p
+			return p, "https://" + metricsAddr + "/metrics"
 		}
 		select {
 		case <-p.Done():

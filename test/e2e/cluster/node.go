@@ -42,6 +42,9 @@ type Node struct {
 	// Pools maps pool name to its mount point.
 	Pools       map[string]string
 	PoolsConfig string
+	// KubeletRoot stands for kubelet's root directory (the driver's --kubelet-root):
+	// StageAndPublish mounts below it.
+	KubeletRoot string
 
 	Driver, Provisioner, Sidecar *framework.Process
 }
@@ -73,6 +76,7 @@ func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts Nod
 		Socket:      filepath.Join(dir, "csi", "csi.sock"),
 		Pools:       map[string]string{},
 		PoolsConfig: filepath.Join(dir, "pools.yaml"),
+		KubeletRoot: filepath.Join(dir, "kubelet"),
 	}
 	for _, d := range []string{filepath.Dir(n.Socket), filepath.Join(dir, "state"), filepath.Join(dir, "pools")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -108,6 +112,7 @@ func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts Nod
 		"--mode=all",
 		"--pools-config="+n.PoolsConfig,
 		"--state-dir="+filepath.Join(dir, "state"),
+		"--kubelet-root="+n.KubeletRoot,
 		"--pool-check-interval="+orDefault(opts.PoolCheckInterval, 10*time.Second).String(),
 		"--v=3",
 	)
@@ -120,8 +125,10 @@ func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts Nod
 	})
 	waitSocket(t, n.Driver, n.Socket)
 
-	pod := daemonSetPod(t, cp, spec.Name)
-	kubeconfig := framework.ServiceAccountKubeconfig(t, cp, Namespace, NodeServiceAccount)
+	// The node's components use a token bound to the DaemonSet pod scheduled to the node, as in
+	// a cluster: deploy/csi's PersistentVolume policy checks the node named in it.
+	pod := DaemonSetPod(t, cp, spec.Name)
+	kubeconfig := framework.PodServiceAccountKubeconfig(t, cp, pod)
 	prov := exec.Command(opts.Bins.Provisioner,
 		"--kubeconfig="+kubeconfig,
 		"--csi-address="+n.Socket,
@@ -135,7 +142,7 @@ func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts Nod
 		"--retry-interval-max=5s",
 		"--v=4",
 	)
-	prov.Env = append(os.Environ(), "NODE_NAME="+spec.Name, "NAMESPACE="+Namespace, "POD_NAME="+pod)
+	prov.Env = append(os.Environ(), "NODE_NAME="+spec.Name, "NAMESPACE="+Namespace, "POD_NAME="+pod.Name)
 	n.Provisioner = framework.StartCommand(t, spec.Name+"-csi-provisioner", prov)
 
 	if opts.StoragePools {
@@ -178,45 +185,28 @@ func waitSocket(t testing.TB, p *framework.Process, socket string) {
 	}
 }
 
-// daemonSetPod waits for the node DaemonSet's pod on node (created by kube-controller-manager,
-// never run: no kubelet) and returns its name.
-func daemonSetPod(t testing.TB, cp *framework.ControlPlane, node string) string {
+// DaemonSetPod waits for the node DaemonSet's pod on node (created by kube-controller-manager,
+// scheduled by kube-scheduler, never run: no kubelet) and returns it once it is bound to the node.
+func DaemonSetPod(t testing.TB, cp *framework.ControlPlane, node string) *corev1.Pod {
 	t.Helper()
-	var name string
+	var pod *corev1.Pod
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pods, err := cp.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=cistern-node"})
 		if err != nil {
 			return false, err
 		}
-		for _, p := range pods.Items {
-			if podNode(&p) == node {
-				name = p.Name
+		for i := range pods.Items {
+			if p := &pods.Items[i]; p.Spec.NodeName == node {
+				pod = p
 				return true, nil
 			}
 		}
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("DaemonSet pod for node %s: %v", node, err)
+		t.Fatalf("DaemonSet pod bound to node %s: %v", node, err)
 	}
-	return name
-}
-
-// podNode is the node a DaemonSet pod is for: bound, or pinned by its node affinity.
-func podNode(p *corev1.Pod) string {
-	if p.Spec.NodeName != "" {
-		return p.Spec.NodeName
-	}
-	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
-		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
-			for _, f := range term.MatchFields {
-				if f.Key == "metadata.name" && len(f.Values) == 1 {
-					return f.Values[0]
-				}
-			}
-		}
-	}
-	return ""
+	return pod
 }
 
 // TopologyOf returns the node a PersistentVolume is pinned to by the driver's topology key.

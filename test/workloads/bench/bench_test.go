@@ -154,7 +154,7 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 		done <- workloads.Run(ctx, cfg, workloads.Config{
 			MetricsAddr: "0", ProbeAddr: "0",
 			WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: t.TempDir(), WebhookSelfRegister: true,
-			WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git", GroupWorkers: 8,
+			WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git", CompareImage: "controller", GroupWorkers: 8,
 		})
 	}()
 	t.Cleanup(func() { cancel(); <-done })

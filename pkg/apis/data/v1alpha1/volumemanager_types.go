@@ -44,6 +44,8 @@ const (
 )
 
 // VolumeConfig is one dataset and where it must be.
+// +kubebuilder:validation:XValidation:rule="self.sourceType == 'S3' ? self.sourceURL.startsWith('s3://') : self.sourceType == 'NFS' ? self.sourceURL.startsWith('nfs://') : self.sourceURL.startsWith('file:///')",message="sourceURL must start with s3:// for S3, nfs:// for NFS and file:/// for Local"
+// +kubebuilder:validation:XValidation:rule="self.sourceType == 'S3' || !has(self.options) || !self.options.exists(k, k in ['endpoint', 'region', 'pathStyle', 'secretName'])",message="options endpoint, region, pathStyle and secretName apply to S3 sources only"
 type VolumeConfig struct {
 	// id names this volume inside the VolumeManager.
 	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
@@ -51,24 +53,33 @@ type VolumeConfig struct {
 	ID string `json:"id"`
 	// replicas is the number of distinct nodes that hold the data.
 	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
 	Replicas int32 `json:"replicas"`
 	// sourceType is S3, NFS or Local.
 	SourceType SourceType `json:"sourceType"`
 	// sourceURL is s3://bucket/prefix, nfs://server/export/path or file:///dir (Local, only under
 	// the directories the admin allowed).
 	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
 	SourceURL string `json:"sourceURL"`
 	// accessMode of the claim users mount; ReadOnlyMany when empty.
 	// +optional
 	AccessMode corev1.PersistentVolumeAccessMode `json:"accessMode,omitempty"`
-	// capacity is the size of the volume on each node; 1Gi when empty.
+	// capacity is the size of the volume on each node; 1Gi when empty, at most 1Pi. (Checked by
+	// the controller: a CEL rule parsing a quantity of unbounded length is over the API server's
+	// cost budget.)
 	// +optional
 	Capacity *resource.Quantity `json:"capacity,omitempty"`
-	// labels go on the objects made for this volume.
+	// labels go on the objects made for this volume; the data.cistern.dev/ prefix is the
+	// controller's.
 	// +optional
+	// +kubebuilder:validation:MaxProperties=32
+	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('data.cistern.dev/') && self[k].size() <= 63)",message="label values are at most 63 characters and keys must not use the data.cistern.dev/ prefix"
 	Labels map[string]string `json:"labels,omitempty"`
 	// options: endpoint, region, pathStyle, include, exclude, secretName.
 	// +optional
+	// +kubebuilder:validation:MaxProperties=6
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k in ['endpoint', 'region', 'pathStyle', 'include', 'exclude', 'secretName'] && self[k].size() <= 4096)",message="options are endpoint, region, pathStyle, include, exclude and secretName, each at most 4096 characters"
 	Options map[string]string `json:"options,omitempty"`
 	// nodeAffinity restricts the nodes that may hold the data.
 	// +optional
@@ -83,6 +94,7 @@ type VolumeManagerSpec struct {
 	// volumes are the datasets to make present.
 	// +listType=map
 	// +listMapKey=id
+	// +kubebuilder:validation:MaxItems=64
 	VolumeConfigs []VolumeConfig `json:"volumes"`
 	// state is the requested state; informational, as in the KVC API.
 	// +optional
@@ -126,6 +138,7 @@ type VolumeManagerStatus struct {
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName={vm}
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="the name labels the objects made for it: at most 63 characters"
 // +kubebuilder:printcolumn:name="State",type="string",JSONPath=".status.state"
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 type VolumeManager struct {

@@ -23,6 +23,8 @@ const (
 // +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.accessibleNodes`
 // +kubebuilder:printcolumn:name="Total",type=string,JSONPath=`.status.capacity.total`
 // +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.capacity.available`
+// +kubebuilder:printcolumn:name="Cached",type=string,JSONPath=`.status.cache.bytes`
+// +kubebuilder:printcolumn:name="Datasets",type=integer,JSONPath=`.status.cache.ready`,priority=1
 // +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
@@ -78,6 +80,93 @@ type StoragePoolStatus struct {
 	// ObservedGeneration is the metadata.generation this status was written for.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Cache is what the node's dataset cache in this pool holds. Unset for a shared pool.
+	// +optional
+	Cache *DatasetCache `json:"cache,omitempty"`
+}
+
+// DatasetState is the state of a dataset in a node's cache.
+// +kubebuilder:validation:Enum=Staging;Ready;Failed;Incomplete
+type DatasetState string
+
+// States of a cached dataset.
+const (
+	// DatasetStaging is being listed or fetched.
+	DatasetStaging DatasetState = "Staging"
+	// DatasetReady is complete: volumes on this node get it without a download.
+	DatasetReady DatasetState = "Ready"
+	// DatasetFailed is a dataset whose last staging attempt failed; reason says the kind.
+	DatasetFailed DatasetState = "Failed"
+	// DatasetIncomplete is staged in part; it resumes when a volume asks for it again.
+	DatasetIncomplete DatasetState = "Incomplete"
+)
+
+// DatasetCache is the inventory of a pool's dataset cache on its node.
+type DatasetCache struct {
+	// Bytes staged in the cache, over every dataset.
+	// +optional
+	Bytes *resource.Quantity `json:"bytes,omitempty"`
+
+	// Total is the number of datasets in the cache; Ready, Staging and Failed count those in
+	// each state. The counts cover every dataset, listed in datasets or not.
+	Total   int32 `json:"total"`
+	Ready   int32 `json:"ready"`
+	Staging int32 `json:"staging"`
+	Failed  int32 `json:"failed"`
+
+	// Datasets are the most recently used datasets, most recent first, at most the sidecar's
+	// --max-cached-datasets (default 32).
+	// +optional
+	// +listType=map
+	// +listMapKey=id
+	// +kubebuilder:validation:MaxItems=1024
+	Datasets []CachedDataset `json:"datasets,omitempty"`
+}
+
+// CachedDataset is one dataset in a node's cache.
+type CachedDataset struct {
+	// ID names the dataset: a hash of its source location, endpoint and filters. Volumes with the
+	// same ID share the cached data.
+	// +required
+	ID string `json:"id"`
+
+	// Source is the dataset's URL (never credentials). Empty for a dataset a tenant named
+	// (tenant is true): its location is the tenant's (docs/security.md).
+	// +optional
+	Source string `json:"source,omitempty"`
+
+	// Scheme of the source: s3, nfs or file.
+	// +optional
+	Scheme string `json:"scheme,omitempty"`
+
+	// Tenant is true when a pod author named the dataset (an inline volume, a VolumeManager).
+	// +optional
+	Tenant bool `json:"tenant,omitempty"`
+
+	// State of the dataset on this node.
+	// +required
+	State DatasetState `json:"state"`
+
+	// Reason is the kind of failure of a Failed dataset (Denied, NotFound, TooLarge, NoSpace,
+	// Unavailable, ...). The failure's message goes only to the caller whose attempt failed.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+
+	// BytesDone is what is staged; BytesTotal the dataset's size once listed (0 before).
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+
+	// LastUsed is when a volume last used the dataset on this node, or its staging started.
+	// +optional
+	LastUsed *metav1.Time `json:"lastUsed,omitempty"`
+
+	// References counts the volumes using the cached data: read-only volumes mounting it and
+	// copies into writable volumes under way. A dataset with references is never evicted.
+	// +optional
+	References int32 `json:"references,omitempty"`
 }
 
 // PoolCapacity is the capacity of a pool.

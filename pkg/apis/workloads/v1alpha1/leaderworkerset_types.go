@@ -36,6 +36,20 @@ const (
 	// ReplicaUniqueTolerationEffectAnnotationKey carries schedulingPolicy.replicaUniqueToleration.effect.
 	ReplicaUniqueTolerationEffectAnnotationKey = "leaderworkerset.sigs.k8s.io/replicaUniqueTolerationEffect"
 
+	// ExclusiveKeyAnnotationKey, on a LeaderWorkerSet, is a node label (topology) key: each group
+	// gets a topology domain of its own (pod affinity and anti-affinity on the group key).
+	ExclusiveKeyAnnotationKey = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+	// SubGroupExclusiveKeyAnnotationKey is the same per subgroup; it needs subGroupPolicy.
+	SubGroupExclusiveKeyAnnotationKey = "leaderworkerset.sigs.k8s.io/subgroup-exclusive-topology"
+	// SubGroupIndexLabelKey is the index of a pod's subgroup in its group.
+	SubGroupIndexLabelKey = "leaderworkerset.sigs.k8s.io/subgroup-index"
+	// SubGroupUniqueHashLabelKey is the same for every pod of one subgroup.
+	SubGroupUniqueHashLabelKey = "leaderworkerset.sigs.k8s.io/subgroup-key"
+	// SubGroupSizeAnnotationKey carries subGroupPolicy.subGroupSize on every pod.
+	SubGroupSizeAnnotationKey = "leaderworkerset.sigs.k8s.io/subgroup-size"
+	// SubGroupPolicyTypeAnnotationKey carries subGroupPolicy.subGroupPolicyType on every pod.
+	SubGroupPolicyTypeAnnotationKey = "leaderworkerset.sigs.k8s.io/subgroup-policy-type"
+
 	// LwsLeaderAddress is the DNS name of the group's leader pod.
 	LwsLeaderAddress = "LWS_LEADER_ADDRESS"
 	// LwsGroupSize is the number of pods in the group.
@@ -93,6 +107,11 @@ type LeaderWorkerTemplate struct {
 	// +optional
 	RestartPolicy RestartPolicyType `json:"restartPolicy,omitempty"`
 
+	// subGroupPolicy splits each group into subgroups of subGroupSize pods (labels subgroup-index
+	// and subgroup-key). It cannot be added, removed or resized once the LeaderWorkerSet exists.
+	// +optional
+	SubGroupPolicy *SubGroupPolicy `json:"subGroupPolicy,omitempty"`
+
 	// volumeClaimTemplates are claims every pod gets its own copy of, named <claim>-<pod>.
 	// They go on the leader and on every worker StatefulSet and cannot change once set.
 	// +optional
@@ -107,6 +126,31 @@ type LeaderWorkerTemplate struct {
 	// +optional
 	SchedulingPolicy *SchedulingPolicy `json:"schedulingPolicy,omitempty"`
 }
+
+// SubGroupPolicy describes the subgroups of each group.
+type SubGroupPolicy struct {
+	// subGroupPolicyType says whether the leader belongs to the first subgroup (LeaderWorker) or
+	// to none (LeaderExcluded, which needs size-1 divisible by subGroupSize).
+	// +kubebuilder:validation:Enum={LeaderWorker,LeaderExcluded}
+	// +kubebuilder:default=LeaderWorker
+	// +optional
+	Type *SubGroupPolicyType `json:"subGroupPolicyType,omitempty"`
+
+	// subGroupSize is the number of pods per subgroup; size or size-1 must be divisible by it (in
+	// the second case the leader is the extra pod of the first subgroup).
+	// +kubebuilder:validation:Minimum=1
+	SubGroupSize *int32 `json:"subGroupSize,omitempty"`
+}
+
+// SubGroupPolicyType is the subgroup layout.
+type SubGroupPolicyType string
+
+const (
+	// SubGroupPolicyTypeLeaderWorker puts the leader in subgroup 0.
+	SubGroupPolicyTypeLeaderWorker SubGroupPolicyType = "LeaderWorker"
+	// SubGroupPolicyTypeLeaderExcluded leaves the leader out of every subgroup.
+	SubGroupPolicyTypeLeaderExcluded SubGroupPolicyType = "LeaderExcluded"
+)
 
 // SchedulingPolicy (LWS KEP-223) sends the pods of each group to nodes labelled and tainted with the
 // name of the group's leader pod.
@@ -148,6 +192,14 @@ type RolloutStrategy struct {
 
 // RollingUpdateConfiguration bounds how many groups may be down or extra during an update.
 type RollingUpdateConfiguration struct {
+	// partition: groups with an index below it keep their revision during an update (a staged or
+	// canary rollout); lowering it continues the update. Surge groups stay until it is back at 0
+	// and the update is done. Default 0.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	Partition *int32 `json:"partition,omitempty"`
+
 	// maxUnavailable is how many groups may be unavailable during the update (number or percent,
 	// rounded down). Not 0 when maxSurge is 0.
 	// +kubebuilder:validation:XIntOrString

@@ -17,6 +17,26 @@ type NotebookValidationJobSpec struct {
 	// timeout bounds the run, from the pod's start; the job fails when it passes. Default 30m.
 	// +optional
 	Timeout *metav1.Duration `json:"timeout,omitempty"`
+
+	// goldenNotebook is the expected result: after the run, the executed notebook's outputs are
+	// compared with its, cell by cell, and the job fails at the first cell that differs.
+	// +optional
+	GoldenNotebook *GoldenNotebook `json:"goldenNotebook,omitempty"`
+}
+
+// GoldenNotebook is a notebook with the expected outputs.
+type GoldenNotebook struct {
+	// git is the repository holding it; the notebook's own repository (same credentials) when
+	// unset.
+	// +optional
+	Git *GitSource `json:"git,omitempty"`
+	// path is the golden notebook's path inside that repository.
+	// +kubebuilder:validation:MinLength=1
+	Path string `json:"path"`
+	// numericTolerance is how far numbers in the outputs may be apart and still match: |a-b| <=
+	// tolerance * max(1, |a|, |b|). A decimal number such as "1e-6"; 0 (exact) when unset.
+	// +optional
+	NumericTolerance string `json:"numericTolerance,omitempty"`
 }
 
 // NotebookSource is a notebook inside a git repository.
@@ -36,6 +56,12 @@ type GitSource struct {
 	// ref is a branch or tag; the repository's default branch when empty.
 	// +optional
 	Ref string `json:"ref,omitempty"`
+	// credentialsSecret names a Secret of the job's namespace holding the clone credentials:
+	// username and password (a token) for HTTPS, as in a kubernetes.io/basic-auth Secret, or
+	// ssh-privatekey (kubernetes.io/ssh-auth) and known_hosts for SSH. Only the git-clone
+	// container sees them; the controller never reads them.
+	// +optional
+	CredentialsSecret string `json:"credentialsSecret,omitempty"`
 }
 
 // PodConfig shapes the validation pod.
@@ -51,6 +77,23 @@ type PodConfig struct {
 	// env is added to the notebook container; the controller's own variables win on a clash.
 	// +optional
 	Env []corev1.EnvVar `json:"env,omitempty"`
+
+	// envFrom adds the keys of Secrets and ConfigMaps of the job's namespace to the notebook
+	// container's environment.
+	// +optional
+	EnvFrom []corev1.EnvFromSource `json:"envFrom,omitempty"`
+
+	// serviceAccountName runs the pod as this ServiceAccount of the job's namespace.
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
+	// nodeSelector, tolerations and affinity place the pod, e.g. on GPU nodes.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
 
 	// volumes the notebook may mount. Each names exactly one source.
 	// +optional
@@ -172,6 +215,9 @@ const (
 	NotebookConditionVolumesReady = "VolumesReady"
 	// NotebookConditionComplete is True once the job Succeeded or Failed.
 	NotebookConditionComplete = "Complete"
+	// NotebookConditionPodCreated is False while the API server refuses the pod for a reason that
+	// may pass (quota, an admission webhook); the message is the API server's.
+	NotebookConditionPodCreated = "PodCreated"
 
 	ReasonVolumeMissing = "VolumeMissing"
 	ReasonVolumesFound  = "VolumesFound"
@@ -179,6 +225,10 @@ const (
 	ReasonFailed        = "NotebookFailed"
 	ReasonTimedOut      = "Timeout"
 	ReasonPodDeleted    = "PodDeleted"
+	// ReasonGoldenMismatch: the run's outputs differ from the golden notebook's.
+	ReasonGoldenMismatch = "GoldenMismatch"
+	// ReasonPodCreateFailed: the API server refused the pod.
+	ReasonPodCreateFailed = "PodCreateFailed"
 )
 
 // NotebookValidationJobStatus is the observed state of a job.
@@ -198,7 +248,7 @@ type NotebookValidationJobStatus struct {
 	// message explains the phase.
 	// +optional
 	Message string `json:"message,omitempty"`
-	// conditions: VolumesReady, Complete.
+	// conditions: VolumesReady, PodCreated (only while a pod is refused), Complete.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

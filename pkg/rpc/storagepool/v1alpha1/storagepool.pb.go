@@ -26,14 +26,76 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type DatasetState int32
+
+const (
+	DatasetState_DATASET_STATE_UNSPECIFIED DatasetState = 0
+	// Being listed or fetched.
+	DatasetState_DATASET_STATE_STAGING DatasetState = 1
+	// Complete: volumes get it without a download.
+	DatasetState_DATASET_STATE_READY DatasetState = 2
+	// The last attempt failed; reason says the kind of failure, never its message.
+	DatasetState_DATASET_STATE_FAILED DatasetState = 3
+	// Staged in part (an attempt ended early); it resumes when a volume asks for it again.
+	DatasetState_DATASET_STATE_INCOMPLETE DatasetState = 4
+)
+
+// Enum value maps for DatasetState.
+var (
+	DatasetState_name = map[int32]string{
+		0: "DATASET_STATE_UNSPECIFIED",
+		1: "DATASET_STATE_STAGING",
+		2: "DATASET_STATE_READY",
+		3: "DATASET_STATE_FAILED",
+		4: "DATASET_STATE_INCOMPLETE",
+	}
+	DatasetState_value = map[string]int32{
+		"DATASET_STATE_UNSPECIFIED": 0,
+		"DATASET_STATE_STAGING":     1,
+		"DATASET_STATE_READY":       2,
+		"DATASET_STATE_FAILED":      3,
+		"DATASET_STATE_INCOMPLETE":  4,
+	}
+)
+
+func (x DatasetState) Enum() *DatasetState {
+	p := new(DatasetState)
+	*p = x
+	return p
+}
+
+func (x DatasetState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DatasetState) Descriptor() protoreflect.EnumDescriptor {
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_enumTypes[0].Descriptor()
+}
+
+func (DatasetState) Type() protoreflect.EnumType {
+	return &file_cistern_storagepool_v1alpha1_storagepool_proto_enumTypes[0]
+}
+
+func (x DatasetState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DatasetState.Descriptor instead.
+func (DatasetState) EnumDescriptor() ([]byte, []int) {
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{0}
+}
+
 type ControllerListStoragePoolsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Maximum number of pools to return; 0 means no limit.
 	MaxEntries int32 `protobuf:"varint,1,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
 	// Token from a previous response's next_token.
 	StartingToken string `protobuf:"bytes,2,opt,name=starting_token,json=startingToken,proto3" json:"starting_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Maximum number of entries in each pool's cache.datasets; 0 means the driver's default (32).
+	// The counts and bytes of DatasetCache always cover every dataset.
+	MaxCachedDatasets int32 `protobuf:"varint,3,opt,name=max_cached_datasets,json=maxCachedDatasets,proto3" json:"max_cached_datasets,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ControllerListStoragePoolsRequest) Reset() {
@@ -78,6 +140,13 @@ func (x *ControllerListStoragePoolsRequest) GetStartingToken() string {
 		return x.StartingToken
 	}
 	return ""
+}
+
+func (x *ControllerListStoragePoolsRequest) GetMaxCachedDatasets() int32 {
+	if x != nil {
+		return x.MaxCachedDatasets
+	}
+	return 0
 }
 
 type ControllerListStoragePoolsResponse struct {
@@ -166,7 +235,10 @@ type StoragePool struct {
 	// True when the pool is the same storage on several nodes (pools config `shared: true`). Each
 	// node's driver reports it under the same name with its own node in accessible_topology;
 	// consumers merge the reports by (driver, name) into one pool.
-	Shared        bool `protobuf:"varint,10,opt,name=shared,proto3" json:"shared,omitempty"`
+	Shared bool `protobuf:"varint,10,opt,name=shared,proto3" json:"shared,omitempty"`
+	// What the node's dataset cache in this pool holds. Unset for a shared pool: its cache is the
+	// same files seen from every node, and no node reports it for the others.
+	Cache         *DatasetCache `protobuf:"bytes,11,opt,name=cache,proto3" json:"cache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -271,6 +343,225 @@ func (x *StoragePool) GetShared() bool {
 	return false
 }
 
+func (x *StoragePool) GetCache() *DatasetCache {
+	if x != nil {
+		return x.Cache
+	}
+	return nil
+}
+
+// DatasetCache is the inventory of one pool's dataset cache.
+type DatasetCache struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes staged in the cache, over every dataset (a dataset being staged counts what it has).
+	Bytes int64 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Number of datasets in the cache, and of them how many are Ready, Staging and Failed.
+	Total   int32 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	Ready   int32 `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
+	Staging int32 `protobuf:"varint,4,opt,name=staging,proto3" json:"staging,omitempty"`
+	Failed  int32 `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"`
+	// The most recently used datasets, most recent first, at most max_cached_datasets.
+	Datasets      []*CachedDataset `protobuf:"bytes,6,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DatasetCache) Reset() {
+	*x = DatasetCache{}
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DatasetCache) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DatasetCache) ProtoMessage() {}
+
+func (x *DatasetCache) ProtoReflect() protoreflect.Message {
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DatasetCache.ProtoReflect.Descriptor instead.
+func (*DatasetCache) Descriptor() ([]byte, []int) {
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *DatasetCache) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *DatasetCache) GetTotal() int32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *DatasetCache) GetReady() int32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *DatasetCache) GetStaging() int32 {
+	if x != nil {
+		return x.Staging
+	}
+	return 0
+}
+
+func (x *DatasetCache) GetFailed() int32 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *DatasetCache) GetDatasets() []*CachedDataset {
+	if x != nil {
+		return x.Datasets
+	}
+	return nil
+}
+
+type CachedDataset struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Dataset ID: a hash of the source location, endpoint and filters (what volumes share).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Source URL (never credentials); empty when a tenant named the dataset (tenant is set).
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// URL scheme: s3, nfs or file.
+	Scheme string `protobuf:"bytes,3,opt,name=scheme,proto3" json:"scheme,omitempty"`
+	// Set when a pod author named the dataset (an inline volume, a VolumeManager).
+	Tenant bool         `protobuf:"varint,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	State  DatasetState `protobuf:"varint,5,opt,name=state,proto3,enum=cistern.storagepool.v1alpha1.DatasetState" json:"state,omitempty"`
+	// Kind of failure for DATASET_STATE_FAILED: Denied, NotFound, TooLarge, NoSpace, ...
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Bytes staged, and the dataset's size once its listing is taken (0 before).
+	BytesDone  int64 `protobuf:"varint,7,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal int64 `protobuf:"varint,8,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	// When a volume last used it, or its staging started.
+	LastUsed *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_used,json=lastUsed,proto3" json:"last_used,omitempty"`
+	// Volumes using the cached tree (read-only bind mounts) plus copies into volumes under way.
+	References    int32 `protobuf:"varint,10,opt,name=references,proto3" json:"references,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CachedDataset) Reset() {
+	*x = CachedDataset{}
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CachedDataset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CachedDataset) ProtoMessage() {}
+
+func (x *CachedDataset) ProtoReflect() protoreflect.Message {
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CachedDataset.ProtoReflect.Descriptor instead.
+func (*CachedDataset) Descriptor() ([]byte, []int) {
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CachedDataset) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *CachedDataset) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *CachedDataset) GetScheme() string {
+	if x != nil {
+		return x.Scheme
+	}
+	return ""
+}
+
+func (x *CachedDataset) GetTenant() bool {
+	if x != nil {
+		return x.Tenant
+	}
+	return false
+}
+
+func (x *CachedDataset) GetState() DatasetState {
+	if x != nil {
+		return x.State
+	}
+	return DatasetState_DATASET_STATE_UNSPECIFIED
+}
+
+func (x *CachedDataset) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CachedDataset) GetBytesDone() int64 {
+	if x != nil {
+		return x.BytesDone
+	}
+	return 0
+}
+
+func (x *CachedDataset) GetBytesTotal() int64 {
+	if x != nil {
+		return x.BytesTotal
+	}
+	return 0
+}
+
+func (x *CachedDataset) GetLastUsed() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUsed
+	}
+	return nil
+}
+
+func (x *CachedDataset) GetReferences() int32 {
+	if x != nil {
+		return x.References
+	}
+	return 0
+}
+
 type Topology struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Segments      map[string]string      `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -280,7 +571,7 @@ type Topology struct {
 
 func (x *Topology) Reset() {
 	*x = Topology{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[3]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -292,7 +583,7 @@ func (x *Topology) String() string {
 func (*Topology) ProtoMessage() {}
 
 func (x *Topology) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[3]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -305,7 +596,7 @@ func (x *Topology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Topology.ProtoReflect.Descriptor instead.
 func (*Topology) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{3}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Topology) GetSegments() map[string]string {
@@ -325,7 +616,7 @@ type StoragePoolError struct {
 
 func (x *StoragePoolError) Reset() {
 	*x = StoragePoolError{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +628,7 @@ func (x *StoragePoolError) String() string {
 func (*StoragePoolError) ProtoMessage() {}
 
 func (x *StoragePoolError) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +641,7 @@ func (x *StoragePoolError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoragePoolError.ProtoReflect.Descriptor instead.
 func (*StoragePoolError) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{4}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StoragePoolError) GetTime() *timestamppb.Timestamp {
@@ -375,7 +666,7 @@ type WatchStoragePoolsRequest struct {
 
 func (x *WatchStoragePoolsRequest) Reset() {
 	*x = WatchStoragePoolsRequest{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +678,7 @@ func (x *WatchStoragePoolsRequest) String() string {
 func (*WatchStoragePoolsRequest) ProtoMessage() {}
 
 func (x *WatchStoragePoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +691,7 @@ func (x *WatchStoragePoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStoragePoolsRequest.ProtoReflect.Descriptor instead.
 func (*WatchStoragePoolsRequest) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{5}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{7}
 }
 
 type WatchStoragePoolsResponse struct {
@@ -412,7 +703,7 @@ type WatchStoragePoolsResponse struct {
 
 func (x *WatchStoragePoolsResponse) Reset() {
 	*x = WatchStoragePoolsResponse{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +715,7 @@ func (x *WatchStoragePoolsResponse) String() string {
 func (*WatchStoragePoolsResponse) ProtoMessage() {}
 
 func (x *WatchStoragePoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +728,7 @@ func (x *WatchStoragePoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStoragePoolsResponse.ProtoReflect.Descriptor instead.
 func (*WatchStoragePoolsResponse) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{6}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *WatchStoragePoolsResponse) GetGeneration() uint64 {
@@ -451,18 +742,19 @@ var File_cistern_storagepool_v1alpha1_storagepool_proto protoreflect.FileDescrip
 
 const file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc = "" +
 	"\n" +
-	".cistern/storagepool/v1alpha1/storagepool.proto\x12\x1ccistern.storagepool.v1alpha1\x1a\x1fgoogle/protobuf/timestamp.proto\"k\n" +
+	".cistern/storagepool/v1alpha1/storagepool.proto\x12\x1ccistern.storagepool.v1alpha1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x01\n" +
 	"!ControllerListStoragePoolsRequest\x12\x1f\n" +
 	"\vmax_entries\x18\x01 \x01(\x05R\n" +
 	"maxEntries\x12%\n" +
-	"\x0estarting_token\x18\x02 \x01(\tR\rstartingToken\"\xa4\x01\n" +
+	"\x0estarting_token\x18\x02 \x01(\tR\rstartingToken\x12.\n" +
+	"\x13max_cached_datasets\x18\x03 \x01(\x05R\x11maxCachedDatasets\"\xa4\x01\n" +
 	"\"ControllerListStoragePoolsResponse\x12?\n" +
 	"\x05pools\x18\x01 \x03(\v2).cistern.storagepool.v1alpha1.StoragePoolR\x05pools\x12\x1d\n" +
 	"\n" +
 	"next_token\x18\x02 \x01(\tR\tnextToken\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x04R\n" +
-	"generation\"\x94\x05\n" +
+	"generation\"\xd6\x05\n" +
 	"\vStoragePool\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12Y\n" +
 	"\n" +
@@ -477,13 +769,37 @@ const file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc = "" +
 	"\ahealthy\x18\b \x01(\bR\ahealthy\x12F\n" +
 	"\x06errors\x18\t \x03(\v2..cistern.storagepool.v1alpha1.StoragePoolErrorR\x06errors\x12\x16\n" +
 	"\x06shared\x18\n" +
-	" \x01(\bR\x06shared\x1a=\n" +
+	" \x01(\bR\x06shared\x12@\n" +
+	"\x05cache\x18\v \x01(\v2*.cistern.storagepool.v1alpha1.DatasetCacheR\x05cache\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x01\n" +
+	"\fDatasetCache\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\x05R\x05total\x12\x14\n" +
+	"\x05ready\x18\x03 \x01(\x05R\x05ready\x12\x18\n" +
+	"\astaging\x18\x04 \x01(\x05R\astaging\x12\x16\n" +
+	"\x06failed\x18\x05 \x01(\x05R\x06failed\x12G\n" +
+	"\bdatasets\x18\x06 \x03(\v2+.cistern.storagepool.v1alpha1.CachedDatasetR\bdatasets\"\xda\x02\n" +
+	"\rCachedDataset\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x16\n" +
+	"\x06scheme\x18\x03 \x01(\tR\x06scheme\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\bR\x06tenant\x12@\n" +
+	"\x05state\x18\x05 \x01(\x0e2*.cistern.storagepool.v1alpha1.DatasetStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"bytes_done\x18\a \x01(\x03R\tbytesDone\x12\x1f\n" +
+	"\vbytes_total\x18\b \x01(\x03R\n" +
+	"bytesTotal\x127\n" +
+	"\tlast_used\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastUsed\x12\x1e\n" +
+	"\n" +
+	"references\x18\n" +
+	" \x01(\x05R\n" +
+	"references\"\x99\x01\n" +
 	"\bTopology\x12P\n" +
 	"\bsegments\x18\x01 \x03(\v24.cistern.storagepool.v1alpha1.Topology.SegmentsEntryR\bsegments\x1a;\n" +
 	"\rSegmentsEntry\x12\x10\n" +
@@ -496,7 +812,13 @@ const file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc = "" +
 	"\x19WatchStoragePoolsResponse\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x01 \x01(\x04R\n" +
-	"generation2\xc6\x02\n" +
+	"generation*\x99\x01\n" +
+	"\fDatasetState\x12\x1d\n" +
+	"\x19DATASET_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15DATASET_STATE_STAGING\x10\x01\x12\x17\n" +
+	"\x13DATASET_STATE_READY\x10\x02\x12\x18\n" +
+	"\x14DATASET_STATE_FAILED\x10\x03\x12\x1c\n" +
+	"\x18DATASET_STATE_INCOMPLETE\x10\x042\xc6\x02\n" +
 	"\x15StoragePoolController\x12\xa1\x01\n" +
 	"\x1aControllerListStoragePools\x12?.cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest\x1a@.cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse\"\x00\x12\x88\x01\n" +
 	"\x11WatchStoragePools\x126.cistern.storagepool.v1alpha1.WatchStoragePoolsRequest\x1a7.cistern.storagepool.v1alpha1.WatchStoragePoolsResponse\"\x000\x01BQZOgithub.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1;storagepoolv1alpha1b\x06proto3"
@@ -513,37 +835,45 @@ func file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP() []byte {
 	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescData
 }
 
-var file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_cistern_storagepool_v1alpha1_storagepool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_cistern_storagepool_v1alpha1_storagepool_proto_goTypes = []any{
-	(*ControllerListStoragePoolsRequest)(nil),  // 0: cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest
-	(*ControllerListStoragePoolsResponse)(nil), // 1: cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse
-	(*StoragePool)(nil),                        // 2: cistern.storagepool.v1alpha1.StoragePool
-	(*Topology)(nil),                           // 3: cistern.storagepool.v1alpha1.Topology
-	(*StoragePoolError)(nil),                   // 4: cistern.storagepool.v1alpha1.StoragePoolError
-	(*WatchStoragePoolsRequest)(nil),           // 5: cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
-	(*WatchStoragePoolsResponse)(nil),          // 6: cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
-	nil,                                        // 7: cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
-	nil,                                        // 8: cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
-	nil,                                        // 9: cistern.storagepool.v1alpha1.Topology.SegmentsEntry
-	(*timestamppb.Timestamp)(nil),              // 10: google.protobuf.Timestamp
+	(DatasetState)(0),                          // 0: cistern.storagepool.v1alpha1.DatasetState
+	(*ControllerListStoragePoolsRequest)(nil),  // 1: cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest
+	(*ControllerListStoragePoolsResponse)(nil), // 2: cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse
+	(*StoragePool)(nil),                        // 3: cistern.storagepool.v1alpha1.StoragePool
+	(*DatasetCache)(nil),                       // 4: cistern.storagepool.v1alpha1.DatasetCache
+	(*CachedDataset)(nil),                      // 5: cistern.storagepool.v1alpha1.CachedDataset
+	(*Topology)(nil),                           // 6: cistern.storagepool.v1alpha1.Topology
+	(*StoragePoolError)(nil),                   // 7: cistern.storagepool.v1alpha1.StoragePoolError
+	(*WatchStoragePoolsRequest)(nil),           // 8: cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
+	(*WatchStoragePoolsResponse)(nil),          // 9: cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
+	nil,                                        // 10: cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
+	nil,                                        // 11: cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
+	nil,                                        // 12: cistern.storagepool.v1alpha1.Topology.SegmentsEntry
+	(*timestamppb.Timestamp)(nil),              // 13: google.protobuf.Timestamp
 }
 var file_cistern_storagepool_v1alpha1_storagepool_proto_depIdxs = []int32{
-	2,  // 0: cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse.pools:type_name -> cistern.storagepool.v1alpha1.StoragePool
-	7,  // 1: cistern.storagepool.v1alpha1.StoragePool.parameters:type_name -> cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
-	8,  // 2: cistern.storagepool.v1alpha1.StoragePool.labels:type_name -> cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
-	3,  // 3: cistern.storagepool.v1alpha1.StoragePool.accessible_topology:type_name -> cistern.storagepool.v1alpha1.Topology
-	4,  // 4: cistern.storagepool.v1alpha1.StoragePool.errors:type_name -> cistern.storagepool.v1alpha1.StoragePoolError
-	9,  // 5: cistern.storagepool.v1alpha1.Topology.segments:type_name -> cistern.storagepool.v1alpha1.Topology.SegmentsEntry
-	10, // 6: cistern.storagepool.v1alpha1.StoragePoolError.time:type_name -> google.protobuf.Timestamp
-	0,  // 7: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:input_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest
-	5,  // 8: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:input_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
-	1,  // 9: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:output_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse
-	6,  // 10: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:output_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
-	9,  // [9:11] is the sub-list for method output_type
-	7,  // [7:9] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	3,  // 0: cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse.pools:type_name -> cistern.storagepool.v1alpha1.StoragePool
+	10, // 1: cistern.storagepool.v1alpha1.StoragePool.parameters:type_name -> cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
+	11, // 2: cistern.storagepool.v1alpha1.StoragePool.labels:type_name -> cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
+	6,  // 3: cistern.storagepool.v1alpha1.StoragePool.accessible_topology:type_name -> cistern.storagepool.v1alpha1.Topology
+	7,  // 4: cistern.storagepool.v1alpha1.StoragePool.errors:type_name -> cistern.storagepool.v1alpha1.StoragePoolError
+	4,  // 5: cistern.storagepool.v1alpha1.StoragePool.cache:type_name -> cistern.storagepool.v1alpha1.DatasetCache
+	5,  // 6: cistern.storagepool.v1alpha1.DatasetCache.datasets:type_name -> cistern.storagepool.v1alpha1.CachedDataset
+	0,  // 7: cistern.storagepool.v1alpha1.CachedDataset.state:type_name -> cistern.storagepool.v1alpha1.DatasetState
+	13, // 8: cistern.storagepool.v1alpha1.CachedDataset.last_used:type_name -> google.protobuf.Timestamp
+	12, // 9: cistern.storagepool.v1alpha1.Topology.segments:type_name -> cistern.storagepool.v1alpha1.Topology.SegmentsEntry
+	13, // 10: cistern.storagepool.v1alpha1.StoragePoolError.time:type_name -> google.protobuf.Timestamp
+	1,  // 11: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:input_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest
+	8,  // 12: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:input_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
+	2,  // 13: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:output_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse
+	9,  // 14: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:output_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_cistern_storagepool_v1alpha1_storagepool_proto_init() }
@@ -556,13 +886,14 @@ func file_cistern_storagepool_v1alpha1_storagepool_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc), len(file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   10,
+			NumEnums:      1,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_cistern_storagepool_v1alpha1_storagepool_proto_goTypes,
 		DependencyIndexes: file_cistern_storagepool_v1alpha1_storagepool_proto_depIdxs,
+		EnumInfos:         file_cistern_storagepool_v1alpha1_storagepool_proto_enumTypes,
 		MessageInfos:      file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes,
 	}.Build()
 	File_cistern_storagepool_v1alpha1_storagepool_proto = out.File

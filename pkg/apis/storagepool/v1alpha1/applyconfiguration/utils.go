@@ -16,6 +16,10 @@ import (
 func ForKind(kind schema.GroupVersionKind) interface{} {
 	switch kind {
 	// Group=storagepool.storage.k8s.io, Version=v1alpha1
+	case v1alpha1.SchemeGroupVersion.WithKind("CachedDataset"):
+		return &storagepoolv1alpha1.CachedDatasetApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("DatasetCache"):
+		return &storagepoolv1alpha1.DatasetCacheApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PoolCapacity"):
 		return &storagepoolv1alpha1.PoolCapacityApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StoragePool"):

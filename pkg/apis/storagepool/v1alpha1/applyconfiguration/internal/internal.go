@@ -23,6 +23,67 @@ func Parser() *typed.Parser {
 var parserOnce sync.Once
 var parser *typed.Parser
 var schemaYAML = typed.YAMLObject(`types:
+- name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.CachedDataset
+  map:
+    fields:
+    - name: bytesDone
+      type:
+        scalar: numeric
+    - name: bytesTotal
+      type:
+        scalar: numeric
+    - name: id
+      type:
+        scalar: string
+    - name: lastUsed
+      type:
+        namedType: io.k8s.apimachinery.pkg.apis.meta.v1.Time
+    - name: reason
+      type:
+        scalar: string
+    - name: references
+      type:
+        scalar: numeric
+    - name: scheme
+      type:
+        scalar: string
+    - name: source
+      type:
+        scalar: string
+    - name: state
+      type:
+        namedType: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.DatasetState
+    - name: tenant
+      type:
+        scalar: boolean
+- name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.DatasetCache
+  map:
+    fields:
+    - name: bytes
+      type:
+        namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+    - name: datasets
+      type:
+        list:
+          elementType:
+            namedType: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.CachedDataset
+          elementRelationship: associative
+          keys:
+          - id
+    - name: failed
+      type:
+        scalar: numeric
+    - name: ready
+      type:
+        scalar: numeric
+    - name: staging
+      type:
+        scalar: numeric
+    - name: total
+      type:
+        scalar: numeric
+- name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.DatasetState
+  scalar: string
 - name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.PoolCapacity
   map:
     fields:
@@ -82,6 +143,9 @@ var schemaYAML = typed.YAMLObject(`types:
           elementType:
             scalar: string
           elementRelationship: associative
+    - name: cache
+      type:
+        namedType: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.DatasetCache
     - name: capacity
       type:
         namedType: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.PoolCapacity

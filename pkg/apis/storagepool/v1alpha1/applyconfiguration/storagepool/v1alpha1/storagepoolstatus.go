@@ -23,6 +23,8 @@ type StoragePoolStatusApplyConfiguration struct {
 	Conditions []v1.ConditionApplyConfiguration `json:"conditions,omitempty"`
 	// ObservedGeneration is the metadata.generation this status was written for.
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
+	// Cache is what the node's dataset cache in this pool holds. Unset for a shared pool.
+	Cache *DatasetCacheApplyConfiguration `json:"cache,omitempty"`
 }
 
 // StoragePoolStatusApplyConfiguration constructs a declarative configuration of the StoragePoolStatus type for use with
@@ -80,5 +82,13 @@ func (b *StoragePoolStatusApplyConfiguration) WithConditions(values ...*v1.Condi
 // If called multiple times, the ObservedGeneration field is set to the value of the last call.
 func (b *StoragePoolStatusApplyConfiguration) WithObservedGeneration(value int64) *StoragePoolStatusApplyConfiguration {
 	b.ObservedGeneration = &value
+	return b
+}
+
+// WithCache sets the Cache field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Cache field is set to the value of the last call.
+func (b *StoragePoolStatusApplyConfiguration) WithCache(value *DatasetCacheApplyConfiguration) *StoragePoolStatusApplyConfiguration {
+	b.Cache = value
 	return b
 }

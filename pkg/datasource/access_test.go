@@ -1,0 +1,284 @@
+package datasource_test
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+)
+
+// Tenant A holds the server's credentials; tenant B is anonymous. Each test shows B is never
+// handed A's data on one path.
+
+func bucketPolicy(t *testing.T, s *testpeers.S3, bucket string, statements ...string) {
+	t.Helper()
+	policy := `{"Version":"2012-10-17","Statement":[` + strings.Join(statements, ",") + `]}`
+	if _, err := s.Client.PutBucketPolicy(context.Background(), &s3.PutBucketPolicyInput{
+		Bucket: aws.String(bucket), Policy: aws.String(policy)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// anonymousList lets anyone list the bucket (not read its objects).
+func anonymousList(bucket string) string {
+	return `{"Effect":"Allow","Principal":"*","Action":["s3:ListBucket"],"Resource":["arn:aws:s3:::` + bucket + `"]}`
+}
+
+func anonymousRead(bucket, key string) string {
+	return `{"Effect":"Allow","Principal":"*","Action":["s3:GetObject"],"Resource":["arn:aws:s3:::` + bucket + `/` + key + `"]}`
+}
+
+func wantCode(t *testing.T, err error, code codes.Code) {
+	t.Helper()
+	if datasource.Code(err) != code {
+		t.Fatalf("got %v (%v), want %v", datasource.Code(err), err, code)
+	}
+}
+
+// TestJoinProvesAccess: a caller without credentials does not join another tenant's staging of
+// a private bucket, neither while it runs nor once it is cached.
+func TestJoinProvesAccess(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "private")
+	want := smallTree(7, 12, 1000)
+	want.upload(t, s, "private", "set/")
+	var slow atomic.Bool
+	slow.Store(true)
+	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+		f := testpeers.None
+		if r.Method == http.MethodGet && r.URL.Query().Get("list-type") == "" && slow.Load() {
+			f.Delay = 300 * time.Millisecond // object reads: keep A's staging running
+		}
+		return f
+	})
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{Concurrency: 1, AccessProofTTL: time.Minute})
+	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://private/set"))
+	a := datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}
+	b := datasource.Request{Spec: spec, Pool: pool}
+
+	if _, err := m.Ensure(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		st, _, _ := m.Status(pool, spec)
+		if st.Phase == datasource.PhaseFetching {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err := m.Wait(ctx, b)
+	wantCode(t, err, codes.PermissionDenied)
+	if st.Ready() || st.BytesTotal != 0 {
+		t.Fatalf("the denied caller was told %v", st)
+	}
+	// Metrics name datasets by ID: whoever reads them learns no tenant's bucket.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m.Collector())
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	progress := 0
+	for _, f := range families {
+		for _, mt := range f.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "source" || strings.Contains(l.GetValue(), "private") {
+					t.Errorf("%s has label %s=%q", f.GetName(), l.GetName(), l.GetValue())
+				}
+			}
+			if f.GetName() == "cistern_dataset_staging_bytes_total" {
+				progress++
+			}
+		}
+	}
+	if progress != 1 {
+		t.Errorf("%d staging progress series, want 1", progress)
+	}
+	slow.Store(false)
+	if _, err := stage(ctx, t, m, a); err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Wait(ctx, b)
+	wantCode(t, err, codes.PermissionDenied)
+	tree, _ := m.TreePath(pool, spec)
+	checkTree(t, tree, want)
+}
+
+// TestListWithoutReadDenied: listing rights are not read rights. A caller that may list the
+// bucket but not read its objects is not served the cache.
+func TestListWithoutReadDenied(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	smallTree(8, 5, 100).upload(t, s, "data", "set/")
+	bucketPolicy(t, s, "data", anonymousList("data"))
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{AccessProofTTL: time.Minute})
+	spec := mustSpec(t, s3Params(s, "", "s3://data/set"))
+	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := m.Wait(ctx, datasource.Request{Spec: spec, Pool: pool})
+	wantCode(t, err, codes.PermissionDenied)
+}
+
+// TestFailureNotReportedToOthers: one tenant's failed attempt is not the next tenant's answer.
+func TestFailureNotReportedToOthers(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	want := smallTree(9, 4, 100)
+	want.upload(t, s, "data", "set/")
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{})
+	spec := mustSpec(t, s3Params(s, "", "s3://data/set"))
+	bad := datasource.Request{Spec: spec, Pool: pool,
+		Creds: datasource.Credentials{AccessKeyID: s.AccessKey, SecretAccessKey: "wrong"}}
+	if _, err := m.Ensure(ctx, bad); err != nil {
+		t.Fatal(err)
+	}
+	for { // the failed attempt is over, its failure not yet told to its caller
+		if _, known, _ := m.Status(pool, spec); !known {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	st, err := stage(ctx, t, m, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool})
+	if err != nil || !st.Ready() {
+		t.Fatalf("the second tenant got %v, %v", st, err)
+	}
+	_, err = m.Wait(ctx, bad)
+	wantCode(t, err, codes.PermissionDenied)
+}
+
+// TestSourceChangedRestages: a caller whose listing differs from the cache (the source changed)
+// gets a fresh staging of what it sees, in a new version; a volume on the old version keeps it
+// until it releases it.
+func TestSourceChangedRestages(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	old := smallTree(10, 6, 500)
+	old.upload(t, s, "data", "set/")
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{}) // every hit lists
+	spec := mustSpec(t, s3Params(s, "", "s3://data/set"))
+	req := datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}
+	st1, err := stage(ctx, t, m, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldTree, err := m.Acquire(pool, spec, st1.Version, "vol-old")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cur := dataset{}
+	for k, v := range old {
+		cur[k] = v
+	}
+	for k := range cur {
+		cur[k] = []byte("changed " + k)
+		s.Put(t, "data", "set/"+k, cur[k])
+		break
+	}
+	st2, err := stage(ctx, t, m, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.CacheHit || st2.Version == st1.Version {
+		t.Fatalf("changed source served from the cache: %+v", st2)
+	}
+	if _, err := m.Acquire(pool, spec, st1.Version, "vol-new"); datasource.Code(err) != codes.Unavailable {
+		t.Fatalf("acquiring the replaced version: %v", err)
+	}
+	newTree, err := m.Acquire(pool, spec, st2.Version, "vol-new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTree(t, newTree, cur)
+	entries, _ := filepath.Glob(filepath.Join(pool, datasource.CacheDirName, "*.retired-*"))
+	if len(entries) != 1 {
+		t.Fatalf("retired versions: %v", entries)
+	}
+	checkTree(t, filepath.Join(entries[0], "tree"), old) // what vol-old's bind mount shows
+	_ = oldTree
+	if err := m.Release(pool, spec, "vol-old"); err != nil {
+		t.Fatal(err)
+	}
+	if exists(entries[0]) {
+		t.Fatal("the retired version outlived its last reference")
+	}
+	if st3, err := stage(ctx, t, m, req); err != nil || !st3.CacheHit || st3.Version != st2.Version {
+		t.Fatalf("unchanged source: %+v %v", st3, err)
+	}
+}
+
+// TestResumeProvesAccess: a partial staging left by one tenant is resumed for another only if
+// that caller reads the same data. Here the anonymous caller may read nothing but the one empty
+// object A's attempt did not get; resuming would hand it A's private files.
+func TestResumeProvesAccess(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	smallTree(11, 8, 200).upload(t, s, "data", "set/")
+	s.Put(t, "data", "set/zz-public", nil)
+	bucketPolicy(t, s, "data", anonymousList("data"), anonymousRead("data", "set/zz-public"))
+	pool := t.TempDir()
+	spec := mustSpec(t, s3Params(s, "", "s3://data/set"))
+	if _, err := stage(ctx, t, newManager(t, datasource.Config{}), datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	// Make it A's interrupted attempt: everything staged but the public object, not published.
+	dir := filepath.Join(pool, datasource.CacheDirName, spec.ID())
+	if err := os.Rename(filepath.Join(dir, "tree"), filepath.Join(dir, "staging")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "staging", "zz-public")); err != nil {
+		t.Fatal(err)
+	}
+	m2 := newManager(t, datasource.Config{}) // a restarted node plugin
+	_, err := stage(ctx, t, m2, datasource.Request{Spec: spec, Pool: pool})
+	wantCode(t, err, codes.PermissionDenied)
+	if tree, err := m2.TreePath(pool, spec); err == nil {
+		t.Fatalf("the partial staging was completed for the anonymous caller: %s", tree)
+	}
+}
+
+// TestNFSInlineNeedsAllowList: an inline volume (any pod author writes one) may name an NFS
+// server only when the administrator allows it.
+func TestNFSInlineNeedsAllowList(t *testing.T) {
+	ctx := testCtx(t)
+	export := t.TempDir()
+	want := smallTree(12, 3, 100)
+	want.writeDir(t, filepath.Join(export, "data"))
+	addr := testpeers.StartNFS(t, export)
+	params := map[string]string{"source": "nfs://" + addr + "/export/data"}
+	inline, err := datasource.ParseParams(params, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := t.TempDir()
+	_, err = newManager(t, datasource.Config{}).Wait(ctx, datasource.Request{Spec: inline, Pool: pool})
+	wantCode(t, err, codes.PermissionDenied)
+	m := newManager(t, datasource.Config{NFSServers: []string{addr}})
+	if _, err := stage(ctx, t, m, datasource.Request{Spec: inline, Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	tree, _ := m.TreePath(pool, inline)
+	checkTree(t, tree, want)
+}

@@ -1,0 +1,162 @@
+package datasource
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+// Limits bound what one dataset may make the node spend. Any pod author can name a dataset (an
+// inline volume), so each is an administrator's limit with a safe default; the driver's flags
+// set them.
+type Limits struct {
+	// MaxBytes and MaxObjects bound a dataset's size and its number of entries (files,
+	// directories, links; an empty file still takes an inode and a manifest line).
+	MaxBytes   int64
+	MaxObjects int64
+	// MaxKeyLength (bytes) and MaxKeyDepth (path segments) bound each entry's key.
+	MaxKeyLength int
+	MaxKeyDepth  int
+	// MaxManifestBytes bounds the manifest written to the pool.
+	MaxManifestBytes int64
+	// MinThroughput (bytes/s) and ReadGrace bound one read of an object or range: it must finish
+	// within ReadGrace + size/MinThroughput, or it is cancelled and retried like a failed read.
+	MinThroughput int64
+	ReadGrace     time.Duration
+	// JobDeadline bounds one staging attempt from start to ready.
+	JobDeadline time.Duration
+	// AbandonAfter cancels a staging nobody asked for in that long (its volumes deleted, its
+	// pods gone: kubelet retries a pending mount every two minutes at most) and deletes what
+	// it staged.
+	AbandonAfter time.Duration
+	// PerSource bounds the node's concurrent reads from one source endpoint (an S3 endpoint,
+	// an NFS server), so one slow server cannot hold every staging slot.
+	PerSource int
+}
+
+// DefaultLimits are the limits a zero Config field gets, and the driver flags' defaults.
+var DefaultLimits = Limits{
+	MaxBytes:         1 << 40,
+	MaxObjects:       5_000_000,
+	MaxKeyLength:     1024,
+	MaxKeyDepth:      64,
+	MaxManifestBytes: 1 << 30,
+	MinThroughput:    64 << 10,
+	ReadGrace:        time.Minute,
+	JobDeadline:      24 * time.Hour,
+	AbandonAfter:     15 * time.Minute,
+}
+
+// withDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
+func (l Limits) withDefaults(concurrency int) Limits {
+	d := DefaultLimits
+	set := func(v *int64, def int64) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	set(&l.MaxBytes, d.MaxBytes)
+	set(&l.MaxObjects, d.MaxObjects)
+	set(&l.MaxManifestBytes, d.MaxManifestBytes)
+	set(&l.MinThroughput, d.MinThroughput)
+	if l.MaxKeyLength <= 0 {
+		l.MaxKeyLength = d.MaxKeyLength
+	}
+	if l.MaxKeyDepth <= 0 {
+		l.MaxKeyDepth = d.MaxKeyDepth
+	}
+	if l.ReadGrace <= 0 {
+		l.ReadGrace = d.ReadGrace
+	}
+	if l.JobDeadline <= 0 {
+		l.JobDeadline = d.JobDeadline
+	}
+	if l.AbandonAfter <= 0 {
+		l.AbandonAfter = d.AbandonAfter
+	}
+	if l.PerSource <= 0 {
+		l.PerSource = max(1, concurrency/4)
+	}
+	return l
+}
+
+// checkKey refuses a key past the length and depth limits.
+func (l Limits) checkKey(key string) error {
+	if len(key) > l.MaxKeyLength {
+		return source.Errorf(source.Invalid, "entry %.64q... is %d bytes long, more than the %d allowed", key, len(key), l.MaxKeyLength)
+	}
+	if d := strings.Count(key, "/") + 1; d > l.MaxKeyDepth {
+		return source.Errorf(source.Invalid, "entry %.64q... is %d levels deep, more than the %d allowed", key, d, l.MaxKeyDepth)
+	}
+	return nil
+}
+
+// checkTotals refuses a dataset past the size and entry limits, as soon as the listing shows it.
+func (l Limits) checkTotals(objects, bytes int64) error {
+	if objects > l.MaxObjects {
+		return source.Errorf(source.TooLarge, "it has more than %d entries, the most a dataset may have on this node", l.MaxObjects)
+	}
+	if bytes > l.MaxBytes {
+		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", humanBytes(l.MaxBytes))
+	}
+	return nil
+}
+
+// readTimeout is how long a read of n bytes may take.
+func (l Limits) readTimeout(n int64) time.Duration {
+	return l.ReadGrace + time.Duration(float64(n)/float64(l.MinThroughput)*float64(time.Second))
+}
+
+// errAbandoned ends a staging nobody waits for any more.
+var errAbandoned = source.Errorf(source.Invalid, "staging abandoned: no volume asked for it any more")
+
+// errTooSlow ends a read slower than the minimum throughput; it is retried like any failed read.
+var errTooSlow = errors.New("read slower than the minimum throughput")
+
+// sourceKey names the endpoint a source reads from, for per-source concurrency.
+func sourceKey(s *Spec) string {
+	switch s.Scheme {
+	case SchemeS3:
+		if s.Endpoint != "" {
+			return "s3 " + s.Endpoint
+		}
+		return "s3 " + s.Region
+	case SchemeNFS:
+		return "nfs " + s.Host
+	}
+	return string(s.Scheme)
+}
+
+// sourceSlots returns the concurrency slots of spec's source endpoint.
+func (m *Manager) sourceSlots(spec *Spec) chan struct{} {
+	key := sourceKey(spec)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ch := m.perSource[key]
+	if ch == nil {
+		ch = make(chan struct{}, m.limits.PerSource)
+		m.perSource[key] = ch
+	}
+	return ch
+}
+
+// watchInterest cancels the job when nobody asked for it in AbandonAfter.
+func (j *job) watchInterest(ctx context.Context, cancel context.CancelCauseFunc) {
+	after := j.m.limits.AbandonAfter
+	t := time.NewTicker(min(after/4, time.Minute))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if time.Since(time.Unix(0, j.wanted.Load())) > after {
+				cancel(errAbandoned)
+				return
+			}
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package compare
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func nb(t *testing.T, cells ...map[string]any) *Notebook {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"cells": cells, "nbformat": 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := Parse(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func code(outputs ...map[string]any) map[string]any {
+	if outputs == nil {
+		outputs = []map[string]any{}
+	}
+	return map[string]any{"cell_type": "code", "source": []string{"x = 1\n", "print(x)"}, "outputs": outputs, "execution_count": 1}
+}
+
+func markdown() map[string]any { return map[string]any{"cell_type": "markdown", "source": "# title"} }
+
+func stream(text ...string) map[string]any {
+	return map[string]any{"output_type": "stream", "name": "stdout", "text": text}
+}
+
+func result(plain string) map[string]any {
+	return map[string]any{"output_type": "execute_result", "execution_count": 2, "data": map[string]any{"text/plain": plain, "image/png": "iVBOR"}}
+}
+
+func TestCompare(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		golden, got *Notebook
+		tol         float64
+		want        string // "" match; else the mismatch text
+	}{
+		{name: "identical", golden: nb(t, markdown(), code(stream("a\n", "b\n"))), got: nb(t, markdown(), code(stream("a\nb\n")))},
+		{name: "numbers within tolerance", tol: 1e-3,
+			golden: nb(t, code(stream("accuracy 0.9120 loss 12.5\n")), code(result("array([1.0, 2.0])"))),
+			got:    nb(t, code(stream("accuracy 0.9125 loss 12.51\n")), code(result("array([1.0004, 2.0])")))},
+		{name: "failure case - number out of tolerance names the first differing cell", tol: 1e-3,
+			golden: nb(t, markdown(), code(stream("ok\n")), code(stream("accuracy 0.91\n"))),
+			got:    nb(t, markdown(), code(stream("ok\n")), code(stream("accuracy 0.85\n"))),
+			want:   `cell 2: stream stdout differs: got "accuracy 0.85\n", golden "accuracy 0.91\n" (numeric tolerance 0.001)`},
+		{name: "failure case - exact by default", golden: nb(t, code(result("0.5"))), got: nb(t, code(result("0.50001"))),
+			want: `cell 0: execute_result differs: got "0.50001", golden "0.5"`},
+		{name: "failure case - text around numbers differs", tol: 1, golden: nb(t, code(stream("loss 1\n"))), got: nb(t, code(stream("gain 1\n"))),
+			want: "cell 0: stream stdout differs"},
+		{name: "failure case - an error instead of a result",
+			golden: nb(t, code(result("42"))),
+			got:    nb(t, code(map[string]any{"output_type": "error", "ename": "ValueError", "evalue": "bad", "traceback": []string{}})),
+			want:   "cell 0: output 0 is error, the golden notebook has execute_result"},
+		{name: "failure case - missing output", golden: nb(t, code(stream("a\n"), result("1"))), got: nb(t, code(stream("a\n"))),
+			want: "cell 0: 1 outputs, the golden notebook has 2"},
+		{name: "failure case - fewer code cells", golden: nb(t, code(), code()), got: nb(t, code()),
+			want: "1 code cells, the golden notebook has 2"},
+		{name: "images and execution counts are not compared",
+			golden: nb(t, code(map[string]any{"output_type": "display_data", "data": map[string]any{"image/png": "AAA"}}, result("1"))),
+			got:    nb(t, code(map[string]any{"output_type": "display_data", "data": map[string]any{"image/png": "BBB"}}, result("1")))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := Compare(tc.golden, tc.got, tc.tol)
+			got := ""
+			if m != nil {
+				got = m.Error()
+			}
+			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+				t.Errorf("mismatch %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTextMatches(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		tol  float64
+		want bool
+	}{
+		{"x=1e-3", "x=0.001", 0, true},
+		{"x=1000", "x=1001", 1e-3, true},  // relative above 1
+		{"x=1000", "x=1002", 1e-3, false}, // 2 > 1e-3*1002
+		{"x=0.0001", "x=0.0009", 1e-3, true},
+		{"-5", "+5", 1, false},
+		{"1 2", "1", 1, false},
+	} {
+		if got := TextMatches(tc.a, tc.b, tc.tol); got != tc.want {
+			t.Errorf("TextMatches(%q, %q, %g) = %v, want %v", tc.a, tc.b, tc.tol, got, tc.want)
+		}
+	}
+}
+
+func TestCommand(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, n map[string]any) string {
+		b, _ := json.Marshal(n)
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	g := write("g.ipynb", map[string]any{"cells": []any{code(stream("0.5\n"))}})
+	same := write("s.ipynb", map[string]any{"cells": []any{code(stream("0.5000001\n"))}})
+	other := write("o.ipynb", map[string]any{"cells": []any{code(stream("0.7\n"))}})
+	var out, errb bytes.Buffer
+	if rc := Main([]string{"--golden", g, "--executed", same, "--tolerance", "1e-6"}, &out, &errb); rc != 0 {
+		t.Errorf("rc %d: %s", rc, errb.String())
+	}
+	errb.Reset()
+	if rc := Main([]string{"--golden", g, "--executed", other}, &out, &errb); rc != 1 || !strings.Contains(errb.String(), "cell 0: stream stdout differs") {
+		t.Errorf("rc %d: %s", rc, errb.String())
+	}
+	if rc := Main([]string{"--golden", g, "--executed", filepath.Join(dir, "missing")}, &out, &errb); rc != 2 {
+		t.Errorf("missing file: rc %d", rc)
+	}
+	if rc := Main([]string{"--golden", g, "--executed", same, "--tolerance", "-1"}, &out, &errb); rc != 2 {
+		t.Errorf("negative tolerance: rc %d", rc)
+	}
+}

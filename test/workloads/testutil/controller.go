@@ -1,0 +1,96 @@
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/workloads"
+)
+
+// ControllerNamespace and ControllerSA are where the controller's ServiceAccount lives, as in
+// deploy/csi/workload-controller.
+const (
+	ControllerNamespace = "cistern-system"
+	ControllerSA        = "cistern-workload-controller"
+)
+
+// SelfRegisterRBAC is what --webhook-self-register needs beyond the installed RBAC: creating the
+// webhook configurations (in a cluster they come with the manifests).
+const SelfRegisterRBAC = `apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: test-webhook-self-register}
+rules:
+- apiGroups: [admissionregistration.k8s.io]
+  resources: [mutatingwebhookconfigurations, validatingwebhookconfigurations]
+  verbs: [create, get, update]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: test-webhook-self-register}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: test-webhook-self-register}
+subjects: [{kind: ServiceAccount, name: cistern-workload-controller, namespace: cistern-system}]
+`
+
+// ControllerConfig is the controller's configuration for a test: webhooks self-registered on a
+// free loopback port, no metrics or probes. mod adjusts it.
+func ControllerConfig(mod func(*workloads.Config)) (workloads.Config, error) {
+	port, err := freePort()
+	if err != nil {
+		return workloads.Config{}, err
+	}
+	certDir, err := os.MkdirTemp("", "workload-webhook-")
+	if err != nil {
+		return workloads.Config{}, err
+	}
+	wc := workloads.Config{
+		MetricsAddr: "0", ProbeAddr: "0",
+		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
+		WebhookServiceNamespace: ControllerNamespace, WebhookSecretName: "cistern-workload-webhook-cert",
+		GitImage: "registry.invalid/git:test", CompareImage: "registry.invalid/workload-controller:test", GroupWorkers: 4,
+	}
+	if mod != nil {
+		mod(&wc)
+	}
+	return wc, nil
+}
+
+// StartController runs the controller in this process until the test binary exits, and returns
+// once its webhook server answers (or with the error it exited with).
+func StartController(cfg *rest.Config, wc workloads.Config) error {
+	ctrlCfg := rest.CopyConfig(cfg)
+	ctrlCfg.QPS, ctrlCfg.Burst = 200, 400
+	logger := klog.Background().V(1)
+	ctx := klog.NewContext(context.Background(), logger)
+	errc := make(chan error, 1)
+	go func() { errc <- workloads.Run(ctx, ctrlCfg, wc) }()
+	// Ready when the webhook server answers TLS.
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-errc:
+			return fmt.Errorf("controller exited: %w", err)
+		default:
+		}
+		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", wc.WebhookPort), time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("webhook server did not start on port %d", wc.WebhookPort)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
