@@ -36,6 +36,8 @@ type containerdOptions struct {
 	podRoutes []string
 	// imported are the images (names in images.json) imported rather than pulled; nil: all.
 	imported []string
+	// subnet and gateway of the pod network; empty: podSubnet and podGateway.
+	subnet, gateway string
 }
 
 // criNamespace is the containerd namespace the CRI plugin (and so kubelet) uses.
@@ -96,7 +98,7 @@ const (
 	podGateway = "10.244.117.1"
 )
 
-func podNetworkConflist(ipamDir string, routes []string) string {
+func podNetworkConflist(ipamDir, subnet, gateway string, routes []string) string {
 	var rs []string
 	for _, r := range routes {
 		rs = append(rs, fmt.Sprintf(`{"dst": %q}`, r))
@@ -104,7 +106,7 @@ func podNetworkConflist(ipamDir string, routes []string) string {
 	return fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "cistern-e2e", "plugins": [
   {"type": "ptp", "ipMasq": false, "mtu": 1500,
    "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [%s]}}
-]}`, ipamDir, podSubnet, podGateway, strings.Join(rs, ", "))
+]}`, ipamDir, subnet, gateway, strings.Join(rs, ", "))
 }
 
 // writeRegistryHosts points every registry at the loopback one (containerd's hosts.toml): the
@@ -147,6 +149,9 @@ func keepIPForward(t *testing.T) {
 // container it runs before stopping it, so that no shim or mount outlives the test.
 func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOptions) *containerd {
 	t.Helper()
+	if opts.subnet == "" {
+		opts.subnet, opts.gateway = podSubnet, podGateway
+	}
 	c := &containerd{dir: dir, socket: filepath.Join(dir, "containerd.sock"), bins: bins, opts: opts}
 	if opts.registry != "" {
 		if err := c.writeRegistryHosts(); err != nil {
@@ -157,7 +162,7 @@ func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOp
 	if err := os.MkdirAll(cniConfDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cniConfDir, "10-pods.conflist"), []byte(podNetworkConflist(filepath.Join(dir, "cni", "ipam"), opts.podRoutes)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cniConfDir, "10-pods.conflist"), []byte(podNetworkConflist(filepath.Join(dir, "cni", "ipam"), opts.subnet, opts.gateway, opts.podRoutes)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	keepIPForward(t)

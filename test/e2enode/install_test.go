@@ -100,6 +100,10 @@ func TestInstall(t *testing.T) {
 		mirrored:  []string{"registry.k8s.io", "docker.io"},
 		podRoutes: []string{framework.KubernetesServiceIP + "/32"},
 		imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
+		// Not TestNode's subnet: a host route of a pod address another node suite on this
+		// machine also hands out goes with that suite's pod (seen: a pod here losing its route).
+		subnet:  "10.244.118.0/24",
+		gateway: "10.244.118.1",
 	})
 	// Its own cgroup tree: a kubelet kills the pods of any other kubelet's tree it shares as
 	// orphans, and node suites of older checkouts do not take the node lock.
