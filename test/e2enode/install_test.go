@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -679,7 +680,8 @@ func (in *install) waitHeartbeat(t *testing.T, hb *heartbeatPod, since time.Time
 	}
 }
 
-// csiMounts lists the CSI mounts in kubelet's directory.
+// csiMounts lists the CSI mounts in kubelet's directory, sorted (mountinfo's order changes when
+// the driver's container comes and goes, its mounts propagating both ways).
 func csiMounts(t *testing.T) []string {
 	var mounts []string
 	for _, mp := range mountsUnder(t, kubeletRootDir) {
@@ -687,6 +689,7 @@ func csiMounts(t *testing.T) []string {
 			mounts = append(mounts, mp)
 		}
 	}
+	slices.Sort(mounts)
 	return mounts
 }
 
