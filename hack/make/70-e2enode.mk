@@ -55,6 +55,7 @@ e2e-node:
 # kubelet node whose containerd pulls every image from a registry on loopback
 # (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node.
 REGISTRY_BIN := $(CURDIR)/_output/bin/registry
+TEST_TARGETS += e2e-install
 .PHONY: e2e-install
 e2e-install:
 	@$(REQUIRE_NODE); \
