@@ -6,7 +6,7 @@ ARG GO_VERSION=1.26
 
 FROM golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
-ENV GOFLAGS=-mod=mod CGO_ENABLED=0
+ENV GOFLAGS=-mod=readonly CGO_ENABLED=0
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
 COPY cmd/ cmd/

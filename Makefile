@@ -1,36 +1,60 @@
 # Cistern. `make demo` and `make test` are the two entry points (see README.md).
 SHELL := /bin/bash
 GO ?= go
-export GOFLAGS ?= -mod=mod
+# Every module's go.mod and go.sum are complete and tidy: builds read them, never edit them.
+export GOFLAGS ?= -mod=readonly
 BIN := $(CURDIR)/bin
 # Built peers (Kubernetes, etcd, CSI sidecars, S3 server, ...) are cached per version here.
 export CISTERN_CACHE ?= $(HOME)/.cache/cistern
+# Generators and linters, pinned and installed once per version into the cache (not bin/), so a
+# warm CI machine reuses them.
+TOOLS := $(CISTERN_CACHE)/tools
 
 .PHONY: all build test bench proto clean
 all: build
 
+# Every path that builds the binaries (build, demo, e2e, images) stamps this; --version prints it.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+export VERSION
+LDFLAGS := -X main.version=$(VERSION)
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
-proto: $(BIN)/tools/protoc-gen-go $(BIN)/tools/protoc-gen-go-grpc
-	PATH=$(BIN)/tools:$$PATH protoc -I proto -I /usr/include \
+# protoc is Debian bookworm's protobuf-compiler (.ci/run installs it); its version is written into
+# the generated headers, so another one would fail `make verify`.
+PROTOC_VERSION := 3.21.12
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+PROTOC_GEN_GO := $(TOOLS)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
+PROTOC_GEN_GO_GRPC := $(TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
+proto: $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
+	@v=$$(protoc --version 2>/dev/null); [ "$$v" = "libprotoc $(PROTOC_VERSION)" ] || \
+	  { echo "proto: needs protoc $(PROTOC_VERSION) (Debian bookworm's protobuf-compiler), found: $${v:-none}"; exit 1; }
+	protoc -I proto -I /usr/include \
+	  --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --plugin=protoc-gen-go-grpc=$(PROTOC_GEN_GO_GRPC) \
 	  --go_out=. --go_opt=module=github.com/cistern-csi/cistern \
 	  --go-grpc_out=. --go-grpc_opt=module=github.com/cistern-csi/cistern \
 	  proto/cistern/storagepool/v1alpha1/storagepool.proto
 
-$(BIN)/tools/protoc-gen-go:
-	GOBIN=$(BIN)/tools $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
-$(BIN)/tools/protoc-gen-go-grpc:
-	GOBIN=$(BIN)/tools $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+$(PROTOC_GEN_GO):
+	GOBIN=$(dir $@) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+$(PROTOC_GEN_GO_GRPC):
+	GOBIN=$(dir $@) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 
 # controller-gen for CRDs, deepcopy, apply configurations and RBAC. Keyed by version through its
 # directory: the binary keeps its name, which it writes into the generated headers.
 CONTROLLER_GEN_VERSION := v0.23.0
-CONTROLLER_GEN := $(BIN)/tools/controller-tools-$(CONTROLLER_GEN_VERSION)/controller-gen
+CONTROLLER_GEN := $(TOOLS)/controller-tools-$(CONTROLLER_GEN_VERSION)/controller-gen
 $(CONTROLLER_GEN):
 	GOBIN=$(dir $@) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+
+# staticcheck analyses only code of a Go version it was built with or older, so it is keyed by the
+# Go version too.
+STATICCHECK_VERSION := v0.8.2
+STATICCHECK := $(TOOLS)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)/staticcheck
+$(STATICCHECK):
+	GOBIN=$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: generate
 generate:
@@ -42,13 +66,26 @@ clean:
 # _output/test-results/<target>.jsonl for the summary of `make test` (hack/make/gotest.sh).
 GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@
 
-# Static checks first: go vet over every package, gofmt over every Go file of the tree.
-.PHONY: vet
-TEST_TARGETS := vet
-vet:
+# Unit packages (no root, no peers) also run under the race detector: a few seconds more once the
+# race-instrumented dependencies are in the build cache (see docs/testing.md).
+RACE ?= -race
+
+# Static checks first: go vet and staticcheck over every package of the main module and of
+# hack/images, gofmt over every Go file of the tree.
+.PHONY: vet verify
+TEST_TARGETS := vet verify
+vet: $(STATICCHECK)
 	$(GO) vet ./...
+	$(STATICCHECK) ./...
+	cd hack/images && $(GO) vet ./... && $(STATICCHECK) ./...
 	@unformatted=$$(gofmt -l .); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+
+# The generated code (CRDs, deepcopy, apply configurations, RBAC, the webhook manifest, protobuf)
+# is what the generators make from the committed sources: regenerate, then fail on any file they
+# changed or added.
+verify:
+	@hack/verify-generated.sh $(MAKE) --no-print-directory generate proto
 
 # Each area adds its own targets and appends to TEST_TARGETS / BENCH_TARGETS.
 include $(sort $(wildcard hack/make/*.mk))

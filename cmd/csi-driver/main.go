@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
-	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -44,6 +43,8 @@ func main() {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
+	inlinePools := flag.String("inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
 	flag.StringVar(&registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
 	flag.StringVar(&registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
@@ -76,13 +77,20 @@ func main() {
 	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events; empty uses the in-cluster configuration.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
+	if *showVersion {
+		fmt.Println(version)
+		return
+	}
+	if *inlinePools != "" {
+		cfg.Inline.Pools = strings.Split(*inlinePools, ",")
+	}
 	if localSourceRoots != "" {
 		cfg.Datasets.LocalSourceRoots = strings.Split(localSourceRoots, ",")
 	}
 	allow, err := egress.ParseAllow(strings.Split(tenantEndpoints, ","))
 	if err != nil {
 		klog.ErrorS(err, "Invalid --tenant-s3-endpoints")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	cfg.Datasets.TenantEndpoints = allow
 	if nfsServers != "" {
@@ -90,17 +98,13 @@ func main() {
 	}
 	uid, gid := uint32(*nfsUID), uint32(*nfsGID)
 	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
-	if *showVersion {
-		fmt.Println(version)
-		return
-	}
 	cfg.Mode = driver.Mode(mode)
 	cfg.DefaultVolumeSize = defaultSize
 	if *events {
 		rec, err := eventRecorder(*kubeconfig, cfg.NodeID)
 		if err != nil {
 			klog.ErrorS(err, "Cannot record Events")
-			os.Exit(1)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 		}
 		defer rec.Stop()
 		cfg.Datasets.OnEvict = rec.Evicted
@@ -109,7 +113,7 @@ func main() {
 	d, err := driver.New(cfg)
 	if err != nil {
 		klog.ErrorS(err, "Cannot start the driver")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -120,14 +124,14 @@ func main() {
 		reg, err := registration.New(registration.Config{DriverName: cfg.DriverName, Endpoint: registrationPath, Dir: registrationDir})
 		if err != nil {
 			klog.ErrorS(err, "Cannot register with kubelet")
-			os.Exit(1)
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 		}
 		go registerWhenReady(ctx, d, reg)
 	}
 	klog.InfoS("Starting Cistern CSI driver", "version", version, "driver", cfg.DriverName, "node", cfg.NodeID, "mode", cfg.Mode)
 	if err := d.Run(ctx); err != nil {
 		klog.ErrorS(err, "Driver stopped with an error")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	klog.InfoS("Driver stopped")
 }
@@ -159,7 +163,7 @@ func registerWhenReady(ctx context.Context, d *driver.Driver, reg *registration.
 	}
 	if err := reg.Run(ctx); err != nil {
 		klog.ErrorS(err, "Kubelet plugin registration failed")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 }
 

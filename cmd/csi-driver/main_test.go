@@ -18,6 +18,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // TestBinary runs the real binary: flags, /metrics and /healthz, no secret in logs at the
@@ -25,7 +27,7 @@ import (
 func TestBinary(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "csi-driver")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := testutil.GoBuild(bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	pool := filepath.Join(dir, "pool")

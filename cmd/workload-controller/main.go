@@ -65,7 +65,7 @@ func main() {
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
 	var nfsServers string
 	flag.StringVar(&nfsServers, "nfs-servers", "", "comma-separated NFS servers (host or host:port) a VolumeManager NFS source may name (must match the driver's); empty refuses NFS sources")
-	showVersion := flag.Bool("version", false, "Print the version and exit.")
+	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
 		fmt.Println(version)
@@ -83,20 +83,27 @@ func main() {
 	if nfsServers != "" {
 		cfg.VolumeManager.NFSServers = strings.Split(nfsServers, ",")
 	}
-
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
 	logger := klog.Background()
-	ctx = klog.NewContext(ctx, logger)
 
 	restConfig, err := loadConfig(kubeconfig)
 	if err != nil {
 		logger.Error(err, "loading kubeconfig")
-		os.Exit(1)
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	restConfig.QPS, restConfig.Burst = float32(qps), burst
-	restConfig.UserAgent = "cistern-workload-controller"
-	if err := workloads.Run(ctx, restConfig, cfg); err != nil {
+	restConfig.UserAgent = "cistern-workload-controller/" + version
+	cfg.RestConfig = restConfig
+	c, err := workloads.New(cfg)
+	if err != nil {
+		logger.Error(err, "Invalid configuration")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+	}
+
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	ctx = klog.NewContext(ctx, logger)
+	logger.Info("Starting workload-controller", "version", version)
+	if err := c.Run(ctx); err != nil {
 		logger.Error(err, "workload-controller failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}

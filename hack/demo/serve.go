@@ -40,7 +40,6 @@ type summary struct {
 	Kubeconfig string
 	Kubectl    string
 	Namespace  string
-	Features   cluster.Features
 	S3Endpoint string
 	// Dataset is the report of the dataset check, or why there is none.
 	Dataset []string
@@ -63,27 +62,21 @@ func (d demoDir) progress(format string, args ...any) {
 }
 
 // serve starts everything, reports progress, then waits for SIGTERM and stops it all.
-func serve(d demoDir) (err error) {
-	tb := &demoTB{dir: string(d)}
+func serve(d demoDir) error {
+	s := &session{dir: string(d)}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	defer func() {
 		d.progress("stopping")
-		tb.runCleanups()
+		s.close()
 		d.progress("stopped")
 	}()
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(errFatal)
-			if !ok {
-				panic(r)
-			}
-			d.progress("FAILED: %s", f.msg)
-			err = fmt.Errorf("%s", f.msg)
-		}
-	}()
 
-	sum := start(tb, d)
+	var sum *summary
+	if err := s.run(func() { sum = start(s, d) }); err != nil {
+		d.progress("FAILED: %v", err)
+		return err
+	}
 	sum.ReadyIn = time.Since(started).Round(time.Second).String()
 	data, _ := json.MarshalIndent(sum, "", "  ")
 	if err := os.WriteFile(d.summaryFile(), data, 0o644); err != nil {
@@ -94,9 +87,8 @@ func serve(d demoDir) (err error) {
 	return nil
 }
 
-func start(tb *demoTB, d demoDir) *summary {
-	features := cluster.DetectFeatures()
-	sum := &summary{Namespace: namespace, Features: features, LogDir: d.path("logs", "demo")}
+func start(tb framework.TB, d demoDir) *summary {
+	sum := &summary{Namespace: namespace, LogDir: d.path("logs", "demo")}
 
 	d.progress("building csi-driver, storagepool-sidecar, workload-controller")
 	bins, err := cluster.BuildBinaries(cluster.BinDir())
@@ -132,8 +124,7 @@ func start(tb *demoTB, d demoDir) *summary {
 	d.progress("installing deploy/csi (CRDs, RBAC, CSIDriver, DaemonSet, pools ConfigMap)")
 	cluster.CreateNamespace(tb, cp)
 	c := cluster.Start(tb, cp, cluster.Options{
-		Nodes:    demoNodes,
-		Features: features,
+		Nodes: demoNodes,
 		Node: cluster.NodeOptions{
 			Bins:                 bins,
 			PoolCheckInterval:    2 * time.Second,
@@ -141,7 +132,7 @@ func start(tb *demoTB, d demoDir) *summary {
 			SidecarResync:        30 * time.Second,
 		},
 	})
-	d.progress("two nodes running the driver, the external-provisioner%s", map[bool]string{true: " and the storagepool-sidecar", false: ""}[features.StoragePools])
+	d.progress("two nodes running the driver, the external-provisioner and the storagepool-sidecar")
 
 	framework.ApplyManifests(tb, cp, filepath.Join(cluster.DeployDir(), "examples", "storageclass-fast.yaml"))
 	framework.ApplyYAML(tb, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+namespace+"}\n")
@@ -168,22 +159,15 @@ spec:
 `)
 	sum.ScratchPV = waitBound(tb, cp, "scratch").Name
 
-	switch {
-	case s3 == nil:
+	if s3 == nil {
 		sum.Dataset = []string{"skipped: no S3 server"}
-	case !features.Datasets:
-		sum.Dataset = []string{
-			"The S3 server at " + s3.Endpoint + " holds s3://datasets/sample/ (" + fmt.Sprint(len(sums)) + " files),",
-			"but this build of the driver does not stage datasets yet (pkg/datasource is not wired into pkg/driver).",
-		}
-	default:
+	} else {
 		d.progress("staging s3://datasets/sample/ into a volume and verifying it")
 		sum.Dataset = stageDataset(tb, d, cp, c, s3, sums)
 	}
 
-	if features.Workloads {
-		d.progress("creating a LeaderWorkerSet with a claim template")
-		framework.ApplyYAML(tb, cp, `
+	d.progress("creating a LeaderWorkerSet with a claim template")
+	framework.ApplyYAML(tb, cp, `
 apiVersion: workloads.cistern.dev/v1alpha1
 kind: LeaderWorkerSet
 metadata: {name: llm, namespace: demo}
@@ -202,12 +186,11 @@ spec:
         accessModes: [ReadWriteOnce]
         resources: {requests: {storage: 64Mi}}
 `)
-		waitLWS(tb, cp)
-	}
+	waitLWS(tb, cp)
 	return sum
 }
 
-func waitServiceAccount(tb *demoTB, cp *framework.ControlPlane) {
+func waitServiceAccount(tb framework.TB, cp *framework.ControlPlane) {
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		_, err := cp.Client.CoreV1().ServiceAccounts(namespace).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, nil
@@ -217,7 +200,7 @@ func waitServiceAccount(tb *demoTB, cp *framework.ControlPlane) {
 	}
 }
 
-func waitBound(tb *demoTB, cp *framework.ControlPlane, claim string) *corev1.PersistentVolume {
+func waitBound(tb framework.TB, cp *framework.ControlPlane, claim string) *corev1.PersistentVolume {
 	var pv *corev1.PersistentVolume
 	err := wait.PollUntilContextTimeout(context.Background(), 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pvc, err := cp.Client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, claim, metav1.GetOptions{})
@@ -233,7 +216,7 @@ func waitBound(tb *demoTB, cp *framework.ControlPlane, claim string) *corev1.Per
 	return pv
 }
 
-func waitLWS(tb *demoTB, cp *framework.ControlPlane) {
+func waitLWS(tb framework.TB, cp *framework.ControlPlane) {
 	err := wait.PollUntilContextTimeout(context.Background(), 500*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		pvcs, err := cp.Client.CoreV1().PersistentVolumeClaims(namespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -254,7 +237,7 @@ func waitLWS(tb *demoTB, cp *framework.ControlPlane) {
 
 // stageDataset provisions a dataset claim, then stages and publishes it on its node as kubelet
 // would, and checks every file against the source. It stays published until the demo stops.
-func stageDataset(tb *demoTB, d demoDir, cp *framework.ControlPlane, c *cluster.Cluster, s3 *cluster.S3, sums map[string]string) []string {
+func stageDataset(tb framework.TB, d demoDir, cp *framework.ControlPlane, c *cluster.Cluster, s3 *cluster.S3, sums map[string]string) []string {
 	framework.ApplyYAML(tb, cp, fmt.Sprintf(`
 apiVersion: v1
 kind: Secret

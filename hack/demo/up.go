@@ -129,12 +129,8 @@ func show(d demoDir) error {
 	fmt.Printf("\nThe demo was ready in %s.\n", s.ReadyIn)
 
 	screen("1/5  Storage pools: what each node offers")
-	if s.Features.StoragePools {
-		fmt.Println("StoragePool objects, published by the storagepool-sidecar of each node:")
-		kubectl("get", "storagepools", "-o", "custom-columns=NAME:.metadata.name,DRIVER:.spec.driver,NODES:.status.accessibleNodes,TOTAL:.status.capacity.total,AVAILABLE:.status.capacity.available")
-	} else {
-		fmt.Println("(StoragePool objects need the storagepool-sidecar, not in this build.)")
-	}
+	fmt.Println("StoragePool objects, published by the storagepool-sidecar of each node:")
+	kubectl("get", "storagepools", "-o", "custom-columns=NAME:.metadata.name,DRIVER:.spec.driver,NODES:.status.accessibleNodes,TOTAL:.status.capacity.total,AVAILABLE:.status.capacity.available")
 	fmt.Println("CSIStorageCapacity objects, published per node and StorageClass by the external-provisioner; the scheduler reads them:")
 	kubectl("get", "csistoragecapacities", "-n", "cistern-system", "-o", "custom-columns=CLASS:.storageClassName,NODE:.nodeTopology.matchLabels.topology\\.cistern\\.csi\\.dev/node,CAPACITY:.capacity,MAX VOLUME:.maximumVolumeSize")
 
@@ -150,19 +146,13 @@ func show(d demoDir) error {
 	for _, l := range s.Dataset {
 		fmt.Println(l)
 	}
-	if s.Features.StoragePools {
-		fmt.Println("What each node now holds in its dataset cache, from the StoragePools:")
-		kubectl("get", "storagepools", "-o", "custom-columns=NAME:.metadata.name,CACHED:.status.cache.bytes,DATASET:.status.cache.datasets[*].id,STATE:.status.cache.datasets[*].state,SOURCE:.status.cache.datasets[*].source")
-	}
+	fmt.Println("What each node now holds in its dataset cache, from the StoragePools:")
+	kubectl("get", "storagepools", "-o", "custom-columns=NAME:.metadata.name,CACHED:.status.cache.bytes,DATASET:.status.cache.datasets[*].id,STATE:.status.cache.datasets[*].state,SOURCE:.status.cache.datasets[*].source")
 
 	screen("4/5  A LeaderWorkerSet with a claim template")
-	if s.Features.Workloads {
-		kubectl("get", "leaderworkersets,statefulsets", "-n", s.Namespace)
-		kubectl("get", "pods", "-n", s.Namespace, "-l", "leaderworkerset.sigs.k8s.io/name=llm", "-o", "wide")
-		kubectl("get", "pvc", "-n", s.Namespace, "-l", "leaderworkerset.sigs.k8s.io/name=llm")
-	} else {
-		fmt.Println("(LeaderWorkerSet needs the workload-controller, not in this build.)")
-	}
+	kubectl("get", "leaderworkersets,statefulsets", "-n", s.Namespace)
+	kubectl("get", "pods", "-n", s.Namespace, "-l", "leaderworkerset.sigs.k8s.io/name=llm", "-o", "wide")
+	kubectl("get", "pvc", "-n", s.Namespace, "-l", "leaderworkerset.sigs.k8s.io/name=llm")
 
 	screen("5/5  Look around")
 	fmt.Printf("  export KUBECONFIG=%s\n", s.Kubeconfig)

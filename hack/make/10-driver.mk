@@ -2,11 +2,14 @@
 TEST_TARGETS += test-driver sanity
 BENCH_TARGETS += bench-driver
 
-# Packages whose tests need nothing but root, loop devices and mkfs.
-DRIVER_PKGS := ./pkg/consts/... ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./pkg/state/... ./cmd/csi-driver/...
+# Packages whose tests need nothing but root, loop devices and mkfs; the pure ones (fakes, no
+# root) run under the race detector.
+DRIVER_PKGS := ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./cmd/csi-driver/...
+DRIVER_UNIT_PKGS := ./pkg/consts/... ./pkg/state/... ./pkg/params/... ./pkg/volume/...
 
 .PHONY: test-driver sanity bench-driver
 test-driver:
+	$(GO_TEST) -count=1 $(RACE) $(DRIVER_UNIT_PKGS)
 	$(GO_TEST) -count=1 $(DRIVER_PKGS)
 
 # The upstream csi-test sanity suite against the real driver on a unix socket.

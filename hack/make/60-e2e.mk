@@ -15,14 +15,16 @@ KIND_CLUSTER ?= cistern
 KUBECTL ?= kubectl
 DOCKER ?= docker
 
-# The S3 server (versitygw) comes from the datasource area's make file when the tree has it.
+# The S3 server (versitygw) is built by 30-datasource.mk.
 E2E_TOOLS := k8s-tools csi-tools $(VERSITYGW)
-E2E_ENV := $(if $(VERSITYGW),CISTERN_VERSITYGW=$(VERSITYGW))
+E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
 
 .PHONY: e2e demo demo-down images kind-up kind-deploy kind-down
 
 # Runs as root (loop devices, mounts). One control plane for the whole package.
+# hack/demo's own tests (its harness session) are unit tests.
 e2e: $(E2E_TOOLS)
+	$(GO_TEST) -count=1 $(RACE) ./hack/demo/
 	$(E2E_ENV) $(GO_TEST) -count=1 -timeout 20m ./test/e2e/...
 
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.
@@ -33,12 +35,13 @@ demo:
 	@$(E2E_ENV) $(BIN)/demo up --dir $(DEMO_DIR)
 
 # The demo and the commands it runs (test/e2e/cluster.BinDir), so the demo itself only links
-# what changed.
+# what changed: it builds them again with the same flags (testutil.GoBuild, main.version from the
+# exported VERSION).
 .PHONY: demo-binaries
 demo-binaries:
 	@echo "demo: building hack/demo and ./cmd/..."
 	@$(GO) build -o $(BIN)/demo ./hack/demo
-	@$(GO) build -o $(CURDIR)/_output/bin/ ./cmd/...
+	@$(GO) build -ldflags "$(LDFLAGS)" -o $(CURDIR)/_output/bin/ ./cmd/...
 
 demo-down:
 	@$(GO) build -o $(BIN)/demo ./hack/demo

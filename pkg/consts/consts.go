@@ -14,6 +14,15 @@ const (
 	ParamPoolSelector = "poolSelector"
 	// ParamFSType selects the filesystem of a volume image (ext4 or xfs).
 	ParamFSType = "csi.storage.k8s.io/fstype"
+	// ParamSize is the size of a CSI inline volume (a resource quantity, e.g. 2Gi); only valid in
+	// inline volume attributes.
+	ParamSize = "size"
+	// ParamInlineContext marks a CSI inline volume's context (kubelet sets it to "true").
+	ParamInlineContext = "csi.storage.k8s.io/ephemeral"
+	// ParamReadAheadKiB is the one mutable parameter (VolumeAttributesClass): the read-ahead of
+	// the volume's loop device. Large sequential reads of datasets and model files gain from a
+	// bigger read-ahead; random-access workloads from a smaller one.
+	ParamReadAheadKiB = "readAheadKiB"
 	// ReservedParamPrefix is the prefix of keys external-provisioner adds; always accepted.
 	ReservedParamPrefix = "csi.storage.k8s.io/"
 

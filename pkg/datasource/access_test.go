@@ -16,7 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	cparams "github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // Tenant A holds the server's credentials; tenant B is anonymous. Each test shows B is never
@@ -217,7 +218,7 @@ func TestSourceChangedRestages(t *testing.T) {
 	}
 	checkTree(t, filepath.Join(entries[0], "tree"), old) // what vol-old's bind mount shows
 	_ = oldTree
-	if err := m.Release(pool, spec, "vol-old"); err != nil {
+	if err := m.ReleaseID(pool, spec.ID(), "vol-old"); err != nil {
 		t.Fatal(err)
 	}
 	if exists(entries[0]) {
@@ -268,10 +269,11 @@ func TestNFSInlineNeedsAllowList(t *testing.T) {
 	want.writeDir(t, filepath.Join(export, "data"))
 	addr := testpeers.StartNFS(t, export)
 	params := map[string]string{"source": "nfs://" + addr + "/export/data"}
-	inline, err := datasource.ParseParams(params, true)
+	parsed, err := cparams.Parse(params, cparams.Inline)
 	if err != nil {
 		t.Fatal(err)
 	}
+	inline := datasource.SpecOf(parsed.Dataset)
 	pool := t.TempDir()
 	_, err = newManager(t, datasource.Config{}).Wait(ctx, datasource.Request{Spec: inline, Pool: pool})
 	wantCode(t, err, codes.PermissionDenied)

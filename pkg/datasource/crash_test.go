@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // TestCrashChild is the staging process TestCrashResume kills and restarts.

@@ -53,6 +53,3 @@ func Code(err error) codes.Code {
 	}
 	return codes.Unavailable
 }
-
-// IsPermanent reports whether err cannot go away by retrying with the same input.
-func IsPermanent(err error) bool { return source.IsPermanent(err) }

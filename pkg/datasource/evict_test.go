@@ -117,7 +117,7 @@ func TestEviction(t *testing.T) {
 		}
 	}
 	// Released, b becomes a candidate like any other.
-	if err := m.Release(pool, spec("b"), "vol-b"); err != nil {
+	if err := m.ReleaseID(pool, spec("b").ID(), "vol-b"); err != nil {
 		t.Fatal(err)
 	}
 	_ = mb

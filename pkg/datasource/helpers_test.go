@@ -16,7 +16,8 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // randBytes returns n deterministic pseudo-random bytes.
@@ -141,13 +142,13 @@ func s3Params(s *testpeers.S3, endpoint, src string) map[string]string {
 	return map[string]string{"source": src, "endpoint": endpoint, "pathStyle": "true"}
 }
 
-func mustSpec(t *testing.T, params map[string]string) *datasource.Spec {
+func mustSpec(t *testing.T, m map[string]string) *datasource.Spec {
 	t.Helper()
-	s, err := datasource.ParseParams(params, false)
+	v, err := params.Parse(m, params.StorageClass)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s
+	return datasource.SpecOf(v.Dataset)
 }
 
 func creds(s *testpeers.S3) datasource.Credentials {

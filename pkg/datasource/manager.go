@@ -117,7 +117,11 @@ type Request struct {
 
 // Manager stages datasets into per-pool caches. One per node.
 type Manager struct {
-	cfg     Config
+	cfg Config
+	// base is the context of every staging job; Run cancels it when it returns, so a shutting
+	// down driver stops its downloads.
+	base    context.Context
+	stop    context.CancelFunc
 	slots   chan struct{}
 	limiter *rate.Limiter
 	limits  Limits
@@ -176,8 +180,11 @@ func NewManager(cfg Config) (*Manager, error) {
 		roots = append(roots, filepath.Clean(r))
 	}
 	cfg.LocalSourceRoots = roots
+	base, stop := context.WithCancel(context.Background())
 	m := &Manager{
 		cfg:          cfg,
+		base:         base,
+		stop:         stop,
 		slots:        make(chan struct{}, cfg.Concurrency),
 		principalKey: newPrincipalKey(),
 		nfsUID:       NobodyID,
@@ -449,7 +456,7 @@ func (m *Manager) admit(spec *Spec) error {
 
 func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	start := time.Now()
-	err := j.run(klog.NewContext(context.Background(), logger))
+	err := j.run(klog.NewContext(m.base, logger))
 	j.src.Close()
 	m.mu.Lock()
 	delete(m.jobs, key)
@@ -472,7 +479,7 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	m.metrics.stagings.WithLabelValues("ready").Inc()
 	m.metrics.stagedBytes.Add(float64(st.BytesTotal))
 	logger.Info("dataset ready", "bytes", st.BytesTotal, "objects", st.ObjectsTotal, "duration", time.Since(start))
-	m.evictPool(context.Background(), j.pool, 0)
+	m.evictPool(m.base, j.pool, 0)
 }
 
 // checkCapacity refuses a dataset whose files take more than the volume has room for; complete
@@ -526,7 +533,7 @@ func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
 // Acquire records that volumeID uses the dataset's tree on pool (a read-only bind mount) and
 // returns the tree's path. version is the Status.Version the caller proved it may read (empty: any);
 // a dataset replaced since is refused as changed, and the caller asks again. The reference is a
-// file, so it survives driver restarts; Release removes it. Both are idempotent.
+// file, so it survives driver restarts; ReleaseID removes it. Both are idempotent.
 func (m *Manager) Acquire(pool string, spec *Spec, version, volumeID string) (string, error) {
 	dir := datasetDir(pool, spec.ID())
 	pl := m.poolLock(pool)
@@ -610,13 +617,8 @@ func removeDataset(pool, name string) error {
 	return removeAllQuick(trash)
 }
 
-// Release drops volumeID's reference to the dataset on pool.
-func (m *Manager) Release(pool string, spec *Spec, volumeID string) error {
-	return m.ReleaseID(pool, spec.ID(), volumeID)
-}
-
-// ReleaseID is Release by dataset ID, for callers that kept only the ID. The reference may be in
-// a retired version, which goes with its last reference.
+// ReleaseID drops volumeID's reference to the dataset id on pool. The reference may be in a
+// retired version, which goes with its last reference.
 func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	dir := datasetDir(pool, id)
 	err := os.Remove(filepath.Join(dir, refsDir, refName(volumeID)))
@@ -646,8 +648,9 @@ func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	return nil
 }
 
-// Run evicts on every pool periodically until ctx ends.
+// Run evicts on every pool periodically until ctx ends, then stops the staging jobs.
 func (m *Manager) Run(ctx context.Context) {
+	defer m.stop()
 	t := time.NewTicker(m.cfg.EvictInterval)
 	defer t.Stop()
 	go m.watchProgress(ctx.Done(), m.cfg.ProgressInterval)

@@ -1,6 +1,7 @@
 package datasource_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // TestStageNFS stages a directory below an export from a real NFSv3 server (userspace client),
@@ -119,4 +120,27 @@ func TestStageLocal(t *testing.T) {
 			t.Fatalf("got %v", err)
 		}
 	})
+}
+
+// TestShutdownStopsStaging: staging jobs run under the manager's context; when Run returns
+// (the driver shuts down) a download under way stops with Canceled.
+func TestShutdownStopsStaging(t *testing.T) {
+	ctx := testCtx(t)
+	root := t.TempDir()
+	dataset{"big.bin": randBytes(7, 8<<20)}.writeDir(t, filepath.Join(root, "set"))
+	// 1 MiB/s: the download takes at least seven seconds unless it is stopped.
+	m := newManager(t, datasource.Config{LocalSourceRoots: []string{root}, BandwidthBytesPerSec: 1 << 20})
+	req := datasource.Request{Spec: mustSpec(t, map[string]string{"source": "file://" + root + "/set"}), Pool: t.TempDir()}
+	if _, err := m.Ensure(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, shutdown := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { m.Run(runCtx); close(ran) }()
+	shutdown()
+	<-ran
+	st, err := stage(ctx, t, m, req)
+	if datasource.Code(err) != codes.Canceled {
+		t.Fatalf("staging after shutdown: %s, %v; want Canceled", st, err)
+	}
 }

@@ -1,11 +1,11 @@
 package datasource_test
 
 import (
-	"context"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // TestStageS3 stages small nested objects, a multipart object and a large single-part object
@@ -139,7 +139,7 @@ func TestStageS3Faults(t *testing.T) {
 	s.Put(t, "data", "big.bin", big)
 	want["big.bin"] = big
 
-	var seen sync_map
+	var seen keyCounter
 	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, n int64) testpeers.Fault {
 		if r.Method != http.MethodGet {
 			return testpeers.None
@@ -197,7 +197,7 @@ func TestStageS3DetectsCorruption(t *testing.T) {
 		t.Fatal("the server keeps no CRC for objects: nothing to test")
 	}
 
-	var seen sync_map
+	var seen keyCounter
 	proxy := testpeers.StartProxy(t, s.Endpoint, nil)
 	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data"))
 
@@ -256,7 +256,7 @@ func TestStageS3DirectWrites(t *testing.T) {
 	s.Bucket(t, "data")
 	want := dataset{"unaligned.bin": randBytes(21, 8<<20+4097), "aligned.bin": randBytes(22, 12<<20)}
 	want.upload(t, s, "data", "")
-	var seen sync_map
+	var seen keyCounter
 	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
 		if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") && seen.count(r.URL.Path) == 1 {
 			return testpeers.Fault{ResetAfter: 3<<20 + 17}
@@ -419,29 +419,20 @@ func TestHostileKeys(t *testing.T) {
 	}
 }
 
-type sync_map struct {
-	mu chan struct{}
+// keyCounter counts requests per key; the proxy calls it from the server's goroutines.
+type keyCounter struct {
+	mu sync.Mutex
 	m  map[string]int
 }
 
-func (s *sync_map) lock() {
-	if s.mu == nil {
-		s.mu = make(chan struct{}, 1)
+func (c *keyCounter) count(k string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]int{}
 	}
+	c.m[k]++
+	return c.m[k]
 }
 
-var smMu = make(chan struct{}, 1)
-
-func (s *sync_map) count(k string) int {
-	smMu <- struct{}{}
-	defer func() { <-smMu }()
-	if s.m == nil {
-		s.m = map[string]int{}
-	}
-	s.m[k]++
-	return s.m[k]
-}
-
-func (s *sync_map) first(k string) bool { return s.count(k) == 1 }
-
-var _ = context.Background
+func (c *keyCounter) first(k string) bool { return c.count(k) == 1 }

@@ -2,20 +2,21 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 type controllerServer struct {
@@ -58,13 +59,17 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
-	pl, err := parsePlacement(req.GetParameters())
+	pl, err := volume.ParseParams(req.GetParameters(), params.StorageClass)
 	if err != nil {
 		return nil, err
 	}
-	dataset, err := checkDatasetCreate(req.GetParameters(), shape, req.GetVolumeContentSource())
-	if err != nil {
-		return nil, err
+	if pl.Dataset != nil && shape.access == state.Block {
+		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
+	}
+	if pl.Dataset != nil && (req.GetVolumeContentSource().GetSnapshot() != nil || req.GetVolumeContentSource().GetVolume() != nil) {
+		// Filling a restored volume from a dataset would overwrite (or, for a dataset that
+		// shrank, delete) restored files.
+		return nil, status.Errorf(codes.InvalidArgument, "parameter %q and a snapshot or volume content source exclude each other", consts.ParamSource)
 	}
 	size, err := volumeSize(req.GetCapacityRange(), shape, d.cfg.DefaultVolumeSize)
 	if err != nil {
@@ -73,11 +78,6 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err := parseMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(volumeNameKey(name))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 
 	if v, ok := d.store.GetVolumeByName(name); ok && v.Ready {
 		if err := sameVolume(v, req, shape); err != nil {
@@ -112,11 +112,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		v.Pool = sn.Pool
 		v.Formatted, v.NeedsGrow = true, sn.SizeBytes < size
-		p, err := d.poolPath(sn.Pool)
-		if err != nil {
+		if source, err = d.volumes.SnapshotPath(sn); err != nil {
 			return nil, err
 		}
-		source = image.SnapshotPath(p, pool.MetaDir, sn.ID)
 	case req.GetVolumeContentSource().GetVolume() != nil:
 		v.SourceVolumeID = req.GetVolumeContentSource().GetVolume().GetVolumeId()
 		src, ok := d.store.GetVolume(v.SourceVolumeID)
@@ -131,53 +129,28 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		}
 		v.Pool = src.Pool
 		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < size
-		if source, err = d.volumeImage(src); err != nil {
+		if source, err = d.volumes.ImagePath(src); err != nil {
 			return nil, err
 		}
 	}
 	if v.Pool != "" {
 		// Copies stay in their source's pool: the copy is a reflink or a local sparse copy.
-		if pl.pool != "" && pl.pool != v.Pool {
-			return nil, status.Errorf(codes.InvalidArgument, "the content source is in pool %q, not in the requested pool %q", v.Pool, pl.pool)
+		if pl.Pool != "" && pl.Pool != v.Pool {
+			return nil, status.Errorf(codes.InvalidArgument, "the content source is in pool %q, not in the requested pool %q", v.Pool, pl.Pool)
 		}
-		pl.pool = v.Pool
+		pl.Pool = v.Pool
 	}
-	chosen, err := d.selectPool(pl, size)
+	chosen, err := d.volumes.SelectPool(pl, size)
 	if err != nil {
 		return nil, err
 	}
 	// Before anything is created: a dataset that cannot fit is refused here.
-	if err := d.prestageDataset(ctx, name, chosen.Path, size, dataset, req.GetSecrets()); err != nil {
+	if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
 		return nil, err
 	}
-	v.Pool = chosen.Name
-	v.ID = newVolumeID(chosen.Name)
-
-	// The record goes first, not Ready: a crash from here on is cleaned up at the next start.
-	if err := d.store.PutVolume(v); err != nil {
-		return nil, internal("saving volume state", err)
+	if v, err = d.volumes.Create(v, chosen, source); err != nil {
+		return nil, err
 	}
-	img := image.VolumePath(chosen.Path, pool.MetaDir, v.ID)
-	if source != "" {
-		err = image.CreateFrom(img, source, size)
-	} else {
-		err = image.Create(img, size)
-	}
-	if err != nil {
-		_ = image.Remove(img)
-		_ = d.store.DeleteVolume(v.ID)
-		if !errors.Is(err, unix.ENOSPC) {
-			d.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
-		}
-		return nil, d.imageError("creating volume image", chosen.Name, err)
-	}
-	v.Ready = true
-	if err := d.store.PutVolume(v); err != nil {
-		_ = image.Remove(img)
-		_ = d.store.DeleteVolume(v.ID)
-		return nil, internal("saving volume state", err)
-	}
-	d.pools.UpdateCapacity(v.Pool)
 	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
 }
@@ -237,11 +210,6 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, ok := d.store.GetVolume(id)
 	if !ok {
 		return &csi.DeleteVolumeResponse{}, nil
@@ -249,30 +217,11 @@ func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolu
 	if v.StagingPath != "" || len(v.Published) > 0 {
 		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still staged or published on node %s", id, d.cfg.NodeID)
 	}
-	if err := d.deleteVolume(v); err != nil {
+	if err := d.volumes.Delete(v); err != nil {
 		return nil, err
 	}
 	klog.FromContext(ctx).V(4).Info("Deleted volume", "volumeID", id, "pool", v.Pool)
 	return &csi.DeleteVolumeResponse{}, nil
-}
-
-// deleteVolume removes the image, then the record.
-func (d *Driver) deleteVolume(v state.Volume) error {
-	if img, err := d.volumeImage(v); err == nil {
-		if dev, _ := image.Find(img); dev != "" {
-			if err := image.Detach(dev); err != nil {
-				return internal("detaching loop device", err)
-			}
-		}
-		if err := image.Remove(img); err != nil {
-			return internal("removing volume image", err)
-		}
-	}
-	if err := d.store.DeleteVolume(v.ID); err != nil {
-		return internal("removing volume state", err)
-	}
-	d.pools.UpdateCapacity(v.Pool)
-	return nil
 }
 
 func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
@@ -287,8 +236,8 @@ func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *
 	if !ok || !v.Ready {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}
-	if _, err := parsePlacement(req.GetParameters()); err != nil {
-		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	if _, err := volume.ParseParams(req.GetParameters(), params.StorageClass); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
 	}
 	if err := capabilitiesFit(v, req.GetVolumeCapabilities()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -399,29 +348,23 @@ func (s *controllerServer) ControllerListVolumeHealth(ctx context.Context, req *
 // volumeHealth reports what is wrong with a volume: its pool unhealthy or gone (INACCESSIBLE),
 // its image missing (DATA_LOSS). Empty means healthy.
 func (d *Driver) volumeHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEntry {
-	p, ok := d.pools.Get(v.Pool)
-	if !ok {
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
-			Reason: "PoolNotConfigured", Message: "pool " + v.Pool + " is not configured on node " + d.cfg.NodeID}}
-	}
-	if !p.Healthy {
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
-			Reason: "PoolUnhealthy", Message: "pool " + v.Pool + " is unhealthy: " + p.Message}}
-	}
-	if _, err := image.Size(image.VolumePath(p.Path, pool.MetaDir, v.ID)); err != nil {
-		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_DATA_LOSS,
-			Reason: "ImageMissing", Message: "volume image is missing: " + err.Error()}}
+	if reason, msg, dataLoss := d.volumes.ImageProblem(v); reason != "" {
+		c := csi.VolumeHealthErrorType_INACCESSIBLE
+		if dataLoss {
+			c = csi.VolumeHealthErrorType_DATA_LOSS
+		}
+		return []*csi.VolumeHealth_VolumeHealthEntry{{Status: c, Reason: reason, Message: msg}}
 	}
 	return d.datasetHealth(v)
 }
 
 func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	d := s.d
-	pl, err := parsePlacement(req.GetParameters())
+	pl, err := volume.ParseParams(req.GetParameters(), params.StorageClass)
 	if err != nil {
 		return nil, err
 	}
-	shape := volumeShape{access: state.Mount, fsType: defaultFSType}
+	shape := volumeShape{access: state.Mount, fsType: volume.DefaultFSType}
 	if caps := req.GetVolumeCapabilities(); len(caps) > 0 {
 		if shape, err = checkCapabilities(caps); err != nil {
 			return &csi.GetCapacityResponse{}, nil // nothing can be created with these
@@ -434,7 +377,7 @@ func (s *controllerServer) GetCapacity(ctx context.Context, req *csi.GetCapacity
 	}
 	pools, _ := d.pools.List()
 	var total, largest int64
-	for _, p := range pool.Matching(pools, pl.pool, pl.selector) {
+	for _, p := range pool.Matching(pools, pl.Pool, pl.PoolSelector) {
 		m := pool.MaxVolumeBytes(p)
 		total += m
 		if m > largest {
@@ -455,11 +398,6 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 	if req.GetCapacityRange() == nil {
 		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	v, ok := d.store.GetVolume(id)
 	if !ok || !v.Ready {
 		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
@@ -476,21 +414,8 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 	if size <= v.CapacityBytes {
 		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
 	}
-	p, ok := d.pools.Get(v.Pool)
-	if !ok {
-		return nil, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, d.cfg.NodeID)
+	if _, err := d.volumes.Grow(v, size); err != nil {
+		return nil, err
 	}
-	if grow := size - v.CapacityBytes; grow > pool.MaxVolumeBytes(p) {
-		return nil, status.Errorf(codes.ResourceExhausted, "pool %q has %d bytes free, not enough to grow volume %s by %d bytes", v.Pool, pool.MaxVolumeBytes(p), id, grow)
-	}
-	if err := image.Grow(image.VolumePath(p.Path, pool.MetaDir, id), size); err != nil {
-		return nil, d.imageError("growing volume image", v.Pool, err)
-	}
-	v.CapacityBytes = size
-	v.NeedsGrow = true
-	if err := d.store.PutVolume(v); err != nil {
-		return nil, internal("saving volume state", err)
-	}
-	d.pools.UpdateCapacity(v.Pool)
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,9 +17,12 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	utilexec "k8s.io/utils/exec"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	cparams "github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // datasetEnv is a driver whose file:// dataset sources may read src.
@@ -185,10 +189,11 @@ func TestDatasetTooLargeAtCreate(t *testing.T) {
 	if resp.GetVolume().GetCapacityBytes() < 64<<20 {
 		t.Fatalf("capacity %d", resp.GetVolume().GetCapacityBytes())
 	}
-	spec, err := datasetSpec(params, false)
+	parsed, err := volume.ParseParams(params, cparams.StorageClass)
 	if err != nil {
 		t.Fatal(err)
 	}
+	spec := datasource.SpecOf(parsed.Dataset)
 	creds, _ := datasource.CredentialsFromSecrets(secrets)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -286,6 +291,137 @@ func TestDatasetInline(t *testing.T) {
 			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "file://" + src + "/set"}})
 		wantCode(t, err, codes.PermissionDenied, "inline")
 	})
+}
+
+// countingExec counts the commands the driver runs through its mounter (mkfs, blkid, fsck).
+type countingExec struct {
+	utilexec.Interface
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+func (c *countingExec) count(cmd string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.runs[cmd]++
+}
+
+func (c *countingExec) Command(cmd string, args ...string) utilexec.Cmd {
+	c.count(cmd)
+	return c.Interface.Command(cmd, args...)
+}
+
+func (c *countingExec) CommandContext(ctx context.Context, cmd string, args ...string) utilexec.Cmd {
+	c.count(cmd)
+	return c.Interface.CommandContext(ctx, cmd, args...)
+}
+
+func (c *countingExec) mkfs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for cmd, k := range c.runs {
+		if strings.HasPrefix(cmd, "mkfs.") {
+			n += k
+		}
+	}
+	return n
+}
+
+// countingImages counts loop device attachments.
+type countingImages struct {
+	volume.Images
+	attaches atomic.Int32
+}
+
+func (c *countingImages) Attach(path string) (string, error) {
+	c.attaches.Add(1)
+	return c.Images.Attach(path)
+}
+
+// TestDatasetStageRetriedDuringDownload: while a dataset downloads, NodeStageVolume answers
+// Unavailable without touching the node; kubelet's retries do not attach, format or mount the
+// volume again and again. Once the data is there, one attempt formats, mounts and fills it.
+func TestDatasetStageRetriedDuringDownload(t *testing.T) {
+	env, src := datasetEnv(t)
+	writeTree(t, filepath.Join(src, "slow"), map[string]string{"weights.bin": strings.Repeat("w", 4<<20), "config.json": "{}"})
+	run := &countingExec{runs: map[string]int{}}
+	imgs := &countingImages{}
+	env.stop()
+	// 1 MiB/s: the 4 MiB file takes at least three seconds, longer than one attempt's budget.
+	env.cfg.Datasets.BandwidthBytesPerSec = 1 << 20
+	env.prepare = func(d *Driver) { run.Interface, d.mounter.Exec = d.mounter.Exec, run }
+	env.wrapImages = func(i volume.Images) volume.Images { imgs.Images = i; return imgs }
+	env.start()
+	// CreateVolume (mode all) starts the download and returns once the listing is taken.
+	vol := env.create("slow-ds", 64<<20, map[string]string{"source": "file://" + src + "/slow"})
+	staging := filepath.Join(env.dir, "staging", vol.VolumeId)
+
+	attempts, waiting := 0, 0
+	err := retryUnavailable(t, func() error {
+		attempts++
+		// kubelet's budget: the driver answers shortly before the deadline (waitBudget).
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+			StagingTargetPath: staging, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext})
+		if status.Code(err) == codes.Unavailable {
+			waiting++
+			if n := imgs.attaches.Load(); n != 0 {
+				t.Errorf("attempt %d: %d loop attachments while the dataset downloads", attempts, n)
+			}
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("NodeStageVolume: %v", err)
+	}
+	if waiting == 0 {
+		t.Fatalf("no attempt saw the download in progress (%d attempts)", attempts)
+	}
+	if n := run.mkfs(); n != 1 {
+		t.Errorf("mkfs ran %d times over %d attempts, want once", n, attempts)
+	}
+	if n := imgs.attaches.Load(); n != 1 {
+		t.Errorf("loop device attached %d times over %d attempts, want once", n, attempts)
+	}
+	checkFiles(t, staging, map[string]string{"config.json": "{}"})
+	t.Logf("%d attempts, %d answered Unavailable", attempts, waiting)
+
+	// Restaging a filled volume neither formats nor waits for the dataset again.
+	if _, err := env.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodeStageVolume(context.Background(), &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+		StagingTargetPath: staging, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext}); err != nil {
+		t.Fatal(err)
+	}
+	if n := run.mkfs(); n != 1 {
+		t.Errorf("mkfs ran %d times after a restage, want once", n)
+	}
+	if _, err := env.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLegacyTreeRecordsMove: a cached-tree volume recorded by an older version (its own JSON
+// store) is moved into the state store at start, so it can still be unstaged.
+func TestLegacyTreeRecordsMove(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	env.stop()
+	dir := filepath.Join(env.cfg.StateDir, legacyTreeDir)
+	writeTree(t, dir, map[string]string{
+		"0123.json": `{"volumeID":"imagenet-static","pool":"fast","poolPath":"/p","datasetID":"abc","params":{"source":"s3://b"},"path":"/staging/x"}`,
+		"bad.json":  `{`,
+	})
+	env.start()
+	got, ok := env.driver.store.GetTreeVolume("imagenet-static")
+	if !ok || got.Pool != "fast" || got.DatasetID != "abc" || got.Path != "/staging/x" || got.Parameters["source"] != "s3://b" || got.Inline {
+		t.Fatalf("moved record %+v %v", got, ok)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("legacy records left behind: %v", err)
+	}
 }
 
 // TestInlineDatasetTenants, as a new user would meet it: tenant A's pod publishes an inline

@@ -20,6 +20,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // Mode selects which CSI services the plugin serves.
@@ -52,6 +53,8 @@ type Config struct {
 	// KubeletRoot is kubelet's root directory (--root-dir): staging and target paths must be
 	// under it. Empty means DefaultKubeletRoot.
 	KubeletRoot string
+	// Inline bounds inline ephemeral volumes (a pod author's): their size and pools.
+	Inline volume.InlineLimits
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
 	Datasets datasource.Config
 }
@@ -107,6 +110,8 @@ type Driver struct {
 	metrics metrics.CSIMetricsManager
 	// datasets stages dataset sources into the pools' caches (see dataset.go).
 	datasets *datasource.Manager
+	// volumes is the node's volume engine; the node RPCs are a thin layer over it.
+	volumes *volume.Service
 
 	poolsConfigStamp fileStamp
 	ready            chan struct{}
@@ -115,6 +120,11 @@ type Driver struct {
 // New validates cfg, loads the pools config and the persisted state, and cleans up what a crash
 // may have left half-done. It does not listen yet; call Run.
 func New(cfg Config) (*Driver, error) {
+	return newDriver(cfg, volume.LoopImages{})
+}
+
+// newDriver is New with the image operations given (tests wrap them).
+func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("invalid driver config: %w", err)
 	}
@@ -142,9 +152,12 @@ func New(cfg Config) (*Driver, error) {
 	d.metrics = d.metrics.WithAdditionalRegistry(reg)
 	d.poolsConfigStamp, _ = stampOf(cfg.PoolsConfig)
 	d.pools.Refresh()
-	if err := d.initDatasets(reg); err != nil {
+	if d.datasets, err = d.initDatasets(reg); err != nil {
 		return nil, fmt.Errorf("invalid dataset config: %w", err)
 	}
+	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
+		Mounter: d.mounter, Resizer: d.resizer, Datasets: datasource.NewDatasets(d.datasets, datasetPools{d.pools, cfg.NodeID}), Inline: cfg.Inline})
+	d.migrateTreeRecords()
 	d.recover()
 	return d, nil
 }
@@ -170,8 +183,8 @@ func (d *Driver) recover() {
 			continue
 		}
 		logger.Info("Removing volume whose creation was interrupted", "volumeID", v.ID, "name", v.Name)
-		if path, err := d.volumeImage(v); err == nil {
-			_ = image.Remove(path)
+		if path, err := d.volumes.ImagePath(v); err == nil {
+			_ = d.volumes.Images().Remove(path)
 		}
 		if err := d.store.DeleteVolume(v.ID); err != nil {
 			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
@@ -190,7 +203,7 @@ func (d *Driver) recover() {
 			continue
 		}
 		if p, ok := d.pools.Get(sn.Pool); ok {
-			_ = image.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
+			_ = d.volumes.Images().Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
 		}
 		_ = d.store.DeleteSnapshot(sn.ID)
 	}
@@ -226,10 +239,10 @@ func (d *Driver) forgetLostMounts() {
 		if v.StagingPath != "" {
 			lost := !mounted[v.StagingPath]
 			if v.AccessType == state.Block {
-				img, err := d.volumeImage(v)
+				img, err := d.volumes.ImagePath(v)
 				dev := ""
 				if err == nil {
-					dev, _ = image.Find(img)
+					dev, _ = d.volumes.Images().Find(img)
 				}
 				lost, v.Device = dev == "", dev
 			}

@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // groupControllerServer takes consistent snapshots of several volumes at once: every staged
@@ -29,7 +30,7 @@ func (s *groupControllerServer) GroupControllerGetCapabilities(context.Context, 
 	}}}, nil
 }
 
-func newGroupSnapshotID() string { return "group-" + randomHex() }
+func newGroupSnapshotID() string { return "group-" + volume.RandomHex() }
 
 func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, req *csi.CreateVolumeGroupSnapshotRequest) (*csi.CreateVolumeGroupSnapshotResponse, error) {
 	d := s.d
@@ -43,11 +44,6 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(snapshotNameKey("group " + name))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	if g, ok := d.store.GetGroupSnapshotByName(name); ok && g.Ready {
 		if !sameSources(d, g, ids) {
 			return nil, status.Errorf(codes.AlreadyExists, "group snapshot %q exists for other volumes", name)
@@ -64,21 +60,21 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	}
 	g := state.GroupSnapshot{ID: newGroupSnapshotID(), Name: name, CreatedAt: time.Now().UTC()}
 	if err := d.store.PutGroupSnapshot(g); err != nil {
-		return nil, internal("saving group snapshot state", err)
+		return nil, volume.Internal("saving group snapshot state", err)
 	}
 	var thaws []func()
 	for _, v := range vols {
-		thaws = append(thaws, freeze(ctx, v))
+		thaws = append(thaws, volume.Freeze(ctx, v))
 	}
 	var taken []state.Snapshot
 	for _, v := range vols {
-		sn, err := d.takeSnapshot(v, g.Name+"/"+v.ID, g.ID)
+		sn, err := d.volumes.Snapshot(v, g.Name+"/"+v.ID, g.ID)
 		if err != nil {
 			for _, t := range thaws {
 				t()
 			}
 			for _, done := range taken {
-				_ = d.removeSnapshot(done)
+				_ = d.volumes.DeleteSnapshot(done)
 			}
 			_ = d.store.DeleteGroupSnapshot(g.ID)
 			return nil, err
@@ -91,7 +87,7 @@ func (s *groupControllerServer) CreateVolumeGroupSnapshot(ctx context.Context, r
 	}
 	g.Ready = true
 	if err := d.store.PutGroupSnapshot(g); err != nil {
-		return nil, internal("saving group snapshot state", err)
+		return nil, volume.Internal("saving group snapshot state", err)
 	}
 	klog.FromContext(ctx).V(4).Info("Created group snapshot", "groupSnapshotID", g.ID, "volumes", ids)
 	return &csi.CreateVolumeGroupSnapshotResponse{GroupSnapshot: d.csiGroupSnapshot(g)}, nil
@@ -141,11 +137,6 @@ func (s *groupControllerServer) DeleteVolumeGroupSnapshot(ctx context.Context, r
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "group snapshot ID is required")
 	}
-	release, err := d.locks.acquire(snapshotKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	g, ok := d.store.GetGroupSnapshot(id)
 	if !ok {
 		return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
@@ -155,13 +146,13 @@ func (s *groupControllerServer) DeleteVolumeGroupSnapshot(ctx context.Context, r
 	}
 	for _, sid := range g.SnapshotIDs {
 		if sn, ok := d.store.GetSnapshot(sid); ok {
-			if err := d.removeSnapshot(sn); err != nil {
+			if err := d.volumes.DeleteSnapshot(sn); err != nil {
 				return nil, err
 			}
 		}
 	}
 	if err := d.store.DeleteGroupSnapshot(id); err != nil {
-		return nil, internal("removing group snapshot state", err)
+		return nil, volume.Internal("removing group snapshot state", err)
 	}
 	return &csi.DeleteVolumeGroupSnapshotResponse{}, nil
 }

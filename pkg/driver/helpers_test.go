@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -25,6 +26,7 @@ type testPool struct {
 	labels map[string]string
 	size   int64
 	path   string
+	shared bool
 }
 
 // testEnv is a running driver with clients over its real unix socket.
@@ -40,6 +42,10 @@ type testEnv struct {
 	ident    csi.IdentityClient
 	group    csi.GroupControllerClient
 	poolsRPC spv1.StoragePoolControllerClient
+	// wrapImages, when set, wraps the driver's image operations (to count or pause them).
+	wrapImages func(volume.Images) volume.Images
+	// prepare, when set, adjusts a new driver before it serves (to wrap its exec).
+	prepare func(*Driver)
 }
 
 func writePoolsConfig(t *testing.T, path string, pools []testPool) {
@@ -48,6 +54,9 @@ func writePoolsConfig(t *testing.T, path string, pools []testPool) {
 	b.WriteString("pools:\n")
 	for _, p := range pools {
 		fmt.Fprintf(&b, "- name: %s\n  path: %s\n", p.name, p.path)
+		if p.shared {
+			b.WriteString("  shared: true\n")
+		}
 		if len(p.labels) > 0 {
 			b.WriteString("  labels:\n")
 			for k, v := range p.labels {
@@ -100,9 +109,16 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 
 func (e *testEnv) start() {
 	e.t.Helper()
-	d, err := New(e.cfg)
+	var images volume.Images = volume.LoopImages{}
+	if e.wrapImages != nil {
+		images = e.wrapImages(images)
+	}
+	d, err := newDriver(e.cfg, images)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	if e.prepare != nil {
+		e.prepare(d)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -2,33 +2,21 @@ package driver
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/klog/v2"
-	mount "k8s.io/mount-utils"
 
-	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 type nodeServer struct {
 	csi.UnimplementedNodeServer
 	d *Driver
-}
-
-// Format options: no discard, so mkfs does not punch holes into the image whose blocks
-// CreateVolume reserved.
-var formatOptions = map[string][]string{
-	"ext4": {"-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
-	"xfs":  {"-K"},
 }
 
 func (s *nodeServer) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
@@ -51,10 +39,19 @@ func (s *nodeServer) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi
 	return &csi.NodeGetInfoResponse{NodeId: s.d.cfg.NodeID, AccessibleTopology: s.d.nodeTopology()}, nil
 }
 
-// NodeStageVolume attaches the volume's image to a loop device and, for a mount volume, formats
-// it on first use and mounts it at the staging path.
+// access is what a capability asks of a volume, for the volume service.
+func access(c *csi.VolumeCapability) volume.Access {
+	return volume.Access{
+		Block:        c.GetBlock() != nil,
+		FSType:       c.GetMount().GetFsType(),
+		MountFlags:   c.GetMount().GetMountFlags(),
+		SingleWriter: c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+	}
+}
+
+// NodeStageVolume stages an image volume (attach; for a mount volume, dataset first, then
+// format on first use, mount and fill) or a static PV's cached dataset tree.
 func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	d := s.d
 	id, target := req.GetVolumeId(), req.GetStagingTargetPath()
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
@@ -65,153 +62,21 @@ func (s *nodeServer) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolu
 	if req.GetVolumeCapability() == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
 	}
-	if handled, err := d.stageTree(ctx, req); handled { // static dataset PV: cached tree
-		if err != nil {
-			return nil, err
-		}
-		return &csi.NodeStageVolumeResponse{}, nil
-	}
-	if err := checkCapability(req.GetVolumeCapability()); err != nil {
-		return nil, err
-	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	v, err := d.lookupVolume(id)
-	if err != nil {
-		return nil, err
-	}
-	if v.AccessType == "" { // adopted from its image: the capability tells
-		v.AccessType, v.FSType = state.Mount, req.GetVolumeCapability().GetMount().GetFsType()
-		if req.GetVolumeCapability().GetBlock() != nil {
-			v.AccessType, v.FSType = state.Block, ""
-		}
-	}
-	if err := capabilitiesFit(v, []*csi.VolumeCapability{req.GetVolumeCapability()}); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	if v.StagingPath != "" && v.StagingPath != target {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is already staged at %s", id, v.StagingPath)
-	}
-	img, err := d.volumeImage(v)
-	if err != nil {
-		return nil, err
-	}
-	dev, err := image.Attach(img)
-	if err != nil {
-		return nil, internal("attaching volume image", err)
-	}
-	if err := applyMutable(dev, v.MutableParameters); err != nil {
-		_ = image.Detach(dev)
-		return nil, internal("applying mutable parameters", err)
-	}
-	if v.AccessType == state.Mount {
-		if err := d.mountStaging(dev, target, v, req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
-			_ = image.Detach(dev)
-			return nil, err
-		}
-		if err := d.fillDataset(ctx, v, req.GetVolumeContext(), req.GetSecrets(), target); err != nil {
-			_ = mount.CleanupMountPoint(target, d.mounter, true)
-			_ = image.Detach(dev)
+	vol := s.d.volumes.Open(id, req.GetVolumeContext(), false)
+	if vol.Kind() == volume.KindImage {
+		if err := checkCapability(req.GetVolumeCapability()); err != nil {
 			return nil, err
 		}
 	}
-	v.StagingPath, v.Device = target, dev
-	put := d.store.PutVolumeNodeState
-	if v.AccessType == state.Mount && (!v.Formatted || v.NeedsGrow) {
-		// A lost Formatted flag would let a later stage format over data: write it durably.
-		v.Formatted, v.NeedsGrow = true, false
-		put = d.store.PutVolume
+	err := vol.Stage(ctx, volume.StageRequest{Path: target, Access: access(req.GetVolumeCapability()),
+		VolumeContext: req.GetVolumeContext(), Secrets: req.GetSecrets()})
+	if err != nil {
+		return nil, err
 	}
-	if err := put(v); err != nil {
-		return nil, internal("saving volume state", err)
-	}
-	klog.FromContext(ctx).V(4).Info("Staged volume", "volumeID", id, "device", dev, "path", target)
 	return &csi.NodeStageVolumeResponse{}, nil
 }
 
-// mountStaging formats the device if it has no filesystem yet, mounts it, and grows the
-// filesystem when the image is larger (a volume restored from a smaller snapshot).
-func (d *Driver) mountStaging(dev, target string, v state.Volume, flags []string) error {
-	if err := os.MkdirAll(target, 0o750); err != nil {
-		return internal("creating staging path", err)
-	}
-	notMnt, err := d.mounter.IsLikelyNotMountPoint(target)
-	if err != nil {
-		return internal("checking staging path", err)
-	}
-	if !notMnt {
-		src, _, err := mount.GetDeviceNameFromMount(d.mounter, target)
-		if err != nil {
-			return internal("checking staging mount", err)
-		}
-		if src != dev {
-			return status.Errorf(codes.FailedPrecondition, "staging path %s is a mount of %s, not of volume %s", target, src, v.ID)
-		}
-		return nil
-	}
-	fs := v.FSType
-	if fs == "" {
-		fs = defaultFSType
-	}
-	if !v.Formatted {
-		// A fresh image of ours: no probe needed before mkfs.
-		args := append(append([]string{}, formatOptions[fs]...), dev)
-		if fs == "ext4" {
-			args = append([]string{"-F", "-m0"}, args...)
-		}
-		if out, err := d.mounter.Exec.Command("mkfs."+fs, args...).CombinedOutput(); err != nil {
-			return internal("formatting volume", fmt.Errorf("mkfs.%s: %v: %s", fs, err, out))
-		}
-		if err := d.mounter.Mount(dev, target, fs, flags); err != nil {
-			return internal("mounting volume", err)
-		}
-		return nil
-	}
-	if err := d.mounter.FormatAndMountSensitiveWithFormatOptions(dev, target, fs, flags, nil, formatOptions[fs]); err != nil {
-		return internal("formatting and mounting volume", err)
-	}
-	if !v.NeedsGrow {
-		return nil
-	}
-	if need, err := d.resizer.NeedResize(dev, target); err == nil && need {
-		if _, err := d.resizer.Resize(dev, target); err != nil {
-			if fs != "ext4" {
-				return internal("growing filesystem to the volume size", err)
-			}
-			// Online ext4 growth needs CAP_SYS_RESOURCE. Nothing uses this fresh mount yet, so
-			// a plugin without it grows the filesystem offline instead.
-			klog.InfoS("Online resize failed; growing offline", "device", dev, "err", err)
-			if err := d.growExt4Offline(dev, target, flags); err != nil {
-				return internal("growing filesystem to the volume size", err)
-			}
-		}
-	}
-	return nil
-}
-
-// growExt4Offline unmounts, checks, grows and remounts an ext4 filesystem.
-func (d *Driver) growExt4Offline(dev, target string, flags []string) error {
-	if err := d.mounter.Unmount(target); err != nil {
-		return err
-	}
-	if out, err := d.mounter.Exec.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
-		// Exit status 1 means errors were corrected; anything above is a failure.
-		var ee interface{ ExitStatus() int }
-		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
-			return fmt.Errorf("e2fsck %s: %v: %s", dev, err, out)
-		}
-	}
-	if out, err := d.mounter.Exec.Command("resize2fs", dev).CombinedOutput(); err != nil {
-		return fmt.Errorf("resize2fs %s: %v: %s", dev, err, out)
-	}
-	return d.mounter.Mount(dev, target, "ext4", flags)
-}
-
 func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	d := s.d
 	id, target := req.GetVolumeId(), req.GetStagingTargetPath()
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
@@ -219,158 +84,16 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 	if target == "" {
 		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
 	}
-	if handled, err := d.unstageTree(ctx, id, target); handled { // static dataset PV
-		if err != nil {
-			return nil, err
-		}
-		return &csi.NodeUnstageVolumeResponse{}, nil
-	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
+	if err := s.d.volumes.Open(id, nil, false).Unstage(ctx, target); err != nil {
 		return nil, err
 	}
-	defer release()
-	if err := unmountTarget(d.mounter, target); err != nil {
-		return nil, internal("unmounting staging path", err)
-	}
-	v, ok := d.store.GetVolume(id)
-	if !ok {
-		if poolOfVolumeID(id) == "" {
-			return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
-		}
-		v = state.Volume{ID: id, Pool: poolOfVolumeID(id)}
-	}
-	dev := v.Device
-	if img, err := d.volumeImage(v); err == nil {
-		if found, _ := image.Find(img); found != "" {
-			dev = found
-		}
-	}
-	if err := image.Detach(dev); err != nil {
-		return nil, internal("detaching loop device", err)
-	}
-	if ok {
-		v.StagingPath, v.Device = "", ""
-		if err := d.store.PutVolumeNodeState(v); err != nil {
-			return nil, internal("saving volume state", err)
-		}
-	}
-	klog.FromContext(ctx).V(4).Info("Unstaged volume", "volumeID", id)
 	return &csi.NodeUnstageVolumeResponse{}, nil
 }
 
 // NodePublishVolume bind-mounts the staged filesystem (or the loop device, for block) to the
-// target path, read-only when asked.
+// target path, read-only when asked; an inline volume is created (or its dataset's cached tree
+// served) at the target.
 func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	d := s.d
-	id, target, staging := req.GetVolumeId(), req.GetTargetPath(), req.GetStagingTargetPath()
-	if id == "" {
-		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
-	}
-	if target == "" {
-		return nil, status.Error(codes.InvalidArgument, "target path is required")
-	}
-	if req.GetVolumeCapability() == nil {
-		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
-	}
-	if handled, err := d.publishTree(ctx, req); handled { // dataset served from the cached tree
-		if err != nil {
-			return nil, err
-		}
-		return &csi.NodePublishVolumeResponse{}, nil
-	}
-	if err := checkCapability(req.GetVolumeCapability()); err != nil {
-		return nil, err
-	}
-	if isEphemeral(req.GetVolumeContext()) {
-		return d.publishEphemeral(ctx, req)
-	}
-	if staging == "" {
-		return nil, status.Error(codes.InvalidArgument, "staging target path is required")
-	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	v, err := d.lookupVolume(id)
-	if err != nil {
-		return nil, err
-	}
-	if err := capabilitiesFit(v, []*csi.VolumeCapability{req.GetVolumeCapability()}); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	if v.StagingPath != staging || v.Device == "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", id, staging)
-	}
-	exclusive := req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
-	for other := range v.Published {
-		if other != target && (exclusive || v.ExclusiveTarget != "") {
-			return nil, status.Errorf(codes.FailedPrecondition, "volume %s is published at %s for a single writer", id, other)
-		}
-	}
-	source := staging
-	if v.AccessType == state.Block {
-		source = v.Device
-	}
-	if err := d.bindMount(source, target, v.AccessType == state.Block, req.GetReadonly(), req.GetVolumeCapability().GetMount().GetMountFlags()); err != nil {
-		return nil, err
-	}
-	if v.Published == nil {
-		v.Published = map[string]bool{}
-	}
-	v.Published[target] = req.GetReadonly()
-	if exclusive {
-		v.ExclusiveTarget = target
-	}
-	if err := d.store.PutVolumeNodeState(v); err != nil {
-		return nil, internal("saving volume state", err)
-	}
-	klog.FromContext(ctx).V(4).Info("Published volume", "volumeID", id, "target", target, "readOnly", req.GetReadonly())
-	return &csi.NodePublishVolumeResponse{}, nil
-}
-
-// bindMount mounts source on target; a target that is already a mount point is left as it is.
-func (d *Driver) bindMount(source, target string, block, readOnly bool, flags []string) error {
-	if block {
-		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
-			return internal("creating target parent", err)
-		}
-		f, err := os.OpenFile(target, os.O_CREATE, 0o640)
-		if err != nil {
-			return internal("creating block target file", err)
-		}
-		f.Close()
-	} else if err := os.MkdirAll(target, 0o750); err != nil {
-		return internal("creating target path", err)
-	}
-	notMnt, err := d.mounter.IsLikelyNotMountPoint(target)
-	if err != nil {
-		return internal("checking target path", err)
-	}
-	if !notMnt {
-		return nil
-	}
-	if !readOnly && len(flags) == 0 {
-		// The common case: one bind mount(2). mount-utils runs mount(8) twice for a bind
-		// (bind, then a remount that applies options), which only read-only or flagged
-		// publications need.
-		if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
-			return internal("bind-mounting volume", err)
-		}
-		return nil
-	}
-	opts := append([]string{"bind"}, flags...)
-	if readOnly {
-		opts = append(opts, "ro")
-	}
-	if err := d.mounter.Mount(source, target, "", opts); err != nil {
-		return internal("bind-mounting volume", err)
-	}
-	return nil
-}
-
-func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	d := s.d
 	id, target := req.GetVolumeId(), req.GetTargetPath()
 	if id == "" {
@@ -379,71 +102,67 @@ func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpub
 	if target == "" {
 		return nil, status.Error(codes.InvalidArgument, "target path is required")
 	}
-	if handled, err := d.unpublishTree(ctx, id, target); handled { // read-only inline dataset
-		if err != nil {
+	c := req.GetVolumeCapability()
+	if c == nil {
+		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
+	}
+	vol := d.volumes.Open(id, req.GetVolumeContext(), req.GetReadonly())
+	r := volume.PublishRequest{Target: target, StagingPath: req.GetStagingTargetPath(), ReadOnly: req.GetReadonly(),
+		Access: access(c), VolumeContext: req.GetVolumeContext(), Secrets: req.GetSecrets()}
+	if vol.Kind() == volume.KindImage {
+		if err := checkCapability(c); err != nil {
 			return nil, err
 		}
-		return &csi.NodeUnpublishVolumeResponse{}, nil
+		if volume.IsInline(req.GetVolumeContext()) {
+			inline, err := d.inlineVolume(req)
+			if err != nil {
+				return nil, err
+			}
+			r.Inline = inline
+		}
 	}
-	release, err := d.locks.acquire(volumeKey(id))
+	if err := vol.Publish(ctx, r); err != nil {
+		return nil, err
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+// inlineVolume parses an inline volume's attributes and sizes it.
+func (d *Driver) inlineVolume(req *csi.NodePublishVolumeRequest) (*volume.Inline, error) {
+	if req.GetVolumeCapability().GetBlock() != nil {
+		return nil, status.Error(codes.InvalidArgument, "inline ephemeral volumes must be mount volumes")
+	}
+	pl, err := volume.ParseParams(req.GetVolumeContext(), params.Inline)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	if err := unmountTarget(d.mounter, target); err != nil {
-		return nil, internal("unmounting target path", err)
+	shape := volumeShape{access: state.Mount, fsType: req.GetVolumeCapability().GetMount().GetFsType()}
+	if shape.fsType == "" {
+		shape.fsType = volume.DefaultFSType
 	}
-	v, ok := d.store.GetVolume(id)
-	if !ok {
-		return &csi.NodeUnpublishVolumeResponse{}, nil
+	var rng *csi.CapacityRange
+	if pl.Size > 0 {
+		rng = &csi.CapacityRange{RequiredBytes: pl.Size}
 	}
-	if v.Ephemeral {
-		if err := d.deleteEphemeral(v); err != nil {
-			return nil, err
-		}
-		return &csi.NodeUnpublishVolumeResponse{}, nil
+	size, err := volumeSize(rng, shape, d.cfg.DefaultVolumeSize)
+	if err != nil {
+		return nil, err
 	}
-	if _, published := v.Published[target]; published {
-		delete(v.Published, target)
-		if v.ExclusiveTarget == target {
-			v.ExclusiveTarget = ""
-		}
-		if err := d.store.PutVolumeNodeState(v); err != nil {
-			return nil, internal("saving volume state", err)
-		}
-	}
-	klog.FromContext(ctx).V(4).Info("Unpublished volume", "volumeID", id, "target", target)
-	return &csi.NodeUnpublishVolumeResponse{}, nil
+	return &volume.Inline{Params: pl, Size: size}, nil
 }
 
-// unmountTarget unmounts everything mounted at a directory or block-file target and removes
-// it. It calls umount(2) directly — no mount table scan, no fork of umount(8) — and leaves
-// anything unexpected (a busy or broken mount) to mount-utils.
-func unmountTarget(m mount.Interface, target string) error {
-	fi, err := os.Lstat(target)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
+func (s *nodeServer) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	id, target := req.GetVolumeId(), req.GetTargetPath()
+	if id == "" {
+		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
 	}
-	if err != nil {
-		return err
+	if target == "" {
+		return nil, status.Error(codes.InvalidArgument, "target path is required")
 	}
-	for {
-		err := unix.Unmount(target, 0)
-		if err == nil {
-			continue // mounts can be stacked
-		}
-		if errors.Is(err, unix.EINVAL) { // not a mount point (any more)
-			break
-		}
-		if fi.IsDir() {
-			return mount.CleanupMountPoint(target, m, true)
-		}
-		return fmt.Errorf("unmount %s: %w", target, err)
+	if err := s.d.volumes.Open(id, nil, false).Unpublish(ctx, target); err != nil {
+		return nil, err
 	}
-	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
+	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
 func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
@@ -464,9 +183,9 @@ func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVol
 		return nil, status.Errorf(codes.NotFound, "volume path %s: %v", path, err)
 	}
 	if !fi.IsDir() || v.AccessType == state.Block {
-		size, err := image.DeviceSize(path)
+		size, err := d.volumes.Images().DeviceSize(path)
 		if err != nil {
-			return nil, internal("reading block device size", err)
+			return nil, volume.Internal("reading block device size", err)
 		}
 		return &csi.NodeGetVolumeStatsResponse{
 			Usage: []*csi.VolumeUsage{{Unit: csi.VolumeUsage_BYTES, Total: size}},
@@ -474,7 +193,7 @@ func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVol
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
-		return nil, internal("statfs of volume path", err)
+		return nil, volume.Internal("statfs of volume path", err)
 	}
 	bs := int64(st.Bsize)
 	return &csi.NodeGetVolumeStatsResponse{
@@ -542,48 +261,19 @@ func (s *nodeServer) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVo
 	if path == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume path is required")
 	}
-	release, err := d.locks.acquire(volumeKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	v, err := d.lookupVolume(id)
-	if err != nil {
-		return nil, err
-	}
 	if _, err := os.Stat(path); err != nil {
+		if _, lerr := d.volumes.Lookup(id); lerr != nil {
+			return nil, lerr
+		}
 		return nil, status.Errorf(codes.NotFound, "volume path %s: %v", path, err)
-	}
-	img, err := d.volumeImage(v)
-	if err != nil {
-		return nil, err
-	}
-	dev, err := image.Find(img)
-	if err != nil {
-		return nil, internal("finding loop device", err)
-	}
-	if dev == "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is not staged on this node", id)
-	}
-	if err := image.RefreshSize(dev); err != nil {
-		return nil, internal("refreshing loop device size", err)
-	}
-	size, err := image.DeviceSize(dev)
-	if err != nil {
-		return nil, internal("reading device size", err)
-	}
-	if v.AccessType == state.Block || req.GetVolumeCapability().GetBlock() != nil {
-		return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 	}
 	mnt := req.GetStagingTargetPath()
 	if mnt == "" {
 		mnt = path
 	}
-	if _, err := d.resizer.Resize(dev, mnt); err != nil {
-		if strings.Contains(err.Error(), "Permission denied") {
-			return nil, status.Errorf(codes.Internal, "growing filesystem online was refused (an ext4 online resize needs CAP_SYS_RESOURCE in the node plugin): %v", err)
-		}
-		return nil, internal("growing filesystem", err)
+	size, err := d.volumes.Expand(ctx, id, mnt, req.GetVolumeCapability().GetBlock() != nil)
+	if err != nil {
+		return nil, err
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: size}, nil
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -321,7 +322,7 @@ func TestRestartKeepsServingVolumes(t *testing.T) {
 	}
 	// An interrupted CreateVolume: a record that never became ready.
 	rec := env.driver.store.ListVolumes()[0]
-	rec.ID, rec.Name, rec.Ready = newVolumeID("fast"), "half-made", false
+	rec.ID, rec.Name, rec.Ready = volume.NewVolumeID("fast"), "half-made", false
 	rec.StagingPath, rec.Device, rec.Published = "", "", nil
 	if err := env.driver.store.PutVolume(rec); err != nil {
 		t.Fatal(err)
@@ -384,7 +385,7 @@ func TestUnhealthyPool(t *testing.T) {
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}, Parameters: map[string]string{"pool": "fast"}})
 	wantCode(t, err, codes.ResourceExhausted, "unhealthy")
 	other := env.create("elsewhere", 16*mb, nil)
-	if poolOfVolumeID(other.GetVolumeId()) != "slow" {
+	if volume.PoolOfVolumeID(other.GetVolumeId()) != "slow" {
 		t.Fatalf("volume placed on %s while fast is unhealthy", other.GetVolumeId())
 	}
 	h, err := env.ctrl.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: v.GetVolumeId()})

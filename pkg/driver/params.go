@@ -1,62 +1,16 @@
 package driver
 
 import (
-	"fmt"
 	"math"
-	"sort"
-	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
-
-// knownParams are the StorageClass / volume attribute keys the driver understands. Keys under
-// csi.storage.k8s.io/ (added by external-provisioner and kubelet) are always accepted.
-var knownParams = map[string]bool{
-	consts.ParamPool:         true,
-	consts.ParamPoolSelector: true,
-	consts.ParamSource:       true,
-	consts.ParamEndpoint:     true,
-	consts.ParamRegion:       true,
-	consts.ParamPathStyle:    true,
-	consts.ParamInclude:      true,
-	consts.ParamExclude:      true,
-}
-
-// placement is what the parameters say about where a volume may go.
-type placement struct {
-	pool     string
-	selector labels.Selector
-}
-
-// parsePlacement validates parameter keys and the pool targeting ones. Unknown keys are an
-// InvalidArgument naming them, so a typo in a StorageClass fails loudly instead of being ignored.
-func parsePlacement(params map[string]string) (placement, error) {
-	var unknown []string
-	for k := range params {
-		if !knownParams[k] && !strings.HasPrefix(k, consts.ReservedParamPrefix) {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return placement{}, status.Errorf(codes.InvalidArgument, "unknown parameter %q (known: pool, poolSelector, source, endpoint, region, pathStyle, include, exclude)", unknown[0])
-	}
-	pl := placement{pool: params[consts.ParamPool]}
-	if s, ok := params[consts.ParamPoolSelector]; ok {
-		sel, err := labels.Parse(s)
-		if err != nil {
-			return placement{}, status.Errorf(codes.InvalidArgument, "invalid poolSelector %q: %v", s, err)
-		}
-		pl.selector = sel
-	}
-	return pl, nil
-}
 
 const (
 	mib          = int64(1) << 20
@@ -64,7 +18,6 @@ const (
 	// mkfs.xfs refuses filesystems smaller than 300 MB.
 	minXFSBytes   = 300 * mib
 	minBlockBytes = 1 * mib
-	defaultFSType = "ext4"
 )
 
 var supportedFSTypes = map[string]bool{"ext4": true, "xfs": true}
@@ -104,7 +57,7 @@ func checkCapabilities(caps []*csi.VolumeCapability) (volumeShape, error) {
 		}
 	}
 	if shape.access == state.Mount && shape.fsType == "" {
-		shape.fsType = defaultFSType
+		shape.fsType = volume.DefaultFSType
 	}
 	return shape, nil
 }
@@ -234,11 +187,8 @@ func capabilitiesFit(v state.Volume, caps []*csi.VolumeCapability) error {
 		if err := checkCapability(c); err != nil {
 			return err
 		}
-		if (c.GetBlock() != nil) != (v.AccessType == state.Block) {
-			return fmt.Errorf("volume %s is a %s volume", v.ID, v.AccessType)
-		}
-		if fs := c.GetMount().GetFsType(); fs != "" && v.FSType != "" && fs != v.FSType {
-			return fmt.Errorf("volume %s has filesystem %s, not %s", v.ID, v.FSType, fs)
+		if err := volume.Fits(v, c.GetBlock() != nil, c.GetMount().GetFsType()); err != nil {
+			return err
 		}
 	}
 	return nil

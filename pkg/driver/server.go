@@ -26,7 +26,7 @@ type server struct {
 }
 
 func (d *Driver) newServer() (*server, error) {
-	g := grpc.NewServer(grpc.UnaryInterceptor(d.logAndMeasure), grpc.StreamInterceptor(d.logStream))
+	g := grpc.NewServer(grpc.ChainUnaryInterceptor(d.logAndMeasure, d.lockRequest), grpc.StreamInterceptor(d.logStream))
 	csi.RegisterIdentityServer(g, &identityServer{d: d})
 	if d.cfg.Mode == ModeAll || d.cfg.Mode == ModeController {
 		csi.RegisterControllerServer(g, &controllerServer{d: d})

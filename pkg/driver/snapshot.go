@@ -4,10 +4,8 @@ import (
 	"context"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -15,15 +13,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/image"
-	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
-)
-
-// Filesystem freeze ioctls (linux/fs.h: _IOWR('X', 119, int) and _IOWR('X', 120, int)).
-const (
-	ioctlFIFREEZE = 0xC0045877
-	ioctlFITHAW   = 0xC0045878
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 func wrapInt64(v int64) *wrapperspb.Int64Value { return wrapperspb.Int64(v) }
@@ -58,11 +49,6 @@ func (s *controllerServer) CreateSnapshot(ctx context.Context, req *csi.CreateSn
 	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	release, err := d.locks.acquire(snapshotNameKey(name))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	if sn, ok := d.store.GetSnapshotByName(name); ok && sn.Ready {
 		if sn.SourceVolumeID != srcID {
 			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists for volume %s", name, sn.SourceVolumeID)
@@ -76,86 +62,14 @@ func (s *controllerServer) CreateSnapshot(ctx context.Context, req *csi.CreateSn
 	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
 		return nil, status.Errorf(codes.ResourceExhausted, "snapshots of volume %s stay on node %s, outside the requested topology", srcID, d.cfg.NodeID)
 	}
-	thaw := freeze(ctx, v)
-	sn, err := d.takeSnapshot(v, name, "")
+	thaw := volume.Freeze(ctx, v)
+	sn, err := d.volumes.Snapshot(v, name, "")
 	thaw()
 	if err != nil {
 		return nil, err
 	}
 	klog.FromContext(ctx).V(4).Info("Created snapshot", "snapshotID", sn.ID, "volumeID", srcID)
 	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(sn)}, nil
-}
-
-// takeSnapshot copies a volume's image into a new snapshot record. The record is written first
-// and marked ready last, so a crash in between is cleaned up at the next start.
-func (d *Driver) takeSnapshot(v state.Volume, name, groupID string) (state.Snapshot, error) {
-	p, ok := d.pools.Get(v.Pool)
-	if !ok {
-		return state.Snapshot{}, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, d.cfg.NodeID)
-	}
-	sn := state.Snapshot{
-		ID:              newSnapshotID(v.Pool),
-		Name:            name,
-		SourceVolumeID:  v.ID,
-		Pool:            v.Pool,
-		SizeBytes:       v.CapacityBytes,
-		CreatedAt:       time.Now().UTC(),
-		GroupSnapshotID: groupID,
-	}
-	if err := d.store.PutSnapshot(sn); err != nil {
-		return state.Snapshot{}, internal("saving snapshot state", err)
-	}
-	img := image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)
-	if err := image.CreateFrom(img, image.VolumePath(p.Path, pool.MetaDir, v.ID), 0); err != nil {
-		_ = image.Remove(img)
-		_ = d.store.DeleteSnapshot(sn.ID)
-		return state.Snapshot{}, d.imageError("copying volume image", v.Pool, err)
-	}
-	sn.Ready = true
-	if err := d.store.PutSnapshot(sn); err != nil {
-		_ = image.Remove(img)
-		_ = d.store.DeleteSnapshot(sn.ID)
-		return state.Snapshot{}, internal("saving snapshot state", err)
-	}
-	d.pools.UpdateCapacity(sn.Pool)
-	return sn, nil
-}
-
-// removeSnapshot deletes a snapshot's image and record.
-func (d *Driver) removeSnapshot(sn state.Snapshot) error {
-	if p, ok := d.pools.Get(sn.Pool); ok {
-		if err := image.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)); err != nil {
-			return internal("removing snapshot image", err)
-		}
-	}
-	if err := d.store.DeleteSnapshot(sn.ID); err != nil {
-		return internal("removing snapshot state", err)
-	}
-	d.pools.UpdateCapacity(sn.Pool)
-	return nil
-}
-
-// freeze flushes and freezes a staged mount volume's filesystem so its image is consistent
-// while it is copied; the returned function thaws it. Volumes not staged here need nothing.
-func freeze(ctx context.Context, v state.Volume) func() {
-	if v.StagingPath == "" || v.AccessType != state.Mount {
-		return func() {}
-	}
-	fd, err := unix.Open(v.StagingPath, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return func() {}
-	}
-	if err := unix.IoctlSetInt(fd, ioctlFIFREEZE, 0); err != nil {
-		// Frozen already, or unsupported: a flush still gives a crash-consistent copy.
-		klog.FromContext(ctx).V(2).Info("Cannot freeze filesystem; syncing instead", "path", v.StagingPath, "err", err)
-		_ = unix.Syncfs(fd)
-		unix.Close(fd)
-		return func() {}
-	}
-	return func() {
-		_ = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
-		unix.Close(fd)
-	}
 }
 
 // csiSnapshot describes a snapshot. Its accessible_topology (alpha) is left out: a snapshot is
@@ -178,11 +92,6 @@ func (s *controllerServer) DeleteSnapshot(ctx context.Context, req *csi.DeleteSn
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "snapshot ID is required")
 	}
-	release, err := d.locks.acquire(snapshotKey(id))
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	sn, ok := d.store.GetSnapshot(id)
 	if !ok {
 		return &csi.DeleteSnapshotResponse{}, nil
@@ -190,7 +99,7 @@ func (s *controllerServer) DeleteSnapshot(ctx context.Context, req *csi.DeleteSn
 	if sn.GroupSnapshotID != "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "snapshot %s belongs to group snapshot %s; delete the group", id, sn.GroupSnapshotID)
 	}
-	if err := d.removeSnapshot(sn); err != nil {
+	if err := d.volumes.DeleteSnapshot(sn); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteSnapshotResponse{}, nil

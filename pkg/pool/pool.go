@@ -13,8 +13,8 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// MetaDir is the directory inside each pool that Cistern owns: volume images, snapshots, the
-// dataset cache and the pool marker live below it.
+// MetaDir is the directory inside each pool where the driver keeps volume and snapshot images
+// (pkg/image). The dataset cache is its sibling, <pool>/.cistern-cache (pkg/datasource).
 const MetaDir = ".cistern"
 
 // DefaultMaxErrors bounds the per-pool error history.
@@ -139,6 +139,17 @@ func (m *Manager) Get(name string) (Status, bool) {
 		return Status{}, false
 	}
 	return p.copy(), true
+}
+
+// PoolPath returns a configured pool's directory: pkg/datasource resolves pool names through it.
+func (m *Manager) PoolPath(name string) (string, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	p, ok := m.pools[name]
+	if !ok {
+		return "", false
+	}
+	return p.Path, true
 }
 
 // RecordError adds a problem seen outside the health check (for example an I/O error while

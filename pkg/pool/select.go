@@ -25,15 +25,6 @@ type NoRoomError struct {
 
 func (e *NoRoomError) Error() string { return e.msg }
 
-// ParseSelector parses a poolSelector parameter (`media=ssd,tier in (hot,warm)`).
-func ParseSelector(s string) (labels.Selector, error) {
-	sel, err := labels.Parse(s)
-	if err != nil {
-		return nil, fmt.Errorf("invalid poolSelector %q: %v", s, err)
-	}
-	return sel, nil
-}
-
 // Matching returns the pools allowed by name and selector, healthy or not.
 func Matching(pools []Status, name string, sel labels.Selector) []Status {
 	var out []Status

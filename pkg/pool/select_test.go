@@ -72,12 +72,3 @@ func TestMaxVolumeBytesKeepsReserve(t *testing.T) {
 		t.Fatalf("pool below its reserve MaxVolumeBytes = %d, want 0", got)
 	}
 }
-
-func TestParseSelector(t *testing.T) {
-	if _, err := ParseSelector("media=ssd,tier in (hot,warm)"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ParseSelector("media in ("); err == nil {
-		t.Fatal("want error for a malformed selector")
-	}
-}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -48,6 +49,9 @@ type Volume struct {
 	// NeedsGrow is set when the image grew (expansion, or a copy into a larger volume) and the
 	// filesystem has not been grown yet.
 	NeedsGrow bool `json:"needsGrow,omitempty"`
+	// DatasetFilled is set once the volume's filesystem holds the dataset its parameters name,
+	// so a later staging neither waits for the dataset nor copies it again.
+	DatasetFilled bool `json:"datasetFilled,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
 	// finds such records and removes their half-made images.
 	Ready     bool      `json:"ready"`
@@ -84,11 +88,25 @@ type GroupSnapshot struct {
 	Ready       bool      `json:"ready"`
 }
 
+// TreeVolume is a volume served from a dataset's cached tree on a pool, with no image: a static
+// PV staged with a read-only bind mount, or a read-only inline volume published with one.
+type TreeVolume struct {
+	ID        string `json:"id"`
+	Pool      string `json:"pool"`
+	DatasetID string `json:"datasetID"`
+	// Parameters are the volume attributes it was served with (never secrets).
+	Parameters map[string]string `json:"parameters,omitempty"`
+	// Path is the staging path (static PV) or the target path (inline volume).
+	Path   string `json:"path"`
+	Inline bool   `json:"inline,omitempty"`
+}
+
 // Store holds the records in memory, indexed by ID and name, and on disk.
 type Store struct {
 	volumes   *table[Volume]
 	snapshots *table[Snapshot]
 	groups    *table[GroupSnapshot]
+	trees     *table[TreeVolume]
 }
 
 // Quarantined lists the record files set aside at Open because they could not be read (see
@@ -111,6 +129,14 @@ func Open(dir string) (*Store, error) {
 	}
 	if s.snapshots, err = openTable(filepath.Join(dir, "snapshots"),
 		func(sn *Snapshot) (string, string) { return sn.ID, sn.Name }, func(sn *Snapshot) Snapshot { return *sn }); err != nil {
+		return nil, err
+	}
+	if s.trees, err = openTable(filepath.Join(dir, "treevolumes"),
+		func(t *TreeVolume) (string, string) { return t.ID, "" }, func(t *TreeVolume) TreeVolume {
+			cp := *t
+			cp.Parameters = maps.Clone(t.Parameters)
+			return cp
+		}); err != nil {
 		return nil, err
 	}
 	if s.groups, err = openTable(filepath.Join(dir, "groupsnapshots"),
@@ -177,6 +203,19 @@ func (s *Store) PutGroupSnapshot(g GroupSnapshot) error { return s.groups.put(g,
 
 // DeleteGroupSnapshot removes the record; deleting a missing record is not an error.
 func (s *Store) DeleteGroupSnapshot(id string) error { return s.groups.delete(id) }
+
+// GetTreeVolume returns a tree volume's record.
+func (s *Store) GetTreeVolume(id string) (TreeVolume, bool) { return s.trees.get(id) }
+
+// ListTreeVolumes returns every tree volume record, sorted by ID.
+func (s *Store) ListTreeVolumes() []TreeVolume { return s.trees.list() }
+
+// PutTreeVolume writes a tree volume's record durably: it is the reference that keeps eviction
+// away from the dataset, and what NodeUnstage and NodeUnpublish find the volume by.
+func (s *Store) PutTreeVolume(t TreeVolume) error { return s.trees.put(t, true) }
+
+// DeleteTreeVolume removes the record; deleting a missing record is not an error.
+func (s *Store) DeleteTreeVolume(id string) error { return s.trees.delete(id) }
 
 // table is one kind of record: a directory of JSON files and two in-memory indexes.
 type table[T any] struct {

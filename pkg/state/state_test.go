@@ -106,3 +106,36 @@ func TestCorruptRecordIsQuarantined(t *testing.T) {
 		t.Fatalf("reopen: %v, quarantined again %v", err, s.Quarantined())
 	}
 }
+
+func TestTreeVolumesSurviveReopen(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tv := TreeVolume{ID: "imagenet-static", Pool: "fast", DatasetID: "abc", Path: "/staging/x", Parameters: map[string]string{"source": "s3://b"}}
+	if err := s.PutTreeVolume(tv); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTreeVolume(TreeVolume{ID: "inline-1", Pool: "fast", Inline: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteTreeVolume("inline-1"); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := s.GetTreeVolume("imagenet-static")
+	if !ok || got.DatasetID != "abc" || got.Parameters["source"] != "s3://b" {
+		t.Fatalf("reopened record %+v %v", got, ok)
+	}
+	got.Parameters["source"] = "changed"
+	if again, _ := s.GetTreeVolume("imagenet-static"); again.Parameters["source"] != "s3://b" {
+		t.Fatal("a returned record shares its map with the store")
+	}
+	if l := s.ListTreeVolumes(); len(l) != 1 {
+		t.Fatalf("records %+v, want one", l)
+	}
+}

@@ -48,6 +48,9 @@ import (
 
 // Config is everything the workload-controller needs; cmd/workload-controller fills it from flags.
 type Config struct {
+	// RestConfig reaches the API server.
+	RestConfig *rest.Config
+
 	// MetricsAddr and ProbeAddr: "0" disables.
 	MetricsAddr, ProbeAddr string
 	// MetricsSecure serves metrics over HTTPS to callers that authenticate with a token and may
@@ -121,10 +124,13 @@ func (c *Config) lwsAPI() schema.GroupVersion {
 }
 
 func (c *Config) validate() error {
-	if c.DisableWebhooks {
-		return nil
-	}
 	var errs []error
+	if c.RestConfig == nil {
+		errs = append(errs, errors.New("no API server configuration"))
+	}
+	if c.DisableWebhooks {
+		return errors.Join(errs...)
+	}
 	if c.WebhookPort <= 0 || c.WebhookPort > 65535 {
 		errs = append(errs, fmt.Errorf("webhook port %d out of range", c.WebhookPort))
 	}
@@ -159,11 +165,22 @@ func metricsOptions(cfg Config) metricsserver.Options {
 	return opts
 }
 
-// Run runs the controller until ctx ends.
-func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
+// Controller is the workload-controller: its reconcilers and webhooks in one manager.
+type Controller struct {
+	cfg Config
+}
+
+// New checks cfg and returns the controller; Run starts it.
+func New(cfg Config) (*Controller, error) {
 	if err := cfg.validate(); err != nil {
-		return err
+		return nil, err
 	}
+	return &Controller{cfg: cfg}, nil
+}
+
+// Run runs the controller until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	cfg, restConfig := c.cfg, c.cfg.RestConfig
 	logger := klog.FromContext(ctx)
 	ctrl.SetLogger(logger)
 	lwsAPI := cfg.lwsAPI()
@@ -247,6 +264,6 @@ func Run(ctx context.Context, restConfig *rest.Config, cfg Config) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	logger.Info("starting workload-controller", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister)
+	logger.Info("starting the manager", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister)
 	return mgr.Start(ctx)
 }

@@ -3,10 +3,12 @@ package workloads
 import (
 	"strings"
 	"testing"
+
+	"k8s.io/client-go/rest"
 )
 
 func TestConfigValidate(t *testing.T) {
-	ok := Config{WebhookPort: 9443, WebhookCertDir: "/tmp/c", WebhookServiceNamespace: "ns", WebhookSecretName: "s",
+	ok := Config{RestConfig: &rest.Config{}, WebhookPort: 9443, WebhookCertDir: "/tmp/c", WebhookServiceNamespace: "ns", WebhookSecretName: "s",
 		WebhookServiceName: "svc", GitImage: "git", CompareImage: "controller"}
 	tests := []struct {
 		name string
@@ -15,7 +17,8 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{name: "service mode", mod: func(*Config) {}},
 		{name: "self-register with a host", mod: func(c *Config) { c.WebhookSelfRegister, c.WebhookHost = true, "127.0.0.1" }},
-		{name: "webhooks disabled needs nothing", mod: func(c *Config) { *c = Config{DisableWebhooks: true} }},
+		{name: "webhooks disabled needs nothing else", mod: func(c *Config) { *c = Config{RestConfig: c.RestConfig, DisableWebhooks: true} }},
+		{name: "failure case - no API server", mod: func(c *Config) { c.RestConfig = nil }, want: "no API server configuration"},
 		{name: "failure case - self-register without host", mod: func(c *Config) { c.WebhookSelfRegister = true },
 			want: "--webhook-self-register needs --webhook-host"},
 		{name: "failure case - no service", mod: func(c *Config) { c.WebhookServiceName = "" }, want: "webhook Service name is required"},

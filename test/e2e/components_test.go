@@ -56,9 +56,6 @@ func (s *scenario) storagePool(ctx context.Context, pool, node string) (*unstruc
 // storagePools: the sidecars of both nodes publish one StoragePool per pool, with the node as
 // accessible and the driver's capacity.
 func (s *scenario) storagePools(t *testing.T) {
-	if !s.c.Features.StoragePools {
-		t.Skip("storagepool-sidecar or deploy/csi/storagepool-sidecar not in this tree")
-	}
 	for _, n := range nodes {
 		for _, p := range n.Pools {
 			eventually(t, time.Minute, "StoragePool "+p.Name+" of "+n.Name, func(ctx context.Context) error {
@@ -81,9 +78,6 @@ func (s *scenario) storagePools(t *testing.T) {
 // leaderWorkerSet: an LWS with a claim template; every pod's claim is provisioned in a pool of
 // the node that pod was scheduled to.
 func (s *scenario) leaderWorkerSet(t *testing.T) {
-	if !s.c.Features.Workloads {
-		t.Skip("workload-controller or deploy/csi/workload-controller not in this tree")
-	}
 	const lws = `
 apiVersion: workloads.cistern.dev/v1alpha1
 kind: LeaderWorkerSet

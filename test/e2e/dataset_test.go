@@ -36,9 +36,6 @@ func s3Server(t *testing.T) (*cluster.S3, map[string]string) {
 // test calls NodeStageVolume and NodePublishVolume as kubelet does (with the secret's data) and
 // checks every file against the source.
 func (s *scenario) dataset(t *testing.T) {
-	if !s.c.Features.Datasets {
-		t.Skip("the driver does not stage datasets in this tree (pkg/datasource not wired into pkg/driver)")
-	}
 	s3, sums := s3Server(t)
 	cs := s.cp.Client
 	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
@@ -92,19 +89,11 @@ parameters:
 }
 
 // volumeManager: a VolumeManager with replicas 2 gets a static PV and claim pinned to both nodes,
-// and its status lists them with the node affinity pods need. Where the driver stages datasets,
-// the test then stages that PV on each node as kubelet would and checks the data on both.
+// and its status lists them with the node affinity pods need; the test then stages that PV on each
+// node as kubelet would and checks the data on both.
 func (s *scenario) volumeManager(t *testing.T) {
-	if !s.c.Features.Workloads {
-		t.Skip("workload-controller or deploy/csi/workload-controller not in this tree")
-	}
-	endpoint, access, secret := "http://127.0.0.1:1", "unused", "unused"
-	var sums map[string]string
-	if s.c.Features.Datasets {
-		var s3 *cluster.S3
-		s3, sums = s3Server(t)
-		endpoint, access, secret = s3.Endpoint, s3.AccessKey, s3.SecretKey
-	}
+	s3, sums := s3Server(t)
+	endpoint, access, secret := s3.Endpoint, s3.AccessKey, s3.SecretKey
 	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
 apiVersion: v1
 kind: Secret
@@ -150,10 +139,6 @@ spec:
 	pv := boundPV(t, s.cp.Client, s.ns, claim)
 	if got := strings.Split(cluster.TopologyOf(pv), ","); !slices.Equal(sorted(got), []string{nodeA, nodeB}) {
 		t.Errorf("PV %s pinned to %v, want both nodes", pv.Name, got)
-	}
-	if !s.c.Features.Datasets {
-		t.Log("the driver does not stage datasets in this tree: data on the nodes not checked")
-		return
 	}
 	secrets := map[string]string{"accessKeyID": access, "secretAccessKey": secret}
 	for _, node := range []string{nodeA, nodeB} {

@@ -42,13 +42,10 @@ var nodes = []cluster.NodeSpec{
 func TestE2E(t *testing.T) {
 	b := binaries(t)
 	cp := framework.Shared(t)
-	features := cluster.DetectFeatures()
-	t.Logf("components in this tree: %+v", features)
 	cluster.CreateNamespace(t, cp)
 	deployDryRun(t, cp)
 	c := cluster.Start(t, cp, cluster.Options{
-		Nodes:    nodes,
-		Features: features,
+		Nodes: nodes,
 		Node: cluster.NodeOptions{
 			Bins:                 b,
 			PoolCheckInterval:    time.Second,
@@ -268,9 +265,6 @@ func (s *scenario) poolShrink(t *testing.T) {
 		}
 		return nil
 	})
-	if !s.c.Features.StoragePools {
-		return
-	}
 	eventually(t, time.Minute, "StoragePool of node-b's fast pool shrinking", func(ctx context.Context) error {
 		now, err := s.capacityObject(ctx, "cistern-fast", nodeB)
 		if err != nil {

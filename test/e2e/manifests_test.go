@@ -237,3 +237,23 @@ func TestKindConfig(t *testing.T) {
 		t.Error("kind-config.yaml has no worker nodes")
 	}
 }
+
+// TestVersion: each command prints the version it was built with (the Makefile's $VERSION, from
+// git describe; "dev" outside make) for --version, and exits 0.
+func TestVersion(t *testing.T) {
+	b := binaries(t)
+	want := os.Getenv("VERSION")
+	if want == "" {
+		want = "dev"
+	}
+	for _, bin := range []string{b.Driver, b.Sidecar, b.Controller} {
+		out, err := exec.Command(bin, "--version").CombinedOutput()
+		if err != nil {
+			t.Errorf("%s --version: %v\n%s", filepath.Base(bin), err, out)
+			continue
+		}
+		if got := strings.TrimSpace(string(out)); got != want {
+			t.Errorf("%s --version printed %q, want %q", filepath.Base(bin), got, want)
+		}
+	}
+}

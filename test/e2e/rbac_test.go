@@ -34,7 +34,7 @@ func (s *scenario) rbac(t *testing.T) {
 	}{
 		{"create", "", "persistentvolumes", "", true},
 		{"create", "storage.k8s.io", "csistoragecapacities", cluster.Namespace, true},
-		{"patch", "storagepool.storage.k8s.io", "storagepools", "", s.c.Features.StoragePools},
+		{"patch", "storagepool.storage.k8s.io", "storagepools", "", true},
 		{"create", "storage.k8s.io", "csistoragecapacities", "default", false},
 		{"get", "", "secrets", "default", false},
 		{"get", "", "secrets", cluster.Namespace, false},

@@ -90,7 +90,7 @@ func findBinaries(t *testing.T) *binaries {
 	}
 
 	b.driver = filepath.Join(t.TempDir(), "csi-driver")
-	out, err := exec.Command("go", "build", "-o", b.driver, "github.com/cistern-csi/cistern/cmd/csi-driver").CombinedOutput()
+	out, err := testutil.GoBuild(b.driver, "github.com/cistern-csi/cistern/cmd/csi-driver").CombinedOutput()
 	if err != nil {
 		t.Fatalf("building the driver: %v\n%s", err, out)
 	}

@@ -9,13 +9,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
@@ -55,31 +54,25 @@ func requireMachine(t *testing.T) {
 	}
 }
 
-// nodeLockPath is held by a node-level suite for its whole run (see lockNode).
-const nodeLockPath = "/run/cistern-node-suite.lock"
-
-// lockNode waits until no other node-level suite runs on this machine and holds the lock until
-// the test's last cleanup. Two at once break each other: they share /var/lib/kubelet,
-// /run/containerd and the kubepods cgroups, and each kubelet kills the other's pods as orphans
-// of its cgroup tree (seen: every container of a pod dying at once, "cgroup deleted").
-func lockNode(t *testing.T) {
+// lockHost lets one node suite run on a host at a time, across checkouts: kubelet, containerd and
+// CNI use fixed host paths, and a run's cleanup removes them and kills what runs in its cgroups,
+// which would tear down another run's pods mid-test.
+func lockHost(t *testing.T) {
 	t.Helper()
-	f, err := os.OpenFile(nodeLockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := os.OpenFile(filepath.Join(os.TempDir(), "cistern-e2enode.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		t.Logf("another node-level suite runs on this machine; waiting for %s", nodeLockPath)
-		start := time.Now()
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("waited %s for the node lock", time.Since(start).Round(time.Second))
+	t.Cleanup(func() { f.Close() }) // closing releases the lock; registered first, so it runs last
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err == nil {
+		return
 	}
-	t.Cleanup(func() {
-		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-		f.Close()
-	})
+	t.Log("waiting for another node e2e run on this host to finish")
+	start := time.Now()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatalf("locking the host for the node suite: %v", err)
+	}
+	t.Logf("waited %s for the other run", time.Since(start).Round(time.Second))
 }
 
 // startCluster brings up control plane, containerd, kubelet and the Cistern node; every piece is
@@ -87,7 +80,7 @@ func lockNode(t *testing.T) {
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	requireMachine(t)
-	lockNode(t)
+	lockHost(t)
 	bins := findBinaries(t)
 
 	// Not t.TempDir: it must not be removed while something is still mounted below it.

@@ -63,7 +63,7 @@ type install struct {
 // containerd pulls every image from a registry on loopback; see docs/testing.md ("Install suite").
 func TestInstall(t *testing.T) {
 	requireMachine(t)
-	lockNode(t)
+	lockHost(t)
 	bins := findBinaries(t)
 	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe"} {
 		if _, ok := bins.images[name]; !ok {

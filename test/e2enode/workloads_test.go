@@ -26,7 +26,7 @@ const lwsName = "ranks"
 // image, until the test ends.
 func startWorkloadController(t *testing.T, c *cluster) error {
 	t.Helper()
-	// InstallCRDs logs through controller-runtime before workloads.Run sets its logger.
+	// InstallCRDs logs through controller-runtime before the controller's Run sets its logger.
 	crlog.SetLogger(klog.Background())
 	root, err := repoRoot()
 	if err != nil {
@@ -42,6 +42,7 @@ func startWorkloadController(t *testing.T, c *cluster) error {
 	port := int(ports[0])
 	certDir := t.TempDir()
 	cfg := workloads.Config{
+		RestConfig:  c.cp.Config,
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
@@ -49,7 +50,12 @@ func startWorkloadController(t *testing.T, c *cluster) error {
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(1)))
 	errc := make(chan error, 1)
-	go func() { errc <- workloads.Run(ctx, c.cp.Config, cfg) }()
+	wctl, err := workloads.New(cfg)
+	if err != nil {
+		cancel()
+		return err
+	}
+	go func() { errc <- wctl.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"testing"
-
-	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 const (
@@ -23,7 +20,7 @@ const (
 )
 
 // errBinariesMissing means `make k8s-tools` has not been run.
-var errBinariesMissing = errors.New("Kubernetes test binaries missing")
+var errBinariesMissing = errors.New("missing Kubernetes test binaries")
 
 // controlPlaneBinaries are what `make k8s-tools` builds and StartControlPlane needs.
 var controlPlaneBinaries = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
@@ -32,7 +29,7 @@ var controlPlaneBinaries = []string{"etcd", "kube-apiserver", "kube-controller-m
 // $CISTERN_K8S_BIN if set, else $CISTERN_CACHE/k8s-<version>/bin (CISTERN_CACHE defaults to
 // ~/.cache/cistern). When they are missing it skips the test, or fails it when CI=true, so
 // that a CI run cannot pass by skipping.
-func BinDir(t testing.TB) string {
+func BinDir(t TB) string {
 	t.Helper()
 	dir, err := findBinDir()
 	if err != nil {
@@ -42,7 +39,7 @@ func BinDir(t testing.TB) string {
 }
 
 // Binary returns the path of one binary in BinDir, e.g. "kubectl" or "kubelet".
-func Binary(t testing.TB, name string) string {
+func Binary(t TB, name string) string {
 	t.Helper()
 	path := filepath.Join(BinDir(t), name)
 	if _, err := os.Stat(path); err != nil {
@@ -55,9 +52,14 @@ func Binary(t testing.TB, name string) string {
 	return path
 }
 
-func missing(t testing.TB, err error) {
+// missing skips the test for want of built binaries, or fails it under CI=true (and outside go
+// test, where there is no skipping).
+func missing(t TB, err error) {
 	t.Helper()
-	testutil.Unavailable(t, "%v", err)
+	if s, ok := t.(interface{ Skip(...any) }); ok && os.Getenv("CI") != "true" {
+		s.Skip(err)
+	}
+	t.Fatal(err)
 }
 
 // findBinDir resolves the binary directory and checks that the control plane is complete.
@@ -76,7 +78,7 @@ func findBinDir() (string, error) {
 
 // ExternalProvisioner returns the path of the csi-provisioner built by `make csi-tools`.
 // Missing, it skips the test (fails it when CI=true).
-func ExternalProvisioner(t testing.TB) string {
+func ExternalProvisioner(t TB) string {
 	t.Helper()
 	path, err := ExternalProvisionerPath()
 	if err != nil {

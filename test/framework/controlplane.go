@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -72,7 +71,7 @@ const (
 )
 
 // StartControlPlane starts a control plane for one test and stops it when the test ends.
-func StartControlPlane(t testing.TB, opts Options) *ControlPlane {
+func StartControlPlane(t TB, opts Options) *ControlPlane {
 	t.Helper()
 	binDir := BinDir(t)
 	logDir := LogDir(t)

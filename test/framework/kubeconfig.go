@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"testing"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -34,7 +33,7 @@ func kubeconfigYAML(server string, caCert []byte, user, token string) []byte {
 // ServiceAccountConfig returns a client config authenticated as the ServiceAccount namespace/sa,
 // with a token from the TokenRequest API, so that a component runs with the RBAC its manifests
 // grant rather than as admin. The ServiceAccount must exist (e.g. applied from deploy/csi).
-func ServiceAccountConfig(t testing.TB, cp *ControlPlane, namespace, sa string) *rest.Config {
+func ServiceAccountConfig(t TB, cp *ControlPlane, namespace, sa string) *rest.Config {
 	t.Helper()
 	return tokenConfig(t, cp, namespace, sa, nil)
 }
@@ -42,13 +41,13 @@ func ServiceAccountConfig(t testing.TB, cp *ControlPlane, namespace, sa string) 
 // PodServiceAccountConfig is ServiceAccountConfig with a token bound to pod, as kubelet projects
 // it into the pod's containers: once the pod is scheduled, the API server names its node in the
 // token (the `authentication.kubernetes.io/node-name` extra that policies may check).
-func PodServiceAccountConfig(t testing.TB, cp *ControlPlane, pod *corev1.Pod) *rest.Config {
+func PodServiceAccountConfig(t TB, cp *ControlPlane, pod *corev1.Pod) *rest.Config {
 	t.Helper()
 	return tokenConfig(t, cp, pod.Namespace, pod.Spec.ServiceAccountName, &authenticationv1.BoundObjectReference{
 		Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID})
 }
 
-func tokenConfig(t testing.TB, cp *ControlPlane, namespace, sa string, bound *authenticationv1.BoundObjectReference) *rest.Config {
+func tokenConfig(t TB, cp *ControlPlane, namespace, sa string, bound *authenticationv1.BoundObjectReference) *rest.Config {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()
@@ -65,18 +64,18 @@ func tokenConfig(t testing.TB, cp *ControlPlane, namespace, sa string, bound *au
 
 // ServiceAccountKubeconfig writes a kubeconfig for the ServiceAccount namespace/sa (see
 // ServiceAccountConfig) and returns its path, for a component started with --kubeconfig.
-func ServiceAccountKubeconfig(t testing.TB, cp *ControlPlane, namespace, sa string) string {
+func ServiceAccountKubeconfig(t TB, cp *ControlPlane, namespace, sa string) string {
 	t.Helper()
 	return writeTokenKubeconfig(t, cp, namespace, sa, ServiceAccountConfig(t, cp, namespace, sa))
 }
 
 // PodServiceAccountKubeconfig writes a kubeconfig with PodServiceAccountConfig's token.
-func PodServiceAccountKubeconfig(t testing.TB, cp *ControlPlane, pod *corev1.Pod) string {
+func PodServiceAccountKubeconfig(t TB, cp *ControlPlane, pod *corev1.Pod) string {
 	t.Helper()
 	return writeTokenKubeconfig(t, cp, pod.Namespace, pod.Spec.ServiceAccountName, PodServiceAccountConfig(t, cp, pod))
 }
 
-func writeTokenKubeconfig(t testing.TB, cp *ControlPlane, namespace, sa string, cfg *rest.Config) string {
+func writeTokenKubeconfig(t TB, cp *ControlPlane, namespace, sa string, cfg *rest.Config) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), namespace+"-"+sa+".kubeconfig")
 	user := "system:serviceaccount:" + namespace + ":" + sa

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 )
 
@@ -15,12 +14,12 @@ const kubectlTimeout = 2 * time.Minute
 
 // Kubectl runs the kubectl built by `make k8s-tools` (never one from PATH, whose version may not
 // match) as admin against cp, fails the test if it fails, and returns its stdout.
-func Kubectl(t testing.TB, cp *ControlPlane, args ...string) string {
+func Kubectl(t TB, cp *ControlPlane, args ...string) string {
 	t.Helper()
 	return kubectl(t, cp, nil, args...)
 }
 
-func kubectl(t testing.TB, cp *ControlPlane, stdin []byte, args ...string) string {
+func kubectl(t TB, cp *ControlPlane, stdin []byte, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), kubectlTimeout)
 	defer cancel()
@@ -41,7 +40,7 @@ func kubectl(t testing.TB, cp *ControlPlane, stdin []byte, args ...string) strin
 // a kustomization.yaml is applied as a kustomization (-k), any other directory recursively (-f).
 // CustomResourceDefinitions it creates are Established when it returns. A CRD and objects of its
 // kind must be applied in two calls.
-func ApplyManifests(t testing.TB, cp *ControlPlane, paths ...string) {
+func ApplyManifests(t TB, cp *ControlPlane, paths ...string) {
 	t.Helper()
 	for _, path := range paths {
 		fi, err := os.Stat(path)
@@ -60,12 +59,12 @@ func ApplyManifests(t testing.TB, cp *ControlPlane, paths ...string) {
 }
 
 // ApplyYAML applies manifests given inline (multi-document YAML), as ApplyManifests does.
-func ApplyYAML(t testing.TB, cp *ControlPlane, yaml string) {
+func ApplyYAML(t TB, cp *ControlPlane, yaml string) {
 	t.Helper()
 	apply(t, cp, []byte(yaml), "--filename=-")
 }
 
-func apply(t testing.TB, cp *ControlPlane, stdin []byte, source ...string) {
+func apply(t TB, cp *ControlPlane, stdin []byte, source ...string) {
 	t.Helper()
 	args := append([]string{"apply", "--server-side", "--force-conflicts", "--field-manager=cistern-test"}, source...)
 	out := kubectl(t, cp, stdin, args...)

@@ -3,7 +3,6 @@ package framework
 import (
 	"context"
 	"sync"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +18,7 @@ import (
 // them Running and Ready, and confirms their deletion (a bound pod is only removed once its
 // kubelet says so). It stops when the test ends. Nodes made by CreateNode have no kubelet; this
 // stands in for one where a test needs pods to run or go away.
-func FakeKubelet(t testing.TB, c kubernetes.Interface, pods fields.Selector, nodes ...string) {
+func FakeKubelet(t TB, c kubernetes.Interface, pods fields.Selector, nodes ...string) {
 	t.Helper()
 	mine := map[string]bool{}
 	for _, n := range nodes {

@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strings"
 	"sync"
-	"testing"
 )
 
 const (
@@ -22,13 +21,13 @@ const (
 
 var (
 	logDirsMu sync.Mutex
-	logDirs   = map[testing.TB]string{}
+	logDirs   = map[TB]string{}
 )
 
 // LogDir returns the directory where the processes a test starts write their logs,
 // _output/logs/<TestName>/. It is emptied when first used by a test, removed when the test passes
 // and kept, with its path logged, when it fails.
-func LogDir(t testing.TB) string {
+func LogDir(t TB) string {
 	t.Helper()
 	logDirsMu.Lock()
 	defer logDirsMu.Unlock()

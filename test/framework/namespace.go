@@ -2,7 +2,6 @@ package framework
 
 import (
 	"context"
-	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -10,7 +9,7 @@ import (
 
 // CreateNamespace creates a namespace named <prefix>-<random> and deletes it when the test ends,
 // so that tests sharing a control plane do not see each other's objects.
-func CreateNamespace(t testing.TB, cp *ControlPlane, prefix string) string {
+func CreateNamespace(t TB, cp *ControlPlane, prefix string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()

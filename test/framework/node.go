@@ -4,7 +4,6 @@ import (
 	"context"
 	"maps"
 	"runtime"
-	"testing"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -31,7 +30,7 @@ const (
 // and labels the Node with that key as kubelet does. labels are added to the defaults
 // (kubernetes.io/hostname, os, arch, topology key) and win over them. taints are set at creation,
 // so no pod can be scheduled there before they are in place. No pod ever runs on it.
-func CreateNode(t testing.TB, cp *ControlPlane, name string, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
+func CreateNode(t TB, cp *ControlPlane, name string, labels map[string]string, taints ...corev1.Taint) *corev1.Node {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
 	defer cancel()

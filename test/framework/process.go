@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"testing"
 	"time"
 )
 
@@ -34,14 +33,14 @@ type Process struct {
 
 // StartProcess starts bin with args, writing its output to <LogDir>/<name>.log, and stops it
 // (with its whole process group) when the test ends.
-func StartProcess(t testing.TB, name, bin string, args ...string) *Process {
+func StartProcess(t TB, name, bin string, args ...string) *Process {
 	t.Helper()
 	return StartCommand(t, name, exec.Command(bin, args...))
 }
 
 // StartCommand is StartProcess for a prepared command, e.g. one with Env or Dir set. Stdout,
 // Stderr and SysProcAttr are set by StartCommand.
-func StartCommand(t testing.TB, name string, cmd *exec.Cmd) *Process {
+func StartCommand(t TB, name string, cmd *exec.Cmd) *Process {
 	t.Helper()
 	p, err := startProcess(LogDir(t), name, cmd)
 	if err != nil {
@@ -94,9 +93,6 @@ func (p *Process) Err() error {
 		return nil
 	}
 }
-
-// Pid is the process id, which is also its process group id.
-func (p *Process) Pid() int { return p.cmd.Process.Pid }
 
 // Stop sends SIGTERM to the process group, waits up to 10s, then kills the group. Safe to call
 // more than once.

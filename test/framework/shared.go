@@ -54,7 +54,7 @@ func RunShared(m *testing.M, opts Options) int {
 // Shared returns the control plane shared by the tests of this binary (see RunShared), starting
 // it on first use. If it cannot start, every test that asks for it fails (or skips, when the
 // binaries are not built and CI is not true).
-func Shared(t testing.TB) *ControlPlane {
+func Shared(t TB) *ControlPlane {
 	t.Helper()
 	if !shared.enabled {
 		t.Fatal("framework.Shared needs framework.RunShared in TestMain")
@@ -69,7 +69,7 @@ func Shared(t testing.TB) *ControlPlane {
 	return shared.cp
 }
 
-func startShared(t testing.TB) (*ControlPlane, error) {
+func startShared(t TB) (*ControlPlane, error) {
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err

@@ -92,12 +92,11 @@ type poolConfig struct {
 
 // driver is a running csi-driver binary.
 type driver struct {
-	node    string
-	socket  string
-	config  string
-	proc    *framework.Process
-	t       *testing.T
-	stopped bool
+	node   string
+	socket string
+	config string
+	proc   *framework.Process
+	t      *testing.T
 	// args are extra flags of the driver.
 	args []string
 }

@@ -6,11 +6,11 @@ package storagepool_test
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 var (
@@ -36,7 +36,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/csi-driver", "./cmd/storagepool-sidecar")
+	cmd := testutil.GoBuild(dir+"/", "./cmd/csi-driver", "./cmd/storagepool-sidecar")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building the binaries: %v\n%s", err, out)

@@ -28,7 +28,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	cparams "github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 type shape struct {
@@ -70,10 +71,11 @@ func TestStagingChild(t *testing.T) {
 	}
 	var params map[string]string
 	json.Unmarshal([]byte(os.Getenv("CISTERN_BENCH_PARAMS")), &params)
-	spec, err := datasource.ParseParams(params, false)
+	v, err := cparams.Parse(params, cparams.StorageClass)
 	if err != nil {
 		t.Fatal(err)
 	}
+	spec := datasource.SpecOf(v.Dataset)
 	m, err := datasource.NewManager(datasource.Config{AccessProofTTL: datasource.DefaultAccessProofTTL})
 	if err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
-	"github.com/cistern-csi/cistern/pkg/datasource/testpeers"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // sdkRequest tells GetObject's requests from the plain signed GETs: only the SDK's stack sends

@@ -280,7 +280,7 @@ func TestValidateUpstreamFields(t *testing.T) {
 		}, want: "spec.rolloutStrategy.rollingUpdateConfiguration.partition: Invalid value: -1: must be >= 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := ErrorsToString(ValidateCreate(testLWS(tc.mod)))
+			got := errorsToString(ValidateCreate(testLWS(tc.mod)))
 			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
 				t.Errorf("errors %q, want %q", got, tc.want)
 			}
@@ -299,7 +299,7 @@ func TestValidateUpstreamFields(t *testing.T) {
 			"subGroupPolicy: Forbidden: cannot be removed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := ErrorsToString(ValidateUpdate(tc.old, tc.cur)); !strings.Contains(got, tc.want) {
+			if got := errorsToString(ValidateUpdate(tc.old, tc.cur)); !strings.Contains(got, tc.want) {
 				t.Errorf("errors %q, want %q", got, tc.want)
 			}
 		})

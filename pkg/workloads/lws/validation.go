@@ -213,11 +213,3 @@ func validateSchedulingPolicy(sp *v1alpha1.SchedulingPolicy, p *field.Path) fiel
 	}
 	return errs
 }
-
-// ErrorsToString joins errors for messages and tests.
-func ErrorsToString(errs field.ErrorList) string {
-	if len(errs) == 0 {
-		return ""
-	}
-	return fmt.Sprint(errs.ToAggregate())
-}

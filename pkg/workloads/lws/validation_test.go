@@ -1,6 +1,7 @@
 package lws
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -8,10 +9,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 )
+
+// errorsToString joins errors as the webhook's message does; "" for none.
+func errorsToString(errs field.ErrorList) string {
+	if len(errs) == 0 {
+		return ""
+	}
+	return fmt.Sprint(errs.ToAggregate())
+}
 
 func TestValidateCreate(t *testing.T) {
 	tests := []struct {
@@ -54,7 +64,7 @@ func TestValidateCreate(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			l := testLWS(tc.mod)
-			got := ErrorsToString(ValidateCreate(l))
+			got := errorsToString(ValidateCreate(l))
 			if len(tc.want) == 0 && got != "" {
 				t.Fatalf("unexpected errors: %s", got)
 			}
@@ -97,7 +107,7 @@ func TestValidateUpdateClaimTemplates(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cur := old.DeepCopy()
 			tc.mod(cur)
-			got := ErrorsToString(ValidateUpdate(old, cur))
+			got := errorsToString(ValidateUpdate(old, cur))
 			const msg = "spec.leaderWorkerTemplate.volumeClaimTemplates: Forbidden: volumeClaimTemplates cannot be changed"
 			if tc.wantF != strings.Contains(got, msg) {
 				t.Errorf("errors = %q, want forbidden=%v", got, tc.wantF)

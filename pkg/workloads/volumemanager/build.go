@@ -20,6 +20,7 @@ import (
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/params"
 )
 
 // Labels on the objects made for a VolumeManager; PersistentVolumes are cluster-scoped and cannot
@@ -51,34 +52,14 @@ type Config struct {
 	NFSServers []string
 }
 
-// DatasetAttributes turns a volume config into the driver's dataset parameters, refusing a source
-// URL that does not match its type, Local paths outside the allowed roots and capacities out of
-// bounds.
+// DatasetAttributes turns a volume config into the driver's dataset parameters. They are checked
+// by the driver's own parser (pkg/params), so admission and the node give the same errors; on top,
+// the source URL must match its type, a Local path must be under an allowed root, an NFS server
+// must be one the administrator allows, and the capacity must be within bounds.
 func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]string, error) {
-	u, err := url.Parse(vc.SourceURL)
-	if err != nil {
-		return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
-	}
 	want := map[datav1alpha1.SourceType]string{datav1alpha1.SourceS3: "s3", datav1alpha1.SourceNFS: "nfs", datav1alpha1.SourceLocal: "file"}[vc.SourceType]
 	if want == "" {
 		return nil, fmt.Errorf("sourceType %q is not S3, NFS or Local", vc.SourceType)
-	}
-	if u.Scheme != want {
-		return nil, fmt.Errorf("sourceURL %q: a %s source must start with %s://", vc.SourceURL, vc.SourceType, want)
-	}
-	if vc.Capacity != nil && (vc.Capacity.Sign() <= 0 || vc.Capacity.Cmp(maxCapacity) > 0) {
-		return nil, fmt.Errorf("capacity %s is not more than 0 and at most %s", vc.Capacity.String(), maxCapacity.String())
-	}
-	if u.Host == "" && vc.SourceType != datav1alpha1.SourceLocal {
-		return nil, fmt.Errorf("sourceURL %q has no bucket or server", vc.SourceURL)
-	}
-	if vc.SourceType == datav1alpha1.SourceLocal {
-		if err := checkLocalPath(u, cfg.LocalSourceRoots); err != nil {
-			return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
-		}
-	}
-	if vc.SourceType == datav1alpha1.SourceNFS && !slices.Contains(cfg.NFSServers, u.Host) {
-		return nil, fmt.Errorf("sourceURL %q: NFS server %s is not allowed (the administrator allows servers with --nfs-servers)", vc.SourceURL, u.Host)
 	}
 	attrs := map[string]string{consts.ParamSource: vc.SourceURL}
 	for opt, param := range map[string]string{
@@ -90,15 +71,35 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 			attrs[param] = v
 		}
 	}
+	u, err := url.Parse(vc.SourceURL)
+	if err != nil {
+		return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
+	}
+	if u.Scheme != want {
+		return nil, fmt.Errorf("sourceURL %q: a %s source must start with %s://", vc.SourceURL, vc.SourceType, want)
+	}
+	if vc.Capacity != nil && (vc.Capacity.Sign() <= 0 || vc.Capacity.Cmp(maxCapacity) > 0) {
+		return nil, fmt.Errorf("capacity %s is not more than 0 and at most %s", vc.Capacity.String(), maxCapacity.String())
+	}
+	if vc.SourceType == datav1alpha1.SourceLocal {
+		// Before the parser: it would name a ".." segment less plainly.
+		if err := checkLocalPath(u, cfg.LocalSourceRoots); err != nil {
+			return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
+		}
+	}
+	parsed, err := params.Parse(attrs, params.StaticPV)
+	if err != nil {
+		return nil, err
+	}
+	if host := parsed.Dataset.Host; vc.SourceType == datav1alpha1.SourceNFS && !slices.Contains(cfg.NFSServers, host) {
+		return nil, fmt.Errorf("sourceURL %q: NFS server %s is not allowed (the administrator allows servers with --nfs-servers)", vc.SourceURL, host)
+	}
 	return attrs, nil
 }
 
 // checkLocalPath accepts file:///dir only under an allowed root. Each segment is checked before
 // any cleaning, so "/allowed/../etc" is refused rather than normalised.
 func checkLocalPath(u *url.URL, roots []string) error {
-	if u.Host != "" {
-		return fmt.Errorf("a Local source names a node directory: file:///path")
-	}
 	p := u.Path
 	if !path.IsAbs(p) || slices.Contains(strings.Split(p, "/"), "..") {
 		return fmt.Errorf("path %q must be absolute without '..'", p)
@@ -110,7 +111,7 @@ func checkLocalPath(u *url.URL, roots []string) error {
 		}
 	}
 	if len(roots) == 0 {
-		return fmt.Errorf("Local sources are disabled (no --local-source-roots)")
+		return fmt.Errorf("local sources are disabled (no --local-source-roots)")
 	}
 	return fmt.Errorf("path %q is not under an allowed root (%s)", p, strings.Join(roots, ", "))
 }

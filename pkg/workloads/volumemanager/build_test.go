@@ -38,11 +38,17 @@ func TestDatasetAttributes(t *testing.T) {
 		{name: "failure case - local escaping with ..", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/../../etc"},
 			wantErr: "must be absolute without '..'"},
 		{name: "failure case - local with a host", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file://node/srv/datasets"},
-			wantErr: "a Local source names a node directory"},
+			wantErr: "file:// URLs take no host"},
 		{name: "failure case - type and scheme disagree", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "nfs://x/y"},
 			wantErr: "a S3 source must start with s3://"},
 		{name: "failure case - s3 without bucket", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3:///prefix"},
-			wantErr: "has no bucket or server"},
+			wantErr: "names no bucket"},
+		{name: "failure case - bad endpoint, as the driver says", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			Options: map[string]string{"endpoint": "minio:9000"}},
+			wantErr: `endpoint "minio:9000" is not an http(s) URL`},
+		{name: "failure case - bad pattern, as the driver says", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			Options: map[string]string{"include": "[a"}},
+			wantErr: "[a"},
 		{name: "failure case - zero capacity", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
 			Capacity: ptr.To(resource.MustParse("0"))}, wantErr: "capacity 0 is not more than 0"},
 		{name: "failure case - capacity above 1Pi", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
@@ -66,7 +72,7 @@ func TestDatasetAttributes(t *testing.T) {
 		})
 	}
 	if _, err := DatasetAttributes(&datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/x"}, Config{}); err == nil ||
-		!strings.Contains(err.Error(), "Local sources are disabled") {
+		!strings.Contains(err.Error(), "local sources are disabled") {
 		t.Errorf("Local without roots: %v", err)
 	}
 }

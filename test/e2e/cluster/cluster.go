@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,11 +17,10 @@ import (
 )
 
 // Cluster is deploy/csi installed on a control plane, with simulated nodes running the node
-// components and, when the tree has it, the workload-controller.
+// components, and the workload-controller.
 type Cluster struct {
-	CP       *framework.ControlPlane
-	Features Features
-	Nodes    map[string]*Node
+	CP    *framework.ControlPlane
+	Nodes map[string]*Node
 	// NodeNames in the order they were given.
 	NodeNames  []string
 	Controller *framework.Process
@@ -32,14 +30,13 @@ type Cluster struct {
 
 // Options for Start.
 type Options struct {
-	Nodes    []NodeSpec
-	Node     NodeOptions
-	Features Features
+	Nodes []NodeSpec
+	Node  NodeOptions
 }
 
 // CreateNamespace creates the install namespace, so that a server-side dry run of deploy/csi
 // can check its namespaced objects (a dry-run Namespace is not there for them).
-func CreateNamespace(t testing.TB, cp *framework.ControlPlane) {
+func CreateNamespace(t framework.TB, cp *framework.ControlPlane) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -50,25 +47,21 @@ func CreateNamespace(t testing.TB, cp *framework.ControlPlane) {
 }
 
 // Install applies deploy/csi (CRDs, RBAC, CSIDriver, DaemonSet, ...) as an administrator would.
-func Install(t testing.TB, cp *framework.ControlPlane) {
+func Install(t framework.TB, cp *framework.ControlPlane) {
 	t.Helper()
 	framework.ApplyManifests(t, cp, DeployDir())
 }
 
 // Start installs deploy/csi and starts the nodes and the controller.
-func Start(t testing.TB, cp *framework.ControlPlane, opts Options) *Cluster {
+func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	t.Helper()
 	Install(t, cp)
-	c := &Cluster{CP: cp, Features: opts.Features, Nodes: map[string]*Node{}}
-	nodeOpts := opts.Node
-	nodeOpts.StoragePools = opts.Features.StoragePools
+	c := &Cluster{CP: cp, Nodes: map[string]*Node{}}
 	for _, spec := range opts.Nodes {
-		c.Nodes[spec.Name] = StartNode(t, cp, spec, nodeOpts)
+		c.Nodes[spec.Name] = StartNode(t, cp, spec, opts.Node)
 		c.NodeNames = append(c.NodeNames, spec.Name)
 	}
-	if opts.Features.Workloads {
-		c.Controller, c.ControllerMetrics = startController(t, cp, opts.Node.Bins.Controller)
-	}
+	c.Controller, c.ControllerMetrics = startController(t, cp, opts.Node.Bins.Controller)
 	// The node DaemonSet's own pods are left alone: their components run as local processes.
 	framework.FakeKubelet(t, cp.Client, fields.OneTermNotEqualSelector("metadata.namespace", Namespace), c.NodeNames...)
 	return c
@@ -76,7 +69,7 @@ func Start(t testing.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 
 // startController runs the workload-controller as its ServiceAccount, its webhooks served on
 // loopback and registered by URL (no Service can reach a process outside the cluster).
-func startController(t testing.TB, cp *framework.ControlPlane, bin string) (*framework.Process, string) {
+func startController(t framework.TB, cp *framework.ControlPlane, bin string) (*framework.Process, string) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

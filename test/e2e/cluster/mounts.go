@@ -7,15 +7,16 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"testing"
 
 	"k8s.io/mount-utils"
+
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
 // MakePool creates a filesystem of size bytes in an image file under dir and mounts it, through a
 // loop device, at dir/<name>; it returns the mount point. At the end of the test everything
 // mounted or attached under it is released, then the filesystem itself.
-func MakePool(t testing.TB, dir, name string, size int64) string {
+func MakePool(t framework.TB, dir, name string, size int64) string {
 	t.Helper()
 	img := filepath.Join(dir, name+".img")
 	mnt := filepath.Join(dir, name)
@@ -46,7 +47,7 @@ func MakePool(t testing.TB, dir, name string, size int64) string {
 	return mnt
 }
 
-func run(t testing.TB, name string, args ...string) {
+func run(t framework.TB, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,16 +57,13 @@ type NodeOptions struct {
 	CapacityPollInterval time.Duration
 	// SidecarResync is the storagepool-sidecar's --resync-period.
 	SidecarResync time.Duration
-	// StoragePools starts the storagepool-sidecar.
-	StoragePools bool
 }
 
 // StartNode registers a Node and CSINode as kubelet and node-driver-registrar would, creates its
-// pools, and starts the driver, the external-provisioner and (with StoragePools) the
-// storagepool-sidecar for it. deploy/csi must be installed: the provisioner and sidecar run as
+// pools, and starts the driver, the external-provisioner and the storagepool-sidecar for it. deploy/csi must be installed: the provisioner and sidecar run as
 // its node ServiceAccount, and the provisioner owns its CSIStorageCapacity objects through the
 // node's DaemonSet pod, as --capacity-ownerref-level=0 does in a real cluster.
-func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts NodeOptions) *Node {
+func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts NodeOptions) *Node {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), spec.Name)
 	n := &Node{
@@ -145,15 +141,13 @@ func StartNode(t testing.TB, cp *framework.ControlPlane, spec NodeSpec, opts Nod
 	prov.Env = append(os.Environ(), "NODE_NAME="+spec.Name, "NAMESPACE="+Namespace, "POD_NAME="+pod.Name)
 	n.Provisioner = framework.StartCommand(t, spec.Name+"-csi-provisioner", prov)
 
-	if opts.StoragePools {
-		n.Sidecar = framework.StartProcess(t, spec.Name+"-storagepool-sidecar", opts.Bins.Sidecar,
-			"--kubeconfig="+kubeconfig,
-			"--csi-address="+n.Socket,
-			"--node-name="+spec.Name,
-			"--resync-period="+orDefault(opts.SidecarResync, time.Minute).String(),
-			"--v=3",
-		)
-	}
+	n.Sidecar = framework.StartProcess(t, spec.Name+"-storagepool-sidecar", opts.Bins.Sidecar,
+		"--kubeconfig="+kubeconfig,
+		"--csi-address="+n.Socket,
+		"--node-name="+spec.Name,
+		"--resync-period="+orDefault(opts.SidecarResync, time.Minute).String(),
+		"--v=3",
+	)
 	return n
 }
 
@@ -165,7 +159,7 @@ func orDefault(d, def time.Duration) time.Duration {
 }
 
 // waitSocket waits until the driver accepts connections on its socket.
-func waitSocket(t testing.TB, p *framework.Process, socket string) {
+func waitSocket(t framework.TB, p *framework.Process, socket string) {
 	t.Helper()
 	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		select {
@@ -187,7 +181,7 @@ func waitSocket(t testing.TB, p *framework.Process, socket string) {
 
 // DaemonSetPod waits for the node DaemonSet's pod on node (created by kube-controller-manager,
 // scheduled by kube-scheduler, never run: no kubelet) and returns it once it is bound to the node.
-func DaemonSetPod(t testing.TB, cp *framework.ControlPlane, node string) *corev1.Pod {
+func DaemonSetPod(t framework.TB, cp *framework.ControlPlane, node string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
 	err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {

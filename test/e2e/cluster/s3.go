@@ -10,7 +10,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -48,7 +47,7 @@ func VersitygwBinary() string {
 }
 
 // StartS3 serves dir over S3 on a loopback port with static credentials.
-func StartS3(t testing.TB, bin, dir string) *S3 {
+func StartS3(t framework.TB, bin, dir string) *S3 {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)

@@ -150,13 +150,16 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 	l.Close()
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(0)))
 	done := make(chan error, 1)
-	go func() {
-		done <- workloads.Run(ctx, cfg, workloads.Config{
-			MetricsAddr: "0", ProbeAddr: "0",
-			WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: t.TempDir(), WebhookSelfRegister: true,
-			WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git", CompareImage: "controller", GroupWorkers: 8,
-		})
-	}()
+	wctl, err := workloads.New(workloads.Config{
+		RestConfig:  cfg,
+		MetricsAddr: "0", ProbeAddr: "0",
+		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: t.TempDir(), WebhookSelfRegister: true,
+		WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git", CompareImage: "controller", GroupWorkers: 8,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- wctl.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 	waitFor(t, time.Minute, "webhook server", func() (bool, error) {
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)

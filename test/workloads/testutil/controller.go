@@ -67,8 +67,13 @@ func StartController(cfg *rest.Config, wc workloads.Config) error {
 	ctrlCfg.QPS, ctrlCfg.Burst = 200, 400
 	logger := klog.Background().V(1)
 	ctx := klog.NewContext(context.Background(), logger)
+	wc.RestConfig = ctrlCfg
+	c, err := workloads.New(wc)
+	if err != nil {
+		return err
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- workloads.Run(ctx, ctrlCfg, wc) }()
+	go func() { errc <- c.Run(ctx) }()
 	// Ready when the webhook server answers TLS.
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {

@@ -157,7 +157,3 @@ type VolumeManagerList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []VolumeManager `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&VolumeManager{}, &VolumeManagerList{})
-}

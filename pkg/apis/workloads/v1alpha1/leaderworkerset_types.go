@@ -328,7 +328,3 @@ type LeaderWorkerSetList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []LeaderWorkerSet `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&LeaderWorkerSet{}, &LeaderWorkerSetList{})
-}

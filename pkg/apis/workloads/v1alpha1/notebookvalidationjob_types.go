@@ -282,7 +282,3 @@ type NotebookValidationJobList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []NotebookValidationJob `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&NotebookValidationJob{}, &NotebookValidationJobList{})
-}

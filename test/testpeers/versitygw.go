@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -162,9 +161,4 @@ func (s *S3) PutMultipart(t testing.TB, bucket, key string, size, partSize int64
 	}); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// ObjectPath is where the posix backend keeps an object.
-func (s *S3) ObjectPath(bucket, key string) string {
-	return filepath.Join(s.Dir, bucket, filepath.FromSlash(key))
 }

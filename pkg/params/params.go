@@ -1,0 +1,184 @@
+// Package params parses a Cistern volume's parameters once, from one key table, into one typed
+// struct: a StorageClass's parameters (CreateVolume, GetCapacity, ValidateVolumeCapabilities), a
+// CSI inline volume's attributes, a static PersistentVolume's volumeAttributes, and the attributes
+// the VolumeManager controller writes. Every caller gets the same errors. Errors carry a
+// source.Kind (Invalid, or Denied for a source a pod author may not name), which
+// datasource.Code maps to a gRPC code.
+//
+// The package is light on purpose (no source clients): admission webhooks and controllers use it.
+package params
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+// Use is where a parameter map comes from; each key is allowed in some of them.
+type Use uint8
+
+const (
+	// StorageClass is CreateVolume's parameters (a StorageClass), also GetCapacity's and
+	// ValidateVolumeCapabilities'.
+	StorageClass Use = 1 << iota
+	// Inline is a CSI inline ephemeral volume's attributes, written by any pod author.
+	Inline
+	// StaticPV is a static PersistentVolume's volumeAttributes: a dataset served from the
+	// node's cache (the VolumeManager controller writes these).
+	StaticPV
+)
+
+const everywhere = StorageClass | Inline | StaticPV
+
+func (u Use) String() string {
+	switch u {
+	case StorageClass:
+		return "StorageClass parameters"
+	case Inline:
+		return "inline volume attributes"
+	case StaticPV:
+		return "static volume attributes"
+	}
+	return "parameters"
+}
+
+// Volume is what a parameter map says about a volume.
+type Volume struct {
+	// Pool and PoolSelector target a pool by name or by labels; empty means any pool.
+	Pool         string
+	PoolSelector labels.Selector
+	// Size is an inline volume's requested size in bytes; 0 when none was given.
+	Size int64
+	// Dataset is the data the volume starts with; nil for an empty volume.
+	Dataset *Dataset
+}
+
+// key is one row of the table: where the key is allowed and how its value is read. Dataset keys
+// other than `source` need `source`.
+type key struct {
+	name    string
+	uses    Use
+	dataset bool
+	parse   func(v *Volume, d *Dataset, value string) error
+}
+
+// keys is the one table of the keys Cistern understands. Keys under csi.storage.k8s.io/ (added by
+// external-provisioner and kubelet) are always accepted and never read.
+var keys = []key{
+	{consts.ParamPool, everywhere, false, func(v *Volume, _ *Dataset, s string) error { v.Pool = s; return nil }},
+	{consts.ParamPoolSelector, everywhere, false, parseSelector},
+	{consts.ParamSize, Inline, false, parseSize},
+	{consts.ParamSource, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Source = s; return nil }},
+	{consts.ParamEndpoint, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Endpoint = s; return nil }},
+	{consts.ParamRegion, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Region = s; return nil }},
+	{consts.ParamPathStyle, everywhere, true, parsePathStyle},
+	{consts.ParamInclude, everywhere, true, func(_ *Volume, d *Dataset, s string) (err error) {
+		d.Include, err = source.ParsePatterns(s)
+		return err
+	}},
+	{consts.ParamExclude, everywhere, true, func(_ *Volume, d *Dataset, s string) (err error) {
+		d.Exclude, err = source.ParsePatterns(s)
+		return err
+	}},
+}
+
+// IsDatasetKey reports whether name is one of the dataset keys (source and its options).
+func IsDatasetKey(name string) bool {
+	i := slices.IndexFunc(keys, func(k key) bool { return k.name == name })
+	return i >= 0 && keys[i].dataset
+}
+
+// Parse validates a parameter map for a use and returns what it says. Unknown keys, and keys not
+// allowed for the use, are refused by name, so a typo fails loudly instead of being ignored.
+func Parse(m map[string]string, use Use) (Volume, error) {
+	var unknown []string
+	for k := range m {
+		if strings.HasPrefix(k, consts.ReservedParamPrefix) {
+			continue
+		}
+		if i := slices.IndexFunc(keys, func(r key) bool { return r.name == k }); i < 0 || keys[i].uses&use == 0 {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return Volume{}, source.Errorf(source.Invalid, "unknown parameter %q in %s (known: %s)", unknown[0], use, strings.Join(known(use), ", "))
+	}
+	var v Volume
+	var d Dataset
+	var datasetKey string
+	for _, k := range keys {
+		value, ok := m[k.name]
+		if !ok {
+			continue
+		}
+		if k.dataset && k.name != consts.ParamSource {
+			datasetKey = k.name
+		}
+		if err := k.parse(&v, &d, value); err != nil {
+			return Volume{}, err
+		}
+	}
+	if _, ok := m[consts.ParamSource]; !ok {
+		if datasetKey != "" {
+			return Volume{}, source.Errorf(source.Invalid, "parameter %q needs %q", datasetKey, consts.ParamSource)
+		}
+		return v, nil
+	}
+	if err := d.parseSource(use == Inline); err != nil {
+		return Volume{}, err
+	}
+	d.Inline = use == Inline
+	v.Dataset = &d
+	return v, nil
+}
+
+func known(use Use) []string {
+	var out []string
+	for _, k := range keys {
+		if k.uses&use != 0 {
+			out = append(out, k.name)
+		}
+	}
+	return out
+}
+
+func parseSelector(v *Volume, _ *Dataset, s string) error {
+	sel, err := labels.Parse(s)
+	if err != nil {
+		return source.Errorf(source.Invalid, "invalid %s %q: %v", consts.ParamPoolSelector, s, err)
+	}
+	v.PoolSelector = sel
+	return nil
+}
+
+func parseSize(v *Volume, _ *Dataset, s string) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil || q.Sign() <= 0 {
+		return source.Errorf(source.Invalid, "invalid size %q for an inline volume", s)
+	}
+	v.Size = q.Value()
+	return nil
+}
+
+func parsePathStyle(_ *Volume, d *Dataset, s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return source.Errorf(source.Invalid, "parameter %s=%q is not true or false", consts.ParamPathStyle, s)
+	}
+	d.PathStyle = b
+	return nil
+}
+
+// String names the parameters for logs.
+func (v Volume) String() string {
+	return fmt.Sprintf("pool=%q poolSelector=%v dataset=%v", v.Pool, v.PoolSelector, v.Dataset)
+}

@@ -1,0 +1,361 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/image"
+	"github.com/cistern-csi/cistern/pkg/pool"
+	"github.com/cistern-csi/cistern/pkg/state"
+)
+
+// imageVolume is a volume with an image on a pool: staged and published, or inline.
+type imageVolume struct {
+	s  *Service
+	id string
+}
+
+func (iv *imageVolume) Kind() Kind { return KindImage }
+
+// Stage attaches the image to a loop device and, for a mount volume, prepares its dataset,
+// formats it on first use, mounts it at the staging path and fills it (mountImage).
+func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
+	s := iv.s
+	v, err := s.Lookup(iv.id)
+	if err != nil {
+		return err
+	}
+	if v.AccessType == "" { // adopted from its image: the capability tells
+		v.AccessType, v.FSType = state.Mount, r.FSType
+		if r.Block {
+			v.AccessType, v.FSType = state.Block, ""
+		}
+	}
+	if err := Fits(v, r.Block, r.FSType); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if v.StagingPath != "" && v.StagingPath != r.Path {
+		return status.Errorf(codes.FailedPrecondition, "volume %s is already staged at %s", iv.id, v.StagingPath)
+	}
+	var dev string
+	unsaved := false // a change that must be written durably
+	if v.AccessType == state.Mount {
+		dev, unsaved, err = s.mountImage(ctx, &v, r.Path, r.MountFlags, r.VolumeContext, r.Secrets)
+	} else {
+		dev, err = s.attach(v)
+	}
+	if err != nil {
+		return err
+	}
+	v.StagingPath, v.Device = r.Path, dev
+	put := s.store.PutVolumeNodeState
+	if unsaved {
+		put = s.store.PutVolume
+	}
+	if err := put(v); err != nil {
+		return Internal("saving volume state", err)
+	}
+	klog.FromContext(ctx).V(4).Info("Staged volume", "volumeID", iv.id, "device", dev, "path", r.Path)
+	return nil
+}
+
+// Unstage unmounts the staging path and detaches the loop device.
+func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
+	s := iv.s
+	if err := unmountTarget(s.mounter, path); err != nil {
+		return Internal("unmounting staging path", err)
+	}
+	v, ok := s.store.GetVolume(iv.id)
+	if !ok {
+		if PoolOfVolumeID(iv.id) == "" {
+			return status.Errorf(codes.NotFound, "volume %s does not exist", iv.id)
+		}
+		v = state.Volume{ID: iv.id, Pool: PoolOfVolumeID(iv.id)}
+	}
+	dev := v.Device
+	if img, err := s.ImagePath(v); err == nil {
+		if found, _ := s.images.Find(img); found != "" {
+			dev = found
+		}
+	}
+	if err := s.images.Detach(dev); err != nil {
+		return Internal("detaching loop device", err)
+	}
+	if ok {
+		v.StagingPath, v.Device = "", ""
+		if err := s.store.PutVolumeNodeState(v); err != nil {
+			return Internal("saving volume state", err)
+		}
+	}
+	klog.FromContext(ctx).V(4).Info("Unstaged volume", "volumeID", iv.id)
+	return nil
+}
+
+// Publish bind-mounts the staged filesystem (or the loop device, for block) to the target,
+// read-only when asked. An inline volume is created and mounted at the target instead.
+func (iv *imageVolume) Publish(ctx context.Context, r PublishRequest) error {
+	s := iv.s
+	if r.Inline != nil {
+		return iv.publishInline(ctx, r)
+	}
+	if r.StagingPath == "" {
+		return status.Error(codes.InvalidArgument, "staging target path is required")
+	}
+	v, err := s.Lookup(iv.id)
+	if err != nil {
+		return err
+	}
+	if err := Fits(v, r.Block, r.FSType); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if v.StagingPath != r.StagingPath || v.Device == "" {
+		return status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", iv.id, r.StagingPath)
+	}
+	for other := range v.Published {
+		if other != r.Target && (r.SingleWriter || v.ExclusiveTarget != "") {
+			return status.Errorf(codes.FailedPrecondition, "volume %s is published at %s for a single writer", iv.id, other)
+		}
+	}
+	source := r.StagingPath
+	if v.AccessType == state.Block {
+		source = v.Device
+	}
+	if err := s.bindMount(source, r.Target, v.AccessType == state.Block, r.ReadOnly, r.MountFlags); err != nil {
+		return err
+	}
+	if v.Published == nil {
+		v.Published = map[string]bool{}
+	}
+	v.Published[r.Target] = r.ReadOnly
+	if r.SingleWriter {
+		v.ExclusiveTarget = r.Target
+	}
+	if err := s.store.PutVolumeNodeState(v); err != nil {
+		return Internal("saving volume state", err)
+	}
+	klog.FromContext(ctx).V(4).Info("Published volume", "volumeID", iv.id, "target", r.Target, "readOnly", r.ReadOnly)
+	return nil
+}
+
+// publishInline creates an inline volume in a pool on first publish and mounts it at the target
+// directly, through the same path as a staged volume; Unpublish deletes it.
+func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) error {
+	s, id := iv.s, iv.id
+	if r.Block {
+		return status.Error(codes.InvalidArgument, "inline ephemeral volumes must be mount volumes")
+	}
+	v, exists := s.store.GetVolume(id)
+	if !exists {
+		chosen, err := s.selectInlinePool(r.Inline.Params, r.Inline.Size, r.Inline.Size)
+		if err != nil {
+			return err
+		}
+		// The record keeps the attributes without the size, which is the image's.
+		attrs := make(map[string]string, len(r.VolumeContext))
+		for k, val := range r.VolumeContext {
+			if k != consts.ParamSize {
+				attrs[k] = val
+			}
+		}
+		fs := r.FSType
+		if fs == "" {
+			fs = DefaultFSType
+		}
+		v = state.Volume{
+			ID: id, Name: id, Pool: chosen.Name, CapacityBytes: r.Inline.Size, AccessType: state.Mount,
+			FSType: fs, Parameters: attrs, Ephemeral: true, CreatedAt: time.Now().UTC(),
+		}
+		if err := s.store.PutVolume(v); err != nil {
+			return Internal("saving volume state", err)
+		}
+		if err := s.images.Create(image.VolumePath(chosen.Path, pool.MetaDir, id), r.Inline.Size); err != nil {
+			_ = s.store.DeleteVolume(id)
+			return s.ImageError("creating volume image", chosen.Name, err)
+		}
+		v.Ready = true
+		if err := s.store.PutVolume(v); err != nil {
+			return Internal("saving volume state", err)
+		}
+	}
+	flags := r.MountFlags
+	if r.ReadOnly {
+		flags = append(append([]string(nil), flags...), "ro")
+	}
+	dev, _, err := s.mountImage(ctx, &v, r.Target, flags, r.VolumeContext, r.Secrets)
+	if err != nil {
+		return err
+	}
+	v.Device = dev
+	v.Published = map[string]bool{r.Target: r.ReadOnly}
+	if err := s.store.PutVolume(v); err != nil {
+		return Internal("saving volume state", err)
+	}
+	s.pools.UpdateCapacity(v.Pool)
+	klog.FromContext(ctx).V(4).Info("Published inline volume", "volumeID", id, "pool", v.Pool, "target", r.Target)
+	return nil
+}
+
+// Unpublish unmounts the target; an inline volume is deleted with it.
+func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
+	s := iv.s
+	if err := unmountTarget(s.mounter, target); err != nil {
+		return Internal("unmounting target path", err)
+	}
+	v, ok := s.store.GetVolume(iv.id)
+	if !ok {
+		return nil
+	}
+	if v.Ephemeral {
+		if v.Device != "" {
+			if err := s.images.Detach(v.Device); err != nil {
+				return Internal("detaching loop device", err)
+			}
+		}
+		return s.Delete(v)
+	}
+	if _, published := v.Published[target]; published {
+		delete(v.Published, target)
+		if v.ExclusiveTarget == target {
+			v.ExclusiveTarget = ""
+		}
+		if err := s.store.PutVolumeNodeState(v); err != nil {
+			return Internal("saving volume state", err)
+		}
+	}
+	klog.FromContext(ctx).V(4).Info("Unpublished volume", "volumeID", iv.id, "target", target)
+	return nil
+}
+
+// attach binds the volume's image to a loop device and applies its mutable parameters.
+func (s *Service) attach(v state.Volume) (string, error) {
+	img, err := s.ImagePath(v)
+	if err != nil {
+		return "", err
+	}
+	dev, err := s.images.Attach(img)
+	if err != nil {
+		return "", Internal("attaching volume image", err)
+	}
+	if err := ApplyMutable(dev, v.MutableParameters); err != nil {
+		_ = s.images.Detach(dev)
+		return "", Internal("applying mutable parameters", err)
+	}
+	return dev, nil
+}
+
+// mountImage makes an image-backed mount volume (staged or inline) usable at target and returns
+// its loop device. The order keeps kubelet's retries cheap and the volume safe:
+//
+//  1. the dataset, if any, is staged first: while it downloads, a retry touches nothing on the
+//     node (no attach, mkfs, mount, umount, detach);
+//  2. attach, format on first use, mount; a new filesystem is recorded durably before anything
+//     else can fail, so no later attempt formats it again;
+//  3. the dataset is copied in once and that is recorded too.
+//
+// On failure nothing stays mounted or attached. v is updated; unsaved says it holds a change the
+// caller must write durably (a new filesystem with no fill after it: one write instead of two).
+func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string, flags []string, volumeContext, secrets map[string]string) (dev string, unsaved bool, err error) {
+	spec, err := volumeDataset(*v, volumeContext)
+	if err != nil {
+		return "", false, err
+	}
+	fill := spec != nil && !v.DatasetFilled
+	var version string // of the dataset, which the caller proved it may read
+	if fill {
+		if version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
+			return "", false, err
+		}
+	}
+	if dev, err = s.attach(*v); err != nil {
+		return "", false, err
+	}
+	undo := func(err error) (string, bool, error) {
+		_ = mount.CleanupMountPoint(target, s.mounter, true)
+		_ = s.images.Detach(dev)
+		return "", false, err
+	}
+	if err := s.mountDevice(dev, target, *v, flags); err != nil {
+		return undo(err)
+	}
+	if !v.Formatted || v.NeedsGrow {
+		// A lost Formatted flag would let a later stage format over data.
+		v.Formatted, v.NeedsGrow = true, false
+		if !fill {
+			return dev, true, nil
+		}
+		if err := s.store.PutVolume(*v); err != nil {
+			return undo(Internal("saving volume state", err))
+		}
+	}
+	if fill {
+		if err := s.fillDataset(ctx, spec, version, v.Pool, target); err != nil {
+			return undo(err)
+		}
+		v.DatasetFilled = true
+		if err := s.store.PutVolume(*v); err != nil {
+			return undo(Internal("saving volume state", err))
+		}
+	}
+	return dev, false, nil
+}
+
+// Expand makes the loop device of a staged volume see its grown image and grows the filesystem
+// online (at mountPath) unless the volume is a block volume. It returns the device size.
+func (s *Service) Expand(ctx context.Context, id, mountPath string, block bool) (int64, error) {
+	v, err := s.Lookup(id)
+	if err != nil {
+		return 0, err
+	}
+	img, err := s.ImagePath(v)
+	if err != nil {
+		return 0, err
+	}
+	dev, err := s.images.Find(img)
+	if err != nil {
+		return 0, Internal("finding loop device", err)
+	}
+	if dev == "" {
+		return 0, status.Errorf(codes.FailedPrecondition, "volume %s is not staged on this node", id)
+	}
+	if err := s.images.RefreshSize(dev); err != nil {
+		return 0, Internal("refreshing loop device size", err)
+	}
+	size, err := s.images.DeviceSize(dev)
+	if err != nil {
+		return 0, Internal("reading device size", err)
+	}
+	if v.AccessType == state.Block || block {
+		return size, nil
+	}
+	if _, err := s.resizer.Resize(dev, mountPath); err != nil {
+		if strings.Contains(err.Error(), "Permission denied") {
+			return 0, status.Errorf(codes.Internal, "growing filesystem online was refused (an ext4 online resize needs CAP_SYS_RESOURCE in the node plugin): %v", err)
+		}
+		return 0, Internal("growing filesystem", err)
+	}
+	return size, nil
+}
+
+// ApplyMutable sets the loop device's read-ahead when the volume's mutable parameters ask for
+// one.
+func ApplyMutable(dev string, mutable map[string]string) error {
+	ra, ok := mutable[consts.ParamReadAheadKiB]
+	if !ok || dev == "" {
+		return nil
+	}
+	path := filepath.Join("/sys/block", filepath.Base(dev), "queue", "read_ahead_kb")
+	if err := os.WriteFile(path, []byte(ra), 0o644); err != nil {
+		return fmt.Errorf("setting read-ahead of %s: %w", dev, err)
+	}
+	return nil
+}

@@ -1,0 +1,174 @@
+package volume
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+
+	"github.com/cistern-csi/cistern/pkg/state"
+)
+
+// DefaultFSType is the filesystem of a mount volume that asks for none.
+const DefaultFSType = "ext4"
+
+// Format options: no discard, so mkfs does not punch holes into the image whose blocks
+// CreateVolume reserved.
+var formatOptions = map[string][]string{
+	"ext4": {"-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
+	"xfs":  {"-K"},
+}
+
+// mountDevice formats the device if it has no filesystem yet, mounts it, and grows the
+// filesystem when the image is larger (a volume restored from a smaller snapshot).
+func (s *Service) mountDevice(dev, target string, v state.Volume, flags []string) error {
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return Internal("creating staging path", err)
+	}
+	notMnt, err := s.mounter.IsLikelyNotMountPoint(target)
+	if err != nil {
+		return Internal("checking staging path", err)
+	}
+	if !notMnt {
+		src, _, err := mount.GetDeviceNameFromMount(s.mounter, target)
+		if err != nil {
+			return Internal("checking staging mount", err)
+		}
+		if src != dev {
+			return status.Errorf(codes.FailedPrecondition, "staging path %s is a mount of %s, not of volume %s", target, src, v.ID)
+		}
+		return nil
+	}
+	fs := v.FSType
+	if fs == "" {
+		fs = DefaultFSType
+	}
+	if !v.Formatted {
+		// A fresh image of ours: no probe needed before mkfs.
+		args := append(append([]string{}, formatOptions[fs]...), dev)
+		if fs == "ext4" {
+			args = append([]string{"-F", "-m0"}, args...)
+		}
+		if out, err := s.mounter.Exec.Command("mkfs."+fs, args...).CombinedOutput(); err != nil {
+			return Internal("formatting volume", fmt.Errorf("mkfs.%s: %v: %s", fs, err, out))
+		}
+		if err := s.mounter.Mount(dev, target, fs, flags); err != nil {
+			return Internal("mounting volume", err)
+		}
+		return nil
+	}
+	if err := s.mounter.FormatAndMountSensitiveWithFormatOptions(dev, target, fs, flags, nil, formatOptions[fs]); err != nil {
+		return Internal("formatting and mounting volume", err)
+	}
+	if !v.NeedsGrow {
+		return nil
+	}
+	if need, err := s.resizer.NeedResize(dev, target); err == nil && need {
+		if _, err := s.resizer.Resize(dev, target); err != nil {
+			if fs != "ext4" {
+				return Internal("growing filesystem to the volume size", err)
+			}
+			// Online ext4 growth needs CAP_SYS_RESOURCE. Nothing uses this fresh mount yet, so
+			// a plugin without it grows the filesystem offline instead.
+			klog.InfoS("Online resize failed; growing offline", "device", dev, "err", err)
+			if err := s.growExt4Offline(dev, target, flags); err != nil {
+				return Internal("growing filesystem to the volume size", err)
+			}
+		}
+	}
+	return nil
+}
+
+// growExt4Offline unmounts, checks, grows and remounts an ext4 filesystem.
+func (s *Service) growExt4Offline(dev, target string, flags []string) error {
+	if err := s.mounter.Unmount(target); err != nil {
+		return err
+	}
+	if out, err := s.mounter.Exec.Command("e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
+		// Exit status 1 means errors were corrected; anything above is a failure.
+		var ee interface{ ExitStatus() int }
+		if !errors.As(err, &ee) || ee.ExitStatus() > 1 {
+			return fmt.Errorf("e2fsck %s: %v: %s", dev, err, out)
+		}
+	}
+	if out, err := s.mounter.Exec.Command("resize2fs", dev).CombinedOutput(); err != nil {
+		return fmt.Errorf("resize2fs %s: %v: %s", dev, err, out)
+	}
+	return s.mounter.Mount(dev, target, "ext4", flags)
+}
+
+// bindMount mounts source on target; a target that is already a mount point is left as it is.
+func (s *Service) bindMount(source, target string, block, readOnly bool, flags []string) error {
+	if block {
+		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+			return Internal("creating target parent", err)
+		}
+		f, err := os.OpenFile(target, os.O_CREATE, 0o640)
+		if err != nil {
+			return Internal("creating block target file", err)
+		}
+		f.Close()
+	} else if err := os.MkdirAll(target, 0o750); err != nil {
+		return Internal("creating target path", err)
+	}
+	notMnt, err := s.mounter.IsLikelyNotMountPoint(target)
+	if err != nil {
+		return Internal("checking target path", err)
+	}
+	if !notMnt {
+		return nil
+	}
+	if !readOnly && len(flags) == 0 {
+		// The common case: one bind mount(2). mount-utils runs mount(8) twice for a bind
+		// (bind, then a remount that applies options), which only read-only or flagged
+		// publications need.
+		if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
+			return Internal("bind-mounting volume", err)
+		}
+		return nil
+	}
+	opts := append([]string{"bind"}, flags...)
+	if readOnly {
+		opts = append(opts, "ro")
+	}
+	if err := s.mounter.Mount(source, target, "", opts); err != nil {
+		return Internal("bind-mounting volume", err)
+	}
+	return nil
+}
+
+// unmountTarget unmounts everything mounted at a directory or block-file target and removes
+// it. It calls umount(2) directly — no mount table scan, no fork of umount(8) — and leaves
+// anything unexpected (a busy or broken mount) to mount-utils.
+func unmountTarget(m mount.Interface, target string) error {
+	fi, err := os.Lstat(target)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for {
+		err := unix.Unmount(target, 0)
+		if err == nil {
+			continue // mounts can be stacked
+		}
+		if errors.Is(err, unix.EINVAL) { // not a mount point (any more)
+			break
+		}
+		if fi.IsDir() {
+			return mount.CleanupMountPoint(target, m, true)
+		}
+		return fmt.Errorf("unmount %s: %w", target, err)
+	}
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}

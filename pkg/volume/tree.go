@@ -1,0 +1,161 @@
+package volume
+
+import (
+	"context"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/pkg/pool"
+	"github.com/cistern-csi/cistern/pkg/state"
+)
+
+// treeVolume is a dataset's cached tree bind-mounted read-only, with no image: a static PV
+// (staged, then published from the staging path) or a read-only inline volume (published
+// straight from the tree). rec is its record once served.
+type treeVolume struct {
+	s      *Service
+	id     string
+	rec    *state.TreeVolume
+	inline bool
+}
+
+func (tv *treeVolume) Kind() Kind { return KindTree }
+
+// Stage serves a static PV's dataset at the staging path.
+func (tv *treeVolume) Stage(ctx context.Context, r StageRequest) error {
+	if tv.inline {
+		return status.Errorf(codes.InvalidArgument, "inline volume %s is not staged", tv.id)
+	}
+	if r.Block {
+		return status.Error(codes.InvalidArgument, "a dataset volume must be a mount volume")
+	}
+	return tv.serve(ctx, r.Path, r.VolumeContext, r.Secrets, params.StaticPV)
+}
+
+// Unstage releases a static PV's dataset.
+func (tv *treeVolume) Unstage(ctx context.Context, path string) error {
+	if tv.rec == nil || tv.inline {
+		return status.Errorf(codes.NotFound, "volume %s does not exist", tv.id)
+	}
+	return tv.release(ctx, path)
+}
+
+// Publish binds a static PV's staging path, or serves a read-only inline volume's dataset, at
+// the target.
+func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
+	if r.Block {
+		return status.Error(codes.InvalidArgument, "a dataset volume must be a mount volume")
+	}
+	if tv.inline {
+		return tv.serve(ctx, r.Target, r.VolumeContext, r.Secrets, params.Inline)
+	}
+	if tv.rec == nil {
+		return status.Errorf(codes.NotFound, "volume %s does not exist", tv.id)
+	}
+	return tv.s.bindMount(tv.rec.Path, r.Target, false, true, r.MountFlags)
+}
+
+// Unpublish unmounts the target; a read-only inline volume releases its dataset with it.
+func (tv *treeVolume) Unpublish(ctx context.Context, target string) error {
+	if tv.inline && tv.rec != nil {
+		return tv.release(ctx, target)
+	}
+	if err := unmountTarget(tv.s.mounter, target); err != nil {
+		return Internal("unmounting target path", err)
+	}
+	return nil
+}
+
+// serve stages the dataset on a pool chosen by the attributes, references it for the volume and
+// bind-mounts the cached tree read-only at path.
+func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map[string]string, use params.Use) error {
+	s := tv.s
+	pl, err := ParseParams(attrs, use)
+	if err != nil {
+		return err
+	}
+	spec := datasource.SpecOf(pl.Dataset)
+	if spec == nil {
+		return status.Errorf(codes.InvalidArgument, "volume %s names no %s", tv.id, consts.ParamSource)
+	}
+	// A pod author's (inline) or a namespace user's (VolumeManager) dataset: docs/security.md.
+	spec.Tenant = tv.inline || tenantVolume(tv.id)
+	// A read-only inline volume's dataset is held to its size like a writable one's: the size
+	// it names, or the largest an inline volume may take.
+	capacity := int64(0)
+	if tv.inline {
+		capacity = pl.Size
+		if capacity == 0 {
+			capacity = s.inline.MaxBytes
+		}
+	}
+	poolName := ""
+	if tv.rec != nil {
+		poolName = tv.rec.Pool // stay where the first attempt staged
+	} else {
+		var chosen pool.Status
+		var err error
+		if tv.inline {
+			// Room is checked when the dataset's size is known (staging), not against the limit.
+			chosen, err = s.selectInlinePool(pl, capacity, 0)
+		} else {
+			pools, _ := s.pools.List()
+			chosen, err = pool.Select(pools, pool.Request{Name: pl.Pool, Selector: pl.PoolSelector})
+			if err != nil {
+				err = status.Errorf(codes.ResourceExhausted, "node %s: %v", s.nodeID, err)
+			}
+		}
+		if err != nil {
+			return err
+		}
+		poolName = chosen.Name
+	}
+	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets)
+	if err != nil {
+		return err
+	}
+	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: attrs, Path: path, Inline: tv.inline}
+	// Reference first: from here eviction leaves the tree alone, even across a restart.
+	if err := s.store.PutTreeVolume(rec); err != nil {
+		return Internal("saving dataset volume state", err)
+	}
+	tv.rec = &rec
+	tree, err := s.datasets.Serve(poolName, spec, version, tv.id)
+	if err != nil {
+		return status.Error(datasource.Code(err), err.Error())
+	}
+	if err := s.bindMount(tree, path, false, true, nil); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(4).Info("Serving cached dataset read-only", "volumeID", tv.id, "dataset", spec.String(), "path", path)
+	return nil
+}
+
+// release unmounts the volume's path and drops its reference and record.
+func (tv *treeVolume) release(ctx context.Context, path string) error {
+	s, t := tv.s, tv.rec
+	if err := mount.CleanupMountPoint(path, s.mounter, true); err != nil {
+		return Internal("unmounting dataset", err)
+	}
+	if err := s.datasets.Unserve(t.Pool, t.DatasetID, t.ID); err != nil {
+		return Internal("releasing dataset", err)
+	}
+	if err := s.store.DeleteTreeVolume(t.ID); err != nil {
+		return Internal("removing dataset volume state", err)
+	}
+	klog.FromContext(ctx).V(4).Info("Released cached dataset", "volumeID", t.ID)
+	return nil
+}
+
+// tenantVolume says whether a static PV was written by the VolumeManager controller for a
+// namespace user rather than by an administrator.
+func tenantVolume(volumeID string) bool {
+	return strings.HasPrefix(volumeID, consts.VolumeManagerHandlePrefix)
+}
