@@ -17,6 +17,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -201,7 +202,7 @@ func pushCmd(args []string) error {
 	base := fs.String("base", "deploy/csi", "The kustomization the overlay refers to.")
 	_ = fs.Parse(args)
 	if *registry == "" || fs.NArg() == 0 {
-		return fmt.Errorf("usage: release push -registry REGISTRY [-overlay DIR] IMAGE.tar...")
+		return errors.New("usage: release push -registry REGISTRY [-overlay DIR] IMAGE.tar (one or more)")
 	}
 	var entries []string
 	for _, path := range fs.Args() {
