@@ -62,6 +62,10 @@ generate:
 clean:
 	rm -rf $(BIN)
 
+# go test for the targets: `go test -json` shown as go test shows it, the events kept in
+# _output/test-results/<target>.jsonl for the summary of `make test` (hack/make/gotest.sh).
+GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@
+
 # Unit packages (no root, no peers) also run under the race detector: a few seconds more once the
 # race-instrumented dependencies are in the build cache (see docs/testing.md).
 RACE ?= -race
@@ -86,5 +90,8 @@ verify:
 # Each area adds its own targets and appends to TEST_TARGETS / BENCH_TARGETS.
 include $(sort $(wildcard hack/make/*.mk))
 
-test: $(TEST_TARGETS)
+# Every target of TEST_TARGETS, going on after a failure (make -k); at the end, the targets and
+# tests that failed or skipped and the totals (hack/make/run-tests.sh).
+test:
+	@MAKE="$(MAKE)" hack/make/run-tests.sh $(TEST_TARGETS)
 bench: $(BENCH_TARGETS)

@@ -9,12 +9,12 @@ DRIVER_UNIT_PKGS := ./pkg/consts/... ./pkg/state/... ./pkg/params/... ./pkg/volu
 
 .PHONY: test-driver sanity bench-driver
 test-driver:
-	$(GO) test -count=1 $(RACE) $(DRIVER_UNIT_PKGS)
-	$(GO) test -count=1 $(DRIVER_PKGS)
+	$(GO_TEST) -count=1 $(RACE) $(DRIVER_UNIT_PKGS)
+	$(GO_TEST) -count=1 $(DRIVER_PKGS)
 
 # The upstream csi-test sanity suite against the real driver on a unix socket.
 sanity:
-	$(GO) test -count=1 -v ./sanity/... 2>&1 | grep -E '^(--- |ok|FAIL|PASS)|Passed|Failed|Skipped' ; exit $${PIPESTATUS[0]}
+	$(GO_TEST) -count=1 -v ./sanity/... | grep -E '^(--- |ok|FAIL|PASS)|Passed|Failed|Skipped' ; exit $${PIPESTATUS[0]}
 
 # 100 volumes of 64 MiB through the driver vs. the same steps done directly; CreateVolume with
 # 1,000 existing volumes vs. 10. BENCH_DIR should be on the disk you care about.

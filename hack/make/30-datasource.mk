@@ -25,7 +25,7 @@ $(RCLONE):
 # the benchmark's peer.
 test-datasource: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO) test -count=1 -timeout 15m ./pkg/datasource/...
+	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/...
 
 # The benchmark runs `aws s3 cp` from Debian's awscli; installed here, where the benchmark runs,
 # not for make test.

@@ -20,9 +20,9 @@ generate-workloads: $(CONTROLLER_GEN)
 # Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,
 # kube-controller-manager, kube-scheduler built by k8s-tools).
 test-workloads: k8s-tools
-	$(GO) test -count=1 $(RACE) ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
-	$(GO) test -count=1 -timeout 20m ./test/workloads/
-	$(GO) test -count=1 -timeout 10m ./test/workloads/dropin/
+	$(GO_TEST) -count=1 $(RACE) ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
+	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
+	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 bench-workloads: k8s-tools

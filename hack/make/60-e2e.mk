@@ -2,9 +2,14 @@
 TEST_TARGETS += e2e
 
 DEMO_DIR ?= /var/tmp/cistern-demo
-IMAGE_TAG ?= dev
-NODE_IMAGE ?= cistern/node:$(IMAGE_TAG)
-CONTROLLER_IMAGE ?= cistern/workload-controller:$(IMAGE_TAG)
+# Images are tagged with the version (git describe); deploy/csi names them cistern/node and
+# cistern/workload-controller, and a kustomize images: entry points it at a registry and tag.
+IMAGE_TAG ?= $(VERSION)
+IMAGES_DIR := $(CURDIR)/_output/images
+# docker: the Dockerfile; oci: go-containerregistry on a Debian root filesystem from mmdebstrap
+# (hack/images/release); auto: docker when its daemon answers.
+IMAGE_BUILDER ?= auto
+REGISTRY ?=
 KIND ?= kind
 KIND_CLUSTER ?= cistern
 KUBECTL ?= kubectl
@@ -19,8 +24,8 @@ E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
 # Runs as root (loop devices, mounts). One control plane for the whole package.
 # hack/demo's own tests (its harness session) are unit tests.
 e2e: $(E2E_TOOLS)
-	$(GO) test -count=1 $(RACE) ./hack/demo/
-	$(E2E_ENV) $(GO) test -count=1 -timeout 20m ./test/e2e/...
+	$(GO_TEST) -count=1 $(RACE) ./hack/demo/
+	$(E2E_ENV) $(GO_TEST) -count=1 -timeout 20m ./test/e2e/...
 
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.
 # The builds run side by side: on a cold machine they are most of the time, and one go build
@@ -42,17 +47,54 @@ demo-down:
 	@$(GO) build -o $(BIN)/demo ./hack/demo
 	@$(BIN)/demo down --dir $(DEMO_DIR)
 
-# Container images (needs Docker with BuildKit); see docs/kind.md.
+# Container images into $(IMAGES_DIR) as image tarballs (node.tar, workload-controller.tar) and
+# images.json, with Docker or without it; see docs/kind.md.
+.PHONY: push kind-load test-images
 images:
-	$(DOCKER) build --target node -t $(NODE_IMAGE) --build-arg VERSION=$(VERSION) .
-	$(DOCKER) build --target controller -t $(CONTROLLER_IMAGE) --build-arg VERSION=$(VERSION) .
+	@builder=$(IMAGE_BUILDER); \
+	if [ "$$builder" = auto ]; then if $(DOCKER) info >/dev/null 2>&1; then builder=docker; else builder=oci; fi; fi; \
+	mkdir -p $(IMAGES_DIR); echo "images: building cistern/node:$(IMAGE_TAG) and cistern/workload-controller:$(IMAGE_TAG) with $$builder"; \
+	if [ "$$builder" = docker ]; then \
+	  $(DOCKER) build --target node -t cistern/node:$(IMAGE_TAG) --build-arg VERSION=$(IMAGE_TAG) . && \
+	  $(DOCKER) build --target controller -t cistern/workload-controller:$(IMAGE_TAG) --build-arg VERSION=$(IMAGE_TAG) . && \
+	  $(DOCKER) save -o $(IMAGES_DIR)/node.tar cistern/node:$(IMAGE_TAG) && \
+	  $(DOCKER) save -o $(IMAGES_DIR)/workload-controller.tar cistern/workload-controller:$(IMAGE_TAG) && \
+	  printf '{"node": {"ref": "cistern/node:%s", "tarball": "%s"}, "workload-controller": {"ref": "cistern/workload-controller:%s", "tarball": "%s"}}\n' \
+	    $(IMAGE_TAG) $(IMAGES_DIR)/node.tar $(IMAGE_TAG) $(IMAGES_DIR)/workload-controller.tar >$(IMAGES_DIR)/images.json; \
+	else \
+	  rootfs=$$(hack/images/rootfs.sh Dockerfile) && \
+	  cd hack/images && $(GO) run ./release build -version $(IMAGE_TAG) -rootfs $$rootfs -out $(IMAGES_DIR); \
+	fi
+
+# Pushes both images as $(REGISTRY)/node:$(IMAGE_TAG) and $(REGISTRY)/workload-controller:$(IMAGE_TAG)
+# (go-containerregistry, credentials from the Docker config) and writes _output/deploy, deploy/csi
+# pointed at them: `kubectl apply --server-side -k _output/deploy`.
+push: images
+	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/path"; exit 1; }
+	@cd hack/images && $(GO) run ./release push -registry $(REGISTRY) -overlay $(CURDIR)/_output/deploy \
+	  -base $(CURDIR)/deploy/csi $(IMAGES_DIR)/node.tar $(IMAGES_DIR)/workload-controller.tar
+
+# The image tarballs into the kind cluster's nodes.
+kind-load: images
+	$(KIND) load image-archive --name $(KIND_CLUSTER) $(IMAGES_DIR)/node.tar
+	$(KIND) load image-archive --name $(KIND_CLUSTER) $(IMAGES_DIR)/workload-controller.tar
+
+# What is in the images built here: files, static binaries, users; every program runs (in the
+# image's root filesystem) and prints its version. Also the test tooling's own tests.
+TEST_TARGETS += test-images
+test-images: images
+	cd hack/images && CISTERN_IMAGES=$(IMAGES_DIR)/images.json $(GO_TEST) -count=1 ./release/ ./layer/
+	$(GO_TEST) -count=1 ./hack/testreport/... ./hack/standins/...
 
 kind-up:
 	$(KIND) create cluster --name $(KIND_CLUSTER) --config deploy/kind/kind-config.yaml
 
-kind-deploy: images
-	$(KIND) load docker-image --name $(KIND_CLUSTER) $(NODE_IMAGE) $(CONTROLLER_IMAGE)
-	$(KUBECTL) --context kind-$(KIND_CLUSTER) apply --server-side -k deploy/csi
+# deploy/csi with the images of this build (kustomize images: entries in _output/deploy-kind).
+kind-deploy: kind-load
+	@mkdir -p _output/deploy-kind
+	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: %s\n- name: cistern/workload-controller\n  newTag: %s\n' \
+	  $(IMAGE_TAG) $(IMAGE_TAG) >_output/deploy-kind/kustomization.yaml
+	$(KUBECTL) --context kind-$(KIND_CLUSTER) apply --server-side -k _output/deploy-kind
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) wait --for=condition=Established crd --all --timeout=60s
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) -n cistern-system rollout status daemonset/cistern-node --timeout=180s
 

@@ -14,21 +14,23 @@ TEST_TARGETS += test-registration test-node-images e2e-node
 
 # The driver's kubelet plugin registration (pkg/registration) over its real socket.
 test-registration:
-	$(GO) test -count=1 $(RACE) ./pkg/registration/...
+	$(GO_TEST) -count=1 $(RACE) ./pkg/registration/...
 
 # The images' programs (the papermill and git stand-ins) as functions; seconds.
 test-node-images:
-	cd hack/images && $(GO) test -count=1 ./...
+	cd hack/images && $(GO_TEST) -count=1 ./...
 
 # containerd, containerd-shim-runc-v2, ctr, runc (cgo, libseccomp) and the CNI loopback, ptp
 # and host-local plugins.
 node-tools:
 	@hack/tools/node/build.sh $(NODE_BIN)
 
-# The pause, checker, git and papermill images as tarballs for `ctr images import`; seconds to
-# build.
-node-images: $(BUSYBOX)
-	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX)
+# The pause, checker, git and papermill images as tarballs for `ctr images import`, and the
+# sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins for
+# node-driver-registrar and livenessprobe) for the install suite; seconds to build.
+node-images: $(BUSYBOX) csi-tools
+	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX) \
+	  -csi-provisioner $(EXTERNAL_PROVISIONER_BIN)/csi-provisioner
 
 $(BUSYBOX):
 	@hack/images/busybox.sh $@
@@ -37,14 +39,28 @@ $(BUSYBOX):
 node-host-packages:
 	@command -v git >/dev/null || { echo "e2e-node: installing git"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null; }; }
 
-# Runs where a node can run (root, loop devices, overlayfs, cgroups); elsewhere it says why
-# and skips, or fails under CI=true. Builds kubelet, the node runtime, external-provisioner and the S3 server (versitygw,
-# from 30-datasource.mk) first; all are cached after the first time.
+# Runs where a node can run (root, loop devices, overlayfs, cgroups; hack/make/require-node.sh);
+# elsewhere it says why and skips, or fails under CI=true. Builds kubelet, the node runtime,
+# external-provisioner and the S3 server (versitygw, from 30-datasource.mk) first; all are cached
+# after the first time.
+REQUIRE_NODE = hack/make/require-node.sh $@; rc=$$?; if [ $$rc = 2 ]; then exit 0; elif [ $$rc != 0 ]; then exit 1; fi
 e2e-node:
-	@reason=$$(hack/tools/node/check-host.sh); \
-	if [ -n "$$reason" ]; then \
-	  if [ "$$CI" = true ]; then echo "e2e-node: FAILED: this machine cannot run a kubelet node: $$reason"; exit 1; fi; \
-	  echo "e2e-node: SKIPPED: this machine cannot run a kubelet node: $$reason"; exit 0; fi; \
+	@$(REQUIRE_NODE); \
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages $(VERSITYGW) && \
-	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 20m -v ./test/e2enode/... 2>&1 | \
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 20m -v -run TestNode ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+
+# The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
+# --server-side -k` (an overlay changing only image references and the pools ConfigMap) on a
+# kubelet node whose containerd pulls every image from a registry on loopback
+# (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node.
+REGISTRY_BIN := $(CURDIR)/_output/bin/registry
+TEST_TARGETS += e2e-install
+.PHONY: e2e-install
+e2e-install:
+	@$(REQUIRE_NODE); \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images images && \
+	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
+	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
+	  $(GO_TEST) -count=1 -timeout 25m -v -run TestInstall ./test/e2enode/... | \
+	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

@@ -11,16 +11,14 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // loopPool formats a small ext4 image, loop-mounts it and returns the mount point.
 func loopPool(t *testing.T, size int64) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		if os.Getenv("CISTERN_REQUIRE_PEERS") != "" {
-			t.Fatal("needs root for loop mounts")
-		}
-		t.Skip("needs root for loop mounts")
+		testutil.Unavailable(t, "needs root for loop mounts")
 	}
 	dir := t.TempDir()
 	img := filepath.Join(dir, "pool.img")

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // s3Server starts versitygw with the sample dataset, or skips.
@@ -22,10 +22,7 @@ func s3Server(t *testing.T) (*cluster.S3, map[string]string) {
 	t.Helper()
 	bin := cluster.VersitygwBinary()
 	if bin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("versitygw not built; run `make s3-tools`")
-		}
-		t.Skip("versitygw not built; run `make s3-tools`")
+		testutil.Unavailable(t, "versitygw not built; run `make s3-tools`")
 	}
 	s3 := cluster.StartS3(t, bin, t.TempDir())
 	sums, err := s3.SampleDataset(ctx(t), "datasets", "sample")

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 var (
@@ -29,10 +30,7 @@ func TestMain(m *testing.M) {
 func binaries(t *testing.T) cluster.Binaries {
 	t.Helper()
 	if binsErr != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(binsErr)
-		}
-		t.Skip(binsErr)
+		testutil.Unavailable(t, "%v", binsErr)
 	}
 	return bins
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -39,12 +40,23 @@ func deployDryRun(t *testing.T, cp *framework.ControlPlane) {
 
 // TestKustomizationsBuild: the examples and the pools-profile overlay build, and the base
 // includes every component directory under deploy/csi, so `apply -k deploy/csi` installs all.
+var imageLine = regexp.MustCompile(`(?m)^\s*(?:- )?image: *"?([^"\s]+)`)
+
 func TestKustomizationsBuild(t *testing.T) {
 	cp := framework.Shared(t)
 	for _, dir := range []string{"", "examples", "examples/pools-profile"} {
 		out := framework.Kubectl(t, cp, "kustomize", filepath.Join(cluster.DeployDir(), dir))
 		if !strings.Contains(out, "kind:") {
 			t.Errorf("kubectl kustomize deploy/csi/%s: no objects", dir)
+		}
+		// Every image has a tag, never latest: an upgrade is a new tag, and a kustomize
+		// images: entry is how a user picks registry and version.
+		for _, m := range imageLine.FindAllStringSubmatch(out, -1) {
+			ref := m[1]
+			tag := ref[strings.LastIndex(ref, "/")+1:]
+			if !strings.Contains(tag, ":") || strings.HasSuffix(tag, ":latest") {
+				t.Errorf("deploy/csi/%s: image %s has no version tag", dir, ref)
+			}
 		}
 	}
 	data, err := os.ReadFile(filepath.Join(cluster.DeployDir(), "kustomization.yaml"))

@@ -120,3 +120,46 @@ func cleanupCgroups(t *testing.T) {
 		}
 	}
 }
+
+// ownCgroupRoot creates the cgroup /name in every cgroup v1 hierarchy for kubelet's --cgroup-root
+// and removes it, deepest first, at the end (its pods' cgroups are empty once the containers are
+// gone). It returns "/name".
+func ownCgroupRoot(t *testing.T, name string) string {
+	t.Helper()
+	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*/cgroup.procs")
+	if len(hierarchies) == 0 {
+		// cgroup v2: one hierarchy.
+		hierarchies = []string{"/sys/fs/cgroup/cgroup.procs"}
+	}
+	var roots []string
+	for _, h := range hierarchies {
+		root := filepath.Join(filepath.Dir(h), name)
+		if err := os.Mkdir(root, 0o755); err != nil && !os.IsExist(err) {
+			t.Fatalf("creating cgroup %s: %v", root, err)
+		}
+		// A new cpuset cgroup has no CPUs or memory nodes until given its parent's.
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if v, err := os.ReadFile(filepath.Join(filepath.Dir(h), f)); err == nil {
+				_ = os.WriteFile(filepath.Join(root, f), v, 0o644)
+			}
+		}
+		roots = append(roots, root)
+	}
+	t.Cleanup(func() {
+		for _, root := range roots {
+			var dirs []string
+			_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+				if err == nil && d.IsDir() {
+					dirs = append(dirs, path)
+				}
+				return nil
+			})
+			for i := len(dirs) - 1; i >= 0; i-- {
+				if err := unix.Rmdir(dirs[i]); err != nil && err != unix.ENOENT {
+					t.Logf("cleanup: removing cgroup %s: %v", dirs[i], err)
+				}
+			}
+		}
+	})
+	return "/" + name
+}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,24 @@ type containerd struct {
 	dir     string
 	socket  string
 	bins    *binaries
+	opts    containerdOptions
 	process *framework.Process
+}
+
+// containerdOptions are what the install suite changes.
+type containerdOptions struct {
+	// registry, when set (host:port on loopback), is where every pull goes: its own name,
+	// registry.k8s.io (the sidecars deploy/csi names) and any other registry, so that nothing
+	// is ever fetched from elsewhere.
+	registry string
+	// mirrored are the registries served by registry under their own names.
+	mirrored []string
+	// podRoutes are extra destinations the pods reach through the host (the Service range).
+	podRoutes []string
+	// imported are the images (names in images.json) imported rather than pulled; nil: all.
+	imported []string
+	// subnet and gateway of the pod network; empty: podSubnet and podGateway.
+	subnet, gateway string
 }
 
 // criNamespace is the containerd namespace the CRI plugin (and so kubelet) uses.
@@ -47,6 +65,8 @@ func (c *containerd) config(cniConfDir string) string {
 		`    snapshotter = 'overlayfs'`,
 		`    [plugins.'io.containerd.cri.v1.images'.pinned_images]`,
 		`      sandbox = ` + q(c.bins.images["pause"].Ref),
+		`    [plugins.'io.containerd.cri.v1.images'.registry]`,
+		`      config_path = ` + q(filepath.Join(c.dir, "certs.d")),
 		`  [plugins.'io.containerd.cri.v1.runtime']`,
 		`    restrict_oom_score_adj = true`,
 		`    netns_mounts_under_state_dir = true`,
@@ -78,11 +98,36 @@ const (
 	podGateway = "10.244.117.1"
 )
 
-func podNetworkConflist(ipamDir string) string {
+func podNetworkConflist(ipamDir, subnet, gateway string, routes []string) string {
+	var rs []string
+	for _, r := range routes {
+		rs = append(rs, fmt.Sprintf(`{"dst": %q}`, r))
+	}
 	return fmt.Sprintf(`{"cniVersion": "1.0.0", "name": "cistern-e2e", "plugins": [
   {"type": "ptp", "ipMasq": false, "mtu": 1500,
-   "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "gateway": %q}]]}}
-]}`, ipamDir, podSubnet, podGateway)
+   "ipam": {"type": "host-local", "dataDir": %q, "ranges": [[{"subnet": %q, "gateway": %q}]], "routes": [%s]}}
+]}`, ipamDir, subnet, gateway, strings.Join(rs, ", "))
+}
+
+// writeRegistryHosts points every registry at the loopback one (containerd's hosts.toml): the
+// mirrored names and the registry's own address to it, any other name (_default) to a port
+// where nothing listens, so that a pull never leaves the machine.
+func (c *containerd) writeRegistryHosts() error {
+	hosts := map[string]string{"_default": "http://127.0.0.1:1", c.opts.registry: "http://" + c.opts.registry}
+	for _, m := range c.opts.mirrored {
+		hosts[m] = "http://" + c.opts.registry
+	}
+	for name, server := range hosts {
+		dir := filepath.Join(c.dir, "certs.d", name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		toml := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", server, server)
+		if err := os.WriteFile(filepath.Join(dir, "hosts.toml"), []byte(toml), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // keepIPForward restores the host's net.ipv4.ip_forward after the test: the ptp plugin turns it
@@ -102,14 +147,22 @@ func keepIPForward(t *testing.T) {
 
 // startContainerd starts containerd in dir and imports the test images. Its cleanup kills every
 // container it runs before stopping it, so that no shim or mount outlives the test.
-func startContainerd(t *testing.T, bins *binaries, dir string) *containerd {
+func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOptions) *containerd {
 	t.Helper()
-	c := &containerd{dir: dir, socket: filepath.Join(dir, "containerd.sock"), bins: bins}
+	if opts.subnet == "" {
+		opts.subnet, opts.gateway = podSubnet, podGateway
+	}
+	c := &containerd{dir: dir, socket: filepath.Join(dir, "containerd.sock"), bins: bins, opts: opts}
+	if opts.registry != "" {
+		if err := c.writeRegistryHosts(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cniConfDir := filepath.Join(dir, "cni", "net.d")
 	if err := os.MkdirAll(cniConfDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cniConfDir, "10-pods.conflist"), []byte(podNetworkConflist(filepath.Join(dir, "cni", "ipam"))), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cniConfDir, "10-pods.conflist"), []byte(podNetworkConflist(filepath.Join(dir, "cni", "ipam"), opts.subnet, opts.gateway, opts.podRoutes)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	keepIPForward(t)
@@ -145,7 +198,10 @@ func startContainerd(t *testing.T, bins *binaries, dir string) *containerd {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	for _, im := range bins.images {
+	for name, im := range bins.images {
+		if opts.imported != nil && !slices.Contains(opts.imported, name) {
+			continue
+		}
 		if out, err := c.ctr(ctx, "images", "import", im.Tarball); err != nil {
 			t.Fatalf("importing %s: %v\n%s", im.Tarball, err, out)
 		}

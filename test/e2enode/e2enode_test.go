@@ -118,9 +118,9 @@ func startCluster(t *testing.T) *cluster {
 		Scheduler:         true,
 		APIServerArgs:     []string{"--client-ca-file=" + ca.certFile},
 	})
-	c.containerd = startContainerd(t, bins, filepath.Join(dir, "containerd"))
+	c.containerd = startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{})
 	kubeletRoot := filepath.Join(dir, "kubelet")
-	c.kubelet = startKubelet(t, c.cp, ca, bins.kubelet, nodeName, kubeletRoot, c.containerd.socket)
+	c.kubelet = startKubelet(t, c.cp, ca, bins.kubelet, nodeName, kubeletRoot, c.containerd.socket, "")
 	waitNodeReady(t, c.cp, c.kubelet, nodeName, 2*time.Minute)
 	t.Logf("node %s Ready %s after start", nodeName, time.Since(begin).Round(time.Millisecond))
 

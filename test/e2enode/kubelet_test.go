@@ -101,8 +101,9 @@ type kubelet struct {
 
 // kubeletConfig follows what is known to work on this machine: cgroup v1 with cgroupfs,
 // oom_score_adj left alone, no eviction or image GC that a busy shared disk could trigger.
-func kubeletConfig(rootDir, runtimeSocket string, port, healthzPort int32) *kubeletv1beta1.KubeletConfiguration {
+func kubeletConfig(rootDir, runtimeSocket, cgroupRoot string, port, healthzPort int32) *kubeletv1beta1.KubeletConfiguration {
 	return &kubeletv1beta1.KubeletConfiguration{
+		CgroupRoot:               cgroupRoot,
 		TypeMeta:                 metav1.TypeMeta{APIVersion: "kubelet.config.k8s.io/v1beta1", Kind: "KubeletConfiguration"},
 		ContainerRuntimeEndpoint: "unix://" + runtimeSocket,
 		FailCgroupV1:             ptr.To(false),
@@ -135,7 +136,9 @@ func kubeletConfig(rootDir, runtimeSocket string, port, healthzPort int32) *kube
 }
 
 // startKubelet starts kubelet as system:node:<name> with its root directory in rootDir.
-func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nodeName, rootDir, runtimeSocket string) *kubelet {
+// cgroupRoot, when set, is the cgroup under which kubelet puts its kubepods tree (see
+// ownCgroupRoot); empty: the root, as on a node.
+func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nodeName, rootDir, runtimeSocket, cgroupRoot string) *kubelet {
 	t.Helper()
 	if err := os.MkdirAll(rootDir, 0o750); err != nil {
 		t.Fatal(err)
@@ -156,7 +159,7 @@ func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nod
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := yaml.Marshal(kubeletConfig(rootDir, runtimeSocket, ports[0], ports[1]))
+	cfg, err := yaml.Marshal(kubeletConfig(rootDir, runtimeSocket, cgroupRoot, ports[0], ports[1]))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,6 +30,10 @@ type credentials struct {
 	schedulerToken string
 }
 
+// KubernetesServiceIP is the ClusterIP of the default/kubernetes Service: the first address of
+// the API server's --service-cluster-ip-range (components.go).
+const KubernetesServiceIP = "10.0.0.1"
+
 // writeCredentials writes a serving certificate for 127.0.0.1/localhost signed by a throwaway CA,
 // a service-account signing key pair, and a static token file with one token per client.
 func writeCredentials(dir string) (*credentials, error) {
@@ -41,7 +45,12 @@ func writeCredentials(dir string) (*credentials, error) {
 		saPublicKey:  filepath.Join(dir, "sa.pub"),
 		tokenFile:    filepath.Join(dir, "tokens.csv"),
 	}
-	cert, key, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.IPv4(127, 0, 0, 1)}, []string{"localhost"})
+	// Also the names pods use for the API server, as a real cluster's certificate has them: the
+	// kubernetes Service's ClusterIP (the first address of --service-cluster-ip-range) and its
+	// DNS names. The install suite's pods reach the API server there.
+	cert, key, err := certutil.GenerateSelfSignedCertKey("127.0.0.1",
+		[]net.IP{net.IPv4(127, 0, 0, 1), net.ParseIP(KubernetesServiceIP)},
+		[]string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"})
 	if err != nil {
 		return nil, fmt.Errorf("generating serving certificate: %w", err)
 	}

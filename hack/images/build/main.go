@@ -3,32 +3,31 @@
 // static busybox as /bin/sh), written as an image tarball that `ctr images import` loads into
 // containerd.
 //
-//	go run ./build -out _output/node-images -busybox /path/to/static/busybox
+//	go run ./build -out _output/node-images -busybox /path/to/static/busybox [-csi-provisioner PATH]
 //
 // writes <out>/<name>.tar for each image and <out>/images.json mapping names to references and
-// tarballs. References are under localhost/, so nothing ever tries to pull them.
+// tarballs. The test images are under localhost/, so nothing ever tries to pull them. With
+// -csi-provisioner it also makes the sidecar images of deploy/csi under their upstream names
+// (csi-provisioner from that binary, stand-ins for node-driver-registrar and livenessprobe from
+// hack/standins), which the install suite serves from a registry on loopback.
 package main
 
 import (
-	"archive/tar"
-	"bytes"
-	"debug/elf"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/cistern-csi/cistern/hack/images/layer"
 )
 
 // image is one image to build: its files, entrypoint and search path.
@@ -40,19 +39,30 @@ type image struct {
 	path       string
 }
 
-// file is one file of an image: a static binary built from a package of this module, a static
-// executable from the host (busybox), or a symbolic link.
+// file is one file of an image: a static binary built from a package of this module (pkg) or of
+// the project's root module (rootPkg), a static executable from the host, or a symbolic link.
 type file struct {
-	path string // absolute, in the image
-	pkg  string
-	dir  string // where pkg is built from: this module when empty, else a directory relative to it
-	host string
-	link string
+	path    string // absolute, in the image
+	pkg     string
+	rootPkg string
+	host    string
+	link    string
 }
 
-// images are built in this order. busybox is the host path of a static busybox.
-func images(busybox string) []image {
-	return []image{
+// Sidecar images under the names deploy/csi gives them, for the install suite, which pulls them
+// from a registry on loopback: csi-provisioner is the upstream binary (make csi-tools); the
+// node-driver-registrar and livenessprobe images hold this project's stand-ins (hack/standins).
+const (
+	provisionerRef = "registry.k8s.io/sig-storage/csi-provisioner:v6.4.0"
+	registrarRef   = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0"
+	livenessRef    = "registry.k8s.io/sig-storage/livenessprobe:v2.19.0"
+	busyboxRef     = "busybox:1.37"
+)
+
+// images are built in this order. busybox is the host path of a static busybox; provisioner,
+// when set, that of a static csi-provisioner, and adds the sidecar images.
+func images(busybox, provisioner string) []image {
+	ims := []image{
 		// The tag must equal containerd's CRI sandbox image setting, so containerd never pulls one.
 		{Name: "pause", Ref: "localhost/cistern/pause:v1", entrypoint: "/pause", path: "/",
 			files: []file{{path: "/pause", pkg: "./pause"}}},
@@ -69,11 +79,43 @@ func images(busybox string) []image {
 		// The notebook jobs' golden-compare container runs the workload-controller binary itself
 		// (its compare-notebook subcommand), built from the repository's main module.
 		{Name: "controller", Ref: "localhost/cistern/workload-controller:v1", entrypoint: "/usr/local/bin/workload-controller", path: "/usr/local/bin",
-			files: []file{{path: "/usr/local/bin/workload-controller", pkg: "./cmd/workload-controller", dir: "../.."}}},
+			files: []file{{path: "/usr/local/bin/workload-controller", rootPkg: "./cmd/workload-controller"}}},
 		// The notebook container runs `papermill INPUT OUTPUT --log-output`.
 		{Name: "papermill", Ref: "localhost/cistern/papermill:v1", entrypoint: "/usr/local/bin/papermill", path: "/usr/local/bin:/usr/bin:/bin",
 			files: []file{{path: "/usr/local/bin/papermill", pkg: "./papermill"}}},
 	}
+	if provisioner == "" {
+		return ims
+	}
+	// Entrypoints as in the upstream images, which the manifests rely on (they give args only).
+	return append(ims,
+		image{Name: "csi-provisioner", Ref: provisionerRef, entrypoint: "/csi-provisioner", path: "/",
+			files: []file{{path: "/csi-provisioner", host: provisioner}}},
+		image{Name: "node-driver-registrar", Ref: registrarRef, entrypoint: "/csi-node-driver-registrar", path: "/",
+			files: []file{{path: "/csi-node-driver-registrar", rootPkg: "./hack/standins/node-driver-registrar"}}},
+		image{Name: "livenessprobe", Ref: livenessRef, entrypoint: "/livenessprobe", path: "/",
+			files: []file{{path: "/livenessprobe", rootPkg: "./hack/standins/livenessprobe"}}},
+		// deploy/csi/examples run busybox:1.37; this is Debian's static busybox (another
+		// version) with a link per applet, as the busybox image has them.
+		image{Name: "busybox", Ref: busyboxRef, path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+			files: []file{{path: "/bin/busybox", host: busybox}}},
+	)
+}
+
+// busyboxLinks are the applet links of busybox ("bin/sh -> busybox", ...).
+func busyboxLinks(busybox string) ([]file, error) {
+	out, err := exec.Command(busybox, "--list-full").Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s --list-full: %w", busybox, err)
+	}
+	var links []file
+	for _, p := range strings.Fields(string(out)) {
+		if p == "bin/busybox" {
+			continue
+		}
+		links = append(links, file{path: "/" + p, link: "/bin/busybox"})
+	}
+	return links, nil
 }
 
 // Entry is one line of images.json.
@@ -85,14 +127,16 @@ type Entry struct {
 func main() {
 	out := flag.String("out", "_output/node-images", "Directory for the image tarballs and images.json.")
 	busybox := flag.String("busybox", "", "A static busybox executable for the git image's /bin/sh (Debian's busybox-static).")
+	provisioner := flag.String("csi-provisioner", "", "A static csi-provisioner (make csi-tools); adds the sidecar images.")
+	root := flag.String("root", "../..", "The project's root module, for the stand-ins built from it.")
 	flag.Parse()
-	if err := run(*out, *busybox); err != nil {
+	if err := run(*out, *busybox, *provisioner, *root); err != nil {
 		fmt.Fprintln(os.Stderr, "build:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out, busybox string) error {
+func run(out, busybox, provisioner, root string) error {
 	out, err := filepath.Abs(out)
 	if err != nil {
 		return err
@@ -107,12 +151,30 @@ func run(out, busybox string) error {
 	defer os.RemoveAll(work)
 
 	index := map[string]Entry{}
-	for _, im := range images(busybox) {
-		layer, err := imageLayer(im, work)
+	for _, im := range images(busybox, provisioner) {
+		if im.Ref == busyboxRef {
+			links, err := busyboxLinks(busybox)
+			if err != nil {
+				return err
+			}
+			im.files = append(im.files, links...)
+		}
+		l, err := imageLayer(im, work, root)
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.Name, err)
 		}
-		img, err := newImage(layer, im)
+		img, err := mutate.AppendLayers(empty.Image, l)
+		if err != nil {
+			return fmt.Errorf("%s: %w", im.Name, err)
+		}
+		img, err = layer.Configure(img, func(c *v1.Config) {
+			if im.entrypoint != "" {
+				c.Entrypoint = []string{im.entrypoint}
+			} else {
+				c.Cmd = []string{"sh"}
+			}
+			c.Env = []string{"PATH=" + im.path}
+		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.Name, err)
 		}
@@ -134,132 +196,37 @@ func run(out, busybox string) error {
 	return os.WriteFile(filepath.Join(out, "images.json"), data, 0o644)
 }
 
-// goBuild builds a static binary: the images have no libc.
-func goBuild(pkg, dir, out string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s: %w", pkg, err)
-	}
-	return nil
-}
-
-// imageLayer builds the image's binaries into work and returns its single layer as a tar.
-func imageLayer(im image, work string) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	dirs := map[string]bool{}
+// imageLayer builds the image's binaries into work and returns its single layer.
+func imageLayer(im image, work, root string) (v1.Layer, error) {
+	b := layer.New()
 	for _, f := range im.files {
-		if err := addParents(tw, dirs, f.path); err != nil {
-			return nil, err
-		}
 		var err error
 		switch {
 		case f.link != "":
-			err = tw.WriteHeader(header(f.path, tar.TypeSymlink, 0o777, 0, f.link))
-		case f.pkg != "":
-			bin := filepath.Join(work, im.Name+"-"+filepath.Base(f.path))
-			if err = goBuild(f.pkg, f.dir, bin); err == nil {
-				err = addFile(tw, bin, f.path)
+			err = b.Symlink(f.path, f.link)
+		case f.pkg != "" || f.rootPkg != "":
+			dir, pkg := ".", f.pkg
+			if f.rootPkg != "" {
+				dir, pkg = root, f.rootPkg
+			}
+			out := filepath.Join(work, im.Name)
+			if err = layer.GoBuild(dir, out, "", pkg); err == nil {
+				err = b.HostFile(f.path, filepath.Join(out, filepath.Base(pkg)), 0o755)
 			}
 		default:
 			if f.host == "" {
 				return nil, fmt.Errorf("%s needs a host file (see -help)", f.path)
 			}
-			if err = requireStatic(f.host); err == nil {
-				err = addFile(tw, f.host, f.path)
+			if err = layer.RequireStatic(f.host); err == nil {
+				err = b.HostFile(f.path, f.host, 0o755)
 			}
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
-	if err := tw.WriteHeader(header("/tmp", tar.TypeDir, 0o1777, 0, "")); err != nil {
+	if err := b.Dir("/tmp", 0o1777); err != nil {
 		return nil, err
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
-// addParents writes the directories above path that are not in the layer yet.
-func addParents(tw *tar.Writer, done map[string]bool, path string) error {
-	var parents []string
-	for d := filepath.Dir(path); d != "/" && !done[d]; d = filepath.Dir(d) {
-		parents = append([]string{d}, parents...)
-	}
-	for _, d := range parents {
-		if err := tw.WriteHeader(header(d, tar.TypeDir, 0o755, 0, "")); err != nil {
-			return err
-		}
-		done[d] = true
-	}
-	return nil
-}
-
-func addFile(tw *tar.Writer, src, path string) error {
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	if err := tw.WriteHeader(header(path, tar.TypeReg, 0o755, int64(len(data)), "")); err != nil {
-		return err
-	}
-	_, err = tw.Write(data)
-	return err
-}
-
-// header is a tar header with fixed times and owner, which keep the digest stable.
-func header(path string, typ byte, mode, size int64, link string) *tar.Header {
-	return &tar.Header{
-		Typeflag: typ,
-		Name:     strings.TrimPrefix(path, "/"),
-		Linkname: link,
-		Mode:     mode,
-		Size:     size,
-		ModTime:  time.Unix(0, 0),
-		Format:   tar.FormatPAX,
-	}
-}
-
-// requireStatic refuses a dynamically linked executable: the images have no libc or loader.
-func requireStatic(path string) error {
-	f, err := elf.Open(path)
-	if err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	defer f.Close()
-	for _, p := range f.Progs {
-		if p.Type == elf.PT_INTERP {
-			return fmt.Errorf("%s is dynamically linked; the image needs a static executable (busybox-static)", path)
-		}
-	}
-	return nil
-}
-
-// newImage returns an image of one layer with the image's entrypoint and PATH.
-func newImage(layerTar []byte, im image) (v1.Image, error) {
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	img, err := mutate.AppendLayers(empty.Image, layer)
-	if err != nil {
-		return nil, err
-	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cfg = cfg.DeepCopy()
-	cfg.OS = "linux"
-	cfg.Architecture = runtime.GOARCH
-	cfg.Config.Entrypoint = []string{im.entrypoint}
-	cfg.Config.Env = []string{"PATH=" + im.path}
-	return mutate.ConfigFile(img, cfg)
+	return b.Layer()
 }

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# go test for the make targets: `gotest.sh NAME GO_TEST_ARGS...` runs `go test -json` and shows
+# it through hack/testreport as go test would (everything when the arguments hold -v). The events
+# are kept in _output/test-results/NAME.jsonl, which `make test` summarises at its end.
+set -o pipefail
+name=${1:?target name}
+shift
+root=$(cd "$(dirname "$0")/../.." && pwd)
+results=${CISTERN_TEST_RESULTS:-${root}/_output/test-results}
+report=${root}/bin/testreport
+mkdir -p "${results}" "${root}/bin"
+(cd "${root}" && ${GO:-go} build -o "${report}" ./hack/testreport) || exit 1
+verbose=
+for a in "$@"; do [[ $a == -v ]] && verbose=-v; done
+${GO:-go} test -json "$@" 2>&1 | "${report}" ${verbose} -out "${results}/${name}.jsonl"
