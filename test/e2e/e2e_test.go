@@ -82,6 +82,7 @@ parameters: {pool: bulk}
 	t.Run("VolumeManagerReplicas", s.volumeManager)
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
 	t.Run("NodePersistentVolumePolicy", s.pvPolicy)
+	t.Run("NodeEventsRoleNamespaced", s.nodeEventsRole)
 	t.Run("WorkloadControllerSecretsByName", s.controllerRBAC)
 	t.Run("ControllerMetricsNeedAuthorization", s.controllerMetrics)
 }

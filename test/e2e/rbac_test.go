@@ -60,6 +60,21 @@ func (s *scenario) rbac(t *testing.T) {
 	}
 }
 
+// nodeEventsRole: the driver's own Events permission is a Role in "default", where Events about
+// its Node live, not a ClusterRole (deploy/csi/driver/rbac.yaml).
+func (s *scenario) nodeEventsRole(t *testing.T) {
+	c := ctx(t)
+	if _, err := s.cp.Client.RbacV1().Roles("default").Get(c, "cistern-node-events", metav1.GetOptions{}); err != nil {
+		t.Errorf("Role default/cistern-node-events: %v", err)
+	}
+	if _, err := s.cp.Client.RbacV1().RoleBindings("default").Get(c, "cistern-node-events", metav1.GetOptions{}); err != nil {
+		t.Errorf("RoleBinding default/cistern-node-events: %v", err)
+	}
+	if _, err := s.cp.Client.RbacV1().ClusterRoles().Get(c, "cistern-node-events", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a cluster-wide cistern-node-events ClusterRole: %v", err)
+	}
+}
+
 // controllerRBAC: the workload-controller reads and renews its own webhook certificate Secret and
 // leader-election Lease by name, and no other Secret.
 func (s *scenario) controllerRBAC(t *testing.T) {
