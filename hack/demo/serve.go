@@ -292,7 +292,7 @@ spec:
 	defer cancel()
 	begin := time.Now()
 	// A failure here is shown on its screen; the rest of the demo stands without it.
-	m, err := cluster.StageAndPublish(ctx, n.Socket, pv, secrets, d.path("kubelet", node))
+	m, err := cluster.StageAndPublish(ctx, n.Socket, pv, secrets, n.KubeletRoot)
 	if err != nil {
 		return []string{fmt.Sprintf("claim demo/sample -> %s on %s: staging FAILED: %v", pv.Name, node, err)}
 	}
