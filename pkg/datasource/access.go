@@ -48,6 +48,10 @@ const proofTimeout = 10 * time.Minute
 // maxProofs bounds the remembered proofs; expired ones are dropped first.
 const maxProofs = 4096
 
+// concurrentProofs bounds the full proofs (listings) under way on the node: a pod author can name
+// many credentials, and each proof holds a listing's digests in memory.
+const concurrentProofs = 4
+
 // principal names the caller of a request: a keyed hash of its credentials, or the fixed
 // identity of a source without per-tenant credentials (NFS's AUTH_UNIX as the node's configured
 // uid, node-local paths).
@@ -263,7 +267,13 @@ func (m *Manager) prove(ctx context.Context, req Request, dir string, md *meta, 
 func (m *Manager) runProof(req Request, dir string, md *meta, digest, key string, p *proof) {
 	ctx, cancel := context.WithTimeout(context.Background(), proofTimeout)
 	defer cancel()
-	p.err = m.fullProof(ctx, req, dir, md, digest)
+	select {
+	case m.proofSlots <- struct{}{}:
+		p.err = m.fullProof(ctx, req, dir, md, digest)
+		<-m.proofSlots
+	case <-ctx.Done():
+		p.err = source.Wrap(source.Retryable, ctx.Err(), "waiting to check access")
+	}
 	m.mu.Lock()
 	delete(m.proving, key)
 	if p.err == nil {

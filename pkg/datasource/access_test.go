@@ -2,10 +2,12 @@ package datasource_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -283,4 +285,56 @@ func TestNFSInlineNeedsAllowList(t *testing.T) {
 	}
 	tree, _ := m.TreePath(pool, inline)
 	checkTree(t, tree, want)
+}
+
+// TestProofsBounded: a pod author who names many credentials makes the node run at most a few
+// full access proofs (listings) at once; the rest wait their turn.
+func TestProofsBounded(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	smallTree(30, 3, 100).upload(t, s, "data", "set/")
+	var mu sync.Mutex
+	inFlight, most := map[string]int{}, 0
+	proxy := testpeers.StartProxy(t, s.Endpoint, nil)
+	pool := t.TempDir()
+	m := newManager(t, datasource.Config{})
+	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data/set"))
+	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+		t.Fatal(err)
+	}
+	// Listings by other keys are held a while, and counted while they are.
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		_, cred, _ := strings.Cut(r.Header.Get("Authorization"), "Credential=")
+		key, _, _ := strings.Cut(cred, "/")
+		if r.URL.Query().Get("list-type") == "" || key == s.AccessKey {
+			return testpeers.None
+		}
+		mu.Lock()
+		inFlight[key]++
+		most = max(most, len(inFlight))
+		mu.Unlock()
+		time.Sleep(300 * time.Millisecond)
+		mu.Lock()
+		if inFlight[key]--; inFlight[key] == 0 {
+			delete(inFlight, key)
+		}
+		mu.Unlock()
+		return testpeers.None
+	})
+	var wg sync.WaitGroup
+	for i := range 12 {
+		wg.Go(func() {
+			// Keys the server does not know: each is refused once its listing got through.
+			_, err := m.Wait(ctx, datasource.Request{Spec: spec, Pool: pool,
+				Creds: datasource.Credentials{AccessKeyID: fmt.Sprintf("tenant-%02d", i), SecretAccessKey: "x"}})
+			if err == nil {
+				t.Errorf("tenant %d was served the cache", i)
+			}
+		})
+	}
+	wg.Wait()
+	if most == 0 || most > 4 {
+		t.Fatalf("%d full proofs at once, want 1 to 4", most)
+	}
 }

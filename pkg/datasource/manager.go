@@ -141,6 +141,8 @@ type Manager struct {
 	inUse    map[string]int       // pool/id -> in-memory users (Populate)
 	proofs   map[string]time.Time // digest/principal -> proof valid until
 	proving  map[string]*proof    // digest/principal -> proof under way
+	// proofSlots bounds the full proofs under way (access.go).
+	proofSlots chan struct{}
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
 	poolMu    map[string]*sync.Mutex
@@ -196,6 +198,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		inUse:        map[string]int{},
 		proofs:       map[string]time.Time{},
 		proving:      map[string]*proof{},
+		proofSlots:   make(chan struct{}, concurrentProofs),
 		perSource:    map[string]chan struct{}{},
 		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
 		poolMu:       map[string]*sync.Mutex{},
