@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,15 +57,8 @@ func TestJoinProvesAccess(t *testing.T) {
 	s.Bucket(t, "private")
 	want := smallTree(7, 12, 1000)
 	want.upload(t, s, "private", "set/")
-	var slow atomic.Bool
-	slow.Store(true)
-	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
-		f := testpeers.None
-		if r.Method == http.MethodGet && r.URL.Query().Get("list-type") == "" && slow.Load() {
-			f.Delay = 300 * time.Millisecond // object reads: keep A's staging running
-		}
-		return f
-	})
+	// Slow object reads keep A's staging running.
+	proxy := testpeers.StartProxy(t, s.Endpoint, delayObjects(300*time.Millisecond))
 	pool := t.TempDir()
 	m := newManager(t, datasource.Config{Concurrency: 1, AccessProofTTL: time.Minute})
 	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://private/set"))
@@ -111,7 +103,7 @@ func TestJoinProvesAccess(t *testing.T) {
 	if progress != 1 {
 		t.Errorf("%d staging progress series, want 1", progress)
 	}
-	slow.Store(false)
+	proxy.SetFaults(nil)
 	if _, err := stage(ctx, t, m, a); err != nil {
 		t.Fatal(err)
 	}
