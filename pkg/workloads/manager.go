@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
@@ -106,7 +107,7 @@ func Scheme() *runtime.Scheme {
 func SchemeFor(lwsAPI schema.GroupVersion) *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, datav1alpha1.AddToScheme,
+		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, datav1alpha1.AddToScheme, spapi.AddToScheme,
 		func(s *runtime.Scheme) error { return workloadsv1alpha1.AddToSchemeWithLeaderWorkerSetAt(s, lwsAPI) },
 	} {
 		if err := add(s); err != nil {
@@ -246,7 +247,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		Images: notebook.Images{Git: cfg.GitImage, Compare: cfg.CompareImage}}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), Config: cfg.VolumeManager}).SetupWithManager(mgr); err != nil {
+	vmCfg := cfg.VolumeManager
+	if vmCfg.StagerImage == "" {
+		vmCfg.StagerImage = cfg.CompareImage // the controller's own image
+	}
+	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder("volumemanager"), Config: vmCfg}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if certs != nil {
