@@ -240,4 +240,3 @@ func hashTree(t *testing.T, dir string) map[string]string {
 	}
 	return out
 }
-
