@@ -110,7 +110,8 @@ type podVolumes struct {
 }
 
 type publication struct {
-	volumeID, target string
+	// volume is the pod's name for it.
+	volume, volumeID, target string
 	// pv is set for a claim's volume: its staging is shared by the node's pods.
 	pv *corev1.PersistentVolume
 }
@@ -167,7 +168,7 @@ func (k *mountingKubelet) mountPod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	done := map[string]bool{}
 	for _, p := range pv.targets {
-		done[p.target] = true
+		done[p.volume] = true
 	}
 	k.mu.Unlock()
 	client, closeConn, err := k.nodeClient(node)
@@ -175,18 +176,16 @@ func (k *mountingKubelet) mountPod(ctx context.Context, pod *corev1.Pod) error {
 		return err
 	}
 	defer closeConn()
-	root := k.c.Nodes[node].KubeletRoot
 	for _, vol := range pod.Spec.Volumes {
-		target := targetPath(root, string(pod.UID), vol.Name)
-		if done[target] {
+		if done[vol.Name] {
 			continue
 		}
 		var p *publication
 		switch {
 		case vol.PersistentVolumeClaim != nil:
-			p, err = k.publishClaim(ctx, client, pod, vol, target)
+			p, err = k.publishClaim(ctx, client, pod, vol)
 		case vol.CSI != nil && vol.CSI.Driver == consts.DriverName:
-			p, err = k.publishInline(ctx, client, pod, vol, target)
+			p, err = k.publishInline(ctx, client, pod, vol)
 		}
 		if err != nil {
 			return fmt.Errorf("volume %s: %w", vol.Name, err)
@@ -202,7 +201,7 @@ func (k *mountingKubelet) mountPod(ctx context.Context, pod *corev1.Pod) error {
 
 // publishClaim stages the claim's PV on the node (once for all its pods) and publishes it;
 // nil for a claim of another driver.
-func (k *mountingKubelet) publishClaim(ctx context.Context, client csi.NodeClient, pod *corev1.Pod, vol corev1.Volume, target string) (*publication, error) {
+func (k *mountingKubelet) publishClaim(ctx context.Context, client csi.NodeClient, pod *corev1.Pod, vol corev1.Volume) (*publication, error) {
 	pvc, err := k.client.CoreV1().PersistentVolumeClaims(pod.Namespace).Get(ctx, vol.PersistentVolumeClaim.ClaimName, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
@@ -222,7 +221,8 @@ func (k *mountingKubelet) publishClaim(ctx context.Context, client csi.NodeClien
 		return nil, err
 	}
 	capability := mountCapability(pv.Spec.CSI.FSType, accessMode(pv.Spec.AccessModes))
-	staging := stagingPath(k.c.Nodes[pod.Spec.NodeName].KubeletRoot, pv)
+	root := k.c.Nodes[pod.Spec.NodeName].KubeletRoot
+	staging, target := stagingPath(root, pv), targetPath(root, string(pod.UID), pv.Name)
 	ref := k.stageRef(pod.Spec.NodeName, pv.Name, staging)
 	ref.mu.Lock()
 	defer ref.mu.Unlock()
@@ -250,12 +250,13 @@ func (k *mountingKubelet) publishClaim(ctx context.Context, client csi.NodeClien
 		return nil, err
 	}
 	ref.count++
-	return &publication{volumeID: pv.Spec.CSI.VolumeHandle, target: target, pv: pv}, nil
+	return &publication{volume: vol.Name, volumeID: pv.Spec.CSI.VolumeHandle, target: target, pv: pv}, nil
 }
 
 // publishInline publishes a CSI inline volume: no staging; kubelet names it after the pod and
 // the volume.
-func (k *mountingKubelet) publishInline(ctx context.Context, client csi.NodeClient, pod *corev1.Pod, vol corev1.Volume, target string) (*publication, error) {
+func (k *mountingKubelet) publishInline(ctx context.Context, client csi.NodeClient, pod *corev1.Pod, vol corev1.Volume) (*publication, error) {
+	target := targetPath(k.c.Nodes[pod.Spec.NodeName].KubeletRoot, string(pod.UID), vol.Name)
 	var secrets map[string]string
 	if ref := vol.CSI.NodePublishSecretRef; ref != nil {
 		var err error
@@ -279,7 +280,7 @@ func (k *mountingKubelet) publishInline(ctx context.Context, client csi.NodeClie
 	}); err != nil {
 		return nil, err
 	}
-	return &publication{volumeID: id, target: target}, nil
+	return &publication{volume: vol.Name, volumeID: id, target: target}, nil
 }
 
 func (k *mountingKubelet) stageRef(node, pv, path string) *stageRef {
@@ -412,4 +413,11 @@ func withPodInfo(attrs map[string]string, pod *corev1.Pod, inline bool) map[stri
 	out[serviceAccountKey] = pod.Spec.ServiceAccountName
 	out[consts.ParamInlineContext] = fmt.Sprint(inline)
 	return out
+}
+
+// PublishedPath is where the stand-in kubelet published a pod's volume on its node: what the
+// pod's containers would see. For a claim, volume is the PV's name (as kubelet names the
+// directory); for an inline volume, the pod's name for it.
+func (c *Cluster) PublishedPath(pod *corev1.Pod, volume string) string {
+	return targetPath(c.Nodes[pod.Spec.NodeName].KubeletRoot, string(pod.UID), volume)
 }
