@@ -36,6 +36,10 @@ type Options struct {
 	// volumes before it reports the pod Running (MountingKubelet); otherwise pods are reported
 	// Running at once and tests mount what they need themselves (StageAndPublish).
 	MountVolumes bool
+	// RunsToCompletion, with MountVolumes, says which pods' containers exit at once with success
+	// (a VolumeManager's stager pods): they are reported Succeeded once their volumes are mounted,
+	// and the volumes are then unpublished, as kubelet does for a finished pod.
+	RunsToCompletion func(*corev1.Pod) bool
 }
 
 // CreateNamespace creates the install namespace, so that a server-side dry run of deploy/csi
@@ -69,7 +73,7 @@ func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	// The node DaemonSet's own pods are left alone: their components run as local processes.
 	pods := fields.OneTermNotEqualSelector("metadata.namespace", Namespace)
 	if opts.MountVolumes {
-		c.MountingKubelet(t, pods)
+		c.MountingKubelet(t, pods, opts.RunsToCompletion)
 	} else {
 		framework.FakeKubelet(t, cp.Client, pods, c.NodeNames...)
 	}

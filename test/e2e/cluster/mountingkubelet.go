@@ -37,12 +37,14 @@ const (
 // staged and published over the node's driver socket with the secrets the PV or the volume
 // names, and only then is the pod reported Running; a mount that fails is retried, as kubelet
 // does, and the pod stays Pending meanwhile. A pod being deleted is unpublished (a PV unstaged
-// once no pod of the node publishes it) before its deletion is confirmed. Whatever is still
-// mounted when the test ends is released.
-func (c *Cluster) MountingKubelet(t framework.TB, pods fields.Selector) {
+// once no pod of the node publishes it) before its deletion is confirmed. A pod for which
+// completes (may be nil) is true runs to completion: it is reported Succeeded once its volumes
+// are mounted, and they are unpublished. Whatever is still mounted when the test ends is
+// released.
+func (c *Cluster) MountingKubelet(t framework.TB, pods fields.Selector, completes func(*corev1.Pod) bool) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	k := &mountingKubelet{c: c, client: c.CP.Client, logf: t.Logf, busy: map[types.UID]bool{}, pods: map[types.UID]*podVolumes{}, stages: map[string]*stageRef{}}
+	k := &mountingKubelet{c: c, client: c.CP.Client, logf: t.Logf, completes: completes, busy: map[types.UID]bool{}, pods: map[types.UID]*podVolumes{}, stages: map[string]*stageRef{}}
 	var wg sync.WaitGroup
 	t.Cleanup(func() {
 		cancel()
@@ -54,7 +56,7 @@ func (c *Cluster) MountingKubelet(t framework.TB, pods fields.Selector) {
 		if !ok || c.Nodes[pod.Spec.NodeName] == nil {
 			return
 		}
-		if pod.DeletionTimestamp == nil && pod.Status.Phase == corev1.PodRunning {
+		if pod.DeletionTimestamp == nil && (pod.Status.Phase == corev1.PodRunning || pod.Status.Phase == corev1.PodSucceeded) {
 			return
 		}
 		if !k.claim(pod.UID) {
@@ -93,9 +95,10 @@ func (c *Cluster) MountingKubelet(t framework.TB, pods fields.Selector) {
 }
 
 type mountingKubelet struct {
-	c      *Cluster
-	client kubernetes.Interface
-	logf   func(string, ...any)
+	c         *Cluster
+	client    kubernetes.Interface
+	logf      func(string, ...any)
+	completes func(*corev1.Pod) bool
 
 	mu     sync.Mutex
 	busy   map[types.UID]bool
@@ -155,7 +158,35 @@ func (k *mountingKubelet) setup(ctx context.Context, pod *corev1.Pod) {
 		}
 		return
 	}
-	_, _ = k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, framework.RunningPod(pod), metav1.UpdateOptions{})
+	if k.completes == nil || !k.completes(pod) {
+		_, _ = k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, framework.RunningPod(pod), metav1.UpdateOptions{})
+		return
+	}
+	if _, err := k.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, succeededPod(pod), metav1.UpdateOptions{}); err != nil {
+		return // the resync tries again; the volumes are still published
+	}
+	if err := k.unmountPod(ctx, pod.UID); err != nil && ctx.Err() == nil {
+		k.logf("kubelet %s: finished pod %s/%s: %v", pod.Spec.NodeName, pod.Namespace, pod.Name, err)
+	}
+}
+
+// succeededPod is pod as kubelet reports it once every container exited 0.
+func succeededPod(pod *corev1.Pod) *corev1.Pod {
+	p := framework.RunningPod(pod)
+	p.Status.Phase = corev1.PodSucceeded
+	for i := range p.Status.Conditions {
+		if c := &p.Status.Conditions[i]; c.Type == corev1.PodReady || c.Type == corev1.ContainersReady {
+			c.Status, c.Reason = corev1.ConditionFalse, "PodCompleted"
+		}
+	}
+	for i := range p.Status.ContainerStatuses {
+		cs := &p.Status.ContainerStatuses[i]
+		started := cs.State.Running.StartedAt
+		cs.Ready, cs.Started = false, ptr.To(false)
+		cs.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode: 0, Reason: "Completed", StartedAt: started, FinishedAt: metav1.Now()}}
+	}
+	return p
 }
 
 func (k *mountingKubelet) mountPod(ctx context.Context, pod *corev1.Pod) error {
