@@ -11,10 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -40,9 +44,11 @@ type placementRun struct {
 }
 
 type podStart struct {
-	node    string
-	warm    bool // its node held the dataset Ready when the pod was created
-	running time.Duration
+	node string
+	warm bool // its node held the dataset Ready when the pod was created
+	// Since the claim and pod were created: the pod bound to a node, its claim bound (the volume
+	// provisioned on that node), the pod Running (the volume staged and published).
+	scheduled, bound, running time.Duration
 }
 
 // BenchmarkPlacement measures where pods with dataset claims start and how fast, with the pod
@@ -75,7 +81,7 @@ func BenchmarkPlacement(b *testing.B) {
 	for _, sc := range []*scenario{s, baseline} {
 		start := time.Now()
 		sc.createClaimAndPod(b, "warm-up", "cistern-"+sc.ns, benchClaimSize, map[string]string{corev1.LabelHostname: warmNode})
-		sc.waitRunningFast(b, "warm-up", 10*time.Minute)
+		sc.waitStarted(b, "warm-up", start, 10*time.Minute)
 		stageOnce = append(stageOnce, time.Since(start))
 		sc.deleteAll(b)
 		sc.waitWarm(b, ids[sc.ns], warmNode)
@@ -85,8 +91,19 @@ func BenchmarkPlacement(b *testing.B) {
 	s.deleteAll(b)
 	without := baseline.placementPhase(b, "cistern-"+baseline.ns, ids[baseline.ns], names)
 
-	// At rest: the baseline's pods running, nothing changing.
-	idle := idleWrites(b, s.cp, benchIdle)
+	// A VolumeManager stages ahead on its nodes: replicas 3 against replicas 1, each on a dataset
+	// of the same size that no node holds yet.
+	vmRatio := "NA"
+	var vmTimes []time.Duration
+	if vmStagesAhead(b, s) {
+		for _, replicas := range []int{1, 3} {
+			vmTimes = append(vmTimes, s.volumeManagerReady(b, s3, replicas))
+		}
+		vmRatio = strconv.FormatFloat(vmTimes[1].Seconds()/vmTimes[0].Seconds(), 'f', 2, 64)
+	}
+
+	// At rest: the baseline's pods running, the VolumeManagers Ready, nothing changing.
+	settle, settling, idle := atRest(b, s.cp, benchIdle)
 	idlePerNodeMinute := idle.total / float64(benchNodes) / benchIdle.Minutes()
 
 	all := append(slices.Clone(with.started), without.started...)
@@ -103,16 +120,22 @@ the other (each Running before the next).
 | pods per node | %v | %v |
 | creation -> Running, pods on a warm node: p50 | %s | %s |
 | creation -> Running, pods on a cold node: p50 | %s | %s |
+| warm pods: creation -> scheduled / claim bound, p50 | %s / %s | %s / %s |
 
 stage once (a pod pinned to the warm node, from S3): %v
+VolumeManager time to Ready, replicas 1 and 3: %v (ratio %s)
+API writes while coming to rest (sync, then 15 s without writes; took %s): %.0f %v
 API writes at rest over %s (all %d nodes, leases excluded): %.0f %v
 `, time.Now().UTC().Format("2006-01-02"), benchNodes, warmNode, benchObjects*benchObjectBytes>>20, benchObjects, benchPods,
 		with.onWarm, benchPods, share(with), without.onWarm, benchPods, share(without),
 		with.nodes, without.nodes, seconds(median(with.started, true)), seconds(median(without.started, true)),
 		seconds(median(with.started, false)), seconds(median(without.started, false)),
-		stageOnce, benchIdle, benchNodes, idle.total, idle.byResource)
+		seconds(medianOf(with.started, true, scheduled)), seconds(medianOf(with.started, true, bound)),
+		seconds(medianOf(without.started, true, scheduled)), seconds(medianOf(without.started, true, bound)),
+		stageOnce, vmTimes, vmRatio, settle.Round(time.Second), settling.total, settling.byResource,
+		benchIdle, benchNodes, idle.total, idle.byResource)
 	fmt.Printf("placement: warm_share=%.2f baseline_share=%.2f warm_p50_s=%s cold_p50_s=%s vm_ready_ratio=%s idle_writes_per_min=%s\n",
-		share(with), share(without), seconds(warmP50), seconds(coldP50), "NA", strconv.FormatFloat(idlePerNodeMinute, 'f', -1, 64))
+		share(with), share(without), seconds(warmP50), seconds(coldP50), vmRatio, strconv.FormatFloat(idlePerNodeMinute, 'f', -1, 64))
 }
 
 // placementPhase creates benchPods claims and pods one after the other, each Running before the
@@ -125,14 +148,13 @@ func (s *scenario) placementPhase(b *testing.B, class, id string, nodes []string
 		warm := s.warmNodes(b, id)
 		start := time.Now()
 		s.createClaimAndPod(b, name, class, benchClaimSize, nil)
-		pod := s.waitRunningFast(b, name, 10*time.Minute)
-		took := time.Since(start)
-		node := pod.Spec.NodeName
-		run.nodes[node]++
-		if run.warmAt[node] {
+		ps := s.waitStarted(b, name, start, 10*time.Minute)
+		ps.warm = warm[ps.node]
+		run.nodes[ps.node]++
+		if run.warmAt[ps.node] {
 			run.onWarm++
 		}
-		run.started = append(run.started, podStart{node: node, warm: warm[node], running: took})
+		run.started = append(run.started, ps)
 	}
 	return run
 }
@@ -163,30 +185,48 @@ func (s *scenario) waitWarm(b *testing.B, id, node string) {
 	})
 }
 
-// waitRunningFast is waitRunning polling every 50 ms: the time to Running is what is measured.
-func (s *scenario) waitRunningFast(b *testing.B, name string, timeout time.Duration) *corev1.Pod {
+// waitStarted polls the pod and its claim (same name) every 50 ms until the pod is Running: the
+// times are what is measured.
+func (s *scenario) waitStarted(b *testing.B, name string, start time.Time, timeout time.Duration) podStart {
 	b.Helper()
-	deadline := time.Now().Add(timeout)
+	var ps podStart
 	for {
-		p, err := s.cp.Client.CoreV1().Pods(s.ns).Get(context.Background(), name, metav1.GetOptions{})
-		if err == nil && p.Status.Phase == corev1.PodRunning {
-			return p
+		c := context.Background()
+		p, err := s.cp.Client.CoreV1().Pods(s.ns).Get(c, name, metav1.GetOptions{})
+		if err == nil && p.Spec.NodeName != "" && ps.scheduled == 0 {
+			ps.node, ps.scheduled = p.Spec.NodeName, time.Since(start)
 		}
-		if time.Now().After(deadline) {
+		if ps.bound == 0 {
+			if pvc, err := s.cp.Client.CoreV1().PersistentVolumeClaims(s.ns).Get(c, name, metav1.GetOptions{}); err == nil && pvc.Status.Phase == corev1.ClaimBound {
+				ps.bound = time.Since(start)
+			}
+		}
+		if err == nil && p.Status.Phase == corev1.PodRunning {
+			ps.running = time.Since(start)
+			return ps
+		}
+		if time.Since(start) > timeout {
 			b.Fatalf("pod %s not Running after %s (%v)", name, timeout, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
+func scheduled(p podStart) time.Duration { return p.scheduled }
+func bound(p podStart) time.Duration     { return p.bound }
+
 func share(r placementRun) float64 { return float64(r.onWarm) / float64(len(r.started)) }
 
-// median of the start times of pods on warm (or cold) nodes; -1 when there are none.
+// median of the times to Running of pods on warm (or cold) nodes; -1 when there are none.
 func median(starts []podStart, warm bool) time.Duration {
+	return medianOf(starts, warm, func(p podStart) time.Duration { return p.running })
+}
+
+func medianOf(starts []podStart, warm bool, f func(podStart) time.Duration) time.Duration {
 	var d []time.Duration
 	for _, s := range starts {
 		if s.warm == warm {
-			d = append(d, s.running)
+			d = append(d, f(s))
 		}
 	}
 	if len(d) == 0 {
@@ -217,19 +257,37 @@ var (
 	resourceRe  = regexp.MustCompile(`resource="([^"]*)"`)
 )
 
-// idleWrites counts, with the API server's apiserver_request_total, the successful writes made
-// during d, by resource. Leases are left out: they are the heartbeats of kubelet (here its
-// stand-in) and of leader election, not Cistern's.
-func idleWrites(b *testing.B, cp *framework.ControlPlane, d time.Duration) writeCount {
+// atRest waits for the cluster to come to rest, then counts, with the API server's
+// apiserver_request_total, the successful writes made during d, by resource. Leases are left out:
+// they are the heartbeats of kubelet (here its stand-in) and of leader election, not Cistern's.
+// Rest: every dirty page written back (sync(2); writeback of the copies just made into the
+// volumes changes each pool's free space for a while, and with it its CSIStorageCapacity and
+// StoragePool), then 15 s without a write.
+func atRest(b *testing.B, cp *framework.ControlPlane, d time.Duration) (settle time.Duration, settling, idle writeCount) {
 	b.Helper()
+	start := time.Now()
+	unix.Sync()
+	first := apiWrites(b, cp)
+	for last := first; ; {
+		time.Sleep(15 * time.Second)
+		now := apiWrites(b, cp)
+		if diff(last, now).total == 0 || time.Since(start) > 3*time.Minute {
+			settle, settling = time.Since(start), diff(first, now)
+			break
+		}
+		last = now
+	}
 	before := apiWrites(b, cp)
 	time.Sleep(d)
-	after := apiWrites(b, cp)
+	return settle, settling, diff(before, apiWrites(b, cp))
+}
+
+func diff(before, after map[string]float64) writeCount {
 	out := writeCount{byResource: map[string]float64{}}
 	for r, n := range after {
-		if diff := n - before[r]; diff > 0 && r != "leases" {
-			out.byResource[r] = diff
-			out.total += diff
+		if d := n - before[r]; d > 0 && r != "leases" {
+			out.byResource[r] = d
+			out.total += d
 		}
 	}
 	return out
@@ -255,4 +313,64 @@ func apiWrites(b *testing.B, cp *framework.ControlPlane) map[string]float64 {
 		out[m[1]] += v
 	}
 	return out
+}
+
+// vmStagesAhead says whether the installed VolumeManager API reports per-node staging
+// (status.volumes[].nodes[] objects, state Ready): the controller that stages ahead.
+func vmStagesAhead(b *testing.B, s *scenario) bool {
+	b.Helper()
+	crd, err := s.dynamic(b).Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}).
+		Get(ctx(b), "volumemanagers.data.cistern.dev", metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		typ, _, _ := unstructured.NestedString(v.(map[string]any), "schema", "openAPIV3Schema", "properties", "status", "properties",
+			"volumes", "items", "properties", "nodes", "items", "type")
+		if typ == "object" {
+			return true
+		}
+	}
+	return false
+}
+
+// volumeManagerReady creates a VolumeManager of a fresh 256 MiB dataset with replicas nodes and
+// returns the time until its status.state is Ready (the data staged on every chosen node).
+func (s *scenario) volumeManagerReady(b *testing.B, s3 *cluster.S3, replicas int) time.Duration {
+	b.Helper()
+	name := fmt.Sprintf("vm-%d", replicas)
+	prefix := "bench/" + s.ns + "-" + name
+	if _, err := s3.RandomDataset(ctx(b), "datasets", prefix, benchObjects, benchObjectBytes); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	framework.ApplyYAML(b, s.cp, fmt.Sprintf(`
+apiVersion: data.cistern.dev/v1alpha1
+kind: VolumeManager
+metadata: {name: %s, namespace: %s}
+spec:
+  volumes:
+  - id: data
+    replicas: %d
+    sourceType: S3
+    sourceURL: s3://datasets/%s/
+    capacity: %s
+    accessMode: ReadOnlyMany
+    options: {endpoint: %q, pathStyle: "true", secretName: s3}
+`, name, s.ns, replicas, prefix, benchClaimSize, s3.Endpoint))
+	var state string
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		obj, err := s.dynamic(b).Resource(volumeManagerGVR).Namespace(s.ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil {
+			if state, _, _ = unstructured.NestedString(obj.Object, "status", "state"); state == "Ready" {
+				return time.Since(start)
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("VolumeManager %s not Ready after 10 minutes: state %q (%v)", name, state, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -27,6 +27,9 @@ import (
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
+// stagerLabel marks the pods a VolumeManager stages its data with.
+const stagerLabel = "data.cistern.dev/stager"
+
 // startPlacementCluster starts simulated nodes with one fast pool of poolSize each, whose
 // stand-in kubelet mounts pods' volumes, and returns a scenario in a fresh namespace.
 func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize int64) *scenario {
@@ -47,6 +50,8 @@ func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize
 			SidecarResync:        5 * time.Second,
 		},
 		MountVolumes: true,
+		// A VolumeManager's stager pods mount its claim and exit.
+		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[stagerLabel] == "true" },
 	})
 	return &scenario{c: c, cp: cp, ns: newNamespace(t, cp, prefix, nil)}
 }
@@ -282,6 +287,31 @@ func TestPlacement(t *testing.T) {
 			t.Errorf("pod cold: placement terms %+v, want none (no node holds its dataset)", got)
 		}
 		s.verifyPublished(t, pod, coldSums)
+	})
+	ok = ok && t.Run("a pod whose warm node has no room for its copy goes to a node with room", func(t *testing.T) {
+		// The warm node's pool holds four 64Mi volumes: a 320Mi copy no longer fits there, and
+		// CSIStorageCapacity says so; the scheduler's volume binding filters the node out before
+		// any score, the webhook's preference included.
+		const size = 320 * mib
+		eventually(t, time.Minute, "CSIStorageCapacity of the warm node below the claim", func(ctx context.Context) error {
+			obj, err := s.capacityObject(ctx, "cistern-placement", warmNode)
+			if err != nil {
+				return err
+			}
+			if obj.Capacity == nil || obj.Capacity.Value() >= size {
+				return errorf("capacity %v", obj.Capacity)
+			}
+			return nil
+		})
+		s.createClaimAndPod(t, "roomy", "cistern-placement", "320Mi", nil)
+		pod := s.waitRunning(t, "roomy", 3*time.Minute)
+		if pod.Spec.NodeName == warmNode {
+			t.Errorf("pod roomy on %s, which has no room for its 320Mi claim", warmNode)
+		}
+		if want := []corev1.PreferredSchedulingTerm{placement.Term([]string{warmNode})}; !equality.Semantic.DeepEqual(dataTerms(pod), want) {
+			t.Errorf("pod roomy: placement terms %+v, want %+v", dataTerms(pod), want)
+		}
+		s.verifyPublished(t, pod, sums)
 	})
 	ok = ok && t.Run("the inventory matches the disk after the pods go and after an eviction", func(t *testing.T) {
 		s.deleteAll(t)
