@@ -100,3 +100,17 @@ kind-deploy: kind-load
 
 kind-down:
 	$(KIND) delete cluster --name $(KIND_CLUSTER)
+
+# Where pods with dataset claims start, and how fast, with the pod placement webhook and without
+# it, on four simulated nodes (test/e2e/placement_bench_test.go); figures go to docs/benchmarks.md
+# by hand. The full log is kept in _output/bench-placement.txt; the last line is the summary.
+BENCH_TARGETS += bench-placement
+.PHONY: bench-placement
+bench-placement: $(E2E_TOOLS)
+	@mkdir -p _output
+	@echo "bench-placement: running (about 10 minutes); log in _output/bench-placement.txt"
+	@$(E2E_ENV) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkPlacement -benchtime 1x \
+	  ./test/e2e/ >_output/bench-placement.txt 2>&1; rc=$$?; \
+	  sed -n '/^Placement benchmark/,/^API writes at rest/p' _output/bench-placement.txt; \
+	  if [ $$rc -ne 0 ]; then tail -n 80 _output/bench-placement.txt; exit $$rc; fi; \
+	  grep '^placement: ' _output/bench-placement.txt
