@@ -17,7 +17,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	crlog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
@@ -145,6 +147,7 @@ func (in *install) runExamples(t *testing.T, nb *v1alpha1.NotebookValidationJob)
 // cloned from the git server over the pod network.
 func (in *install) checkExampleNotebook(t *testing.T, nb *v1alpha1.NotebookValidationJob, git *gitServer) {
 	t.Helper()
+	crlog.SetLogger(klog.Background()) // the client logs through controller-runtime
 	cl, err := client.New(in.cp.Config, client.Options{Scheme: workloads.Scheme()})
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +169,9 @@ func (in *install) checkExampleNotebook(t *testing.T, nb *v1alpha1.NotebookValid
 	}
 }
 
-// startS3 runs versitygw as a pod of the pod network behind a Service, reached from this host
-// (and the hostNetwork node plugin) at the Service's ClusterIP, and fills the example's bucket:
+// startS3 runs versitygw as a pod of the pod network behind a Service, reached at the Service's
+// ClusterIP from the node plugin's pod (on the pod network too) and this host, and fills the
+// example's bucket:
 // files the class's include patterns take, and files they leave out. It returns the endpoint
 // and the files a claim must hold.
 func (in *install) startS3(t *testing.T) (string, *dataset) {

@@ -114,7 +114,8 @@ func TestInstall(t *testing.T) {
 	cd := startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{
 		registry:  in.registry,
 		mirrored:  []string{"registry.k8s.io", "docker.io", "quay.io"},
-		podRoutes: []string{framework.KubernetesServiceIP + "/32"},
+		// ClusterIPs, as kube-proxy serves them to pods: through the host (serveClusterIP).
+		podRoutes: []string{framework.ServiceClusterIPRange},
 		imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
 		subnet:    installPodSubnet,
 		gateway:   installPodGateway,
@@ -286,8 +287,8 @@ func serveKubernetesService(t *testing.T, cp *framework.ControlPlane) {
 	serveClusterIP(t, framework.KubernetesServiceIP, 443, func(context.Context) (string, error) { return u.Host, nil })
 }
 
-// serveService makes a Service's ClusterIP and port reach a ready endpoint of its EndpointSlices
-// from this host (and so from the hostNetwork node plugin), and returns ip:port.
+// serveService makes a Service's ClusterIP and port reach a ready endpoint of its EndpointSlices,
+// from this host and from the pods, and returns ip:port.
 func serveService(t *testing.T, cp *framework.ControlPlane, svc *corev1.Service) string {
 	t.Helper()
 	port := svc.Spec.Ports[0]
@@ -314,8 +315,9 @@ func serveService(t *testing.T, cp *framework.ControlPlane, svc *corev1.Service)
 }
 
 // serveClusterIP does for one Service port what kube-proxy (in its old userspace mode) does for
-// the processes of this host: the ClusterIP on the loopback interface, and each connection to
-// ip:port relayed to the address target picks for it. A relay rather than kube-proxy's
+// the processes of this host and the pods (whose route to the Service range goes through the
+// host): the ClusterIP on the loopback interface, and each connection to ip:port relayed to
+// the address target picks for it. A relay rather than kube-proxy's
 // netfilter rules, which would change the tables of a host other suites share.
 func serveClusterIP(t *testing.T, ip string, port int, target func(context.Context) (string, error)) {
 	t.Helper()
