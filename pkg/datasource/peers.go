@@ -371,16 +371,13 @@ func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 	return rc, nil, err
 }
 
-// readOrder is where this node starts in a list of n pieces: nodes that stage a version together
-// start at different places, so that each reads different pieces from the source and the others
-// from each other.
+// readOrder is where this node starts in a list of n pieces (peer.Swarm.Offset); without peers,
+// at the start.
 func (j *job) readOrder(n int64, salt string) int64 {
-	if j.swarm == nil || n <= 1 {
+	if j.swarm == nil {
 		return 0
 	}
-	h := fnv.New64a()
-	h.Write([]byte(j.m.cfg.Peers.Self() + "\x00" + salt))
-	return int64(h.Sum64() % uint64(n))
+	return j.swarm.Offset(n, salt)
 }
 
 // blame reads the ranges of a large entry that peers served again from the source, drops each

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -317,6 +319,29 @@ func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) {
 		return Peer{}, Wait
 	}
 	return Peer{}, FromSource
+}
+
+// Offset is where this node starts among n pieces (of a version, or of one large entry named by
+// salt), so that nodes staging together read different pieces from the source and the rest from
+// each other: the nodes the directory lists share the pieces out evenly by name, and each starts
+// at a place of its own hash inside its share.
+func (s *Swarm) Offset(n int64, salt string) int64 {
+	if n <= 1 {
+		return 0
+	}
+	self := s.net.cfg.Self
+	names := []string{self}
+	for _, p := range s.net.cfg.Directory.Peers(s.id) {
+		if !slices.Contains(names, p.Node) {
+			names = append(names, p.Node)
+		}
+	}
+	slices.Sort(names)
+	rank, count := int64(slices.Index(names, self)), int64(len(names))
+	h := fnv.New64a()
+	h.Write([]byte(self + "\x00" + salt))
+	share := max(n/count, 1)
+	return (rank*n/count + int64(h.Sum64()%uint64(share))) % n
 }
 
 // Polled returns a channel closed after the next poll round.
