@@ -204,25 +204,28 @@ func (j *job) run(ctx context.Context) (err error) {
 		return err
 	}
 	if j.m.cfg.Peers != nil && j.req.Spec.Scheme == SchemeS3 {
-		// The caller's own credentials read the data before any peer is asked: its listing gave
-		// the manifest, and one file is read pinned to it, as a cache hit proves access
-		// (access.go). A caller that may list but not read gets nothing from peers either.
-		if err := j.m.pinnedRead(ctx, j.src, j.dir, md); err != nil {
-			return err
-		}
+		// Named for peers, the staging is served to them as it goes (peers.go).
 		c, err := buildCanon(j.dir)
 		if err != nil {
 			return err
 		}
 		j.canon.Store(c)
-		j.swarm = j.m.cfg.Peers.Swarm(ctx, j.req.Spec.ID(), md.Digest)
-		defer j.swarm.Close()
-		// One round of asking the peers what they hold (bounded by the network's timeout) before
-		// the first piece is read.
-		select {
-		case <-j.swarm.Polled():
-		case <-ctx.Done():
-			return context.Cause(ctx)
+		if j.m.cfg.Peers.HasPeers(j.req.Spec.ID()) {
+			// The caller's own credentials read the data before any peer is asked: its listing
+			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
+			// (access.go). A caller that may list but not read gets nothing from peers either.
+			if err := j.m.pinnedRead(ctx, j.src, j.dir, md); err != nil {
+				return err
+			}
+			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.req.Spec.ID(), md.Digest)
+			defer j.swarm.Close()
+			// One round of asking the peers what they hold (bounded by the network's timeout)
+			// before the first piece is read.
+			select {
+			case <-j.swarm.Polled():
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
 		}
 	}
 

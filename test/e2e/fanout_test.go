@@ -66,7 +66,7 @@ parameters:
 	stage := func(node string) {
 		t.Helper()
 		name := "fanout-" + node
-		if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim(name, "cistern-fanout", "64Mi"), metav1.CreateOptions{}); err != nil {
+		if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim(name, "cistern-fanout", "16Mi"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := cs.CoreV1().Pods(s.ns).Create(ctx(t), newPod(name, name, map[string]string{corev1.LabelHostname: node}), metav1.CreateOptions{}); err != nil {

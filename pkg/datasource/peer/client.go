@@ -96,6 +96,17 @@ func (n *Network) client(p Peer) *http.Client {
 // Self is this node's name.
 func (n *Network) Self() string { return n.cfg.Self }
 
+// HasPeers reports whether the directory lists another node for dataset id: without one, a
+// staging reads everything from the source, exactly as a node without peers does.
+func (n *Network) HasPeers(id string) bool {
+	for _, p := range n.cfg.Directory.Peers(id) {
+		if p.Node != n.cfg.Self && p.Address != "" && p.CertHash != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // ban keeps a peer that served a wrong byte out of every swarm for BanFor.
 func (n *Network) ban(addr string) {
 	n.mu.Lock()
