@@ -54,6 +54,7 @@ func main() {
 	flag.StringVar(&cfg.WebhookServiceNamespace, "webhook-namespace", envOr("POD_NAMESPACE", "cistern-system"), "namespace of the webhook Service and certificate Secret")
 	flag.StringVar(&cfg.WebhookSecretName, "webhook-secret-name", "cistern-workload-webhook-cert", "Secret holding the webhook CA and certificate")
 	flag.DurationVar(&cfg.CertCheckInterval, "webhook-cert-check-interval", 0, "how often to check certificates for renewal (default 1h)")
+	podPlacement := flag.Bool("pod-placement", true, "serve the pod placement webhook: pods whose claims or inline volumes name a Cistern dataset prefer the nodes that hold it (docs/datasets.md)")
 	flag.IntVar(&cfg.GroupWorkers, "group-workers", 8, "LeaderWorkerSet groups worked on at once")
 	flag.StringVar(&lwsAPI, "leaderworkerset-api", "workloads.cistern.dev/v1alpha1",
 		"group/version LeaderWorkerSet is served under; leaderworkerset.x-k8s.io/v1 runs this as the cluster's LeaderWorkerSet controller "+
@@ -74,6 +75,7 @@ func main() {
 		return
 	}
 	kubeconfig = flag.Lookup("kubeconfig").Value.String()
+	cfg.DisablePodPlacement = !*podPlacement
 	var err error
 	if cfg.LeaderWorkerSetAPI, err = workloads.ParseLeaderWorkerSetAPI(lwsAPI); err != nil {
 		klog.Background().Error(err, "--leaderworkerset-api")

@@ -53,6 +53,11 @@ const (
 	// is a label selector: -l dataset.cistern.csi.dev/<id>.
 	LabelDatasetPrefix = "dataset.cistern.csi.dev/"
 
+	// LabelDataPlacement set to DataPlacementDisabled on a Namespace keeps its pods away from the
+	// workload-controller's pod placement webhook (no preference for nodes holding their data).
+	LabelDataPlacement    = "cistern.csi.dev/data-placement"
+	DataPlacementDisabled = "disabled"
+
 	// StoragePoolGroup is the API group of StoragePool objects (the KEP's group).
 	StoragePoolGroup = "storagepool.storage.k8s.io"
 )

@@ -28,8 +28,10 @@ import (
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
 )
@@ -79,6 +81,10 @@ type Config struct {
 	// CertCheckInterval is how often certificates are checked for renewal.
 	CertCheckInterval time.Duration
 
+	// DisablePodPlacement leaves out the pod placement webhook (pods preferring the nodes that
+	// hold their datasets).
+	DisablePodPlacement bool
+
 	// GroupWorkers is how many groups are worked on at once (worker StatefulSets, restarts).
 	GroupWorkers int
 
@@ -122,6 +128,13 @@ func (c *Config) lwsAPI() schema.GroupVersion {
 		return workloadsv1alpha1.GroupVersion
 	}
 	return c.LeaderWorkerSetAPI
+}
+
+func (c *Config) driverName() string {
+	if c.VolumeManager.DriverName == "" {
+		return consts.DriverName
+	}
+	return c.VolumeManager.DriverName
 }
 
 func (c *Config) validate() error {
@@ -218,6 +231,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			CertDir: cfg.WebhookCertDir, SelfRegister: cfg.WebhookSelfRegister, Interval: cfg.CertCheckInterval,
 			LeaderWorkerSetAPI: lwsAPI,
 		}
+		if !cfg.DisablePodPlacement {
+			certs.PodPlacement = &whcerts.PodPlacement{InstallNamespace: cfg.WebhookServiceNamespace, DriverName: cfg.driverName()}
+		}
 		if cfg.WebhookSelfRegister {
 			certs.Hosts = []string{cfg.WebhookHost}
 			certs.ClientConfig = whcerts.URLClientConfig(net.JoinHostPort(cfg.WebhookHost, strconv.Itoa(cfg.WebhookPort)))
@@ -260,6 +276,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return err
 		}
 		notebook.RegisterWebhooks(mgr.GetWebhookServer())
+		if !cfg.DisablePodPlacement {
+			placement.Register(mgr.GetWebhookServer(), scheme, mgr.GetAPIReader(), cfg.driverName())
+		}
 		if err := mgr.Add(certs); err != nil {
 			return err
 		}

@@ -18,7 +18,7 @@ import (
 )
 
 // s3Server starts versitygw with the sample dataset, or skips.
-func s3Server(t *testing.T) (*cluster.S3, map[string]string) {
+func s3Server(t testing.TB) (*cluster.S3, map[string]string) {
 	t.Helper()
 	bin := cluster.VersitygwBinary()
 	if bin == "" {

@@ -32,6 +32,14 @@ type Cluster struct {
 type Options struct {
 	Nodes []NodeSpec
 	Node  NodeOptions
+	// MountVolumes makes the nodes' stand-in kubelet stage and publish each pod's Cistern
+	// volumes before it reports the pod Running (MountingKubelet); otherwise pods are reported
+	// Running at once and tests mount what they need themselves (StageAndPublish).
+	MountVolumes bool
+	// RunsToCompletion, with MountVolumes, says which pods' containers exit at once with success
+	// (a VolumeManager's stager pods): they are reported Succeeded once their volumes are mounted,
+	// and the volumes are then unpublished, as kubelet does for a finished pod.
+	RunsToCompletion func(*corev1.Pod) bool
 }
 
 // CreateNamespace creates the install namespace, so that a server-side dry run of deploy/csi
@@ -63,7 +71,12 @@ func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	}
 	c.Controller, c.ControllerMetrics = startController(t, cp, opts.Node.Bins.Controller)
 	// The node DaemonSet's own pods are left alone: their components run as local processes.
-	framework.FakeKubelet(t, cp.Client, fields.OneTermNotEqualSelector("metadata.namespace", Namespace), c.NodeNames...)
+	pods := fields.OneTermNotEqualSelector("metadata.namespace", Namespace)
+	if opts.MountVolumes {
+		c.MountingKubelet(t, pods, opts.RunsToCompletion)
+	} else {
+		framework.FakeKubelet(t, cp.Client, pods, c.NodeNames...)
+	}
 	return c
 }
 
