@@ -50,6 +50,7 @@ func StageAndPublish(ctx context.Context, socket string, pv *corev1.PersistentVo
 		TargetPath:        m.TargetPath,
 		VolumeCapability:  capability,
 		VolumeContext:     pv.Spec.CSI.VolumeAttributes,
+		Readonly:          pv.Spec.CSI.ReadOnly, // as kubelet: a read-only PV is published read-only
 	}); err != nil {
 		_ = m.Unmount(ctx)
 		return nil, err
