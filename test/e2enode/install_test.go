@@ -112,8 +112,8 @@ func TestInstall(t *testing.T) {
 	})
 	serveKubernetesService(t, in.cp)
 	cd := startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{
-		registry:  in.registry,
-		mirrored:  []string{"registry.k8s.io", "docker.io", "quay.io"},
+		registry: in.registry,
+		mirrored: []string{"registry.k8s.io", "docker.io", "quay.io"},
 		// ClusterIPs, as kube-proxy serves them to pods: through the host (serveClusterIP).
 		podRoutes: []string{framework.ServiceClusterIPRange},
 		imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
