@@ -47,3 +47,13 @@ test-driver: export CISTERN_REQUIRE_PEERS := 1
 # Include/exclude matching at its worst: many "**" against a deep key that does not match.
 bench-glob:
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkFilterWorstCase ./pkg/datasource/source/
+
+# Peer fan-out (docs/benchmarks.md, "Peer fan-out"): 4 and 8 simulated nodes, each a process with
+# its own pool filesystem, staging one dataset from versitygw behind a 200 MB/s proxy, with and
+# without peers, plus a late node. Ends with one `fanout:` line per case. Needs root (loop
+# devices) and about 20 GB of free disk for the 2 GiB set with 8 nodes.
+BENCH_TARGETS += bench-fanout
+.PHONY: bench-fanout
+bench-fanout: $(VERSITYGW)
+	CISTERN_VERSITYGW=$(VERSITYGW) \
+	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkFanout -benchtime 1x -v ./pkg/datasource/bench/

@@ -1,4 +1,6 @@
-package testutil
+// Package cachedisk reads a pool's dataset cache as it is on disk, for tests that compare it with the
+// StoragePool inventory. (Apart from testutil: it imports pkg/datasource, whose own tests use testutil.)
+package cachedisk
 
 import (
 	"fmt"
