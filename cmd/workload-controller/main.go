@@ -62,6 +62,8 @@ func main() {
 	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
 	flag.StringVar(&cfg.CompareImage, "compare-image", envOr("COMPARE_IMAGE", "cistern/workload-controller:latest"),
 		"image of the notebook jobs' golden-notebook comparison: this controller's own image (default $COMPARE_IMAGE)")
+	flag.StringVar(&cfg.VolumeManager.StagerImage, "stager-image", os.Getenv("STAGER_IMAGE"),
+		"image of the VolumeManager stager pods, run with --version once their volume is mounted (default $STAGER_IMAGE, else --compare-image: this controller's own image)")
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
 	var nfsServers string

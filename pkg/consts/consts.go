@@ -23,6 +23,10 @@ const (
 	// the volume's loop device. Large sequential reads of datasets and model files gain from a
 	// bigger read-ahead; random-access workloads from a smaller one.
 	ParamReadAheadKiB = "readAheadKiB"
+	// ParamCapacity is the most a static PV's dataset may take on a node (a resource quantity);
+	// the VolumeManager controller writes its volumes' capacity here. A larger dataset fails
+	// staging with OutOfRange, and each writable copy of the volume gets this size.
+	ParamCapacity = "capacity"
 	// ReservedParamPrefix is the prefix of keys external-provisioner adds; always accepted.
 	ReservedParamPrefix = "csi.storage.k8s.io/"
 

@@ -245,6 +245,77 @@ func TestDatasetStaticPV(t *testing.T) {
 	}
 }
 
+// TestDatasetStaticPVCapacity: a VolumeManager's static PV carries its capacity. A dataset
+// larger than it fails staging with OutOfRange naming both sizes; within it, each writable
+// publication gets its own copy of the cached dataset, deleted at unpublish, while read-only
+// ones share the cached tree.
+func TestDatasetStaticPVCapacity(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	rwx := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER},
+	}
+	stage := func(id string, vc map[string]string) (string, error) {
+		staging := filepath.Join(env.dir, "staging", id)
+		return staging, retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: rwx, VolumeContext: vc})
+			return err
+		})
+	}
+	t.Run("failure case - dataset larger than capacity", func(t *testing.T) {
+		_, err := stage("cistern-vm-small", map[string]string{"source": "file://" + src + "/set", "capacity": "4"})
+		wantCode(t, err, codes.OutOfRange, "more than the 4 B the volume has room for")
+	})
+
+	id := "cistern-vm-rw"
+	vc := map[string]string{"source": "file://" + src + "/set", "capacity": "32Mi"}
+	staging, err := stage(id, vc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(target string, readOnly bool) {
+		t.Helper()
+		if err := retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				TargetPath: target, VolumeCapability: rwx, VolumeContext: vc, Readonly: readOnly})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	podA, podB, ro := filepath.Join(env.dir, "target", "a"), filepath.Join(env.dir, "target", "b"), filepath.Join(env.dir, "target", "ro")
+	publish(podA, false)
+	publish(podB, false)
+	publish(ro, true)
+	for _, dir := range []string{podA, podB, ro} {
+		checkFiles(t, dir, want)
+	}
+	if err := os.WriteFile(filepath.Join(podA, "a.txt"), []byte("changed"), 0o644); err != nil {
+		t.Fatalf("write to a writable copy: %v", err)
+	}
+	checkFiles(t, podB, want) // copies are per pod
+	checkFiles(t, ro, want)   // the cache is untouched
+	if err := os.WriteFile(filepath.Join(ro, "x"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("write to the shared tree: %v, want EROFS", err)
+	}
+	for _, dir := range []string{podA, podB, ro} {
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: dir}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, v := range env.driver.store.ListVolumes() {
+		t.Errorf("writable copy %s left after unpublish", v.ID)
+	}
+	if imgs, _ := filepath.Glob(filepath.Join(env.pools[0].path, ".cistern", "volumes", "*.img")); len(imgs) > 0 {
+		t.Errorf("images left: %v", imgs)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestDatasetInline: CSI inline volumes with an NFS dataset, read-only (shared cached tree) and
 // writable (own copy); file:// is refused since any pod author writes inline volumes.
 func TestDatasetInline(t *testing.T) {

@@ -45,6 +45,10 @@ type Volume struct {
 	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
 	// Ephemeral marks a CSI inline volume, created by NodePublish and deleted by NodeUnpublish.
 	Ephemeral bool `json:"ephemeral,omitempty"`
+	// CopyOf names the static dataset PV whose writable per-pod copy this ephemeral volume is:
+	// filled from that PV's staged dataset, deleted with its publication. Parameters are then
+	// the static PV's attributes.
+	CopyOf string `json:"copyOf,omitempty"`
 	// Formatted is set once the driver made the volume's filesystem; a volume made from a
 	// snapshot or clone has its source's. Unformatted images skip the probe before mkfs.
 	Formatted bool `json:"formatted,omitempty"`

@@ -263,7 +263,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		Images: notebook.Images{Git: cfg.GitImage, Compare: cfg.CompareImage}}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), Config: cfg.VolumeManager}).SetupWithManager(mgr); err != nil {
+	vmCfg := cfg.VolumeManager
+	if vmCfg.StagerImage == "" {
+		vmCfg.StagerImage = cfg.CompareImage // the controller's own image
+	}
+	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder("volumemanager"), Config: vmCfg}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if certs != nil {

@@ -1,6 +1,6 @@
-// Package cacheondisk compares a pool's dataset cache on disk with what its StoragePool object
-// publishes. It is apart from testutil because it imports pkg/datasource, whose tests use testutil.
-package cacheondisk
+// Package cachedisk reads a pool's dataset cache as it is on disk, for tests that compare it with the
+// StoragePool inventory. (Apart from testutil: it imports pkg/datasource, whose own tests use testutil.)
+package cachedisk
 
 import (
 	"fmt"
@@ -14,25 +14,25 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource"
 )
 
-// Dataset is a dataset as a pool's cache directory holds it.
-type Dataset struct {
+// DiskDataset is a dataset as a pool's cache directory holds it.
+type DiskDataset struct {
 	Ready bool
 	Bytes int64 // regular files under tree/
 }
 
-// Read reads <pool>/.cistern-cache: every dataset directory (not the trash of an
+// CacheOnDisk reads <pool>/.cistern-cache: every dataset directory (not the trash of an
 // eviction), whether it is ready and the bytes of its tree.
-func Read(pool string) (map[string]Dataset, error) {
+func CacheOnDisk(pool string) (map[string]DiskDataset, error) {
 	ents, err := os.ReadDir(filepath.Join(pool, datasource.CacheDirName))
 	if err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
-	out := map[string]Dataset{}
+	out := map[string]DiskDataset{}
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		var d Dataset
+		var d DiskDataset
 		tree := filepath.Join(pool, datasource.CacheDirName, e.Name(), "tree")
 		_ = filepath.WalkDir(tree, func(_ string, de fs.DirEntry, err error) error {
 			if err == nil && de.Type().IsRegular() {
@@ -48,9 +48,9 @@ func Read(pool string) (map[string]Dataset, error) {
 	return out, nil
 }
 
-// Matches says why the published cache of a StoragePool is not exactly the datasets on disk,
+// MatchesDisk says why the published cache of a StoragePool is not exactly the datasets on disk,
 // each Ready with the bytes its tree holds and a label on the object; nil when it is.
-func Matches(obj *spapi.StoragePool, disk map[string]Dataset) error {
+func MatchesDisk(obj *spapi.StoragePool, disk map[string]DiskDataset) error {
 	c := obj.Status.Cache
 	if c == nil {
 		return fmt.Errorf("StoragePool %s has no status.cache", obj.Name)
