@@ -188,8 +188,9 @@ func (j *job) rank(i int64) int64 {
 
 // canons caches the names of the entries of ready datasets that peers ask for.
 type canons struct {
-	mu sync.Mutex
-	m  map[string]*canon // manifest path and digest -> names
+	mu    sync.Mutex
+	m     map[string]*canon // manifest path and digest -> names
+	ready map[string]string // id/digest -> directory of the ready version
 }
 
 const cachedCanons = 8
@@ -244,6 +245,14 @@ func (m *Manager) stagingVersion(id, digest string) *job {
 }
 
 func (m *Manager) readyVersion(id, digest string) (string, bool) {
+	key := id + "/" + digest
+	m.canons.mu.Lock()
+	dir, ok := m.canons.ready[key]
+	m.canons.mu.Unlock()
+	// A version found once stays where it is until it is retired or evicted (tree/ goes).
+	if ok && isReady(dir) {
+		return dir, true
+	}
 	for _, pool := range m.poolList() {
 		dir := datasetDir(pool, id)
 		if !isReady(dir) {
@@ -254,6 +263,12 @@ func (m *Manager) readyVersion(id, digest string) (string, bool) {
 			continue
 		}
 		if d, err := manifestDigest(dir, md); err == nil && d == digest {
+			m.canons.mu.Lock()
+			if m.canons.ready == nil || len(m.canons.ready) >= cachedCanons {
+				m.canons.ready = map[string]string{}
+			}
+			m.canons.ready[key] = dir
+			m.canons.mu.Unlock()
 			return dir, true
 		}
 	}
@@ -369,6 +384,17 @@ func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 	}
 	rc, err = j.src.Open(ctx, o, off, n)
 	return rc, nil, err
+}
+
+// peerHolds reports whether a peer holds task t's piece now (and may serve it).
+func (j *job) peerHolds(t task) bool {
+	if j.swarm == nil {
+		return false
+	}
+	if t.big != nil {
+		return t.big.eligible && j.swarm.Holds(j.rank(t.i), t.off, t.n)
+	}
+	return md5ETag.MatchString(t.obj.ETag) && j.swarm.Holds(j.rank(t.i), 0, t.obj.Size)
 }
 
 // readOrder is where this node starts in a list of n pieces (peer.Swarm.Offset); without peers,

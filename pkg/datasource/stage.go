@@ -604,12 +604,15 @@ func (j *job) runTask(ctx context.Context, t task) error {
 		}
 		defer func() { <-t.big.streams }()
 	}
-	select {
-	case j.sourceSlots <- struct{}{}:
-	case <-ctx.Done():
-		return nil
+	// A piece a peer holds does not load the source: it takes no slot of the source's.
+	if !j.peerHolds(t) {
+		select {
+		case j.sourceSlots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		defer func() { <-j.sourceSlots }()
 	}
-	defer func() { <-j.sourceSlots }()
 	select {
 	case j.m.slots <- struct{}{}:
 	case <-ctx.Done():

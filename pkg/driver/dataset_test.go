@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
@@ -313,6 +314,47 @@ func TestDatasetStaticPVCapacity(t *testing.T) {
 	}
 	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDatasetStaticPVsShareTree: two static PVs of one dataset on a node (two VolumeManagers,
+// or two volumes of one) share the cached tree, yet kubelet can unstage each: its check that no
+// other mount shares a staging path's mount (GetDeviceMountRefs) finds none.
+func TestDatasetStaticPVsShareTree(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	roMany := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+	}
+	vc := map[string]string{"source": "file://" + src + "/set"}
+	var stagings []string
+	for _, id := range []string{"cistern-vm-a", "cistern-vm-b"} {
+		staging, target := filepath.Join(env.dir, "staging", id), filepath.Join(env.dir, "target", id)
+		if err := retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: roMany, VolumeContext: vc})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			TargetPath: target, VolumeCapability: roMany, VolumeContext: vc, Readonly: true}); err != nil {
+			t.Fatal(err)
+		}
+		checkFiles(t, target, want)
+		stagings = append(stagings, staging)
+	}
+	for i, id := range []string{"cistern-vm-a", "cistern-vm-b"} {
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(env.dir, "target", id)}); err != nil {
+			t.Fatal(err)
+		}
+		if refs, err := mount.New("").GetMountRefs(stagings[i]); err != nil || len(refs) > 0 {
+			t.Fatalf("kubelet would refuse to unstage %s: mount refs %v %v", id, refs, err)
+		}
+		if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stagings[i]}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

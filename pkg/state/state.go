@@ -105,6 +105,11 @@ type TreeVolume struct {
 	// Path is the staging path (static PV) or the target path (inline volume).
 	Path   string `json:"path"`
 	Inline bool   `json:"inline,omitempty"`
+	// Tree is the cached tree a static PV's publications bind. Its staging path holds no mount:
+	// kubelet refuses to unstage a path whose mount another mount shares (GetDeviceMountRefs),
+	// which two static PVs of one dataset on a node would. Empty in records of older versions,
+	// whose staging path is the tree's bind mount.
+	Tree string `json:"tree,omitempty"`
 }
 
 // Store holds the records in memory, indexed by ID and name, and on disk.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -71,7 +72,11 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 			return tv.publishCopy(ctx, r, pl.Capacity)
 		}
 	}
-	return tv.s.bindMount(tv.rec.Path, r.Target, false, true, r.MountFlags)
+	source := tv.rec.Tree
+	if source == "" {
+		source = tv.rec.Path // staged by an older version: a bind mount of the tree
+	}
+	return tv.s.bindMount(source, r.Target, false, true, r.MountFlags)
 }
 
 // publishCopy gives one publication of a static PV its own writable volume of capacity bytes,
@@ -176,6 +181,18 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	tree, err := s.datasets.Serve(poolName, spec, version, tv.id)
 	if err != nil {
 		return status.Error(datasource.Code(err), err.Error())
+	}
+	if !tv.inline {
+		// A static PV's publications bind the tree itself; see state.TreeVolume.Tree.
+		rec.Tree = tree
+		if err := s.store.PutTreeVolume(rec); err != nil {
+			return Internal("saving dataset volume state", err)
+		}
+		if err := os.MkdirAll(path, 0o750); err != nil {
+			return Internal("creating staging path", err)
+		}
+		klog.FromContext(ctx).V(4).Info("Staged cached dataset", "volumeID", tv.id, "dataset", spec.String(), "tree", tree)
+		return nil
 	}
 	if err := s.bindMount(tree, path, false, true, nil); err != nil {
 		return err

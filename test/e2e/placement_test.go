@@ -24,7 +24,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
-	"github.com/cistern-csi/cistern/test/testutil/cachedisk"
+	"github.com/cistern-csi/cistern/test/testutil/cacheondisk"
 )
 
 // stagerLabel marks the pods a VolumeManager stages its data with.
@@ -128,10 +128,10 @@ func (s *scenario) typedStoragePool(ctx context.Context, pool, node string) (*sp
 
 // waitInventory waits until the fast pool's StoragePool on node lists exactly the datasets its
 // cache holds on disk, and check says the disk holds what the test expects.
-func (s *scenario) waitInventory(t testing.TB, node, what string, check func(disk map[string]cachedisk.DiskDataset) error) {
+func (s *scenario) waitInventory(t testing.TB, node, what string, check func(disk map[string]cacheondisk.Dataset) error) {
 	t.Helper()
 	eventually(t, 3*time.Minute, "StoragePool fast of "+node+": "+what, func(ctx context.Context) error {
-		disk, err := cachedisk.CacheOnDisk(s.c.Nodes[node].Pools["fast"])
+		disk, err := cacheondisk.Read(s.c.Nodes[node].Pools["fast"])
 		if err != nil {
 			return err
 		}
@@ -142,7 +142,7 @@ func (s *scenario) waitInventory(t testing.TB, node, what string, check func(dis
 		if err != nil {
 			return err
 		}
-		return cachedisk.MatchesDisk(sp, disk)
+		return cacheondisk.Matches(sp, disk)
 	})
 }
 
@@ -260,7 +260,7 @@ func TestPlacement(t *testing.T) {
 	ok := t.Run("a pod pinned to a node stages the dataset there, and the StoragePool shows it", func(t *testing.T) {
 		pod := s.runningPod(t, "warm", "cistern-placement", map[string]string{corev1.LabelHostname: warmNode})
 		s.verifyPublished(t, pod, sums)
-		s.waitInventory(t, warmNode, "the dataset Ready", func(disk map[string]cachedisk.DiskDataset) error {
+		s.waitInventory(t, warmNode, "the dataset Ready", func(disk map[string]cacheondisk.Dataset) error {
 			if d, ok := disk[id]; !ok || !d.Ready {
 				return errorf("dataset %s not ready on disk: %v", id, disk)
 			}
@@ -315,7 +315,7 @@ func TestPlacement(t *testing.T) {
 	})
 	ok = ok && t.Run("the inventory matches the disk after the pods go and after an eviction", func(t *testing.T) {
 		s.deleteAll(t)
-		s.waitInventory(t, warmNode, "the dataset Ready and unused", func(disk map[string]cachedisk.DiskDataset) error {
+		s.waitInventory(t, warmNode, "the dataset Ready and unused", func(disk map[string]cacheondisk.Dataset) error {
 			sp, err := s.typedStoragePool(context.Background(), "fast", warmNode)
 			if err != nil {
 				return err
@@ -330,7 +330,7 @@ func TestPlacement(t *testing.T) {
 		// Something else fills the pool below the low watermark (10% free): the driver's periodic
 		// check (every minute) evicts the unused dataset.
 		fillPool(t, s.c.Nodes[warmNode].Pools["fast"], 16*mib)
-		s.waitInventory(t, warmNode, "the dataset evicted", func(disk map[string]cachedisk.DiskDataset) error {
+		s.waitInventory(t, warmNode, "the dataset evicted", func(disk map[string]cacheondisk.Dataset) error {
 			if _, ok := disk[id]; ok {
 				return errorf("dataset %s still on disk", id)
 			}

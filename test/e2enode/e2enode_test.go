@@ -278,6 +278,13 @@ func TestNode(t *testing.T) {
 		testNotebooks(t, c, d)
 	})
 
+	t.Run("volumemanager", func(t *testing.T) {
+		if workloadsErr != nil {
+			t.Fatal(workloadsErr)
+		}
+		testVolumeManager(t, c, d)
+	})
+
 	t.Run("driver-restart", func(t *testing.T) {
 		if pvcPod == nil {
 			t.Skip("the pvc pod did not start")

@@ -355,6 +355,19 @@ func (s *Swarm) Offset(n int64, salt string) int64 {
 	return (rank*n/count + int64(h.Sum64()%uint64(share))) % n
 }
 
+// Holds reports whether a peer that may be asked holds [off, off+n) of entry i now.
+func (s *Swarm) Holds(i, off, n int64) bool {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for addr, ps := range s.peers {
+		if ps.have != nil && !now.Before(ps.retryAt) && !s.net.isBanned(addr) && ps.have.Has(i, off, n) {
+			return true
+		}
+	}
+	return false
+}
+
 // Polled returns a channel closed after the next poll round.
 func (s *Swarm) Polled() <-chan struct{} {
 	s.mu.Lock()
