@@ -22,13 +22,11 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil/cacheondisk"
 )
-
-// stagerLabel marks the pods a VolumeManager stages its data with.
-const stagerLabel = "data.cistern.dev/stager"
 
 // startPlacementCluster starts simulated nodes with one fast pool of poolSize each, whose
 // stand-in kubelet mounts pods' volumes, and returns a scenario in a fresh namespace.
@@ -51,7 +49,7 @@ func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize
 		},
 		MountVolumes: true,
 		// A VolumeManager's stager pods mount its claim and exit.
-		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[stagerLabel] == "true" },
+		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[volumemanager.LabelStager] == "true" },
 	})
 	return &scenario{c: c, cp: cp, ns: newNamespace(t, cp, prefix, nil)}
 }
