@@ -30,9 +30,10 @@ import (
 
 // startPlacementCluster starts simulated nodes with one fast pool of poolSize each, whose
 // stand-in kubelet mounts pods' volumes, and returns a scenario in a fresh namespace.
-func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize int64) *scenario {
+// intervals are the components' check and poll intervals (zero: their defaults).
+func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize int64, intervals cluster.NodeOptions) *scenario {
 	t.Helper()
-	b := binaries(t)
+	intervals.Bins = binaries(t)
 	cp := framework.Shared(t)
 	cluster.CreateNamespace(t, cp)
 	var specs []cluster.NodeSpec
@@ -40,13 +41,8 @@ func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize
 		specs = append(specs, cluster.NodeSpec{Name: n, Pools: []cluster.PoolSpec{{Name: "fast", Size: poolSize}}})
 	}
 	c := cluster.Start(t, cp, cluster.Options{
-		Nodes: specs,
-		Node: cluster.NodeOptions{
-			Bins:                 b,
-			PoolCheckInterval:    time.Second,
-			CapacityPollInterval: 2 * time.Second,
-			SidecarResync:        5 * time.Second,
-		},
+		Nodes:        specs,
+		Node:         intervals,
 		MountVolumes: true,
 		// A VolumeManager's stager pods mount its claim and exit.
 		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[volumemanager.LabelStager] == "true" },
@@ -244,7 +240,11 @@ func (s *scenario) deleteAll(t testing.TB) {
 func TestPlacement(t *testing.T) {
 	const warmNode = "placement-b"
 	names := []string{"placement-a", warmNode, "placement-c"}
-	s := startPlacementCluster(t, "placement", names, 512*mib)
+	s := startPlacementCluster(t, "placement", names, 512*mib, cluster.NodeOptions{
+		PoolCheckInterval:    time.Second,
+		CapacityPollInterval: 2 * time.Second,
+		SidecarResync:        5 * time.Second,
+	})
 	s3, sums := s3Server(t)
 	id := datasetClass(t, s.cp, s.ns, "cistern-placement", "s3://datasets/sample/", s3)
 	datasetClass(t, s.cp, s.ns, "cistern-placement-cold", "s3://datasets/sample/train/", s3)
