@@ -85,7 +85,7 @@ func TestInstall(t *testing.T) {
 	prepareInstallHost(t, dir)
 	logs := framework.LogDir(t)
 
-	in.registry = startRegistry(t, registryBin, in.nodeRef(), in.nodeRef()+"-next",
+	in.registry = startRegistry(t, registryBin, []string{in.nodeRef() + "=" + in.nodeRef() + "-next"},
 		filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
 
 	ca := newNodeCA(t, dir)
@@ -238,13 +238,13 @@ func prepareInstallHost(t *testing.T, dir string) {
 	t.Cleanup(func() { detachLoops(t, dir) })
 }
 
-// startRegistry starts the loopback registry with the images of the given images.json files, the
-// node image also under tag next, and returns its address.
-func startRegistry(t *testing.T, bin, nodeRef, next string, indexes ...string) string {
+// startRegistry starts the loopback registry with the images of the given images.json files, each
+// image SRC of retags (SRC=DST) also as DST, and returns its address.
+func startRegistry(t *testing.T, bin string, retags []string, indexes ...string) string {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
 	p := framework.StartProcess(t, "registry", bin, "-addr-file", addrFile,
-		"-images", strings.Join(indexes, ","), "-retag", nodeRef+"="+next)
+		"-images", strings.Join(indexes, ","), "-retag", strings.Join(retags, ","))
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		if data, err := os.ReadFile(addrFile); err == nil {
@@ -278,7 +278,13 @@ func serveKubernetesService(t *testing.T, cp *framework.ControlPlane) {
 			t.Logf("cleanup: removing %s from lo: %v: %s", framework.KubernetesServiceIP, err, out)
 		}
 	})
-	lis, err := net.Listen("tcp", net.JoinHostPort(framework.KubernetesServiceIP, "443"))
+	relayTCP(t, net.JoinHostPort(framework.KubernetesServiceIP, "443"), u.Host)
+}
+
+// relayTCP relays every connection to listen to target until the test ends.
+func relayTCP(t *testing.T, listen, target string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +297,7 @@ func serveKubernetesService(t *testing.T, cp *framework.ControlPlane) {
 			if err != nil {
 				return
 			}
-			up, err := net.Dial("tcp", u.Host)
+			up, err := net.Dial("tcp", target)
 			if err != nil {
 				c.Close()
 				continue
@@ -320,27 +326,42 @@ func serveKubernetesService(t *testing.T, cp *framework.ControlPlane) {
 // Nothing else changes.
 func (in *install) writeOverlay(t *testing.T, nodeRef string) {
 	t.Helper()
+	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir)
+}
+
+// writeInstallOverlay writes into dir an overlay of deploy/csi as a user writes one: images:
+// entries pointing refs (repository:tag) at registry, a pools ConfigMap with the pool fast at
+// poolDir, and the given components of deploy/csi (e.g. "snapshots").
+func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, components ...string) {
+	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(in.overlay, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	base, err := filepath.Rel(in.overlay, filepath.Join(root, "deploy", "csi"))
+	base, err := filepath.Rel(dir, filepath.Join(root, "deploy", "csi"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var images strings.Builder
-	for _, ref := range []string{nodeRef, in.release["workload-controller"].Ref} {
+	for _, ref := range refs {
 		repo, tag, _ := strings.Cut(ref, ":")
-		fmt.Fprintf(&images, "- name: %s\n  newName: %s/%s\n  newTag: %s\n", repo, in.registry, repo, tag)
+		fmt.Fprintf(&images, "- name: %s\n  newName: %s/%s\n  newTag: %s\n", repo, registry, repo, tag)
+	}
+	var comps strings.Builder
+	if len(components) > 0 {
+		comps.WriteString("components:\n")
+		for _, c := range components {
+			fmt.Fprintf(&comps, "- %s/%s\n", base, c)
+		}
 	}
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
 - %s
-images:
+%simages:
 %spatches:
 - patch: |-
     apiVersion: v1
@@ -354,8 +375,8 @@ images:
         - name: fast
           path: %s
           labels: {media: ssd}
-`, base, images.String(), installPoolDir)
-	if err := os.WriteFile(filepath.Join(in.overlay, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+`, base, comps.String(), images.String(), poolDir)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
