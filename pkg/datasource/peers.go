@@ -397,6 +397,33 @@ func (j *job) peerHolds(t task) bool {
 	return md5ETag.MatchString(t.obj.ETag) && j.swarm.Holds(j.rank(t.i), 0, t.obj.Size)
 }
 
+// peerBusy reports whether a peer is reading task t's piece from the source now, and holds it
+// nowhere yet.
+func (j *job) peerBusy(t task) bool {
+	if j.swarm == nil {
+		return false
+	}
+	off, n, eligible := int64(0), t.obj.Size, md5ETag.MatchString(t.obj.ETag)
+	if t.big != nil {
+		off, n, eligible = t.off, t.n, t.big.eligible
+	}
+	return eligible && j.swarm.Busy(j.rank(t.i), off, n)
+}
+
+func (j *job) deferTask(t task) {
+	j.deferMu.Lock()
+	defer j.deferMu.Unlock()
+	j.deferred = append(j.deferred, t)
+}
+
+func (j *job) takeDeferred() []task {
+	j.deferMu.Lock()
+	defer j.deferMu.Unlock()
+	d := j.deferred
+	j.deferred = nil
+	return d
+}
+
 // readOrder is where this node starts in a list of n pieces (peer.Swarm.Offset); without peers,
 // at the start.
 func (j *job) readOrder(n int64, salt string) int64 {

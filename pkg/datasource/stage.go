@@ -80,6 +80,9 @@ type job struct {
 	// holding is what this job serves them meanwhile.
 	swarm   *peer.Swarm
 	holding holding
+	// deferred are pieces put off while a peer read them (runTask).
+	deferMu  sync.Mutex
+	deferred []task
 	// canon names the manifest's entries as peers do (peers.go); set before swarm.
 	canon atomic.Pointer[canon]
 }
@@ -379,6 +382,8 @@ type task struct {
 	off int64
 	n   int64
 	idx int
+	// deferred is set on a second turn: the piece was put off because a peer was reading it.
+	deferred bool
 }
 
 // rangesPerObject bounds the parallel ranged reads of one large object: more streams of the
@@ -444,16 +449,19 @@ func (j *job) fetchAll(ctx context.Context) error {
 			cancel(err)
 		}
 	}
-	for range j.m.cfg.Concurrency {
-		wg.Go(func() {
-			for t := range tasks {
-				if ctx.Err() != nil {
-					continue
+	work := func(tasks <-chan task) {
+		for range j.m.cfg.Concurrency {
+			wg.Go(func() {
+				for t := range tasks {
+					if ctx.Err() != nil {
+						continue
+					}
+					fail(j.runTask(ctx, t))
 				}
-				fail(j.runTask(ctx, t))
-			}
-		})
+			})
+		}
 	}
+	work(tasks)
 	// With peers, each node starts at its own place in the manifest (peers.go).
 	start := j.readOrder(j.objsTotal.Load(), "entries")
 	each := func(from, to int64) error {
@@ -492,6 +500,17 @@ func (j *job) fetchAll(ctx context.Context) error {
 	}
 	close(tasks)
 	wg.Wait()
+	// Pieces a peer was reading from the source when their turn came: by now it has them.
+	if deferred := j.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
+		again := make(chan task, len(deferred))
+		for _, t := range deferred {
+			t.deferred = true
+			again <- t
+		}
+		close(again)
+		work(again)
+		wg.Wait()
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -596,6 +615,12 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 // concurrency limit, in that order, so a task waiting for its object or a slow source never holds
 // a node slot.
 func (j *job) runTask(ctx context.Context, t task) error {
+	// A piece a peer is reading from the source now is put off until every other piece had its
+	// turn: meanwhile this node reads pieces nobody is reading.
+	if !t.deferred && j.peerBusy(t) {
+		j.deferTask(t)
+		return nil
+	}
 	if t.big != nil {
 		select {
 		case t.big.streams <- struct{}{}:

@@ -300,7 +300,9 @@ const (
 )
 
 // Pick chooses where [off, off+n) of entry i comes from: the least busy peer that holds it.
-func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) {
+func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) { return s.choose(i, off, n, true) }
+
+func (s *Swarm) choose(i, off, n int64, take bool) (Peer, Choice) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -323,7 +325,9 @@ func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) {
 	}
 	if len(best) > 0 {
 		ps := best[rand.IntN(len(best))]
-		ps.inflight++
+		if take {
+			ps.inflight++
+		}
 		return ps.Peer, FromPeer
 	}
 	if busy {
@@ -357,15 +361,15 @@ func (s *Swarm) Offset(n int64, salt string) int64 {
 
 // Holds reports whether a peer that may be asked holds [off, off+n) of entry i now.
 func (s *Swarm) Holds(i, off, n int64) bool {
-	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for addr, ps := range s.peers {
-		if ps.have != nil && !now.Before(ps.retryAt) && !s.net.isBanned(addr) && ps.have.Has(i, off, n) {
-			return true
-		}
-	}
-	return false
+	_, choice := s.choose(i, off, n, false)
+	return choice == FromPeer
+}
+
+// Busy reports whether no peer that may be asked holds [off, off+n) of entry i but one is reading
+// it from the source now.
+func (s *Swarm) Busy(i, off, n int64) bool {
+	_, choice := s.choose(i, off, n, false)
+	return choice == Wait
 }
 
 // Polled returns a channel closed after the next poll round.
