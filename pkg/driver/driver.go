@@ -126,6 +126,8 @@ type Driver struct {
 	metrics metrics.CSIMetricsManager
 	// datasets stages dataset sources into the pools' caches (see dataset.go).
 	datasets *datasource.Manager
+	// cache is datasets by pool name: what the volume service and the inventory use.
+	cache *datasource.Datasets
 	// volumes is the node's volume engine; the node RPCs are a thin layer over it.
 	volumes *volume.Service
 
@@ -171,6 +173,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	if d.datasets, err = d.initDatasets(reg); err != nil {
 		return nil, fmt.Errorf("invalid dataset config: %w", err)
 	}
+	d.cache = datasource.NewDatasets(d.datasets, datasetPools{d.pools, cfg.NodeID})
 	if cfg.Peers.Listen != "" {
 		sc := cfg.Peers.Server
 		sc.Store = d.datasets
@@ -180,7 +183,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 		reg.MustRegister(d.peers.Collectors()...)
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
-		Mounter: d.mounter, Resizer: d.resizer, Datasets: datasource.NewDatasets(d.datasets, datasetPools{d.pools, cfg.NodeID}), Inline: cfg.Inline})
+		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline})
 	d.migrateTreeRecords()
 	d.recover()
 	return d, nil

@@ -4,11 +4,13 @@
 # k8s.io/kubernetes replaces each of its staging modules (k8s.io/api, k8s.io/client-go, ...) with
 # ./staging/src/..., a path that does not exist outside its own repository. A module that imports
 # k8s.io/kubernetes must therefore pin every one of them to the published v0.<minor>.<patch> tag.
-# Run after changing K8S_VERSION: ./gen-replaces.sh v1.37.2
+# Run after changing K8S_VERSION: ./gen-replaces.sh v1.37.2, and for hack/tools/k8se2e (the e2e
+# test binary's module, which imports k8s.io/kubernetes too): ./gen-replaces.sh v1.37.2 ../k8se2e
 set -euo pipefail
 cd "$(dirname "$0")"
+cd "${2:-.}"
 
-k8s_version=${1:?usage: $0 <k8s.io/kubernetes version, e.g. v1.37.2>}
+k8s_version=${1:?usage: $0 <k8s.io/kubernetes version, e.g. v1.37.2> [module directory]}
 staging_version="v0.${k8s_version#v1.}"
 
 dir=$(go mod download -json "k8s.io/kubernetes@${k8s_version}" | sed -n 's/^\s*"Dir": "\(.*\)",$/\1/p')
