@@ -234,7 +234,7 @@ func (m *Manager) stagingVersion(id, digest string) *job {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, j := range m.jobs {
-		if j.req.Spec.ID() != id || j.req.Spec.Scheme != SchemeS3 || j.canon.Load() == nil {
+		if j.id != id || j.req.Spec.Scheme != SchemeS3 || j.canon.Load() == nil {
 			continue
 		}
 		if md := j.md.Load(); md != nil && md.Digest == digest {
@@ -337,7 +337,7 @@ func openPiece(dir string, names []string, o source.Object, off, n int64) (io.Re
 		return struct {
 			io.Reader
 			io.Closer
-		}{bufio.NewReaderSize(io.NewSectionReader(f, off, n), 256<<10), f}, nil
+		}{io.NewSectionReader(f, off, n), f}, nil
 	}
 	return nil, peer.ErrNotHeld
 }

@@ -45,6 +45,7 @@ var (
 type job struct {
 	m    *Manager
 	req  Request
+	id   string // req.Spec.ID(), which hashes the spec
 	pool string
 	dir  string
 	src  source.Source
@@ -88,7 +89,7 @@ type job struct {
 }
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
-	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
+	j := &job{m: m, req: req, id: req.Spec.ID(), pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
 		sourceSlots: m.sourceSlots(req.Spec), started: time.Now()}
 	j.phase.Store(PhaseListing)
 	j.want()
@@ -213,14 +214,14 @@ func (j *job) run(ctx context.Context) (err error) {
 			return err
 		}
 		j.canon.Store(c)
-		if j.m.cfg.Peers.HasPeers(j.req.Spec.ID()) {
+		if j.m.cfg.Peers.HasPeers(j.id) {
 			// The caller's own credentials read the data before any peer is asked: its listing
 			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
 			// (access.go). A caller that may list but not read gets nothing from peers either.
 			if err := j.m.pinnedRead(ctx, j.src, j.dir, md); err != nil {
 				return err
 			}
-			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.req.Spec.ID(), md.Digest)
+			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.id, md.Digest)
 			defer j.swarm.Close()
 			// One round of asking the peers what they hold (bounded by the network's timeout)
 			// before the first piece is read.
@@ -813,7 +814,6 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 		h       hash.Hash
 		want    source.Checksum
 	)
-	id := j.req.Spec.ID()
 	for attempt := 0; ; {
 		var (
 			rc  io.ReadCloser
@@ -854,7 +854,7 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 				origin = originPeer
 				j.swarm.Done(*via, err != nil || k < n-(written-k))
 			}
-			j.m.metrics.fetchedBytes.WithLabelValues(id, origin).Add(float64(k))
+			j.m.metrics.fetchedBytes.WithLabelValues(j.id, origin).Add(float64(k))
 			if err == nil && written < n {
 				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
 			}
