@@ -463,8 +463,6 @@ func (j *job) fetchAll(ctx context.Context) error {
 		}
 	}
 	work(tasks)
-	// With peers, each node starts at its own place in the manifest (peers.go).
-	start := j.readOrder(j.objsTotal.Load(), "entries")
 	each := func(from, to int64) error {
 		return eachObject(j.dir, func(i int64, o source.Object) error {
 			if i < from || i >= to {
@@ -473,6 +471,12 @@ func (j *job) fetchAll(ctx context.Context) error {
 			return sendEntry(i, o)
 		})
 	}
+	if j.swarm != nil {
+		// With peers, entries go in the order peers name them, each node from its own share
+		// (peers.go).
+		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
+	}
+	start := j.readOrder(j.objsTotal.Load(), "entries")
 	sendEntry = func(i int64, o source.Object) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
@@ -616,9 +620,9 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 // concurrency limit, in that order, so a task waiting for its object or a slow source never holds
 // a node slot.
 func (j *job) runTask(ctx context.Context, t task) error {
-	// A piece a peer is reading from the source now is put off until every other piece had its
-	// turn: meanwhile this node reads pieces nobody is reading.
-	if !t.deferred && j.peerBusy(t) {
+	// A piece a peer is reading from the source now, or that is another node's share to read,
+	// is put off until every other piece had its turn: meanwhile this node reads its own share.
+	if !t.deferred && (j.peerBusy(t) || j.othersShare(t)) {
 		j.deferTask(t)
 		return nil
 	}
@@ -660,7 +664,7 @@ func (j *job) do(ctx context.Context, t task) error {
 	}
 	var err error
 	for attempt := 0; attempt < 3; {
-		pr := &pieceRead{i: j.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag)}
+		pr := &pieceRead{i: j.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag), owner: j.owner(t)}
 		if err = j.fetchWhole(ctx, t.i, t.obj, pr); source.KindOf(err) != source.Corrupt {
 			break
 		}
@@ -727,7 +731,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 
 func (j *job) fetchRange(ctx context.Context, t task) error {
 	b := t.big
-	pr := &pieceRead{i: j.rank(t.i), eligible: b.eligible}
+	pr := &pieceRead{i: j.rank(t.i), eligible: b.eligible, owner: j.owner(t)}
 	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, b.rangeHash(), pr)
 	if err != nil {
 		return err
