@@ -234,7 +234,7 @@ func (m *Manager) stagingVersion(id, digest string) *job {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, j := range m.jobs {
-		if j.req.Spec.ID() != id || j.req.Spec.Scheme != SchemeS3 || j.canon.Load() == nil {
+		if j.id != id || j.req.Spec.Scheme != SchemeS3 || j.canon.Load() == nil {
 			continue
 		}
 		if md := j.md.Load(); md != nil && md.Digest == digest {
@@ -337,7 +337,7 @@ func openPiece(dir string, names []string, o source.Object, off, n int64) (io.Re
 		return struct {
 			io.Reader
 			io.Closer
-		}{bufio.NewReaderSize(io.NewSectionReader(f, off, n), 256<<10), f}, nil
+		}{io.NewSectionReader(f, off, n), f}, nil
 	}
 	return nil, peer.ErrNotHeld
 }
@@ -347,8 +347,10 @@ func openPiece(dir string, names []string, o source.Object, off, n int64) (io.Re
 type pieceRead struct {
 	i        int64
 	eligible bool
-	peers    []peer.Peer
-	waits    int
+	// owner is the node whose share the piece is (peer.Swarm.Owner).
+	owner string
+	peers []peer.Peer
+	waits int
 }
 
 // maxWaits bounds the poll rounds a fetcher waits for a piece that a peer is reading from the
@@ -369,6 +371,10 @@ func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 				}
 				j.swarm.Done(p, true)
 				continue
+			}
+			// Another node's share, which it is still reading from the source: wait for it.
+			if choice == peer.FromSource && pr.owner != j.m.cfg.Peers.Self() && j.swarm.Fetching(pr.owner) {
+				choice = peer.Wait
 			}
 			if choice == peer.Wait && pr.waits < maxWaits {
 				pr.waits++
@@ -395,6 +401,79 @@ func (j *job) peerHolds(t task) bool {
 		return t.big.eligible && j.swarm.Holds(j.rank(t.i), t.off, t.n)
 	}
 	return md5ETag.MatchString(t.obj.ETag) && j.swarm.Holds(j.rank(t.i), 0, t.obj.Size)
+}
+
+// peerBusy reports whether a peer is reading task t's piece from the source now, and holds it
+// nowhere yet.
+func (j *job) peerBusy(t task) bool {
+	if j.swarm == nil {
+		return false
+	}
+	off, n, eligible := int64(0), t.obj.Size, md5ETag.MatchString(t.obj.ETag)
+	if t.big != nil {
+		off, n, eligible = t.off, t.n, t.big.eligible
+	}
+	return eligible && j.swarm.Busy(j.rank(t.i), off, n)
+}
+
+// owner is the node whose share task t's piece is: entries are shared out by rank, the ranges
+// of a large entry by their index.
+func (j *job) owner(t task) string {
+	if j.swarm == nil {
+		return ""
+	}
+	if t.big != nil {
+		return j.swarm.Owner(int64(t.idx), int64(len(t.big.from)))
+	}
+	return j.swarm.Owner(j.rank(t.i), j.objsTotal.Load())
+}
+
+// othersShare reports whether task t's piece is another node's share that no peer holds yet.
+func (j *job) othersShare(t task) bool {
+	if j.swarm == nil {
+		return false
+	}
+	o := j.owner(t)
+	return o != j.m.cfg.Peers.Self() && !j.peerHolds(t) && j.swarm.Staging(o)
+}
+
+// eachShared calls fn for the manifest's entries of ranks [from, to) in rank order.
+func (j *job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
+	c := j.canon.Load()
+	f, err := os.Open(filepath.Join(j.dir, objectsFile))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for r := max(from, 0); r < min(to, int64(len(c.line))); r++ {
+		l := c.line[r]
+		b := make([]byte, c.offs[l+1]-c.offs[l])
+		if _, err := f.ReadAt(b, c.offs[l]); err != nil {
+			return err
+		}
+		var o source.Object
+		if err := json.Unmarshal(b, &o); err != nil {
+			return fmt.Errorf("corrupt manifest line %d: %w", l+1, err)
+		}
+		if err := fn(int64(l), o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *job) deferTask(t task) {
+	j.deferMu.Lock()
+	defer j.deferMu.Unlock()
+	j.deferred = append(j.deferred, t)
+}
+
+func (j *job) takeDeferred() []task {
+	j.deferMu.Lock()
+	defer j.deferMu.Unlock()
+	d := j.deferred
+	j.deferred = nil
+	return d
 }
 
 // readOrder is where this node starts in a list of n pieces (peer.Swarm.Offset); without peers,
