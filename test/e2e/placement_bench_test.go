@@ -127,7 +127,7 @@ the other (each Running before the next).
 
 stage once (a pod pinned to the warm node, from S3): %v
 VolumeManager time to Ready, replicas 1 and 3: %v (ratio %s)
-API writes while coming to rest (sync, then 15 s without writes; took %s): %.0f %v
+API writes while coming to rest (sync, then 75 s without writes; took %s): %.0f %v
 API writes at rest over %s (all %d nodes, leases excluded): %.0f %v
 `, time.Now().UTC().Format("2006-01-02"), benchNodes, warmNode, benchObjects*benchObjectBytes>>20, benchObjects, benchPods,
 		with.onWarm, benchPods, share(with), without.onWarm, benchPods, share(without),
@@ -263,18 +263,20 @@ var (
 // atRest waits for the cluster to come to rest, then counts, with the API server's
 // apiserver_request_total, the successful writes made during d, by resource. Leases are left out:
 // they are the heartbeats of kubelet (here its stand-in) and of leader election, not Cistern's.
-// Rest: every dirty page written back (sync(2); writeback of the copies just made into the
-// volumes changes each pool's free space for a while, and with it its CSIStorageCapacity and
-// StoragePool), then 15 s without a write.
+// Rest: every dirty page written back (sync(2): the copies just made into the volumes move each
+// pool's free space for a while), then a quiet window longer than the slowest poll that publishes
+// a change (the provisioner's capacity poll, a minute), so that what changed before is published
+// before the count starts.
 func atRest(b *testing.B, cp *framework.ControlPlane, d time.Duration) (settle time.Duration, settling, idle writeCount) {
 	b.Helper()
+	const quiet = 75 * time.Second
 	start := time.Now()
 	unix.Sync()
 	first := apiWrites(b, cp)
 	for last := first; ; {
-		time.Sleep(15 * time.Second)
+		time.Sleep(quiet)
 		now := apiWrites(b, cp)
-		if diff(last, now).total == 0 || time.Since(start) > 3*time.Minute {
+		if diff(last, now).total == 0 || time.Since(start) > 6*time.Minute {
 			settle, settling = time.Since(start), diff(first, now)
 			break
 		}
