@@ -61,7 +61,10 @@ func BenchmarkPlacement(b *testing.B) {
 		names[i] = fmt.Sprintf("bench-%c", 'a'+i)
 	}
 	warmNode := names[0]
-	s := startPlacementCluster(b, "bench-with", names, benchPoolSize)
+	// The components' intervals are their defaults (the driver checks its pools every 10 s, the
+	// provisioner polls capacity every minute), not the e2e suite's short ones: the writes at rest
+	// are what a cluster pays.
+	s := startPlacementCluster(b, "bench-with", names, benchPoolSize, cluster.NodeOptions{})
 	baseline := &scenario{c: s.c, cp: s.cp, ns: newNamespace(b, s.cp, "bench-without",
 		map[string]string{consts.LabelDataPlacement: consts.DataPlacementDisabled})}
 	s3, _ := s3Server(b)
@@ -277,9 +280,35 @@ func atRest(b *testing.B, cp *framework.ControlPlane, d time.Duration) (settle t
 		}
 		last = now
 	}
-	before := apiWrites(b, cp)
+	before, capBefore := apiWrites(b, cp), capacities(b, cp)
 	time.Sleep(d)
-	return settle, settling, diff(before, apiWrites(b, cp))
+	idle = diff(before, apiWrites(b, cp))
+	if idle.total > 0 {
+		// Say what moved: the capacity each CSIStorageCapacity object published.
+		capAfter := capacities(b, cp)
+		for k, v := range capAfter {
+			if capBefore[k] != v {
+				fmt.Printf("at rest: CSIStorageCapacity %s: %d -> %d bytes (%+d)\n", k, capBefore[k], v, v-capBefore[k])
+			}
+		}
+	}
+	return settle, settling, idle
+}
+
+// capacities maps each CSIStorageCapacity (class/node) to its capacity in bytes.
+func capacities(b *testing.B, cp *framework.ControlPlane) map[string]int64 {
+	b.Helper()
+	list, err := cp.Client.StorageV1().CSIStorageCapacities(metav1.NamespaceAll).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, c := range list.Items {
+		if c.Capacity != nil && c.NodeTopology != nil {
+			out[c.StorageClassName+"/"+c.NodeTopology.MatchLabels[consts.TopologyKey]] = c.Capacity.Value()
+		}
+	}
+	return out
 }
 
 func diff(before, after map[string]float64) writeCount {

@@ -22,19 +22,18 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil/cacheondisk"
 )
 
-// stagerLabel marks the pods a VolumeManager stages its data with.
-const stagerLabel = "data.cistern.dev/stager"
-
 // startPlacementCluster starts simulated nodes with one fast pool of poolSize each, whose
 // stand-in kubelet mounts pods' volumes, and returns a scenario in a fresh namespace.
-func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize int64) *scenario {
+// intervals are the components' check and poll intervals (zero: their defaults).
+func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize int64, intervals cluster.NodeOptions) *scenario {
 	t.Helper()
-	b := binaries(t)
+	intervals.Bins = binaries(t)
 	cp := framework.Shared(t)
 	cluster.CreateNamespace(t, cp)
 	var specs []cluster.NodeSpec
@@ -42,16 +41,11 @@ func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize
 		specs = append(specs, cluster.NodeSpec{Name: n, Pools: []cluster.PoolSpec{{Name: "fast", Size: poolSize}}})
 	}
 	c := cluster.Start(t, cp, cluster.Options{
-		Nodes: specs,
-		Node: cluster.NodeOptions{
-			Bins:                 b,
-			PoolCheckInterval:    time.Second,
-			CapacityPollInterval: 2 * time.Second,
-			SidecarResync:        5 * time.Second,
-		},
+		Nodes:        specs,
+		Node:         intervals,
 		MountVolumes: true,
 		// A VolumeManager's stager pods mount its claim and exit.
-		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[stagerLabel] == "true" },
+		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[volumemanager.LabelStager] == "true" },
 	})
 	return &scenario{c: c, cp: cp, ns: newNamespace(t, cp, prefix, nil)}
 }
@@ -246,7 +240,11 @@ func (s *scenario) deleteAll(t testing.TB) {
 func TestPlacement(t *testing.T) {
 	const warmNode = "placement-b"
 	names := []string{"placement-a", warmNode, "placement-c"}
-	s := startPlacementCluster(t, "placement", names, 512*mib)
+	s := startPlacementCluster(t, "placement", names, 512*mib, cluster.NodeOptions{
+		PoolCheckInterval:    time.Second,
+		CapacityPollInterval: 2 * time.Second,
+		SidecarResync:        5 * time.Second,
+	})
 	s3, sums := s3Server(t)
 	id := datasetClass(t, s.cp, s.ns, "cistern-placement", "s3://datasets/sample/", s3)
 	datasetClass(t, s.cp, s.ns, "cistern-placement-cold", "s3://datasets/sample/train/", s3)
