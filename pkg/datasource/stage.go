@@ -77,14 +77,14 @@ type job struct {
 	bigMu sync.Mutex
 	big   []*bigFile
 
-	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peers.go);
+	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peerfetch.go);
 	// holding is what this job serves them meanwhile.
 	swarm   *peer.Swarm
 	holding holding
 	// deferred are pieces put off while a peer read them (runTask).
 	deferMu  sync.Mutex
 	deferred []task
-	// canon names the manifest's entries as peers do (peers.go); set before swarm.
+	// canon names the manifest's entries as peers do (peerserve.go); set before swarm.
 	canon atomic.Pointer[canon]
 }
 
@@ -208,7 +208,7 @@ func (j *job) run(ctx context.Context) (err error) {
 		return err
 	}
 	if j.m.cfg.Peers != nil && j.req.Spec.Scheme == SchemeS3 {
-		// Named for peers, the staging is served to them as it goes (peers.go).
+		// Named for peers, the staging is served to them as it goes (peerserve.go).
 		c, err := buildCanon(j.dir)
 		if err != nil {
 			return err
@@ -404,7 +404,7 @@ type bigFile struct {
 	rangeSums []uint64
 	chunk     int64
 	closeOnce sync.Once
-	// from names, per range, the peers that served it (peers.go).
+	// from names, per range, the peers that served it (peerfetch.go).
 	from [][]peer.Peer
 	// eligible is set when the entry has a checksum from the source that peers' bytes are
 	// checked against.
@@ -473,7 +473,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 	}
 	if j.swarm != nil {
 		// With peers, entries go in the order peers name them, each node from its own share
-		// (peers.go).
+		// (peerfetch.go).
 		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
 	}
 	start := j.readOrder(j.objsTotal.Load(), "entries")
@@ -811,7 +811,7 @@ func (j *job) verifyBig(ctx context.Context, t task) error {
 // backoff and full jitter, resuming where the last attempt stopped. A full read of an object that
 // comes with a full-object checksum is checked against it (verified); otherwise, when newHash is
 // set, the range's digest is returned for the caller to check. With pr, peers may serve the
-// bytes (peers.go); pr records which did.
+// bytes (peerfetch.go); pr records which did.
 func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash, pr *pieceRead) (verified bool, sum []byte, err error) {
 	var (
 		written int64
