@@ -24,9 +24,10 @@ import (
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
-// datasetFanOut: node-a stages a dataset from S3; node-b, asked for the same dataset, finds node-a
-// in the StoragePool inventory and reads it from node-a's peer port: one pinned read goes to S3
-// (node-b's own proof of access), the bytes come from the peer and match the source.
+// datasetFanOut: node-b stages a dataset from S3; node-a, asked for the same dataset (in another
+// pool: the dataset is the same), finds node-b in the StoragePool inventory and reads it from
+// node-b's peer port: one pinned read goes to S3 (node-a's own proof of access), the bytes come
+// from the peer and match the source.
 func (s *scenario) datasetFanOut(t *testing.T) {
 	s3, sums := s3Server(t)
 	var gets atomic.Int64
@@ -45,11 +46,24 @@ stringData: {accessKeyID: %[2]s, secretAccessKey: %[3]s}
 ---
 apiVersion: storage.k8s.io/v1
 kind: StorageClass
-metadata: {name: cistern-fanout}
+metadata: {name: cistern-fanout-fast}
 provisioner: cistern.csi.dev
 volumeBindingMode: WaitForFirstConsumer
 parameters:
   pool: fast
+  source: s3://datasets/sample/
+  endpoint: %[4]s
+  pathStyle: "true"
+  csi.storage.k8s.io/node-stage-secret-name: fanout-s3
+  csi.storage.k8s.io/node-stage-secret-namespace: %[1]s
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: cistern-fanout-bulk}
+provisioner: cistern.csi.dev
+volumeBindingMode: WaitForFirstConsumer
+parameters:
+  pool: bulk
   source: s3://datasets/sample/
   endpoint: %[4]s
   pathStyle: "true"
@@ -63,10 +77,10 @@ parameters:
 	id := v.Dataset.ID()
 	secrets := map[string]string{"accessKeyID": s3.AccessKey, "secretAccessKey": s3.SecretKey}
 
-	stage := func(node string) {
+	stage := func(node, pool string) {
 		t.Helper()
 		name := "fanout-" + node
-		if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim(name, "cistern-fanout", "16Mi"), metav1.CreateOptions{}); err != nil {
+		if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim(name, "cistern-fanout-"+pool, "16Mi"), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := cs.CoreV1().Pods(s.ns).Create(ctx(t), newPod(name, name, map[string]string{corev1.LabelHostname: node}), metav1.CreateOptions{}); err != nil {
@@ -89,34 +103,34 @@ parameters:
 		}
 	}
 
-	stage(nodeA)
+	stage(nodeB, "fast")
 	fromS3 := gets.Load()
-	// node-a's StoragePool lists the dataset Ready, with node-a's peer endpoint.
+	// node-b's StoragePool lists the dataset Ready, with node-b's peer endpoint.
 	pools, err := storagepool.NewClient(s.cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "node-a's StoragePool lists the dataset with its peer endpoint", func(ctx context.Context) error {
-		sp, err := pools.Get(ctx, storagepool.ObjectName("fast", nodeA, false), metav1.GetOptions{})
+	eventually(t, time.Minute, "node-b's StoragePool lists the dataset with its peer endpoint", func(ctx context.Context) error {
+		sp, err := pools.Get(ctx, storagepool.ObjectName("fast", nodeB, false), metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		if sp.Labels[consts.LabelDatasetPrefix+id] != "true" {
 			return errorf("dataset %s not labelled Ready", id)
 		}
-		if sp.Annotations[peer.AnnotationEndpoint] != s.c.Nodes[nodeA].PeerAddress || sp.Annotations[peer.AnnotationCertHash] == "" {
+		if sp.Annotations[peer.AnnotationEndpoint] != s.c.Nodes[nodeB].PeerAddress || sp.Annotations[peer.AnnotationCertHash] == "" {
 			return errorf("peer endpoint not published: %v", sp.Annotations)
 		}
 		return nil
 	})
 
 	before := gets.Load()
-	stage(nodeB)
+	stage(nodeA, "bulk")
 	if n := gets.Load() - before; n > 1 {
-		t.Errorf("node-b read %d objects from S3 (node-a read %d), want the one pinned read of its access proof", n, fromS3)
+		t.Errorf("node-a read %d objects from S3 (node-b read %d), want the one pinned read of its access proof", n, fromS3)
 	}
-	if got := metric(t, s.c.Nodes[nodeB].MetricsAddress, fmt.Sprintf(`cistern_dataset_fetched_bytes_total{dataset=%q,origin="peer"}`, id)); got == 0 {
-		t.Error("node-b counted no bytes from peers")
+	if got := metric(t, s.c.Nodes[nodeA].MetricsAddress, fmt.Sprintf(`cistern_dataset_fetched_bytes_total{dataset=%q,origin="peer"}`, id)); got == 0 {
+		t.Error("node-a counted no bytes from peers")
 	}
 }
 

@@ -22,19 +22,18 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
-	"github.com/cistern-csi/cistern/test/testutil/cachedisk"
+	"github.com/cistern-csi/cistern/test/testutil/cacheondisk"
 )
-
-// stagerLabel marks the pods a VolumeManager stages its data with.
-const stagerLabel = "data.cistern.dev/stager"
 
 // startPlacementCluster starts simulated nodes with one fast pool of poolSize each, whose
 // stand-in kubelet mounts pods' volumes, and returns a scenario in a fresh namespace.
-func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize int64) *scenario {
+// intervals are the components' check and poll intervals (zero: their defaults).
+func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize int64, intervals cluster.NodeOptions) *scenario {
 	t.Helper()
-	b := binaries(t)
+	intervals.Bins = binaries(t)
 	cp := framework.Shared(t)
 	cluster.CreateNamespace(t, cp)
 	var specs []cluster.NodeSpec
@@ -42,16 +41,11 @@ func startPlacementCluster(t testing.TB, prefix string, names []string, poolSize
 		specs = append(specs, cluster.NodeSpec{Name: n, Pools: []cluster.PoolSpec{{Name: "fast", Size: poolSize}}})
 	}
 	c := cluster.Start(t, cp, cluster.Options{
-		Nodes: specs,
-		Node: cluster.NodeOptions{
-			Bins:                 b,
-			PoolCheckInterval:    time.Second,
-			CapacityPollInterval: 2 * time.Second,
-			SidecarResync:        5 * time.Second,
-		},
+		Nodes:        specs,
+		Node:         intervals,
 		MountVolumes: true,
 		// A VolumeManager's stager pods mount its claim and exit.
-		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[stagerLabel] == "true" },
+		RunsToCompletion: func(p *corev1.Pod) bool { return p.Labels[volumemanager.LabelStager] == "true" },
 	})
 	return &scenario{c: c, cp: cp, ns: newNamespace(t, cp, prefix, nil)}
 }
@@ -128,10 +122,10 @@ func (s *scenario) typedStoragePool(ctx context.Context, pool, node string) (*sp
 
 // waitInventory waits until the fast pool's StoragePool on node lists exactly the datasets its
 // cache holds on disk, and check says the disk holds what the test expects.
-func (s *scenario) waitInventory(t testing.TB, node, what string, check func(disk map[string]cachedisk.DiskDataset) error) {
+func (s *scenario) waitInventory(t testing.TB, node, what string, check func(disk map[string]cacheondisk.Dataset) error) {
 	t.Helper()
 	eventually(t, 3*time.Minute, "StoragePool fast of "+node+": "+what, func(ctx context.Context) error {
-		disk, err := cachedisk.CacheOnDisk(s.c.Nodes[node].Pools["fast"])
+		disk, err := cacheondisk.Read(s.c.Nodes[node].Pools["fast"])
 		if err != nil {
 			return err
 		}
@@ -142,7 +136,7 @@ func (s *scenario) waitInventory(t testing.TB, node, what string, check func(dis
 		if err != nil {
 			return err
 		}
-		return cachedisk.MatchesDisk(sp, disk)
+		return cacheondisk.Matches(sp, disk)
 	})
 }
 
@@ -246,7 +240,11 @@ func (s *scenario) deleteAll(t testing.TB) {
 func TestPlacement(t *testing.T) {
 	const warmNode = "placement-b"
 	names := []string{"placement-a", warmNode, "placement-c"}
-	s := startPlacementCluster(t, "placement", names, 512*mib)
+	s := startPlacementCluster(t, "placement", names, 512*mib, cluster.NodeOptions{
+		PoolCheckInterval:    time.Second,
+		CapacityPollInterval: 2 * time.Second,
+		SidecarResync:        5 * time.Second,
+	})
 	s3, sums := s3Server(t)
 	id := datasetClass(t, s.cp, s.ns, "cistern-placement", "s3://datasets/sample/", s3)
 	datasetClass(t, s.cp, s.ns, "cistern-placement-cold", "s3://datasets/sample/train/", s3)
@@ -260,7 +258,7 @@ func TestPlacement(t *testing.T) {
 	ok := t.Run("a pod pinned to a node stages the dataset there, and the StoragePool shows it", func(t *testing.T) {
 		pod := s.runningPod(t, "warm", "cistern-placement", map[string]string{corev1.LabelHostname: warmNode})
 		s.verifyPublished(t, pod, sums)
-		s.waitInventory(t, warmNode, "the dataset Ready", func(disk map[string]cachedisk.DiskDataset) error {
+		s.waitInventory(t, warmNode, "the dataset Ready", func(disk map[string]cacheondisk.Dataset) error {
 			if d, ok := disk[id]; !ok || !d.Ready {
 				return errorf("dataset %s not ready on disk: %v", id, disk)
 			}
@@ -315,7 +313,7 @@ func TestPlacement(t *testing.T) {
 	})
 	ok = ok && t.Run("the inventory matches the disk after the pods go and after an eviction", func(t *testing.T) {
 		s.deleteAll(t)
-		s.waitInventory(t, warmNode, "the dataset Ready and unused", func(disk map[string]cachedisk.DiskDataset) error {
+		s.waitInventory(t, warmNode, "the dataset Ready and unused", func(disk map[string]cacheondisk.Dataset) error {
 			sp, err := s.typedStoragePool(context.Background(), "fast", warmNode)
 			if err != nil {
 				return err
@@ -330,7 +328,7 @@ func TestPlacement(t *testing.T) {
 		// Something else fills the pool below the low watermark (10% free): the driver's periodic
 		// check (every minute) evicts the unused dataset.
 		fillPool(t, s.c.Nodes[warmNode].Pools["fast"], 16*mib)
-		s.waitInventory(t, warmNode, "the dataset evicted", func(disk map[string]cachedisk.DiskDataset) error {
+		s.waitInventory(t, warmNode, "the dataset evicted", func(disk map[string]cacheondisk.Dataset) error {
 			if _, ok := disk[id]; ok {
 				return errorf("dataset %s still on disk", id)
 			}

@@ -48,15 +48,15 @@ const (
 
 	// What storageclass-dataset.yaml names: its Secret, its class, and its source
 	// s3://datasets/imagenet/ with include "train/**,labels.csv".
-	exampleS3Secret   = "imagenet-s3"
-	exampleS3Class    = "cistern-imagenet"
-	exampleS3Bucket   = "datasets"
-	exampleS3Prefix   = "imagenet/"
-	exampleS3Claim    = "imagenet"
-	s3Port            = 7070
-	installS3Access   = "cistern-install"
-	installS3Secret   = "cistern-install-secret"
-	installNotebookIn = "rows,label\n1,tench\n2,goldfish\n"
+	exampleS3Secret      = "imagenet-s3"
+	exampleS3Class       = "cistern-imagenet"
+	exampleS3Bucket      = "datasets"
+	exampleS3Prefix      = "imagenet/"
+	exampleS3Claim       = "imagenet"
+	s3Port               = 7070
+	installS3Access      = "cistern-install"
+	installS3Secret      = "cistern-install-secret"
+	exampleNotebookInput = "rows,label\n1,tench\n2,goldfish\n"
 )
 
 // exampleNotebook reads notebookvalidationjob.yaml.
@@ -89,7 +89,7 @@ func (in *install) runExamples(t *testing.T, nb *v1alpha1.NotebookValidationJob)
 		nb.Spec.Notebook.Path: notebookJSON(t, "the example's notebook",
 			"# the example's claim, where the job mounts it\nls /data\ndf /data",
 			"# the clone, from the notebook's directory\ncat input.csv"),
-		filepath.Join(nbDir, "input.csv"): installNotebookIn,
+		filepath.Join(nbDir, "input.csv"): exampleNotebookInput,
 	})
 	in.writeExamplesOverlay(t, s3, gitURL, nb.Name)
 	out := framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.examples)

@@ -20,21 +20,21 @@ import (
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
-	"github.com/cistern-csi/cistern/test/testutil/cachedisk"
+	"github.com/cistern-csi/cistern/test/testutil/cacheondisk"
 )
 
-// cacheOnDisk is cachedisk.CacheOnDisk, failing the test on an error.
-func cacheOnDisk(t *testing.T, pool string) map[string]cachedisk.DiskDataset {
+// cacheOnDisk is cacheondisk.Read, failing the test on an error.
+func cacheOnDisk(t *testing.T, pool string) map[string]cacheondisk.Dataset {
 	t.Helper()
-	disk, err := cachedisk.CacheOnDisk(pool)
+	disk, err := cacheondisk.Read(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return disk
 }
 
-func matchesDisk(obj *spapi.StoragePool, disk map[string]cachedisk.DiskDataset) bool {
-	return cachedisk.MatchesDisk(obj, disk) == nil
+func matchesDisk(obj *spapi.StoragePool, disk map[string]cacheondisk.Dataset) bool {
+	return cacheondisk.Matches(obj, disk) == nil
 }
 
 func writeFile(t *testing.T, path string, size int) {

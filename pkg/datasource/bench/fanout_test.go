@@ -144,7 +144,7 @@ func TestFanoutNodeChild(t *testing.T) {
 	if _, err := m.Wait(ctx, req); err != nil {
 		t.Fatal(err)
 	}
-	fmt.Printf("RESULT %.3f\n", time.Since(start).Seconds())
+	fmt.Printf("RESULT %.3f %.3f\n", time.Since(start).Seconds(), cpuSeconds())
 	_, _ = io.Copy(io.Discard, in) // serve peers until the benchmark is done
 }
 
@@ -200,7 +200,7 @@ func (t *throttled) Close() error { return t.rc.Close() }
 type child struct {
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
-	results chan float64
+	results chan [2]float64
 	done    func()
 }
 
@@ -223,7 +223,7 @@ func startNode(b *testing.B, s *testpeers.S3, work, name, dir string, peers bool
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	c := &child{cmd: cmd, stdin: stdin, results: make(chan float64, 1)}
+	c := &child{cmd: cmd, stdin: stdin, results: make(chan [2]float64, 1)}
 	listening := make(chan struct{})
 	var log strings.Builder
 	go func() {
@@ -234,9 +234,9 @@ func startNode(b *testing.B, s *testpeers.S3, work, name, dir string, peers bool
 			case line == "LISTENING":
 				close(listening)
 			case strings.HasPrefix(line, "RESULT "):
-				var secs float64
-				fmt.Sscanf(strings.TrimPrefix(line, "RESULT "), "%f", &secs)
-				c.results <- secs
+				var r [2]float64
+				fmt.Sscanf(strings.TrimPrefix(line, "RESULT "), "%f %f", &r[0], &r[1])
+				c.results <- r
 			default:
 				if log.Len() < 1<<20 {
 					log.WriteString(line + "\n")
@@ -272,17 +272,24 @@ func (c *child) start(b *testing.B) {
 	}
 }
 
-func (c *child) wait(b *testing.B, name string) float64 {
-	secs, ok := <-c.results
+// wait returns the node's staging time and its process's CPU time until then.
+func (c *child) wait(b *testing.B, name string) (float64, float64) {
+	r, ok := <-c.results
 	if !ok {
 		b.Fatalf("node %s failed (run with -v for its log)", name)
 	}
-	return secs
+	return r[0], r[1]
 }
 
-// group runs n nodes starting together (and, with late, one more once they are Ready) and
-// returns the time until all n are Ready, the late node's time, and the S3 bytes of the run.
-func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peers, late bool, params map[string]string, poolSize int64) (all, lateSecs float64, s3Bytes int64) {
+// result is one group's run.
+type result struct {
+	all, late float64 // seconds until all n nodes are Ready; the late node's staging
+	cpu       float64 // CPU seconds of the n nodes' processes until each was Ready
+	s3Bytes   int64
+}
+
+// group runs n nodes starting together (and, with late, one more once they are Ready).
+func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peers, late bool, params map[string]string, poolSize int64) (r result) {
 	dir := filepath.Join(work, "peers")
 	os.RemoveAll(dir)
 	os.MkdirAll(dir, 0o755)
@@ -295,19 +302,20 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 		c.start(b)
 	}
 	for k, c := range nodes {
-		all = max(all, c.wait(b, fmt.Sprintf("node-%02d", k)))
+		secs, cpu := c.wait(b, fmt.Sprintf("node-%02d", k))
+		r.all, r.cpu = max(r.all, secs), r.cpu+cpu
 	}
 	if late {
 		c := startNode(b, s, work, "node-late", dir, peers, params, poolSize)
 		c.start(b)
-		lateSecs = c.wait(b, "node-late")
+		r.late, _ = c.wait(b, "node-late")
 		c.done()
 	}
-	s3Bytes = th.sent.Load() - before
+	r.s3Bytes = th.sent.Load() - before
 	for _, c := range nodes {
 		c.done()
 	}
-	return all, lateSecs, s3Bytes
+	return r
 }
 
 // Knobs: CISTERN_BENCH_DIR (where S3 data and pools live), CISTERN_BENCH_ONLY (datasets whose
@@ -337,6 +345,7 @@ func BenchmarkFanout(b *testing.B) {
 			continue
 		}
 		bucket := fmt.Sprintf("fanout%d", i)
+		os.RemoveAll(filepath.Join(s.Dir, bucket)) // left by an interrupted run in CISTERN_BENCH_DIR
 		s.Bucket(b, bucket)
 		upload(b, s, bucket, sh)
 		size := int64(sh.objects) * sh.size
@@ -348,15 +357,17 @@ func BenchmarkFanout(b *testing.B) {
 		os.MkdirAll(work, 0o755)
 
 		// One node alone, from S3: the time the others are compared with.
-		alone, _, aloneBytes := group(b, s, th, work, 1, false, false, params, poolSize)
-		b.Logf("%s: one node alone %.2fs, %.2f GB from S3", sh.name, alone, float64(aloneBytes)/1e9)
+		alone := group(b, s, th, work, 1, false, false, params, poolSize)
+		b.Logf("%s: one node alone %.2fs (CPU %.1fs), %.2f GB from S3", sh.name, alone.all, alone.cpu, float64(alone.s3Bytes)/1e9)
 		for _, n := range counts {
-			on, lateSecs, onBytes := group(b, s, th, work, n, true, true, params, poolSize)
-			b.Logf("%s, %d nodes with peers: all Ready in %.2fs, late node %.2fs, %.2f GB from S3", sh.name, n, on, lateSecs, float64(onBytes)/1e9)
-			off, _, offBytes := group(b, s, th, work, n, false, false, params, poolSize)
-			b.Logf("%s, %d nodes without peers: all Ready in %.2fs, %.2f GB from S3", sh.name, n, off, float64(offBytes)/1e9)
+			on := group(b, s, th, work, n, true, true, params, poolSize)
+			b.Logf("%s, %d nodes with peers: all Ready in %.2fs (CPU %.1fs), late node %.2fs, %.2f GB from S3",
+				sh.name, n, on.all, on.cpu, on.late, float64(on.s3Bytes)/1e9)
+			off := group(b, s, th, work, n, false, false, params, poolSize)
+			b.Logf("%s, %d nodes without peers: all Ready in %.2fs (CPU %.1fs), %.2f GB from S3",
+				sh.name, n, off.all, off.cpu, float64(off.s3Bytes)/1e9)
 			line := fmt.Sprintf("fanout: dataset=%q nodes=%d s3_bytes_ratio=%.2f all_ready_ratio=%.2f late_ratio=%.2f off_all_ready_ratio=%.2f",
-				sh.name, n, float64(onBytes)/float64(size), on/alone, lateSecs/alone, off/alone)
+				sh.name, n, float64(on.s3Bytes)/float64(size), on.all/alone.all, on.late/alone.all, off.all/alone.all)
 			lines = append(lines, line)
 			b.Log(line)
 		}

@@ -1,6 +1,6 @@
-// Package cachedisk reads a pool's dataset cache as it is on disk, for tests that compare it with the
-// StoragePool inventory. (Apart from testutil: it imports pkg/datasource, whose own tests use testutil.)
-package cachedisk
+// Package cacheondisk compares a pool's dataset cache on disk with what its StoragePool object
+// publishes. It is apart from testutil because it imports pkg/datasource, whose tests use testutil.
+package cacheondisk
 
 import (
 	"fmt"
@@ -14,25 +14,25 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource"
 )
 
-// DiskDataset is a dataset as a pool's cache directory holds it.
-type DiskDataset struct {
+// Dataset is a dataset as a pool's cache directory holds it.
+type Dataset struct {
 	Ready bool
 	Bytes int64 // regular files under tree/
 }
 
-// CacheOnDisk reads <pool>/.cistern-cache: every dataset directory (not the trash of an
+// Read reads <pool>/.cistern-cache: every dataset directory (not the trash of an
 // eviction), whether it is ready and the bytes of its tree.
-func CacheOnDisk(pool string) (map[string]DiskDataset, error) {
+func Read(pool string) (map[string]Dataset, error) {
 	ents, err := os.ReadDir(filepath.Join(pool, datasource.CacheDirName))
 	if err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
-	out := map[string]DiskDataset{}
+	out := map[string]Dataset{}
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		var d DiskDataset
+		var d Dataset
 		tree := filepath.Join(pool, datasource.CacheDirName, e.Name(), "tree")
 		_ = filepath.WalkDir(tree, func(_ string, de fs.DirEntry, err error) error {
 			if err == nil && de.Type().IsRegular() {
@@ -48,9 +48,9 @@ func CacheOnDisk(pool string) (map[string]DiskDataset, error) {
 	return out, nil
 }
 
-// MatchesDisk says why the published cache of a StoragePool is not exactly the datasets on disk,
+// Matches says why the published cache of a StoragePool is not exactly the datasets on disk,
 // each Ready with the bytes its tree holds and a label on the object; nil when it is.
-func MatchesDisk(obj *spapi.StoragePool, disk map[string]DiskDataset) error {
+func Matches(obj *spapi.StoragePool, disk map[string]Dataset) error {
 	c := obj.Status.Cache
 	if c == nil {
 		return fmt.Errorf("StoragePool %s has no status.cache", obj.Name)
