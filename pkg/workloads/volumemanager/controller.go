@@ -130,11 +130,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if apiequality.Semantic.DeepEqual(status, vm.Status) {
 		return result, nil
 	}
-	r.recordChanges(&vm, vm.Status.Conditions, status.Conditions)
+	old := vm.Status.Conditions
 	vm.Status = status
-	if err := r.Status().Update(ctx, &vm); err != nil && !apierrors.IsConflict(err) {
+	if err := r.Status().Update(ctx, &vm); apierrors.IsConflict(err) {
+		return result, nil // the cache was behind; the newer object requeues us
+	} else if err != nil {
 		return ctrl.Result{}, err
 	}
+	// Only once written: a reconcile from a stale cache records nothing twice.
+	r.recordChanges(&vm, old, status.Conditions)
 	logger.V(4).Info("status", "state", status.State, "message", status.Message)
 	return result, nil
 }
