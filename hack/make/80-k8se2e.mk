@@ -29,3 +29,30 @@ k8s-e2e-images: $(BUSYBOX) k8s-e2e-tools snapshotter-tools
 	@cd hack/images && $(GO) run ./build -out $(K8S_E2E_IMAGES) -busybox $(BUSYBOX) \
 	  -agnhost $(K8S_E2E_BIN)/agnhost \
 	  -csi-snapshotter $(SNAPSHOTTER_BIN)/csi-snapshotter -snapshot-controller $(SNAPSHOTTER_BIN)/snapshot-controller
+
+# The suite (TestK8sStorageE2E in test/e2enode): nodes in their own network namespaces, deploy/csi
+# with the snapshots component, external-snapshotter's CRDs and snapshot-controller, then ginkgo
+# runs of e2e.test: "storage" (every External Storage test the testdriver enables, without
+# [Disruptive], [Serial] and features needing absent components) and "snapshots"
+# ([Feature:VolumeSnapshotDataSource]). K8S_E2E_RUNS=subset runs the part `make test` runs.
+# Same machine requirements as e2e-node.
+K8S_E2E_RUNS ?= storage,snapshots
+SNAPSHOTTER_CLIENT := github.com/kubernetes-csi/external-snapshotter/client/v8
+.PHONY: e2e-k8s
+e2e-k8s:
+	@$(REQUIRE_NODE); \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images images k8s-e2e-images && \
+	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
+	crds=$$(cd hack/tools/snapshotter && $(GO) mod download $(SNAPSHOTTER_CLIENT) && $(GO) list -m -f '{{.Dir}}' $(SNAPSHOTTER_CLIENT))/config/crd && \
+	controller=$$(cd hack/tools/snapshotter && $(GO) list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/v8)/deploy/kubernetes/snapshot-controller && \
+	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
+	  CISTERN_SNAPSHOT_CRDS=$$crds CISTERN_SNAPSHOT_CONTROLLER=$$controller CISTERN_K8S_E2E_RUNS=$(K8S_E2E_RUNS) \
+	  $(GO_TEST) -count=1 -timeout 3h -v -run TestK8sStorageE2E ./test/e2enode/... | \
+	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+
+# The representative part `make test` runs (K8S_E2E_RUNS=subset: provisioning from a claim,
+# volumes, subPath, block, CSI inline and generic ephemeral volumes, a snapshot and its restore).
+TEST_TARGETS += e2e-k8s-subset
+.PHONY: e2e-k8s-subset
+e2e-k8s-subset:
+	@$(MAKE) --no-print-directory e2e-k8s K8S_E2E_RUNS=subset

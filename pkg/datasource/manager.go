@@ -66,7 +66,7 @@ type Config struct {
 	// service.
 	TenantEndpoints egress.Allow
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
-	// the same version (peers.go); nil reads everything from the source.
+	// the same version (peerfetch.go); nil reads everything from the source.
 	Peers *peer.Network
 }
 
@@ -151,7 +151,7 @@ type Manager struct {
 	perSource map[string]chan struct{}
 	poolMu    map[string]*sync.Mutex
 
-	// canons names the entries of ready datasets for peers' requests (peers.go).
+	// canons names the entries of ready datasets for peers' requests (peerserve.go).
 	canons canons
 
 	// changes moves whenever an Inventory would read differently (inventory.go).

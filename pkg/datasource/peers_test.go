@@ -184,7 +184,8 @@ func TestPeerFanout(t *testing.T) {
 				return testpeers.Fault{ResetAfter: -1, StripChecksums: strip}
 			})
 			spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data/set"))
-			cfg := datasource.Config{Concurrency: 4, ChunkSize: 2 << 20}
+			// Low watermarks: the test pools share a disk other work fills.
+			cfg := datasource.Config{Concurrency: 4, ChunkSize: 2 << 20, LowWatermark: 0.001, HighWatermark: 0.002}
 			a := newManager(t, cfg)
 			poolA := t.TempDir()
 			if _, err := stage(ctx, t, a, datasource.Request{Spec: spec, Creds: creds(s), Pool: poolA}); err != nil {

@@ -45,6 +45,7 @@ var (
 type job struct {
 	m    *Manager
 	req  Request
+	id   string // req.Spec.ID(), which hashes the spec
 	pool string
 	dir  string
 	src  source.Source
@@ -76,16 +77,19 @@ type job struct {
 	bigMu sync.Mutex
 	big   []*bigFile
 
-	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peers.go);
+	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peerfetch.go);
 	// holding is what this job serves them meanwhile.
 	swarm   *peer.Swarm
 	holding holding
-	// canon names the manifest's entries as peers do (peers.go); set before swarm.
+	// deferred are pieces put off while a peer read them (runTask).
+	deferMu  sync.Mutex
+	deferred []task
+	// canon names the manifest's entries as peers do (peerserve.go); set before swarm.
 	canon atomic.Pointer[canon]
 }
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
-	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
+	j := &job{m: m, req: req, id: req.Spec.ID(), pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
 		sourceSlots: m.sourceSlots(req.Spec), started: time.Now()}
 	j.phase.Store(PhaseListing)
 	j.want()
@@ -204,20 +208,20 @@ func (j *job) run(ctx context.Context) (err error) {
 		return err
 	}
 	if j.m.cfg.Peers != nil && j.req.Spec.Scheme == SchemeS3 {
-		// Named for peers, the staging is served to them as it goes (peers.go).
+		// Named for peers, the staging is served to them as it goes (peerserve.go).
 		c, err := buildCanon(j.dir)
 		if err != nil {
 			return err
 		}
 		j.canon.Store(c)
-		if j.m.cfg.Peers.HasPeers(j.req.Spec.ID()) {
+		if j.m.cfg.Peers.HasPeers(j.id) {
 			// The caller's own credentials read the data before any peer is asked: its listing
 			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
 			// (access.go). A caller that may list but not read gets nothing from peers either.
 			if err := j.m.pinnedRead(ctx, j.src, j.dir, md); err != nil {
 				return err
 			}
-			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.req.Spec.ID(), md.Digest)
+			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.id, md.Digest)
 			defer j.swarm.Close()
 			// One round of asking the peers what they hold (bounded by the network's timeout)
 			// before the first piece is read.
@@ -379,6 +383,8 @@ type task struct {
 	off int64
 	n   int64
 	idx int
+	// deferred is set on a second turn: the piece was put off because a peer was reading it.
+	deferred bool
 }
 
 // rangesPerObject bounds the parallel ranged reads of one large object: more streams of the
@@ -398,7 +404,7 @@ type bigFile struct {
 	rangeSums []uint64
 	chunk     int64
 	closeOnce sync.Once
-	// from names, per range, the peers that served it (peers.go).
+	// from names, per range, the peers that served it (peerfetch.go).
 	from [][]peer.Peer
 	// eligible is set when the entry has a checksum from the source that peers' bytes are
 	// checked against.
@@ -444,18 +450,19 @@ func (j *job) fetchAll(ctx context.Context) error {
 			cancel(err)
 		}
 	}
-	for range j.m.cfg.Concurrency {
-		wg.Go(func() {
-			for t := range tasks {
-				if ctx.Err() != nil {
-					continue
+	work := func(tasks <-chan task) {
+		for range j.m.cfg.Concurrency {
+			wg.Go(func() {
+				for t := range tasks {
+					if ctx.Err() != nil {
+						continue
+					}
+					fail(j.runTask(ctx, t))
 				}
-				fail(j.runTask(ctx, t))
-			}
-		})
+			})
+		}
 	}
-	// With peers, each node starts at its own place in the manifest (peers.go).
-	start := j.readOrder(j.objsTotal.Load(), "entries")
+	work(tasks)
 	each := func(from, to int64) error {
 		return eachObject(j.dir, func(i int64, o source.Object) error {
 			if i < from || i >= to {
@@ -464,6 +471,12 @@ func (j *job) fetchAll(ctx context.Context) error {
 			return sendEntry(i, o)
 		})
 	}
+	if j.swarm != nil {
+		// With peers, entries go in the order peers name them, each node from its own share
+		// (peerfetch.go).
+		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
+	}
+	start := j.readOrder(j.objsTotal.Load(), "entries")
 	sendEntry = func(i int64, o source.Object) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
@@ -492,6 +505,17 @@ func (j *job) fetchAll(ctx context.Context) error {
 	}
 	close(tasks)
 	wg.Wait()
+	// Pieces a peer was reading from the source when their turn came: by now it has them.
+	if deferred := j.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
+		again := make(chan task, len(deferred))
+		for _, t := range deferred {
+			t.deferred = true
+			again <- t
+		}
+		close(again)
+		work(again)
+		wg.Wait()
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -596,6 +620,12 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 // concurrency limit, in that order, so a task waiting for its object or a slow source never holds
 // a node slot.
 func (j *job) runTask(ctx context.Context, t task) error {
+	// A piece a peer is reading from the source now, or that is another node's share to read,
+	// is put off until every other piece had its turn: meanwhile this node reads its own share.
+	if !t.deferred && (j.peerBusy(t) || j.othersShare(t)) {
+		j.deferTask(t)
+		return nil
+	}
 	if t.big != nil {
 		select {
 		case t.big.streams <- struct{}{}:
@@ -634,7 +664,7 @@ func (j *job) do(ctx context.Context, t task) error {
 	}
 	var err error
 	for attempt := 0; attempt < 3; {
-		pr := &pieceRead{i: j.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag)}
+		pr := &pieceRead{i: j.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag), owner: j.owner(t)}
 		if err = j.fetchWhole(ctx, t.i, t.obj, pr); source.KindOf(err) != source.Corrupt {
 			break
 		}
@@ -701,7 +731,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 
 func (j *job) fetchRange(ctx context.Context, t task) error {
 	b := t.big
-	pr := &pieceRead{i: j.rank(t.i), eligible: b.eligible}
+	pr := &pieceRead{i: j.rank(t.i), eligible: b.eligible, owner: j.owner(t)}
 	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, b.rangeHash(), pr)
 	if err != nil {
 		return err
@@ -781,14 +811,13 @@ func (j *job) verifyBig(ctx context.Context, t task) error {
 // backoff and full jitter, resuming where the last attempt stopped. A full read of an object that
 // comes with a full-object checksum is checked against it (verified); otherwise, when newHash is
 // set, the range's digest is returned for the caller to check. With pr, peers may serve the
-// bytes (peers.go); pr records which did.
+// bytes (peerfetch.go); pr records which did.
 func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash, pr *pieceRead) (verified bool, sum []byte, err error) {
 	var (
 		written int64
 		h       hash.Hash
 		want    source.Checksum
 	)
-	id := j.req.Spec.ID()
 	for attempt := 0; ; {
 		var (
 			rc  io.ReadCloser
@@ -829,7 +858,7 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 				origin = originPeer
 				j.swarm.Done(*via, err != nil || k < n-(written-k))
 			}
-			j.m.metrics.fetchedBytes.WithLabelValues(id, origin).Add(float64(k))
+			j.m.metrics.fetchedBytes.WithLabelValues(j.id, origin).Add(float64(k))
 			if err == nil && written < n {
 				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
 			}

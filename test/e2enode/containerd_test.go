@@ -32,12 +32,19 @@ type containerdOptions struct {
 	registry string
 	// mirrored are the registries served by registry under their own names.
 	mirrored []string
+	// registryVia is where containerd dials the registry, when it cannot at its address (a node
+	// in its own network namespace reaches the host's loopback through a relay).
+	registryVia string
 	// podRoutes are extra destinations the pods reach through the host (the Service range).
 	podRoutes []string
 	// imported are the images (names in images.json) imported rather than pulled; nil: all.
 	imported []string
 	// subnet and gateway of the pod network; empty: podSubnet and podGateway.
 	subnet, gateway string
+	// logName names the process and its log; "containerd" when empty.
+	logName string
+	// enter is the command prefix that runs containerd in its node's namespaces (netns_test.go).
+	enter []string
 }
 
 // criNamespace is the containerd namespace the CRI plugin (and so kubelet) uses.
@@ -113,9 +120,13 @@ func podNetworkConflist(ipamDir, subnet, gateway string, routes []string) string
 // mirrored names and the registry's own address to it, any other name (_default) to a port
 // where nothing listens, so that a pull never leaves the machine.
 func (c *containerd) writeRegistryHosts() error {
-	hosts := map[string]string{"_default": "http://127.0.0.1:1", c.opts.registry: "http://" + c.opts.registry}
+	server := "http://" + c.opts.registry
+	if c.opts.registryVia != "" {
+		server = "http://" + c.opts.registryVia
+	}
+	hosts := map[string]string{"_default": "http://127.0.0.1:1", c.opts.registry: server}
 	for _, m := range c.opts.mirrored {
-		hosts[m] = "http://" + c.opts.registry
+		hosts[m] = server
 	}
 	for name, server := range hosts {
 		dir := filepath.Join(c.dir, "certs.d", name)
@@ -171,10 +182,15 @@ func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOp
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(bins.containerd, "--config", configPath, "--log-level", "info")
+	args := append(slices.Clone(opts.enter), bins.containerd, "--config", configPath, "--log-level", "info")
+	cmd := exec.Command(args[0], args[1:]...)
 	// The shim is found on PATH.
 	cmd.Env = append(os.Environ(), "PATH="+bins.shimDir+":"+os.Getenv("PATH"))
-	c.process = framework.StartCommand(t, "containerd", cmd)
+	name := opts.logName
+	if name == "" {
+		name = "containerd"
+	}
+	c.process = framework.StartCommand(t, name, cmd)
 	// Runs before the process is stopped (cleanups run in reverse).
 	t.Cleanup(func() {
 		defer logDuration(t, "killing containers", time.Now())

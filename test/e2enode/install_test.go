@@ -327,7 +327,20 @@ func serveClusterIP(t *testing.T, ip string, port int, target func(context.Conte
 			t.Logf("cleanup: removing %s from lo: %v: %s", ip, err, out)
 		}
 	})
-	lis, err := net.Listen("tcp", net.JoinHostPort(ip, fmt.Sprint(port)))
+	relay(t, net.JoinHostPort(ip, fmt.Sprint(port)), target)
+}
+
+// relayTCP relays every connection to listen to target until the test ends.
+func relayTCP(t *testing.T, listen, target string) {
+	t.Helper()
+	relay(t, listen, func(context.Context) (string, error) { return target, nil })
+}
+
+// relay relays every connection to listen to the address target picks for it, until the test
+// ends.
+func relay(t *testing.T, listen string, target func(context.Context) (string, error)) {
+	t.Helper()
+	lis, err := net.Listen("tcp", listen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,27 +388,42 @@ func serveClusterIP(t *testing.T, ip string, port int, target func(context.Conte
 // Nothing else changes.
 func (in *install) writeOverlay(t *testing.T, nodeRef string) {
 	t.Helper()
+	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir)
+}
+
+// writeInstallOverlay writes into dir an overlay of deploy/csi as a user writes one: images:
+// entries pointing refs (repository:tag) at registry, a pools ConfigMap with the pool fast at
+// poolDir, and the given components of deploy/csi (e.g. "snapshots").
+func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, components ...string) {
+	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(in.overlay, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	base, err := filepath.Rel(in.overlay, filepath.Join(root, "deploy", "csi"))
+	base, err := filepath.Rel(dir, filepath.Join(root, "deploy", "csi"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var images strings.Builder
-	for _, ref := range []string{nodeRef, in.release["workload-controller"].Ref} {
+	for _, ref := range refs {
 		repo, tag, _ := strings.Cut(ref, ":")
-		fmt.Fprintf(&images, "- name: %s\n  newName: %s/%s\n  newTag: %s\n", repo, in.registry, repo, tag)
+		fmt.Fprintf(&images, "- name: %s\n  newName: %s/%s\n  newTag: %s\n", repo, registry, repo, tag)
+	}
+	var comps strings.Builder
+	if len(components) > 0 {
+		comps.WriteString("components:\n")
+		for _, c := range components {
+			fmt.Fprintf(&comps, "- %s/%s\n", base, c)
+		}
 	}
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
 - %s
-images:
+%simages:
 %spatches:
 - patch: |-
     apiVersion: v1
@@ -409,8 +437,8 @@ images:
         - name: fast
           path: %s
           labels: {media: ssd}
-`, base, images.String(), installPoolDir)
-	if err := os.WriteFile(filepath.Join(in.overlay, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+`, base, comps.String(), images.String(), poolDir)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

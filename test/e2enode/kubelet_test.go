@@ -9,8 +9,11 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -64,6 +67,56 @@ func newNodeCA(t *testing.T, dir string) *nodeCA {
 		t.Fatal(err)
 	}
 	return ca
+}
+
+// servingCert writes a serving certificate for a node's kubelet at ip (and DNS name host) and
+// its key into dir, and returns their paths.
+func (ca *nodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: host},
+		DNSNames:     []string{host},
+		IPAddresses:  []net.IP{net.ParseIP(ip)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// clientCertFiles writes clientCert's certificate and key into dir and returns their paths.
+func (ca *nodeCA) clientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
+	t.Helper()
+	certPEM, keyPEM := ca.clientCert(t, user, groups...)
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
 }
 
 // clientCert returns a PEM certificate and key for user in groups.
@@ -140,13 +193,40 @@ func kubeletConfig(rootDir, runtimeSocket, cgroupRoot string, port, healthzPort 
 // ownCgroupRoot); empty: the root, as on a node.
 func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nodeName, rootDir, runtimeSocket, cgroupRoot string) *kubelet {
 	t.Helper()
-	if err := os.MkdirAll(rootDir, 0o750); err != nil {
+	return startKubeletWith(t, cp, ca, bin, kubeletOptions{nodeName: nodeName, rootDir: rootDir, runtimeSocket: runtimeSocket, cgroupRoot: cgroupRoot})
+}
+
+// kubeletOptions are a kubelet's node: its name, directories and runtime, and for a node in its
+// own network namespace (netns_test.go) how it is started and reached.
+type kubeletOptions struct {
+	nodeName, rootDir, runtimeSocket, cgroupRoot string
+	// logName names the process and its log; "kubelet" when empty.
+	logName string
+	// enter is the command prefix that runs kubelet in the node's namespaces.
+	enter []string
+	// nodeIP, when set, is kubelet's --node-ip and where it serves its API, with a serving
+	// certificate from the node CA, to clients with a certificate from that CA (the API server's
+	// kubelet client), authorized by the API server; unset: loopback, and nobody may call it.
+	nodeIP string
+	// server is the API server as the node reaches it, and serverName the name its
+	// certificate is checked against; cp.URL when empty.
+	server, serverName string
+}
+
+// startKubeletWith starts kubelet as opts say.
+func startKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin string, opts kubeletOptions) *kubelet {
+	t.Helper()
+	if err := os.MkdirAll(opts.rootDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	confDir := t.TempDir()
-	certPEM, keyPEM := ca.clientCert(t, "system:node:"+nodeName, "system:nodes")
+	certPEM, keyPEM := ca.clientCert(t, "system:node:"+opts.nodeName, "system:nodes")
 	kubeconfig := clientcmdapi.NewConfig()
-	kubeconfig.Clusters["cistern"] = &clientcmdapi.Cluster{Server: cp.URL, CertificateAuthorityData: cp.Config.CAData}
+	server := opts.server
+	if server == "" {
+		server = cp.URL
+	}
+	kubeconfig.Clusters["cistern"] = &clientcmdapi.Cluster{Server: server, TLSServerName: opts.serverName, CertificateAuthorityData: cp.Config.CAData}
 	kubeconfig.AuthInfos["kubelet"] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
 	kubeconfig.Contexts["cistern"] = &clientcmdapi.Context{Cluster: "cistern", AuthInfo: "kubelet"}
 	kubeconfig.CurrentContext = "cistern"
@@ -159,24 +239,42 @@ func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nod
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := yaml.Marshal(kubeletConfig(rootDir, runtimeSocket, cgroupRoot, ports[0], ports[1]))
+	cfg := kubeletConfig(opts.rootDir, opts.runtimeSocket, opts.cgroupRoot, ports[0], ports[1])
+	args := []string{}
+	if opts.nodeIP != "" {
+		// Its own address: the well-known port, as the API server dials nodes.
+		cfg.Address, cfg.Port = opts.nodeIP, 10250
+		cfg.TLSCertFile, cfg.TLSPrivateKeyFile = ca.servingCert(t, confDir, "kubelet", opts.nodeName, opts.nodeIP)
+		cfg.Authentication = kubeletv1beta1.KubeletAuthentication{
+			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
+			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: ptr.To(true)},
+			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: ca.certFile},
+		}
+		cfg.Authorization = kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeWebhook}
+		args = append(args, "--node-ip="+opts.nodeIP)
+	}
+	data, err := yaml.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	configPath := filepath.Join(confDir, "kubelet.yaml")
-	if err := os.WriteFile(configPath, cfg, 0o600); err != nil {
+	if err := os.WriteFile(configPath, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-
-	p := framework.StartProcess(t, "kubelet", bin,
+	name := opts.logName
+	if name == "" {
+		name = "kubelet"
+	}
+	args = append(append(slices.Clone(opts.enter), bin,
 		"--config="+configPath,
 		"--kubeconfig="+kubeconfigPath,
-		"--root-dir="+rootDir,
-		"--cert-dir="+filepath.Join(rootDir, "pki"),
-		"--hostname-override="+nodeName,
+		"--root-dir="+opts.rootDir,
+		"--cert-dir="+filepath.Join(opts.rootDir, "pki"),
+		"--hostname-override="+opts.nodeName,
 		"--v=2",
-	)
-	return &kubelet{rootDir: rootDir, process: p}
+	), args...)
+	p := framework.StartCommand(t, name, exec.Command(args[0], args[1:]...))
+	return &kubelet{rootDir: opts.rootDir, process: p}
 }
 
 // waitNodeReady waits until kubelet has registered the Node and reports it Ready.

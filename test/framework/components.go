@@ -204,14 +204,14 @@ func waitFor(ctx context.Context, p *Process, what string, cond func(context.Con
 		}
 		select {
 		case <-p.Done():
-			log := tail(p.LogPath, 20)
+			log := Tail(p.LogPath, 20)
 			err := fmt.Errorf("%s exited before %s was ready: %v; last lines of %s:\n%s", p.Name, what, p.Err(), p.LogPath, log)
 			if strings.Contains(log, "address already in use") {
 				err = fmt.Errorf("%w: %w", errPortInUse, err)
 			}
 			return err
 		case <-ctx.Done():
-			return fmt.Errorf("%s: %s not ready: %w; last lines of %s:\n%s", p.Name, what, ctx.Err(), p.LogPath, tail(p.LogPath, 20))
+			return fmt.Errorf("%s: %s not ready: %w; last lines of %s:\n%s", p.Name, what, ctx.Err(), p.LogPath, Tail(p.LogPath, 20))
 		case <-tick.C:
 		}
 	}

@@ -102,8 +102,8 @@ func repoRoot() (string, error) {
 	}
 }
 
-// tail returns the last n lines of a file, to explain why a component did not come up.
-func tail(path string, n int) string {
+// Tail returns the last n lines of a file, to explain why a component did not come up.
+func Tail(path string, n int) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)

@@ -84,6 +84,9 @@ func startProcess(logDir, name string, cmd *exec.Cmd) (*Process, error) {
 // Done is closed when the process has exited.
 func (p *Process) Done() <-chan struct{} { return p.done }
 
+// Pid is the process's id (also its process group's).
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Err is the exit error once Done is closed (nil for exit status 0).
 func (p *Process) Err() error {
 	select {

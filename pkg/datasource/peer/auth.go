@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -57,8 +58,8 @@ func (r *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 	}
 	r.mu.Unlock()
 	node, err := r.review(ctx, token)
-	if ctx.Err() != nil {
-		return "", err // not an answer about the token
+	if err != nil && !errors.Is(err, ErrUnauthenticated) {
+		return "", err // the API server did not answer: nothing is learnt about the token
 	}
 	ttl := r.TTL
 	if ttl <= 0 {

@@ -187,6 +187,7 @@ type Swarm struct {
 	id, digest  string
 	stop        context.CancelFunc
 	done        chan struct{}
+	members     []string // nodes sharing the pieces out, by name (Offset, Owner)
 	mu          sync.Mutex
 	peers       map[string]*peerState // by address
 	roundClosed chan struct{}         // closed after each poll round
@@ -198,7 +199,7 @@ type peerState struct {
 	inflight int
 	// retryAt: a peer that failed (unreachable, slow, refused) is left alone until then.
 	retryAt time.Time
-	// polled is when have was last asked; notHeld peers are asked less often.
+	// polled is when have was last asked; notHeld: the peer does not hold the version (yet).
 	polled  time.Time
 	notHeld bool
 }
@@ -208,6 +209,14 @@ func (n *Network) Swarm(ctx context.Context, id, digest string) *Swarm {
 	ctx, stop := context.WithCancel(ctx)
 	s := &Swarm{net: n, id: id, digest: digest, stop: stop, done: make(chan struct{}),
 		peers: map[string]*peerState{}, roundClosed: make(chan struct{})}
+	// The nodes staging together, as this node sees them when it starts: they share the pieces.
+	s.members = []string{n.cfg.Self}
+	for _, p := range n.cfg.Directory.Peers(id) {
+		if !slices.Contains(s.members, p.Node) {
+			s.members = append(s.members, p.Node)
+		}
+	}
+	slices.Sort(s.members)
 	go s.run(ctx)
 	return s
 }
@@ -254,7 +263,6 @@ func (s *Swarm) poll(ctx context.Context) {
 		case !seen[addr]:
 			delete(s.peers, addr)
 		case ps.have != nil && ps.have.Ready, now.Before(ps.retryAt), s.net.isBanned(addr):
-		case ps.notHeld && now.Sub(ps.polled) < 4*s.net.cfg.PollInterval:
 		default:
 			p := ps.Peer
 			wg.Go(func() {
@@ -300,7 +308,9 @@ const (
 )
 
 // Pick chooses where [off, off+n) of entry i comes from: the least busy peer that holds it.
-func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) {
+func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) { return s.choose(i, off, n, true) }
+
+func (s *Swarm) choose(i, off, n int64, take bool) (Peer, Choice) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -323,7 +333,9 @@ func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) {
 	}
 	if len(best) > 0 {
 		ps := best[rand.IntN(len(best))]
-		ps.inflight++
+		if take {
+			ps.inflight++
+		}
 		return ps.Peer, FromPeer
 	}
 	if busy {
@@ -333,39 +345,64 @@ func (s *Swarm) Pick(i, off, n int64) (Peer, Choice) {
 }
 
 // Offset is where this node starts among n pieces (of a version, or of one large entry named by
-// salt), so that nodes staging together read different pieces from the source and the rest from
-// each other: the nodes the directory lists share the pieces out evenly by name, and each starts
+// salt): the nodes staging together share the pieces out evenly by name (Owner), and each starts
 // at a place of its own hash inside its share.
 func (s *Swarm) Offset(n int64, salt string) int64 {
 	if n <= 1 {
 		return 0
 	}
 	self := s.net.cfg.Self
-	names := []string{self}
-	for _, p := range s.net.cfg.Directory.Peers(s.id) {
-		if !slices.Contains(names, p.Node) {
-			names = append(names, p.Node)
-		}
-	}
-	slices.Sort(names)
-	rank, count := int64(slices.Index(names, self)), int64(len(names))
+	rank, count := int64(slices.Index(s.members, self)), int64(len(s.members))
 	h := fnv.New64a()
 	h.Write([]byte(self + "\x00" + salt))
 	share := max(n/count, 1)
 	return (rank*n/count + int64(h.Sum64()%uint64(share))) % n
 }
 
-// Holds reports whether a peer that may be asked holds [off, off+n) of entry i now.
-func (s *Swarm) Holds(i, off, n int64) bool {
+// Owner is the node whose share piece pos of n is: it reads the piece from the source, the others
+// from it.
+func (s *Swarm) Owner(pos, n int64) string {
+	if n <= 0 || pos < 0 || pos >= n {
+		return s.net.cfg.Self
+	}
+	return s.members[pos*int64(len(s.members))/n]
+}
+
+// Staging reports whether node is a peer that is staging the version (it answers, not Ready):
+// its share is left to it.
+func (s *Swarm) Staging(node string) bool {
+	return s.peerIs(node, func(h *Have) bool { return !h.Ready })
+}
+
+// Fetching reports whether node is a peer that is reading from the source now (it has pieces of
+// its share to go): worth waiting for, rather than reading its pieces from the source too.
+func (s *Swarm) Fetching(node string) bool {
+	return s.peerIs(node, func(h *Have) bool { return !h.Ready && len(h.Busy) > 0 })
+}
+
+func (s *Swarm) peerIs(node string, is func(*Have) bool) bool {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for addr, ps := range s.peers {
-		if ps.have != nil && !now.Before(ps.retryAt) && !s.net.isBanned(addr) && ps.have.Has(i, off, n) {
+		if ps.Node == node && ps.have != nil && is(ps.have) && !now.Before(ps.retryAt) && !s.net.isBanned(addr) {
 			return true
 		}
 	}
 	return false
+}
+
+// Holds reports whether a peer that may be asked holds [off, off+n) of entry i now.
+func (s *Swarm) Holds(i, off, n int64) bool {
+	_, choice := s.choose(i, off, n, false)
+	return choice == FromPeer
+}
+
+// Busy reports whether no peer that may be asked holds [off, off+n) of entry i but one is reading
+// it from the source now.
+func (s *Swarm) Busy(i, off, n int64) bool {
+	_, choice := s.choose(i, off, n, false)
+	return choice == Wait
 }
 
 // Polled returns a channel closed after the next poll round.

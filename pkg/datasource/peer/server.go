@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -207,9 +208,13 @@ func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
 // copyChunk is the unit of a paced copy.
 const copyChunk = 256 << 10
 
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyChunk); return &b }}
+
 // copy sends n bytes of r within the node's upload bandwidth.
 func (s *Server) copy(ctx context.Context, w io.Writer, r io.Reader, n int64) (int64, error) {
-	buf := make([]byte, copyChunk)
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
 	var done int64
 	for done < n {
 		k, err := io.ReadFull(r, buf[:min(int64(len(buf)), n-done)])

@@ -200,16 +200,20 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 	}
 	datasetID := pl.Dataset.ID()
 	c := capacity(vc)
-	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value()},
-		currentPlacement(vc, w.pvs, w.nodes))
+	current := currentPlacement(vc, w.pvs, w.nodes)
+	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value()}, current)
 
-	// The claim users were given keeps serving until a new node set is Ready.
+	// The claim users were given keeps serving until a new node set is Ready; without one in the
+	// status (never written), the live volume with the most eligible nodes.
 	servingClaim, servingNodes := "", []string(nil)
 	for i := range w.pvs {
 		pv := &w.pvs[i]
 		if ref := pv.Spec.ClaimRef; ref != nil && ref.Name == w.serving[vc.ID] && pv.Labels[LabelVolumeID] == vc.ID && pv.DeletionTimestamp == nil {
 			servingClaim, servingNodes = ref.Name, NodesOf(pv)
 		}
+	}
+	if servingClaim == "" && current != nil {
+		servingClaim, servingNodes = objectName(vm, vc.ID, current), current
 	}
 	if len(chosen) < int(vc.Replicas) {
 		// Too few nodes: make nothing new (each node set is its own claim, so growing one node at
@@ -253,11 +257,15 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 			claim, serving = servingClaim, servingNodes
 			o.replacing = fmt.Sprintf("moving from %s to %s", strings.Join(servingNodes, ","), strings.Join(chosen, ","))
 			for _, id := range servingNodes {
-				if !slices.Contains(chosen, id) {
-					n := NodeStatusOf(datasetID, r.observation(ctx, vm, vc, id, datasetID, w))
-					n.Message = strings.TrimPrefix(n.Message+"; ", "; ") + "being replaced: released once the new nodes are ready"
-					nodes = append(nodes, n)
+				if slices.Contains(chosen, id) {
+					continue
 				}
+				n := datav1alpha1.NodeStatus{Name: id, State: datav1alpha1.NodePending, Message: "the node is gone"}
+				if w.byID[id] != nil {
+					n = NodeStatusOf(datasetID, r.observation(ctx, vm, vc, id, datasetID, w))
+					n.Message = strings.TrimPrefix(n.Message+"; ", "; ") + "being replaced: released once the new nodes are ready"
+				}
+				nodes = append(nodes, n)
 			}
 		}
 	}

@@ -268,3 +268,36 @@ func TestNodeStatusOf(t *testing.T) {
 		})
 	}
 }
+
+// TestReconcilerNodeDeleted: the only node holding the data is deleted; the next node is staged
+// first, the status says the old one is gone, and the claim moves once the new node is Ready.
+func TestReconcilerNodeDeleted(t *testing.T) {
+	n1 := node("n1", nil)
+	f := newFixture(t, datav1alpha1.VolumeConfig{ID: "d", Replicas: 1, SourceType: "S3", SourceURL: "s3://b/p"}, &n1)
+	f.reconcile()
+	f.nodeDone("n1")
+	f.reconcile()
+	got := f.reconcile()
+	oldClaim := got.Status.Volumes[0].VolumeSource.PersistentVolumeClaim.ClaimName
+	if got.Status.State != datav1alpha1.StateReady {
+		t.Fatalf("status %+v", got.Status)
+	}
+	n2 := node("n2", nil)
+	if err := f.c.Create(f.ctx, &n2); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.c.Delete(f.ctx, &n1); err != nil {
+		t.Fatal(err)
+	}
+	got = f.reconcile()
+	v := got.Status.Volumes[0]
+	if v.VolumeSource.PersistentVolumeClaim.ClaimName != oldClaim || nodeStates(v) != "n2=Pending,n1=Pending" ||
+		v.Nodes[1].Message != "the node is gone" || got.Status.State != datav1alpha1.StatePending {
+		t.Fatalf("n1 deleted: %+v", got.Status)
+	}
+	f.nodeDone("n2")
+	got = f.reconcile()
+	if v := got.Status.Volumes[0]; v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || nodeStates(v) != "n2=Ready" || got.Status.State != datav1alpha1.StateReady {
+		t.Fatalf("moved to n2: %+v", got.Status)
+	}
+}

@@ -87,13 +87,3 @@ func StagerPod(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, cl
 		},
 	}
 }
-
-// claimOf is the claim a stager pod mounts.
-func claimOf(pod *corev1.Pod) string {
-	for _, v := range pod.Spec.Volumes {
-		if v.PersistentVolumeClaim != nil {
-			return v.PersistentVolumeClaim.ClaimName
-		}
-	}
-	return ""
-}

@@ -84,11 +84,23 @@ func (v *Inventory) publish(ctx context.Context) {
 // Peers implements peer.Directory: the nodes whose StoragePools hold dataset id Ready or Staging
 // and publish a peer endpoint, this node excepted.
 func (v *Inventory) Peers(id string) []peer.Peer {
+	objs := v.informer.GetStore().List()
+	pools := make([]*spapi.StoragePool, 0, len(objs))
+	for _, obj := range objs {
+		if sp, ok := obj.(*spapi.StoragePool); ok {
+			pools = append(pools, sp)
+		}
+	}
+	return peersOf(pools, id, v.node)
+}
+
+// peersOf picks the peers of dataset id from StoragePools, leaving out the node labelled self.
+func peersOf(pools []*spapi.StoragePool, id, self string) []peer.Peer {
 	var out []peer.Peer
 	seen := map[string]bool{}
-	for _, obj := range v.informer.GetStore().List() {
-		sp, ok := obj.(*spapi.StoragePool)
-		if !ok || sp.Status.Cache == nil || sp.Labels[consts.LabelNode] == v.node {
+	for _, sp := range pools {
+		node := sp.Labels[consts.LabelNode]
+		if sp.Status.Cache == nil || node == "" || node == self {
 			continue
 		}
 		addr, hash := sp.Annotations[peer.AnnotationEndpoint], sp.Annotations[peer.AnnotationCertHash]
@@ -98,7 +110,7 @@ func (v *Inventory) Peers(id string) []peer.Peer {
 		for _, d := range sp.Status.Cache.Datasets {
 			if d.ID == id && (d.State == spapi.DatasetReady || d.State == spapi.DatasetStaging) {
 				seen[addr] = true
-				out = append(out, peer.Peer{Node: sp.Labels[consts.LabelNode], Address: addr, CertHash: hash})
+				out = append(out, peer.Peer{Node: node, Address: addr, CertHash: hash})
 				break
 			}
 		}

@@ -1,0 +1,458 @@
+package e2enode
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// What TestK8sStorageE2E finds through the environment; hack/make/80-k8se2e.mk sets them.
+const (
+	// K8sE2EBinEnv is the directory with e2e.test and ginkgo (make k8s-e2e-tools).
+	K8sE2EBinEnv = "CISTERN_K8S_E2E_BIN"
+	// K8sE2EImagesEnv is the images.json of make k8s-e2e-images.
+	K8sE2EImagesEnv = "CISTERN_K8S_E2E_IMAGES"
+	// SnapshotCRDsEnv is external-snapshotter's client/config/crd directory.
+	SnapshotCRDsEnv = "CISTERN_SNAPSHOT_CRDS"
+	// SnapshotControllerEnv is external-snapshotter's deploy/kubernetes/snapshot-controller.
+	SnapshotControllerEnv = "CISTERN_SNAPSHOT_CONTROLLER"
+	// K8sE2ERunsEnv selects the runs (k8sE2ERuns), comma-separated; all when empty.
+	K8sE2ERunsEnv = "CISTERN_K8S_E2E_RUNS"
+	// K8sE2ENodesEnv is the number of nodes (1 or 2; default 2).
+	K8sE2ENodesEnv = "CISTERN_K8S_E2E_NODES"
+	// K8sE2EProcsEnv is ginkgo's number of parallel processes (default 4).
+	K8sE2EProcsEnv = "CISTERN_K8S_E2E_PROCS"
+
+	// k8sE2EPoolDir is where each node's pool is mounted, in its own mount namespace.
+	k8sE2EPoolDir = "/mnt/cistern/e2e-fast"
+	// The pools are sparse: room for the volumes of the tests running at once.
+	k8sE2EPoolSize = 24 << 30
+	// The path of the testdriver in the repository; e2e.test reads it while parsing its flags,
+	// before --repo-root applies, so it gets the absolute path. The StorageClass file it names
+	// is resolved against --repo-root.
+	k8sE2ETestDriver = "test/k8se2e/testdriver.yaml"
+)
+
+// k8sE2ERun is one ginkgo run of e2e.test.
+type k8sE2ERun struct {
+	name        string
+	focus, skip string
+}
+
+// The storage e2e runs. "storage" is every External Storage test of the testdriver without
+// [Disruptive] and [Serial] (they restart kubelet or need the whole cluster) and without the
+// [Feature:...] tests that need a component absent here: VolumeAttributesClass (its
+// modifications are driven by external-resizer, which cannot be built here), SELinux (no SELinux
+// on these hosts); VolumeSnapshotDataSource runs on its own in "snapshots". "subset" is the
+// representative part `make test` runs (docs/testing.md).
+var k8sE2ERuns = []k8sE2ERun{
+	{name: "storage",
+		focus: `External.Storage.*cistern\.csi\.dev`,
+		skip:  `\[Disruptive\]|\[Serial\]|\[Feature:VolumeAttributesClass\]|\[Feature:SELinux\]|\[Feature:VolumeSnapshotDataSource\]`},
+	{name: "snapshots",
+		focus: `External.Storage.*cistern\.csi\.dev.*\[Feature:VolumeSnapshotDataSource\]`,
+		skip:  `\[Disruptive\]|\[Serial\]`},
+	{name: "subset",
+		focus: `External.Storage.*cistern\.csi\.dev.*\[Testpattern: (` +
+			`Dynamic PV \(default fs\)\] (provisioning should provision storage with pvc data source|volumes should store data|subPath should support existing directory)|` +
+			`Dynamic PV \(block volmode\)\] volumes should store data|` +
+			`CSI Ephemeral-volume \(default fs\)\] ephemeral should create read/write inline ephemeral volume|` +
+			`Generic Ephemeral-volume \(default fs\) \(late-binding\)\] ephemeral should create read/write inline ephemeral volume|` +
+			`Dynamic Snapshot \(delete policy\)\] snapshottable.*should check snapshot fields, check restore correctly works after modifying source data, check deletion \(persistent\))$`,
+		skip: `\[Disruptive\]|\[Serial\]`},
+}
+
+// TestK8sStorageE2E runs Kubernetes' own storage e2e suite (e2e.test's External Storage tests,
+// with test/k8se2e/testdriver.yaml) against Cistern installed from deploy/csi (plus the
+// snapshots component) on kubelet nodes in their own network namespaces; see docs/testing.md,
+// "Kubernetes storage e2e".
+func TestK8sStorageE2E(t *testing.T) {
+	requireMachine(t)
+	lockHost(t)
+	bins := findBinaries(t)
+	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe", "busybox"} {
+		if _, ok := bins.images[name]; !ok {
+			unavailable(t, "no %q image; run `make node-images`", name)
+		}
+	}
+	release := releaseImages(t)
+	e2eBin := os.Getenv(K8sE2EBinEnv)
+	for _, f := range []string{"e2e.test", "ginkgo"} {
+		if _, err := os.Stat(filepath.Join(e2eBin, f)); e2eBin == "" || err != nil {
+			unavailable(t, "%s=%q has no %s; run `make k8s-e2e-tools`", K8sE2EBinEnv, e2eBin, f)
+		}
+	}
+	e2eImages := os.Getenv(K8sE2EImagesEnv)
+	crds, controller := os.Getenv(SnapshotCRDsEnv), os.Getenv(SnapshotControllerEnv)
+	for env, path := range map[string]string{K8sE2EImagesEnv: e2eImages, SnapshotCRDsEnv: crds, SnapshotControllerEnv: controller} {
+		if _, err := os.Stat(path); path == "" || err != nil {
+			unavailable(t, "%s=%q: not found; run `make e2e-k8s`", env, path)
+		}
+	}
+	registryBin := os.Getenv(RegistryBinEnv)
+	if _, err := os.Stat(registryBin); registryBin == "" || err != nil {
+		unavailable(t, "%s=%q: the registry is not built; run `make e2e-k8s`", RegistryBinEnv, registryBin)
+	}
+	runs := selectRuns(t)
+	nodes := 2
+	if v := os.Getenv(K8sE2ENodesEnv); v != "" {
+		var err error
+		if nodes, err = strconv.Atoi(v); err != nil || nodes < 1 || nodes > 2 {
+			t.Fatalf("%s=%q: want 1 or 2", K8sE2ENodesEnv, v)
+		}
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dir, err := os.MkdirTemp("", "cistern-k8se2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Runs last: the nodes' namespaces, and the mounts in them, are gone by then.
+	t.Cleanup(func() {
+		if left := mountsUnder(t, dir); len(left) > 0 {
+			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	prepareNodePaths(t)
+	logs := framework.LogDir(t)
+	begin := time.Now()
+
+	nodeIndex := filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json")
+	registry := startRegistry(t, registryBin, []string{
+		// e2e.test's busybox and pause, under the tags its image list names.
+		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+		bins.images["pause"].Ref + "=registry.k8s.io/pause:3.10.2",
+	}, nodeIndex, os.Getenv(ReleaseImagesEnv), e2eImages)
+	_, registryPort, err := net.SplitHostPort(registry)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ca := newNodeCA(t, dir)
+	clientCert, clientKey := ca.clientCertFiles(t, dir, "apiserver-kubelet-client", "kube-apiserver-kubelet-client")
+	cp := framework.StartControlPlane(t, framework.Options{
+		ControllerManager: true,
+		Scheduler:         true,
+		APIServerArgs: []string{
+			"--client-ca-file=" + ca.certFile,
+			// Webhook Services are reached at an endpoint of the Service (docs/testing.md).
+			"--enable-aggregator-routing=true",
+			// exec, logs and port-forward go to kubelet at the node's address, verified
+			// against the node CA, with a client certificate kubelet trusts.
+			"--kubelet-certificate-authority=" + ca.certFile,
+			"--kubelet-client-certificate=" + clientCert,
+			"--kubelet-client-key=" + clientKey,
+			"--kubelet-preferred-address-types=InternalIP",
+		},
+	})
+	// kubelet authorizes the API server's calls with a SubjectAccessReview (webhook mode).
+	if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(context.Background(), &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-apiserver-kubelet-client"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "kube-apiserver-kubelet-client"}},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:kubelet-api-admin"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	serveKubernetesService(t, cp)
+
+	var names []string
+	for i := range nodes {
+		name := fmt.Sprintf("cistern-k8se2e-%c", 'a'+i)
+		names = append(names, name)
+		n := startNetnsNode(t, dir, i, name, k8sE2EPoolDir, k8sE2EPoolSize)
+		// The node pulls through a relay on its link to the loopback registry, under the
+		// registry's own name (what KUBE_TEST_REPO_LIST gives e2e.test) and the mirrored ones.
+		relayTCP(t, net.JoinHostPort(n.hostIP, registryPort), registry)
+		cd := startContainerd(t, bins, filepath.Join(n.dir, "containerd"), containerdOptions{
+			registry:    registry,
+			registryVia: net.JoinHostPort(n.hostIP, registryPort),
+			mirrored:    []string{"registry.k8s.io", "docker.io"},
+			podRoutes:   []string{framework.KubernetesServiceIP + "/32"},
+			imported:    []string{"pause"},
+			subnet:      n.podSubnet,
+			gateway:     n.podGateway,
+			logName:     "containerd-" + name,
+			enter:       n.enter,
+		})
+		k := startKubeletWith(t, cp, ca, bins.kubelet, kubeletOptions{
+			nodeName: name, rootDir: kubeletRootDir, runtimeSocket: cd.socket, cgroupRoot: n.cgroupRoot,
+			logName: "kubelet-" + name, enter: n.enter, nodeIP: n.nodeIP,
+			server: "https://" + net.JoinHostPort(framework.KubernetesServiceIP, "443"),
+		})
+		waitNodeReady(t, cp, k, name, 2*time.Minute)
+	}
+	t.Logf("%d nodes Ready %s after start", nodes, time.Since(begin).Round(time.Second))
+
+	t.Run("install", func(t *testing.T) {
+		installForE2E(t, cp, dir, registry, release, crds, controller, names)
+	})
+	if t.Failed() {
+		return
+	}
+	t.Logf("installed %s after start", time.Since(begin).Round(time.Second))
+
+	repoList := filepath.Join(dir, "repo-list.yaml")
+	// Every registry e2e.test's image list names that an External Storage test pulls from.
+	if err := os.WriteFile(repoList, []byte(fmt.Sprintf(`promoterE2eRegistry: %[1]s/e2e-test-images
+gcRegistry: %[1]s
+gcEtcdRegistry: %[1]s
+sigStorageRegistry: %[1]s/sig-storage
+dockerLibraryRegistry: %[1]s/library
+`, registry)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range runs {
+		t.Run(r.name, func(t *testing.T) {
+			runGinkgo(t, cp, root, e2eBin, repoList, logs, r)
+		})
+	}
+}
+
+// selectRuns returns the runs K8sE2ERunsEnv names (default: storage and snapshots).
+func selectRuns(t *testing.T) []k8sE2ERun {
+	want := os.Getenv(K8sE2ERunsEnv)
+	if want == "" {
+		want = "storage,snapshots"
+	}
+	var runs []k8sE2ERun
+	for _, name := range strings.Split(want, ",") {
+		found := false
+		for _, r := range k8sE2ERuns {
+			if r.name == name {
+				runs, found = append(runs, r), true
+			}
+		}
+		if !found {
+			t.Fatalf("%s: no run %q", K8sE2ERunsEnv, name)
+		}
+	}
+	return runs
+}
+
+// installForE2E installs what the suite tests: the VolumeSnapshot CRDs and upstream's
+// snapshot-controller (distributed snapshotting, as node-local volumes need), and deploy/csi
+// with the snapshots component through an overlay as a user writes one; then waits for every
+// node's pod and the controllers.
+func installForE2E(t *testing.T, cp *framework.ControlPlane, dir, registry string, release map[string]imageEntry, crds, controller string, nodes []string) {
+	framework.Kubectl(t, cp, "apply", "--server-side", "-k", crds)
+
+	sc := filepath.Join(dir, "snapshot-controller")
+	if err := os.MkdirAll(sc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"rbac-snapshot-controller.yaml", "setup-snapshot-controller.yaml"} {
+		data, err := os.ReadFile(filepath.Join(controller, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sc, f), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Upstream's manifests, with the version built here and the flag (and the permission
+	// upstream documents for it) that hands each snapshot to the node of its volume.
+	if err := os.WriteFile(filepath.Join(sc, "kustomization.yaml"), []byte(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- rbac-snapshot-controller.yaml
+- setup-snapshot-controller.yaml
+images:
+- name: registry.k8s.io/sig-storage/snapshot-controller
+  newName: `+registry+`/sig-storage/snapshot-controller
+  newTag: v8.7.0
+patches:
+- target: {kind: Deployment, name: snapshot-controller}
+  patch: |-
+    - op: add
+      path: /spec/template/spec/containers/0/args/-
+      value: --enable-distributed-snapshotting
+- target: {kind: ClusterRole, name: snapshot-controller-runner}
+  patch: |-
+    - op: add
+      path: /rules/-
+      value: {apiGroups: [""], resources: [nodes], verbs: [get, list, watch]}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	framework.Kubectl(t, cp, "apply", "--server-side", "-k", sc)
+
+	overlay := filepath.Join(dir, "overlay")
+	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, "snapshots")
+	framework.Kubectl(t, cp, "apply", "--server-side", "-k", overlay)
+
+	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
+	defer cancel()
+	var last string
+	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+		last = ""
+		for _, ns := range []string{installNamespace, "kube-system"} {
+			pods, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return false, nil
+			}
+			for _, p := range pods.Items {
+				if !podReady(&p) {
+					last += fmt.Sprintf(" %s/%s(%s)", ns, p.Name, p.Status.Phase)
+				}
+			}
+		}
+		ds, err := cp.Client.AppsV1().DaemonSets(installNamespace).Get(ctx, "cistern-node", metav1.GetOptions{})
+		if err != nil || ds.Status.NumberReady != int32(len(nodes)) {
+			last += " cistern-node not ready on every node"
+			return false, nil
+		}
+		for _, n := range nodes {
+			cn, err := cp.Client.StorageV1().CSINodes().Get(ctx, n, metav1.GetOptions{})
+			if err != nil || len(cn.Spec.Drivers) == 0 || cn.Spec.Drivers[0].Name != consts.DriverName {
+				last += " no CSINode driver on " + n
+				return false, nil
+			}
+		}
+		return last == "", nil
+	})
+	if err != nil {
+		t.Fatalf("install not ready: %v; not ready:%s", err, last)
+	}
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// runGinkgo runs e2e.test under ginkgo with the run's focus and skip, in parallel processes,
+// keeps its output and JSON report in the logs, and reports the counts and every failure.
+func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, logs string, r k8sE2ERun) {
+	procs := 4
+	if v := os.Getenv(K8sE2EProcsEnv); v != "" {
+		var err error
+		if procs, err = strconv.Atoi(v); err != nil || procs < 1 {
+			t.Fatalf("%s=%q", K8sE2EProcsEnv, v)
+		}
+	}
+	report := filepath.Join(logs, "ginkgo-"+r.name+".json")
+	out := filepath.Join(logs, "ginkgo-"+r.name+".log")
+	// ginkgo runs e2e.test in the binary's directory and puts reports under --output-dir.
+	args := []string{
+		"--procs=" + strconv.Itoa(procs), "--no-color", "--timeout=3h",
+		"--focus=" + r.focus, "--skip=" + r.skip,
+		"--output-dir=" + logs, "--json-report=" + filepath.Base(report),
+		filepath.Join(bin, "e2e.test"), "--",
+		"--kubeconfig=" + cp.Kubeconfig,
+		"--kubectl-path=" + filepath.Join(cp.BinDir, "kubectl"),
+		"--provider=skeleton",
+		"--repo-root=" + root,
+		"--storage.testdriver=" + filepath.Join(root, k8sE2ETestDriver),
+		// No node logs to gather over SSH, no cloud.
+		"--disable-log-dump",
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := exec.Command(filepath.Join(bin, "ginkgo"), args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "KUBE_TEST_REPO_LIST="+repoList)
+	cmd.Stdout, cmd.Stderr = f, f
+	start := time.Now()
+	t.Logf("running e2e.test (%s): output in %s", r.name, out)
+	runErr := cmd.Run()
+	t.Logf("e2e.test (%s) took %s", r.name, time.Since(start).Round(time.Second))
+	summarizeGinkgo(t, report)
+	if runErr != nil {
+		t.Errorf("ginkgo: %v (output: %s, last lines:\n%s)", runErr, out, framework.Tail(out, 30))
+	}
+}
+
+// ginkgoReport is the part of ginkgo's JSON report read here.
+type ginkgoReport []struct {
+	SpecReports []struct {
+		LeafNodeText  string   `json:"LeafNodeText"`
+		ContainerText []string `json:"ContainerHierarchyTexts"`
+		State         string   `json:"State"`
+		RunTime       int64    `json:"RunTime"`
+		LeafNodeType  string   `json:"LeafNodeType"`
+		Failure       *struct {
+			Message string `json:"Message"`
+		} `json:"Failure"`
+	} `json:"SpecReports"`
+}
+
+// summarizeGinkgo logs the counts of the report, every failed spec with its message, and the
+// reasons the skipped ones gave, with how many gave each.
+func summarizeGinkgo(t *testing.T, path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("no ginkgo report: %v", err)
+		return
+	}
+	var rep ginkgoReport
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Errorf("ginkgo report %s: %v", path, err)
+		return
+	}
+	counts := map[string]int{}
+	reasons := map[string]int{}
+	for _, suite := range rep {
+		for _, s := range suite.SpecReports {
+			if s.LeafNodeType != "It" {
+				continue
+			}
+			name := strings.Join(append(s.ContainerText, s.LeafNodeText), " ")
+			counts[s.State]++
+			switch s.State {
+			case "passed", "pending":
+			case "skipped":
+				// Specs the focus left out are skipped without a message; the others
+				// skipped themselves at run time and say why.
+				if s.Failure == nil || s.Failure.Message == "" {
+					counts[s.State]--
+					counts["not selected"]++
+					continue
+				}
+				reasons[firstLine(s.Failure.Message)]++
+			default:
+				msg := ""
+				if s.Failure != nil {
+					msg = s.Failure.Message
+				}
+				t.Errorf("%s: %s: %s", s.State, name, msg)
+			}
+		}
+	}
+	t.Logf("ginkgo: %v", counts)
+	for r, n := range reasons {
+		t.Logf("skipped %d×: %s", n, r)
+	}
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
+}

@@ -1,0 +1,256 @@
+package e2enode
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// netnsNode is a node of its own on this machine, for suites that need the API server to reach
+// kubelet (exec, logs, port-forward) or more than one node: kubelet, containerd and its pods run
+// in a network namespace joined to the host by a veth pair, and in a mount namespace where the
+// paths a node has once (kubelet's root, the pools, the driver's state, containerd's and CNI's
+// fixed directories) are bind mounts of the node's own directories. Everything the host has of it
+// is the veth pair's host side, one route to its pod network, and directories under dir.
+type netnsNode struct {
+	name string
+	dir  string
+	// netns is the network namespace's name (/run/netns/<netns>); hostIf its veth on the host.
+	netns, hostIf string
+	// hostIP is the host's address on the link, nodeIP the node's (kubelet's --node-ip).
+	hostIP, nodeIP string
+	// podSubnet and podGateway are the node's pod network (CNI ptp inside the namespace).
+	podSubnet, podGateway string
+	cgroupRoot            string
+	// enter runs a command in the node's mount and network namespaces.
+	enter  []string
+	holder *framework.Process
+	// poolDev is the pool's loop device (major:minor); the volumes' loop devices are on it.
+	poolDev string
+}
+
+// The node's fixed host paths, each a bind mount of a directory of the node in its mount
+// namespace. deploy/csi names the first three; containerd's shims use /run/containerd and CNI's
+// result cache /var/lib/cni whatever their configured roots.
+var nodePaths = []string{kubeletRootDir, "/mnt/cistern", "/var/lib/cistern", "/run/containerd", "/var/lib/cni"}
+
+// sharedNodePaths are bind mounts made shared in the node: the driver container's mounts
+// propagate back through kubelet's directory (Bidirectional), the pools' into it (HostToContainer).
+var sharedNodePaths = []string{kubeletRootDir, "/mnt/cistern"}
+
+// Addresses: node i's link is 10.246.<i>.0/24 (host .1, node .2) and its pods get
+// 10.244.<120+i>.0/24 (TestNode uses .117, TestInstall .118); none is this machine's own.
+func netnsNodeAddrs(i int) (hostIP, nodeIP, podSubnet, podGateway string) {
+	return fmt.Sprintf("10.246.%d.1", i), fmt.Sprintf("10.246.%d.2", i),
+		fmt.Sprintf("10.244.%d.0/24", 120+i), fmt.Sprintf("10.244.%d.1", 120+i)
+}
+
+// prepareNodePaths creates the fixed host paths the nodes bind their directories over, and
+// removes at the end those that did not exist. Call once, before the nodes.
+func prepareNodePaths(t *testing.T) {
+	t.Helper()
+	for _, p := range nodePaths {
+		if _, err := os.Stat(p); os.IsNotExist(err) {
+			t.Cleanup(func() { _ = os.Remove(p) })
+		}
+		if err := os.MkdirAll(p, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// startNetnsNode creates node i's namespaces, link, directories and pool (an ext4 filesystem of
+// poolSize bytes on a loop device, mounted at poolPath in the node). Its cleanup, registered
+// before any process of the node starts and so run after they stop, kills what is left in the
+// node's cgroups and mount namespace, then removes the namespaces and detaches the loop devices.
+func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, poolSize int64) *netnsNode {
+	t.Helper()
+	n := &netnsNode{name: name, dir: filepath.Join(dir, name),
+		netns: fmt.Sprintf("cistern-k8se2e-%d", i), hostIf: fmt.Sprintf("ck8se2e%d", i)}
+	n.hostIP, n.nodeIP, n.podSubnet, n.podGateway = netnsNodeAddrs(i)
+	if err := os.MkdirAll(n.dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+
+	// A namespace left by an interrupted run of this suite (the host lock says none runs now).
+	if _, err := os.Stat(filepath.Join("/run/netns", n.netns)); err == nil {
+		t.Logf("removing network namespace %s left by an earlier run", n.netns)
+		_ = exec.Command("ip", "netns", "del", n.netns).Run()
+	}
+	run(t, "ip", "netns", "add", n.netns)
+	// Deleting the namespace deletes the veth pair, and the host route with it.
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", n.netns).CombinedOutput(); err != nil {
+			t.Logf("cleanup: deleting network namespace %s: %v: %s", n.netns, err, out)
+		}
+	})
+	run(t, "ip", "link", "add", n.hostIf, "type", "veth", "peer", "name", "eth0", "netns", n.netns)
+	run(t, "ip", "addr", "add", n.hostIP+"/24", "dev", n.hostIf)
+	run(t, "ip", "link", "set", n.hostIf, "up")
+	run(t, "ip", "-n", n.netns, "addr", "add", n.nodeIP+"/24", "dev", "eth0")
+	run(t, "ip", "-n", n.netns, "link", "set", "eth0", "up")
+	run(t, "ip", "-n", n.netns, "link", "set", "lo", "up")
+	// The node reaches the host (the API server through the kubernetes Service address, see
+	// serveKubernetesService) and nothing else; the host reaches its pods (webhooks).
+	run(t, "ip", "-n", n.netns, "route", "add", framework.KubernetesServiceIP+"/32", "via", n.hostIP)
+	run(t, "ip", "route", "add", n.podSubnet, "via", n.nodeIP)
+
+	// Loop devices go last, once no mount namespace holds their filesystems: the volumes'
+	// (backed by files in the pool) before the pool's.
+	t.Cleanup(func() { n.detachLoops(t) })
+	n.cgroupRoot = ownCgroupRoot(t, "cistern-k8se2e-"+name)
+	n.startMountNamespace(t)
+	t.Cleanup(func() { n.killLeftovers(t) })
+
+	for _, p := range nodePaths {
+		src := filepath.Join(n.dir, "paths", strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "-"))
+		if err := os.MkdirAll(src, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		n.run(t, "mount", "--bind", src, p)
+	}
+	for _, p := range sharedNodePaths {
+		n.run(t, "mount", "--make-rshared", p)
+	}
+
+	img := filepath.Join(n.dir, "pool.img")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = f.Truncate(poolSize) // sparse
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, "mkfs.ext4", "-q", "-F", img)
+	n.run(t, "mkdir", "-p", poolPath)
+	n.run(t, "mount", "-o", "loop", img, poolPath)
+	for dev := range loopDevicesUnder(t, n.dir) {
+		out, err := exec.Command("lsblk", "-dno", "MAJ:MIN", dev).Output()
+		if err != nil {
+			t.Fatalf("lsblk %s: %v", dev, err)
+		}
+		n.poolDev = strings.TrimSpace(string(out))
+	}
+	return n
+}
+
+// startMountNamespace starts the process that holds the node's mount namespace (a slave of the
+// host's, so the host's mounts reach it and none of its own leave it) inside its network
+// namespace; the node's processes enter both through nsenter. Not `ip netns exec`, which gives
+// each command a mount namespace of its own and a /sys without the host's cgroups.
+func (n *netnsNode) startMountNamespace(t *testing.T) {
+	t.Helper()
+	n.holder = framework.StartProcess(t, "namespaces-"+n.name, "nsenter", "--net=/run/netns/"+n.netns, "--",
+		"unshare", "--mount", "--propagation", "slave", "--", "sleep", "infinity")
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := n.holder.Pid()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if err == nil && ns != self && filepath.Base(exe) == "sleep" {
+			break
+		}
+		select {
+		case <-n.holder.Done():
+			t.Fatalf("%v", errExited(n.holder))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: no mount namespace after 30s (log: %s)", n.name, n.holder.LogPath)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n.enter = []string{"nsenter", "--target", strconv.Itoa(pid), "--mount", "--net", "--"}
+}
+
+// run runs a command in the node's namespaces and fails the test when it fails.
+func (n *netnsNode) run(t *testing.T, args ...string) {
+	t.Helper()
+	all := append(append([]string{}, n.enter...), args...)
+	run(t, all[0], all[1:]...)
+}
+
+// killLeftovers kills what the node's kubelet and containerd left once they are stopped: the
+// processes in the node's pod cgroups (containers kubelet did not tear down) and in its mount
+// namespace (containerd's shims), except the namespace's holder.
+func (n *netnsNode) killLeftovers(t *testing.T) {
+	for _, pid := range cgroupPIDs(n.cgroupRoot) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if n.holder == nil {
+		return
+	}
+	holder := n.holder.Pid()
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder))
+	if err != nil {
+		return
+	}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == holder {
+			continue
+		}
+		if other, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && other == ns {
+			t.Logf("cleanup: node %s: killing process %d left in its mount namespace", n.name, pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// cgroupPIDs lists the processes in the cgroup root (cgroup v1: every hierarchy; v2: the one).
+func cgroupPIDs(root string) []int {
+	dirs, _ := filepath.Glob("/sys/fs/cgroup/*" + root)
+	dirs = append(dirs, "/sys/fs/cgroup"+root)
+	seen := map[int]bool{}
+	var pids []int
+	for _, d := range dirs {
+		_ = filepath.WalkDir(d, func(path string, e os.DirEntry, err error) error {
+			if err != nil || e.IsDir() || e.Name() != "cgroup.procs" {
+				return nil
+			}
+			data, _ := os.ReadFile(path)
+			for _, f := range strings.Fields(string(data)) {
+				if pid, err := strconv.Atoi(f); err == nil && !seen[pid] {
+					seen[pid] = true
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return pids
+}
+
+// detachLoops detaches the loop devices of the volumes (backed by files on the pool's device)
+// and then the pool's.
+func (n *netnsNode) detachLoops(t *testing.T) {
+	if n.poolDev != "" {
+		out, err := exec.Command("losetup", "-l", "-n", "-O", "NAME,BACK-MAJ:MIN").Output()
+		if err != nil {
+			t.Logf("cleanup: losetup: %v", err)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[1] == n.poolDev {
+				if out, err := exec.Command("losetup", "-d", f[0]).CombinedOutput(); err != nil {
+					t.Logf("cleanup: detaching %s: %v: %s", f[0], err, out)
+				}
+			}
+		}
+	}
+	detachLoops(t, n.dir)
+}
