@@ -21,8 +21,11 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/registration"
+	"github.com/cistern-csi/cistern/pkg/storagepool"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -73,8 +76,14 @@ func main() {
 	flag.DurationVar(&lim.JobDeadline, "staging-deadline", def.JobDeadline, "Longest one staging attempt may take.")
 	flag.DurationVar(&lim.AbandonAfter, "staging-abandon-after", def.AbandonAfter, "A staging no volume asked for in this long is cancelled and its partial data deleted.")
 	flag.IntVar(&lim.PerSource, "staging-concurrency-per-source", 0, "Parallel reads from one source endpoint (S3 endpoint, NFS server); 0 is a quarter of --staging-concurrency.")
+	flag.StringVar(&cfg.Peers.Listen, "peer-listen", "", "Address (host:port) of the peer port, which serves this node's S3 datasets to other node plugins (docs/datasets.md); empty: no peer fan-out. Needs API access (in-cluster, or --kubeconfig).")
+	peerAdvertise := flag.String("peer-advertise", "", "host:port at which other nodes reach the peer port (the pod IP and the port); published on this node's StoragePools.")
+	peerTokenFile := flag.String("peer-token-file", "/var/run/secrets/cistern-peer/token", "This node plugin's ServiceAccount token for the audience cistern-peer (a projected token kubelet keeps fresh).")
+	peerAccounts := flag.String("peer-service-accounts", "cistern-system/cistern-node", "Comma-separated namespace/name of the ServiceAccounts whose pod-bound tokens the peer port serves.")
+	flag.Int64Var(&cfg.Peers.Server.BandwidthBytesPerSec, "peer-upload-bandwidth", 256<<20, "Bytes per second the peer port may send, across peers; 0 is unlimited.")
+	flag.IntVar(&cfg.Peers.Server.MaxUploads, "peer-max-uploads", 8, "Pieces the peer port sends at once; more requests wait briefly, then go to other peers or the source.")
 	events := flag.Bool("events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
-	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events; empty uses the in-cluster configuration.")
+	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events and --peer-listen; empty uses the in-cluster configuration.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
 	flag.Parse()
 	if *showVersion {
@@ -110,6 +119,14 @@ func main() {
 		cfg.Datasets.OnEvict = rec.Evicted
 	}
 
+	var inventory *discovery.Inventory
+	if cfg.Peers.Listen != "" {
+		if inventory, err = setupPeers(&cfg, *kubeconfig, *peerAdvertise, *peerTokenFile, *peerAccounts); err != nil {
+			klog.ErrorS(err, "Cannot serve peers")
+			klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+		}
+	}
+
 	d, err := driver.New(cfg)
 	if err != nil {
 		klog.ErrorS(err, "Cannot start the driver")
@@ -119,6 +136,9 @@ func main() {
 	defer stop()
 	if httpEndpoint != "" {
 		go serveHTTP(ctx, httpEndpoint, d)
+	}
+	if inventory != nil {
+		go inventory.Run(ctx)
 	}
 	if registrationPath != "" {
 		reg, err := registration.New(registration.Config{DriverName: cfg.DriverName, Endpoint: registrationPath, Dir: registrationDir})
@@ -151,6 +171,40 @@ func eventRecorder(kubeconfig, node string) (*nodeevents.Recorder, error) {
 		return nil, err
 	}
 	return nodeevents.New(client, node, "cistern-csi-driver"), nil
+}
+
+// setupPeers prepares peer fan-out: the peer port's certificate and authenticator, and the
+// client side that finds peers in the StoragePool inventory (docs/datasets.md).
+func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts string) (*discovery.Inventory, error) {
+	if cfg.NodeID == "" || advertise == "" {
+		return nil, errors.New("--peer-listen needs --node-id and --peer-advertise")
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.UserAgent = "cistern-csi-driver/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	spClient, err := storagepool.NewClient(rc)
+	if err != nil {
+		return nil, err
+	}
+	cert, hash, err := peer.SelfSigned(cfg.NodeID)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Peers.Server.Cert = cert
+	cfg.Peers.Server.Auth = &peer.TokenReviewer{Client: client.AuthenticationV1().TokenReviews(), ServiceAccounts: strings.Split(accounts, ",")}
+	self := storagepool.LabelValue(cfg.NodeID)
+	inventory := discovery.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: advertise, CertHash: hash})
+	token := &peer.TokenFile{Path: tokenFile}
+	if cfg.Datasets.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: self, Directory: inventory, Token: token.Token}); err != nil {
+		return nil, err
+	}
+	return inventory, nil
 }
 
 // registerWhenReady offers the driver to kubelet once it serves: kubelet calls NodeGetInfo as

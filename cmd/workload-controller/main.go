@@ -54,6 +54,7 @@ func main() {
 	flag.StringVar(&cfg.WebhookServiceNamespace, "webhook-namespace", envOr("POD_NAMESPACE", "cistern-system"), "namespace of the webhook Service and certificate Secret")
 	flag.StringVar(&cfg.WebhookSecretName, "webhook-secret-name", "cistern-workload-webhook-cert", "Secret holding the webhook CA and certificate")
 	flag.DurationVar(&cfg.CertCheckInterval, "webhook-cert-check-interval", 0, "how often to check certificates for renewal (default 1h)")
+	podPlacement := flag.Bool("pod-placement", true, "serve the pod placement webhook: pods whose claims or inline volumes name a Cistern dataset prefer the nodes that hold it (docs/datasets.md)")
 	flag.IntVar(&cfg.GroupWorkers, "group-workers", 8, "LeaderWorkerSet groups worked on at once")
 	flag.StringVar(&lwsAPI, "leaderworkerset-api", "workloads.cistern.dev/v1alpha1",
 		"group/version LeaderWorkerSet is served under; leaderworkerset.x-k8s.io/v1 runs this as the cluster's LeaderWorkerSet controller "+
@@ -61,6 +62,8 @@ func main() {
 	flag.StringVar(&cfg.GitImage, "git-image", "alpine/git:2.49.1", "image of the notebook jobs' git-clone container (needs sh and git)")
 	flag.StringVar(&cfg.CompareImage, "compare-image", envOr("COMPARE_IMAGE", "cistern/workload-controller:latest"),
 		"image of the notebook jobs' golden-notebook comparison: this controller's own image (default $COMPARE_IMAGE)")
+	flag.StringVar(&cfg.VolumeManager.StagerImage, "stager-image", os.Getenv("STAGER_IMAGE"),
+		"image of the VolumeManager stager pods, run with --version once their volume is mounted (default $STAGER_IMAGE, else --compare-image: this controller's own image)")
 	flag.StringVar(&cfg.VolumeManager.DriverName, "driver-name", consts.DriverName, "CSI driver of VolumeManager volumes")
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
 	var nfsServers string
@@ -72,6 +75,7 @@ func main() {
 		return
 	}
 	kubeconfig = flag.Lookup("kubeconfig").Value.String()
+	cfg.DisablePodPlacement = !*podPlacement
 	var err error
 	if cfg.LeaderWorkerSetAPI, err = workloads.ParseLeaderWorkerSetAPI(lwsAPI); err != nil {
 		klog.Background().Error(err, "--leaderworkerset-api")

@@ -2,7 +2,8 @@
 # server, real mounts; a benchmark against rclone, the AWS SDK's transfer manager, awscli and cp -r.
 VERSITYGW_VERSION := v1.8.0
 RCLONE_VERSION := v1.76.0
-VERSITYGW := $(CISTERN_CACHE)/versitygw-$(VERSITYGW_VERSION)/bin/versitygw
+# Static (no cgo): the same binary runs on the host and in the install suite's S3 server image.
+VERSITYGW := $(CISTERN_CACHE)/versitygw-$(VERSITYGW_VERSION)/bin/versitygw-static
 RCLONE := $(CISTERN_CACHE)/rclone-$(RCLONE_VERSION)/bin/rclone
 S3_TOOLS_MOD := hack/tools/s3
 
@@ -17,7 +18,7 @@ s3-tools: $(VERSITYGW) $(RCLONE)
 
 # Built from the pinned tools module once per version; later runs find them in the cache.
 $(VERSITYGW):
-	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/versity/versitygw/cmd/versitygw
+	cd $(S3_TOOLS_MOD) && CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $@ github.com/versity/versitygw/cmd/versitygw
 $(RCLONE):
 	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/rclone/rclone
 
@@ -46,3 +47,13 @@ test-driver: export CISTERN_REQUIRE_PEERS := 1
 # Include/exclude matching at its worst: many "**" against a deep key that does not match.
 bench-glob:
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkFilterWorstCase ./pkg/datasource/source/
+
+# Peer fan-out (docs/benchmarks.md, "Peer fan-out"): 4 and 8 simulated nodes, each a process with
+# its own pool filesystem, staging one dataset from versitygw behind a 200 MB/s proxy, with and
+# without peers, plus a late node. Ends with one `fanout:` line per case. Needs root (loop
+# devices) and about 20 GB of free disk for the 2 GiB set with 8 nodes.
+BENCH_TARGETS += bench-fanout
+.PHONY: bench-fanout
+bench-fanout: $(VERSITYGW)
+	CISTERN_VERSITYGW=$(VERSITYGW) \
+	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkFanout -benchtime 1x -v ./pkg/datasource/bench/

@@ -48,7 +48,7 @@ demo-down:
 	@$(BIN)/demo down --dir $(DEMO_DIR)
 
 # Container images into $(IMAGES_DIR) as image tarballs (node.tar, workload-controller.tar) and
-# images.json, with Docker or without it; see docs/kind.md.
+# images.json, with Docker or without it (the file builder says which); see docs/kind.md.
 .PHONY: push kind-load test-images
 images:
 	@builder=$(IMAGE_BUILDER); \
@@ -63,8 +63,8 @@ images:
 	    $(IMAGE_TAG) $(IMAGES_DIR)/node.tar $(IMAGE_TAG) $(IMAGES_DIR)/workload-controller.tar >$(IMAGES_DIR)/images.json; \
 	else \
 	  rootfs=$$(hack/images/rootfs.sh Dockerfile) && \
-	  cd hack/images && $(GO) run ./release build -version $(IMAGE_TAG) -rootfs $$rootfs -out $(IMAGES_DIR); \
-	fi
+	  (cd hack/images && $(GO) run ./release build -version $(IMAGE_TAG) -rootfs $$rootfs -out $(IMAGES_DIR)); \
+	fi && echo $$builder >$(IMAGES_DIR)/builder
 
 # Pushes both images as $(REGISTRY)/node:$(IMAGE_TAG) and $(REGISTRY)/workload-controller:$(IMAGE_TAG)
 # (go-containerregistry, credentials from the Docker config) and writes _output/deploy, deploy/csi
@@ -79,11 +79,24 @@ kind-load: images
 	$(KIND) load image-archive --name $(KIND_CLUSTER) $(IMAGES_DIR)/node.tar
 	$(KIND) load image-archive --name $(KIND_CLUSTER) $(IMAGES_DIR)/workload-controller.tar
 
-# What is in the images built here: files, static binaries, users; every program runs (in the
-# image's root filesystem) and prints its version. Also the test tooling's own tests.
+# What is in the images built without Docker: files, static binaries, users; every program runs
+# (in the image's root filesystem) and prints its version; what the Dockerfile declares (base
+# suite, packages, copied binaries, user, entrypoint) is what they hold. Where a Docker engine
+# answers, the images are built both ways and compared file by file; elsewhere that comparison
+# says it did not run, here and in the test's output. Also the test tooling's own tests.
 TEST_TARGETS += test-images
 test-images: images
-	cd hack/images && CISTERN_IMAGES=$(IMAGES_DIR)/images.json $(GO_TEST) -count=1 ./release/ ./layer/
+	@oci=$(IMAGES_DIR)/images.json; docker=; \
+	if [ "$$(cat $(IMAGES_DIR)/builder)" = docker ]; then \
+	  docker=$$oci; oci=$(IMAGES_DIR)/oci/images.json; \
+	  $(MAKE) --no-print-directory images IMAGE_BUILDER=oci IMAGES_DIR=$(IMAGES_DIR)/oci || exit 1; \
+	elif $(DOCKER) info >/dev/null 2>&1; then \
+	  docker=$(IMAGES_DIR)/docker/images.json; \
+	  $(MAKE) --no-print-directory images IMAGE_BUILDER=docker IMAGES_DIR=$(IMAGES_DIR)/docker || exit 1; \
+	else \
+	  echo "test-images: no Docker engine answers \`$(DOCKER) info\`: the Dockerfile's images are not built here, so they are not compared with these file by file (TestDockerfileBuildSameFiles runs where an engine answers); TestImagesAsDockerfileDeclares checks these against the Dockerfile"; \
+	fi; \
+	cd hack/images && CISTERN_IMAGES=$$oci CISTERN_DOCKER_IMAGES=$$docker $(GO_TEST) -count=1 ./release/ ./layer/
 	$(GO_TEST) -count=1 ./hack/testreport/... ./hack/standins/...
 
 kind-up:
@@ -100,3 +113,17 @@ kind-deploy: kind-load
 
 kind-down:
 	$(KIND) delete cluster --name $(KIND_CLUSTER)
+
+# Where pods with dataset claims start, and how fast, with the pod placement webhook and without
+# it, on four simulated nodes (test/e2e/placement_bench_test.go); figures go to docs/benchmarks.md
+# by hand. The full log is kept in _output/bench-placement.txt; the last line is the summary.
+BENCH_TARGETS += bench-placement
+.PHONY: bench-placement
+bench-placement: $(E2E_TOOLS)
+	@mkdir -p _output
+	@echo "bench-placement: running (about 10 minutes); log in _output/bench-placement.txt"
+	@$(E2E_ENV) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkPlacement -benchtime 1x \
+	  ./test/e2e/ >_output/bench-placement.txt 2>&1; rc=$$?; \
+	  sed -n '/^Placement benchmark/,/^API writes at rest/p' _output/bench-placement.txt; \
+	  if [ $$rc -ne 0 ]; then tail -n 80 _output/bench-placement.txt; exit $$rc; fi; \
+	  grep '^placement: ' _output/bench-placement.txt

@@ -26,12 +26,13 @@ test-node-images:
 node-tools:
 	@hack/tools/node/build.sh $(NODE_BIN)
 
-# The pause, checker, git and papermill images as tarballs for `ctr images import`, and the
-# sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins for
-# node-driver-registrar and livenessprobe) for the install suite; seconds to build.
-node-images: $(BUSYBOX) csi-tools
+# The pause, checker, git and papermill images as tarballs for `ctr images import`, and for the
+# install suite the sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins
+# for node-driver-registrar and livenessprobe) and the S3 server's (versitygw, static, from
+# 30-datasource.mk); seconds to build.
+node-images: $(BUSYBOX) csi-tools $(VERSITYGW)
 	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX) \
-	  -csi-provisioner $(EXTERNAL_PROVISIONER_BIN)/csi-provisioner
+	  -csi-provisioner $(EXTERNAL_PROVISIONER_BIN)/csi-provisioner -versitygw $(VERSITYGW)
 
 $(BUSYBOX):
 	@hack/images/busybox.sh $@
@@ -54,13 +55,14 @@ e2e-node:
 # The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
 # --server-side -k` (an overlay changing only image references and the pools ConfigMap) on a
 # kubelet node whose containerd pulls every image from a registry on loopback
-# (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node.
+# (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node; the
+# notebook example clones from the host's git (node-host-packages).
 REGISTRY_BIN := $(CURDIR)/_output/bin/registry
 TEST_TARGETS += e2e-install
 .PHONY: e2e-install
 e2e-install:
 	@$(REQUIRE_NODE); \
-	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images images && \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages images && \
 	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 25m -v -run TestInstall ./test/e2enode/... | \

@@ -23,6 +23,10 @@ const (
 	// the volume's loop device. Large sequential reads of datasets and model files gain from a
 	// bigger read-ahead; random-access workloads from a smaller one.
 	ParamReadAheadKiB = "readAheadKiB"
+	// ParamCapacity is the most a static PV's dataset may take on a node (a resource quantity);
+	// the VolumeManager controller writes its volumes' capacity here. A larger dataset fails
+	// staging with OutOfRange, and each writable copy of the volume gets this size.
+	ParamCapacity = "capacity"
 	// ReservedParamPrefix is the prefix of keys external-provisioner adds; always accepted.
 	ReservedParamPrefix = "csi.storage.k8s.io/"
 
@@ -48,6 +52,11 @@ const (
 	// whose cache holds that dataset Ready (value "true"), so that "which nodes hold dataset X"
 	// is a label selector: -l dataset.cistern.csi.dev/<id>.
 	LabelDatasetPrefix = "dataset.cistern.csi.dev/"
+
+	// LabelDataPlacement set to DataPlacementDisabled on a Namespace keeps its pods away from the
+	// workload-controller's pod placement webhook (no preference for nodes holding their data).
+	LabelDataPlacement    = "cistern.csi.dev/data-placement"
+	DataPlacementDisabled = "disabled"
 
 	// StoragePoolGroup is the API group of StoragePool objects (the KEP's group).
 	StoragePoolGroup = "storagepool.storage.k8s.io"

@@ -12,7 +12,7 @@ type PoolPaths interface {
 }
 
 // Datasets is the Manager as the volume service sees it: pools by name, datasets by their
-// parsed spec, and four verbs. Prepare stages a dataset on a pool (or joins the staging under
+// parsed spec, and four verbs (and the pools' inventory, for the StoragePool publisher). Prepare stages a dataset on a pool (or joins the staging under
 // way), Fill copies a staged dataset into a volume, Serve hands out the cached tree for a
 // read-only bind mount, and Unserve gives it back.
 type Datasets struct {
@@ -92,3 +92,17 @@ func (d *Datasets) Status(pool string, spec *Spec) (Status, bool, error) {
 	}
 	return d.m.Status(p, spec)
 }
+
+// Inventory reads what the cache of pool holds, listing at most limit datasets; see
+// Manager.Inventory. A pool no longer configured holds nothing.
+func (d *Datasets) Inventory(pool string, limit int) (Inventory, error) {
+	p, ok := d.pools.PoolPath(pool)
+	if !ok {
+		return Inventory{}, nil
+	}
+	return d.m.Inventory(p, limit)
+}
+
+// InventoryGeneration returns the generation of every pool's inventory and a channel closed when
+// it next moves; see Manager.InventoryGeneration.
+func (d *Datasets) InventoryGeneration() (uint64, <-chan struct{}) { return d.m.InventoryGeneration() }

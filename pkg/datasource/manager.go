@@ -17,6 +17,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -64,6 +65,9 @@ type Config struct {
 	// --tenant-s3-endpoints); empty allows any endpoint that is not link-local or a metadata
 	// service.
 	TenantEndpoints egress.Allow
+	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
+	// the same version (peerfetch.go); nil reads everything from the source.
+	Peers *peer.Network
 }
 
 // Phase is the state of a dataset on one pool.
@@ -146,6 +150,9 @@ type Manager struct {
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
 	poolMu    map[string]*sync.Mutex
+
+	// canons names the entries of ready datasets for peers' requests (peerserve.go).
+	canons canons
 
 	// changes moves whenever an Inventory would read differently (inventory.go).
 	changes changes

@@ -17,6 +17,10 @@ type metrics struct {
 	cacheHits    prometheus.Counter
 	evictions    *prometheus.CounterVec
 	evictedBytes *prometheus.CounterVec
+	// fetchedBytes counts what staging read, by dataset and origin (source or peer); never by
+	// peer or source URL: the series stay two per dataset.
+	fetchedBytes *prometheus.CounterVec
+	wrongPieces  prometheus.Counter
 
 	progressDone, progressTotal, cachedBytes, cachedDatasets *prometheus.Desc
 }
@@ -37,6 +41,10 @@ func newMetrics(m *Manager) *metrics {
 			Help: "Cached datasets evicted to keep pool free space above the watermark."}, []string{"pool"}),
 		evictedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "evicted_bytes_total",
 			Help: "Bytes freed by evictions."}, []string{"pool"}),
+		fetchedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fetched_bytes_total",
+			Help: "Bytes staging read, by dataset ID and origin: source (S3, NFS, local) or peer (another node)."}, []string{"dataset", "origin"}),
+		wrongPieces: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_wrong_pieces_total",
+			Help: "Pieces from peers that failed verification (the peer is dropped and the piece read again)."}),
 		// Datasets are named by ID only: a source URL names a tenant's bucket or server, and
 		// metrics are read by people who may not read the tenant's data.
 		progressDone: prometheus.NewDesc(ns+"_staging_bytes_done", "Bytes staged so far by a staging in progress.",
@@ -50,11 +58,17 @@ func newMetrics(m *Manager) *metrics {
 	}
 }
 
+// Origins of fetched bytes.
+const (
+	originSource = "source"
+	originPeer   = "peer"
+)
+
 // Collector returns the Prometheus collector of the manager's metrics.
 func (m *Manager) Collector() prometheus.Collector { return m.metrics }
 
 func (c *metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes}
+	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces}
 }
 
 func (c *metrics) Describe(ch chan<- *prometheus.Desc) {

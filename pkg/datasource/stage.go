@@ -10,11 +10,13 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
 
@@ -42,6 +45,7 @@ var (
 type job struct {
 	m    *Manager
 	req  Request
+	id   string // req.Spec.ID(), which hashes the spec
 	pool string
 	dir  string
 	src  source.Source
@@ -72,10 +76,20 @@ type job struct {
 
 	bigMu sync.Mutex
 	big   []*bigFile
+
+	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peerfetch.go);
+	// holding is what this job serves them meanwhile.
+	swarm   *peer.Swarm
+	holding holding
+	// deferred are pieces put off while a peer read them (runTask).
+	deferMu  sync.Mutex
+	deferred []task
+	// canon names the manifest's entries as peers do (peerserve.go); set before swarm.
+	canon atomic.Pointer[canon]
 }
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
-	j := &job{m: m, req: req, pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
+	j := &job{m: m, req: req, id: req.Spec.ID(), pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
 		sourceSlots: m.sourceSlots(req.Spec), started: time.Now()}
 	j.phase.Store(PhaseListing)
 	j.want()
@@ -192,6 +206,31 @@ func (j *job) run(ctx context.Context) (err error) {
 	j.m.changed()
 	if err := j.m.makeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
 		return err
+	}
+	if j.m.cfg.Peers != nil && j.req.Spec.Scheme == SchemeS3 {
+		// Named for peers, the staging is served to them as it goes (peerserve.go).
+		c, err := buildCanon(j.dir)
+		if err != nil {
+			return err
+		}
+		j.canon.Store(c)
+		if j.m.cfg.Peers.HasPeers(j.id) {
+			// The caller's own credentials read the data before any peer is asked: its listing
+			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
+			// (access.go). A caller that may list but not read gets nothing from peers either.
+			if err := j.m.pinnedRead(ctx, j.src, j.dir, md); err != nil {
+				return err
+			}
+			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.id, md.Digest)
+			defer j.swarm.Close()
+			// One round of asking the peers what they hold (bounded by the network's timeout)
+			// before the first piece is read.
+			select {
+			case <-j.swarm.Polled():
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
 	}
 
 	j.phase.Store(PhaseFetching)
@@ -344,6 +383,8 @@ type task struct {
 	off int64
 	n   int64
 	idx int
+	// deferred is set on a second turn: the piece was put off because a peer was reading it.
+	deferred bool
 }
 
 // rangesPerObject bounds the parallel ranged reads of one large object: more streams of the
@@ -363,6 +404,31 @@ type bigFile struct {
 	rangeSums []uint64
 	chunk     int64
 	closeOnce sync.Once
+	// from names, per range, the peers that served it (peerfetch.go).
+	from [][]peer.Peer
+	// eligible is set when the entry has a checksum from the source that peers' bytes are
+	// checked against.
+	eligible bool
+}
+
+// rangeHash is the digest each range needs for the object's check (nil: none per range).
+func (b *bigFile) rangeHash() func() hash.Hash {
+	switch {
+	case b.crc != nil:
+		return b.crc.new
+	case b.partSize > 0:
+		return md5.New
+	}
+	return nil
+}
+
+func (b *bigFile) setSum(k int, sum []byte) {
+	switch {
+	case b.crc != nil:
+		b.rangeSums[k] = b.crc.sumBytes(sum)
+	case b.partSize > 0:
+		b.partSums[k] = sum
+	}
 }
 
 func (j *job) closeBig() {
@@ -377,23 +443,41 @@ func (j *job) fetchAll(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	tasks := make(chan task, 2*j.m.cfg.Concurrency)
+	var sendEntry func(int64, source.Object) error
 	var wg sync.WaitGroup
 	fail := func(err error) {
 		if err != nil {
 			cancel(err)
 		}
 	}
-	for range j.m.cfg.Concurrency {
-		wg.Go(func() {
-			for t := range tasks {
-				if ctx.Err() != nil {
-					continue
+	work := func(tasks <-chan task) {
+		for range j.m.cfg.Concurrency {
+			wg.Go(func() {
+				for t := range tasks {
+					if ctx.Err() != nil {
+						continue
+					}
+					fail(j.runTask(ctx, t))
 				}
-				fail(j.runTask(ctx, t))
+			})
+		}
+	}
+	work(tasks)
+	each := func(from, to int64) error {
+		return eachObject(j.dir, func(i int64, o source.Object) error {
+			if i < from || i >= to {
+				return nil
 			}
+			return sendEntry(i, o)
 		})
 	}
-	err := eachObject(j.dir, func(i int64, o source.Object) error {
+	if j.swarm != nil {
+		// With peers, entries go in the order peers name them, each node from its own share
+		// (peerfetch.go).
+		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
+	}
+	start := j.readOrder(j.objsTotal.Load(), "entries")
+	sendEntry = func(i int64, o source.Object) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
@@ -407,15 +491,31 @@ func (j *job) fetchAll(ctx context.Context) error {
 		if j.resuming && j.staged(o) {
 			j.bytesDone.Add(o.Size)
 			j.objsDone.Add(1)
+			j.holding.commit(j.rank(i))
 			return nil
 		}
 		if o.Size <= 2*j.m.cfg.ChunkSize {
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
 		}
 		return j.sendRanges(ctx, tasks, i, o)
-	})
+	}
+	err := each(start, math.MaxInt64)
+	if err == nil && start > 0 {
+		err = each(0, start)
+	}
 	close(tasks)
 	wg.Wait()
+	// Pieces a peer was reading from the source when their turn came: by now it has them.
+	if deferred := j.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
+		again := make(chan task, len(deferred))
+		for _, t := range deferred {
+			t.deferred = true
+			again <- t
+		}
+		close(again)
+		work(again)
+		wg.Wait()
+	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -460,7 +560,10 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
 			// Ranges start on MiB boundaries, as direct I/O needs.
-			chunk = max(chunk, ((o.Size+rangesPerObject-1)/rangesPerObject+1<<20-1)&^(1<<20-1))
+			// With peers, ranges stay small: they are what nodes serve each other.
+			if j.swarm == nil {
+				chunk = max(chunk, ((o.Size+rangesPerObject-1)/rangesPerObject+1<<20-1)&^(1<<20-1))
+			}
 			b.crc, b.crcWant = &a, plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
 		} else if checksumHash(plan.Checksum.Algorithm) != nil {
@@ -500,7 +603,11 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	n := (o.Size + chunk - 1) / chunk
 	b.left.Store(n)
 	b.chunk = chunk
-	for k := range n {
+	b.from = make([][]peer.Peer, n)
+	b.eligible = b.crc != nil || b.partSize > 0 || md5ETag.MatchString(o.ETag)
+	start := j.readOrder(n, o.Key)
+	for r := range n {
+		k := (start + r) % n
 		off := k * chunk
 		if err := send(ctx, tasks, task{i: i, obj: o, big: b, off: off, n: min(chunk, o.Size-off), idx: int(k)}); err != nil {
 			return err
@@ -513,6 +620,12 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 // concurrency limit, in that order, so a task waiting for its object or a slow source never holds
 // a node slot.
 func (j *job) runTask(ctx context.Context, t task) error {
+	// A piece a peer is reading from the source now, or that is another node's share to read,
+	// is put off until every other piece had its turn: meanwhile this node reads its own share.
+	if !t.deferred && (j.peerBusy(t) || j.othersShare(t)) {
+		j.deferTask(t)
+		return nil
+	}
 	if t.big != nil {
 		select {
 		case t.big.streams <- struct{}{}:
@@ -521,12 +634,15 @@ func (j *job) runTask(ctx context.Context, t task) error {
 		}
 		defer func() { <-t.big.streams }()
 	}
-	select {
-	case j.sourceSlots <- struct{}{}:
-	case <-ctx.Done():
-		return nil
+	// A piece a peer holds does not load the source: it takes no slot of the source's.
+	if !j.peerHolds(t) {
+		select {
+		case j.sourceSlots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		defer func() { <-j.sourceSlots }()
 	}
-	defer func() { <-j.sourceSlots }()
 	select {
 	case j.m.slots <- struct{}{}:
 	case <-ctx.Done():
@@ -547,16 +663,37 @@ func (j *job) do(ctx context.Context, t task) error {
 		return j.fetchRange(ctx, t)
 	}
 	var err error
-	for attempt := range 3 {
-		if err = j.fetchWhole(ctx, t.i, t.obj); source.KindOf(err) != source.Corrupt || attempt == 2 {
+	for attempt := 0; attempt < 3; {
+		pr := &pieceRead{i: j.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag), owner: j.owner(t)}
+		if err = j.fetchWhole(ctx, t.i, t.obj, pr); source.KindOf(err) != source.Corrupt {
 			break
 		}
-		klog.FromContext(ctx).Info("verification failed, fetching again", "key", t.obj.Key, "err", err)
+		if len(pr.peers) > 0 {
+			// A peer served a wrong byte: it is dropped, and the entry read again elsewhere.
+			for _, p := range pr.peers {
+				j.swarm.Wrong(p)
+				j.m.metrics.wrongPieces.Inc()
+			}
+			klog.FromContext(ctx).Info("a peer served bytes that fail verification; dropped it, fetching again",
+				"key", t.obj.Key, "peers", peerNodes(pr.peers), "err", err)
+			continue
+		}
+		if attempt++; attempt < 3 {
+			klog.FromContext(ctx).Info("verification failed, fetching again", "key", t.obj.Key, "err", err)
+		}
 	}
 	return err
 }
 
-func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
+func peerNodes(ps []peer.Peer) []string {
+	out := make([]string, len(ps))
+	for k, p := range ps {
+		out[k] = p.Node
+	}
+	return out
+}
+
+func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *pieceRead) error {
 	f, err := j.dirs.create(j.tmpDir(i), tmpBase(i), os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
@@ -566,7 +703,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
 		newHash = md5.New
 	}
 	out := newOutput(f, o.Size, o.Size >= directMinSize)
-	verified, sum, err := j.readInto(ctx, o, out, 0, o.Size, newHash)
+	verified, sum, err := j.readInto(ctx, o, out, 0, o.Size, newHash, pr)
 	if err == nil {
 		err = out.finish()
 	}
@@ -594,28 +731,53 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object) error {
 
 func (j *job) fetchRange(ctx context.Context, t task) error {
 	b := t.big
-	var newHash func() hash.Hash
-	switch {
-	case b.crc != nil:
-		newHash = b.crc.new
-	case b.partSize > 0:
-		newHash = md5.New
-	}
-	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, newHash)
+	pr := &pieceRead{i: j.rank(t.i), eligible: b.eligible, owner: j.owner(t)}
+	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, b.rangeHash(), pr)
 	if err != nil {
 		return err
 	}
-	switch {
-	case b.crc != nil:
-		b.rangeSums[t.idx] = b.crc.sumBytes(sum)
-	case b.partSize > 0:
-		b.partSums[t.idx] = sum
+	b.setSum(t.idx, sum)
+	b.from[t.idx] = pr.peers
+	if len(pr.peers) == 0 && j.swarm != nil {
+		// Read from the source itself: served to peers before the whole entry is checked (they
+		// check it themselves); ranges from peers are served only once it is.
+		j.holding.addRange(peer.Range{Index: j.rank(t.i), Off: t.off, N: t.n})
 	}
 	if b.left.Add(-1) > 0 {
 		return nil
 	}
-	// Last range: verify the whole object.
-	o := t.obj
+	// Last range: verify the whole object. When it fails and peers served ranges of it, those
+	// ranges are read again from the source, the peers whose bytes differ dropped, and the
+	// object checked again.
+	err = j.verifyBig(ctx, t)
+	if source.KindOf(err) == source.Corrupt && slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
+		klog.FromContext(ctx).Info("an entry with ranges from peers fails verification; reading them again from the source",
+			"key", t.obj.Key, "err", err)
+		if _, err := j.blame(ctx, t); err != nil {
+			return err
+		}
+		err = j.verifyBig(ctx, t)
+	}
+	if err != nil {
+		return err
+	}
+	if err := b.out.finish(); err != nil {
+		return err
+	}
+	var cerr error
+	b.closeOnce.Do(func() { cerr = b.out.f.Close() })
+	if cerr != nil {
+		return cerr
+	}
+	if err := j.src.Verify(ctx, t.obj); err != nil {
+		return err
+	}
+	return j.commit(t.i, t.obj)
+}
+
+// verifyBig checks a large object read in ranges against the checksum the source gave for it.
+func (j *job) verifyBig(ctx context.Context, t task) error {
+	b, o := t.big, t.obj
 	switch {
 	case b.crc != nil:
 		crc := b.rangeSums[0]
@@ -642,34 +804,33 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 			return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
 		}
 	}
-	if err := b.out.finish(); err != nil {
-		return err
-	}
-	var cerr error
-	b.closeOnce.Do(func() { cerr = b.out.f.Close() })
-	if cerr != nil {
-		return cerr
-	}
-	if err := j.src.Verify(ctx, o); err != nil {
-		return err
-	}
-	return j.commit(t.i, o)
+	return nil
 }
 
 // readInto copies [off, off+n) of o into f at off, retrying transient failures with exponential
 // backoff and full jitter, resuming where the last attempt stopped. A full read of an object that
 // comes with a full-object checksum is checked against it (verified); otherwise, when newHash is
-// set, the range's digest is returned for the caller to check.
-func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash) (verified bool, sum []byte, err error) {
+// set, the range's digest is returned for the caller to check. With pr, peers may serve the
+// bytes (peerfetch.go); pr records which did.
+func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash, pr *pieceRead) (verified bool, sum []byte, err error) {
 	var (
 		written int64
 		h       hash.Hash
 		want    source.Checksum
 	)
-	for attempt := 0; ; attempt++ {
-		var rc io.ReadCloser
+	for attempt := 0; ; {
+		var (
+			rc  io.ReadCloser
+			via *peer.Peer
+		)
 		actx, cancel := context.WithTimeoutCause(ctx, j.m.limits.readTimeout(n-written), errTooSlow)
-		rc, err = j.src.Open(actx, o, off+written, n-written)
+		rc, via, err = j.open(actx, pr, o, off+written, n-written)
+		piece := peer.Range{Index: -1}
+		if err == nil && via == nil && j.swarm != nil && pr != nil {
+			// Peers that need this piece wait for it rather than read it from the source too.
+			piece = peer.Range{Index: pr.i, Off: off + written, N: n - written}
+			j.holding.setBusy(piece, true)
+		}
 		if err == nil {
 			if written == 0 {
 				// A resumed read continues the same digest: reads are pinned to the listed
@@ -689,6 +850,15 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 			written += k
 			rc.Close()
 			cancel()
+			if piece.Index >= 0 {
+				j.holding.setBusy(piece, false)
+			}
+			origin := originSource
+			if via != nil {
+				origin = originPeer
+				j.swarm.Done(*via, err != nil || k < n-(written-k))
+			}
+			j.m.metrics.fetchedBytes.WithLabelValues(j.id, origin).Add(float64(k))
 			if err == nil && written < n {
 				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
 			}
@@ -711,10 +881,16 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 		if ctx.Err() != nil {
 			return false, nil, context.Cause(ctx)
 		}
+		if via != nil {
+			// A peer that fails, is slow or goes away costs no retry: the next read goes to
+			// another peer or the source (the peer is left alone a while).
+			klog.FromContext(ctx).V(2).Info("peer read failed", "key", o.Key, "peer", via.Node, "err", err)
+			continue
+		}
 		if errors.Is(context.Cause(actx), errTooSlow) {
 			err = source.Wrap(source.Retryable, errTooSlow, "%q", o.Key)
 		}
-		if source.KindOf(err) != source.Retryable || attempt+1 >= j.m.cfg.Retries {
+		if attempt++; source.KindOf(err) != source.Retryable || attempt >= j.m.cfg.Retries {
 			j.bytesDone.Add(-written)
 			return false, nil, err
 		}
@@ -800,6 +976,7 @@ func (j *job) commit(i int64, o source.Object) error {
 		return conflictErr(o.Key, err)
 	}
 	j.objsDone.Add(1)
+	j.holding.commit(j.rank(i))
 	return nil
 }
 

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
@@ -242,6 +243,118 @@ func TestDatasetStaticPV(t *testing.T) {
 	}
 	if m, _ := filepath.Glob(refs); len(m) != 0 {
 		t.Fatalf("references left: %v", m)
+	}
+}
+
+// TestDatasetStaticPVCapacity: a VolumeManager's static PV carries its capacity. A dataset
+// larger than it fails staging with OutOfRange naming both sizes; within it, each writable
+// publication gets its own copy of the cached dataset, deleted at unpublish, while read-only
+// ones share the cached tree.
+func TestDatasetStaticPVCapacity(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	rwx := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER},
+	}
+	stage := func(id string, vc map[string]string) (string, error) {
+		staging := filepath.Join(env.dir, "staging", id)
+		return staging, retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: rwx, VolumeContext: vc})
+			return err
+		})
+	}
+	t.Run("failure case - dataset larger than capacity", func(t *testing.T) {
+		_, err := stage("cistern-vm-small", map[string]string{"source": "file://" + src + "/set", "capacity": "4"})
+		wantCode(t, err, codes.OutOfRange, "more than the 4 B the volume has room for")
+	})
+
+	id := "cistern-vm-rw"
+	vc := map[string]string{"source": "file://" + src + "/set", "capacity": "32Mi"}
+	staging, err := stage(id, vc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(target string, readOnly bool) {
+		t.Helper()
+		if err := retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				TargetPath: target, VolumeCapability: rwx, VolumeContext: vc, Readonly: readOnly})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	podA, podB, ro := filepath.Join(env.dir, "target", "a"), filepath.Join(env.dir, "target", "b"), filepath.Join(env.dir, "target", "ro")
+	publish(podA, false)
+	publish(podB, false)
+	publish(ro, true)
+	for _, dir := range []string{podA, podB, ro} {
+		checkFiles(t, dir, want)
+	}
+	if err := os.WriteFile(filepath.Join(podA, "a.txt"), []byte("changed"), 0o644); err != nil {
+		t.Fatalf("write to a writable copy: %v", err)
+	}
+	checkFiles(t, podB, want) // copies are per pod
+	checkFiles(t, ro, want)   // the cache is untouched
+	if err := os.WriteFile(filepath.Join(ro, "x"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("write to the shared tree: %v, want EROFS", err)
+	}
+	for _, dir := range []string{podA, podB, ro} {
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: dir}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, v := range env.driver.store.ListVolumes() {
+		t.Errorf("writable copy %s left after unpublish", v.ID)
+	}
+	if imgs, _ := filepath.Glob(filepath.Join(env.pools[0].path, ".cistern", "volumes", "*.img")); len(imgs) > 0 {
+		t.Errorf("images left: %v", imgs)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDatasetStaticPVsShareTree: two static PVs of one dataset on a node (two VolumeManagers,
+// or two volumes of one) share the cached tree, yet kubelet can unstage each: its check that no
+// other mount shares a staging path's mount (GetDeviceMountRefs) finds none.
+func TestDatasetStaticPVsShareTree(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	roMany := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+	}
+	vc := map[string]string{"source": "file://" + src + "/set"}
+	var stagings []string
+	for _, id := range []string{"cistern-vm-a", "cistern-vm-b"} {
+		staging, target := filepath.Join(env.dir, "staging", id), filepath.Join(env.dir, "target", id)
+		if err := retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: roMany, VolumeContext: vc})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			TargetPath: target, VolumeCapability: roMany, VolumeContext: vc, Readonly: true}); err != nil {
+			t.Fatal(err)
+		}
+		checkFiles(t, target, want)
+		stagings = append(stagings, staging)
+	}
+	for i, id := range []string{"cistern-vm-a", "cistern-vm-b"} {
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(env.dir, "target", id)}); err != nil {
+			t.Fatal(err)
+		}
+		if refs, err := mount.New("").GetMountRefs(stagings[i]); err != nil || len(refs) > 0 {
+			t.Fatalf("kubelet would refuse to unstage %s: mount refs %v %v", id, refs, err)
+		}
+		if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: stagings[i]}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

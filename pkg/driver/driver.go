@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -18,6 +19,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -58,6 +60,17 @@ type Config struct {
 	Inline volume.InlineLimits
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
 	Datasets datasource.Config
+	// Peers serves this node's datasets to other node plugins (docs/datasets.md, "Peer fan-out");
+	// Datasets.Peers is the client side.
+	Peers PeerConfig
+}
+
+// PeerConfig is the peer port of a node plugin.
+type PeerConfig struct {
+	// Listen is the peer port's address (--peer-listen); empty serves no peers.
+	Listen string
+	// Server configures it; its Store is the driver's dataset manager.
+	Server peer.ServerConfig
 }
 
 func (c *Config) validate() error {
@@ -102,7 +115,9 @@ func (c *Config) validate() error {
 
 // Driver holds what the CSI services share.
 type Driver struct {
-	cfg     Config
+	cfg Config
+	// peers serves the node's datasets to other node plugins, when configured.
+	peers   *peer.Server
 	pools   *pool.Manager
 	store   *state.Store
 	locks   *keyLocks
@@ -111,6 +126,8 @@ type Driver struct {
 	metrics metrics.CSIMetricsManager
 	// datasets stages dataset sources into the pools' caches (see dataset.go).
 	datasets *datasource.Manager
+	// cache is datasets by pool name: what the volume service and the inventory use.
+	cache *datasource.Datasets
 	// volumes is the node's volume engine; the node RPCs are a thin layer over it.
 	volumes *volume.Service
 
@@ -156,8 +173,17 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	if d.datasets, err = d.initDatasets(reg); err != nil {
 		return nil, fmt.Errorf("invalid dataset config: %w", err)
 	}
+	d.cache = datasource.NewDatasets(d.datasets, datasetPools{d.pools, cfg.NodeID})
+	if cfg.Peers.Listen != "" {
+		sc := cfg.Peers.Server
+		sc.Store = d.datasets
+		if d.peers, err = peer.NewServer(sc); err != nil {
+			return nil, fmt.Errorf("invalid peer config: %w", err)
+		}
+		reg.MustRegister(d.peers.Collectors()...)
+	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
-		Mounter: d.mounter, Resizer: d.resizer, Datasets: datasource.NewDatasets(d.datasets, datasetPools{d.pools, cfg.NodeID}), Inline: cfg.Inline})
+		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline})
 	d.migrateTreeRecords()
 	d.recover()
 	return d, nil
@@ -271,6 +297,17 @@ func (d *Driver) Run(ctx context.Context) error {
 	defer close(stop)
 	go d.watchPools(stop)
 	go d.datasets.Run(ctx)
+	if d.peers != nil {
+		l, err := net.Listen("tcp", d.cfg.Peers.Listen)
+		if err != nil {
+			return fmt.Errorf("peer port: %w", err)
+		}
+		go func() {
+			if err := d.peers.Serve(ctx, l); err != nil {
+				klog.ErrorS(err, "Peer port failed", "address", d.cfg.Peers.Listen)
+			}
+		}()
+	}
 	return srv.serve(ctx, d.cfg.Endpoint, d.cfg.ShutdownTimeout, func() { close(d.ready) })
 }
 

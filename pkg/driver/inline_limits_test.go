@@ -88,8 +88,14 @@ func TestSharedPoolCachePerNode(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		checkFiles(t, staging, want)
+		target := filepath.Join(env.dir, "target", "shared-static")
+		if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "shared-static", StagingTargetPath: staging,
+			TargetPath: target, VolumeCapability: roMany, VolumeContext: vc, Readonly: true}); err != nil {
+			t.Fatal(err)
+		}
+		checkFiles(t, target, want)
 		t.Cleanup(func() {
+			_, _ = env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "shared-static", TargetPath: target})
 			_, _ = env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: "shared-static", StagingTargetPath: staging})
 		})
 	}

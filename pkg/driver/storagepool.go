@@ -50,9 +50,9 @@ func (s *poolServer) ControllerListStoragePools(ctx context.Context, req *spv1.C
 func (d *Driver) poolGeneration() (gen uint64, pools, caches <-chan struct{}) {
 	pools = d.pools.Changed()
 	gen = d.pools.Generation()
-	if d.datasets != nil {
+	if d.cache != nil {
 		var invGen uint64
-		invGen, caches = d.datasets.InventoryGeneration()
+		invGen, caches = d.cache.InventoryGeneration()
 		gen += invGen
 	}
 	return gen, pools, caches
@@ -61,10 +61,10 @@ func (d *Driver) poolGeneration() (gen uint64, pools, caches <-chan struct{}) {
 // datasetCache reports what the node's dataset cache in pool p holds. A shared pool's cache is
 // the same files seen from every node: no node reports it for the others.
 func (d *Driver) datasetCache(ctx context.Context, p pool.Status, max int) *spv1.DatasetCache {
-	if d.datasets == nil || p.Shared {
+	if d.cache == nil || p.Shared {
 		return nil
 	}
-	inv, err := d.datasets.Inventory(p.Path, max)
+	inv, err := d.cache.Inventory(p.Name, max)
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "Reading the pool's dataset cache", "pool", p.Name)
 		return nil

@@ -57,6 +57,8 @@ type Volume struct {
 	PoolSelector labels.Selector
 	// Size is an inline volume's requested size in bytes; 0 when none was given.
 	Size int64
+	// Capacity is a static PV's dataset limit (and writable copy size) in bytes; 0 when none.
+	Capacity int64
 	// Dataset is the data the volume starts with; nil for an empty volume.
 	Dataset *Dataset
 }
@@ -76,6 +78,7 @@ var keys = []key{
 	{consts.ParamPool, everywhere, false, func(v *Volume, _ *Dataset, s string) error { v.Pool = s; return nil }},
 	{consts.ParamPoolSelector, everywhere, false, parseSelector},
 	{consts.ParamSize, Inline, false, parseSize},
+	{consts.ParamCapacity, StaticPV, false, parseCapacity},
 	{consts.ParamSource, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Source = s; return nil }},
 	{consts.ParamEndpoint, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Endpoint = s; return nil }},
 	{consts.ParamRegion, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Region = s; return nil }},
@@ -166,6 +169,15 @@ func parseSize(v *Volume, _ *Dataset, s string) error {
 		return source.Errorf(source.Invalid, "invalid size %q for an inline volume", s)
 	}
 	v.Size = q.Value()
+	return nil
+}
+
+func parseCapacity(v *Volume, _ *Dataset, s string) error {
+	q, err := resource.ParseQuantity(s)
+	if err != nil || q.Sign() <= 0 {
+		return source.Errorf(source.Invalid, "invalid %s %q for a static volume", consts.ParamCapacity, s)
+	}
+	v.Capacity = q.Value()
 	return nil
 }
 

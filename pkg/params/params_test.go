@@ -131,6 +131,14 @@ func TestParseUses(t *testing.T) {
 					t.Fatalf("got %v", v)
 				}
 			}},
+		{name: "static PV capacity", params: map[string]string{"source": "s3://b/p", "capacity": "20Gi"}, use: StaticPV,
+			check: func(t *testing.T, v Volume) {
+				if v.Capacity != 20<<30 || v.Dataset == nil {
+					t.Fatalf("got %v, capacity %d", v, v.Capacity)
+				}
+			}},
+		{name: "failure case - capacity in inline attributes", params: map[string]string{"source": "s3://b", "capacity": "1Gi"}, use: Inline, wantErr: `unknown parameter "capacity" in inline volume attributes`},
+		{name: "failure case - bad capacity", params: map[string]string{"source": "s3://b", "capacity": "0"}, use: StaticPV, wantErr: `invalid capacity "0"`},
 		{name: "failure case - size in a StorageClass", params: map[string]string{"size": "1Gi"}, use: StorageClass, wantErr: `unknown parameter "size" in StorageClass parameters`},
 		{name: "failure case - typo names the key and the known ones", params: map[string]string{"pol": "fast"}, use: StorageClass,
 			wantErr: `unknown parameter "pol" in StorageClass parameters (known: pool, poolSelector, source,`},

@@ -45,6 +45,10 @@ type Volume struct {
 	MutableParameters map[string]string `json:"mutableParameters,omitempty"`
 	// Ephemeral marks a CSI inline volume, created by NodePublish and deleted by NodeUnpublish.
 	Ephemeral bool `json:"ephemeral,omitempty"`
+	// CopyOf names the static dataset PV whose writable per-pod copy this ephemeral volume is:
+	// filled from that PV's staged dataset, deleted with its publication. Parameters are then
+	// the static PV's attributes.
+	CopyOf string `json:"copyOf,omitempty"`
 	// Formatted is set once the driver made the volume's filesystem; a volume made from a
 	// snapshot or clone has its source's. Unformatted images skip the probe before mkfs.
 	Formatted bool `json:"formatted,omitempty"`
@@ -101,6 +105,11 @@ type TreeVolume struct {
 	// Path is the staging path (static PV) or the target path (inline volume).
 	Path   string `json:"path"`
 	Inline bool   `json:"inline,omitempty"`
+	// Tree is the cached tree a static PV's publications bind. Its staging path holds no mount:
+	// kubelet refuses to unstage a path whose mount another mount shares (GetDeviceMountRefs),
+	// which two static PVs of one dataset on a node would. Empty in records of older versions,
+	// whose staging path is the tree's bind mount.
+	Tree string `json:"tree,omitempty"`
 }
 
 // Store holds the records in memory, indexed by ID and name, and on disk.

@@ -24,10 +24,14 @@ func ParseParams(m map[string]string, use params.Use) (params.Volume, error) {
 }
 
 // recordedDataset returns the dataset of a volume the driver recorded, or nil: its parameters
-// were checked when it was created. An inline volume's dataset is a tenant's (docs/security.md).
+// were checked when it was created. An inline volume's dataset is a tenant's (docs/security.md),
+// as is a writable copy's of a VolumeManager's static PV.
 func recordedDataset(v state.Volume) (*datasource.Spec, error) {
-	use := params.StorageClass
-	if v.Ephemeral {
+	use, tenant := params.StorageClass, v.Ephemeral
+	switch {
+	case v.CopyOf != "":
+		use, tenant = params.StaticPV, tenantVolume(v.CopyOf)
+	case v.Ephemeral:
 		use = params.Inline
 	}
 	p, err := ParseParams(v.Parameters, use)
@@ -36,7 +40,7 @@ func recordedDataset(v state.Volume) (*datasource.Spec, error) {
 	}
 	spec := datasource.SpecOf(p.Dataset)
 	if spec != nil {
-		spec.Tenant = v.Ephemeral
+		spec.Tenant = tenant
 	}
 	return spec, nil
 }

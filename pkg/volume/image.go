@@ -167,26 +167,38 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 				attrs[k] = val
 			}
 		}
-		fs := r.FSType
-		if fs == "" {
-			fs = DefaultFSType
-		}
-		v = state.Volume{
-			ID: id, Name: id, Pool: chosen.Name, CapacityBytes: r.Inline.Size, AccessType: state.Mount,
-			FSType: fs, Parameters: attrs, Ephemeral: true, CreatedAt: time.Now().UTC(),
-		}
-		if err := s.store.PutVolume(v); err != nil {
-			return Internal("saving volume state", err)
-		}
-		if err := s.images.Create(image.VolumePath(chosen.Path, pool.MetaDir, id), r.Inline.Size); err != nil {
-			_ = s.store.DeleteVolume(id)
-			return s.ImageError("creating volume image", chosen.Name, err)
-		}
-		v.Ready = true
-		if err := s.store.PutVolume(v); err != nil {
-			return Internal("saving volume state", err)
+		v = state.Volume{ID: id, Name: id, Pool: chosen.Name, CapacityBytes: r.Inline.Size, Parameters: attrs}
+		if err := s.createEphemeral(&v, chosen.Path, r.FSType); err != nil {
+			return err
 		}
 	}
+	return s.mountEphemeral(ctx, v, r)
+}
+
+// createEphemeral records v as an ephemeral mount volume and creates its image in the pool at
+// poolPath; nothing is left behind when it fails.
+func (s *Service) createEphemeral(v *state.Volume, poolPath, fsType string) error {
+	if fsType == "" {
+		fsType = DefaultFSType
+	}
+	v.AccessType, v.FSType, v.Ephemeral, v.CreatedAt = state.Mount, fsType, true, time.Now().UTC()
+	if err := s.store.PutVolume(*v); err != nil {
+		return Internal("saving volume state", err)
+	}
+	if err := s.images.Create(image.VolumePath(poolPath, pool.MetaDir, v.ID), v.CapacityBytes); err != nil {
+		_ = s.store.DeleteVolume(v.ID)
+		return s.ImageError("creating volume image", v.Pool, err)
+	}
+	v.Ready = true
+	if err := s.store.PutVolume(*v); err != nil {
+		return Internal("saving volume state", err)
+	}
+	return nil
+}
+
+// mountEphemeral mounts an ephemeral volume (inline, or a writable copy) at the target, filling
+// it from its dataset on first use.
+func (s *Service) mountEphemeral(ctx context.Context, v state.Volume, r PublishRequest) error {
 	flags := r.MountFlags
 	if r.ReadOnly {
 		flags = append(append([]string(nil), flags...), "ro")
@@ -201,7 +213,7 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 		return Internal("saving volume state", err)
 	}
 	s.pools.UpdateCapacity(v.Pool)
-	klog.FromContext(ctx).V(4).Info("Published inline volume", "volumeID", id, "pool", v.Pool, "target", r.Target)
+	klog.FromContext(ctx).V(4).Info("Published ephemeral volume", "volumeID", v.ID, "pool", v.Pool, "target", r.Target, "copyOf", v.CopyOf)
 	return nil
 }
 

@@ -2,6 +2,9 @@ package volume
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -48,7 +51,8 @@ func (tv *treeVolume) Unstage(ctx context.Context, path string) error {
 }
 
 // Publish binds a static PV's staging path, or serves a read-only inline volume's dataset, at
-// the target.
+// the target. A static PV with a capacity published writable gets a per-pod writable copy of
+// its staged dataset instead (publishCopy).
 func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 	if r.Block {
 		return status.Error(codes.InvalidArgument, "a dataset volume must be a mount volume")
@@ -59,13 +63,60 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 	if tv.rec == nil {
 		return status.Errorf(codes.NotFound, "volume %s does not exist", tv.id)
 	}
-	return tv.s.bindMount(tv.rec.Path, r.Target, false, true, r.MountFlags)
+	if !r.ReadOnly {
+		pl, err := ParseParams(tv.rec.Parameters, params.StaticPV)
+		if err != nil {
+			return err
+		}
+		if pl.Capacity > 0 {
+			return tv.publishCopy(ctx, r, pl.Capacity)
+		}
+	}
+	source := tv.rec.Tree
+	if source == "" {
+		source = tv.rec.Path // staged by an older version: a bind mount of the tree
+	}
+	return tv.s.bindMount(source, r.Target, false, true, r.MountFlags)
 }
 
-// Unpublish unmounts the target; a read-only inline volume releases its dataset with it.
+// publishCopy gives one publication of a static PV its own writable volume of capacity bytes,
+// in the pool that holds the staged dataset and filled from it: a local copy, never a second
+// download. The copy is deleted with the publication. It is the inline volumes' ephemeral path;
+// the dataset's credentials come with NodePublish (the PV's nodePublishSecretRef) because each
+// caller proves it may read the cached version.
+func (tv *treeVolume) publishCopy(ctx context.Context, r PublishRequest, capacity int64) error {
+	s := tv.s
+	id := copyID(tv.id, r.Target)
+	v, exists := s.store.GetVolume(id)
+	if !exists {
+		pools, _ := s.pools.List()
+		chosen, err := s.selectFrom(pools, params.Volume{Pool: tv.rec.Pool}, capacity)
+		if err != nil {
+			return err
+		}
+		v = state.Volume{ID: id, Name: id, Pool: chosen.Name, CapacityBytes: capacity, Parameters: tv.rec.Parameters, CopyOf: tv.id}
+		if err := s.createEphemeral(&v, chosen.Path, r.FSType); err != nil {
+			return err
+		}
+	}
+	return s.mountEphemeral(ctx, v, r)
+}
+
+// copyID names the writable copy of volume id published at target. Its suffix is not 32 hex
+// digits, so it never reads as a volume ID naming a pool (PoolOfVolumeID).
+func copyID(id, target string) string {
+	sum := sha256.Sum256([]byte(target))
+	return id + "-copy-" + hex.EncodeToString(sum[:12])
+}
+
+// Unpublish unmounts the target; a read-only inline volume releases its dataset with it, and a
+// writable copy of a static PV is deleted.
 func (tv *treeVolume) Unpublish(ctx context.Context, target string) error {
 	if tv.inline && tv.rec != nil {
 		return tv.release(ctx, target)
+	}
+	if !tv.inline {
+		return (&imageVolume{s: tv.s, id: copyID(tv.id, target)}).Unpublish(ctx, target)
 	}
 	if err := unmountTarget(tv.s.mounter, target); err != nil {
 		return Internal("unmounting target path", err)
@@ -89,7 +140,7 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	spec.Tenant = tv.inline || tenantVolume(tv.id)
 	// A read-only inline volume's dataset is held to its size like a writable one's: the size
 	// it names, or the largest an inline volume may take.
-	capacity := int64(0)
+	capacity := pl.Capacity // a static PV's: the VolumeManager's capacity
 	if tv.inline {
 		capacity = pl.Size
 		if capacity == 0 {
@@ -130,6 +181,18 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	tree, err := s.datasets.Serve(poolName, spec, version, tv.id)
 	if err != nil {
 		return status.Error(datasource.Code(err), err.Error())
+	}
+	if !tv.inline {
+		// A static PV's publications bind the tree itself; see state.TreeVolume.Tree.
+		rec.Tree = tree
+		if err := s.store.PutTreeVolume(rec); err != nil {
+			return Internal("saving dataset volume state", err)
+		}
+		if err := os.MkdirAll(path, 0o750); err != nil {
+			return Internal("creating staging path", err)
+		}
+		klog.FromContext(ctx).V(4).Info("Staged cached dataset", "volumeID", tv.id, "dataset", spec.String(), "tree", tree)
+		return nil
 	}
 	if err := s.bindMount(tree, path, false, true, nil); err != nil {
 		return err

@@ -112,7 +112,7 @@ func TestCheckSoleLeaderWorkerSetController(t *testing.T) {
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{Name: "mleaderworkerset.kb.io", Rules: []admissionregistrationv1.RuleWithOperations{{
 			Rule: admissionregistrationv1.Rule{APIGroups: []string{gv.Group}, APIVersions: []string{"v1"}, Resources: []string{"leaderworkersets"}}}}}},
 	}
-	m, v := whcerts.Configurations(whcerts.URLClientConfig("127.0.0.1:1"), nil, gv)
+	m, v := whcerts.Configurations(whcerts.URLClientConfig("127.0.0.1:1"), nil, gv, nil)
 	m.Name, v.Name = whcerts.ConfigurationName, whcerts.ConfigurationName
 	for _, tc := range []struct {
 		name string

@@ -26,9 +26,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
 )
@@ -78,6 +81,10 @@ type Config struct {
 	// CertCheckInterval is how often certificates are checked for renewal.
 	CertCheckInterval time.Duration
 
+	// DisablePodPlacement leaves out the pod placement webhook (pods preferring the nodes that
+	// hold their datasets).
+	DisablePodPlacement bool
+
 	// GroupWorkers is how many groups are worked on at once (worker StatefulSets, restarts).
 	GroupWorkers int
 
@@ -106,7 +113,7 @@ func Scheme() *runtime.Scheme {
 func SchemeFor(lwsAPI schema.GroupVersion) *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, datav1alpha1.AddToScheme,
+		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, datav1alpha1.AddToScheme, spapi.AddToScheme,
 		func(s *runtime.Scheme) error { return workloadsv1alpha1.AddToSchemeWithLeaderWorkerSetAt(s, lwsAPI) },
 	} {
 		if err := add(s); err != nil {
@@ -121,6 +128,13 @@ func (c *Config) lwsAPI() schema.GroupVersion {
 		return workloadsv1alpha1.GroupVersion
 	}
 	return c.LeaderWorkerSetAPI
+}
+
+func (c *Config) driverName() string {
+	if c.VolumeManager.DriverName == "" {
+		return consts.DriverName
+	}
+	return c.VolumeManager.DriverName
 }
 
 func (c *Config) validate() error {
@@ -217,6 +231,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			CertDir: cfg.WebhookCertDir, SelfRegister: cfg.WebhookSelfRegister, Interval: cfg.CertCheckInterval,
 			LeaderWorkerSetAPI: lwsAPI,
 		}
+		if !cfg.DisablePodPlacement {
+			certs.PodPlacement = &whcerts.PodPlacement{InstallNamespace: cfg.WebhookServiceNamespace, DriverName: cfg.driverName()}
+		}
 		if cfg.WebhookSelfRegister {
 			certs.Hosts = []string{cfg.WebhookHost}
 			certs.ClientConfig = whcerts.URLClientConfig(net.JoinHostPort(cfg.WebhookHost, strconv.Itoa(cfg.WebhookPort)))
@@ -246,7 +263,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		Images: notebook.Images{Git: cfg.GitImage, Compare: cfg.CompareImage}}).SetupWithManager(mgr); err != nil {
 		return err
 	}
-	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), Config: cfg.VolumeManager}).SetupWithManager(mgr); err != nil {
+	vmCfg := cfg.VolumeManager
+	if vmCfg.StagerImage == "" {
+		vmCfg.StagerImage = cfg.CompareImage // the controller's own image
+	}
+	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
+		Recorder: mgr.GetEventRecorder("volumemanager"), Config: vmCfg}).SetupWithManager(mgr); err != nil {
 		return err
 	}
 	if certs != nil {
@@ -254,6 +276,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			return err
 		}
 		notebook.RegisterWebhooks(mgr.GetWebhookServer())
+		if !cfg.DisablePodPlacement {
+			placement.Register(mgr.GetWebhookServer(), scheme, mgr.GetAPIReader(), cfg.driverName())
+		}
 		if err := mgr.Add(certs); err != nil {
 			return err
 		}

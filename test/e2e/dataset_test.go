@@ -18,7 +18,7 @@ import (
 )
 
 // s3Server starts versitygw with the sample dataset, or skips.
-func s3Server(t *testing.T) (*cluster.S3, map[string]string) {
+func s3Server(t testing.TB) (*cluster.S3, map[string]string) {
 	t.Helper()
 	bin := cluster.VersitygwBinary()
 	if bin == "" {
@@ -90,7 +90,8 @@ parameters:
 
 // volumeManager: a VolumeManager with replicas 2 gets a static PV and claim pinned to both nodes,
 // and its status lists them with the node affinity pods need; the test then stages that PV on each
-// node as kubelet would and checks the data on both.
+// node as kubelet would and checks the data on both. (Its stager pods never run here: these nodes
+// have no kubelet. test/e2enode runs them.)
 func (s *scenario) volumeManager(t *testing.T) {
 	s3, sums := s3Server(t)
 	endpoint, access, secret := s3.Endpoint, s3.AccessKey, s3.SecretKey
@@ -124,7 +125,14 @@ spec:
 			return errorf("status.volumes %v", vols)
 		}
 		v, _ := vols[0].(map[string]any)
-		nodes, _, _ := unstructured.NestedStringSlice(v, "nodes")
+		entries, _, _ := unstructured.NestedSlice(v, "nodes")
+		var nodes []string
+		for _, e := range entries {
+			if m, ok := e.(map[string]any); ok {
+				name, _, _ := unstructured.NestedString(m, "name")
+				nodes = append(nodes, name)
+			}
+		}
 		slices.Sort(nodes)
 		if !slices.Equal(nodes, []string{nodeA, nodeB}) {
 			return errorf("status.volumes[0].nodes %v, want both nodes", nodes)

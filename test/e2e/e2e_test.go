@@ -79,6 +79,8 @@ parameters: {pool: bulk}
 	t.Run("PoolShrinkPropagates", s.poolShrink)
 	t.Run("LeaderWorkerSetClaims", s.leaderWorkerSet)
 	t.Run("DatasetStagedOnNode", s.dataset)
+	t.Run("DatasetFanOut", s.datasetFanOut)
+	t.Run("PeerPortServesOnlyNodePlugins", s.peerPort)
 	t.Run("VolumeManagerReplicas", s.volumeManager)
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
 	t.Run("NodePersistentVolumePolicy", s.pvPolicy)

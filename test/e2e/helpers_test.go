@@ -18,7 +18,7 @@ import (
 
 // eventually polls cond every 250ms until it returns nil, failing the test with cond's last
 // error after timeout.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx context.Context) error) {
+func eventually(t testing.TB, timeout time.Duration, what string, cond func(ctx context.Context) error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var err error
@@ -36,7 +36,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func(ctx 
 	}
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return c
@@ -91,7 +91,7 @@ func newPod(name, claim string, nodeSelector map[string]string) *corev1.Pod {
 }
 
 // boundPV waits for the claim to be Bound and returns its PersistentVolume.
-func boundPV(t *testing.T, c kubernetes.Interface, ns, claim string) *corev1.PersistentVolume {
+func boundPV(t testing.TB, c kubernetes.Interface, ns, claim string) *corev1.PersistentVolume {
 	t.Helper()
 	var pv *corev1.PersistentVolume
 	eventually(t, 2*time.Minute, "claim "+claim+" bound", func(ctx context.Context) error {
@@ -109,7 +109,7 @@ func boundPV(t *testing.T, c kubernetes.Interface, ns, claim string) *corev1.Per
 }
 
 // scheduledNode waits for the pod to be bound to a node and returns it.
-func scheduledNode(t *testing.T, c kubernetes.Interface, ns, pod string) string {
+func scheduledNode(t testing.TB, c kubernetes.Interface, ns, pod string) string {
 	t.Helper()
 	var node string
 	eventually(t, 2*time.Minute, "pod "+pod+" scheduled", func(ctx context.Context) error {

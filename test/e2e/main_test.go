@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 }
 
 // binaries returns the built commands, or fails (in CI) or skips the test.
-func binaries(t *testing.T) cluster.Binaries {
+func binaries(t testing.TB) cluster.Binaries {
 	t.Helper()
 	if binsErr != nil {
 		testutil.Unavailable(t, "%v", binsErr)

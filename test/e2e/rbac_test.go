@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -35,6 +36,8 @@ func (s *scenario) rbac(t *testing.T) {
 		{"create", "", "persistentvolumes", "", true},
 		{"create", "storage.k8s.io", "csistoragecapacities", cluster.Namespace, true},
 		{"patch", "storagepool.storage.k8s.io", "storagepools", "", true},
+		{"create", "authentication.k8s.io", "tokenreviews", "", true},
+		{"create", "authorization.k8s.io", "subjectaccessreviews", "", false},
 		{"create", "storage.k8s.io", "csistoragecapacities", "default", false},
 		{"get", "", "secrets", "default", false},
 		{"get", "", "secrets", cluster.Namespace, false},
@@ -89,6 +92,11 @@ func (s *scenario) controllerRBAC(t *testing.T) {
 		{"list", "", "secrets", "", false},
 		{"update", "coordination.k8s.io", "leases", "workload-controller.cistern.dev", true},
 		{"update", "coordination.k8s.io", "leases", "kube-scheduler", false},
+		// The pod placement webhook: reads classes and lists StoragePools, writes neither.
+		{"get", "storage.k8s.io", "storageclasses", "", true},
+		{"update", "storage.k8s.io", "storageclasses", "", false},
+		{"list", consts.StoragePoolGroup, "storagepools", "", true},
+		{"update", consts.StoragePoolGroup, "storagepools", "", false},
 	} {
 		review, err := s.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
 			Spec: authorizationv1.SubjectAccessReviewSpec{

@@ -118,7 +118,10 @@ func startCluster(t *testing.T) *cluster {
 		Scheduler:         true,
 		APIServerArgs:     []string{"--client-ca-file=" + ca.certFile},
 	})
-	c.containerd = startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{})
+	// The images its pods run; images.json also has the install suite's.
+	c.containerd = startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{
+		imported: []string{"pause", "checker", "git", "controller", "papermill"},
+	})
 	kubeletRoot := filepath.Join(dir, "kubelet")
 	c.kubelet = startKubelet(t, c.cp, ca, bins.kubelet, nodeName, kubeletRoot, c.containerd.socket, "")
 	waitNodeReady(t, c.cp, c.kubelet, nodeName, 2*time.Minute)
@@ -273,6 +276,13 @@ func TestNode(t *testing.T) {
 			t.Fatal(workloadsErr)
 		}
 		testNotebooks(t, c, d)
+	})
+
+	t.Run("volumemanager", func(t *testing.T) {
+		if workloadsErr != nil {
+			t.Fatal(workloadsErr)
+		}
+		testVolumeManager(t, c, d)
 	})
 
 	t.Run("driver-restart", func(t *testing.T) {

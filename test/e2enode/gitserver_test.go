@@ -18,12 +18,13 @@ import (
 
 // gitServer serves the bare repositories below root over git's smart HTTP protocol: the host's
 // `git http-backend` behind net/http/cgi. It listens on every address because pods reach it at
-// podGateway, which exists only while a pod's veth does, and it answers only loopback and the
-// pod network.
+// the pod network's gateway, which exists only while a pod's veth does, and it answers only
+// loopback and the pod network.
 type gitServer struct {
-	git  string
-	root string
-	port int
+	git     string
+	root    string
+	port    int
+	gateway string
 	// podRequests counts the requests that came from the pod network.
 	podRequests atomic.Int64
 	// private maps a repository path prefix ("/name.git/") to the user and password it wants.
@@ -53,14 +54,15 @@ func (g *gitServer) authorized(r *http.Request) bool {
 	return ok
 }
 
-func startGitServer(t *testing.T) *gitServer {
+// startGitServer serves the pod network subnet, whose pods reach the host at gateway.
+func startGitServer(t *testing.T, subnet, gateway string) *gitServer {
 	t.Helper()
 	gitBin, err := exec.LookPath("git")
 	if err != nil {
 		unavailable(t, "the notebook scenarios serve their repository with the host's git: %v; run `make node-host-packages`", err)
 	}
-	g := &gitServer{git: gitBin, root: t.TempDir()}
-	_, pods, err := net.ParseCIDR(podSubnet)
+	g := &gitServer{git: gitBin, root: t.TempDir(), gateway: gateway}
+	_, pods, err := net.ParseCIDR(subnet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,5 +147,5 @@ func (g *gitServer) createRepo(t *testing.T, name string, files map[string]strin
 	if _, err := os.Stat(filepath.Join(bare, "HEAD")); errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("no bare repository at %s", bare)
 	}
-	return fmt.Sprintf("http://%s:%d/%s.git", podGateway, g.port, name)
+	return fmt.Sprintf("http://%s:%d/%s.git", g.gateway, g.port, name)
 }

@@ -20,10 +20,13 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -43,6 +46,11 @@ const (
 	installTimeout = 5 * time.Minute
 	// installCgroupRoot is kubelet's --cgroup-root (ownCgroupRoot).
 	installCgroupRoot = "cistern-e2einstall"
+	// The pod network. Not TestNode's subnet: a host route of a pod address another node suite
+	// on this machine also hands out goes with that suite's pod (seen: a pod here losing its
+	// route).
+	installPodSubnet  = "10.244.118.0/24"
+	installPodGateway = "10.244.118.1"
 )
 
 // install is the node TestInstall runs deploy/csi on.
@@ -53,6 +61,7 @@ type install struct {
 	registry   string // host:port of the loopback registry
 	release    map[string]imageEntry
 	overlay    string
+	examples   string // the overlay of deploy/csi/examples
 	resultsDir string
 	ns         string
 	// podUIDs are the pods of the install seen running, whose cgroups must go with them.
@@ -65,7 +74,7 @@ func TestInstall(t *testing.T) {
 	requireMachine(t)
 	lockHost(t)
 	bins := findBinaries(t)
-	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe"} {
+	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe", "versitygw"} {
 		if _, ok := bins.images[name]; !ok {
 			unavailable(t, "no %q image; run `make node-images`", name)
 		}
@@ -85,8 +94,14 @@ func TestInstall(t *testing.T) {
 	prepareInstallHost(t, dir)
 	logs := framework.LogDir(t)
 
-	in.registry = startRegistry(t, registryBin, []string{in.nodeRef() + "=" + in.nodeRef() + "-next"},
-		filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
+	// The node image also under a second tag, for the upgrade; the notebook example's image and
+	// the controller's git image are the stand-ins (hack/images/papermill, hack/images/git).
+	nb := exampleNotebook(t)
+	in.registry = startRegistry(t, registryBin, []string{
+		in.nodeRef() + "=" + in.nodeRef() + "-next",
+		bins.images["papermill"].Ref + "=" + nb.Spec.PodConfig.ContainerImage,
+		bins.images["git"].Ref + "=" + installGitImage,
+	}, filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
 
 	ca := newNodeCA(t, dir)
 	in.cp = framework.StartControlPlane(t, framework.Options{
@@ -97,14 +112,13 @@ func TestInstall(t *testing.T) {
 	})
 	serveKubernetesService(t, in.cp)
 	cd := startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{
-		registry:  in.registry,
-		mirrored:  []string{"registry.k8s.io", "docker.io"},
-		podRoutes: []string{framework.KubernetesServiceIP + "/32"},
+		registry: in.registry,
+		mirrored: []string{"registry.k8s.io", "docker.io", "quay.io"},
+		// ClusterIPs, as kube-proxy serves them to pods: through the host (serveClusterIP).
+		podRoutes: []string{framework.ServiceClusterIPRange},
 		imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
-		// Not TestNode's subnet: a host route of a pod address another node suite on this
-		// machine also hands out goes with that suite's pod (seen: a pod here losing its route).
-		subnet:  "10.244.118.0/24",
-		gateway: "10.244.118.1",
+		subnet:    installPodSubnet,
+		gateway:   installPodGateway,
 	})
 	// Its own cgroup tree: a kubelet kills the pods of any other kubelet's tree it shares as
 	// orphans, and node suites of older checkouts do not take the node lock.
@@ -134,13 +148,12 @@ func TestInstall(t *testing.T) {
 	})
 	t.Run("storagepools", func(t *testing.T) { in.waitStoragePools(t) })
 	t.Run("workload-controller", func(t *testing.T) { in.checkController(t) })
-	t.Run("images-pulled", func(t *testing.T) { in.checkPulled(t, cd) })
-
-	t.Run("examples", func(t *testing.T) { in.runExamples(t) })
-	// The provisioner publishes capacity per StorageClass: there is one since the examples.
-	t.Run("capacity", func(t *testing.T) { in.waitCapacity(t) })
 
 	in.ns = framework.CreateNamespace(t, in.cp, "e2einstall")
+	t.Run("examples", func(t *testing.T) { in.runExamples(t, nb) })
+	// The provisioner publishes capacity per StorageClass: there is one since the examples.
+	t.Run("capacity", func(t *testing.T) { in.waitCapacity(t) })
+	t.Run("images-pulled", func(t *testing.T) { in.checkPulled(t, cd, nb) })
 	var hb *heartbeatPod
 	t.Run("workload", func(t *testing.T) { hb = in.startWorkload(t) })
 	t.Run("upgrade", func(t *testing.T) {
@@ -238,8 +251,8 @@ func prepareInstallHost(t *testing.T, dir string) {
 	t.Cleanup(func() { detachLoops(t, dir) })
 }
 
-// startRegistry starts the loopback registry with the images of the given images.json files, each
-// image SRC of retags (SRC=DST) also as DST, and returns its address.
+// startRegistry starts the loopback registry with the images of the given images.json files,
+// also serving each SRC of retags (SRC=DST) as DST, and returns its address.
 func startRegistry(t *testing.T, bin string, retags []string, indexes ...string) string {
 	t.Helper()
 	addrFile := filepath.Join(t.TempDir(), "addr")
@@ -263,26 +276,69 @@ func startRegistry(t *testing.T, bin string, retags []string, indexes ...string)
 }
 
 // serveKubernetesService makes the kubernetes Service's ClusterIP, which in-cluster clients dial
-// (KUBERNETES_SERVICE_HOST), reach the API server: the address on the host's loopback interface
-// and a TCP relay to kube-apiserver, as kube-proxy would route it. The pods reach it through the
-// pod network's route to it (containerdOptions.podRoutes).
+// (KUBERNETES_SERVICE_HOST), reach the API server, as kube-proxy would route it. The pods reach it
+// through the pod network's route to it (containerdOptions.podRoutes).
 func serveKubernetesService(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	u, err := url.Parse(cp.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	run(t, "ip", "addr", "add", framework.KubernetesServiceIP+"/32", "dev", "lo")
+	serveClusterIP(t, framework.KubernetesServiceIP, 443, func(context.Context) (string, error) { return u.Host, nil })
+}
+
+// serveService makes a Service's ClusterIP and port reach a ready endpoint of its EndpointSlices,
+// from this host and from the pods, and returns ip:port.
+func serveService(t *testing.T, cp *framework.ControlPlane, svc *corev1.Service) string {
+	t.Helper()
+	port := svc.Spec.Ports[0]
+	serveClusterIP(t, svc.Spec.ClusterIP, int(port.Port), func(ctx context.Context) (string, error) {
+		list, err := cp.Client.DiscoveryV1().EndpointSlices(svc.Namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc.Name})
+		if err != nil {
+			return "", err
+		}
+		for _, s := range list.Items {
+			for _, p := range s.Ports {
+				if p.Port == nil || ptr.Deref(p.Name, "") != port.Name {
+					continue
+				}
+				for _, e := range s.Endpoints {
+					if ptr.Deref(e.Conditions.Ready, false) && len(e.Addresses) > 0 {
+						return net.JoinHostPort(e.Addresses[0], fmt.Sprint(*p.Port)), nil
+					}
+				}
+			}
+		}
+		return "", fmt.Errorf("service %s/%s has no ready endpoint", svc.Namespace, svc.Name)
+	})
+	return net.JoinHostPort(svc.Spec.ClusterIP, fmt.Sprint(port.Port))
+}
+
+// serveClusterIP does for one Service port what kube-proxy (in its old userspace mode) does for
+// the processes of this host and the pods (whose route to the Service range goes through the
+// host): the ClusterIP on the loopback interface, and each connection to ip:port relayed to
+// the address target picks for it. A relay rather than kube-proxy's
+// netfilter rules, which would change the tables of a host other suites share.
+func serveClusterIP(t *testing.T, ip string, port int, target func(context.Context) (string, error)) {
+	t.Helper()
+	run(t, "ip", "addr", "add", ip+"/32", "dev", "lo")
 	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "addr", "del", framework.KubernetesServiceIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
-			t.Logf("cleanup: removing %s from lo: %v: %s", framework.KubernetesServiceIP, err, out)
+		if out, err := exec.Command("ip", "addr", "del", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
+			t.Logf("cleanup: removing %s from lo: %v: %s", ip, err, out)
 		}
 	})
-	relayTCP(t, net.JoinHostPort(framework.KubernetesServiceIP, "443"), u.Host)
+	relay(t, net.JoinHostPort(ip, fmt.Sprint(port)), target)
 }
 
 // relayTCP relays every connection to listen to target until the test ends.
 func relayTCP(t *testing.T, listen, target string) {
+	t.Helper()
+	relay(t, listen, func(context.Context) (string, error) { return target, nil })
+}
+
+// relay relays every connection to listen to the address target picks for it, until the test
+// ends.
+func relay(t *testing.T, listen string, target func(context.Context) (string, error)) {
 	t.Helper()
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
@@ -297,7 +353,13 @@ func relayTCP(t *testing.T, listen, target string) {
 			if err != nil {
 				return
 			}
-			up, err := net.Dial("tcp", target)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			addr, err := target(ctx)
+			cancel()
+			var up net.Conn
+			if err == nil {
+				up, err = net.DialTimeout("tcp", addr, 10*time.Second)
+			}
 			if err != nil {
 				c.Close()
 				continue
@@ -551,9 +613,9 @@ spec:
 	t.Logf("webhook answered: %s", strings.TrimSpace(last))
 }
 
-// checkPulled checks that containerd pulled every image of the pod from the registry: its image
+// checkPulled checks that containerd pulled every image of the pods from the registry: its image
 // store has them under the registry's names, and the pause image is the only one imported.
-func (in *install) checkPulled(t *testing.T, cd *containerd) {
+func (in *install) checkPulled(t *testing.T, cd *containerd, nb *v1alpha1.NotebookValidationJob) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -567,6 +629,11 @@ func (in *install) checkPulled(t *testing.T, cd *containerd) {
 		in.bins.images["csi-provisioner"].Ref,
 		in.bins.images["node-driver-registrar"].Ref,
 		in.bins.images["livenessprobe"].Ref,
+		in.registry + "/" + strings.TrimPrefix(in.bins.images["versitygw"].Ref, "localhost/"),
+		in.registry + "/" + strings.TrimPrefix(in.bins.images["checker"].Ref, "localhost/"),
+		"docker.io/library/busybox:1.37",
+		"docker.io/" + installGitImage,
+		nb.Spec.PodConfig.ContainerImage,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("containerd has no %s:\n%s", want, out)
@@ -814,68 +881,4 @@ func (in *install) deleteWorkloads(t *testing.T) {
 	if left := csiMounts(t); len(left) > 0 {
 		t.Errorf("CSI mounts left after the workloads are deleted: %v", left)
 	}
-}
-
-// Examples of deploy/csi/examples that need nothing outside this machine: the pool-targeted
-// class and claim with its pod, and the LeaderWorkerSet with claim templates (busybox:1.37 is
-// pulled from the registry; see docs/testing.md). The dataset class, the VolumeManager and the
-// notebook job name servers on the internet and are not applied.
-var installExamples = []string{"storageclass-fast.yaml", "pvc-fast.yaml", "leaderworkerset.yaml"}
-
-// runExamples applies them as they are and waits for their pods to run on provisioned claims.
-func (in *install) runExamples(t *testing.T) {
-	t.Helper()
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range installExamples {
-		framework.Kubectl(t, in.cp, "apply", "--server-side", "-f", filepath.Join(root, "deploy", "csi", "examples", f))
-	}
-	waitPodRunning(t, in.cp, "default", "scratch-user")
-	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
-	defer cancel()
-	var running int
-	err = wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
-		pods, err := in.cp.Client.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "leaderworkerset.sigs.k8s.io/name=llm"})
-		if err != nil {
-			return false, nil
-		}
-		running = 0
-		for _, p := range pods.Items {
-			if p.Status.Phase == corev1.PodRunning {
-				running++
-			}
-		}
-		return running == 4, nil
-	})
-	if err != nil {
-		t.Fatalf("LeaderWorkerSet llm: %d of 4 pods running: %v", running, err)
-	}
-	claims, err := in.cp.Client.CoreV1().PersistentVolumeClaims("default").List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bound := 0
-	for _, c := range claims.Items {
-		if c.Status.Phase == corev1.ClaimBound {
-			bound++
-		}
-	}
-	if bound != 5 {
-		t.Errorf("%d of the examples' 5 claims are bound", bound)
-	}
-}
-
-// deleteExamples deletes the examples' objects and the claims the LeaderWorkerSet's templates left.
-func (in *install) deleteExamples(t *testing.T) {
-	t.Helper()
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range installExamples {
-		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=3m", "-f", filepath.Join(root, "deploy", "csi", "examples", f))
-	}
-	kubectlOutput(in.cp, "delete", "pvc", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
 // The notebook scenarios run NotebookValidationJobs end to end: the workload-controller builds
@@ -87,7 +88,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	git := startGitServer(t)
+	git := startGitServer(t, podSubnet, podGateway)
 	url := git.createRepo(t, "notebooks", notebookRepo(t), "v1")
 	image := c.bins.images["papermill"].Ref
 
@@ -134,7 +135,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	})
 
 	t.Run("volumes", func(t *testing.T) {
-		job := waitJobDone(t, c, cl, volumes)
+		job := waitJobDone(t, c.cp, cl, volumes)
 		if job.Status.Phase != v1alpha1.NotebookPhaseSucceeded {
 			t.Fatalf("job %s is %s: %s\n%s", job.Name, job.Status.Phase, job.Status.Message, describe(c.cp, c.ns, "Pod", notebook.PodName(job), nil))
 		}
@@ -155,7 +156,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	})
 
 	t.Run("failing-cell", func(t *testing.T) {
-		job := waitJobDone(t, c, cl, failing)
+		job := waitJobDone(t, c.cp, cl, failing)
 		complete := meta.FindStatusCondition(job.Status.Conditions, v1alpha1.NotebookConditionComplete)
 		if job.Status.Phase != v1alpha1.NotebookPhaseFailed || complete == nil || complete.Reason != v1alpha1.ReasonFailed {
 			t.Fatalf("job %s: phase %s, Complete condition %+v, want Failed with reason %s", job.Name, job.Status.Phase, complete, v1alpha1.ReasonFailed)
@@ -175,7 +176,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	})
 
 	t.Run("clone-failure", func(t *testing.T) {
-		job := waitJobDone(t, c, cl, badRef)
+		job := waitJobDone(t, c.cp, cl, badRef)
 		if job.Status.Phase != v1alpha1.NotebookPhaseFailed {
 			t.Fatalf("job %s is %s: %s", job.Name, job.Status.Phase, job.Status.Message)
 		}
@@ -191,7 +192,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	})
 
 	t.Run("timeout", func(t *testing.T) {
-		job := waitJobDone(t, c, cl, timeout)
+		job := waitJobDone(t, c.cp, cl, timeout)
 		complete := meta.FindStatusCondition(job.Status.Conditions, v1alpha1.NotebookConditionComplete)
 		if job.Status.Phase != v1alpha1.NotebookPhaseFailed || complete == nil || complete.Reason != v1alpha1.ReasonTimedOut {
 			t.Fatalf("job %s: phase %s, Complete condition %+v, want Failed with reason %s", job.Name, job.Status.Phase, complete, v1alpha1.ReasonTimedOut)
@@ -248,7 +249,7 @@ func checkNotebookFindings(t *testing.T, c *cluster, d *dataset) {
 }
 
 // waitJobDone waits for the job to reach Succeeded or Failed.
-func waitJobDone(t *testing.T, c *cluster, cl client.Client, j *v1alpha1.NotebookValidationJob) *v1alpha1.NotebookValidationJob {
+func waitJobDone(t *testing.T, cp *framework.ControlPlane, cl client.Client, j *v1alpha1.NotebookValidationJob) *v1alpha1.NotebookValidationJob {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), podTimeout)
 	defer cancel()
@@ -260,12 +261,12 @@ func waitJobDone(t *testing.T, c *cluster, cl client.Client, j *v1alpha1.Noteboo
 		return job.Status.Phase == v1alpha1.NotebookPhaseSucceeded || job.Status.Phase == v1alpha1.NotebookPhaseFailed, nil
 	})
 	if err != nil {
-		pod, perr := c.cp.Client.CoreV1().Pods(c.ns).Get(context.Background(), notebook.PodName(j), metav1.GetOptions{})
+		pod, perr := cp.Client.CoreV1().Pods(j.Namespace).Get(context.Background(), notebook.PodName(j), metav1.GetOptions{})
 		if perr != nil {
 			pod = nil
 		}
 		t.Fatalf("NotebookValidationJob %s did not finish: %v; phase %q: %s\npod: %s", j.Name, err, job.Status.Phase, job.Status.Message,
-			describe(c.cp, c.ns, "Pod", notebook.PodName(j), pod))
+			describe(cp, j.Namespace, "Pod", notebook.PodName(j), pod))
 	}
 	return &job
 }
@@ -353,12 +354,12 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServe
 	})
 
 	var messages []string
-	got := waitJobDone(t, c, cl, matching)
+	got := waitJobDone(t, c.cp, cl, matching)
 	messages = append(messages, got.Status.Message)
 	if got.Status.Phase != v1alpha1.NotebookPhaseSucceeded || !strings.Contains(got.Status.Message, "match the golden notebook") {
 		t.Errorf("job %s is %s: %s\n%s", got.Name, got.Status.Phase, got.Status.Message, describe(c.cp, c.ns, "Pod", notebook.PodName(got), nil))
 	}
-	got = waitJobDone(t, c, cl, mismatch)
+	got = waitJobDone(t, c.cp, cl, mismatch)
 	messages = append(messages, got.Status.Message)
 	complete := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete)
 	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || complete == nil || complete.Reason != v1alpha1.ReasonGoldenMismatch ||
@@ -366,7 +367,7 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServe
 		t.Errorf("job %s: phase %s, condition %+v, message %q", got.Name, got.Status.Phase, complete, got.Status.Message)
 	}
 	t.Logf("golden mismatch: %s", got.Status.Message)
-	got = waitJobDone(t, c, cl, anonymous)
+	got = waitJobDone(t, c.cp, cl, anonymous)
 	messages = append(messages, got.Status.Message)
 	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || !strings.Contains(got.Status.Message, "container git-clone exited with code 128") {
 		t.Errorf("clone without credentials: %s: %s", got.Status.Phase, got.Status.Message)

@@ -30,8 +30,12 @@ type credentials struct {
 	schedulerToken string
 }
 
+// ServiceClusterIPRange is the API server's --service-cluster-ip-range, where Services' ClusterIPs
+// come from.
+const ServiceClusterIPRange = "10.0.0.0/24"
+
 // KubernetesServiceIP is the ClusterIP of the default/kubernetes Service: the first address of
-// the API server's --service-cluster-ip-range (components.go).
+// ServiceClusterIPRange.
 const KubernetesServiceIP = "10.0.0.1"
 
 // writeCredentials writes a serving certificate for 127.0.0.1/localhost signed by a throwaway CA,

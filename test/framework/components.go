@@ -75,7 +75,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdURL string, cred
 		"--service-account-key-file=" + creds.saPublicKey,
 		"--service-account-signing-key-file=" + creds.saSigningKey,
 		"--authorization-mode=Node,RBAC",
-		"--service-cluster-ip-range=10.0.0.0/24",
+		"--service-cluster-ip-range=" + ServiceClusterIPRange,
 		"--allow-privileged=true",
 		// 127.0.0.1 is not a valid endpoint for the kubernetes Service; nothing runs pods anyway.
 		"--endpoint-reconciler-type=none",

@@ -62,6 +62,22 @@ func tokenConfig(t TB, cp *ControlPlane, namespace, sa string, bound *authentica
 	return cfg
 }
 
+// PodServiceAccountToken returns a token of pod's ServiceAccount for audiences, bound to pod, as
+// a projected serviceAccountToken volume gives the pod's containers.
+func PodServiceAccountToken(t TB, cp *ControlPlane, pod *corev1.Pod, audiences ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), apiTimeout)
+	defer cancel()
+	tr, err := cp.Client.CoreV1().ServiceAccounts(pod.Namespace).CreateToken(ctx, pod.Spec.ServiceAccountName, &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{Audiences: audiences, ExpirationSeconds: ptr.To[int64](serviceAccountTokenTTL),
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("requesting a token for pod %s/%s: %v", pod.Namespace, pod.Name, err)
+	}
+	return tr.Status.Token
+}
+
 // ServiceAccountKubeconfig writes a kubeconfig for the ServiceAccount namespace/sa (see
 // ServiceAccountConfig) and returns its path, for a component started with --kubeconfig.
 func ServiceAccountKubeconfig(t TB, cp *ControlPlane, namespace, sa string) string {

@@ -41,7 +41,7 @@ func FakeKubelet(t TB, c kubernetes.Interface, pods fields.Selector, nodes ...st
 		if pod.Status.Phase == corev1.PodRunning {
 			return
 		}
-		_, _ = c.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, runningPod(pod), metav1.UpdateOptions{})
+		_, _ = c.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, RunningPod(pod), metav1.UpdateOptions{})
 	}
 	lw := cache.NewFilteredListWatchFromClient(c.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
 		func(o *metav1.ListOptions) { o.FieldSelector = pods.String() })
@@ -58,8 +58,8 @@ func FakeKubelet(t TB, c kubernetes.Interface, pods fields.Selector, nodes ...st
 	go func() { defer wg.Done(); informer.Run(ctx.Done()) }()
 }
 
-// runningPod is pod as its kubelet reports it once every container started and is ready.
-func runningPod(pod *corev1.Pod) *corev1.Pod {
+// RunningPod is pod as its kubelet reports it once every container started and is ready.
+func RunningPod(pod *corev1.Pod) *corev1.Pod {
 	p := pod.DeepCopy()
 	now := metav1.Now()
 	p.Status.Phase = corev1.PodRunning

@@ -3,7 +3,6 @@ package storagepool_test
 import (
 	"context"
 	"encoding/json"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,69 +19,22 @@ import (
 
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil/cacheondisk"
 )
 
-// diskDataset is a dataset as the pool's cache directory holds it.
-type diskDataset struct {
-	ready bool
-	bytes int64 // regular files under tree/
-}
-
-// cacheOnDisk reads <pool>/.cistern-cache: every dataset directory (not the trash of an
-// eviction), whether it is ready and the bytes of its tree.
-func cacheOnDisk(t *testing.T, pool string) map[string]diskDataset {
+// cacheOnDisk is cacheondisk.Read, failing the test on an error.
+func cacheOnDisk(t *testing.T, pool string) map[string]cacheondisk.Dataset {
 	t.Helper()
-	ents, err := os.ReadDir(filepath.Join(pool, datasource.CacheDirName))
-	if err != nil && !os.IsNotExist(err) {
+	disk, err := cacheondisk.Read(pool)
+	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]diskDataset{}
-	for _, e := range ents {
-		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		var d diskDataset
-		tree := filepath.Join(pool, datasource.CacheDirName, e.Name(), "tree")
-		_ = filepath.WalkDir(tree, func(_ string, de fs.DirEntry, err error) error {
-			if err == nil && de.Type().IsRegular() {
-				if fi, err := de.Info(); err == nil {
-					d.bytes += fi.Size()
-				}
-			}
-			d.ready = d.ready || err == nil
-			return nil
-		})
-		out[e.Name()] = d
-	}
-	return out
+	return disk
 }
 
-// matchesDisk says whether the published cache lists exactly the datasets on disk, each Ready
-// with the bytes its tree holds, and labels the StoragePool with each.
-func matchesDisk(obj *spapi.StoragePool, disk map[string]diskDataset) bool {
-	c := obj.Status.Cache
-	if c == nil || int(c.Total) != len(disk) || int(c.Ready) != len(disk) || len(c.Datasets) != len(disk) {
-		return false
-	}
-	var sum int64
-	for _, ds := range c.Datasets {
-		d, ok := disk[ds.ID]
-		if !ok || !d.ready || ds.State != spapi.DatasetReady || ds.BytesDone != d.bytes || ds.BytesTotal != d.bytes ||
-			obj.Labels[consts.LabelDatasetPrefix+ds.ID] != "true" {
-			return false
-		}
-		sum += d.bytes
-	}
-	for k := range obj.Labels {
-		if id, ok := strings.CutPrefix(k, consts.LabelDatasetPrefix); ok {
-			if _, ok := disk[id]; !ok {
-				return false
-			}
-		}
-	}
-	return c.Bytes != nil && c.Bytes.Value() == sum
+func matchesDisk(obj *spapi.StoragePool, disk map[string]cacheondisk.Dataset) bool {
+	return cacheondisk.Matches(obj, disk) == nil
 }
 
 func writeFile(t *testing.T, path string, size int) {

@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
 	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -30,7 +31,8 @@ func TestWebhookCertificates(t *testing.T) {
 
 	// The configurations as deploy/ installs them (no caBundle), matching nothing, so they cannot
 	// disturb the other tests.
-	m, v := whcerts.Configurations(whcerts.ServiceClientConfig(ns, "svc", 443), nil, v1alpha1.GroupVersion)
+	m, v := whcerts.Configurations(whcerts.ServiceClientConfig(ns, "svc", 443), nil, v1alpha1.GroupVersion,
+		&whcerts.PodPlacement{InstallNamespace: ns, DriverName: consts.DriverName})
 	m.Name, v.Name = name, name
 	never := &metav1.LabelSelector{MatchLabels: map[string]string{"test.cistern.dev/never": "true"}}
 	for i := range m.Webhooks {

@@ -3,13 +3,14 @@
 // static busybox as /bin/sh), written as an image tarball that `ctr images import` loads into
 // containerd.
 //
-//	go run ./build -out _output/node-images -busybox /path/to/static/busybox [-csi-provisioner PATH]
+//	go run ./build -out _output/node-images -busybox /path/to/static/busybox [-csi-provisioner PATH] [-versitygw PATH]
 //
 // writes <out>/<name>.tar for each image and <out>/images.json mapping names to references and
 // tarballs. The test images are under localhost/, so nothing ever tries to pull them. With
 // -csi-provisioner it also makes the sidecar images of deploy/csi under their upstream names
 // (csi-provisioner from that binary, stand-ins for node-driver-registrar and livenessprobe from
-// hack/standins), which the install suite serves from a registry on loopback.
+// hack/standins), which the install suite serves from a registry on loopback. With -versitygw it
+// also makes an image of that static S3 server, which the install suite runs as a pod.
 //
 //	go run ./build -out _output/k8s-e2e-images -busybox BUSYBOX -agnhost PATH -csi-snapshotter PATH -snapshot-controller PATH
 //
@@ -72,8 +73,9 @@ const (
 )
 
 // images are built in this order. busybox is the host path of a static busybox; provisioner,
-// when set, that of a static csi-provisioner, and adds the sidecar images.
-func images(busybox, provisioner string) []image {
+// when set, that of a static csi-provisioner, and adds the sidecar images; versitygw, when set,
+// that of a static versitygw, and adds its image.
+func images(busybox, provisioner, versitygw string) []image {
 	ims := []image{
 		// The tag must equal containerd's CRI sandbox image setting, so containerd never pulls one.
 		{Name: "pause", Ref: "localhost/cistern/pause:v1", entrypoint: "/pause", path: "/",
@@ -95,6 +97,11 @@ func images(busybox, provisioner string) []image {
 		// The notebook container runs `papermill INPUT OUTPUT --log-output`.
 		{Name: "papermill", Ref: "localhost/cistern/papermill:v1", entrypoint: "/usr/local/bin/papermill", path: "/usr/local/bin:/usr/bin:/bin",
 			files: []file{{path: "/usr/local/bin/papermill", pkg: "./papermill"}}},
+	}
+	if versitygw != "" {
+		// The install suite's S3 server, run as a pod: `versitygw [flags] posix DIR`.
+		ims = append(ims, image{Name: "versitygw", Ref: "localhost/cistern/versitygw:v1", entrypoint: "/usr/local/bin/versitygw", path: "/usr/local/bin",
+			files: []file{{path: "/usr/local/bin/versitygw", host: versitygw}}})
 	}
 	if provisioner == "" {
 		return ims
@@ -185,12 +192,13 @@ func main() {
 	out := flag.String("out", "_output/node-images", "Directory for the image tarballs and images.json.")
 	busybox := flag.String("busybox", "", "A static busybox executable for the git image's /bin/sh (Debian's busybox-static).")
 	provisioner := flag.String("csi-provisioner", "", "A static csi-provisioner (make csi-tools); adds the sidecar images.")
+	versitygw := flag.String("versitygw", "", "A static versitygw (make s3-tools); adds the S3 server's image.")
 	root := flag.String("root", "../..", "The project's root module, for the stand-ins built from it.")
 	agnhost := flag.String("agnhost", "", "A static agnhost (make k8s-e2e-tools); builds the storage e2e suite's images instead.")
 	snapshotter := flag.String("csi-snapshotter", "", "A static csi-snapshotter (make snapshotter-tools), with -agnhost.")
 	controller := flag.String("snapshot-controller", "", "A static snapshot-controller (make snapshotter-tools), with -agnhost.")
 	flag.Parse()
-	ims := images(*busybox, *provisioner)
+	ims := images(*busybox, *provisioner, *versitygw)
 	if *agnhost != "" {
 		if *snapshotter == "" || *controller == "" {
 			fmt.Fprintln(os.Stderr, "build: -agnhost needs -csi-snapshotter and -snapshot-controller")

@@ -50,6 +50,16 @@ type Config struct {
 	// --nfs-servers, the list it allows in inline volumes); with none, NFS sources are refused:
 	// any namespace user writes a VolumeManager.
 	NFSServers []string
+	// StagerImage runs the stager pods (stager.go): any image whose entrypoint exits 0 given
+	// --version, by default the controller's own.
+	StagerImage string
+}
+
+func (c Config) driverName() string {
+	if c.DriverName == "" {
+		return consts.DriverName
+	}
+	return c.DriverName
 }
 
 // DatasetAttributes turns a volume config into the driver's dataset parameters. They are checked
@@ -61,7 +71,8 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 	if want == "" {
 		return nil, fmt.Errorf("sourceType %q is not S3, NFS or Local", vc.SourceType)
 	}
-	attrs := map[string]string{consts.ParamSource: vc.SourceURL}
+	c := capacity(vc)
+	attrs := map[string]string{consts.ParamSource: vc.SourceURL, consts.ParamCapacity: c.String()}
 	for opt, param := range map[string]string{
 		datav1alpha1.OptionEndpoint: consts.ParamEndpoint, datav1alpha1.OptionRegion: consts.ParamRegion,
 		datav1alpha1.OptionPathStyle: consts.ParamPathStyle, datav1alpha1.OptionInclude: consts.ParamInclude,
@@ -136,6 +147,9 @@ func accessMode(vc *datav1alpha1.VolumeConfig) corev1.PersistentVolumeAccessMode
 	return vc.AccessMode
 }
 
+// writable says whether pods get writable copies of the data (every mode but ReadOnlyMany).
+func writable(vc *datav1alpha1.VolumeConfig) bool { return accessMode(vc) != corev1.ReadOnlyMany }
+
 func capacity(vc *datav1alpha1.VolumeConfig) resource.Quantity {
 	if vc.Capacity == nil {
 		return defaultCapacity
@@ -166,19 +180,20 @@ func NodeAffinity(nodes []string) *corev1.NodeAffinity {
 // PersistentVolume is the static volume of the Cistern driver holding the dataset on nodes. It
 // is Retain: deleting it releases the dataset, and the node cache keeps the bytes until evicted.
 func PersistentVolume(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, nodes []string, attrs map[string]string, cfg Config) *corev1.PersistentVolume {
-	driver := cfg.DriverName
-	if driver == "" {
-		driver = consts.DriverName
-	}
+	driver := cfg.driverName()
 	name := objectName(vm, vc.ID, nodes)
 	csi := &corev1.CSIPersistentVolumeSource{
 		Driver:           driver,
 		VolumeHandle:     pvName(vm, vc.ID, nodes),
-		ReadOnly:         accessMode(vc) == corev1.ReadOnlyMany,
+		ReadOnly:         !writable(vc),
 		VolumeAttributes: maps.Clone(attrs),
 	}
 	if s := vc.Options[datav1alpha1.OptionSecretName]; s != "" {
 		csi.NodeStageSecretRef = &corev1.SecretReference{Name: s, Namespace: vm.Namespace}
+		if writable(vc) {
+			// Each writable copy is filled from the cached version the caller proves it may read.
+			csi.NodePublishSecretRef = csi.NodeStageSecretRef.DeepCopy()
+		}
 	}
 	return &corev1.PersistentVolume{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolume"},
@@ -215,14 +230,14 @@ func PersistentVolumeClaim(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.Volu
 	}
 }
 
-// StatusVolume is what users read: the volumeSource for their pods and the affinity that sends
-// them to the nodes holding the data.
-func StatusVolume(vc *datav1alpha1.VolumeConfig, claim string, nodes []string, msg string) datav1alpha1.Volume {
+// StatusVolume is what users read: the volumeSource for their pods, the affinity that sends
+// them to the nodes its claim serves, and the data's state on each node.
+func StatusVolume(vc *datav1alpha1.VolumeConfig, claim string, serving []string, nodes []datav1alpha1.NodeStatus, msg string) datav1alpha1.Volume {
 	return datav1alpha1.Volume{
 		ID: vc.ID,
 		VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{
-			ClaimName: claim, ReadOnly: accessMode(vc) == corev1.ReadOnlyMany}},
-		NodeAffinity: NodeAffinity(nodes),
+			ClaimName: claim, ReadOnly: !writable(vc)}},
+		NodeAffinity: NodeAffinity(serving),
 		Nodes:        slices.Clone(nodes),
 		Message:      msg,
 	}

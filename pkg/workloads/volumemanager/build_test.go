@@ -25,14 +25,14 @@ func TestDatasetAttributes(t *testing.T) {
 		{name: "s3 with options", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://bucket/prefix",
 			Options: map[string]string{"endpoint": "http://127.0.0.1:9000", "region": "us-east-1", "pathStyle": "true",
 				"include": "*.parquet", "exclude": "tmp/*", "secretName": "creds", "other": "ignored"}},
-			want: map[string]string{consts.ParamSource: "s3://bucket/prefix", consts.ParamEndpoint: "http://127.0.0.1:9000",
+			want: map[string]string{consts.ParamCapacity: "1Gi", consts.ParamSource: "s3://bucket/prefix", consts.ParamEndpoint: "http://127.0.0.1:9000",
 				consts.ParamRegion: "us-east-1", consts.ParamPathStyle: "true", consts.ParamInclude: "*.parquet", consts.ParamExclude: "tmp/*"}},
 		{name: "nfs", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data"},
-			want: map[string]string{consts.ParamSource: "nfs://server/export/data"}},
+			want: map[string]string{consts.ParamCapacity: "1Gi", consts.ParamSource: "nfs://server/export/data"}},
 		{name: "failure case - nfs server not allowed", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://10.0.0.9/export"},
 			wantErr: "NFS server 10.0.0.9 is not allowed"},
 		{name: "local under an allowed root", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/imagenet"},
-			want: map[string]string{consts.ParamSource: "file:///srv/datasets/imagenet"}},
+			want: map[string]string{consts.ParamCapacity: "1Gi", consts.ParamSource: "file:///srv/datasets/imagenet"}},
 		{name: "failure case - local outside the roots", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///etc"},
 			wantErr: `path "/etc" is not under an allowed root (/srv/datasets/)`},
 		{name: "failure case - local escaping with ..", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/../../etc"},
@@ -94,23 +94,42 @@ func TestSelectNodes(t *testing.T) {
 	}
 	gpuAffinity := &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: "In", Values: []string{"true"}}}}}}}
+	// n5 and n6 report StoragePools: n6 has the most room, n5 already holds the dataset, n7 has
+	// too little room for the capacity.
+	nodes = append(nodes, node("n5", gpu), node("n6", gpu), node("n7", gpu))
+	inv := map[string]*NodeInventory{
+		"n5": {Free: 1 << 30, Ready: map[string]bool{"ds": true}},
+		"n6": {Free: 100 << 30, Ready: map[string]bool{}},
+		"n7": {Free: 1 << 20, Ready: map[string]bool{}},
+	}
 	tests := []struct {
 		name    string
 		vc      datav1alpha1.VolumeConfig
 		current []string
 		want    []string
 	}{
-		{name: "first nodes by name, never one without the driver", vc: datav1alpha1.VolumeConfig{Replicas: 2}, want: []string{"n1", "n2"}},
-		{name: "affinity and taints", vc: datav1alpha1.VolumeConfig{Replicas: 3, NodeAffinity: gpuAffinity}, want: []string{"n2", "n4"}},
-		{name: "toleration admits the tainted node", vc: datav1alpha1.VolumeConfig{Replicas: 3, NodeAffinity: gpuAffinity,
-			Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: "Equal", Value: "ml", Effect: "NoSchedule"}}}, want: []string{"n2", "n3", "n4"}},
+		{name: "a node holding the dataset first, then the most room, never one without room", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+			want: []string{"n5", "n6"}},
+		{name: "nodes without a StoragePool come after those with room", vc: datav1alpha1.VolumeConfig{Replicas: 4, NodeAffinity: gpuAffinity},
+			want: []string{"n2", "n4", "n5", "n6"}},
+		{name: "current nodes are kept over warmer ones", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+			current: []string{"n2", "n4"}, want: []string{"n2", "n4"}},
+		{name: "never a node without the driver", vc: datav1alpha1.VolumeConfig{Replicas: 8}, want: []string{"n1", "n2", "n4", "n5", "n6"}},
+		{name: "toleration admits the tainted node", vc: datav1alpha1.VolumeConfig{Replicas: 6, NodeAffinity: gpuAffinity,
+			Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: "Equal", Value: "ml", Effect: "NoSchedule"}}}, want: []string{"n2", "n3", "n4", "n5", "n6"}},
 		{name: "current nodes are kept", vc: datav1alpha1.VolumeConfig{Replicas: 2}, current: []string{"n4", "n1"}, want: []string{"n1", "n4"}},
-		{name: "a current node that is no longer eligible is replaced", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
-			current: []string{"n1", "n4"}, want: []string{"n2", "n4"}},
+		{name: "a current node that is no longer eligible is replaced by the warmest", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+			current: []string{"n1", "n4"}, want: []string{"n4", "n5"}},
+		{name: "a drained node is replaced", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+			current: []string{"n2", "drained"}, want: []string{"n2", "n5"}},
 	}
+	drained := node("drained", gpu)
+	drained.Spec.Unschedulable = true
+	nodes = append(nodes, drained)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if d := cmp.Diff(tc.want, SelectNodes(&tc.vc, nodes, tc.current)); d != "" {
+			p := Placement{Nodes: nodes, Inventories: inv, DatasetID: "ds", Capacity: 1 << 30}
+			if d := cmp.Diff(tc.want, SelectNodes(&tc.vc, p, tc.current)); d != "" {
 				t.Errorf("nodes (-want +got):\n%s", d)
 			}
 		})
@@ -140,8 +159,49 @@ func TestPersistentVolumeAndClaim(t *testing.T) {
 	if other := PersistentVolumeClaim(vm, vc, []string{"n1", "n3"}); other.Name == pvc.Name {
 		t.Error("a new node set must get a new claim name")
 	}
-	st := StatusVolume(vc, pvc.Name, nodes, "")
+	st := StatusVolume(vc, pvc.Name, nodes, nil, "")
 	if st.VolumeSource.PersistentVolumeClaim.ClaimName != pvc.Name || !st.VolumeSource.PersistentVolumeClaim.ReadOnly {
 		t.Errorf("status volume source = %+v", st.VolumeSource)
+	}
+	if pv.Spec.CSI.NodePublishSecretRef != nil {
+		t.Errorf("a read-only volume needs no publish secret: %+v", pv.Spec.CSI.NodePublishSecretRef)
+	}
+
+	// Writable: each pod gets its own copy, filled with the credentials it brings to NodePublish.
+	rw := vc.DeepCopy()
+	rw.AccessMode = corev1.ReadWriteOnce
+	pv = PersistentVolume(vm, rw, nodes, map[string]string{"source": "s3://b/p"}, Config{})
+	if pv.Spec.CSI.ReadOnly || pv.Spec.CSI.NodePublishSecretRef == nil || pv.Spec.CSI.NodePublishSecretRef.Name != "creds" {
+		t.Errorf("writable PV: %+v", pv.Spec.CSI)
+	}
+	if st := StatusVolume(rw, pvc.Name, nodes, nil, ""); st.VolumeSource.PersistentVolumeClaim.ReadOnly {
+		t.Errorf("writable status volume source = %+v", st.VolumeSource)
+	}
+}
+
+// TestStagerPod: least privilege, pinned to its node, mounting the claim read-only.
+func TestStagerPod(t *testing.T) {
+	vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{Name: "vm", Namespace: "team"}}
+	vc := &datav1alpha1.VolumeConfig{ID: "imagenet", Tolerations: []corev1.Toleration{{Key: "gpu", Operator: "Exists"}}}
+	n := node("node-a", nil)
+	n.Labels[corev1.LabelHostname] = "host-a"
+	pod := StagerPod(vm, vc, "claim", &n, "node-a", "img:1")
+	spec := pod.Spec
+	c := spec.Containers[0]
+	switch {
+	case spec.RestartPolicy != corev1.RestartPolicyNever, *spec.AutomountServiceAccountToken, !*spec.SecurityContext.RunAsNonRoot,
+		!*c.SecurityContext.ReadOnlyRootFilesystem, *c.SecurityContext.AllowPrivilegeEscalation, c.SecurityContext.Capabilities.Drop[0] != "ALL":
+		t.Errorf("not least privilege: %+v", spec)
+	case c.Image != "img:1" || c.Args[0] != "--version":
+		t.Errorf("container %+v", c)
+	case spec.Volumes[0].PersistentVolumeClaim.ClaimName != "claim" || !spec.Volumes[0].PersistentVolumeClaim.ReadOnly || !c.VolumeMounts[0].ReadOnly:
+		t.Errorf("volume %+v", spec.Volumes)
+	case spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms[0].MatchExpressions[0].Values[0] != "host-a":
+		t.Errorf("affinity %+v", spec.Affinity)
+	case len(spec.Tolerations) != 1 || pod.Labels[LabelStager] != "true" || pod.Annotations[AnnotationStagerNode] != "node-a":
+		t.Errorf("tolerations/labels %+v %v %v", spec.Tolerations, pod.Labels, pod.Annotations)
+	}
+	if other := StagerPod(vm, vc, "claim", &n, "node-b", "img:1"); other.Name == pod.Name {
+		t.Error("each node needs its own stager pod")
 	}
 }

@@ -3,12 +3,17 @@ package volumemanager
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,13 +22,20 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/params"
 )
 
 // Reconciler makes each VolumeManager's datasets present on their nodes.
 type Reconciler struct {
 	client.Client
-	Config Config
+	// APIReader reads kubelet's FailedMount events of stager pods without caching every Event
+	// of the cluster; nil skips them.
+	APIReader client.Reader
+	// Recorder records the VolumeManager's Events; nil records none.
+	Recorder events.EventRecorder
+	Config   Config
 }
 
 // +kubebuilder:rbac:groups=data.cistern.dev,resources=volumemanagers,verbs=get;list;watch;update;patch
@@ -31,9 +43,32 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=data.cistern.dev,resources=volumemanagers/finalizers,verbs=update
 // +kubebuilder:rbac:groups="",resources=persistentvolumes,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=list
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=storagepool.storage.k8s.io,resources=storagepools,verbs=get;list;watch
 
-// Reconcile brings one VolumeManager's volumes and claims to its spec.
+// stagingPoll is how often a VolumeManager whose stager pods are mounting is looked at again, to
+// read kubelet's FailedMount events (which are not watched).
+const stagingPoll = 5 * time.Second
+
+// world is what one reconcile reads from the cache, once.
+type world struct {
+	nodes       []corev1.Node
+	byID        map[string]*corev1.Node // by driver node ID
+	inventories map[string]*NodeInventory
+	pvs         []corev1.PersistentVolume
+	pvcs        []corev1.PersistentVolumeClaim
+	stagers     map[string]*corev1.Pod // by name
+	// previous is the last status' node states, by volume ID and node ID.
+	previous map[string]map[string]datav1alpha1.NodeStatus
+	// serving is the claim the last status gave users, by volume ID.
+	serving map[string]string
+}
+
+// Reconcile brings one VolumeManager's volumes, claims and stager pods to its spec, and its status
+// to what the nodes hold.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	logger := klog.FromContext(ctx).WithValues("volumemanager", req.NamespacedName)
 	ctx = klog.NewContext(ctx, logger)
@@ -41,49 +76,38 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Get(ctx, req.NamespacedName, &vm); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	pvs, pvcs, err := r.owned(ctx, &vm)
+	w, err := r.read(ctx, &vm)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	if vm.DeletionTimestamp != nil {
-		return ctrl.Result{}, r.release(ctx, &vm, pvs, pvcs)
+		return ctrl.Result{}, r.release(ctx, &vm, w)
 	}
 	if controllerutil.AddFinalizer(&vm, Finalizer) {
 		if err := r.Update(ctx, &vm); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
-	var nodes corev1.NodeList
-	if err := r.List(ctx, &nodes); err != nil {
-		return ctrl.Result{}, err
-	}
 
-	// Where each volume is now comes from the volumes themselves, not from the status, which the
-	// cache may show a step behind.
-	previous := map[string][]string{}
-	for _, v := range vm.Status.Volumes {
-		previous[v.ID] = v.Nodes
-	}
+	status := datav1alpha1.VolumeManagerStatus{ObservedGeneration: vm.Generation, State: datav1alpha1.StateReady}
+	keep := map[string]bool{}     // names of PVs and PVCs still wanted
+	keepPods := map[string]bool{} // stager pods still wanted
+	outcomes := map[string]volumeOutcome{}
+	var ids, problems []string
+	poll := false
 	for i := range vm.Spec.VolumeConfigs {
 		vc := &vm.Spec.VolumeConfigs[i]
-		if placed := currentPlacement(vc, pvs, nodes.Items); placed != nil {
-			previous[vc.ID] = placed
-		}
-	}
-	status := datav1alpha1.VolumeManagerStatus{ObservedGeneration: vm.Generation, State: datav1alpha1.StateRunning}
-	keep := map[string]bool{} // names of PVs and PVCs still wanted
-	var problems []string
-	for i := range vm.Spec.VolumeConfigs {
-		vc := &vm.Spec.VolumeConfigs[i]
-		v, state, err := r.reconcileVolume(ctx, &vm, vc, nodes.Items, previous[vc.ID], pvcs, keep)
+		v, o, mounting, err := r.reconcileVolume(ctx, &vm, vc, w, keep, keepPods)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
+		poll = poll || mounting
 		status.Volumes = append(status.Volumes, v)
-		if state != datav1alpha1.StateRunning {
-			problems = append(problems, fmt.Sprintf("%s: %s", vc.ID, v.Message))
+		outcomes[vc.ID], ids = o, append(ids, vc.ID)
+		if o.state != datav1alpha1.StateReady {
+			problems = append(problems, fmt.Sprintf("%s: %s", vc.ID, o.message))
 			if status.State != datav1alpha1.StateFailed {
-				status.State = state
+				status.State = o.state
 			}
 		}
 	}
@@ -92,42 +116,123 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	} else {
 		status.Message = fmt.Sprintf("%d volumes ready", len(status.Volumes))
 	}
-	if err := r.deleteUnwanted(ctx, pvs, pvcs, keep); err != nil {
+	status.Conditions = conditions(vm.Status.Conditions, vm.Generation, outcomes, ids)
+	if err := r.deleteStagers(ctx, w, keepPods); err != nil {
 		return ctrl.Result{}, err
 	}
-	if apiequality.Semantic.DeepEqual(status, vm.Status) {
-		return ctrl.Result{}, nil
+	if err := r.deleteUnwanted(ctx, w.pvs, w.pvcs, keep); err != nil {
+		return ctrl.Result{}, err
 	}
+	result := ctrl.Result{}
+	if poll {
+		result.RequeueAfter = stagingPoll
+	}
+	if apiequality.Semantic.DeepEqual(status, vm.Status) {
+		return result, nil
+	}
+	r.recordChanges(&vm, vm.Status.Conditions, status.Conditions)
 	vm.Status = status
 	if err := r.Status().Update(ctx, &vm); err != nil && !apierrors.IsConflict(err) {
 		return ctrl.Result{}, err
 	}
 	logger.V(4).Info("status", "state", status.State, "message", status.Message)
-	return ctrl.Result{}, nil
+	return result, nil
+}
+
+// read lists what a reconcile of vm needs, from the cache.
+func (r *Reconciler) read(ctx context.Context, vm *datav1alpha1.VolumeManager) (*world, error) {
+	w := &world{byID: map[string]*corev1.Node{}, stagers: map[string]*corev1.Pod{},
+		previous: map[string]map[string]datav1alpha1.NodeStatus{}, serving: map[string]string{}}
+	var err error
+	if w.pvs, w.pvcs, err = r.owned(ctx, vm); err != nil {
+		return nil, err
+	}
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(vm.Namespace),
+		client.MatchingLabels{LabelManager: vm.Name, LabelNamespace: vm.Namespace, LabelStager: "true"}); err != nil {
+		return nil, err
+	}
+	for i := range pods.Items {
+		w.stagers[pods.Items[i].Name] = &pods.Items[i]
+	}
+	if vm.DeletionTimestamp != nil {
+		return w, nil
+	}
+	var nodes corev1.NodeList
+	if err := r.List(ctx, &nodes); err != nil {
+		return nil, err
+	}
+	w.nodes = nodes.Items
+	for i := range w.nodes {
+		if id := w.nodes[i].Labels[consts.TopologyKey]; id != "" {
+			w.byID[id] = &w.nodes[i]
+		}
+	}
+	var pools spapi.StoragePoolList
+	if err := r.List(ctx, &pools); err != nil {
+		return nil, err
+	}
+	w.inventories = Inventories(pools.Items, r.Config.driverName())
+	for _, v := range vm.Status.Volumes {
+		m := map[string]datav1alpha1.NodeStatus{}
+		for _, n := range v.Nodes {
+			m[n.Name] = n
+		}
+		w.previous[v.ID] = m
+		if c := v.VolumeSource.PersistentVolumeClaim; c != nil {
+			w.serving[v.ID] = c.ClaimName
+		}
+	}
+	return w, nil
 }
 
 func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig,
-	nodes []corev1.Node, previous []string, pvcs []corev1.PersistentVolumeClaim, keep map[string]bool,
-) (datav1alpha1.Volume, datav1alpha1.State, error) {
+	w *world, keep, keepPods map[string]bool,
+) (datav1alpha1.Volume, volumeOutcome, bool, error) {
 	attrs, err := DatasetAttributes(vc, r.Config)
 	if err != nil {
-		return datav1alpha1.Volume{ID: vc.ID, Message: err.Error()}, datav1alpha1.StateFailed, nil
+		return datav1alpha1.Volume{ID: vc.ID, Message: err.Error()}, volumeOutcome{state: datav1alpha1.StateFailed, message: err.Error(),
+			placedWhy: "invalid volume", failedReason: datav1alpha1.ReasonInvalid}, false, nil
 	}
-	chosen := SelectNodes(vc, nodes, previous)
+	pl, err := params.Parse(attrs, params.StaticPV)
+	if err != nil { // DatasetAttributes parsed them already
+		return datav1alpha1.Volume{}, volumeOutcome{}, false, err
+	}
+	datasetID := pl.Dataset.ID()
+	c := capacity(vc)
+	current := currentPlacement(vc, w.pvs, w.nodes)
+	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value()}, current)
+
+	// The claim users were given keeps serving until a new node set is Ready; without one in the
+	// status (never written), the live volume with the most eligible nodes.
+	servingClaim, servingNodes := "", []string(nil)
+	for i := range w.pvs {
+		pv := &w.pvs[i]
+		if ref := pv.Spec.ClaimRef; ref != nil && ref.Name == w.serving[vc.ID] && pv.Labels[LabelVolumeID] == vc.ID && pv.DeletionTimestamp == nil {
+			servingClaim, servingNodes = ref.Name, NodesOf(pv)
+		}
+	}
+	if servingClaim == "" && current != nil {
+		servingClaim, servingNodes = objectName(vm, vc.ID, current), current
+	}
 	if len(chosen) < int(vc.Replicas) {
 		// Too few nodes: make nothing new (each node set is its own claim, so growing one node at
 		// a time would churn claims), and keep what an earlier node set already placed.
 		msg := fmt.Sprintf("only %d of %d nodes eligible", len(chosen), vc.Replicas)
-		if len(previous) == 0 {
-			return datav1alpha1.Volume{ID: vc.ID, Message: msg}, datav1alpha1.StatePending, nil
+		o := volumeOutcome{state: datav1alpha1.StatePending, message: msg, placedWhy: msg}
+		if servingClaim == "" {
+			return datav1alpha1.Volume{ID: vc.ID, Message: msg}, o, false, nil
 		}
-		keep[pvName(vm, vc.ID, previous)], keep[objectName(vm, vc.ID, previous)] = true, true
-		return StatusVolume(vc, objectName(vm, vc.ID, previous), previous, msg+"; keeping the data where it is"), datav1alpha1.StatePending, nil
+		keep[pvName(vm, vc.ID, servingNodes)], keep[servingClaim] = true, true
+		nodes, mounting := r.observe(ctx, vm, vc, servingClaim, servingNodes, datasetID, w, keepPods)
+		o.message = msg + "; keeping the data where it is"
+		return StatusVolume(vc, servingClaim, servingNodes, nodes, o.message), o, mounting, nil
 	}
+
 	pv := PersistentVolume(vm, vc, chosen, attrs, r.Config)
 	pvc := PersistentVolumeClaim(vm, vc, chosen)
 	if err := controllerutil.SetControllerReference(vm, pvc, r.Scheme()); err != nil {
-		return datav1alpha1.Volume{}, "", err
+		return datav1alpha1.Volume{}, volumeOutcome{}, false, err
 	}
 	keep[pv.Name], keep[pvc.Name] = true, true
 	for _, obj := range []client.Object{pv, pvc} {
@@ -137,20 +242,168 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 			err = r.Create(ctx, obj)
 		}
 		if err != nil && !apierrors.IsAlreadyExists(err) {
-			return datav1alpha1.Volume{}, "", err
+			return datav1alpha1.Volume{}, volumeOutcome{}, false, err
 		}
 	}
-	state, msg := datav1alpha1.StateRunning, ""
-	bound := false
-	for _, c := range pvcs {
-		if c.Name == pvc.Name && c.Status.Phase == corev1.ClaimBound {
-			bound = true
+	nodes, mounting := r.observe(ctx, vm, vc, pvc.Name, chosen, datasetID, w, keepPods)
+	o := volumeOutcome{placed: true}
+	claim, serving := pvc.Name, chosen
+	if servingClaim != "" && servingClaim != pvc.Name {
+		if st, _ := volumeState(vc.Replicas, chosen, nodes); st == datav1alpha1.StateReady {
+			klog.FromContext(ctx).V(2).Info("new nodes ready; releasing the old ones", "volume", vc.ID, "old", servingNodes, "new", chosen)
+		} else {
+			// Stage on the new node set first; the old claim serves until it is Ready.
+			keep[pvName(vm, vc.ID, servingNodes)], keep[servingClaim] = true, true
+			claim, serving = servingClaim, servingNodes
+			o.replacing = fmt.Sprintf("moving from %s to %s", strings.Join(servingNodes, ","), strings.Join(chosen, ","))
+			for _, id := range servingNodes {
+				if slices.Contains(chosen, id) {
+					continue
+				}
+				n := datav1alpha1.NodeStatus{Name: id, State: datav1alpha1.NodePending, Message: "the node is gone"}
+				if w.byID[id] != nil {
+					n = NodeStatusOf(datasetID, r.observation(ctx, vm, vc, id, datasetID, w))
+					n.Message = strings.TrimPrefix(n.Message+"; ", "; ") + "being replaced: released once the new nodes are ready"
+				}
+				nodes = append(nodes, n)
+			}
 		}
 	}
-	if !bound {
-		state, msg = datav1alpha1.StatePending, "waiting for claim "+pvc.Name+" to bind"
+	o.state, o.message = volumeState(vc.Replicas, serving, nodes)
+	if o.replacing != "" {
+		o.message = strings.TrimSuffix(o.replacing+": "+o.message, ": ")
 	}
-	return StatusVolume(vc, pvc.Name, chosen, msg), state, nil
+	if o.state == datav1alpha1.StateFailed {
+		o.failedReason = datav1alpha1.ReasonStagingFailed
+	}
+	return StatusVolume(vc, claim, serving, nodes, o.message), o, mounting, nil
+}
+
+// observe reads the data's state on each node of a node set and keeps a stager pod, mounting
+// claim, on every node where it is not proved Ready yet. mounting says a stager pod is on its
+// node and not done, so kubelet's events are worth reading again soon.
+func (r *Reconciler) observe(ctx context.Context, vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, claim string,
+	nodeIDs []string, datasetID string, w *world, keepPods map[string]bool,
+) ([]datav1alpha1.NodeStatus, bool) {
+	mounting := false
+	var out []datav1alpha1.NodeStatus
+	for _, id := range nodeIDs {
+		obs := r.observation(ctx, vm, vc, id, datasetID, w)
+		ns := NodeStatusOf(datasetID, obs)
+		out = append(out, ns)
+		name := stagerName(vm, vc.ID, id)
+		prev := w.previous[vc.ID][id].State == datav1alpha1.NodeReady
+		switch {
+		case ns.State == datav1alpha1.NodeReady && prev:
+			// Proved and recorded: the stager pod, if any, has done its job.
+		case obs.Stager != nil && obs.Stager.Status.Phase == corev1.PodFailed:
+			// Made again on a later reconcile, once this one is gone.
+			klog.FromContext(ctx).V(2).Info("stager pod failed", "pod", name, "reason", obs.Stager.Status.Reason, "message", obs.Stager.Status.Message)
+		case obs.Stager != nil:
+			keepPods[name] = true
+			mounting = mounting || obs.Stager.Spec.NodeName != "" && obs.Stager.Status.Phase != corev1.PodSucceeded
+		case ns.State == datav1alpha1.NodeReady:
+		case w.byID[id] != nil:
+			keepPods[name] = true
+			if err := r.createStager(ctx, vm, vc, claim, w.byID[id], id); err != nil {
+				klog.FromContext(ctx).Error(err, "creating stager pod", "pod", name)
+			}
+		}
+	}
+	return out, mounting
+}
+
+// observation gathers what is known of a volume's data on one node.
+func (r *Reconciler) observation(ctx context.Context, vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, id, datasetID string, w *world) NodeObservation {
+	o := NodeObservation{ID: id, Stager: w.stagers[stagerName(vm, vc.ID, id)],
+		Proved: w.previous[vc.ID][id].State == datav1alpha1.NodeReady}
+	if n := w.byID[id]; n != nil {
+		o.Inventory = w.inventories[n.Name]
+	}
+	if o.Stager != nil && o.Stager.Spec.NodeName != "" && o.Stager.Status.Phase == corev1.PodPending &&
+		!(o.Inventory != nil && o.Inventory.Ready[datasetID]) {
+		o.MountMessage = r.mountFailure(ctx, o.Stager)
+	}
+	return o
+}
+
+// mountFailure is the message of kubelet's latest FailedMount event about pod, or "".
+func (r *Reconciler) mountFailure(ctx context.Context, pod *corev1.Pod) string {
+	if r.APIReader == nil {
+		return ""
+	}
+	var evs corev1.EventList
+	if err := r.APIReader.List(ctx, &evs, client.InNamespace(pod.Namespace), client.MatchingFields{
+		"involvedObject.uid": string(pod.UID), "reason": "FailedMount"}); err != nil {
+		klog.FromContext(ctx).V(3).Info("reading stager pod events", "pod", pod.Name, "err", err)
+		return ""
+	}
+	var latest *corev1.Event
+	for i := range evs.Items {
+		if e := &evs.Items[i]; latest == nil || eventTime(e).After(eventTime(latest)) {
+			latest = e
+		}
+	}
+	if latest == nil {
+		return ""
+	}
+	return latest.Message
+}
+
+func eventTime(e *corev1.Event) time.Time {
+	switch {
+	case e.Series != nil:
+		return e.Series.LastObservedTime.Time
+	case !e.LastTimestamp.IsZero():
+		return e.LastTimestamp.Time
+	case !e.EventTime.IsZero():
+		return e.EventTime.Time
+	}
+	return e.CreationTimestamp.Time
+}
+
+func (r *Reconciler) createStager(ctx context.Context, vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, claim string, node *corev1.Node, id string) error {
+	pod := StagerPod(vm, vc, claim, node, id, r.Config.StagerImage)
+	if err := controllerutil.SetControllerReference(vm, pod, r.Scheme()); err != nil {
+		return err
+	}
+	klog.FromContext(ctx).V(3).Info("creating stager pod", "pod", pod.Name, "node", node.Name, "claim", claim)
+	if err := r.Create(ctx, pod); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return nil
+}
+
+// deleteStagers deletes the stager pods not wanted: done, failed, or for nodes no longer chosen.
+func (r *Reconciler) deleteStagers(ctx context.Context, w *world, keep map[string]bool) error {
+	for name, pod := range w.stagers {
+		if keep[name] || pod.DeletionTimestamp != nil {
+			continue
+		}
+		klog.FromContext(ctx).V(3).Info("deleting stager pod", "pod", name, "phase", pod.Status.Phase)
+		if err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}); client.IgnoreNotFound(err) != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recordChanges records an Event for each condition whose status or reason changed.
+func (r *Reconciler) recordChanges(vm *datav1alpha1.VolumeManager, old, cur []metav1.Condition) {
+	if r.Recorder == nil {
+		return
+	}
+	for _, c := range cur {
+		prev := meta.FindStatusCondition(old, c.Type)
+		if prev != nil && prev.Status == c.Status && prev.Reason == c.Reason {
+			continue
+		}
+		typ := corev1.EventTypeNormal
+		if c.Reason == datav1alpha1.ReasonStagingFailed || c.Reason == datav1alpha1.ReasonInvalid || c.Reason == datav1alpha1.ReasonTooFewNodes {
+			typ = corev1.EventTypeWarning
+		}
+		r.Recorder.Eventf(vm, nil, typ, c.Reason, c.Type, "%s", c.Message)
+	}
 }
 
 // currentPlacement is the node set of the live PersistentVolume of vc that has the most nodes still
@@ -245,11 +498,16 @@ func (r *Reconciler) deleteUnwanted(ctx context.Context, pvs []corev1.Persistent
 
 // release deletes everything made for a deleted VolumeManager, then lets it go. The nodes' cache
 // keeps the data until the driver evicts it.
-func (r *Reconciler) release(ctx context.Context, vm *datav1alpha1.VolumeManager, pvs []corev1.PersistentVolume, pvcs []corev1.PersistentVolumeClaim) error {
+func (r *Reconciler) release(ctx context.Context, vm *datav1alpha1.VolumeManager, w *world) error {
 	if !controllerutil.ContainsFinalizer(vm, Finalizer) {
 		return nil
 	}
-	if err := r.deleteUnwanted(ctx, pvs, pvcs, nil); err != nil {
+	// Stager pods first: their claims go only once no pod uses them.
+	if err := r.deleteStagers(ctx, w, nil); err != nil {
+		return err
+	}
+	pvs := w.pvs
+	if err := r.deleteUnwanted(ctx, pvs, w.pvcs, nil); err != nil {
 		return err
 	}
 	for _, pv := range pvs {
@@ -269,8 +527,9 @@ func (r *Reconciler) release(ctx context.Context, vm *datav1alpha1.VolumeManager
 	return r.Update(ctx, vm)
 }
 
-// SetupWithManager registers the reconciler for VolumeManagers, their claims and volumes, and
-// Nodes (a node coming or going changes where data can be).
+// SetupWithManager registers the reconciler for VolumeManagers, their claims, volumes and stager
+// pods, Nodes (a node coming or going changes where data can be) and StoragePools (what each
+// node's cache holds, within seconds of a change).
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	byLabels := handler.EnqueueRequestsFromMapFunc(func(_ context.Context, o client.Object) []reconcile.Request {
 		l := o.GetLabels()
@@ -295,6 +554,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&datav1alpha1.VolumeManager{}).
 		Watches(&corev1.PersistentVolumeClaim{}, byLabels).
 		Watches(&corev1.PersistentVolume{}, byLabels).
+		Owns(&corev1.Pod{}).
 		Watches(&corev1.Node{}, allManagers).
+		Watches(&spapi.StoragePool{}, allManagers).
 		Complete(r)
 }

@@ -1,7 +1,9 @@
 package volumemanager
 
 import (
+	"cmp"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	v1helper "k8s.io/component-helpers/scheduling/corev1"
@@ -9,14 +11,15 @@ import (
 	"k8s.io/klog/v2"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 )
 
 // EligibleNode says whether a node may hold a volume's data: the driver runs there (the node
-// carries the driver's topology label), it matches the volume's nodeAffinity, and the volume
-// tolerates its NoSchedule/NoExecute taints.
+// carries the driver's topology label), it is not being drained (unschedulable), it matches the
+// volume's nodeAffinity, and the volume tolerates its NoSchedule/NoExecute taints.
 func EligibleNode(vc *datav1alpha1.VolumeConfig, node *corev1.Node) bool {
-	if node.DeletionTimestamp != nil || node.Labels[consts.TopologyKey] == "" {
+	if node.DeletionTimestamp != nil || node.Spec.Unschedulable || node.Labels[consts.TopologyKey] == "" {
 		return false
 	}
 	if vc.NodeAffinity != nil && vc.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
@@ -31,32 +34,141 @@ func EligibleNode(vc *datav1alpha1.VolumeConfig, node *corev1.Node) bool {
 	return !untolerated
 }
 
-// SelectNodes picks replicas eligible nodes, by the driver's node id (topology value), keeping the
-// ones already chosen while they stay eligible so data is not moved without need. It returns fewer
-// than replicas when not enough nodes qualify.
-func SelectNodes(vc *datav1alpha1.VolumeConfig, nodes []corev1.Node, current []string) []string {
-	eligible := map[string]bool{}
-	var ids []string
-	for i := range nodes {
-		if EligibleNode(vc, &nodes[i]) {
-			id := nodes[i].Labels[consts.TopologyKey]
-			eligible[id] = true
-			ids = append(ids, id)
+// NodeInventory is what one node's StoragePools say: the free space of its best node-local pool
+// and its cached datasets.
+type NodeInventory struct {
+	// Free is the most bytes a new volume can take in one of the node's pools (the pool's
+	// maximumVolumeSize, else its available space); -1 when no pool reports capacity.
+	Free int64
+	// Ready holds the IDs of datasets Ready in one of the node's pools (the pools' labels, which
+	// cover datasets beyond the status' bounded list).
+	Ready map[string]bool
+	// Datasets are the listed datasets by ID, the most advanced state over the node's pools.
+	Datasets map[string]spapi.CachedDataset
+}
+
+// Inventories reads node-local StoragePools into one NodeInventory per Kubernetes node name (a
+// shared pool's cache is no node's). Only pools of driver count.
+func Inventories(pools []spapi.StoragePool, driver string) map[string]*NodeInventory {
+	out := map[string]*NodeInventory{}
+	for i := range pools {
+		p := &pools[i]
+		if p.Spec.Driver != driver || p.Labels[consts.LabelShared] == "true" || len(p.Status.AccessibleNodes) != 1 {
+			continue
+		}
+		name := p.Status.AccessibleNodes[0]
+		inv := out[name]
+		if inv == nil {
+			inv = &NodeInventory{Free: -1, Ready: map[string]bool{}, Datasets: map[string]spapi.CachedDataset{}}
+			out[name] = inv
+		}
+		if c := p.Status.Capacity; c != nil {
+			free := c.MaximumVolumeSize
+			if free == nil {
+				free = c.Available
+			}
+			if free != nil && free.Value() > inv.Free {
+				inv.Free = free.Value()
+			}
+		}
+		for k, v := range p.Labels {
+			if id, ok := strings.CutPrefix(k, consts.LabelDatasetPrefix); ok && id != "" && v == "true" {
+				inv.Ready[id] = true
+			}
+		}
+		if p.Status.Cache == nil {
+			continue
+		}
+		for _, d := range p.Status.Cache.Datasets {
+			if old, ok := inv.Datasets[d.ID]; !ok || stateRank(d.State) > stateRank(old.State) {
+				inv.Datasets[d.ID] = d
+			}
+			if d.State == spapi.DatasetReady {
+				inv.Ready[d.ID] = true
+			}
 		}
 	}
-	slices.Sort(ids)
+	return out
+}
+
+// stateRank orders a dataset's states in a node's pools: the most advanced one tells.
+func stateRank(s spapi.DatasetState) int {
+	return map[spapi.DatasetState]int{spapi.DatasetFailed: 1, spapi.DatasetIncomplete: 2, spapi.DatasetStaging: 3, spapi.DatasetReady: 4}[s]
+}
+
+// holds says whether the node's cache has the dataset, or is fetching it.
+func (inv *NodeInventory) holds(id string) bool {
+	if inv == nil {
+		return false
+	}
+	d, listed := inv.Datasets[id]
+	return inv.Ready[id] || listed && (d.State == spapi.DatasetStaging || d.State == spapi.DatasetIncomplete)
+}
+
+// Placement is what SelectNodes weighs: the nodes, their inventories (by node name), the dataset
+// and the room each node must have for it.
+type Placement struct {
+	Nodes       []corev1.Node
+	Inventories map[string]*NodeInventory
+	DatasetID   string
+	Capacity    int64
+}
+
+// SelectNodes picks replicas eligible nodes, by the driver's node id (topology value). Nodes
+// already chosen stay while they are eligible, so data is not moved without need. New ones are
+// taken first among nodes whose cache already holds the dataset Ready, then by the most free
+// space in a pool, then by name; a node whose pools report less room than the capacity is never
+// taken unless its cache already holds the dataset (a node with no StoragePool yet is taken
+// last). It returns fewer than replicas when not enough nodes qualify.
+func SelectNodes(vc *datav1alpha1.VolumeConfig, p Placement, current []string) []string {
+	type candidate struct {
+		id    string
+		ready bool
+		free  int64
+	}
+	eligible := map[string]bool{}
+	var cands []candidate
+	for i := range p.Nodes {
+		n := &p.Nodes[i]
+		if !EligibleNode(vc, n) {
+			continue
+		}
+		id := n.Labels[consts.TopologyKey]
+		eligible[id] = true
+		inv := p.Inventories[n.Name]
+		c := candidate{id: id, free: -1}
+		if inv != nil {
+			c.ready, c.free = inv.Ready[p.DatasetID], inv.Free
+			if c.free >= 0 && c.free < p.Capacity && !inv.holds(p.DatasetID) {
+				continue // no room, now
+			}
+		}
+		cands = append(cands, c)
+	}
+	slices.SortFunc(cands, func(a, b candidate) int {
+		if a.ready != b.ready {
+			if a.ready {
+				return -1
+			}
+			return 1
+		}
+		if c := cmp.Compare(b.free, a.free); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.id, b.id)
+	})
 	var out []string
 	for _, id := range current {
 		if eligible[id] && len(out) < int(vc.Replicas) && !slices.Contains(out, id) {
 			out = append(out, id)
 		}
 	}
-	for _, id := range ids {
+	for _, c := range cands {
 		if len(out) >= int(vc.Replicas) {
 			break
 		}
-		if !slices.Contains(out, id) {
-			out = append(out, id)
+		if !slices.Contains(out, c.id) {
+			out = append(out, c.id)
 		}
 	}
 	slices.Sort(out)

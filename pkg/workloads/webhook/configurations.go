@@ -2,13 +2,16 @@ package webhook
 
 import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/utils/ptr"
 
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 )
 
 // ConfigurationName names both webhook configurations.
@@ -41,10 +44,24 @@ func rule(gv schema.GroupVersion, resource string, ops ...admissionregistrationv
 	}}
 }
 
+// PodPlacement configures the pod placement webhook (pkg/workloads/placement).
+type PodPlacement struct {
+	// InstallNamespace is where Cistern runs: its pods are never sent to the webhook, nor are
+	// kube-system's.
+	InstallNamespace string
+	// DriverName names the CSI driver whose inline volumes the webhook reads.
+	DriverName string
+}
+
+// PlacementTimeoutSeconds is the pod placement webhook's timeout: a pod creation waits at most
+// this long for it (placement.Budget is shorter, so the webhook answers first).
+const PlacementTimeoutSeconds = 2
+
 // Configurations are the webhook configurations the controller's server answers. caBundle may be
 // nil (the controller injects it). lwsAPI is the group and version LeaderWorkerSet is served
 // under (workloads.cistern.dev/v1alpha1, or leaderworkerset.x-k8s.io/v1 as the drop-in).
-func Configurations(cc ClientConfigFunc, caBundle []byte, lwsAPI schema.GroupVersion) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
+// podPlacement adds the pod placement webhook; nil leaves it out.
+func Configurations(cc ClientConfigFunc, caBundle []byte, lwsAPI schema.GroupVersion, podPlacement *PodPlacement) (*admissionregistrationv1.MutatingWebhookConfiguration, *admissionregistrationv1.ValidatingWebhookConfiguration) {
 	withCA := func(path string) admissionregistrationv1.WebhookClientConfig {
 		c := cc(path)
 		c.CABundle = caBundle
@@ -76,6 +93,9 @@ func Configurations(cc ClientConfigFunc, caBundle []byte, lwsAPI schema.GroupVer
 			},
 		},
 	}
+	if podPlacement != nil {
+		mutating.Webhooks = append(mutating.Webhooks, placementWebhook(withCA(placement.Path), *podPlacement))
+	}
 	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "ValidatingWebhookConfiguration"},
 		ObjectMeta: metav1.ObjectMeta{Name: ConfigurationName},
@@ -93,4 +113,32 @@ func Configurations(cc ClientConfigFunc, caBundle []byte, lwsAPI schema.GroupVer
 		},
 	}
 	return mutating, validating
+}
+
+// placementWebhook sends the API server only pod creations that may name a dataset (a claim, a
+// generic ephemeral volume or an inline volume of the driver, and no node chosen yet), outside
+// kube-system, the install namespace and namespaces labelled
+// cistern.csi.dev/data-placement=disabled. A webhook that fails or is slow never holds a pod
+// back: failurePolicy Ignore, a two-second timeout.
+func placementWebhook(cc admissionregistrationv1.WebhookClientConfig, p PodPlacement) admissionregistrationv1.MutatingWebhook {
+	return admissionregistrationv1.MutatingWebhook{
+		Name: "mpodplacement.workloads.cistern.dev", ClientConfig: cc,
+		Rules:                   rule(schema.GroupVersion{Version: "v1"}, "pods", admissionregistrationv1.Create),
+		FailurePolicy:           ptr.To(admissionregistrationv1.Ignore),
+		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+		TimeoutSeconds:          ptr.To[int32](PlacementTimeoutSeconds),
+		AdmissionReviewVersions: []string{"v1"},
+		NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+			{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{metav1.NamespaceSystem, p.InstallNamespace}},
+			{Key: consts.LabelDataPlacement, Operator: metav1.LabelSelectorOpNotIn, Values: []string{consts.DataPlacementDisabled}},
+		}},
+		MatchConditions: []admissionregistrationv1.MatchCondition{{
+			Name: "may-name-a-dataset",
+			Expression: "(!has(object.spec.nodeName) || object.spec.nodeName == '') && has(object.spec.volumes) && " +
+				"object.spec.volumes.exists(v, has(v.persistentVolumeClaim) || has(v.ephemeral) || " +
+				"(has(v.csi) && v.csi.driver == '" + p.DriverName + "'))",
+		}},
+		// Volumes and node names are not what other webhooks change; running once is enough.
+		ReinvocationPolicy: ptr.To(admissionregistrationv1.NeverReinvocationPolicy),
+	}
 }

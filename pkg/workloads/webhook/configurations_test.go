@@ -9,13 +9,15 @@ import (
 	"sigs.k8s.io/yaml"
 
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
 )
 
 // The installed webhook configurations are generated from Configurations, so the manifests cannot
 // drift from the paths and rules the server serves. UPDATE_GOLDEN=1 rewrites them
 // (make generate-workloads does).
 func TestWebhookConfigurationsManifest(t *testing.T) {
-	m, v := Configurations(ServiceClientConfig("cistern-system", "cistern-workload-webhook", 443), nil, workloadsv1alpha1.GroupVersion)
+	m, v := Configurations(ServiceClientConfig("cistern-system", "cistern-workload-webhook", 443), nil, workloadsv1alpha1.GroupVersion,
+		&PodPlacement{InstallNamespace: "cistern-system", DriverName: consts.DriverName})
 	var buf bytes.Buffer
 	buf.WriteString("# Generated from pkg/workloads/webhook/configurations.go by `make generate-workloads`.\n" +
 		"# The controller injects caBundle at start and on every certificate rotation.\n")

@@ -40,6 +40,9 @@ type CertProvisioner struct {
 	// LeaderWorkerSetAPI is the group and version LeaderWorkerSet is served under (for the rules of
 	// self-registered configurations); workloads.cistern.dev/v1alpha1 when empty.
 	LeaderWorkerSetAPI schema.GroupVersion
+	// PodPlacement adds the pod placement webhook to self-registered configurations; nil leaves
+	// it out.
+	PodPlacement *PodPlacement
 	// ConfigurationName names the webhook configurations; ConfigurationName when empty.
 	ConfigurationName string
 	// Interval between checks; one hour when zero.
@@ -174,7 +177,7 @@ func (p *CertProvisioner) ensureConfigurations(ctx context.Context, ca []byte) e
 		if api.Empty() {
 			api = workloadsv1alpha1.GroupVersion
 		}
-		m, v := Configurations(p.ClientConfig, ca, api)
+		m, v := Configurations(p.ClientConfig, ca, api, p.PodPlacement)
 		m.Name, v.Name = p.configurationName(), p.configurationName()
 		if err := createOrUpdate(ctx, p.Client, m, &admissionregistrationv1.MutatingWebhookConfiguration{}, func(cur client.Object) {
 			cur.(*admissionregistrationv1.MutatingWebhookConfiguration).Webhooks = m.Webhooks

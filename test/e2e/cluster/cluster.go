@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -32,6 +33,14 @@ type Cluster struct {
 type Options struct {
 	Nodes []NodeSpec
 	Node  NodeOptions
+	// MountVolumes makes the nodes' stand-in kubelet stage and publish each pod's Cistern
+	// volumes before it reports the pod Running (MountingKubelet); otherwise pods are reported
+	// Running at once and tests mount what they need themselves (StageAndPublish).
+	MountVolumes bool
+	// RunsToCompletion, with MountVolumes, says which pods' containers exit at once with success
+	// (a VolumeManager's stager pods): they are reported Succeeded once their volumes are mounted,
+	// and the volumes are then unpublished, as kubelet does for a finished pod.
+	RunsToCompletion func(*corev1.Pod) bool
 }
 
 // CreateNamespace creates the install namespace, so that a server-side dry run of deploy/csi
@@ -55,6 +64,7 @@ func Install(t framework.TB, cp *framework.ControlPlane) {
 // Start installs deploy/csi and starts the nodes and the controller.
 func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	t.Helper()
+	forgetWebhooks(t, cp)
 	Install(t, cp)
 	c := &Cluster{CP: cp, Nodes: map[string]*Node{}}
 	for _, spec := range opts.Nodes {
@@ -63,8 +73,31 @@ func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	}
 	c.Controller, c.ControllerMetrics = startController(t, cp, opts.Node.Bins.Controller)
 	// The node DaemonSet's own pods are left alone: their components run as local processes.
-	framework.FakeKubelet(t, cp.Client, fields.OneTermNotEqualSelector("metadata.namespace", Namespace), c.NodeNames...)
+	pods := fields.OneTermNotEqualSelector("metadata.namespace", Namespace)
+	if opts.MountVolumes {
+		c.MountingKubelet(t, pods, opts.RunsToCompletion)
+	} else {
+		framework.FakeKubelet(t, cp.Client, pods, c.NodeNames...)
+	}
 	return c
+}
+
+// forgetWebhooks deletes the webhook configurations a previous cluster's controller registered
+// by URL on this control plane: applied over them, deploy/csi's Service-based ones would name
+// both a URL and a Service. This cluster's controller registers its own.
+func forgetWebhooks(t framework.TB, cp *framework.ControlPlane) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	api := cp.Client.AdmissionregistrationV1()
+	for _, err := range []error{
+		api.MutatingWebhookConfigurations().Delete(ctx, whcerts.ConfigurationName, metav1.DeleteOptions{}),
+		api.ValidatingWebhookConfigurations().Delete(ctx, whcerts.ConfigurationName, metav1.DeleteOptions{}),
+	} {
+		if err != nil && !apierrors.IsNotFound(err) {
+			t.Fatalf("deleting the webhook configurations of an earlier cluster: %v", err)
+		}
+	}
 }
 
 // startController runs the workload-controller as its ServiceAccount, its webhooks served on

@@ -34,37 +34,17 @@ func StageAndPublish(ctx context.Context, socket string, pv *corev1.PersistentVo
 	}
 	m := &Mounted{
 		VolumeID:    pv.Spec.CSI.VolumeHandle,
-		StagingPath: filepath.Join(root, "plugins", "kubernetes.io", "csi", pv.Spec.CSI.Driver, pv.Name, "globalmount"),
-		TargetPath:  filepath.Join(root, "pods", "demo", "volumes", "kubernetes.io~csi", pv.Name, "mount"),
+		StagingPath: stagingPath(root, pv),
+		TargetPath:  targetPath(root, "demo", pv.Name),
 		conn:        conn,
 	}
-	// kubelet creates the staging directory and the target's parent; the driver the rest.
-	for _, d := range []string{m.StagingPath, filepath.Dir(m.TargetPath)} {
-		if err := os.MkdirAll(d, 0o750); err != nil {
-			conn.Close()
-			return nil, err
-		}
-	}
-	fsType := pv.Spec.CSI.FSType
-	if fsType == "" {
-		fsType = "ext4"
-	}
-	capability := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
+	capability := mountCapability(pv.Spec.CSI.FSType, csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
 	node := csi.NewNodeClient(conn)
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
-		VolumeId:          m.VolumeID,
-		StagingTargetPath: m.StagingPath,
-		VolumeCapability:  capability,
-		VolumeContext:     pv.Spec.CSI.VolumeAttributes,
-		Secrets:           secrets,
-	}); err != nil {
+	if err := stage(ctx, node, pv, m.StagingPath, capability, secrets); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("NodeStageVolume %s: %w", m.VolumeID, err)
+		return nil, err
 	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{
+	if err := publish(ctx, node, &csi.NodePublishVolumeRequest{
 		VolumeId:          m.VolumeID,
 		StagingTargetPath: m.StagingPath,
 		TargetPath:        m.TargetPath,
@@ -72,7 +52,7 @@ func StageAndPublish(ctx context.Context, socket string, pv *corev1.PersistentVo
 		VolumeContext:     pv.Spec.CSI.VolumeAttributes,
 	}); err != nil {
 		_ = m.Unmount(ctx)
-		return nil, fmt.Errorf("NodePublishVolume %s: %w", m.VolumeID, err)
+		return nil, err
 	}
 	return m, nil
 }
@@ -86,6 +66,55 @@ func (m *Mounted) Unmount(ctx context.Context) error {
 	}
 	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: m.VolumeID, StagingTargetPath: m.StagingPath}); err != nil {
 		return fmt.Errorf("NodeUnstageVolume %s: %w", m.VolumeID, err)
+	}
+	return nil
+}
+
+// stagingPath is the PV's global mount under kubelet root dir.
+func stagingPath(root string, pv *corev1.PersistentVolume) string {
+	return filepath.Join(root, "plugins", "kubernetes.io", "csi", pv.Spec.CSI.Driver, pv.Name, "globalmount")
+}
+
+// targetPath is where a pod's volume is published under kubelet's root dir.
+func targetPath(root, podUID, volume string) string {
+	return filepath.Join(root, "pods", podUID, "volumes", "kubernetes.io~csi", volume, "mount")
+}
+
+func mountCapability(fsType string, mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+	if fsType == "" {
+		fsType = "ext4"
+	}
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fsType}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+// stage is NodeStageVolume of pv at path; kubelet creates the staging directory, the driver the
+// rest.
+func stage(ctx context.Context, node csi.NodeClient, pv *corev1.PersistentVolume, path string, capability *csi.VolumeCapability, secrets map[string]string) error {
+	if err := os.MkdirAll(path, 0o750); err != nil {
+		return err
+	}
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{
+		VolumeId:          pv.Spec.CSI.VolumeHandle,
+		StagingTargetPath: path,
+		VolumeCapability:  capability,
+		VolumeContext:     pv.Spec.CSI.VolumeAttributes,
+		Secrets:           secrets,
+	}); err != nil {
+		return fmt.Errorf("NodeStageVolume %s: %w", pv.Spec.CSI.VolumeHandle, err)
+	}
+	return nil
+}
+
+// publish is NodePublishVolume; kubelet creates the target's parent, the driver the target.
+func publish(ctx context.Context, node csi.NodeClient, req *csi.NodePublishVolumeRequest) error {
+	if err := os.MkdirAll(filepath.Dir(req.TargetPath), 0o750); err != nil {
+		return err
+	}
+	if _, err := node.NodePublishVolume(ctx, req); err != nil {
+		return fmt.Errorf("NodePublishVolume %s: %w", req.VolumeId, err)
 	}
 	return nil
 }

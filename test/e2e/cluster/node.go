@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -44,6 +45,8 @@ type Node struct {
 	// KubeletRoot stands for kubelet's root directory (the driver's --kubelet-root):
 	// StageAndPublish mounts below it.
 	KubeletRoot string
+	// PeerAddress is the driver's peer port (loopback), MetricsAddress its /metrics.
+	PeerAddress, MetricsAddress string
 
 	Driver, Provisioner, Sidecar *framework.Process
 }
@@ -102,6 +105,16 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 
 	framework.CreateNode(t, cp, spec.Name, nil)
 
+	// The node's components use a token bound to the DaemonSet pod scheduled to the node, as in
+	// a cluster: deploy/csi's PersistentVolume policy checks the node named in it. The driver
+	// also gets the pod's projected peer token, and serves peers on a loopback port of its own.
+	pod := DaemonSetPod(t, cp, spec.Name)
+	kubeconfig := framework.PodServiceAccountKubeconfig(t, cp, pod)
+	peerToken := filepath.Join(dir, "peer-token")
+	if err := os.WriteFile(peerToken, []byte(framework.PodServiceAccountToken(t, cp, pod, peer.Audience)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.PeerAddress, n.MetricsAddress = freeLoopback(t), freeLoopback(t)
 	n.Driver = framework.StartProcess(t, spec.Name+"-csi-driver", opts.Bins.Driver,
 		"--endpoint=unix://"+n.Socket,
 		"--node-id="+spec.Name,
@@ -110,6 +123,11 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 		"--state-dir="+filepath.Join(dir, "state"),
 		"--kubelet-root="+n.KubeletRoot,
 		"--pool-check-interval="+orDefault(opts.PoolCheckInterval, 10*time.Second).String(),
+		"--http-endpoint="+n.MetricsAddress,
+		"--kubeconfig="+kubeconfig,
+		"--peer-listen="+n.PeerAddress,
+		"--peer-advertise="+n.PeerAddress,
+		"--peer-token-file="+peerToken,
 		"--v=3",
 	)
 	// Before anything else is stopped, release what the driver staged, so the pools unmount.
@@ -121,10 +139,6 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 	})
 	waitSocket(t, n.Driver, n.Socket)
 
-	// The node's components use a token bound to the DaemonSet pod scheduled to the node, as in
-	// a cluster: deploy/csi's PersistentVolume policy checks the node named in it.
-	pod := DaemonSetPod(t, cp, spec.Name)
-	kubeconfig := framework.PodServiceAccountKubeconfig(t, cp, pod)
 	prov := exec.Command(opts.Bins.Provisioner,
 		"--kubeconfig="+kubeconfig,
 		"--csi-address="+n.Socket,
@@ -149,6 +163,17 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 		"--v=3",
 	)
 	return n
+}
+
+// freeLoopback returns a loopback address with a port free at the time.
+func freeLoopback(t framework.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 func orDefault(d, def time.Duration) time.Duration {

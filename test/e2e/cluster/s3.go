@@ -5,7 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path"
@@ -15,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -92,13 +95,33 @@ func (s *S3) SampleDataset(ctx context.Context, bucket, prefix string) (map[stri
 		}
 		files[fmt.Sprintf("train/shard-%04d.bin", i)] = data
 	}
+	return s.upload(ctx, bucket, prefix, files)
+}
+
+// RandomDataset uploads count objects of size random bytes (the same for the same prefix)
+// under prefix to bucket (created if needed) and returns each relative path with its SHA-256.
+func (s *S3) RandomDataset(ctx context.Context, bucket, prefix string, count, size int) (map[string]string, error) {
+	seed := sha256.Sum256([]byte(prefix))
+	rng := rand.NewChaCha8(seed)
+	files := map[string][]byte{}
+	for i := range count {
+		data := make([]byte, size)
+		_, _ = rng.Read(data)
+		files[fmt.Sprintf("part-%05d.bin", i)] = data
+	}
+	return s.upload(ctx, bucket, prefix, files)
+}
+
+func (s *S3) upload(ctx context.Context, bucket, prefix string, files map[string][]byte) (map[string]string, error) {
 	client := s3.New(s3.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(s.Endpoint),
 		UsePathStyle: true,
 		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
 	})
-	if _, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)}); err != nil {
+	_, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
+	var owned *types.BucketAlreadyOwnedByYou
+	if err != nil && !errors.As(err, &owned) {
 		return nil, fmt.Errorf("creating bucket %s: %w", bucket, err)
 	}
 	sums := map[string]string{}

@@ -17,14 +17,55 @@ const (
 )
 
 // State is the lifecycle state of a VolumeManager.
-// +kubebuilder:validation:Enum={Pending,Running,Failed,Completed}
+// +kubebuilder:validation:Enum={Pending,Ready,Running,Failed,Completed}
 type State string
 
 const (
-	StatePending   State = "Pending"
+	// StatePending: the data is not yet on replicas nodes of every volume.
+	StatePending State = "Pending"
+	// StateReady: every volume's data is staged on replicas nodes (status.state only).
+	StateReady State = "Ready"
+	// StateRunning is kept for spec.state (informational, as in the KVC API); the controller no
+	// longer reports it.
 	StateRunning   State = "Running"
 	StateFailed    State = "Failed"
 	StateCompleted State = "Completed"
+)
+
+// NodeState is the state of one volume's data on one node.
+// +kubebuilder:validation:Enum={Pending,Staging,Ready,Failed}
+type NodeState string
+
+const (
+	// NodePending: the node is chosen; staging has not started (its stager pod is not running).
+	NodePending NodeState = "Pending"
+	// NodeStaging: the node's cache is fetching the dataset (bytesDone of bytesTotal).
+	NodeStaging NodeState = "Staging"
+	// NodeReady: the dataset is in the node's cache and the VolumeManager's credentials were
+	// proved on that node (its stager pod mounted the claim).
+	NodeReady NodeState = "Ready"
+	// NodeFailed: staging failed on the node; message says why.
+	NodeFailed NodeState = "Failed"
+)
+
+// Condition types of a VolumeManager.
+const (
+	// ConditionPlaced is true when every volume has replicas eligible nodes chosen.
+	ConditionPlaced = "Placed"
+	// ConditionDataReady is true when every volume's data is Ready on replicas nodes.
+	ConditionDataReady = "DataReady"
+)
+
+// Reasons of the conditions (and of the Events that go with them).
+const (
+	ReasonPlaced         = "Placed"
+	ReasonTooFewNodes    = "TooFewNodes"
+	ReasonInvalid        = "InvalidVolume"
+	ReasonStaging        = "Staging"
+	ReasonDataReady      = "DataReady"
+	ReasonStagingFailed  = "StagingFailed"
+	ReasonReplacingNodes = "ReplacingNodes"
+	ReasonNodesReplaced  = "NodesReplaced"
 )
 
 // Keys of VolumeConfig.options.
@@ -62,12 +103,15 @@ type VolumeConfig struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=2048
 	SourceURL string `json:"sourceURL"`
-	// accessMode of the claim users mount; ReadOnlyMany when empty.
+	// accessMode of the claim users mount; ReadOnlyMany when empty. ReadWriteOnce and
+	// ReadWriteMany give each pod its own writable copy, filled from the node's cache.
 	// +optional
+	// +kubebuilder:validation:Enum={ReadOnlyMany,ReadWriteOnce,ReadWriteMany,ReadWriteOncePod}
 	AccessMode corev1.PersistentVolumeAccessMode `json:"accessMode,omitempty"`
-	// capacity is the size of the volume on each node; 1Gi when empty, at most 1Pi. (Checked by
-	// the controller: a CEL rule parsing a quantity of unbounded length is over the API server's
-	// cost budget.)
+	// capacity is the most the dataset may take on each node (a larger dataset fails staging
+	// with both sizes) and the size of each pod's writable copy; 1Gi when empty, at most 1Pi.
+	// Only nodes whose pools have this much free space are chosen. (Checked by the controller: a
+	// CEL rule parsing a quantity of unbounded length is over the API server's cost budget.)
 	// +optional
 	Capacity *resource.Quantity `json:"capacity,omitempty"`
 	// labels go on the objects made for this volume; the data.cistern.dev/ prefix is the
@@ -114,9 +158,27 @@ type Volume struct {
 	// nodeAffinity sends pods to the nodes holding the data.
 	// +optional
 	NodeAffinity *corev1.NodeAffinity `json:"nodeAffinity,omitempty"`
-	// nodes hold the data.
+	// nodes are the nodes chosen to hold the data, with its state on each.
 	// +optional
-	Nodes []string `json:"nodes,omitempty"`
+	// +listType=map
+	// +listMapKey=name
+	Nodes []NodeStatus `json:"nodes,omitempty"`
+}
+
+// NodeStatus is one volume's data on one node, read from the node's StoragePool inventory.
+type NodeStatus struct {
+	// name of the node (the driver's node ID, the value of topology.cistern.csi.dev/node).
+	Name string `json:"name"`
+	// state of the data on the node.
+	State NodeState `json:"state"`
+	// bytesDone is what is staged; bytesTotal the dataset's size once listed (0 before).
+	// +optional
+	BytesDone int64 `json:"bytesDone,omitempty"`
+	// +optional
+	BytesTotal int64 `json:"bytesTotal,omitempty"`
+	// message says what is under way or what failed.
+	// +optional
+	Message string `json:"message,omitempty"`
 }
 
 // VolumeManagerStatus is the observed state.
@@ -131,6 +193,11 @@ type VolumeManagerStatus struct {
 	Message string `json:"message,omitempty"`
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// conditions: Placed (nodes chosen for every volume) and DataReady (the data is on them).
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
 
 // VolumeManager makes datasets present on nodes through the Cistern CSI driver.
@@ -140,6 +207,7 @@ type VolumeManagerStatus struct {
 // +kubebuilder:resource:shortName={vm}
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="the name labels the objects made for it: at most 63 characters"
 // +kubebuilder:printcolumn:name="State",type="string",JSONPath=".status.state"
+// +kubebuilder:printcolumn:name="Message",type="string",JSONPath=".status.message",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 type VolumeManager struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -1,0 +1,382 @@
+package bench
+
+// `make bench-fanout`: N simulated nodes stage the same dataset from one S3 server behind a
+// throttling proxy, with and without peer fan-out (docs/benchmarks.md, "Peer fan-out").
+//
+// Each node is a process of its own (a child of this benchmark, as TestStagingChild stands for
+// the driver): the driver's staging engine (datasource.Manager) and its peer port (peer.Server,
+// TLS and tokens as in a cluster), over a pool that is an ext4 filesystem of its own. Peers are on
+// loopback, each on its own port; they find each other through a directory of files the nodes
+// write (in a cluster, the StoragePool inventory: the e2e suite covers that path). S3 is
+// versitygw behind a proxy that caps all responses together at 200 MB/s, a realistic share of an
+// object store for one client, and counts the bytes it sends: the S3 bytes read.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
+	cparams "github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/test/testpeers"
+)
+
+// s3BytesPerSec is the S3 server's bandwidth, shared by every node.
+const s3BytesPerSec = 200e6
+
+// fanoutNode is a node child's configuration.
+type fanoutNode struct {
+	Name, Pool, Listen, Directory string
+	Peers                         bool
+	Params                        map[string]string
+}
+
+// benchToken is the peer token of every bench node (TokenReview's job in a cluster).
+const benchToken = "bench-node"
+
+type benchAuth struct{}
+
+func (benchAuth) Authenticate(_ context.Context, token string) (string, error) {
+	if token != benchToken {
+		return "", peer.ErrUnauthenticated
+	}
+	return "bench", nil
+}
+
+// dirPeers is a peer.Directory of the files nodes write into a directory.
+type dirPeers struct {
+	dir string
+	mu  sync.Mutex
+	at  time.Time
+	ps  []peer.Peer
+}
+
+func (d *dirPeers) Peers(string) []peer.Peer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if time.Since(d.at) < 200*time.Millisecond {
+		return d.ps
+	}
+	d.ps, d.at = nil, time.Now()
+	ents, _ := os.ReadDir(d.dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(d.dir, e.Name()))
+		var p peer.Peer
+		if err == nil && json.Unmarshal(b, &p) == nil {
+			d.ps = append(d.ps, p)
+		}
+	}
+	return d.ps
+}
+
+// TestFanoutNodeChild is one node of BenchmarkFanout. It starts serving peers, stages the dataset
+// when told "go" on stdin, reports its time, and serves until stdin closes.
+func TestFanoutNodeChild(t *testing.T) {
+	if os.Getenv("CISTERN_BENCH_CHILD") == "" {
+		t.Skip("helper process of BenchmarkFanout")
+	}
+	var cfg fanoutNode
+	if err := json.Unmarshal([]byte(os.Getenv("CISTERN_BENCH_PARAMS")), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	v, err := cparams.Parse(cfg.Params, cparams.StorageClass)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := datasource.Config{AccessProofTTL: datasource.DefaultAccessProofTTL}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if cfg.Peers {
+		if dc.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: cfg.Name, Directory: &dirPeers{dir: cfg.Directory},
+			Token: func() (string, error) { return benchToken, nil }}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := datasource.NewManager(dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Peers {
+		cert, hash, err := peer.SelfSigned(cfg.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The DaemonSet's limits: 256 MiB/s and 8 pieces at once.
+		srv, err := peer.NewServer(peer.ServerConfig{Store: m, Auth: benchAuth{}, Cert: cert, BandwidthBytesPerSec: 256 << 20, MaxUploads: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(ctx, l)
+		b, _ := json.Marshal(peer.Peer{Node: cfg.Name, Address: l.Addr().String(), CertHash: hash})
+		if err := os.WriteFile(filepath.Join(cfg.Directory, cfg.Name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in := bufio.NewReader(os.Stdin)
+	fmt.Println("LISTENING")
+	if _, err := in.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	req := datasource.Request{Spec: datasource.SpecOf(v.Dataset), Pool: cfg.Pool, Creds: datasource.Credentials{
+		AccessKeyID: os.Getenv("CISTERN_BENCH_AK"), SecretAccessKey: os.Getenv("CISTERN_BENCH_SK")}}
+	start := time.Now()
+	if _, err := m.Wait(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("RESULT %.3f %.3f\n", time.Since(start).Seconds(), cpuSeconds())
+	_, _ = io.Copy(io.Discard, in) // serve peers until the benchmark is done
+}
+
+// throttle is a reverse proxy to S3 that sends at most s3BytesPerSec across all responses and
+// counts what it sends.
+type throttle struct {
+	proxy   *httputil.ReverseProxy
+	limiter *rate.Limiter
+	sent    atomic.Int64
+}
+
+func startThrottle(b *testing.B, target string) (*throttle, string) {
+	u, err := url.Parse(target)
+	if err != nil {
+		b.Fatal(err)
+	}
+	th := &throttle{proxy: httputil.NewSingleHostReverseProxy(u), limiter: rate.NewLimiter(s3BytesPerSec, 256<<10)}
+	th.proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
+	th.proxy.ModifyResponse = func(r *http.Response) error {
+		r.Body = &throttled{rc: r.Body, th: th}
+		return nil
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: th.proxy}
+	go srv.Serve(l)
+	b.Cleanup(func() { srv.Close() })
+	return th, "http://" + l.Addr().String()
+}
+
+type throttled struct {
+	rc io.ReadCloser
+	th *throttle
+}
+
+func (t *throttled) Read(p []byte) (int, error) {
+	if len(p) > 256<<10 {
+		p = p[:256<<10]
+	}
+	n, err := t.rc.Read(p)
+	if n > 0 {
+		_ = t.th.limiter.WaitN(context.Background(), n)
+		t.th.sent.Add(int64(n))
+	}
+	return n, err
+}
+
+func (t *throttled) Close() error { return t.rc.Close() }
+
+// child is a running node process.
+type child struct {
+	cmd     *exec.Cmd
+	stdin   io.WriteCloser
+	results chan [2]float64
+	done    func()
+}
+
+// startNode starts a node process with a fresh pool filesystem.
+func startNode(b *testing.B, s *testpeers.S3, work, name, dir string, peers bool, params map[string]string, poolSize int64) *child {
+	pool, done := freshFS(b, work, name, poolSize)
+	cfg, _ := json.Marshal(fanoutNode{Name: name, Pool: filepath.Join(pool, "pool"), Listen: "127.0.0.1:0", Directory: dir, Peers: peers, Params: params})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestFanoutNodeChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(cfg),
+		"CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, results: make(chan [2]float64, 1)}
+	listening := make(chan struct{})
+	var log strings.Builder
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "LISTENING":
+				close(listening)
+			case strings.HasPrefix(line, "RESULT "):
+				var r [2]float64
+				fmt.Sscanf(strings.TrimPrefix(line, "RESULT "), "%f %f", &r[0], &r[1])
+				c.results <- r
+			default:
+				if log.Len() < 1<<20 {
+					log.WriteString(line + "\n")
+				}
+			}
+		}
+		close(c.results)
+	}()
+	c.done = sync.OnceFunc(func() {
+		stdin.Close()
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		done()
+	})
+	b.Cleanup(c.done)
+	select {
+	case <-listening:
+	case <-time.After(time.Minute):
+		b.Fatalf("node %s did not start:\n%s", name, log.String())
+	}
+	return c
+}
+
+func (c *child) start(b *testing.B) {
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// wait returns the node's staging time and its process's CPU time until then.
+func (c *child) wait(b *testing.B, name string) (float64, float64) {
+	r, ok := <-c.results
+	if !ok {
+		b.Fatalf("node %s failed (run with -v for its log)", name)
+	}
+	return r[0], r[1]
+}
+
+// result is one group's run.
+type result struct {
+	all, late float64 // seconds until all n nodes are Ready; the late node's staging
+	cpu       float64 // CPU seconds of the n nodes' processes until each was Ready
+	s3Bytes   int64
+}
+
+// group runs n nodes starting together (and, with late, one more once they are Ready).
+func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peers, late bool, params map[string]string, poolSize int64) (r result) {
+	dir := filepath.Join(work, "peers")
+	os.RemoveAll(dir)
+	os.MkdirAll(dir, 0o755)
+	nodes := make([]*child, n)
+	for k := range n {
+		nodes[k] = startNode(b, s, work, fmt.Sprintf("node-%02d", k), dir, peers, params, poolSize)
+	}
+	before := th.sent.Load()
+	for _, c := range nodes {
+		c.start(b)
+	}
+	for k, c := range nodes {
+		secs, cpu := c.wait(b, fmt.Sprintf("node-%02d", k))
+		r.all, r.cpu = max(r.all, secs), r.cpu+cpu
+	}
+	if late {
+		c := startNode(b, s, work, "node-late", dir, peers, params, poolSize)
+		c.start(b)
+		r.late, _ = c.wait(b, "node-late")
+		c.done()
+	}
+	r.s3Bytes = th.sent.Load() - before
+	for _, c := range nodes {
+		c.done()
+	}
+	return r
+}
+
+// Knobs: CISTERN_BENCH_DIR (where S3 data and pools live), CISTERN_BENCH_ONLY (datasets whose
+// name contains it), CISTERN_FANOUT_NODES (comma-separated node counts; default 4,8).
+func BenchmarkFanout(b *testing.B) {
+	base := os.Getenv("CISTERN_BENCH_DIR")
+	if base == "" {
+		base = b.TempDir()
+	}
+	s := testpeers.StartS3(b, filepath.Join(base, "s3"))
+	th, endpoint := startThrottle(b, s.Endpoint)
+	counts := []int{4, 8}
+	if v := os.Getenv("CISTERN_FANOUT_NODES"); v != "" {
+		counts = nil
+		for _, f := range strings.Split(v, ",") {
+			var k int
+			fmt.Sscanf(f, "%d", &k)
+			counts = append(counts, k)
+		}
+	}
+	var lines []string
+	for i, sh := range shapes {
+		if sh.name == "100 × 64 MiB" {
+			continue // the issue's two sets: one large object, many small ones
+		}
+		if only := os.Getenv("CISTERN_BENCH_ONLY"); only != "" && !strings.Contains(sh.name, only) {
+			continue
+		}
+		bucket := fmt.Sprintf("fanout%d", i)
+		os.RemoveAll(filepath.Join(s.Dir, bucket)) // left by an interrupted run in CISTERN_BENCH_DIR
+		s.Bucket(b, bucket)
+		upload(b, s, bucket, sh)
+		size := int64(sh.objects) * sh.size
+		params := map[string]string{"source": "s3://" + bucket, "endpoint": endpoint, "pathStyle": "true"}
+		// A pool holds the dataset and its filesystem's overhead; the image files are sparse.
+		poolSize := size + size/4 + 1<<30
+		work := filepath.Join(base, "work")
+		os.RemoveAll(work)
+		os.MkdirAll(work, 0o755)
+
+		// One node alone, from S3: the time the others are compared with.
+		alone := group(b, s, th, work, 1, false, false, params, poolSize)
+		b.Logf("%s: one node alone %.2fs (CPU %.1fs), %.2f GB from S3", sh.name, alone.all, alone.cpu, float64(alone.s3Bytes)/1e9)
+		for _, n := range counts {
+			on := group(b, s, th, work, n, true, true, params, poolSize)
+			b.Logf("%s, %d nodes with peers: all Ready in %.2fs (CPU %.1fs), late node %.2fs, %.2f GB from S3",
+				sh.name, n, on.all, on.cpu, on.late, float64(on.s3Bytes)/1e9)
+			off := group(b, s, th, work, n, false, false, params, poolSize)
+			b.Logf("%s, %d nodes without peers: all Ready in %.2fs (CPU %.1fs), %.2f GB from S3",
+				sh.name, n, off.all, off.cpu, float64(off.s3Bytes)/1e9)
+			line := fmt.Sprintf("fanout: dataset=%q nodes=%d s3_bytes_ratio=%.2f all_ready_ratio=%.2f late_ratio=%.2f off_all_ready_ratio=%.2f",
+				sh.name, n, float64(on.s3Bytes)/float64(size), on.all/alone.all, on.late/alone.all, off.all/alone.all)
+			lines = append(lines, line)
+			b.Log(line)
+		}
+		os.RemoveAll(work)
+		os.RemoveAll(filepath.Join(s.Dir, bucket))
+	}
+	fmt.Printf("\n(S3 capped at %.0f MB/s across all nodes; %s, %d CPUs, load average %s)\n", s3BytesPerSec/1e6,
+		time.Now().UTC().Format("2006-01-02"), cpus(), loadAverage())
+	for _, l := range lines {
+		fmt.Println(l)
+	}
+}

@@ -1,0 +1,238 @@
+package peer
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"k8s.io/klog/v2"
+)
+
+// ErrNotHeld is returned by a Store for a version or piece the node does not hold (any more).
+var ErrNotHeld = errors.New("not held")
+
+// Store is what a node holds: the datasource manager.
+type Store interface {
+	// Have reports what the node holds of a dataset version; false when nothing.
+	Have(id, digest string) (*Have, bool)
+	// Open returns [off, off+n) of manifest entry i of the version, only when Have says the node
+	// holds it; ErrNotHeld otherwise.
+	Open(id, digest string, i, off, n int64) (io.ReadCloser, error)
+}
+
+// Authenticator says whether a bearer token is a Cistern node plugin's, and which node's.
+type Authenticator interface {
+	Authenticate(ctx context.Context, token string) (node string, err error)
+}
+
+// ErrUnauthenticated is an Authenticator's answer to a token that is not a node plugin's.
+var ErrUnauthenticated = errors.New("not a Cistern node plugin")
+
+// ServerConfig configures a peer server.
+type ServerConfig struct {
+	Store Store
+	Auth  Authenticator
+	// Cert is the server's certificate (SelfSigned).
+	Cert tls.Certificate
+	// MaxUploads bounds the pieces served at once (0: 8); a request beyond waits up to
+	// QueueWait, then gets 503 and goes elsewhere.
+	MaxUploads int
+	QueueWait  time.Duration
+	// BandwidthBytesPerSec caps what the node serves, across peers (0: unlimited).
+	BandwidthBytesPerSec int64
+}
+
+// Server serves the pieces of dataset versions a node holds to other node plugins.
+type Server struct {
+	cfg     ServerConfig
+	slots   chan struct{}
+	limiter *rate.Limiter
+	mux     *http.ServeMux
+
+	servedBytes prometheus.Counter
+	requests    *prometheus.CounterVec
+}
+
+// NewServer returns a Server; Serve starts it.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Store == nil || cfg.Auth == nil {
+		return nil, errors.New("peer server needs a store and an authenticator")
+	}
+	if len(cfg.Cert.Certificate) == 0 {
+		return nil, errors.New("peer server needs a certificate")
+	}
+	if cfg.MaxUploads <= 0 {
+		cfg.MaxUploads = 8
+	}
+	if cfg.QueueWait <= 0 {
+		cfg.QueueWait = 2 * time.Second
+	}
+	s := &Server{cfg: cfg, slots: make(chan struct{}, cfg.MaxUploads), mux: http.NewServeMux(),
+		servedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "served_bytes_total",
+			Help: "Bytes of dataset pieces served to other nodes."}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "requests_total",
+			Help: "Peer requests by answer: ok, unauthenticated, notheld, busy, invalid, failed."}, []string{"answer"}),
+	}
+	if cfg.BandwidthBytesPerSec > 0 {
+		s.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), int(min(cfg.BandwidthBytesPerSec, copyChunk)))
+	}
+	s.mux.HandleFunc("GET /v1/datasets/{id}/{digest}/have", s.have)
+	s.mux.HandleFunc("GET /v1/datasets/{id}/{digest}/entries/{index}", s.entry)
+	return s, nil
+}
+
+// Collectors returns the server's metrics.
+func (s *Server) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{s.servedBytes, s.requests}
+}
+
+// Handler is the server's HTTP handler, authentication included (tests serve it themselves).
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
+
+// Serve serves on l over TLS until ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{s.cfg.Cert}, MinVersion: tls.VersionTLS13},
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	err := srv.ServeTLS(l, "", "")
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	token, ok := bearer(r)
+	if !ok {
+		s.refuse(w, http.StatusUnauthorized, "unauthenticated", "a node plugin's token is required")
+		return
+	}
+	node, err := s.cfg.Auth.Authenticate(r.Context(), token)
+	if err != nil {
+		klog.FromContext(r.Context()).V(2).Info("peer request refused", "remote", r.RemoteAddr, "err", err)
+		s.refuse(w, http.StatusUnauthorized, "unauthenticated", "not a Cistern node plugin")
+		return
+	}
+	r = r.WithContext(klog.NewContext(r.Context(), klog.FromContext(r.Context()).WithValues("peer", node)))
+	s.mux.ServeHTTP(w, r)
+}
+
+func bearer(r *http.Request) (string, bool) {
+	const prefix = "Bearer "
+	h := r.Header.Get("Authorization")
+	if len(h) <= len(prefix) || h[:len(prefix)] != prefix {
+		return "", false
+	}
+	return h[len(prefix):], true
+}
+
+func (s *Server) refuse(w http.ResponseWriter, code int, answer, msg string) {
+	s.requests.WithLabelValues(answer).Inc()
+	http.Error(w, msg, code)
+}
+
+func (s *Server) have(w http.ResponseWriter, r *http.Request) {
+	id, digest := r.PathValue("id"), r.PathValue("digest")
+	if checkVersion(id, digest) != nil {
+		s.refuse(w, http.StatusBadRequest, "invalid", "not a dataset version")
+		return
+	}
+	h, ok := s.cfg.Store.Have(id, digest)
+	if !ok {
+		s.refuse(w, http.StatusNotFound, "notheld", "not held")
+		return
+	}
+	s.requests.WithLabelValues("ok").Inc()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(h)
+}
+
+func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
+	id, digest := r.PathValue("id"), r.PathValue("digest")
+	i, err1 := strconv.ParseInt(r.PathValue("index"), 10, 64)
+	off, err2 := strconv.ParseInt(r.URL.Query().Get("off"), 10, 64)
+	n, err3 := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+	if checkVersion(id, digest) != nil || errors.Join(err1, err2, err3) != nil || i < 0 || off < 0 || n <= 0 {
+		s.refuse(w, http.StatusBadRequest, "invalid", "bad piece")
+		return
+	}
+	// Wait a little for an upload slot: the node's own workloads come first, and a fetcher that
+	// is told to go elsewhere still has the other peers and the source.
+	t := time.NewTimer(s.cfg.QueueWait)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+	case <-t.C:
+		s.refuse(w, http.StatusServiceUnavailable, "busy", "too many uploads")
+		return
+	case <-r.Context().Done():
+		return
+	}
+	defer func() { <-s.slots }()
+	rc, err := s.cfg.Store.Open(id, digest, i, off, n)
+	if errors.Is(err, ErrNotHeld) {
+		s.refuse(w, http.StatusNotFound, "notheld", "not held")
+		return
+	}
+	if err != nil {
+		klog.FromContext(r.Context()).Error(err, "serving a piece", "dataset", id, "entry", i)
+		s.refuse(w, http.StatusInternalServerError, "failed", "cannot read the piece")
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+	s.requests.WithLabelValues("ok").Inc()
+	_, _ = s.copy(r.Context(), w, rc, n)
+}
+
+// copyChunk is the unit of a paced copy.
+const copyChunk = 256 << 10
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyChunk); return &b }}
+
+// copy sends n bytes of r within the node's upload bandwidth.
+func (s *Server) copy(ctx context.Context, w io.Writer, r io.Reader, n int64) (int64, error) {
+	bp := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(bp)
+	buf := *bp
+	var done int64
+	for done < n {
+		k, err := io.ReadFull(r, buf[:min(int64(len(buf)), n-done)])
+		if k > 0 {
+			if s.limiter != nil {
+				if err := s.limiter.WaitN(ctx, k); err != nil {
+					return done, err
+				}
+			}
+			if _, err := w.Write(buf[:k]); err != nil {
+				return done, err
+			}
+			done += int64(k)
+			s.servedBytes.Add(float64(k))
+		}
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}

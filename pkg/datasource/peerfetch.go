@@ -1,0 +1,219 @@
+package datasource
+
+// Peer fan-out, the fetching side (package peer, docs/datasets.md): a staging job reads pieces
+// from peers before the source, nodes staging together share the pieces out, and what comes from
+// a peer is checked as what comes from the source.
+//
+// What a fetcher takes from a peer it checks against what the source said, with the caller's own
+// credentials: a whole entry against its MD5 ETag from the listing; a large entry, read in
+// ranges, against the S3 full-object CRC (HEAD), its multipart ETag (parts aligned with the
+// part size HEAD gave) or its MD5 ETag, over the whole entry before it leaves tmp/. S3 has no
+// usable checksum per range of an object uploaded without part checksums, so a range is not
+// checked alone: when a large entry fails, every range a peer served is read again from the
+// source, and each peer whose bytes differ is dropped. An entry with none of these checksums
+// (an SSE-KMS ETag, a SHA-256 full-object checksum only) is read from the source alone.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+// pieceRead is one read of a piece (an entry, or a range of one) in a job that fetches from
+// peers: which entry, whether peers may serve it, and which did.
+type pieceRead struct {
+	i        int64
+	eligible bool
+	// owner is the node whose share the piece is (peer.Swarm.Owner).
+	owner string
+	peers []peer.Peer
+	waits int
+}
+
+// maxWaits bounds the poll rounds a fetcher waits for a piece that a peer is reading from the
+// source before it reads the piece from the source itself.
+const maxWaits = 120
+
+// open opens [off, off+n) of o: from a peer that holds it, after waiting for one that is reading
+// it, or from the source. via is the peer, nil for the source.
+func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n int64) (rc io.ReadCloser, via *peer.Peer, err error) {
+	if j.swarm != nil && pr != nil && pr.eligible {
+		for {
+			p, choice := j.swarm.Pick(pr.i, off, n)
+			if choice == peer.FromPeer {
+				rc, err := j.swarm.Open(ctx, p, pr.i, off, n)
+				if err == nil {
+					pr.peers = append(pr.peers, p)
+					return rc, &p, nil
+				}
+				j.swarm.Done(p, true)
+				continue
+			}
+			// Another node's share, which it is still reading from the source: wait for it.
+			if choice == peer.FromSource && pr.owner != j.m.cfg.Peers.Self() && j.swarm.Fetching(pr.owner) {
+				choice = peer.Wait
+			}
+			if choice == peer.Wait && pr.waits < maxWaits {
+				pr.waits++
+				select {
+				case <-j.swarm.Polled():
+					continue
+				case <-ctx.Done():
+					return nil, nil, context.Cause(ctx)
+				}
+			}
+			break
+		}
+	}
+	rc, err = j.src.Open(ctx, o, off, n)
+	return rc, nil, err
+}
+
+// peerHolds reports whether a peer holds task t's piece now (and may serve it).
+func (j *job) peerHolds(t task) bool {
+	if j.swarm == nil {
+		return false
+	}
+	if t.big != nil {
+		return t.big.eligible && j.swarm.Holds(j.rank(t.i), t.off, t.n)
+	}
+	return md5ETag.MatchString(t.obj.ETag) && j.swarm.Holds(j.rank(t.i), 0, t.obj.Size)
+}
+
+// peerBusy reports whether a peer is reading task t's piece from the source now, and holds it
+// nowhere yet.
+func (j *job) peerBusy(t task) bool {
+	if j.swarm == nil {
+		return false
+	}
+	off, n, eligible := int64(0), t.obj.Size, md5ETag.MatchString(t.obj.ETag)
+	if t.big != nil {
+		off, n, eligible = t.off, t.n, t.big.eligible
+	}
+	return eligible && j.swarm.Busy(j.rank(t.i), off, n)
+}
+
+// owner is the node whose share task t's piece is: entries are shared out by rank, the ranges
+// of a large entry by their index.
+func (j *job) owner(t task) string {
+	if j.swarm == nil {
+		return ""
+	}
+	if t.big != nil {
+		return j.swarm.Owner(int64(t.idx), int64(len(t.big.from)))
+	}
+	return j.swarm.Owner(j.rank(t.i), j.objsTotal.Load())
+}
+
+// othersShare reports whether task t's piece is another node's share that no peer holds yet.
+func (j *job) othersShare(t task) bool {
+	if j.swarm == nil {
+		return false
+	}
+	o := j.owner(t)
+	return o != j.m.cfg.Peers.Self() && !j.peerHolds(t) && j.swarm.Staging(o)
+}
+
+// eachShared calls fn for the manifest's entries of ranks [from, to) in rank order.
+func (j *job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
+	c := j.canon.Load()
+	f, err := os.Open(filepath.Join(j.dir, objectsFile))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for r := max(from, 0); r < min(to, int64(len(c.line))); r++ {
+		l := c.line[r]
+		b := make([]byte, c.offs[l+1]-c.offs[l])
+		if _, err := f.ReadAt(b, c.offs[l]); err != nil {
+			return err
+		}
+		var o source.Object
+		if err := json.Unmarshal(b, &o); err != nil {
+			return fmt.Errorf("corrupt manifest line %d: %w", l+1, err)
+		}
+		if err := fn(int64(l), o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *job) deferTask(t task) {
+	j.deferMu.Lock()
+	defer j.deferMu.Unlock()
+	j.deferred = append(j.deferred, t)
+}
+
+func (j *job) takeDeferred() []task {
+	j.deferMu.Lock()
+	defer j.deferMu.Unlock()
+	d := j.deferred
+	j.deferred = nil
+	return d
+}
+
+// readOrder is where this node starts in a list of n pieces (peer.Swarm.Offset); without peers,
+// at the start.
+func (j *job) readOrder(n int64, salt string) int64 {
+	if j.swarm == nil {
+		return 0
+	}
+	return j.swarm.Offset(n, salt)
+}
+
+// blame reads the ranges of a large entry that peers served again from the source, drops each
+// peer whose bytes differ, and reports whether any did. The ranges' digests are updated from what
+// the source sent.
+func (j *job) blame(ctx context.Context, t task) (bool, error) {
+	b := t.big
+	// A descriptor of its own: the object's may be open for direct I/O, which needs aligned reads.
+	f, err := j.root.Open(path.Join(tmpDir, tmpShard(t.i), tmpBase(t.i)))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	blamed := false
+	for k, from := range b.from {
+		if len(from) == 0 {
+			continue
+		}
+		off := int64(k) * b.chunk
+		n := min(b.chunk, t.obj.Size-off)
+		before := crc32.New(castagnoli)
+		if _, err := io.Copy(before, io.NewSectionReader(f, off, n)); err != nil {
+			return false, err
+		}
+		_, sum, err := j.readInto(ctx, t.obj, b.out, off, n, b.rangeHash(), nil)
+		if err != nil {
+			return false, err
+		}
+		j.bytesDone.Add(-n) // counted once already
+		b.setSum(k, sum)
+		after := crc32.New(castagnoli)
+		if _, err := io.Copy(after, io.NewSectionReader(f, off, n)); err != nil {
+			return false, err
+		}
+		if before.Sum32() != after.Sum32() {
+			for _, p := range from {
+				j.swarm.Wrong(p)
+				j.m.metrics.wrongPieces.Inc()
+			}
+			blamed = true
+		}
+		b.from[k] = nil
+	}
+	return blamed, nil
+}
+
+// tmpShard is the shard directory of entry i's temporary file (tmpDir).
+func tmpShard(i int64) string { return strconv.FormatInt(i%tmpShards, 10) }

@@ -1,0 +1,344 @@
+package datasource_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/codes"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
+	"github.com/cistern-csi/cistern/test/testpeers"
+)
+
+// tokens is an Authenticator that knows a fixed set of tokens (TokenReview in the driver).
+type tokens map[string]string
+
+func (t tokens) Authenticate(_ context.Context, token string) (string, error) {
+	if node, ok := t[token]; ok {
+		return node, nil
+	}
+	return "", peer.ErrUnauthenticated
+}
+
+// peers is a Directory that lists fixed peers for every dataset.
+type peers []peer.Peer
+
+func (p *peers) Peers(string) []peer.Peer { return *p }
+
+// startPeer serves store on a loopback port as node, for clients presenting "token-<any>".
+func startPeer(t *testing.T, node string, store peer.Store) peer.Peer {
+	t.Helper()
+	cert, hash, err := peer.SelfSigned(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := peer.NewServer(peer.ServerConfig{Store: store, Auth: tokens{"token-b": "b", "token-c": "c"}, Cert: cert})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ctx, l) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return peer.Peer{Node: node, Address: l.Addr().String(), CertHash: hash}
+}
+
+func network(t *testing.T, self, token string, dir peer.Directory) *peer.Network {
+	t.Helper()
+	n, err := peer.NewNetwork(peer.NetworkConfig{Self: self, Directory: dir,
+		Token: func() (string, error) { return token, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// corrupting serves what store holds with one byte flipped in the pieces bad chooses.
+type corrupting struct {
+	peer.Store
+	bad    func(i, off, n int64) bool
+	served atomic.Int64
+}
+
+func (c *corrupting) Open(id, digest string, i, off, n int64) (io.ReadCloser, error) {
+	rc, err := c.Store.Open(id, digest, i, off, n)
+	if err != nil || !c.bad(i, off, n) {
+		return rc, err
+	}
+	c.served.Add(1)
+	b, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		return nil, err
+	}
+	b[len(b)/2] ^= 0x40
+	return io.NopCloser(strings.NewReader(string(b))), nil
+}
+
+// spying counts the requests a store answers.
+type spying struct {
+	peer.Store
+	calls atomic.Int64
+}
+
+func (s *spying) Have(id, digest string) (*peer.Have, bool) {
+	s.calls.Add(1)
+	return s.Store.Have(id, digest)
+}
+
+func (s *spying) Open(id, digest string, i, off, n int64) (io.ReadCloser, error) {
+	s.calls.Add(1)
+	return s.Store.Open(id, digest, i, off, n)
+}
+
+// fetched returns the bytes staging counted from origin.
+func fetched(t *testing.T, m *datasource.Manager, origin string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != "cistern_dataset_fetched_bytes_total" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			if label(mt, "origin") == origin {
+				sum += mt.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// counter returns the value of an unlabelled counter.
+func counter(t *testing.T, m *datasource.Manager, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(m.Collector())
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// TestPeerFanout stages a dataset on node a from S3, then on node b from a: b reads (almost)
+// nothing from S3, a peer that serves wrong bytes is caught and b's data is still byte-identical,
+// and a peer that is gone costs nothing but the source reads.
+func TestPeerFanout(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	want := smallTree(7, 40, 5000)
+	want.upload(t, s, "data", "set/")
+	single := randBytes(71, 7<<20+1) // ranges, checked by a full-object CRC or the MD5 ETag
+	s.Put(t, "data", "set/big/single.bin", single)
+	want["big/single.bin"] = single
+	multi := randBytes(72, 12<<20+5) // part-aligned ranges, checked by the parts' MD5s
+	s.PutMultipart(t, "data", "set/big/multi.bin", int64(len(multi)), 5<<20, func(i int, buf []byte) { copy(buf, multi[i*(5<<20):]) })
+	want["big/multi.bin"] = multi
+
+	for _, strip := range []bool{true, false} {
+		name := "with S3 checksums"
+		if strip {
+			name = "MD5 ETags only"
+		}
+		t.Run(name, func(t *testing.T) {
+			var gets atomic.Int64
+			proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+				if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") {
+					gets.Add(1)
+				}
+				return testpeers.Fault{ResetAfter: -1, StripChecksums: strip}
+			})
+			spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data/set"))
+			// Low watermarks: the test pools share a disk other work fills.
+			cfg := datasource.Config{Concurrency: 4, ChunkSize: 2 << 20, LowWatermark: 0.001, HighWatermark: 0.002}
+			a := newManager(t, cfg)
+			poolA := t.TempDir()
+			if _, err := stage(ctx, t, a, datasource.Request{Spec: spec, Creds: creds(s), Pool: poolA}); err != nil {
+				t.Fatal(err)
+			}
+			fromS3 := gets.Load()
+
+			t.Run("honest peer", func(t *testing.T) {
+				pa := startPeer(t, "a", a)
+				cfg := cfg
+				cfg.Peers = network(t, "b", "token-b", &peers{pa})
+				b := newManager(t, cfg)
+				pool := t.TempDir()
+				before := gets.Load()
+				if _, err := stage(ctx, t, b, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+					t.Fatal(err)
+				}
+				tree, err := b.TreePath(pool, spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkTree(t, tree, want)
+				// One pinned read proves the caller's access before any peer is asked.
+				if n := gets.Load() - before; n != 1 {
+					t.Errorf("b made %d object GETs to S3 (a made %d), want the one pinned read", n, fromS3)
+				}
+				if got := fetched(t, b, "peer"); got != float64(sumSizes(want)) {
+					t.Errorf("b counted %v bytes from peers, want %d", got, sumSizes(want))
+				}
+			})
+
+			for _, tc := range []struct {
+				name string
+				bad  func(i, off, n int64) bool
+			}{
+				// Whole entries are checked one by one against their MD5 ETags.
+				{"corrupt peer - whole entries", func(i, _, n int64) bool { return i%3 == 0 && n < 1<<20 }},
+				// Ranges are checked with their entry: the peer's ranges are read again from S3
+				// to find the wrong one.
+				{"corrupt peer - one range of a large entry", func(_, off, n int64) bool { return n >= 1<<20 && off > 0 }},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					bad := &corrupting{Store: a, bad: tc.bad}
+					pa := startPeer(t, "a", bad)
+					cfg := cfg
+					cfg.Peers = network(t, "c", "token-c", &peers{pa})
+					c := newManager(t, cfg)
+					pool := t.TempDir()
+					if _, err := stage(ctx, t, c, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+						t.Fatal(err)
+					}
+					tree, err := c.TreePath(pool, spec)
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkTree(t, tree, want)
+					if bad.served.Load() == 0 {
+						t.Fatal("the corrupt peer served nothing: nothing was tested")
+					}
+					if got := counter(t, c, "cistern_dataset_peer_wrong_pieces_total"); got < 1 {
+						t.Errorf("%v wrong pieces counted", got)
+					}
+					if fetched(t, c, "source") == 0 {
+						t.Error("the wrong pieces were not read again from the source")
+					}
+				})
+			}
+
+			t.Run("failure case - caller may list but not read", func(t *testing.T) {
+				// The caller proves it reads the data with its own credentials before any peer
+				// is asked: denied, it is told so, and the peer hears nothing from it.
+				denied := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+					if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") {
+						return testpeers.Fault{Status: http.StatusForbidden, Code: "AccessDenied", ResetAfter: -1}
+					}
+					return testpeers.Fault{ResetAfter: -1, StripChecksums: strip}
+				})
+				spy := &spying{Store: a}
+				pa := startPeer(t, "a", spy)
+				cfg := cfg
+				cfg.Peers = network(t, "e", "token-b", &peers{pa})
+				e := newManager(t, cfg)
+				spec := mustSpec(t, s3Params(s, denied.URL, "s3://data/set"))
+				_, err := stage(ctx, t, e, datasource.Request{Spec: spec, Creds: creds(s), Pool: t.TempDir()})
+				if datasource.Code(err) != codes.PermissionDenied {
+					t.Fatalf("got %v (%v), want PermissionDenied", datasource.Code(err), err)
+				}
+				if n := spy.calls.Load(); n != 0 {
+					t.Fatalf("the peer was asked %d times", n)
+				}
+			})
+
+			t.Run("swarm", func(t *testing.T) {
+				// Two nodes stage together, each serving the other what it has: both end with
+				// the same bytes. (How much each reads from S3 depends on timing: make
+				// bench-fanout measures it.)
+				var ms [2]*datasource.Manager
+				var ps [2]peer.Peer
+				dirs := [2]*peers{{}, {}}
+				for k, node := range []string{"f", "g"} {
+					cfg := cfg
+					cfg.Peers = network(t, node, "token-b", dirs[k])
+					ms[k] = newManager(t, cfg)
+					ps[k] = startPeer(t, node, ms[k])
+				}
+				*dirs[0], *dirs[1] = peers{ps[1]}, peers{ps[0]}
+				slow := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+					if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") {
+						return testpeers.Fault{ResetAfter: -1, StripChecksums: strip, Delay: 20 * time.Millisecond}
+					}
+					return testpeers.Fault{ResetAfter: -1, StripChecksums: strip}
+				})
+				spec := mustSpec(t, s3Params(s, slow.URL, "s3://data/set"))
+				var wg sync.WaitGroup
+				pools := [2]string{t.TempDir(), t.TempDir()}
+				for k := range ms {
+					wg.Go(func() {
+						if _, err := stage(ctx, t, ms[k], datasource.Request{Spec: spec, Creds: creds(s), Pool: pools[k]}); err != nil {
+							t.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+				for k := range ms {
+					tree, err := ms[k].TreePath(pools[k], spec)
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkTree(t, tree, want)
+					t.Logf("node %d: %v bytes from S3, %v from its peer", k, fetched(t, ms[k], "source"), fetched(t, ms[k], "peer"))
+				}
+			})
+
+			t.Run("peer gone", func(t *testing.T) {
+				l, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				gone := peer.Peer{Node: "gone", Address: l.Addr().String(), CertHash: strings.Repeat("0", 64)}
+				l.Close()
+				cfg := cfg
+				cfg.Peers = network(t, "d", "token-b", &peers{gone})
+				d := newManager(t, cfg)
+				pool := t.TempDir()
+				if _, err := stage(ctx, t, d, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+					t.Fatal(err)
+				}
+				tree, err := d.TreePath(pool, spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkTree(t, tree, want)
+			})
+		})
+	}
+}

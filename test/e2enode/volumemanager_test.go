@@ -1,0 +1,242 @@
+package e2enode
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
+	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
+	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
+)
+
+// startStoragePoolSidecar builds and runs the storagepool-sidecar of the node, publishing the
+// node's pools and cache inventory as StoragePool objects until the test ends.
+func startStoragePoolSidecar(t *testing.T, c *cluster) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "storagepool-sidecar")
+	if out, err := testutil.GoBuild(bin, "github.com/cistern-csi/cistern/cmd/storagepool-sidecar").CombinedOutput(); err != nil {
+		t.Fatalf("building the storagepool-sidecar: %v\n%s", err, out)
+	}
+	framework.StartProcess(t, "storagepool-sidecar", bin,
+		"--kubeconfig="+c.cp.Kubeconfig,
+		"--csi-address="+c.node.socket,
+		"--node-name="+nodeName,
+		"--resync-period=1m",
+		"--v=3",
+	)
+}
+
+// testVolumeManager: a VolumeManager with replicas 1 over a fresh S3 dataset reaches Ready only
+// after its stager pod ran on the node and the node's cache holds the data, byte-identical to
+// the source; then the stager is gone, a ReadOnlyMany volume gives pods the cached tree
+// read-only and a ReadWriteOnce volume gives each pod a writable copy, the cache untouched.
+func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
+	c.node.waitRegistered(t, c.cp)
+	startStoragePoolSidecar(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cl, err := client.New(c.cp.Config, client.Options{Scheme: workloads.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A dataset no earlier scenario staged, so this node's cache starts cold.
+	prefix := "vm-model"
+	files := map[string]string{}
+	for key, size := range map[string]int{"config.json": 300, "weights/part-000.bin": 2<<20 + 5, "tok/vocab.txt": 40 << 10} {
+		data := make([]byte, size)
+		_, _ = rand.Read(data)
+		d.s3.Put(t, datasetBucket, prefix+"/"+key, data)
+		sum := sha256.Sum256(data)
+		files[key] = hex.EncodeToString(sum[:])
+	}
+	capacity := resource.MustParse("64Mi")
+	volume := func(id string, mode corev1.PersistentVolumeAccessMode) datav1alpha1.VolumeConfig {
+		return datav1alpha1.VolumeConfig{ID: id, Replicas: 1, SourceType: datav1alpha1.SourceS3,
+			SourceURL: "s3://" + datasetBucket + "/" + prefix, AccessMode: mode, Capacity: &capacity,
+			Options: map[string]string{"endpoint": d.s3.Endpoint, "pathStyle": "true", "secretName": datasetSecret}}
+	}
+	vm := &datav1alpha1.VolumeManager{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: "models"},
+		Spec: datav1alpha1.VolumeManagerSpec{VolumeConfigs: []datav1alpha1.VolumeConfig{
+			volume("ro", corev1.ReadOnlyMany), volume("rw", corev1.ReadWriteOnce)}},
+	}
+	attrs, err := volumemanager.DatasetAttributes(&vm.Spec.VolumeConfigs[0], volumemanager.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl, err := params.Parse(attrs, params.StaticPV)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds := pl.Dataset.ID()
+
+	// Every phase each stager pod reached, from a watch: stagers are deleted once done.
+	var mu sync.Mutex
+	phases := map[string]map[corev1.PodPhase]bool{}
+	w, err := c.cp.Client.CoreV1().Pods(c.ns).Watch(ctx, metav1.ListOptions{LabelSelector: volumemanager.LabelStager + "=true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	go func() {
+		for ev := range w.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				mu.Lock()
+				if phases[p.Name] == nil {
+					phases[p.Name] = map[corev1.PodPhase]bool{}
+				}
+				phases[p.Name][p.Status.Phase] = true
+				mu.Unlock()
+			}
+		}
+	}()
+
+	start := time.Now()
+	if err := cl.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	var got datav1alpha1.VolumeManager
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
+			return false, err
+		}
+		return got.Status.State == datav1alpha1.StateReady, nil
+	})
+	if err != nil {
+		t.Fatalf("VolumeManager not Ready: %v; status %+v", err, got.Status)
+	}
+	t.Logf("VolumeManager Ready %s after creation", time.Since(start).Round(time.Millisecond))
+
+	// Ready only once a stager ran, and the data is in the node's cache, as the source.
+	mu.Lock()
+	ran := 0
+	for name, seen := range phases {
+		if seen[corev1.PodSucceeded] {
+			ran++
+		} else {
+			t.Errorf("stager pod %s never succeeded: %v", name, seen)
+		}
+	}
+	mu.Unlock()
+	if ran != 2 {
+		t.Errorf("%d stager pods ran, want one per volume", ran)
+	}
+	cached := hashTree(t, filepath.Join(c.dir, "pool", datasource.CacheDirName, ds, "tree"))
+	if !maps.Equal(cached, files) {
+		t.Errorf("the node's cache differs from the source:\n got  %v\n want %v", cached, files)
+	}
+	var sp spapi.StoragePool
+	if err := cl.Get(ctx, client.ObjectKey{Name: poolName + "." + nodeName}, &sp); err != nil {
+		t.Fatal(err)
+	}
+	if sp.Labels[consts.LabelDatasetPrefix+ds] != "true" {
+		t.Errorf("StoragePool %s not labelled with the dataset: %v", sp.Name, sp.Labels)
+	}
+	for _, v := range got.Status.Volumes {
+		if len(v.Nodes) != 1 || v.Nodes[0].Name != nodeName || v.Nodes[0].State != datav1alpha1.NodeReady ||
+			v.Nodes[0].BytesTotal == 0 || v.Nodes[0].BytesDone != v.Nodes[0].BytesTotal {
+			t.Errorf("volume %s nodes %+v", v.ID, v.Nodes)
+		}
+	}
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		var pods corev1.PodList
+		err := cl.List(ctx, &pods, client.InNamespace(c.ns), client.MatchingLabels{volumemanager.LabelStager: "true"})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("stager pods left after Ready: %v", err)
+	}
+
+	// Pods of the claims the status gives: the shared tree read-only, and a writable copy.
+	for _, v := range got.Status.Volumes {
+		name := "vm-" + v.ID
+		pod := checkerPod(c.checkerImage, c.resultsDir, name,
+			[]corev1.Volume{{Name: "data", VolumeSource: v.VolumeSource}},
+			[]corev1.VolumeMount{{Name: "data", MountPath: "/data", ReadOnly: v.VolumeSource.PersistentVolumeClaim.ReadOnly}},
+			"-dir", "/data", "-hash", "-write-read")
+		createPod(t, c.cp, c.ns, pod)
+		waitPodRunning(t, c.cp, c.ns, name)
+		dr := readResult(t, c.resultsDir, name).Dirs[0]
+		if dr.HashError != "" || !maps.Equal(dr.Files, files) {
+			t.Errorf("%s sees %v (%s), want %v", name, dr.Files, dr.HashError, files)
+		}
+		writable := dr.WriteRead != nil && dr.WriteRead.OK
+		if want := v.ID == "rw"; writable != want {
+			t.Errorf("%s: writable %v, want %v (%+v)", name, writable, want, dr.WriteRead)
+		}
+		deletePodAndWait(t, c.cp, c.ns, name)
+	}
+	if cached := hashTree(t, filepath.Join(c.dir, "pool", datasource.CacheDirName, ds, "tree")); !maps.Equal(cached, files) {
+		t.Errorf("a writable copy changed the node's cache: %v", cached)
+	}
+
+	if err := cl.Delete(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err == nil {
+			return false, nil
+		}
+		var pvs corev1.PersistentVolumeList
+		err := cl.List(ctx, &pvs, client.MatchingLabels{volumemanager.LabelManager: vm.Name})
+		return err == nil && len(pvs.Items) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("VolumeManager and its volumes not released: %v", err)
+	}
+	// kubelet unpublishes and unstages through the driver once the pods are gone.
+	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(context.Context) (bool, error) {
+		return len(volumeMounts(t, c)) == 0, nil
+	})
+	if err != nil {
+		t.Errorf("volume mounts left: %v", volumeMounts(t, c))
+	}
+	if loops := volumeLoopDevices(t, c); len(loops) > 0 {
+		t.Errorf("loop devices left for writable copies: %v", loops)
+	}
+}
+
+// hashTree is the sha256 of every file under dir, by slash path.
+func hashTree(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		sum := sha256.Sum256(b)
+		out[filepath.ToSlash(rel)] = hex.EncodeToString(sum[:])
+		return nil
+	})
+	if err != nil {
+		t.Errorf("reading %s: %v", dir, err)
+	}
+	return out
+}
