@@ -301,7 +301,18 @@ func TestDatasetStaticPVCapacity(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ro, "x"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
 		t.Fatalf("write to the shared tree: %v, want EROFS", err)
 	}
-	for _, dir := range []string{podA, podB, ro} {
+	// A reader-only access mode (a ReadOnlyMany PV) is the shared tree even when the publication
+	// is not marked read-only.
+	reader := filepath.Join(env.dir, "target", "reader")
+	if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: reader,
+		VolumeCapability: &csi.VolumeCapability{AccessType: rwx.AccessType, AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY}},
+		VolumeContext:    vc}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(reader, "x"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
+		t.Fatalf("write through a reader-only capability: %v, want EROFS", err)
+	}
+	for _, dir := range []string{podA, podB, ro, reader} {
 		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: dir}); err != nil {
 			t.Fatal(err)
 		}

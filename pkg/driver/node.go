@@ -46,6 +46,8 @@ func access(c *csi.VolumeCapability) volume.Access {
 		FSType:       c.GetMount().GetFsType(),
 		MountFlags:   c.GetMount().GetMountFlags(),
 		SingleWriter: c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER,
+		ReaderOnly: c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY ||
+			c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY,
 	}
 }
 

@@ -51,8 +51,8 @@ func (tv *treeVolume) Unstage(ctx context.Context, path string) error {
 }
 
 // Publish binds a static PV's staging path, or serves a read-only inline volume's dataset, at
-// the target. A static PV with a capacity published writable gets a per-pod writable copy of
-// its staged dataset instead (publishCopy).
+// the target. A static PV with a capacity published writable, with a writer access mode, gets a
+// per-pod writable copy of its staged dataset instead (publishCopy).
 func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 	if r.Block {
 		return status.Error(codes.InvalidArgument, "a dataset volume must be a mount volume")
@@ -63,7 +63,7 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 	if tv.rec == nil {
 		return status.Errorf(codes.NotFound, "volume %s does not exist", tv.id)
 	}
-	if !r.ReadOnly {
+	if !r.ReadOnly && !r.ReaderOnly {
 		pl, err := ParseParams(tv.rec.Parameters, params.StaticPV)
 		if err != nil {
 			return err

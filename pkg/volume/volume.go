@@ -98,6 +98,9 @@ type Access struct {
 	MountFlags []string
 	// SingleWriter is SINGLE_NODE_SINGLE_WRITER: one publication at a time.
 	SingleWriter bool
+	// ReaderOnly is a reader-only access mode (SINGLE_NODE_READER_ONLY, MULTI_NODE_READER_ONLY):
+	// a ReadOnlyMany PersistentVolume, never a writable copy.
+	ReaderOnly bool
 }
 
 // StageRequest is a NodeStageVolume, validated.

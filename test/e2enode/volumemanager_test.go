@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -113,6 +114,8 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 		}
 	}()
 
+	// Earlier scenarios' volumes (the pvc pod runs on) stay; the VolumeManager's must all go.
+	mountsBefore, loopsBefore := sortedMounts(t, c), volumeLoopDevices(t, c)
 	start := time.Now()
 	if err := cl.Create(ctx, vm); err != nil {
 		t.Fatal(err)
@@ -208,14 +211,20 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 	}
 	// kubelet unpublishes and unstages through the driver once the pods are gone.
 	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(context.Context) (bool, error) {
-		return len(volumeMounts(t, c)) == 0, nil
+		return slices.Equal(sortedMounts(t, c), mountsBefore), nil
 	})
 	if err != nil {
-		t.Errorf("volume mounts left: %v", volumeMounts(t, c))
+		t.Errorf("volume mounts left: %v, before the VolumeManager %v", volumeMounts(t, c), mountsBefore)
 	}
-	if loops := volumeLoopDevices(t, c); len(loops) > 0 {
-		t.Errorf("loop devices left for writable copies: %v", loops)
+	if loops := volumeLoopDevices(t, c); !maps.Equal(loops, loopsBefore) {
+		t.Errorf("loop devices left for writable copies: %v, before the VolumeManager %v", loops, loopsBefore)
 	}
+}
+
+func sortedMounts(t *testing.T, c *cluster) []string {
+	m := volumeMounts(t, c)
+	slices.Sort(m)
+	return m
 }
 
 // hashTree is the sha256 of every file under dir, by slash path.

@@ -51,8 +51,8 @@ func StageAndPublish(ctx context.Context, socket string, pv *corev1.PersistentVo
 		StagingTargetPath: m.StagingPath,
 		TargetPath:        m.TargetPath,
 		VolumeCapability:  capability,
-		Readonly:          pv.Spec.CSI.ReadOnly,
 		VolumeContext:     pv.Spec.CSI.VolumeAttributes,
+		Readonly:          pv.Spec.CSI.ReadOnly, // as kubelet: a read-only PV is published read-only
 	}); err != nil {
 		_ = m.Unmount(ctx)
 		return nil, err
