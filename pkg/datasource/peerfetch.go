@@ -55,8 +55,14 @@ func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 					pr.peers = append(pr.peers, p)
 					return rc, &p, nil
 				}
-				j.swarm.Done(p, true)
-				continue
+				if !peer.IsBusy(err) {
+					j.swarm.Done(p, true)
+					continue
+				}
+				// The peer sends all it may at once: ask it, or another, again after a poll
+				// rather than read the piece from the source.
+				j.swarm.Refused(p)
+				choice = peer.Wait
 			}
 			// Another node's share, which it is still reading from the source: wait for it.
 			if choice == peer.FromSource && pr.owner != j.m.cfg.Peers.Self() && j.swarm.Fetching(pr.owner) {

@@ -37,12 +37,17 @@ func (p *peers) Peers(string) []peer.Peer { return *p }
 
 // startPeer serves store on a loopback port as node, for clients presenting "token-<any>".
 func startPeer(t *testing.T, node string, store peer.Store) peer.Peer {
+	return startPeerWith(t, node, peer.ServerConfig{Store: store})
+}
+
+func startPeerWith(t *testing.T, node string, cfg peer.ServerConfig) peer.Peer {
 	t.Helper()
 	cert, hash, err := peer.SelfSigned(node)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := peer.NewServer(peer.ServerConfig{Store: store, Auth: tokens{"token-b": "b", "token-c": "c"}, Cert: cert})
+	cfg.Auth, cfg.Cert = tokens{"token-b": "b", "token-c": "c"}, cert
+	srv, err := peer.NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,6 +321,28 @@ func TestPeerFanout(t *testing.T) {
 					}
 					checkTree(t, tree, want)
 					t.Logf("node %d: %v bytes from S3, %v from its peer", k, fetched(t, ms[k], "source"), fetched(t, ms[k], "peer"))
+				}
+			})
+
+			t.Run("busy peer", func(t *testing.T) {
+				// A peer that sends one piece at a time refuses the others at once: they are
+				// asked again, not read from S3.
+				pa := startPeerWith(t, "a", peer.ServerConfig{Store: a, MaxUploads: 1, QueueWait: time.Millisecond})
+				cfg := cfg
+				cfg.Peers = network(t, "h", "token-b", &peers{pa})
+				h := newManager(t, cfg)
+				pool := t.TempDir()
+				before := gets.Load()
+				if _, err := stage(ctx, t, h, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+					t.Fatal(err)
+				}
+				tree, err := h.TreePath(pool, spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkTree(t, tree, want)
+				if n := gets.Load() - before; n != 1 {
+					t.Errorf("h made %d object GETs to S3, want the one pinned read", n)
 				}
 			})
 

@@ -285,7 +285,11 @@ func (m *Manager) Open(id, digest string, r, off, n int64) (io.ReadCloser, error
 				return nil, err
 			}
 			l := int64(c.line[r])
-			return openPiece(j.dir, []string{path.Join(tmpDir, tmpShard(l), tmpBase(l))}, o, off, n)
+			// Gone from tmp/ when the entry was just verified and committed: then it is in the
+			// ready tree below, or no more.
+			if rc, err := openPiece(j.dir, []string{path.Join(tmpDir, tmpShard(l), tmpBase(l)), path.Join(stagingDir, o.Key), path.Join(treeDir, o.Key)}, o, off, n); err == nil {
+				return rc, nil
+			}
 		}
 	}
 	dir, ok := m.readyVersion(id, digest)

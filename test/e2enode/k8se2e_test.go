@@ -17,6 +17,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
@@ -143,6 +144,11 @@ func TestK8sStorageE2E(t *testing.T) {
 		// e2e.test's busybox and pause, under the tags its image list names.
 		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
 		bins.images["pause"].Ref + "=registry.k8s.io/pause:3.10.2",
+		// Stand-ins: the storage tests run only `/bin/sh -c` with busybox tools in the nginx
+		// image (the exec test) and the glibc-dns-testing one (the block multi-volume tests),
+		// never nginx or glibc; busybox serves under their tags (docs/testing.md).
+		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
+		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1",
 	}, nodeIndex, os.Getenv(ReleaseImagesEnv), e2eImages)
 	_, registryPort, err := net.SplitHostPort(registry)
 	if err != nil {
@@ -211,6 +217,7 @@ func TestK8sStorageE2E(t *testing.T) {
 		return
 	}
 	t.Logf("installed %s after start", time.Since(begin).Round(time.Second))
+	t.Run("kubelet-api", func(t *testing.T) { checkKubeletAPI(t, cp, registry, names) })
 
 	repoList := filepath.Join(dir, "repo-list.yaml")
 	// Every registry e2e.test's image list names that an External Storage test pulls from.
@@ -333,6 +340,36 @@ patches:
 	})
 	if err != nil {
 		t.Fatalf("install not ready: %v; not ready:%s", err, last)
+	}
+}
+
+// checkKubeletAPI runs a pod on each node and reads its log and runs a command in it with
+// kubectl: the API server reaches each kubelet at its node address, verifies it against the
+// node CA, and kubelet accepts the API server's client certificate.
+func checkKubeletAPI(t *testing.T, cp *framework.ControlPlane, registry string, nodes []string) {
+	ns := framework.CreateNamespace(t, cp, "kubelet-api")
+	for _, node := range nodes {
+		name := "echo-" + node
+		createPod(t, cp, ns, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.PodSpec{
+				NodeName:                      node,
+				TerminationGracePeriodSeconds: ptr.To[int64](1),
+				Containers: []corev1.Container{{
+					Name:    "echo",
+					Image:   registry + "/e2e-test-images/busybox:1.37.0-2",
+					Command: []string{"sh", "-c", "echo hello from $(hostname); exec sleep 3600"},
+				}},
+			},
+		})
+		waitPodRunning(t, cp, ns, name)
+		if out := kubectlOutput(cp, "logs", "-n", ns, name); !strings.Contains(out, "hello from "+name) {
+			t.Errorf("kubectl logs of a pod on %s: %q", node, out)
+		}
+		if out := kubectlOutput(cp, "exec", "-n", ns, name, "--", "cat", "/etc/hostname"); strings.TrimSpace(out) != name {
+			t.Errorf("kubectl exec in a pod on %s: %q", node, out)
+		}
+		_ = cp.Client.CoreV1().Pods(ns).Delete(context.Background(), name, metav1.DeleteOptions{})
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -236,21 +238,58 @@ func cgroupPIDs(root string) []int {
 	return pids
 }
 
-// detachLoops detaches the loop devices of the volumes (backed by files on the pool's device)
-// and then the pool's.
+// detachLoops detaches, in order, the loop devices kubelet attached over the volumes' block
+// devices (it holds each mapped block volume open with one), the volumes' loop devices (backed by
+// files on the pool's device), and the pool's.
 func (n *netnsNode) detachLoops(t *testing.T) {
 	if n.poolDev != "" {
-		out, err := exec.Command("losetup", "-l", "-n", "-O", "NAME,BACK-MAJ:MIN").Output()
-		if err != nil {
-			t.Logf("cleanup: losetup: %v", err)
+		loops := loopBackings(t)
+		var volumes []string
+		for dev, back := range loops {
+			if back.dev == n.poolDev {
+				volumes = append(volumes, dev)
+			}
 		}
-		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) == 2 && f[1] == n.poolDev {
-				if out, err := exec.Command("losetup", "-d", f[0]).CombinedOutput(); err != nil {
-					t.Logf("cleanup: detaching %s: %v: %s", f[0], err, out)
+		for _, vol := range volumes {
+			var st unix.Stat_t
+			if err := unix.Stat(vol, &st); err != nil {
+				continue
+			}
+			node := loopBacking{dev: fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)), ino: strconv.FormatUint(st.Ino, 10)}
+			for dev, back := range loops {
+				if back == node {
+					detachLoop(t, dev)
 				}
 			}
 		}
+		for _, vol := range volumes {
+			detachLoop(t, vol)
+		}
 	}
 	detachLoops(t, n.dir)
+}
+
+// loopBacking is what a loop device's backing file is on: device (major:minor) and inode.
+type loopBacking struct{ dev, ino string }
+
+// loopBackings lists every loop device with its backing file's device and inode, as the kernel
+// reports them whatever mount namespace attached it.
+func loopBackings(t *testing.T) map[string]loopBacking {
+	out, err := exec.Command("losetup", "-l", "-n", "-O", "NAME,BACK-MAJ:MIN,BACK-INO").Output()
+	if err != nil {
+		t.Logf("cleanup: losetup: %v", err)
+	}
+	loops := map[string]loopBacking{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 3 {
+			loops[f[0]] = loopBacking{dev: f[1], ino: f[2]}
+		}
+	}
+	return loops
+}
+
+func detachLoop(t *testing.T, dev string) {
+	if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+		t.Logf("cleanup: detaching %s: %v: %s", dev, err, out)
+	}
 }

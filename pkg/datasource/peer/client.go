@@ -188,6 +188,7 @@ type Swarm struct {
 	stop        context.CancelFunc
 	done        chan struct{}
 	members     []string // nodes sharing the pieces out, by name (Offset, Owner)
+	started     time.Time
 	mu          sync.Mutex
 	peers       map[string]*peerState // by address
 	roundClosed chan struct{}         // closed after each poll round
@@ -197,8 +198,10 @@ type peerState struct {
 	Peer
 	have     *Have
 	inflight int
-	// retryAt: a peer that failed (unreachable, slow, refused) is left alone until then.
+	// retryAt: a peer that failed (unreachable, slow, gone) is left alone until then.
 	retryAt time.Time
+	// refusedUntil: a peer that refused a request for want of an upload slot is waited for.
+	refusedUntil time.Time
 	// polled is when have was last asked; notHeld: the peer does not hold the version (yet).
 	polled  time.Time
 	notHeld bool
@@ -210,6 +213,7 @@ func (n *Network) Swarm(ctx context.Context, id, digest string) *Swarm {
 	s := &Swarm{net: n, id: id, digest: digest, stop: stop, done: make(chan struct{}),
 		peers: map[string]*peerState{}, roundClosed: make(chan struct{})}
 	// The nodes staging together, as this node sees them when it starts: they share the pieces.
+	s.started = time.Now()
 	s.members = []string{n.cfg.Self}
 	for _, p := range n.cfg.Directory.Peers(id) {
 		if !slices.Contains(s.members, p.Node) {
@@ -321,6 +325,8 @@ func (s *Swarm) choose(i, off, n int64, take bool) (Peer, Choice) {
 			continue
 		}
 		switch {
+		case ps.have.Has(i, off, n) && now.Before(ps.refusedUntil):
+			busy = true
 		case ps.have.Has(i, off, n):
 			if len(best) == 0 || ps.inflight < best[0].inflight {
 				best = []*peerState{ps}
@@ -371,7 +377,22 @@ func (s *Swarm) Owner(pos, n int64) string {
 // Staging reports whether node is a peer that is staging the version (it answers, not Ready):
 // its share is left to it.
 func (s *Swarm) Staging(node string) bool {
-	return s.peerIs(node, func(h *Have) bool { return !h.Ready })
+	if s.peerIs(node, func(h *Have) bool { return !h.Ready }) {
+		return true
+	}
+	// A node the inventory listed when this one started may still be listing the version: it
+	// is given a few polls to answer before its share is read from the source.
+	if time.Since(s.started) >= 8*s.net.cfg.PollInterval || !slices.Contains(s.members, node) {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, ps := range s.peers {
+		if ps.Node == node && (ps.have == nil || !ps.have.Ready) && !time.Now().Before(ps.retryAt) {
+			return true
+		}
+	}
+	return false
 }
 
 // Fetching reports whether node is a peer that is reading from the source now (it has pieces of
@@ -432,6 +453,23 @@ func (s *Swarm) Done(p Peer, failed bool) {
 		ps.retryAt = time.Now().Add(5 * time.Second)
 		ps.have = nil
 	}
+}
+
+// Refused ends a request p refused for want of an upload slot (IsBusy): p is asked again after
+// a poll interval.
+func (s *Swarm) Refused(p Peer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ps, ok := s.peers[p.Address]; ok {
+		ps.inflight = max(ps.inflight-1, 0)
+		ps.refusedUntil = time.Now().Add(s.net.cfg.PollInterval / 2)
+	}
+}
+
+// IsBusy reports whether a peer refused a request because it sends all it may at once.
+func IsBusy(err error) bool {
+	var se *statusError
+	return errors.As(err, &se) && se.code == http.StatusServiceUnavailable
 }
 
 // Wrong records that p served bytes that failed verification: it is not asked again, by this

@@ -22,7 +22,8 @@ type Mounted struct {
 
 // StageAndPublish does for a bound PersistentVolume what kubelet does on the node it is pinned to:
 // NodeStageVolume to a global mount under root with the PV's volume context and the node-stage
-// secret's data, then NodePublishVolume to a pod directory under root. The caller unpublishes
+// secret's data, then NodePublishVolume to a pod directory under root, with the access mode the
+// PV's access modes give and read-only when the PV is. The caller unpublishes
 // with Unmount.
 func StageAndPublish(ctx context.Context, socket string, pv *corev1.PersistentVolume, secrets map[string]string, root string) (*Mounted, error) {
 	if pv.Spec.CSI == nil {
@@ -38,7 +39,8 @@ func StageAndPublish(ctx context.Context, socket string, pv *corev1.PersistentVo
 		TargetPath:  targetPath(root, "demo", pv.Name),
 		conn:        conn,
 	}
-	capability := mountCapability(pv.Spec.CSI.FSType, csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+	// As kubelet: the access mode from the PV's, read-only when the PV says so.
+	capability := mountCapability(pv.Spec.CSI.FSType, accessMode(pv.Spec.AccessModes))
 	node := csi.NewNodeClient(conn)
 	if err := stage(ctx, node, pv, m.StagingPath, capability, secrets); err != nil {
 		conn.Close()
