@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,6 +41,9 @@ const (
 	K8sE2ENodesEnv = "CISTERN_K8S_E2E_NODES"
 	// K8sE2EProcsEnv is ginkgo's number of parallel processes (default 4).
 	K8sE2EProcsEnv = "CISTERN_K8S_E2E_PROCS"
+	// K8sE2EFocusEnv, when set, adds the run "focus": the External Storage tests of the
+	// testdriver matching this regular expression (e.g. one test, to reproduce a failure).
+	K8sE2EFocusEnv = "CISTERN_K8S_E2E_FOCUS"
 
 	// k8sE2EPoolDir is where each node's pool is mounted, in its own mount namespace.
 	k8sE2EPoolDir = "/mnt/cistern/e2e-fast"
@@ -252,10 +256,15 @@ func selectRuns(t *testing.T) []k8sE2ERun {
 	if want == "" {
 		want = "storage,snapshots"
 	}
+	all := k8sE2ERuns
+	if f := os.Getenv(K8sE2EFocusEnv); f != "" {
+		all = append(slices.Clone(all), k8sE2ERun{name: "focus",
+			focus: `External.Storage.*cistern\.csi\.dev.*(` + f + `)`, skip: `\[Disruptive\]|\[Serial\]`})
+	}
 	var runs []k8sE2ERun
 	for _, name := range strings.Split(want, ",") {
 		found := false
-		for _, r := range k8sE2ERuns {
+		for _, r := range all {
 			if r.name == name {
 				runs, found = append(runs, r), true
 			}
