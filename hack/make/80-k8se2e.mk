@@ -34,7 +34,8 @@ k8s-e2e-images: $(BUSYBOX) k8s-e2e-tools snapshotter-tools
 # with the snapshots component, external-snapshotter's CRDs and snapshot-controller, then ginkgo
 # runs of e2e.test: "storage" (every External Storage test the testdriver enables, without
 # [Disruptive], [Serial] and features needing absent components) and "snapshots"
-# ([Feature:VolumeSnapshotDataSource]). K8S_E2E_RUNS=subset runs the part `make test` runs.
+# ([Feature:VolumeSnapshotDataSource]). K8S_E2E_RUNS=subset runs the part `make test` runs;
+# K8S_E2E_RUNS=focus K8S_E2E_FOCUS='<regexp>' the tests matching a regular expression.
 # Same machine requirements as e2e-node.
 K8S_E2E_RUNS ?= storage,snapshots
 SNAPSHOTTER_CLIENT := github.com/kubernetes-csi/external-snapshotter/client/v8
@@ -46,7 +47,7 @@ e2e-k8s:
 	crds=$$(cd hack/tools/snapshotter && $(GO) mod download $(SNAPSHOTTER_CLIENT) && $(GO) list -m -f '{{.Dir}}' $(SNAPSHOTTER_CLIENT))/config/crd && \
 	controller=$$(cd hack/tools/snapshotter && $(GO) list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/v8)/deploy/kubernetes/snapshot-controller && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
-	  CISTERN_SNAPSHOT_CRDS=$$crds CISTERN_SNAPSHOT_CONTROLLER=$$controller CISTERN_K8S_E2E_RUNS=$(K8S_E2E_RUNS) \
+	  CISTERN_SNAPSHOT_CRDS=$$crds CISTERN_SNAPSHOT_CONTROLLER=$$controller CISTERN_K8S_E2E_RUNS=$(K8S_E2E_RUNS) CISTERN_K8S_E2E_FOCUS='$(K8S_E2E_FOCUS)' \
 	  $(GO_TEST) -count=1 -timeout 3h -v -run TestK8sStorageE2E ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -23,6 +24,26 @@ const DefaultFSType = "ext4"
 var formatOptions = map[string][]string{
 	"ext4": {"-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"},
 	"xfs":  {"-K"},
+}
+
+// fsMountFlags are the mount options a filesystem always gets, after the caller's. XFS refuses a
+// second filesystem with the UUID of one already mounted, and a clone or a restored snapshot is a
+// copy of its source's blocks, UUID included: without nouuid, a volume and its clone cannot be
+// mounted on one node at once (found by Kubernetes' storage e2e suite, "concurrently access the
+// volume and its clone from pods on the same node").
+var fsMountFlags = map[string][]string{
+	"xfs": {"nouuid"},
+}
+
+// withFSMountFlags returns flags with the filesystem's own options added when missing.
+func withFSMountFlags(fs string, flags []string) []string {
+	out := slices.Clone(flags)
+	for _, f := range fsMountFlags[fs] {
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // mountDevice formats the device if it has no filesystem yet, mounts it, and grows the
@@ -49,6 +70,7 @@ func (s *Service) mountDevice(dev, target string, v state.Volume, flags []string
 	if fs == "" {
 		fs = DefaultFSType
 	}
+	flags = withFSMountFlags(fs, flags)
 	if !v.Formatted {
 		// A fresh image of ours: no probe needed before mkfs.
 		args := append(append([]string{}, formatOptions[fs]...), dev)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -277,6 +278,56 @@ func TestStageFormatsOnceAndRecordsIt(t *testing.T) {
 		err := e.s.Open(v.ID, nil, false).Stage(context.Background(), StageRequest{Path: staging, Access: Access{Block: true}})
 		wantCode(t, err, codes.InvalidArgument)
 	})
+}
+
+// TestStageMountsXFSWithNouuid: an xfs volume is mounted with nouuid, whether it is formatted
+// at this staging or already has a filesystem (a clone or restored snapshot carries its source's
+// UUID, and XFS refuses to mount two filesystems with one UUID); ext4 gets no such option.
+func TestStageMountsXFSWithNouuid(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		fs        string
+		formatted bool
+		flags     []string
+		nouuid    bool
+	}{
+		{"new xfs volume", "xfs", false, nil, true},
+		{"clone of an xfs volume", "xfs", true, nil, true},
+		{"xfs with the caller's options", "xfs", true, []string{"noatime", "nouuid"}, true},
+		{"ext4 volume", "ext4", false, []string{"noatime"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEnv(t, false)
+			v := e.volume(t, state.Volume{AccessType: state.Mount, FSType: tc.fs, Formatted: tc.formatted})
+			r := StageRequest{Path: filepath.Join(e.dir, "staging"), Access: Access{FSType: tc.fs, MountFlags: tc.flags}}
+			if err := e.s.Open(v.ID, nil, false).Stage(context.Background(), r); err != nil {
+				t.Fatal(err)
+			}
+			mps, _ := e.mnt.List()
+			if len(mps) != 1 {
+				t.Fatalf("mounts %+v", mps)
+			}
+			opts := mps[0].Opts
+			if n := countOf(opts, "nouuid"); n != map[bool]int{true: 1, false: 0}[tc.nouuid] {
+				t.Errorf("mount options %v: nouuid %d times", opts, n)
+			}
+			for _, f := range tc.flags {
+				if !slices.Contains(opts, f) {
+					t.Errorf("mount options %v lack the caller's %s", opts, f)
+				}
+			}
+		})
+	}
+}
+
+func countOf(list []string, s string) int {
+	n := 0
+	for _, e := range list {
+		if e == s {
+			n++
+		}
+	}
+	return n
 }
 
 // TestFailedMountDetaches: when the mount fails, neither a staged nor an inline volume is left

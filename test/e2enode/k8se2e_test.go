@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // What TestK8sStorageE2E finds through the environment; hack/make/80-k8se2e.mk sets them.
@@ -39,6 +41,9 @@ const (
 	K8sE2ENodesEnv = "CISTERN_K8S_E2E_NODES"
 	// K8sE2EProcsEnv is ginkgo's number of parallel processes (default 4).
 	K8sE2EProcsEnv = "CISTERN_K8S_E2E_PROCS"
+	// K8sE2EFocusEnv, when set, adds the run "focus": the External Storage tests of the
+	// testdriver matching this regular expression (e.g. one test, to reproduce a failure).
+	K8sE2EFocusEnv = "CISTERN_K8S_E2E_FOCUS"
 
 	// k8sE2EPoolDir is where each node's pool is mounted, in its own mount namespace.
 	k8sE2EPoolDir = "/mnt/cistern/e2e-fast"
@@ -144,11 +149,13 @@ func TestK8sStorageE2E(t *testing.T) {
 		// e2e.test's busybox and pause, under the tags its image list names.
 		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
 		bins.images["pause"].Ref + "=registry.k8s.io/pause:3.10.2",
-		// Stand-ins: the storage tests run only `/bin/sh -c` with busybox tools in the nginx
-		// image (the exec test) and the glibc-dns-testing one (the block multi-volume tests),
-		// never nginx or glibc; busybox serves under their tags (docs/testing.md).
+		// Stand-ins (docs/testing.md): the storage tests run only shell commands in the nginx
+		// image (the exec test: `ls`) and the glibc-dns-testing one (the multi-volume tests:
+		// GNU dd with oflag=nocache, which busybox lacks), never nginx or the DNS tools. busybox
+		// serves as nginx; Cistern's node image, Debian bookworm with coreutils as the real
+		// image's Debian base has, as glibc-dns-testing.
 		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
-		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1",
+		release["node"].Ref + "=registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1",
 	}, nodeIndex, os.Getenv(ReleaseImagesEnv), e2eImages)
 	_, registryPort, err := net.SplitHostPort(registry)
 	if err != nil {
@@ -182,11 +189,18 @@ func TestK8sStorageE2E(t *testing.T) {
 	}
 	serveKubernetesService(t, cp)
 
+	// The nodes' PID 1: the pause program, which reaps orphans.
+	init := filepath.Join(dir, "init")
+	build := testutil.GoBuild(init, "./pause")
+	build.Dir = filepath.Join(root, "hack", "images")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building hack/images/pause: %v\n%s", err, out)
+	}
 	var names []string
 	for i := range nodes {
 		name := fmt.Sprintf("cistern-k8se2e-%c", 'a'+i)
 		names = append(names, name)
-		n := startNetnsNode(t, dir, i, name, k8sE2EPoolDir, k8sE2EPoolSize)
+		n := startNetnsNode(t, dir, i, name, k8sE2EPoolDir, k8sE2EPoolSize, init)
 		// The node pulls through a relay on its link to the loopback registry, under the
 		// registry's own name (what KUBE_TEST_REPO_LIST gives e2e.test) and the mirrored ones.
 		relayTCP(t, net.JoinHostPort(n.hostIP, registryPort), registry)
@@ -242,10 +256,15 @@ func selectRuns(t *testing.T) []k8sE2ERun {
 	if want == "" {
 		want = "storage,snapshots"
 	}
+	all := k8sE2ERuns
+	if f := os.Getenv(K8sE2EFocusEnv); f != "" {
+		all = append(slices.Clone(all), k8sE2ERun{name: "focus",
+			focus: `External.Storage.*cistern\.csi\.dev.*(` + f + `)`, skip: `\[Disruptive\]|\[Serial\]`})
+	}
 	var runs []k8sE2ERun
 	for _, name := range strings.Split(want, ",") {
 		found := false
-		for _, r := range k8sE2ERuns {
+		for _, r := range all {
 			if r.name == name {
 				runs, found = append(runs, r), true
 			}

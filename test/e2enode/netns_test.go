@@ -32,9 +32,11 @@ type netnsNode struct {
 	// podSubnet and podGateway are the node's pod network (CNI ptp inside the namespace).
 	podSubnet, podGateway string
 	cgroupRoot            string
-	// enter runs a command in the node's mount and network namespaces.
-	enter  []string
-	holder *framework.Process
+	// enter runs a command in the node's mount, network and PID namespaces, which holder (the
+	// unshare that started the node's init, initPID on the host) holds.
+	enter   []string
+	holder  *framework.Process
+	initPID int
 	// poolDev is the pool's loop device (major:minor); the volumes' loop devices are on it.
 	poolDev string
 }
@@ -72,8 +74,11 @@ func prepareNodePaths(t *testing.T) {
 // startNetnsNode creates node i's namespaces, link, directories and pool (an ext4 filesystem of
 // poolSize bytes on a loop device, mounted at poolPath in the node). Its cleanup, registered
 // before any process of the node starts and so run after they stop, kills what is left in the
-// node's cgroups and mount namespace, then removes the namespaces and detaches the loop devices.
-func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, poolSize int64) *netnsNode {
+// node's cgroups and namespaces, stops its init (the kernel kills whatever else is in the node's
+// PID namespace), then removes the network namespace and detaches the loop devices.
+//
+// init is the path of the node's PID 1, a static program that reaps orphans (hack/images/pause).
+func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, poolSize int64, init string) *netnsNode {
 	t.Helper()
 	n := &netnsNode{name: name, dir: filepath.Join(dir, name),
 		netns: fmt.Sprintf("cistern-k8se2e-%d", i), hostIf: fmt.Sprintf("ck8se2e%d", i)}
@@ -109,7 +114,7 @@ func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 	// (backed by files in the pool) before the pool's.
 	t.Cleanup(func() { n.detachLoops(t) })
 	n.cgroupRoot = ownCgroupRoot(t, "cistern-k8se2e-"+name)
-	n.startMountNamespace(t)
+	n.startNamespaces(t, init)
 	t.Cleanup(func() { n.killLeftovers(t) })
 
 	for _, p := range nodePaths {
@@ -146,25 +151,35 @@ func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 	return n
 }
 
-// startMountNamespace starts the process that holds the node's mount namespace (a slave of the
-// host's, so the host's mounts reach it and none of its own leave it) inside its network
-// namespace; the node's processes enter both through nsenter. Not `ip netns exec`, which gives
-// each command a mount namespace of its own and a /sys without the host's cgroups.
-func (n *netnsNode) startMountNamespace(t *testing.T) {
+// startNamespaces starts the process that holds the node's mount and PID namespaces, inside its
+// network namespace: init, the node's PID 1 (hack/images/pause, which reaps orphans), so that
+// privileged host-PID pods that enter /proc/1/ns/mnt, as e2e.test's host-exec pods do, find the
+// node's mounts, and so that when it stops the kernel kills everything left in the node. The
+// mount namespace is a slave of the host's (the host's mounts reach it, none of its own leave
+// it), with /proc of the node's PID namespace. The node's processes enter the namespaces through
+// nsenter. Not `ip netns exec`, which gives each command a mount namespace of its own and a /sys
+// without the host's cgroups.
+func (n *netnsNode) startNamespaces(t *testing.T, init string) {
 	t.Helper()
 	n.holder = framework.StartProcess(t, "namespaces-"+n.name, "nsenter", "--net=/run/netns/"+n.netns, "--",
-		"unshare", "--mount", "--propagation", "slave", "--", "sleep", "infinity")
+		"unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "slave", "--", init)
 	self, err := os.Readlink("/proc/self/ns/mnt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := n.holder.Pid()
+	// unshare forks the node's init; nsenter enters the namespaces of that child.
+	parent := n.holder.Pid()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
-		if err == nil && ns != self && filepath.Base(exe) == "sleep" {
-			break
+		children, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", parent, parent))
+		if f := strings.Fields(string(children)); len(f) == 1 {
+			pid, _ := strconv.Atoi(f[0])
+			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+			ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+			if err == nil && ns != self && exe == init {
+				n.initPID = pid
+				break
+			}
 		}
 		select {
 		case <-n.holder.Done():
@@ -172,11 +187,11 @@ func (n *netnsNode) startMountNamespace(t *testing.T) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("node %s: no mount namespace after 30s (log: %s)", n.name, n.holder.LogPath)
+			t.Fatalf("node %s: no init in its namespaces after 30s (log: %s)", n.name, n.holder.LogPath)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	n.enter = []string{"nsenter", "--target", strconv.Itoa(pid), "--mount", "--net", "--"}
+	n.enter = []string{"nsenter", "--target", strconv.Itoa(n.initPID), "--mount", "--net", "--pid", "--"}
 }
 
 // run runs a command in the node's namespaces and fails the test when it fails.
@@ -188,23 +203,23 @@ func (n *netnsNode) run(t *testing.T, args ...string) {
 
 // killLeftovers kills what the node's kubelet and containerd left once they are stopped: the
 // processes in the node's pod cgroups (containers kubelet did not tear down) and in its mount
-// namespace (containerd's shims), except the namespace's holder.
+// namespace (containerd's shims), except the node's init and its holder; stopping init then
+// takes whatever is left in the node's PID namespace.
 func (n *netnsNode) killLeftovers(t *testing.T) {
 	for _, pid := range cgroupPIDs(n.cgroupRoot) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	if n.holder == nil {
+	if n.initPID == 0 {
 		return
 	}
-	holder := n.holder.Pid()
-	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder))
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", n.initPID))
 	if err != nil {
 		return
 	}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == holder {
+		if err != nil || pid == n.initPID || pid == n.holder.Pid() {
 			continue
 		}
 		if other, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && other == ns {
