@@ -38,6 +38,7 @@ k8s-e2e-images: $(BUSYBOX) k8s-e2e-tools snapshotter-tools
 # K8S_E2E_RUNS=focus K8S_E2E_FOCUS='<regexp>' the tests matching a regular expression.
 # Same machine requirements as e2e-node.
 K8S_E2E_RUNS ?= storage,snapshots
+K8S_E2E_NODES ?= 2
 SNAPSHOTTER_CLIENT := github.com/kubernetes-csi/external-snapshotter/client/v8
 .PHONY: e2e-k8s
 e2e-k8s:
@@ -47,13 +48,14 @@ e2e-k8s:
 	crds=$$(cd hack/tools/snapshotter && $(GO) mod download $(SNAPSHOTTER_CLIENT) && $(GO) list -m -f '{{.Dir}}' $(SNAPSHOTTER_CLIENT))/config/crd && \
 	controller=$$(cd hack/tools/snapshotter && $(GO) list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/v8)/deploy/kubernetes/snapshot-controller && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
-	  CISTERN_SNAPSHOT_CRDS=$$crds CISTERN_SNAPSHOT_CONTROLLER=$$controller CISTERN_K8S_E2E_RUNS=$(K8S_E2E_RUNS) CISTERN_K8S_E2E_FOCUS='$(K8S_E2E_FOCUS)' \
+	  CISTERN_SNAPSHOT_CRDS=$$crds CISTERN_SNAPSHOT_CONTROLLER=$$controller CISTERN_K8S_E2E_RUNS=$(K8S_E2E_RUNS) CISTERN_K8S_E2E_FOCUS='$(K8S_E2E_FOCUS)' CISTERN_K8S_E2E_NODES=$(K8S_E2E_NODES) \
 	  $(GO_TEST) -count=1 -timeout 3h -v -run TestK8sStorageE2E ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # The representative part `make test` runs (K8S_E2E_RUNS=subset: provisioning from a claim,
-# volumes, subPath, block, CSI inline and generic ephemeral volumes, a snapshot and its restore).
+# volumes, subPath, block, CSI inline and generic ephemeral volumes, a snapshot and its restore),
+# on one node: a restore scheduled to the node without the snapshot fails (docs/testing.md).
 TEST_TARGETS += e2e-k8s-subset
 .PHONY: e2e-k8s-subset
 e2e-k8s-subset:
-	@$(MAKE) --no-print-directory e2e-k8s K8S_E2E_RUNS=subset
+	@$(MAKE) --no-print-directory e2e-k8s K8S_E2E_RUNS=subset K8S_E2E_NODES=1
