@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
@@ -161,16 +162,26 @@ func eventRecorder(kubeconfig, node string) (*nodeevents.Recorder, error) {
 	if node == "" {
 		return nil, errors.New("--events needs --node-id")
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	rc.UserAgent = "cistern-csi-driver/" + version
-	client, err := kubernetes.NewForConfig(rc)
+	_, client, err := kubeClient(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	return nodeevents.New(client, node, "cistern-csi-driver"), nil
+}
+
+// kubeClient is a client of the API server, through the in-cluster configuration or kubeconfig,
+// and its configuration for the other clients built on it.
+func kubeClient(kubeconfig string) (*rest.Config, kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc.UserAgent = "cistern-csi-driver/" + version
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rc, client, nil
 }
 
 // setupPeers prepares peer fan-out: the peer port's certificate and authenticator, and the
@@ -179,12 +190,7 @@ func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts s
 	if cfg.NodeID == "" || advertise == "" {
 		return nil, errors.New("--peer-listen needs --node-id and --peer-advertise")
 	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	rc.UserAgent = "cistern-csi-driver/" + version
-	client, err := kubernetes.NewForConfig(rc)
+	rc, client, err := kubeClient(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
