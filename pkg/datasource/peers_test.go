@@ -2,9 +2,13 @@ package datasource_test
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +45,11 @@ func startPeer(t *testing.T, node string, store peer.Store) peer.Peer {
 }
 
 func startPeerWith(t *testing.T, node string, cfg peer.ServerConfig) peer.Peer {
+	return startPeerWrapped(t, node, cfg, nil)
+}
+
+// startPeerWrapped serves the peer port's handler through wrap, when set, as Serve would.
+func startPeerWrapped(t *testing.T, node string, cfg peer.ServerConfig, wrap func(http.Handler) http.Handler) peer.Peer {
 	t.Helper()
 	cert, hash, err := peer.SelfSigned(node)
 	if err != nil {
@@ -57,9 +66,59 @@ func startPeerWith(t *testing.T, node string, cfg peer.ServerConfig) peer.Peer {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(ctx, l) }()
+	if wrap == nil {
+		go func() { defer close(done); _ = srv.Serve(ctx, l) }()
+	} else {
+		hs := &http.Server{Handler: wrap(srv.Handler()), TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}}}
+		go func() { defer close(done); _ = hs.ServeTLS(l, "", "") }()
+		go func() { <-ctx.Done(); hs.Close() }()
+	}
 	t.Cleanup(func() { cancel(); <-done })
 	return peer.Peer{Node: node, Address: l.Addr().String(), CertHash: hash}
+}
+
+// requests counts what fetchers ask a peer port: batches, and small entries asked one by one.
+type requests struct {
+	batches, smallPieces atomic.Int64
+}
+
+func (c *requests) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/batch"):
+			c.batches.Add(1)
+		case strings.Contains(r.URL.Path, "/entries/"):
+			// Whole small entries; a large entry's ranges are 2 MiB, but its last.
+			if n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64); n < 1<<20 && r.URL.Query().Get("off") == "0" {
+				c.smallPieces.Add(1)
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// earlierVersion makes a peer port look like one of an earlier version, which serves no
+// batches: its "have" answers say nothing of them, and a batch request finds nothing.
+func earlierVersion(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/batch"):
+			http.NotFound(w, r)
+		case strings.HasSuffix(r.URL.Path, "/have"):
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, r)
+			var have map[string]any
+			if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &have) != nil {
+				w.WriteHeader(rec.Code)
+				w.Write(rec.Body.Bytes())
+				return
+			}
+			delete(have, "batch")
+			json.NewEncoder(w).Encode(have)
+		default:
+			h.ServeHTTP(w, r)
+		}
+	})
 }
 
 func network(t *testing.T, self, token string, dir peer.Directory) *peer.Network {
@@ -198,43 +257,72 @@ func TestPeerFanout(t *testing.T) {
 			}
 			fromS3 := gets.Load()
 
-			t.Run("honest peer", func(t *testing.T) {
-				pa := startPeer(t, "a", a)
-				cfg := cfg
-				cfg.Peers = network(t, "b", "token-b", &peers{pa})
-				b := newManager(t, cfg)
-				pool := t.TempDir()
-				before := gets.Load()
-				if _, err := stage(ctx, t, b, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
-					t.Fatal(err)
-				}
-				tree, err := b.TreePath(pool, spec)
-				if err != nil {
-					t.Fatal(err)
-				}
-				checkTree(t, tree, want)
-				// One pinned read proves the caller's access before any peer is asked.
-				if n := gets.Load() - before; n != 1 {
-					t.Errorf("b made %d object GETs to S3 (a made %d), want the one pinned read", n, fromS3)
-				}
-				if got := fetched(t, b, "peer"); got != float64(sumSizes(want)) {
-					t.Errorf("b counted %v bytes from peers, want %d", got, sumSizes(want))
-				}
-			})
+			for _, tc := range []struct {
+				name    string
+				earlier bool
+			}{
+				// Small entries come in batches; a large entry's ranges one by one.
+				{name: "honest peer"},
+				// A peer of an earlier version serves every piece one by one.
+				{name: "honest peer of an earlier version, without batches", earlier: true},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					var reqs requests
+					wrap := reqs.wrap
+					if tc.earlier {
+						wrap = func(h http.Handler) http.Handler { return reqs.wrap(earlierVersion(h)) }
+					}
+					pa := startPeerWrapped(t, "a", peer.ServerConfig{Store: a}, wrap)
+					cfg := cfg
+					cfg.Peers = network(t, "b", "token-b", &peers{pa})
+					b := newManager(t, cfg)
+					pool := t.TempDir()
+					before := gets.Load()
+					if _, err := stage(ctx, t, b, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+						t.Fatal(err)
+					}
+					tree, err := b.TreePath(pool, spec)
+					if err != nil {
+						t.Fatal(err)
+					}
+					checkTree(t, tree, want)
+					// One pinned read proves the caller's access before any peer is asked.
+					if n := gets.Load() - before; n != 1 {
+						t.Errorf("b made %d object GETs to S3 (a made %d), want the one pinned read", n, fromS3)
+					}
+					if got := fetched(t, b, "peer"); got != float64(sumSizes(want)) {
+						t.Errorf("b counted %v bytes from peers, want %d", got, sumSizes(want))
+					}
+					batches, small := reqs.batches.Load(), reqs.smallPieces.Load()
+					if tc.earlier && (batches != 0 || small == 0) || !tc.earlier && (batches == 0 || small != 0) {
+						t.Errorf("%d batch requests, %d small pieces asked one by one", batches, small)
+					}
+				})
+			}
 
 			for _, tc := range []struct {
-				name string
-				bad  func(i, off, n int64) bool
+				name    string
+				bad     func(i, off, n int64) bool
+				earlier bool
 			}{
-				// Whole entries are checked one by one against their MD5 ETags.
-				{"corrupt peer - whole entries", func(i, _, n int64) bool { return i%3 == 0 && n < 1<<20 }},
+				// Whole entries come in batches, each checked on its own against its MD5 ETag:
+				// the first wrong one drops the peer, and it and the rest of the batch are read
+				// from S3.
+				{name: "corrupt peer - whole entries in a batch", bad: func(i, _, n int64) bool { return i%3 == 0 && n < 1<<20 }},
+				// The same, from a peer that sends them one by one.
+				{name: "corrupt peer of an earlier version - whole entries", bad: func(i, _, n int64) bool { return i%3 == 0 && n < 1<<20 }, earlier: true},
 				// Ranges are checked with their entry: the peer's ranges are read again from S3
 				// to find the wrong one.
-				{"corrupt peer - one range of a large entry", func(_, off, n int64) bool { return n >= 1<<20 && off > 0 }},
+				{name: "corrupt peer - one range of a large entry", bad: func(_, off, n int64) bool { return n >= 1<<20 && off > 0 }},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					bad := &corrupting{Store: a, bad: tc.bad}
-					pa := startPeer(t, "a", bad)
+					var reqs requests
+					wrap := reqs.wrap
+					if tc.earlier {
+						wrap = func(h http.Handler) http.Handler { return reqs.wrap(earlierVersion(h)) }
+					}
+					pa := startPeerWrapped(t, "a", peer.ServerConfig{Store: bad}, wrap)
 					cfg := cfg
 					cfg.Peers = network(t, "c", "token-c", &peers{pa})
 					c := newManager(t, cfg)
@@ -255,6 +343,9 @@ func TestPeerFanout(t *testing.T) {
 					}
 					if fetched(t, c, "source") == 0 {
 						t.Error("the wrong pieces were not read again from the source")
+					}
+					if batches := reqs.batches.Load(); tc.earlier != (batches == 0) {
+						t.Errorf("%d batch requests", batches)
 					}
 				})
 			}

@@ -385,6 +385,9 @@ type task struct {
 	idx int
 	// deferred is set on a second turn: the piece was put off because a peer was reading it.
 	deferred bool
+	// batch, when set, are small entries read from a peer in one request (peerbatch.go); the
+	// other fields are then empty.
+	batch []task
 }
 
 // rangesPerObject bounds the parallel ranged reads of one large object: more streams of the
@@ -477,6 +480,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
 	}
 	start := j.readOrder(j.objsTotal.Load(), "entries")
+	batches := &batcher{tasks: tasks}
 	sendEntry = func(i int64, o source.Object) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
@@ -495,7 +499,11 @@ func (j *job) fetchAll(ctx context.Context) error {
 			return nil
 		}
 		if o.Size <= 2*j.m.cfg.ChunkSize {
-			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
+			t := task{i: i, obj: o, n: o.Size}
+			if j.batchable(t) {
+				return batches.add(ctx, t)
+			}
+			return send(ctx, tasks, t)
 		}
 		return j.sendRanges(ctx, tasks, i, o)
 	}
@@ -503,17 +511,17 @@ func (j *job) fetchAll(ctx context.Context) error {
 	if err == nil && start > 0 {
 		err = each(0, start)
 	}
+	if err == nil {
+		err = batches.flush(ctx)
+	}
 	close(tasks)
 	wg.Wait()
 	// Pieces a peer was reading from the source when their turn came: by now it has them.
 	if deferred := j.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
-		again := make(chan task, len(deferred))
-		for _, t := range deferred {
-			t.deferred = true
-			again <- t
-		}
-		close(again)
+		again := make(chan task, 2*j.m.cfg.Concurrency)
 		work(again)
+		err = j.sendDeferred(ctx, again, deferred)
+		close(again)
 		wg.Wait()
 	}
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
@@ -620,6 +628,9 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 // concurrency limit, in that order, so a task waiting for its object or a slow source never holds
 // a node slot.
 func (j *job) runTask(ctx context.Context, t task) error {
+	if t.batch != nil {
+		return j.runBatch(ctx, t.batch)
+	}
 	// A piece a peer is reading from the source now, or that is another node's share to read,
 	// is put off until every other piece had its turn: meanwhile this node reads its own share.
 	if !t.deferred && (j.peerBusy(t) || j.othersShare(t)) {

@@ -1,7 +1,10 @@
 package peer
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -126,15 +129,26 @@ func (n *Network) isBanned(addr string) bool {
 }
 
 func (n *Network) get(ctx context.Context, p Peer, path string) (*http.Response, error) {
+	return n.do(ctx, p, http.MethodGet, path, nil)
+}
+
+func (n *Network) do(ctx context.Context, p Peer, method, path string, body []byte) (*http.Response, error) {
 	token, err := n.cfg.Token()
 	if err != nil {
 		return nil, fmt.Errorf("reading the peer token: %w", err)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+p.Address+path, nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "https://"+p.Address+path, rd)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := n.client(p).Do(req)
 	if err != nil {
 		return nil, err
@@ -179,6 +193,75 @@ func (n *Network) OpenPiece(ctx context.Context, p Peer, id, digest string, i, o
 	}
 	return resp.Body, nil
 }
+
+// OpenBatch asks p for many pieces of a dataset version in one request (a peer whose Have has
+// Batch set, for at most that many pieces; protocol.go). The bytes are not verified.
+func (n *Network) OpenBatch(ctx context.Context, p Peer, id, digest string, pieces []Range) (*Batch, error) {
+	if err := checkBatch(pieces); err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(batchRequest{Pieces: pieces})
+	if err != nil {
+		return nil, err
+	}
+	resp, err := n.do(ctx, p, http.MethodPost, batchPath(id, digest), body)
+	if err != nil {
+		return nil, err
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != batchContentType {
+		resp.Body.Close()
+		return nil, fmt.Errorf("peer answers a batch with %q", ct)
+	}
+	return &Batch{body: resp.Body, r: bufio.NewReaderSize(resp.Body, 64<<10), pieces: pieces}, nil
+}
+
+// Batch is the answer to a batch request: the pieces asked for, in the order asked.
+type Batch struct {
+	body   io.ReadCloser
+	r      *bufio.Reader
+	pieces []Range
+	next   int
+	cur    io.LimitedReader
+}
+
+// Next returns the next piece asked for: a reader of exactly its N bytes, or held false when
+// the peer does not hold it (any more). What was left unread of the previous piece is skipped.
+// After the last piece it returns io.EOF; a short or malformed answer is an error, and the rest
+// of the batch is to be read elsewhere.
+func (b *Batch) Next() (r io.Reader, held bool, err error) {
+	if b.cur.N > 0 {
+		if _, err := io.Copy(io.Discard, &b.cur); err != nil {
+			return nil, false, err
+		}
+		if b.cur.N > 0 {
+			return nil, false, io.ErrUnexpectedEOF
+		}
+	}
+	if b.next >= len(b.pieces) {
+		return nil, false, io.EOF
+	}
+	var hdr [frameHeader]byte
+	if _, err := io.ReadFull(b.r, hdr[:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, false, err
+	}
+	p := b.pieces[b.next]
+	b.next++
+	n := binary.BigEndian.Uint64(hdr[1:])
+	switch {
+	case hdr[0] == frameNotHeld && n == 0:
+		return nil, false, nil
+	case hdr[0] == frameHeld && n == uint64(p.N):
+		b.cur = io.LimitedReader{R: b.r, N: p.N}
+		return &b.cur, true, nil
+	}
+	return nil, false, fmt.Errorf("peer sent a bad frame for entry %d: status %d, %d bytes of %d", p.Index, hdr[0], n, p.N)
+}
+
+// Close ends the answer, read to its end or not.
+func (b *Batch) Close() error { return b.body.Close() }
 
 // Swarm is a fetcher's view of the peers of one dataset version: who holds which pieces, who is
 // reading which from the source, who failed. It polls them while the fetcher works.
@@ -348,6 +431,75 @@ func (s *Swarm) choose(i, off, n int64, take bool) (Peer, Choice) {
 		return Peer{}, Wait
 	}
 	return Peer{}, FromSource
+}
+
+// PickBatch chooses the peer to ask for many pieces at once: among the peers that serve batches,
+// the one that holds the most of them, the least busy of those first. held tells which pieces
+// it holds (at most its Have.Batch of them). FromSource: no such peer holds any; Wait: those that
+// do refused a request a moment ago.
+func (s *Swarm) PickBatch(pieces []Range) (p Peer, held []bool, choice Choice) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var best []*peerState
+	most, busy := 0, false
+	for addr, ps := range s.peers {
+		if ps.have == nil || ps.have.Batch <= 0 || now.Before(ps.retryAt) || s.net.isBanned(addr) {
+			continue
+		}
+		k := 0
+		for _, pc := range pieces {
+			if ps.have.Has(pc.Index, pc.Off, pc.N) {
+				k++
+			}
+		}
+		k = min(k, ps.have.Batch)
+		switch {
+		case k == 0:
+		case now.Before(ps.refusedUntil):
+			busy = true
+		case k > most || k == most && ps.inflight < best[0].inflight:
+			most, best = k, []*peerState{ps}
+		case k == most && ps.inflight == best[0].inflight:
+			best = append(best, ps)
+		}
+	}
+	if len(best) == 0 {
+		if busy {
+			return Peer{}, nil, Wait
+		}
+		return Peer{}, nil, FromSource
+	}
+	ps := best[rand.IntN(len(best))]
+	ps.inflight++
+	held = make([]bool, len(pieces))
+	for k, pc := range pieces {
+		if most > 0 && ps.have.Has(pc.Index, pc.Off, pc.N) {
+			held[k] = true
+			most--
+		}
+	}
+	return ps.Peer, held, FromPeer
+}
+
+// HoldsBatch reports whether a peer that serves batches and may be asked holds [off, off+n) of
+// entry i now.
+func (s *Swarm) HoldsBatch(i, off, n int64) bool {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for addr, ps := range s.peers {
+		if ps.have != nil && ps.have.Batch > 0 && !now.Before(ps.retryAt) && !s.net.isBanned(addr) && ps.have.Has(i, off, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// OpenBatch asks p, which PickBatch chose, for pieces; Done or Refused must be called once the
+// answer is read.
+func (s *Swarm) OpenBatch(ctx context.Context, p Peer, pieces []Range) (*Batch, error) {
+	return s.net.OpenBatch(ctx, p, s.id, s.digest, pieces)
 }
 
 // Offset is where this node starts among n pieces (of a version, or of one large entry named by

@@ -98,13 +98,18 @@ func TestTokenReviewer(t *testing.T) {
 
 // serve starts a server with the TokenReviewer on loopback.
 func serve(t *testing.T) Peer {
+	return serveWith(t, ServerConfig{Store: store{}})
+}
+
+func serveWith(t *testing.T, cfg ServerConfig) Peer {
 	t.Helper()
 	cert, hash, err := SelfSigned("a")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(ServerConfig{Store: store{}, Cert: cert,
-		Auth: &TokenReviewer{Client: reviews(t).AuthenticationV1().TokenReviews(), ServiceAccounts: []string{"cistern-system/cistern-node"}}})
+	cfg.Cert = cert
+	cfg.Auth = &TokenReviewer{Client: reviews(t).AuthenticationV1().TokenReviews(), ServiceAccounts: []string{"cistern-system/cistern-node"}}
+	srv, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,6 +165,10 @@ func TestPeerPortAuthentication(t *testing.T) {
 			_, err = client(t, token).OpenPiece(ctx, p, testID, testDigest, 0, 0, 3)
 			if !isStatus(err, http.StatusUnauthorized) {
 				t.Fatalf("got %v, want 401", err)
+			}
+			_, err = client(t, token).OpenBatch(ctx, p, testID, testDigest, []Range{{Index: 0, N: 3}})
+			if !isStatus(err, http.StatusUnauthorized) {
+				t.Fatalf("batch: got %v, want 401", err)
 			}
 		})
 	}

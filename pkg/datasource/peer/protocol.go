@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 )
@@ -18,8 +19,12 @@ const (
 
 // Have is what a node holds of one dataset version.
 type Have struct {
-	// Ready is set when the node holds the whole version; the other fields are then empty.
+	// Ready is set when the node holds the whole version; Entries, Ranges and Busy are then
+	// empty.
 	Ready bool `json:"ready,omitempty"`
+	// Batch is the most pieces the node sends in answer to one batch request; 0 from a node of
+	// an earlier version, which is asked for its pieces one by one.
+	Batch int `json:"batch,omitempty"`
 	// Entries is a bitmap over the manifest's entries (bit i of byte i/8, least significant bit
 	// first): entry i is complete and verified.
 	Entries []byte `json:"entries,omitempty"`
@@ -95,6 +100,52 @@ func checkVersion(id, digest string) error {
 	}
 	return nil
 }
+
+// A batch request (POST batchPath) names up to MaxBatchPieces pieces of one version, MaxBatchBytes
+// in all: a node reading many small entries from a peer asks for them in one request, not one
+// HTTPS request per entry. It takes one upload slot, and its bytes count against the node's
+// upload bandwidth as any piece's.
+const (
+	MaxBatchPieces = 256
+	MaxBatchBytes  = 16 << 20
+	// maxBatchBody bounds the request's JSON: MaxBatchPieces ranges with room to spare.
+	maxBatchBody = 64 << 10
+)
+
+// batchRequest is the body of a batch request.
+type batchRequest struct {
+	Pieces []Range `json:"pieces"`
+}
+
+// The answer to a batch request is a frame per piece asked, in the order asked: a status byte,
+// the length of what follows (8 bytes, big-endian), then the piece's N bytes when the status is
+// frameHeld, nothing when it is frameNotHeld (the node stopped holding it, or cannot read it).
+const (
+	frameHeld    = 0
+	frameNotHeld = 1
+	frameHeader  = 9
+
+	batchContentType = "application/vnd.cistern.peer-batch.v1"
+)
+
+// checkBatch refuses a batch that is empty, too large, or names an impossible piece.
+func checkBatch(pieces []Range) error {
+	if len(pieces) == 0 || len(pieces) > MaxBatchPieces {
+		return fmt.Errorf("a batch names 1 to %d pieces, not %d", MaxBatchPieces, len(pieces))
+	}
+	var total int64
+	for _, p := range pieces {
+		if p.Index < 0 || p.Off < 0 || p.N <= 0 || p.N > MaxBatchBytes {
+			return fmt.Errorf("bad piece %+v", p)
+		}
+		if total += p.N; total > MaxBatchBytes {
+			return errors.New("a batch of more than MaxBatchBytes")
+		}
+	}
+	return nil
+}
+
+func batchPath(id, digest string) string { return "/v1/datasets/" + id + "/" + digest + "/batch" }
 
 func havePath(id, digest string) string { return "/v1/datasets/" + id + "/" + digest + "/have" }
 func entryPath(id, digest string, i, off, n int64) string {

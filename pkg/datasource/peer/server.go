@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
@@ -43,8 +44,8 @@ type ServerConfig struct {
 	Auth  Authenticator
 	// Cert is the server's certificate (SelfSigned).
 	Cert tls.Certificate
-	// MaxUploads bounds the pieces served at once (0: 8); a request beyond waits up to
-	// QueueWait, then gets 503 and goes elsewhere.
+	// MaxUploads bounds the requests for pieces served at once (0: 8), a batch counting as one;
+	// a request beyond waits up to QueueWait, then gets 503 and goes elsewhere.
 	MaxUploads int
 	QueueWait  time.Duration
 	// BandwidthBytesPerSec caps what the node serves, across peers (0: unlimited).
@@ -87,6 +88,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s.mux.HandleFunc("GET /v1/datasets/{id}/{digest}/have", s.have)
 	s.mux.HandleFunc("GET /v1/datasets/{id}/{digest}/entries/{index}", s.entry)
+	s.mux.HandleFunc("POST /v1/datasets/{id}/{digest}/batch", s.batch)
 	return s, nil
 }
 
@@ -161,9 +163,11 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusNotFound, "notheld", "not held")
 		return
 	}
+	out := *h
+	out.Batch = MaxBatchPieces
 	s.requests.WithLabelValues("ok").Inc()
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(h)
+	_ = json.NewEncoder(w).Encode(&out)
 }
 
 func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
@@ -175,19 +179,10 @@ func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusBadRequest, "invalid", "bad piece")
 		return
 	}
-	// Wait a little for an upload slot: the node's own workloads come first, and a fetcher that
-	// is told to go elsewhere still has the other peers and the source.
-	t := time.NewTimer(s.cfg.QueueWait)
-	defer t.Stop()
-	select {
-	case s.slots <- struct{}{}:
-	case <-t.C:
-		s.refuse(w, http.StatusServiceUnavailable, "busy", "too many uploads")
-		return
-	case <-r.Context().Done():
+	if !s.acquire(w, r) {
 		return
 	}
-	defer func() { <-s.slots }()
+	defer s.release()
 	rc, err := s.cfg.Store.Open(id, digest, i, off, n)
 	if errors.Is(err, ErrNotHeld) {
 		s.refuse(w, http.StatusNotFound, "notheld", "not held")
@@ -204,6 +199,83 @@ func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
 	s.requests.WithLabelValues("ok").Inc()
 	_, _ = s.copy(r.Context(), w, rc, n)
 }
+
+// batch sends many pieces in one answer (protocol.go): one upload slot for the whole batch, its
+// bytes paced by the node's upload bandwidth as any piece's.
+func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
+	id, digest := r.PathValue("id"), r.PathValue("digest")
+	var req batchRequest
+	if checkVersion(id, digest) != nil {
+		s.refuse(w, http.StatusBadRequest, "invalid", "not a dataset version")
+		return
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBatchBody)).Decode(&req); err != nil {
+		s.refuse(w, http.StatusBadRequest, "invalid", "bad batch")
+		return
+	}
+	if err := checkBatch(req.Pieces); err != nil {
+		s.refuse(w, http.StatusBadRequest, "invalid", err.Error())
+		return
+	}
+	if !s.acquire(w, r) {
+		return
+	}
+	defer s.release()
+	w.Header().Set("Content-Type", batchContentType)
+	s.requests.WithLabelValues("ok").Inc()
+	var hdr [frameHeader]byte
+	for _, p := range req.Pieces {
+		rc, err := s.cfg.Store.Open(id, digest, p.Index, p.Off, p.N)
+		if err != nil {
+			if !errors.Is(err, ErrNotHeld) {
+				klog.FromContext(r.Context()).Error(err, "serving a piece", "dataset", id, "entry", p.Index)
+			}
+			// The fetcher reads this one elsewhere; the rest of the batch still comes.
+			hdr[0] = frameNotHeld
+			binary.BigEndian.PutUint64(hdr[1:], 0)
+			if _, err := w.Write(hdr[:]); err != nil {
+				return
+			}
+			continue
+		}
+		hdr[0] = frameHeld
+		binary.BigEndian.PutUint64(hdr[1:], uint64(p.N))
+		_, err = w.Write(hdr[:])
+		if err == nil {
+			_, err = s.copy(r.Context(), w, rc, p.N)
+		}
+		rc.Close()
+		if err != nil {
+			// The answer ends inside a frame: the fetcher sees a short piece and reads it, and the
+			// rest, elsewhere.
+			klog.FromContext(r.Context()).V(2).Info("batch cut short", "dataset", id, "entry", p.Index, "err", err)
+			return
+		}
+	}
+}
+
+// acquire waits a little for an upload slot: the node's own workloads come first, and a fetcher
+// that is told to go elsewhere still has the other peers and the source. False when refused.
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request) bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+	}
+	t := time.NewTimer(s.cfg.QueueWait)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-t.C:
+		s.refuse(w, http.StatusServiceUnavailable, "busy", "too many uploads")
+		return false
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+func (s *Server) release() { <-s.slots }
 
 // copyChunk is the unit of a paced copy.
 const copyChunk = 256 << 10

@@ -3,6 +3,7 @@ package peer
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 type fixedPeers []Peer
@@ -81,5 +82,59 @@ func TestChoose(t *testing.T) {
 	}
 	if !s.Fetching("b") || !s.Staging("b") || s.Staging("c") {
 		t.Fatal("b is staging and fetching; c is dropped")
+	}
+}
+
+// TestPickBatch: a batch goes to the peer that serves batches and holds the most of it; a peer
+// of an earlier version (no batches) and a dropped peer are never asked for one.
+func TestPickBatch(t *testing.T) {
+	n, err := NewNetwork(NetworkConfig{Self: "a", Directory: fixedPeers(nil), PollInterval: time.Hour,
+		Token: func() (string, error) { return "", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bBits, cBits []byte
+	for i := range int64(10) {
+		bBits = SetEntry(bBits, i)
+		if i%2 == 0 {
+			cBits = SetEntry(cBits, i)
+		}
+	}
+	s := &Swarm{net: n, id: testID, digest: testDigest, members: []string{"a", "b", "c", "d"}, peers: map[string]*peerState{
+		"b:1": {Peer: Peer{Node: "b", Address: "b:1"}, have: &Have{Entries: bBits, Batch: 3}},
+		"c:1": {Peer: Peer{Node: "c", Address: "c:1"}, have: &Have{Entries: cBits, Batch: MaxBatchPieces}},
+		"d:1": {Peer: Peer{Node: "d", Address: "d:1"}, have: &Have{Ready: true}}, // no batches
+	}}
+	pieces := []Range{{Index: 0, N: 1}, {Index: 1, N: 1}, {Index: 2, N: 1}, {Index: 4, N: 1}, {Index: 11, N: 1}}
+	// b holds four but sends three at most; c holds three, and is as good: either is picked.
+	p, held, c := s.PickBatch(pieces)
+	if c != FromPeer || p.Node != "b" && p.Node != "c" {
+		t.Fatalf("got %v %v", p, c)
+	}
+	count := 0
+	for k, h := range held {
+		if h {
+			count++
+			if !s.peers[p.Address].have.Has(pieces[k].Index, 0, 1) {
+				t.Errorf("piece %d marked held by %s, which does not hold it", k, p.Node)
+			}
+		}
+	}
+	if count != 3 {
+		t.Errorf("%d pieces asked of %s, want 3", count, p.Node)
+	}
+	if !s.HoldsBatch(1, 0, 1) || s.HoldsBatch(11, 0, 1) {
+		t.Error("HoldsBatch: entry 1 is held by b; entry 11 only by d, which serves no batches")
+	}
+	s.Wrong(Peer{Node: "b", Address: "b:1"})
+	if p, held, c := s.PickBatch(pieces); c != FromPeer || p.Node != "c" || held[1] || !held[0] {
+		t.Fatalf("after b was dropped: %v %v %v", p, held, c)
+	}
+	s.Refused(Peer{Node: "c", Address: "c:1"})
+	if _, _, c := s.PickBatch(pieces); c != Wait {
+		t.Fatalf("c refused a moment ago: %v, want Wait", c)
+	}
+	if _, _, c := s.PickBatch([]Range{{Index: 11, N: 1}}); c != FromSource {
+		t.Fatalf("only d, without batches, holds entry 11: %v", c)
 	}
 }
