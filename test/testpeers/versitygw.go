@@ -99,6 +99,9 @@ func StartS3(t testing.TB, dir string) *S3 {
 	return s
 }
 
+// Pid is the S3 server's process (benchmarks count its CPU time).
+func (s *S3) Pid() int { return s.cmd.Process.Pid }
+
 // NewClient returns a client for endpoint with the root credentials.
 func (s *S3) NewClient(endpoint string) *s3.Client {
 	return s3.New(s3.Options{

@@ -13,6 +13,7 @@ package bench
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -286,7 +288,80 @@ type result struct {
 	all, late float64 // seconds until all n nodes are Ready; the late node's staging
 	cpu       float64 // CPU seconds of the n nodes' processes until each was Ready
 	s3Bytes   int64
+	// The machine's work in the same windows (procCPU): until all n are Ready, the n nodes',
+	// the S3 server's and this process's (the throttling proxy); while the late node stages,
+	// its own and the n nodes' that serve it.
+	nodesCPU, s3CPU, proxyCPU float64
+	lateCPU, servingCPU       float64
 }
+
+// clockTicks is the unit of /proc/<pid>/stat's CPU times (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// procCPU is a process's CPU seconds so far, all its threads (0 when it is gone).
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / clockTicks
+}
+
+func nodesCPU(nodes []*child) float64 {
+	var sum float64
+	for _, c := range nodes {
+		sum += procCPU(c.cmd.Process.Pid)
+	}
+	return sum
+}
+
+// loadRange samples the 1-minute load average every 5 s until stop is called, and returns the
+// lowest and highest seen.
+func loadRange() (stop func() string) {
+	var (
+		mu     sync.Mutex
+		lo, hi = loadAverage(), loadAverage()
+		done   = make(chan struct{})
+	)
+	sample := func() {
+		l := loadAverage()
+		mu.Lock()
+		defer mu.Unlock()
+		if v, _ := strconv.ParseFloat(l, 64); v < atof(lo) {
+			lo = l
+		} else if v > atof(hi) {
+			hi = l
+		}
+	}
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				sample()
+			}
+		}
+	}()
+	return func() string {
+		close(done)
+		sample()
+		mu.Lock()
+		defer mu.Unlock()
+		return lo + "-" + hi
+	}
+}
+
+func atof(s string) float64 { v, _ := strconv.ParseFloat(s, 64); return v }
 
 // group runs n nodes starting together (and, with late, one more once they are Ready).
 func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peers, late bool, params map[string]string, poolSize int64) (r result) {
@@ -298,6 +373,7 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 		nodes[k] = startNode(b, s, work, fmt.Sprintf("node-%02d", k), dir, peers, params, poolSize)
 	}
 	before := th.sent.Load()
+	cpu0, s3cpu0, self0 := nodesCPU(nodes), procCPU(s.Pid()), cpuSeconds()
 	for _, c := range nodes {
 		c.start(b)
 	}
@@ -305,10 +381,13 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 		secs, cpu := c.wait(b, fmt.Sprintf("node-%02d", k))
 		r.all, r.cpu = max(r.all, secs), r.cpu+cpu
 	}
+	r.nodesCPU, r.s3CPU, r.proxyCPU = nodesCPU(nodes)-cpu0, procCPU(s.Pid())-s3cpu0, cpuSeconds()-self0
 	if late {
 		c := startNode(b, s, work, "node-late", dir, peers, params, poolSize)
+		serving0, late0 := nodesCPU(nodes), procCPU(c.cmd.Process.Pid)
 		c.start(b)
 		r.late, _ = c.wait(b, "node-late")
+		r.servingCPU, r.lateCPU = nodesCPU(nodes)-serving0, procCPU(c.cmd.Process.Pid)-late0
 		c.done()
 	}
 	r.s3Bytes = th.sent.Load() - before
@@ -360,16 +439,26 @@ func BenchmarkFanout(b *testing.B) {
 		alone := group(b, s, th, work, 1, false, false, params, poolSize)
 		b.Logf("%s: one node alone %.2fs (CPU %.1fs), %.2f GB from S3", sh.name, alone.all, alone.cpu, float64(alone.s3Bytes)/1e9)
 		for _, n := range counts {
+			load := loadRange()
 			on := group(b, s, th, work, n, true, true, params, poolSize)
-			b.Logf("%s, %d nodes with peers: all Ready in %.2fs (CPU %.1fs), late node %.2fs, %.2f GB from S3",
-				sh.name, n, on.all, on.cpu, on.late, float64(on.s3Bytes)/1e9)
+			b.Logf("%s, %d nodes with peers: all Ready in %.2fs (CPU %.1fs; until all Ready: nodes %.1fs, S3 server %.1fs, proxy %.1fs), late node %.2fs (CPU %.1fs, serving it %.1fs), %.2f GB from S3",
+				sh.name, n, on.all, on.cpu, on.nodesCPU, on.s3CPU, on.proxyCPU, on.late, on.lateCPU, on.servingCPU, float64(on.s3Bytes)/1e9)
 			off := group(b, s, th, work, n, false, false, params, poolSize)
-			b.Logf("%s, %d nodes without peers: all Ready in %.2fs (CPU %.1fs), %.2f GB from S3",
-				sh.name, n, off.all, off.cpu, float64(off.s3Bytes)/1e9)
+			b.Logf("%s, %d nodes without peers: all Ready in %.2fs (CPU %.1fs; until all Ready: nodes %.1fs, S3 server %.1fs, proxy %.1fs), %.2f GB from S3",
+				sh.name, n, off.all, off.cpu, off.nodesCPU, off.s3CPU, off.proxyCPU, float64(off.s3Bytes)/1e9)
 			line := fmt.Sprintf("fanout: dataset=%q nodes=%d s3_bytes_ratio=%.2f all_ready_ratio=%.2f late_ratio=%.2f off_all_ready_ratio=%.2f",
 				sh.name, n, float64(on.s3Bytes)/float64(size), on.all/alone.all, on.late/alone.all, off.all/alone.all)
-			lines = append(lines, line)
+			// What the machine allows: the CPU the run used on its cores, and the S3 bytes at the
+			// proxy's rate; neither can be done faster. (Other work on the machine is on top.)
+			cores := float64(cpus())
+			allCPU := on.nodesCPU + on.s3CPU + on.proxyCPU
+			allBound := max(allCPU/cores, float64(on.s3Bytes)/s3BytesPerSec)
+			lateBound := (on.lateCPU + on.servingCPU) / cores
+			bound := fmt.Sprintf("fanout-bound: dataset=%q nodes=%d all_ready_bound_ratio=%.2f late_bound_ratio=%.2f cpu_s=%.1f s3_s=%.1f late_cpu_s=%.1f cores=%d load=%s",
+				sh.name, n, allBound/alone.all, lateBound/alone.all, allCPU, float64(on.s3Bytes)/s3BytesPerSec, on.lateCPU+on.servingCPU, int(cores), load())
+			lines = append(lines, line, bound)
 			b.Log(line)
+			b.Log(bound)
 		}
 		os.RemoveAll(work)
 		os.RemoveAll(filepath.Join(s.Dir, bucket))
