@@ -106,7 +106,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		v.SourceSnapshotID = req.GetVolumeContentSource().GetSnapshot().GetSnapshotId()
 		sn, ok := d.store.GetSnapshot(v.SourceSnapshotID)
 		if !ok {
-			return nil, status.Errorf(codes.NotFound, "snapshot %s does not exist", v.SourceSnapshotID)
+			return nil, snapshotElsewhere(v.SourceSnapshotID, d.cfg.NodeID)
 		}
 		if sn.SizeBytes > size {
 			return nil, status.Errorf(codes.OutOfRange, "snapshot %s holds %d bytes, more than the requested %d", sn.ID, sn.SizeBytes, size)
@@ -414,4 +414,16 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 		return nil, err
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
+}
+
+// snapshotElsewhere is the error for a snapshot this node does not hold. A snapshot another node
+// holds can only be restored there: ResourceExhausted is CSI's "unable to provision in
+// accessible_topology", on which external-provisioner gives the claim back to the scheduler
+// instead of retrying this node. Anything else does not exist.
+func snapshotElsewhere(id, node string) error {
+	if holder := volume.NodeOfSnapshotID(id); holder != "" && holder != node {
+		return status.Errorf(codes.ResourceExhausted,
+			"snapshot %s is on node %s, not on node %s: a volume restored from it can only be made on node %s", id, holder, node, holder)
+	}
+	return status.Errorf(codes.NotFound, "snapshot %s does not exist", id)
 }

@@ -261,6 +261,38 @@ func TestSnapshotRestoreAndClone(t *testing.T) {
 	}
 }
 
+// TestRestoreOfSnapshotOnAnotherNode: a snapshot ID names the node that holds it. Another
+// node asked to restore it answers ResourceExhausted (external-provisioner then lets the
+// scheduler pick again, instead of retrying the wrong node for ever); an ID that names this
+// node, or none, and is not here is NotFound, as csi-sanity expects.
+func TestRestoreOfSnapshotOnAnotherNode(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	src := env.create("src", 16*mb, nil)
+	snap, err := env.ctrl.CreateSnapshot(context.Background(), &csi.CreateSnapshotRequest{Name: "snap", SourceVolumeId: src.GetVolumeId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.GetSnapshot().GetSnapshotId()
+	if got := volume.NodeOfSnapshotID(id); got != "node-1" {
+		t.Fatalf("snapshot %s names node %q, want node-1", id, got)
+	}
+	restore := func(snapshotID string) error {
+		_, err := env.ctrl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: "restore-" + snapshotID,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 16 * mb}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapshotID}}}})
+		return err
+	}
+	hex := strings.TrimSuffix(strings.TrimPrefix(id, "fast-snap-"), "_node-1")
+	wantCode(t, restore("fast-snap-"+hex+"_node-2"), codes.ResourceExhausted, "on node node-2, not on node node-1")
+	wantCode(t, restore("fast-snap-"+strings.Repeat("0", 32)+"_node-1"), codes.NotFound, "does not exist")
+	wantCode(t, restore("fast-snap-"+strings.Repeat("0", 32)), codes.NotFound, "does not exist")
+	wantCode(t, restore("some-snapshot_node-2"), codes.NotFound, "does not exist")
+	if err := restore(id); err != nil {
+		t.Fatalf("restore on the snapshot's node: %v", err)
+	}
+}
+
 func TestConcurrentCallsOnOneVolumeAreAborted(t *testing.T) {
 	env := startDriver(t, testPool{name: "fast"})
 	a := env.create("a", 16*mb, nil)

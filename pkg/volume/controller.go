@@ -110,7 +110,7 @@ func (s *Service) Snapshot(v state.Volume, name, groupID string) (state.Snapshot
 		return state.Snapshot{}, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, s.nodeID)
 	}
 	sn := state.Snapshot{
-		ID:              NewSnapshotID(v.Pool),
+		ID:              NewSnapshotID(v.Pool, s.nodeID),
 		Name:            name,
 		SourceVolumeID:  v.ID,
 		Pool:            v.Pool,
