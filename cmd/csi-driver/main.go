@@ -82,7 +82,7 @@ func main() {
 	peerTokenFile := flag.String("peer-token-file", "/var/run/secrets/cistern-peer/token", "This node plugin's ServiceAccount token for the audience cistern-peer (a projected token kubelet keeps fresh).")
 	peerAccounts := flag.String("peer-service-accounts", "cistern-system/cistern-node", "Comma-separated namespace/name of the ServiceAccounts whose pod-bound tokens the peer port serves.")
 	flag.Int64Var(&cfg.Peers.Server.BandwidthBytesPerSec, "peer-upload-bandwidth", 256<<20, "Bytes per second the peer port may send, across peers; 0 is unlimited.")
-	flag.IntVar(&cfg.Peers.Server.MaxUploads, "peer-max-uploads", 8, "Pieces the peer port sends at once; more requests wait briefly, then go to other peers or the source.")
+	flag.IntVar(&cfg.Peers.Server.MaxUploads, "peer-max-uploads", 8, "Requests for pieces the peer port answers at once (a batch of small entries counts as one); more wait briefly, then go to other peers or the source.")
 	events := flag.Bool("events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
 	kubeconfig := flag.String("kubeconfig", "", "Kubeconfig for --events and --peer-listen; empty uses the in-cluster configuration.")
 	showVersion := flag.Bool("version", false, "Print the version and exit.")
