@@ -5,7 +5,8 @@
 // a ready dataset, and while it is still staging the entries it has verified and the byte ranges
 // of large entries it read from the source itself. A fetcher asks for a version by its manifest
 // digest, which it learned from its own listing of the source with the tenant's credentials: a
-// node that never listed the source cannot name the version.
+// node that never listed the source cannot name the version. Small entries are asked for many at
+// a time, in batch requests (protocol.go).
 //
 // Peers trust nothing they receive from each other: the fetcher checks every byte against the
 // checksums its own listing and the source's headers gave (package datasource), drops a peer that
