@@ -66,6 +66,46 @@ func (b *batcher) flush(ctx context.Context) error {
 	return send(ctx, b.tasks, t)
 }
 
+// takeHeld sends, after each poll of the peers until ctx ends, the pieces put off (runTask) that a
+// peer holds by now: small entries in batches, the others one by one. Sends end only with the
+// job (jobCtx): a piece taken is never lost.
+func (j *job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
+	for {
+		select {
+		case <-j.swarm.Polled():
+		case <-ctx.Done():
+			return
+		}
+		j.deferMu.Lock()
+		var held, rest []task
+		for _, t := range j.deferred {
+			if j.peerHolds(t) {
+				held = append(held, t)
+			} else {
+				rest = append(rest, t)
+			}
+		}
+		j.deferred = rest
+		j.deferMu.Unlock()
+		b := &batcher{tasks: tasks}
+		for _, t := range held {
+			t.deferred = true
+			var err error
+			if j.batchable(t) {
+				err = b.add(jobCtx, t)
+			} else {
+				err = send(jobCtx, tasks, t)
+			}
+			if err != nil {
+				return
+			}
+		}
+		if b.flush(jobCtx) != nil {
+			return
+		}
+	}
+}
+
 // sendDeferred sends the pieces put off while peers read them (runTask): small entries a peer
 // holds by now in batches; those a peer is still reading after another poll (up to maxWaits);
 // the rest one by one, as before.

@@ -447,13 +447,12 @@ func (j *job) fetchAll(ctx context.Context) error {
 	defer cancel(nil)
 	tasks := make(chan task, 2*j.m.cfg.Concurrency)
 	var sendEntry func(int64, source.Object) error
-	var wg sync.WaitGroup
 	fail := func(err error) {
 		if err != nil {
 			cancel(err)
 		}
 	}
-	work := func(tasks <-chan task) {
+	work := func(wg *sync.WaitGroup, tasks <-chan task) {
 		for range j.m.cfg.Concurrency {
 			wg.Go(func() {
 				for t := range tasks {
@@ -465,7 +464,19 @@ func (j *job) fetchAll(ctx context.Context) error {
 			})
 		}
 	}
-	work(tasks)
+	var wg, againWG sync.WaitGroup
+	work(&wg, tasks)
+	// Pieces put off while peers read them from the source are taken from those peers as soon
+	// as they hold them, while this node reads its own share (peerbatch.go).
+	again := make(chan task, 2*j.m.cfg.Concurrency)
+	work(&againWG, again)
+	stopTaking := func() {}
+	if j.swarm != nil {
+		tctx, stop := context.WithCancel(ctx)
+		taken := make(chan struct{})
+		go func() { defer close(taken); j.takeHeld(tctx, ctx, again) }()
+		stopTaking = func() { stop(); <-taken }
+	}
 	each := func(from, to int64) error {
 		return eachObject(j.dir, func(i int64, o source.Object) error {
 			if i < from || i >= to {
@@ -516,14 +527,13 @@ func (j *job) fetchAll(ctx context.Context) error {
 	}
 	close(tasks)
 	wg.Wait()
-	// Pieces a peer was reading from the source when their turn came: by now it has them.
+	stopTaking()
+	// Pieces a peer was reading from the source when their turn came, and still is.
 	if deferred := j.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
-		again := make(chan task, 2*j.m.cfg.Concurrency)
-		work(again)
 		err = j.sendDeferred(ctx, again, deferred)
-		close(again)
-		wg.Wait()
 	}
+	close(again)
+	againWG.Wait()
 	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
 	}
@@ -637,7 +647,10 @@ func (j *job) runTask(ctx context.Context, t task) error {
 		j.deferTask(t)
 		return nil
 	}
-	if t.big != nil {
+	// A piece a peer holds does not load the source: it takes no stream of the object's (they
+	// bound the ranges read from the source at once) and no slot of the source's.
+	held := j.peerHolds(t)
+	if t.big != nil && !held {
 		select {
 		case t.big.streams <- struct{}{}:
 		case <-ctx.Done():
@@ -645,8 +658,7 @@ func (j *job) runTask(ctx context.Context, t task) error {
 		}
 		defer func() { <-t.big.streams }()
 	}
-	// A piece a peer holds does not load the source: it takes no slot of the source's.
-	if !j.peerHolds(t) {
+	if !held {
 		select {
 		case j.sourceSlots <- struct{}{}:
 		case <-ctx.Done():
