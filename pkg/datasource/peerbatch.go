@@ -66,9 +66,13 @@ func (b *batcher) flush(ctx context.Context) error {
 	return send(ctx, b.tasks, t)
 }
 
-// takeHeld sends, after each poll of the peers until ctx ends, the pieces put off (runTask) that a
-// peer holds by now: small entries in batches, the others one by one. Sends end only with the
-// job (jobCtx): a piece taken is never lost.
+// takeHeld sends, after each poll of the peers until ctx ends, the ranges of large entries put
+// off (runTask) that a peer holds by now, so that nodes staging together copy each other's
+// ranges while they read their own from the source (4 nodes, 2 GiB: all Ready in 1.18 of the time
+// of one node alone, not 1.84 with the copies after). Small entries wait for the end
+// (sendDeferred): checking thousands of them at each poll cost 8 nodes a third more CPU on a set
+// of small files that is CPU-bound anyway. Sends end only with the job (jobCtx): a range taken is
+// never lost.
 func (j *job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 	for {
 		select {
@@ -78,30 +82,20 @@ func (j *job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 		}
 		j.deferMu.Lock()
 		var held, rest []task
-		for _, t := range j.deferred {
+		for _, t := range j.deferredRanges {
 			if j.peerHolds(t) {
 				held = append(held, t)
 			} else {
 				rest = append(rest, t)
 			}
 		}
-		j.deferred = rest
+		j.deferredRanges = rest
 		j.deferMu.Unlock()
-		b := &batcher{tasks: tasks}
 		for _, t := range held {
 			t.deferred = true
-			var err error
-			if j.batchable(t) {
-				err = b.add(jobCtx, t)
-			} else {
-				err = send(jobCtx, tasks, t)
-			}
-			if err != nil {
+			if send(jobCtx, tasks, t) != nil {
 				return
 			}
-		}
-		if b.flush(jobCtx) != nil {
-			return
 		}
 	}
 }

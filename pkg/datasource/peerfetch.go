@@ -157,14 +157,18 @@ func (j *job) eachShared(from, to int64, fn func(int64, source.Object) error) er
 func (j *job) deferTask(t task) {
 	j.deferMu.Lock()
 	defer j.deferMu.Unlock()
-	j.deferred = append(j.deferred, t)
+	if t.big != nil {
+		j.deferredRanges = append(j.deferredRanges, t)
+	} else {
+		j.deferred = append(j.deferred, t)
+	}
 }
 
 func (j *job) takeDeferred() []task {
 	j.deferMu.Lock()
 	defer j.deferMu.Unlock()
-	d := j.deferred
-	j.deferred = nil
+	d := append(j.deferredRanges, j.deferred...)
+	j.deferred, j.deferredRanges = nil, nil
 	return d
 }
 

@@ -81,9 +81,11 @@ type job struct {
 	// holding is what this job serves them meanwhile.
 	swarm   *peer.Swarm
 	holding holding
-	// deferred are pieces put off while a peer read them (runTask).
-	deferMu  sync.Mutex
-	deferred []task
+	// deferred are small entries put off while a peer read them (runTask), deferredRanges ranges
+	// of large entries.
+	deferMu        sync.Mutex
+	deferred       []task
+	deferredRanges []task
 	// canon names the manifest's entries as peers do (peerserve.go); set before swarm.
 	canon atomic.Pointer[canon]
 }
