@@ -293,6 +293,33 @@ type result struct {
 	// its own and the n nodes' that serve it.
 	nodesCPU, s3CPU, proxyCPU float64
 	lateCPU, servingCPU       float64
+	// busy and iowait are the machine's, all cores, in the same window (/proc/stat): kernel
+	// threads too (the loop devices' I/O, writeback), and any other work on the machine.
+	busy, iowait float64
+}
+
+// machineCPU is the CPU seconds all cores spent busy and waiting for I/O since boot.
+func machineCPU() (busy, iowait float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for k, v := range f[1:9] {
+		t := atof(v) / clockTicks
+		switch k {
+		case 3: // idle
+		case 4:
+			iowait += t
+		default:
+			busy += t
+		}
+	}
+	return busy, iowait
 }
 
 // clockTicks is the unit of /proc/<pid>/stat's CPU times (USER_HZ, 100 on Linux).
@@ -374,6 +401,7 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 	}
 	before := th.sent.Load()
 	cpu0, s3cpu0, self0 := nodesCPU(nodes), procCPU(s.Pid()), cpuSeconds()
+	busy0, iowait0 := machineCPU()
 	for _, c := range nodes {
 		c.start(b)
 	}
@@ -382,6 +410,8 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 		r.all, r.cpu = max(r.all, secs), r.cpu+cpu
 	}
 	r.nodesCPU, r.s3CPU, r.proxyCPU = nodesCPU(nodes)-cpu0, procCPU(s.Pid())-s3cpu0, cpuSeconds()-self0
+	busy1, iowait1 := machineCPU()
+	r.busy, r.iowait = busy1-busy0, iowait1-iowait0
 	if late {
 		c := startNode(b, s, work, "node-late", dir, peers, params, poolSize)
 		serving0, late0 := nodesCPU(nodes), procCPU(c.cmd.Process.Pid)
@@ -454,8 +484,11 @@ func BenchmarkFanout(b *testing.B) {
 			allCPU := on.nodesCPU + on.s3CPU + on.proxyCPU
 			allBound := max(allCPU/cores, float64(on.s3Bytes)/s3BytesPerSec)
 			lateBound := (on.lateCPU + on.servingCPU) / cores
-			bound := fmt.Sprintf("fanout-bound: dataset=%q nodes=%d all_ready_bound_ratio=%.2f late_bound_ratio=%.2f cpu_s=%.1f s3_s=%.1f late_cpu_s=%.1f cores=%d load=%s",
-				sh.name, n, allBound/alone.all, lateBound/alone.all, allCPU, float64(on.s3Bytes)/s3BytesPerSec, on.lateCPU+on.servingCPU, int(cores), load())
+			// How busy the cores were until all were Ready (everything on the machine, kernel
+			// included), and how long they waited for the disk.
+			bound := fmt.Sprintf("fanout-bound: dataset=%q nodes=%d all_ready_bound_ratio=%.2f late_bound_ratio=%.2f cpu_s=%.1f s3_s=%.1f late_cpu_s=%.1f cores=%d busy=%.0f%% iowait=%.0f%% load=%s",
+				sh.name, n, allBound/alone.all, lateBound/alone.all, allCPU, float64(on.s3Bytes)/s3BytesPerSec, on.lateCPU+on.servingCPU, int(cores),
+				100*on.busy/(cores*on.all), 100*on.iowait/(cores*on.all), load())
 			lines = append(lines, line, bound)
 			b.Log(line)
 			b.Log(bound)
