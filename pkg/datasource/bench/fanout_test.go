@@ -7,7 +7,8 @@ package bench
 // the driver): the driver's staging engine (datasource.Manager) and its peer port (peer.Server,
 // TLS and tokens as in a cluster), over a pool that is an ext4 filesystem of its own. Peers are on
 // loopback, each on its own port; they find each other through a directory of files the nodes
-// write (in a cluster, the StoragePool inventory: the e2e suite covers that path). S3 is
+// write (in a cluster, the StoragePool inventory: the e2e suite covers that path; here it would
+// take an API server, etcd and a storagepool-sidecar per node, whose CPU the nodes would share). S3 is
 // versitygw behind a proxy that caps all responses together at 200 MB/s, a realistic share of an
 // object store for one client, and counts the bytes it sends: the S3 bytes read.
 
@@ -120,7 +121,7 @@ func TestFanoutNodeChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The DaemonSet's limits: 256 MiB/s and 8 pieces at once.
+		// The DaemonSet's limits: 256 MiB/s and 8 requests at once (a batch counts as one).
 		srv, err := peer.NewServer(peer.ServerConfig{Store: m, Auth: benchAuth{}, Cert: cert, BandwidthBytesPerSec: 256 << 20, MaxUploads: 8})
 		if err != nil {
 			t.Fatal(err)
