@@ -55,6 +55,9 @@ func main() {
 	flag.StringVar(&cfg.WebhookSecretName, "webhook-secret-name", "cistern-workload-webhook-cert", "Secret holding the webhook CA and certificate")
 	flag.DurationVar(&cfg.CertCheckInterval, "webhook-cert-check-interval", 0, "how often to check certificates for renewal (default 1h)")
 	podPlacement := flag.Bool("pod-placement", true, "serve the pod placement webhook: pods whose claims or inline volumes name a Cistern dataset prefer the nodes that hold it (docs/datasets.md)")
+	flag.BoolVar(&cfg.SnapshotContents, "snapshot-contents", false,
+		"label the driver's hand-made VolumeSnapshotContents with the node their snapshot handle names, so that node's csi-snapshotter takes them; "+
+			"needs the VolumeSnapshot CRDs (deploy/csi/snapshots turns it on)")
 	flag.IntVar(&cfg.GroupWorkers, "group-workers", 8, "LeaderWorkerSet groups worked on at once")
 	flag.StringVar(&lwsAPI, "leaderworkerset-api", "workloads.cistern.dev/v1alpha1",
 		"group/version LeaderWorkerSet is served under; leaderworkerset.x-k8s.io/v1 runs this as the cluster's LeaderWorkerSet controller "+
