@@ -7,8 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"maps"
+	"net"
 	"strconv"
 	"time"
 
