@@ -46,9 +46,11 @@ type Reconciler struct {
 	DriverName string
 }
 
-// NodeFor says what a content needs: handled is false for a content left alone (another driver's,
-// one already labelled, or one the snapshot-controller makes for a VolumeSnapshot of a volume and
-// labels itself); for the others node is the node its snapshot handle names, "" when it names none.
+// NodeFor says what a content needs: handled is false for a content left alone (another
+// driver's, one already labelled, or one the snapshot-controller makes for a VolumeSnapshot of a
+// volume and labels itself); for the others node is the node its snapshot handle names, "" when
+// it names none. That node is the driver's node ID, which deploy/csi sets to the Node's name, as
+// it sets the sidecar's NODE_NAME: so it is the label's value.
 func NodeFor(c *snapv1.VolumeSnapshotContent, driverName string) (node string, handled bool) {
 	if c.Spec.Driver != driverName || c.Spec.Source.SnapshotHandle == nil {
 		return "", false
