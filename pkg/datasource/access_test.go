@@ -68,10 +68,16 @@ func TestJoinProvesAccess(t *testing.T) {
 	if _, err := m.Ensure(ctx, a); err != nil {
 		t.Fatal(err)
 	}
+	// A's staging must be under way; if it failed instead (a pool short of space refuses it),
+	// say so now rather than wait for the package's timeout.
 	for {
 		st, _, _ := m.Status(pool, spec)
 		if st.Phase == datasource.PhaseFetching {
 			break
+		}
+		if st.Phase == datasource.PhaseFailed || ctx.Err() != nil {
+			_, err := m.Wait(ctx, a)
+			t.Fatalf("A's staging never started fetching: phase %q, %v", st.Phase, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
