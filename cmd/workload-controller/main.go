@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -18,6 +19,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -71,6 +73,8 @@ func main() {
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
 	var nfsServers string
 	flag.StringVar(&nfsServers, "nfs-servers", "", "comma-separated NFS servers (host or host:port) a VolumeManager NFS source may name (must match the driver's); empty refuses NFS sources")
+	maxCapacity := flag.String("volumemanager-max-capacity", volumemanager.DefaultMaxCapacity.String(),
+		"largest capacity a VolumeManager volume may ask for: with a writer access mode each of its pods gets a writable copy of this size on its node")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -89,6 +93,10 @@ func main() {
 	}
 	if nfsServers != "" {
 		cfg.VolumeManager.NFSServers = strings.Split(nfsServers, ",")
+	}
+	if cfg.VolumeManager.MaxCapacity, err = resource.ParseQuantity(*maxCapacity); err != nil || cfg.VolumeManager.MaxCapacity.Sign() <= 0 {
+		klog.Background().Error(err, "--volumemanager-max-capacity must be a positive quantity", "value", *maxCapacity)
+		os.Exit(2)
 	}
 	logger := klog.Background()
 
