@@ -27,8 +27,11 @@ func (w *Webhook) sourceNodes(ctx context.Context, ns string, spec *corev1.Persi
 	group, kind, name := "", "", ""
 	switch ref := spec.DataSourceRef; {
 	case ref != nil:
-		if ref.Namespace != nil && *ref.Namespace != "" {
-			ns = *ref.Namespace // a cross-namespace source (CrossNamespaceVolumeDataSource)
+		if ref.Namespace != nil && *ref.Namespace != "" && *ref.Namespace != ns {
+			// A cross-namespace source (CrossNamespaceVolumeDataSource) needs a ReferenceGrant
+			// the webhook does not check: reading it would tell the pod's author where another
+			// namespace's data is. The ResourceExhausted retry still finds the node.
+			return nil, nil
 		}
 		group, kind, name = deref(ref.APIGroup), ref.Kind, ref.Name
 	case spec.DataSource != nil:

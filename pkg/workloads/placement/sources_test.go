@@ -78,6 +78,8 @@ func TestWebhookSources(t *testing.T) {
 	stolen, _ := snapshot("stolen", consts.DriverName, "", true)
 	stolen.Status.BoundVolumeSnapshotContentName = ptr.To(contentB.Name) // a content bound to another snapshot
 	unbound := &snapv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "unbound"}}
+	elsewhere, elsewhereContent := snapshot("elsewhere", consts.DriverName, volume.NewSnapshotID("fast", "node-b"), true)
+	elsewhere.Namespace, elsewhereContent.Spec.VolumeSnapshotRef.Namespace = "other", "other"
 	legacy := restoreClaim("legacy", "plain", "VolumeSnapshot", "snap-b")
 	legacy.Spec.DataSource = &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapv1.GroupName), Kind: "VolumeSnapshot", Name: "snap-b"}
 	legacy.Spec.DataSourceRef = nil
@@ -85,7 +87,7 @@ func TestWebhookSources(t *testing.T) {
 		class("plain", consts.DriverName, map[string]string{"pool": "fast"}),
 		class("data", consts.DriverName, datasetParams),
 		class("foreign", "other.csi.dev", nil),
-		snapB, contentB, preB, preContentB, snapA, contentA, labelled, labelledContent, foreign, foreignContent, stolen, unbound,
+		snapB, contentB, preB, preContentB, snapA, contentA, labelled, labelledContent, foreign, foreignContent, stolen, unbound, elsewhere, elsewhereContent,
 		restoreClaim("from-b", "plain", "VolumeSnapshot", "snap-b"),
 		restoreClaim("from-pre-b", "plain", "VolumeSnapshot", "pre-b"),
 		restoreClaim("from-b-too", "plain", "VolumeSnapshot", "snap-b"),
@@ -109,6 +111,16 @@ func TestWebhookSources(t *testing.T) {
 		restoreClaim("clone-a", "plain", "PersistentVolumeClaim", "src-a"),
 		restoreClaim("clone-foreign", "plain", "PersistentVolumeClaim", "src-foreign"),
 		restoreClaim("clone-unbound", "plain", "PersistentVolumeClaim", "src-unbound"),
+		func() *corev1.PersistentVolumeClaim {
+			c := restoreClaim("from-other-namespace", "plain", "VolumeSnapshot", "elsewhere")
+			c.Spec.DataSourceRef.Namespace = ptr.To("other")
+			return c
+		}(),
+		func() *corev1.PersistentVolumeClaim {
+			c := restoreClaim("from-own-namespace", "plain", "VolumeSnapshot", "snap-b")
+			c.Spec.DataSourceRef.Namespace = ptr.To(ns)
+			return c
+		}(),
 		claim("wffc", "data", ""),
 		pool("fast", "node-b", []string{id}, metav1.ConditionTrue, nil),
 	}
@@ -163,6 +175,8 @@ func TestWebhookSources(t *testing.T) {
 		{"claim already bound: its PV pins it, unchanged", claimPod("bound-restore"), nil},
 		{"clone of another driver's volume: unchanged", claimPod("clone-foreign"), nil},
 		{"clone of a claim not bound yet: unchanged", claimPod("clone-unbound"), nil},
+		{"a source in another namespace (its ReferenceGrant unchecked here): unchanged", claimPod("from-other-namespace"), nil},
+		{"a source naming the claim's own namespace", claimPod("from-own-namespace"), required(onNodes("node-b"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &Webhook{Reader: fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(objects...).Build(), DriverName: consts.DriverName}
