@@ -96,25 +96,6 @@ func install(t *testing.T) *framework.ControlPlane {
 	return cp
 }
 
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s: %v", what, timeout, err)
-}
-
 func kubectl(t *testing.T, cp *framework.ControlPlane, stdin string, args ...string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(framework.Binary(t, "kubectl"), append([]string{"--kubeconfig", cp.Kubeconfig}, args...)...)
@@ -158,7 +139,7 @@ func TestComponentRendersDropIn(t *testing.T) {
 // start in drop-in mode and says why.
 func TestDropInRefusesWhenGroupServed(t *testing.T) {
 	cp := install(t)
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	other := &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "lws-mutating-webhook-configuration"},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
@@ -215,7 +196,7 @@ func TestDropInUpstreamManifests(t *testing.T) {
 	cp := install(t)
 	startDropIn(t, cp)
 	ns := framework.CreateNamespace(t, cp, "dropin")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	var nodes []string
 	for _, pool := range []string{"p1", "p2", "p3"} {
 		for i := range 2 {
@@ -247,8 +228,8 @@ func TestDropInUpstreamManifests(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, 3*time.Minute, "sample ready", ready("sample", 2))
-	eventually(t, 3*time.Minute, "features ready", ready("features", 2))
+	testutil.Eventually(t, 3*time.Minute, "sample ready", ready("sample", 2))
+	testutil.Eventually(t, 3*time.Minute, "features ready", ready("features", 2))
 
 	// The leader StatefulSet is owned by the upstream-group object.
 	var leader appsv1.StatefulSet
@@ -316,7 +297,7 @@ func TestDropInUpstreamManifests(t *testing.T) {
 	if out, err := kubectl(t, cp, "", "-n", ns, "scale", "leaderworkersets.leaderworkerset.x-k8s.io/sample", "--replicas=3"); err != nil {
 		t.Fatalf("kubectl scale: %v\n%s", err, out)
 	}
-	eventually(t, 3*time.Minute, "sample scaled to 3", ready("sample", 3))
+	testutil.Eventually(t, 3*time.Minute, "sample scaled to 3", ready("sample", 3))
 	out, err := kubectl(t, cp, "", "-n", ns, "get", "leaderworkersets.leaderworkerset.x-k8s.io", "sample", "-o", "jsonpath={.status.readyReplicas}/{.spec.replicas}")
 	if err != nil || out != "3/3" {
 		t.Errorf("kubectl get: %q %v", out, err)

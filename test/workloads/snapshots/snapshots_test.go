@@ -157,7 +157,7 @@ func handMade(name, driver, handle string) *snapv1.VolumeSnapshotContent {
 
 func create(t *testing.T, o client.Object) {
 	t.Helper()
-	if err := cl.Create(ctxT(t), o); err != nil {
+	if err := cl.Create(testutil.Context(t), o); err != nil {
 		t.Fatalf("creating %T %s: %v", o, o.GetName(), err)
 	}
 	t.Cleanup(func() { _ = cl.Delete(context.Background(), o) })
@@ -174,9 +174,9 @@ func TestHandMadeContentsGetTheirNode(t *testing.T) {
 	for _, c := range []client.Object{foreign, nameless, ours} {
 		create(t, c)
 	}
-	eventually(t, 30*time.Second, "content labelled with its node", func() error {
+	testutil.Eventually(t, 30*time.Second, "content labelled with its node", func() error {
 		var got snapv1.VolumeSnapshotContent
-		if err := cl.Get(ctxT(t), client.ObjectKeyFromObject(ours), &got); err != nil {
+		if err := cl.Get(testutil.Context(t), client.ObjectKeyFromObject(ours), &got); err != nil {
 			return err
 		}
 		if l := got.Labels[consts.LabelSnapshotManagedBy]; l != "node-b" {
@@ -184,9 +184,9 @@ func TestHandMadeContentsGetTheirNode(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "a Warning Event on the content whose handle names no node", func() error {
+	testutil.Eventually(t, 30*time.Second, "a Warning Event on the content whose handle names no node", func() error {
 		var events eventsv1.EventList
-		if err := cl.List(ctxT(t), &events, client.InNamespace(metav1.NamespaceDefault)); err != nil {
+		if err := cl.List(testutil.Context(t), &events, client.InNamespace(metav1.NamespaceDefault)); err != nil {
 			return err
 		}
 		for _, e := range events.Items {
@@ -199,7 +199,7 @@ func TestHandMadeContentsGetTheirNode(t *testing.T) {
 	})
 	for _, c := range []*snapv1.VolumeSnapshotContent{foreign, nameless} {
 		var got snapv1.VolumeSnapshotContent
-		if err := cl.Get(ctxT(t), client.ObjectKeyFromObject(c), &got); err != nil {
+		if err := cl.Get(testutil.Context(t), client.ObjectKeyFromObject(c), &got); err != nil {
 			t.Fatal(err)
 		}
 		if l, ok := got.Labels[consts.LabelSnapshotManagedBy]; ok {
@@ -264,9 +264,9 @@ func TestRestoresLandOnTheSourceNode(t *testing.T) {
 			if a := pod.Spec.Affinity; a == nil || a.NodeAffinity == nil || !equality.Semantic.DeepEqual(a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution, want) {
 				t.Fatalf("admitted pod's affinity %+v, want required %+v", a, want)
 			}
-			eventually(t, time.Minute, "the scheduler selecting the source's node for the claim", func() error {
+			testutil.Eventually(t, time.Minute, "the scheduler selecting the source's node for the claim", func() error {
 				var got corev1.PersistentVolumeClaim
-				if err := cl.Get(ctxT(t), client.ObjectKeyFromObject(pvc), &got); err != nil {
+				if err := cl.Get(testutil.Context(t), client.ObjectKeyFromObject(pvc), &got); err != nil {
 					return err
 				}
 				if n := got.Annotations["volume.kubernetes.io/selected-node"]; n != tc.node {
@@ -298,23 +298,4 @@ func newClaim(ns, name string, ref *corev1.TypedObjectReference) *corev1.Persist
 		Resources:     corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}},
 		DataSourceRef: ref,
 	}}
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s: %v", what, timeout, err)
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
 }
