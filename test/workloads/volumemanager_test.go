@@ -271,9 +271,17 @@ func TestVolumeManager(t *testing.T) {
 		return nil
 	})
 
-	// At rest, a StoragePool change reconciles the VolumeManager without writing it.
+	var third string
+	for _, n := range gpuNodes {
+		if !slices.Contains(chosen, n) {
+			third = n
+		}
+	}
+	// At rest, a StoragePool change reconciles the VolumeManager without writing it. On the node
+	// it does not use: publishInventory replaces a node's inventory, and on a chosen node that
+	// would take the dataset away.
 	rv := got.ResourceVersion
-	publishInventory(t, gpuNodes[2], "other", spapi.DatasetReady, "")
+	publishInventory(t, third, "other", spapi.DatasetReady, "")
 	time.Sleep(3 * time.Second)
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 		t.Fatal(err)
@@ -284,12 +292,6 @@ func TestVolumeManager(t *testing.T) {
 
 	// Drain one node: the third GPU node is staged first while the old claim keeps serving.
 	oldClaim := got.Status.Volumes[0].VolumeSource.PersistentVolumeClaim.ClaimName
-	var third string
-	for _, n := range gpuNodes {
-		if !slices.Contains(chosen, n) {
-			third = n
-		}
-	}
 	var drained corev1.Node
 	if err := cl.Get(ctx, client.ObjectKey{Name: chosen[1]}, &drained); err != nil {
 		t.Fatal(err)
