@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
@@ -18,6 +19,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -55,6 +57,9 @@ func main() {
 	flag.StringVar(&cfg.WebhookSecretName, "webhook-secret-name", "cistern-workload-webhook-cert", "Secret holding the webhook CA and certificate")
 	flag.DurationVar(&cfg.CertCheckInterval, "webhook-cert-check-interval", 0, "how often to check certificates for renewal (default 1h)")
 	podPlacement := flag.Bool("pod-placement", true, "serve the pod placement webhook: pods whose claims or inline volumes name a Cistern dataset prefer the nodes that hold it (docs/datasets.md)")
+	flag.BoolVar(&cfg.SnapshotContents, "snapshot-contents", false,
+		"label the driver's hand-made VolumeSnapshotContents with the node their snapshot handle names, so that node's csi-snapshotter takes them; "+
+			"needs the VolumeSnapshot CRDs (deploy/csi/snapshots turns it on)")
 	flag.IntVar(&cfg.GroupWorkers, "group-workers", 8, "LeaderWorkerSet groups worked on at once")
 	flag.StringVar(&lwsAPI, "leaderworkerset-api", "workloads.cistern.dev/v1alpha1",
 		"group/version LeaderWorkerSet is served under; leaderworkerset.x-k8s.io/v1 runs this as the cluster's LeaderWorkerSet controller "+
@@ -68,6 +73,8 @@ func main() {
 	flag.StringVar(&localRoots, "local-source-roots", "", "comma-separated node directories a VolumeManager Local source may name (must match the driver's)")
 	var nfsServers string
 	flag.StringVar(&nfsServers, "nfs-servers", "", "comma-separated NFS servers (host or host:port) a VolumeManager NFS source may name (must match the driver's); empty refuses NFS sources")
+	maxCapacity := flag.String("volumemanager-max-capacity", volumemanager.DefaultMaxCapacity.String(),
+		"largest capacity a VolumeManager volume may ask for: with a writer access mode each of its pods gets a writable copy of this size on its node")
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {
@@ -86,6 +93,10 @@ func main() {
 	}
 	if nfsServers != "" {
 		cfg.VolumeManager.NFSServers = strings.Split(nfsServers, ",")
+	}
+	if cfg.VolumeManager.MaxCapacity, err = resource.ParseQuantity(*maxCapacity); err != nil || cfg.VolumeManager.MaxCapacity.Sign() <= 0 {
+		klog.Background().Error(err, "--volumemanager-max-capacity must be a positive quantity", "value", *maxCapacity)
+		os.Exit(2)
 	}
 	logger := klog.Background()
 

@@ -23,6 +23,7 @@ test-workloads: k8s-tools
 	$(GO_TEST) -count=1 $(RACE) ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
 	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
+	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/snapshots/
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 bench-workloads: k8s-tools

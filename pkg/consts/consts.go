@@ -58,6 +58,12 @@ const (
 	LabelDataPlacement    = "cistern.csi.dev/data-placement"
 	DataPlacementDisabled = "disabled"
 
+	// LabelSnapshotManagedBy is external-snapshotter's label naming the node whose csi-snapshotter
+	// (in node-deployment mode) handles a VolumeSnapshotContent; the sidecar ignores contents
+	// without it. The snapshot-controller sets it on the contents it creates; the
+	// workload-controller sets it on hand-made ones of the driver (pkg/workloads/snapshotnode).
+	LabelSnapshotManagedBy = "snapshot.storage.kubernetes.io/managed-by"
+
 	// StoragePoolGroup is the API group of StoragePool objects (the KEP's group).
 	StoragePoolGroup = "storagepool.storage.k8s.io"
 )

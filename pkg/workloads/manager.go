@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"time"
 
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -32,6 +34,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
+	"github.com/cistern-csi/cistern/pkg/workloads/snapshotnode"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
 )
@@ -85,6 +88,12 @@ type Config struct {
 	// hold their datasets).
 	DisablePodPlacement bool
 
+	// SnapshotContents runs the controller that labels the driver's hand-made
+	// VolumeSnapshotContents with their snapshot's node, for that node's csi-snapshotter
+	// (pkg/workloads/snapshotnode). It needs the VolumeSnapshot CRDs and the RBAC of
+	// deploy/csi/snapshots, which turns it on.
+	SnapshotContents bool
+
 	// GroupWorkers is how many groups are worked on at once (worker StatefulSets, restarts).
 	GroupWorkers int
 
@@ -104,7 +113,8 @@ type Config struct {
 }
 
 // Scheme holds every type the controller reads or writes, with LeaderWorkerSet under
-// workloads.cistern.dev.
+// workloads.cistern.dev. The VolumeSnapshot types are known whether or not the cluster serves
+// them: only reading them needs the CRDs.
 func Scheme() *runtime.Scheme {
 	return SchemeFor(workloadsv1alpha1.GroupVersion)
 }
@@ -113,7 +123,7 @@ func Scheme() *runtime.Scheme {
 func SchemeFor(lwsAPI schema.GroupVersion) *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, datav1alpha1.AddToScheme, spapi.AddToScheme,
+		clientgoscheme.AddToScheme, apiextensionsv1.AddToScheme, datav1alpha1.AddToScheme, spapi.AddToScheme, snapv1.AddToScheme,
 		func(s *runtime.Scheme) error { return workloadsv1alpha1.AddToSchemeWithLeaderWorkerSetAt(s, lwsAPI) },
 	} {
 		if err := add(s); err != nil {
@@ -210,6 +220,10 @@ func (c *Controller) Run(ctx context.Context) error {
 		logger.Info("serving LeaderWorkerSet as the cluster's LeaderWorkerSet controller", "api", lwsAPI.String())
 	}
 
+	byObject := lws.CacheByObject()
+	if cfg.SnapshotContents {
+		maps.Copy(byObject, snapshotnode.CacheByObject())
+	}
 	opts := ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsOptions(cfg),
@@ -218,7 +232,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		LeaderElectionID:        "workload-controller.cistern.dev",
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
 		Logger:                  logger,
-		Cache:                   cache.Options{ByObject: lws.CacheByObject()},
+		Cache:                   cache.Options{ByObject: byObject},
 	}
 	var certs *whcerts.CertProvisioner
 	if !cfg.DisableWebhooks {
@@ -271,6 +285,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		Recorder: mgr.GetEventRecorder("volumemanager"), Config: vmCfg}).SetupWithManager(mgr); err != nil {
 		return err
 	}
+	if cfg.SnapshotContents {
+		if err := (&snapshotnode.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("snapshotnode"),
+			DriverName: cfg.driverName()}).SetupWithManager(mgr); err != nil {
+			return err
+		}
+	}
 	if certs != nil {
 		if err := lws.RegisterWebhooks(mgr.GetWebhookServer(), scheme); err != nil {
 			return err
@@ -289,6 +309,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	logger.Info("starting the manager", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister)
+	logger.Info("starting the manager", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister, "snapshotContents", cfg.SnapshotContents)
 	return mgr.Start(ctx)
 }

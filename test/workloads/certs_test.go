@@ -17,6 +17,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 // TestWebhookCertificates: in Service mode the controller issues its certificate into a Secret,
@@ -26,7 +27,7 @@ import (
 func TestWebhookCertificates(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "certs")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	name := "cert-test-" + ns
 
 	// The configurations as deploy/ installs them (no caBundle), matching nothing, so they cannot
@@ -45,7 +46,7 @@ func TestWebhookCertificates(t *testing.T) {
 		if err := cl.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cl.Delete(ctxT(t), o) })
+		t.Cleanup(func() { _ = cl.Delete(testutil.Context(t), o) })
 	}
 
 	host := "svc." + ns + ".svc"

@@ -20,6 +20,7 @@ import (
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 const replicaKey = "test.cistern.dev/replica"
@@ -63,7 +64,7 @@ func withClaim(whenDeleted, whenScaled appsv1.PersistentVolumeClaimRetentionPoli
 
 func list[T client.ObjectList](t *testing.T, l T, ns string, labels map[string]string) T {
 	t.Helper()
-	if err := cl.List(ctxT(t), l, client.InNamespace(ns), client.MatchingLabels(labels)); err != nil {
+	if err := cl.List(testutil.Context(t), l, client.InNamespace(ns), client.MatchingLabels(labels)); err != nil {
 		t.Fatal(err)
 	}
 	return l
@@ -99,7 +100,7 @@ func wantNames(got, want []string) error {
 func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-pin")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	name := "pin"
 
 	groupNodes := map[int][]string{}
@@ -140,7 +141,7 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 		if err := cl.Create(ctx, pv); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cl.Delete(ctxT(t), pv) })
+		t.Cleanup(func() { _ = cl.Delete(testutil.Context(t), pv) })
 	}
 
 	lws := newLWS(ns, name, 2, 3, withClaim("", ""), func(l *v1alpha1.LeaderWorkerSet) {
@@ -165,10 +166,10 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 	}
 
 	sel := map[string]string{v1alpha1.SetNameLabelKey: name}
-	eventually(t, 2*time.Minute, "three StatefulSets", func() error {
+	testutil.Eventually(t, 2*time.Minute, "three StatefulSets", func() error {
 		return wantNames(names(ptrs(list(t, &appsv1.StatefulSetList{}, ns, sel).Items)), []string{"pin", "pin-0", "pin-1"})
 	})
-	eventually(t, 2*time.Minute, "six bound claims", func() error {
+	testutil.Eventually(t, 2*time.Minute, "six bound claims", func() error {
 		var pvcs corev1.PersistentVolumeClaimList
 		if err := cl.List(ctx, &pvcs, client.InNamespace(ns)); err != nil {
 			return err
@@ -180,7 +181,7 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 		}
 		return wantNames(names(ptrs(pvcs.Items)), slices.Clone(claims))
 	})
-	eventually(t, 2*time.Minute, "six pods scheduled on their group's nodes", func() error {
+	testutil.Eventually(t, 2*time.Minute, "six pods scheduled on their group's nodes", func() error {
 		pods := list(t, &corev1.PodList{}, ns, sel).Items
 		if len(pods) != 6 {
 			return fmt.Errorf("%d pods", len(pods))
@@ -211,7 +212,7 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, time.Minute, "both groups ready", func() error {
+	testutil.Eventually(t, time.Minute, "both groups ready", func() error {
 		var l v1alpha1.LeaderWorkerSet
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &l); err != nil {
 			return err
@@ -233,13 +234,13 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 func TestLeaderWorkerSetScale(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-scale")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	lws := newLWS(ns, "scale", 2, 2, withClaim(appsv1.RetainPersistentVolumeClaimRetentionPolicyType, appsv1.DeletePersistentVolumeClaimRetentionPolicyType))
 	if err := cl.Create(ctx, lws); err != nil {
 		t.Fatal(err)
 	}
 	sel := map[string]string{v1alpha1.SetNameLabelKey: "scale"}
-	eventually(t, time.Minute, "two groups", func() error {
+	testutil.Eventually(t, time.Minute, "two groups", func() error {
 		return wantNames(names(ptrs(list(t, &appsv1.StatefulSetList{}, ns, sel).Items)), []string{"scale", "scale-0", "scale-1"})
 	})
 	scale := func(n int32) {
@@ -256,25 +257,25 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 		}
 	}
 	scale(3)
-	eventually(t, time.Minute, "three groups", func() error {
+	testutil.Eventually(t, time.Minute, "three groups", func() error {
 		return wantNames(names(ptrs(list(t, &appsv1.StatefulSetList{}, ns, sel).Items)), []string{"scale", "scale-0", "scale-1", "scale-2"})
 	})
-	eventually(t, time.Minute, "claims of three groups", func() error {
+	testutil.Eventually(t, time.Minute, "claims of three groups", func() error {
 		return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)),
 			[]string{"data-scale-0", "data-scale-0-1", "data-scale-1", "data-scale-1-1", "data-scale-2", "data-scale-2-1"})
 	})
 	scale(1)
-	eventually(t, time.Minute, "one group", func() error {
+	testutil.Eventually(t, time.Minute, "one group", func() error {
 		if err := wantNames(names(ptrs(list(t, &appsv1.StatefulSetList{}, ns, sel).Items)), []string{"scale", "scale-0"}); err != nil {
 			return err
 		}
 		return wantNames(names(ptrs(list(t, &corev1.PodList{}, ns, sel).Items)), []string{"scale-0", "scale-0-1"})
 	})
-	eventually(t, time.Minute, "leader claims deleted (whenScaled), worker claims kept (whenDeleted)", func() error {
+	testutil.Eventually(t, time.Minute, "leader claims deleted (whenScaled), worker claims kept (whenDeleted)", func() error {
 		return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)),
 			[]string{"data-scale-0", "data-scale-0-1", "data-scale-1-1", "data-scale-2-1"})
 	})
-	eventually(t, time.Minute, "status counts one group", func() error {
+	testutil.Eventually(t, time.Minute, "status counts one group", func() error {
 		var l v1alpha1.LeaderWorkerSet
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &l); err != nil {
 			return err
@@ -293,19 +294,19 @@ func TestLeaderWorkerSetDeletion(t *testing.T) {
 	for _, policy := range []appsv1.PersistentVolumeClaimRetentionPolicyType{"Retain", "Delete"} {
 		t.Run(string(policy), func(t *testing.T) {
 			ns := framework.CreateNamespace(t, cp, "lws-del")
-			ctx := ctxT(t)
+			ctx := testutil.Context(t)
 			lws := newLWS(ns, "del", 1, 3, withClaim(policy, "Retain"))
 			if err := cl.Create(ctx, lws); err != nil {
 				t.Fatal(err)
 			}
 			allClaims := []string{"data-del-0", "data-del-0-1", "data-del-0-2"}
-			eventually(t, time.Minute, "claims", func() error {
+			testutil.Eventually(t, time.Minute, "claims", func() error {
 				return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), slices.Clone(allClaims))
 			})
 			if err := cl.Delete(ctx, lws); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, time.Minute, "StatefulSets and pods gone", func() error {
+			testutil.Eventually(t, time.Minute, "StatefulSets and pods gone", func() error {
 				if n := len(list(t, &appsv1.StatefulSetList{}, ns, nil).Items); n > 0 {
 					return fmt.Errorf("%d StatefulSets", n)
 				}
@@ -318,7 +319,7 @@ func TestLeaderWorkerSetDeletion(t *testing.T) {
 			if policy == "Delete" {
 				want = nil
 			}
-			eventually(t, time.Minute, "claims after deletion", func() error {
+			testutil.Eventually(t, time.Minute, "claims after deletion", func() error {
 				return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), want)
 			})
 			if policy == "Retain" {
@@ -340,7 +341,7 @@ func TestLeaderWorkerSetGroupRestart(t *testing.T) {
 	for _, policy := range []appsv1.PersistentVolumeClaimRetentionPolicyType{"Retain", "Delete"} {
 		t.Run(string(policy), func(t *testing.T) {
 			ns := framework.CreateNamespace(t, cp, "lws-restart")
-			ctx := ctxT(t)
+			ctx := testutil.Context(t)
 			lws := newLWS(ns, "rs", 1, 3, withClaim(policy, "Retain"))
 			if err := cl.Create(ctx, lws); err != nil {
 				t.Fatal(err)
@@ -370,7 +371,7 @@ func TestLeaderWorkerSetGroupRestart(t *testing.T) {
 			}
 			keys := []string{"pvc/data-rs-0", "pvc/data-rs-0-1", "pvc/data-rs-0-2", "pod/rs-0", "pod/rs-0-1", "pod/rs-0-2", "sts/rs", "sts/rs-0"}
 			var before map[string]types.UID
-			eventually(t, time.Minute, "group up", func() error {
+			testutil.Eventually(t, time.Minute, "group up", func() error {
 				var err error
 				if before, err = uids(); err != nil {
 					return err
@@ -397,7 +398,7 @@ func TestLeaderWorkerSetGroupRestart(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			eventually(t, 2*time.Minute, "group recreated", func() error {
+			testutil.Eventually(t, 2*time.Minute, "group recreated", func() error {
 				after, err := uids()
 				if err != nil {
 					return err
@@ -432,7 +433,7 @@ func TestLeaderWorkerSetGroupRestart(t *testing.T) {
 func TestLeaderWorkerSetAdmission(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-adm")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 
 	lws := newLWS(ns, "adm", 1, 1, withClaim("", ""))
 	if err := cl.Create(ctx, lws); err != nil {

@@ -17,6 +17,7 @@ import (
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 func newJob(ns, name string, mods ...func(*v1alpha1.NotebookValidationJob)) *v1alpha1.NotebookValidationJob {
@@ -40,7 +41,7 @@ func newJob(ns, name string, mods ...func(*v1alpha1.NotebookValidationJob)) *v1a
 func getJob(t *testing.T, j *v1alpha1.NotebookValidationJob) *v1alpha1.NotebookValidationJob {
 	t.Helper()
 	var got v1alpha1.NotebookValidationJob
-	if err := cl.Get(ctxT(t), client.ObjectKeyFromObject(j), &got); err != nil {
+	if err := cl.Get(testutil.Context(t), client.ObjectKeyFromObject(j), &got); err != nil {
 		t.Fatal(err)
 	}
 	return &got
@@ -50,7 +51,7 @@ func getJob(t *testing.T, j *v1alpha1.NotebookValidationJob) *v1alpha1.NotebookV
 func setPodPhase(t *testing.T, ns, name string, phase corev1.PodPhase, exit int32) {
 	t.Helper()
 	var pod corev1.Pod
-	if err := cl.Get(ctxT(t), types.NamespacedName{Namespace: ns, Name: name}, &pod); err != nil {
+	if err := cl.Get(testutil.Context(t), types.NamespacedName{Namespace: ns, Name: name}, &pod); err != nil {
 		t.Fatal(err)
 	}
 	now := metav1.Now()
@@ -61,7 +62,7 @@ func setPodPhase(t *testing.T, ns, name string, phase corev1.PodPhase, exit int3
 			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: exit, Reason: "Error",
 				Message: "PapermillExecutionError", StartedAt: now, FinishedAt: now}}}}
 	}
-	if err := cl.Status().Update(ctxT(t), &pod); err != nil {
+	if err := cl.Status().Update(testutil.Context(t), &pod); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -69,7 +70,7 @@ func setPodPhase(t *testing.T, ns, name string, phase corev1.PodPhase, exit int3
 func waitPhase(t *testing.T, j *v1alpha1.NotebookValidationJob, phase v1alpha1.NotebookPhase) *v1alpha1.NotebookValidationJob {
 	t.Helper()
 	var got *v1alpha1.NotebookValidationJob
-	eventually(t, time.Minute, "phase "+string(phase), func() error {
+	testutil.Eventually(t, time.Minute, "phase "+string(phase), func() error {
 		got = getJob(t, j)
 		if got.Status.Phase != phase {
 			return fmt.Errorf("phase %q (%s)", got.Status.Phase, got.Status.Message)
@@ -84,7 +85,7 @@ func waitPhase(t *testing.T, j *v1alpha1.NotebookValidationJob, phase v1alpha1.N
 func TestNotebookJobRuns(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "nb-run")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	if err := cl.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "params"}, Data: map[string]string{"a": "1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestNotebookJobRuns(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := waitPhase(t, job, v1alpha1.NotebookPhasePending)
-			eventually(t, time.Minute, "pod created", func() error {
+			testutil.Eventually(t, time.Minute, "pod created", func() error {
 				got = getJob(t, job)
 				if got.Status.PodName == "" {
 					return fmt.Errorf("no pod yet")
@@ -157,7 +158,7 @@ func TestNotebookJobRuns(t *testing.T) {
 func TestNotebookJobMissingVolume(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "nb-missing")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	job := newJob(ns, "waits", func(j *v1alpha1.NotebookValidationJob) {
 		j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "models",
 			PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "models"}}}
@@ -166,7 +167,7 @@ func TestNotebookJobMissingVolume(t *testing.T) {
 	if err := cl.Create(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "VolumesReady=False naming the claim", func() error {
+	testutil.Eventually(t, time.Minute, "VolumesReady=False naming the claim", func() error {
 		c := meta.FindStatusCondition(getJob(t, job).Status.Conditions, v1alpha1.NotebookConditionVolumesReady)
 		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != v1alpha1.ReasonVolumeMissing ||
 			!strings.Contains(c.Message, `PersistentVolumeClaim "models" (volume "models") not found`) {
@@ -181,7 +182,7 @@ func TestNotebookJobMissingVolume(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "pod created once the claim exists", func() error {
+	testutil.Eventually(t, time.Minute, "pod created once the claim exists", func() error {
 		got := getJob(t, job)
 		if !meta.IsStatusConditionTrue(got.Status.Conditions, v1alpha1.NotebookConditionVolumesReady) || got.Status.PodName == "" {
 			return fmt.Errorf("status %+v", got.Status)
@@ -197,10 +198,10 @@ func TestNotebookJobTimeout(t *testing.T) {
 	job := newJob(ns, "slow", func(j *v1alpha1.NotebookValidationJob) {
 		j.Spec.Timeout = &metav1.Duration{Duration: 3 * time.Second}
 	})
-	if err := cl.Create(ctxT(t), job); err != nil {
+	if err := cl.Create(testutil.Context(t), job); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "pod", func() error {
+	testutil.Eventually(t, time.Minute, "pod", func() error {
 		if getJob(t, job).Status.PodName == "" {
 			return fmt.Errorf("no pod")
 		}
@@ -211,9 +212,9 @@ func TestNotebookJobTimeout(t *testing.T) {
 	if c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete); c == nil || c.Reason != v1alpha1.ReasonTimedOut {
 		t.Errorf("condition %+v", c)
 	}
-	eventually(t, time.Minute, "pod deleted or terminating", func() error {
+	testutil.Eventually(t, time.Minute, "pod deleted or terminating", func() error {
 		var pod corev1.Pod
-		err := cl.Get(ctxT(t), types.NamespacedName{Namespace: ns, Name: "slow-validation"}, &pod)
+		err := cl.Get(testutil.Context(t), types.NamespacedName{Namespace: ns, Name: "slow-validation"}, &pod)
 		if err == nil && pod.DeletionTimestamp == nil {
 			return fmt.Errorf("pod still there")
 		}
@@ -225,7 +226,7 @@ func TestNotebookJobTimeout(t *testing.T) {
 func TestNotebookJobAdmission(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "nb-adm")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	// hostPath is not a field of the API: send it raw, as kubectl would.
 	hostPath := fmt.Sprintf(`apiVersion: workloads.cistern.dev/v1alpha1
 kind: NotebookValidationJob
@@ -324,7 +325,7 @@ spec:
 func TestNotebookJobPodRefused(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "nb-quota")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	quota := &corev1.ResourceQuota{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "no-pods"},
 		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}},
@@ -336,7 +337,7 @@ func TestNotebookJobPodRefused(t *testing.T) {
 	if err := cl.Create(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "PodCreated=False with the quota message", func() error {
+	testutil.Eventually(t, time.Minute, "PodCreated=False with the quota message", func() error {
 		got := getJob(t, job)
 		c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionPodCreated)
 		if got.Status.Phase != v1alpha1.NotebookPhasePending || c == nil || c.Status != metav1.ConditionFalse ||
@@ -348,7 +349,7 @@ func TestNotebookJobPodRefused(t *testing.T) {
 	if err := cl.Delete(ctx, quota); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "pod created, condition cleared", func() error {
+	testutil.Eventually(t, time.Minute, "pod created, condition cleared", func() error {
 		got := getJob(t, job)
 		if got.Status.PodName == "" || meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionPodCreated) != nil {
 			return fmt.Errorf("status %+v", got.Status)
@@ -364,7 +365,7 @@ func TestNotebookJobPodRefused(t *testing.T) {
 func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "nb-golden")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	job := newJob(ns, "golden", func(j *v1alpha1.NotebookValidationJob) {
 		j.Spec.Notebook.Git.CredentialsSecret = "git-creds"
 		j.Spec.PodConfig.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}
@@ -376,7 +377,7 @@ func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pod corev1.Pod
-	eventually(t, time.Minute, "pod", func() error {
+	testutil.Eventually(t, time.Minute, "pod", func() error {
 		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "golden-validation"}, &pod)
 	})
 	if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[1].Name != notebook.NotebookContainer ||

@@ -14,6 +14,7 @@ import (
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 // TestLeaderWorkerSetRollout: a new worker image rolls every group onto the new revision (each
@@ -23,7 +24,7 @@ import (
 func TestLeaderWorkerSetRollout(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-roll")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	readyNodes(t, cp, ns)
 	l := newLWS(ns, "roll", 2, 2, onReadyNodes(ns), func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.NetworkConfig = &v1alpha1.NetworkConfig{SubdomainPolicy: ptr.To(v1alpha1.SubdomainUniquePerReplica)}
@@ -57,7 +58,7 @@ func TestLeaderWorkerSetRollout(t *testing.T) {
 		return nil
 	}
 	rev1 := revisionOf()
-	eventually(t, time.Minute, "groups at the first revision", func() error { return allAt(rev1, "registry.invalid/app:1") })
+	testutil.Eventually(t, time.Minute, "groups at the first revision", func() error { return allAt(rev1, "registry.invalid/app:1") })
 	for _, g := range []string{"roll-0", "roll-1"} {
 		var svc corev1.Service
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: g}, &svc); err != nil || svc.Spec.Selector[v1alpha1.GroupIndexLabelKey] == "" {
@@ -79,8 +80,8 @@ func TestLeaderWorkerSetRollout(t *testing.T) {
 	if rev2 == rev1 {
 		t.Fatal("image change kept the revision")
 	}
-	eventually(t, 2*time.Minute, "groups rolled to the new revision", func() error { return allAt(rev2, "registry.invalid/app:2") })
-	eventually(t, time.Minute, "worker StatefulSets at the new revision, status updated", func() error {
+	testutil.Eventually(t, 2*time.Minute, "groups rolled to the new revision", func() error { return allAt(rev2, "registry.invalid/app:2") })
+	testutil.Eventually(t, time.Minute, "worker StatefulSets at the new revision, status updated", func() error {
 		for _, s := range list(t, &appsv1.StatefulSetList{}, ns, sel).Items {
 			if s.Labels[v1alpha1.RevisionKey] != rev2 {
 				return fmt.Errorf("StatefulSet %s at %s", s.Name, s.Labels[v1alpha1.RevisionKey])

@@ -21,6 +21,7 @@ import (
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 const readyNodeKey = "test.cistern.dev/ready-nodes"
@@ -48,7 +49,7 @@ func onReadyNodes(ns string) func(*v1alpha1.LeaderWorkerSet) {
 // new template revision.
 func updateLWS(t *testing.T, key client.ObjectKey, mod func(*v1alpha1.LeaderWorkerSet)) string {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	var cur v1alpha1.LeaderWorkerSet
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		if err := cl.Get(ctx, key, &cur); err != nil {
@@ -232,7 +233,7 @@ func revisions(t *testing.T, ns, name string) map[string]string {
 // leader pod and worker StatefulSet carries rev, with the given worker image.
 func allUpdated(t *testing.T, ns, name string, replicas int32, rev, image string) error {
 	var leader appsv1.StatefulSet
-	if err := cl.Get(ctxT(t), client.ObjectKey{Namespace: ns, Name: name}, &leader); err != nil {
+	if err := cl.Get(testutil.Context(t), client.ObjectKey{Namespace: ns, Name: name}, &leader); err != nil {
 		return err
 	}
 	if r, p := ptr.Deref(leader.Spec.Replicas, 1), *leader.Spec.UpdateStrategy.RollingUpdate.Partition; r != replicas || p != 0 {
@@ -255,7 +256,7 @@ func allUpdated(t *testing.T, ns, name string, replicas int32, rev, image string
 		}
 	}
 	var cur v1alpha1.LeaderWorkerSet
-	if err := cl.Get(ctxT(t), client.ObjectKey{Namespace: ns, Name: name}, &cur); err != nil {
+	if err := cl.Get(testutil.Context(t), client.ObjectKey{Namespace: ns, Name: name}, &cur); err != nil {
 		return err
 	}
 	if st := cur.Status; st.Replicas != replicas || st.ReadyReplicas != replicas || st.UpdatedReplicas != replicas {
@@ -271,7 +272,7 @@ func allUpdated(t *testing.T, ns, name string, replicas int32, rev, image string
 func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-surge")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	readyNodes(t, cp, ns)
 	const name = "surge"
 	l := newLWS(ns, name, 3, 2, onReadyNodes(ns), func(l *v1alpha1.LeaderWorkerSet) {
@@ -285,10 +286,10 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev1 := updateLWS(t, client.ObjectKeyFromObject(l), func(*v1alpha1.LeaderWorkerSet) {})
-	eventually(t, 2*time.Minute, "three ready groups at the first revision", func() error {
+	testutil.Eventually(t, 2*time.Minute, "three ready groups at the first revision", func() error {
 		return allUpdated(t, ns, name, 3, rev1, "registry.invalid/app:1")
 	})
-	eventually(t, 30*time.Second, "the watch sees three ready groups", func() error { return groups.settled(3, rev1) })
+	testutil.Eventually(t, 30*time.Second, "the watch sees three ready groups", func() error { return groups.settled(3, rev1) })
 	if got := revisions(t, ns, name); len(got) != 1 || got[rev1] == "" {
 		t.Fatalf("ControllerRevisions %v, want one for %s", got, rev1)
 	}
@@ -297,12 +298,12 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	rev2 := updateLWS(t, client.ObjectKeyFromObject(l), func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Image = "registry.invalid/app:2"
 	})
-	eventually(t, 3*time.Minute, "three ready groups at the new revision", func() error {
+	testutil.Eventually(t, 3*time.Minute, "three ready groups at the new revision", func() error {
 		return allUpdated(t, ns, name, 3, rev2, "registry.invalid/app:2")
 	})
 	// The watch may lag behind the reads above: the extremes are complete once it has seen the
 	// end state too.
-	eventually(t, 30*time.Second, "the watch sees the end of the update", func() error { return groups.settled(3, rev2) })
+	testutil.Eventually(t, 30*time.Second, "the watch sees the end of the update", func() error { return groups.settled(3, rev2) })
 	maxLive, minReady, sawLive, sawReady := groups.extremes()
 	t.Logf("during the update: up to %d groups (%s), at least %d ready (%s); leader StatefulSet up to %d replicas",
 		maxLive, sawLive, minReady, sawReady, largest())
@@ -319,7 +320,7 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 	if minReady < 2 {
 		t.Errorf("only %d ready groups, fewer than replicas - maxUnavailable = 2:%s", minReady, sawReady)
 	}
-	eventually(t, time.Minute, "the old ControllerRevision deleted", func() error {
+	testutil.Eventually(t, time.Minute, "the old ControllerRevision deleted", func() error {
 		if got := revisions(t, ns, name); len(got) != 1 || got[rev2] == "" {
 			return fmt.Errorf("ControllerRevisions %v, want only %s's", got, rev2)
 		}
@@ -334,7 +335,7 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 func TestLeaderWorkerSetRevisions(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-rev")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	readyNodes(t, cp, ns)
 	const name = "rev"
 	l := newLWS(ns, name, 3, 2, onReadyNodes(ns))
@@ -343,7 +344,7 @@ func TestLeaderWorkerSetRevisions(t *testing.T) {
 	}
 	key := client.ObjectKeyFromObject(l)
 	rev1 := updateLWS(t, key, func(*v1alpha1.LeaderWorkerSet) {})
-	eventually(t, 2*time.Minute, "three ready groups at the first revision", func() error {
+	testutil.Eventually(t, 2*time.Minute, "three ready groups at the first revision", func() error {
 		return allUpdated(t, ns, name, 3, rev1, "registry.invalid/app:1")
 	})
 	rev1Name := revisions(t, ns, name)[rev1]
@@ -353,7 +354,7 @@ func TestLeaderWorkerSetRevisions(t *testing.T) {
 		l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Image = "registry.invalid/app:2"
 		l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.NodeSelector["test.cistern.dev/missing"] = "true"
 	})
-	eventually(t, 2*time.Minute, "the update stuck at partition 2", func() error {
+	testutil.Eventually(t, 2*time.Minute, "the update stuck at partition 2", func() error {
 		var leader appsv1.StatefulSet
 		if err := cl.Get(ctx, key, &leader); err != nil {
 			return err
@@ -383,7 +384,7 @@ func TestLeaderWorkerSetRevisions(t *testing.T) {
 	if err := cl.Delete(ctx, &leader0); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Minute, "group 0 rebuilt at the old revision", func() error {
+	testutil.Eventually(t, 2*time.Minute, "group 0 rebuilt at the old revision", func() error {
 		var p corev1.Pod
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: name + "-0"}, &p); err != nil {
 			return err
@@ -418,10 +419,10 @@ func TestLeaderWorkerSetRevisions(t *testing.T) {
 	}); back != rev1 {
 		t.Fatalf("rolling back gave revision %s, want %s", back, rev1)
 	}
-	eventually(t, 2*time.Minute, "rolled back", func() error {
+	testutil.Eventually(t, 2*time.Minute, "rolled back", func() error {
 		return allUpdated(t, ns, name, 3, rev1, "registry.invalid/app:1")
 	})
-	eventually(t, time.Minute, "only the first ControllerRevision left", func() error {
+	testutil.Eventually(t, time.Minute, "only the first ControllerRevision left", func() error {
 		if got := revisions(t, ns, name); len(got) != 1 || got[rev1] != rev1Name {
 			return fmt.Errorf("ControllerRevisions %v, want only %s", got, rev1Name)
 		}

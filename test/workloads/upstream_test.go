@@ -23,6 +23,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 // Upstream LeaderWorkerSet features on the real control plane: subgroups, exclusive placement
@@ -34,7 +35,7 @@ import (
 func TestLeaderWorkerSetSubGroups(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-sub")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	for _, tc := range []struct {
 		name string
 		typ  v1alpha1.SubGroupPolicyType
@@ -49,7 +50,7 @@ func TestLeaderWorkerSetSubGroups(t *testing.T) {
 		if err := cl.Create(ctx, l); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, tc.name+": subgroup labels", func() error {
+		testutil.Eventually(t, time.Minute, tc.name+": subgroup labels", func() error {
 			pods := list(t, &corev1.PodList{}, ns, map[string]string{v1alpha1.SetNameLabelKey: tc.name}).Items
 			if len(pods) != 5 {
 				return fmt.Errorf("%d pods", len(pods))
@@ -97,7 +98,7 @@ func TestLeaderWorkerSetSubGroups(t *testing.T) {
 func TestLeaderWorkerSetExclusivePlacement(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-excl")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	const name, zoneKey = "ex", "test.cistern.dev/zone"
 	zoneOf := map[string]string{}
 	groupOf := map[string]string{}
@@ -123,7 +124,7 @@ func TestLeaderWorkerSetExclusivePlacement(t *testing.T) {
 	if err := cl.Create(ctx, l); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Minute, "groups in zones of their own, workers with their leader", func() error {
+	testutil.Eventually(t, 2*time.Minute, "groups in zones of their own, workers with their leader", func() error {
 		pods := list(t, &corev1.PodList{}, ns, map[string]string{v1alpha1.SetNameLabelKey: name}).Items
 		if len(pods) != 4 {
 			return fmt.Errorf("%d pods", len(pods))
@@ -176,22 +177,22 @@ func TestLeaderWorkerSetPartition(t *testing.T) {
 		l.Spec.RolloutStrategy.RollingUpdateConfiguration = &v1alpha1.RollingUpdateConfiguration{
 			MaxUnavailable: intstr.FromInt32(1), Partition: ptr.To[int32](1)}
 	})
-	if err := cl.Create(ctxT(t), l); err != nil {
+	if err := cl.Create(testutil.Context(t), l); err != nil {
 		t.Fatal(err)
 	}
 	key := client.ObjectKeyFromObject(l)
 	rev1 := updateLWS(t, key, func(*v1alpha1.LeaderWorkerSet) {})
-	eventually(t, 2*time.Minute, "three ready groups", func() error { return groupsAt(t, ns, name, map[string]string{"0": rev1, "1": rev1, "2": rev1}) })
+	testutil.Eventually(t, 2*time.Minute, "three ready groups", func() error { return groupsAt(t, ns, name, map[string]string{"0": rev1, "1": rev1, "2": rev1}) })
 
 	rev2 := updateLWS(t, key, func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Image = "registry.invalid/app:2"
 	})
-	eventually(t, 2*time.Minute, "groups 1 and 2 updated, group 0 kept", func() error {
+	testutil.Eventually(t, 2*time.Minute, "groups 1 and 2 updated, group 0 kept", func() error {
 		if err := groupsAt(t, ns, name, map[string]string{"0": rev1, "1": rev2, "2": rev2}); err != nil {
 			return err
 		}
 		var cur v1alpha1.LeaderWorkerSet
-		if err := cl.Get(ctxT(t), key, &cur); err != nil {
+		if err := cl.Get(testutil.Context(t), key, &cur); err != nil {
 			return err
 		}
 		if st := cur.Status; st.Replicas != 3 || st.ReadyReplicas != 3 || st.UpdatedReplicas != 2 ||
@@ -208,10 +209,10 @@ func TestLeaderWorkerSetPartition(t *testing.T) {
 	updateLWS(t, key, func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.RolloutStrategy.RollingUpdateConfiguration.Partition = ptr.To[int32](0)
 	})
-	eventually(t, 2*time.Minute, "all groups updated", func() error {
+	testutil.Eventually(t, 2*time.Minute, "all groups updated", func() error {
 		return allUpdated(t, ns, name, 3, rev2, "registry.invalid/app:2")
 	})
-	eventually(t, time.Minute, "old revision deleted", func() error {
+	testutil.Eventually(t, time.Minute, "old revision deleted", func() error {
 		if got := revisions(t, ns, name); len(got) != 1 || got[rev2] == "" {
 			return fmt.Errorf("ControllerRevisions %v", got)
 		}
@@ -234,7 +235,7 @@ func groupsAt(t *testing.T, ns, name string, want map[string]string) error {
 	}
 	for g, rev := range want {
 		var s appsv1.StatefulSet
-		if err := cl.Get(ctxT(t), client.ObjectKey{Namespace: ns, Name: name + "-" + g}, &s); err != nil {
+		if err := cl.Get(testutil.Context(t), client.ObjectKey{Namespace: ns, Name: name + "-" + g}, &s); err != nil {
 			return err
 		}
 		if s.Labels[v1alpha1.RevisionKey] != rev {
@@ -250,7 +251,7 @@ func groupsAt(t *testing.T, ns, name string, want map[string]string) error {
 func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "lws-ready")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	const name = "lr"
 	l := newLWS(ns, name, 1, 2, func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.StartupPolicy = v1alpha1.LeaderReadyStartupPolicy
@@ -260,7 +261,7 @@ func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
 		t.Fatal(err)
 	}
 	var leader corev1.Pod
-	eventually(t, time.Minute, "leader pod", func() error {
+	testutil.Eventually(t, time.Minute, "leader pod", func() error {
 		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-0"}, &leader)
 	})
 	// No node runs the pods here: the leader stays Pending, so no workers.
@@ -270,11 +271,11 @@ func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
 		t.Fatal("worker StatefulSet created before the leader was ready")
 	}
 	setPodStatus(t, ns, name+"-0", true, 0)
-	eventually(t, time.Minute, "worker StatefulSet once the leader is ready", func() error {
+	testutil.Eventually(t, time.Minute, "worker StatefulSet once the leader is ready", func() error {
 		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-0"}, &sts)
 	})
 	var worker corev1.Pod
-	eventually(t, time.Minute, "worker pod", func() error {
+	testutil.Eventually(t, time.Minute, "worker pod", func() error {
 		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-0-1"}, &worker)
 	})
 	setPodStatus(t, ns, name+"-0-1", true, 1)
@@ -291,7 +292,7 @@ func setPodStatus(t *testing.T, ns, name string, ready bool, restarts int32) {
 	t.Helper()
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		var p corev1.Pod
-		if err := cl.Get(ctxT(t), types.NamespacedName{Namespace: ns, Name: name}, &p); err != nil {
+		if err := cl.Get(testutil.Context(t), types.NamespacedName{Namespace: ns, Name: name}, &p); err != nil {
 			return err
 		}
 		status := corev1.ConditionFalse
@@ -302,7 +303,7 @@ func setPodStatus(t *testing.T, ns, name string, ready bool, restarts int32) {
 		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: p.Spec.Containers[0].Image, RestartCount: restarts, Ready: ready,
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
-		return cl.Status().Update(ctxT(t), &p)
+		return cl.Status().Update(testutil.Context(t), &p)
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 // datasetID is the ID the driver gives a volume config's dataset.
@@ -39,7 +40,7 @@ func datasetID(t *testing.T, vc *datav1alpha1.VolumeConfig) string {
 func stagers(t *testing.T, ns string) map[string]corev1.Pod {
 	t.Helper()
 	var pods corev1.PodList
-	if err := cl.List(ctxT(t), &pods, client.InNamespace(ns), client.MatchingLabels{volumemanager.LabelStager: "true"}); err != nil {
+	if err := cl.List(testutil.Context(t), &pods, client.InNamespace(ns), client.MatchingLabels{volumemanager.LabelStager: "true"}); err != nil {
 		t.Fatal(err)
 	}
 	out := map[string]corev1.Pod{}
@@ -55,7 +56,7 @@ func stagers(t *testing.T, ns string) map[string]corev1.Pod {
 // holds (labelled Ready as the sidecar labels it).
 func publishInventory(t *testing.T, node, ds string, state spapi.DatasetState, reason string) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	sp := &spapi.StoragePool{
 		ObjectMeta: metav1.ObjectMeta{Name: "fast." + node, Labels: map[string]string{consts.LabelNode: node}},
 		Spec:       spapi.StoragePoolSpec{Driver: consts.DriverName},
@@ -74,7 +75,7 @@ func publishInventory(t *testing.T, node, ds string, state spapi.DatasetState, r
 		if err := cl.Create(ctx, sp); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = cl.Delete(ctxT(t), sp) })
+		t.Cleanup(func() { _ = cl.Delete(testutil.Context(t), sp) })
 	}
 	done := int64(64 << 20)
 	if state != spapi.DatasetReady {
@@ -95,7 +96,7 @@ func publishInventory(t *testing.T, node, ds string, state spapi.DatasetState, r
 func stagerRan(t *testing.T, ns, node string) {
 	t.Helper()
 	var pod corev1.Pod
-	eventually(t, time.Minute, "stager pod scheduled on "+node, func() error {
+	testutil.Eventually(t, time.Minute, "stager pod scheduled on "+node, func() error {
 		p, ok := stagers(t, ns)[node]
 		if !ok || p.Spec.NodeName == "" {
 			return fmt.Errorf("stager pods %v", stagers(t, ns))
@@ -108,7 +109,7 @@ func stagerRan(t *testing.T, ns, node string) {
 	pod.Status.StartTime = &now
 	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "stage", Image: pod.Spec.Containers[0].Image,
 		State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", StartedAt: now, FinishedAt: now}}}}
-	if err := cl.Status().Update(ctxT(t), &pod); err != nil {
+	if err := cl.Status().Update(testutil.Context(t), &pod); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -132,7 +133,7 @@ func nodeStates(v datav1alpha1.Volume) map[string]datav1alpha1.NodeState {
 func TestVolumeManager(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "vm")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	// The taint keeps LeaderWorkerSet pods of other tests off these nodes.
 	vmTaint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
 	var gpuNodes []string
@@ -164,7 +165,7 @@ func TestVolumeManager(t *testing.T) {
 	}
 	var got datav1alpha1.VolumeManager
 	var chosen []string
-	eventually(t, time.Minute, "imagenet placed on two GPU nodes, stager pods scheduled there; escape refused", func() error {
+	testutil.Eventually(t, time.Minute, "imagenet placed on two GPU nodes, stager pods scheduled there; escape refused", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -207,7 +208,7 @@ func TestVolumeManager(t *testing.T) {
 	}
 
 	var pv corev1.PersistentVolume
-	eventually(t, time.Minute, "one PV", func() error {
+	testutil.Eventually(t, time.Minute, "one PV", func() error {
 		var pvs corev1.PersistentVolumeList
 		if err := cl.List(ctx, &pvs, client.MatchingLabels{volumemanager.LabelManager: "data", volumemanager.LabelNamespace: ns}); err != nil {
 			return err
@@ -231,7 +232,7 @@ func TestVolumeManager(t *testing.T) {
 		t.Fatal(err)
 	}
 	publishInventory(t, chosen[0], ds, spapi.DatasetStaging, "")
-	eventually(t, time.Minute, "progress from the node's inventory", func() error {
+	testutil.Eventually(t, time.Minute, "progress from the node's inventory", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -243,7 +244,7 @@ func TestVolumeManager(t *testing.T) {
 	})
 	publishInventory(t, chosen[0], ds, spapi.DatasetReady, "")
 	stagerRan(t, ns, chosen[0])
-	eventually(t, time.Minute, "first node Ready, the VolumeManager not yet", func() error {
+	testutil.Eventually(t, time.Minute, "first node Ready, the VolumeManager not yet", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -254,7 +255,7 @@ func TestVolumeManager(t *testing.T) {
 	})
 	publishInventory(t, chosen[1], ds, spapi.DatasetReady, "")
 	stagerRan(t, ns, chosen[1])
-	eventually(t, time.Minute, "Ready on both nodes; stager pods gone", func() error {
+	testutil.Eventually(t, time.Minute, "Ready on both nodes; stager pods gone", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -270,9 +271,17 @@ func TestVolumeManager(t *testing.T) {
 		return nil
 	})
 
-	// At rest, a StoragePool change reconciles the VolumeManager without writing it.
+	var third string
+	for _, n := range gpuNodes {
+		if !slices.Contains(chosen, n) {
+			third = n
+		}
+	}
+	// At rest, a StoragePool change reconciles the VolumeManager without writing it. On the node
+	// it does not use: publishInventory replaces a node's inventory, and on a chosen node that
+	// would take the dataset away.
 	rv := got.ResourceVersion
-	publishInventory(t, gpuNodes[2], "other", spapi.DatasetReady, "")
+	publishInventory(t, third, "other", spapi.DatasetReady, "")
 	time.Sleep(3 * time.Second)
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 		t.Fatal(err)
@@ -283,12 +292,6 @@ func TestVolumeManager(t *testing.T) {
 
 	// Drain one node: the third GPU node is staged first while the old claim keeps serving.
 	oldClaim := got.Status.Volumes[0].VolumeSource.PersistentVolumeClaim.ClaimName
-	var third string
-	for _, n := range gpuNodes {
-		if !slices.Contains(chosen, n) {
-			third = n
-		}
-	}
 	var drained corev1.Node
 	if err := cl.Get(ctx, client.ObjectKey{Name: chosen[1]}, &drained); err != nil {
 		t.Fatal(err)
@@ -297,7 +300,7 @@ func TestVolumeManager(t *testing.T) {
 	if err := cl.Update(ctx, &drained); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "staging on "+third+" while the old claim serves", func() error {
+	testutil.Eventually(t, time.Minute, "staging on "+third+" while the old claim serves", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -310,7 +313,7 @@ func TestVolumeManager(t *testing.T) {
 	})
 	publishInventory(t, third, ds, spapi.DatasetReady, "")
 	stagerRan(t, ns, third)
-	eventually(t, time.Minute, "moved to "+third+"; old claim released", func() error {
+	testutil.Eventually(t, time.Minute, "moved to "+third+"; old claim released", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -329,7 +332,7 @@ func TestVolumeManager(t *testing.T) {
 	if err := cl.Delete(ctx, vm); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Minute, "VolumeManager, claims and PVs released", func() error {
+	testutil.Eventually(t, time.Minute, "VolumeManager, claims and PVs released", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err == nil {
 			return fmt.Errorf("VolumeManager still there (finalizers %v)", got.Finalizers)
 		}
@@ -351,7 +354,7 @@ func TestVolumeManager(t *testing.T) {
 func TestVolumeManagerTooLarge(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "vmbig")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	taint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
 	node := ns + "-node"
 	framework.CreateNode(t, cp, node, map[string]string{"test.cistern.dev/big": "true"}, taint)
@@ -368,7 +371,7 @@ func TestVolumeManagerTooLarge(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pod corev1.Pod
-	eventually(t, time.Minute, "stager pod scheduled", func() error {
+	testutil.Eventually(t, time.Minute, "stager pod scheduled", func() error {
 		p, ok := stagers(t, ns)[node]
 		if !ok || p.Spec.NodeName == "" {
 			return fmt.Errorf("no scheduled stager pod")
@@ -390,7 +393,7 @@ func TestVolumeManagerTooLarge(t *testing.T) {
 	}
 	publishInventory(t, node, datasetID(t, &vc), spapi.DatasetFailed, "TooLarge")
 	var got datav1alpha1.VolumeManager
-	eventually(t, time.Minute, "Failed with both sizes", func() error {
+	testutil.Eventually(t, time.Minute, "Failed with both sizes", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -401,7 +404,7 @@ func TestVolumeManagerTooLarge(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, time.Minute, "a Warning Event on the VolumeManager", func() error {
+	testutil.Eventually(t, time.Minute, "a Warning Event on the VolumeManager", func() error {
 		var evs corev1.EventList
 		if err := cl.List(ctx, &evs, client.InNamespace(ns)); err != nil {
 			return err

@@ -122,3 +122,61 @@ func Prefer(pod *corev1.Pod, nodeSets [][]string) bool {
 	}
 	return changed
 }
+
+// Common returns, sorted, the nodes in every set: where a pod whose new volumes come from sources
+// on those nodes can run.
+func Common(nodeSets [][]string) []string {
+	if len(nodeSets) == 0 {
+		return nil
+	}
+	common := slices.Clone(nodeSets[0])
+	for _, set := range nodeSets[1:] {
+		common = slices.DeleteFunc(common, func(n string) bool { return !slices.Contains(set, n) })
+	}
+	slices.Sort(common)
+	return slices.Compact(common)
+}
+
+// Requirement is the required node selector requirement for nodes: those the driver reports under
+// the topology key.
+func Requirement(nodes []string) corev1.NodeSelectorRequirement {
+	return corev1.NodeSelectorRequirement{Key: consts.TopologyKey, Operator: corev1.NodeSelectorOpIn, Values: nodes}
+}
+
+// Require confines the pod to nodes: the requirement is ANDed into every term of the pod's
+// required node affinity (the terms are ORed, so each must carry it), or is a term of its own when
+// the pod has none. An empty term, which matches no node, stays empty. A term that already has the
+// requirement (the webhook ran before) is not changed. It reports whether the pod changed; nodes
+// empty or above MaxNodes change nothing.
+func Require(pod *corev1.Pod, nodes []string) bool {
+	if len(nodes) == 0 || len(nodes) > MaxNodes {
+		return false
+	}
+	req := Requirement(nodes)
+	if pod.Spec.Affinity == nil {
+		pod.Spec.Affinity = &corev1.Affinity{}
+	}
+	if pod.Spec.Affinity.NodeAffinity == nil {
+		pod.Spec.Affinity.NodeAffinity = &corev1.NodeAffinity{}
+	}
+	na := pod.Spec.Affinity.NodeAffinity
+	if na.RequiredDuringSchedulingIgnoredDuringExecution == nil || len(na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms) == 0 {
+		na.RequiredDuringSchedulingIgnoredDuringExecution = &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{req}}}}
+		return true
+	}
+	changed := false
+	terms := na.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms
+	for i := range terms {
+		t := &terms[i]
+		if len(t.MatchExpressions) == 0 && len(t.MatchFields) == 0 {
+			continue
+		}
+		if slices.ContainsFunc(t.MatchExpressions, func(r corev1.NodeSelectorRequirement) bool { return equality.Semantic.DeepEqual(r, req) }) {
+			continue
+		}
+		t.MatchExpressions = append(t.MatchExpressions, req)
+		changed = true
+	}
+	return changed
+}

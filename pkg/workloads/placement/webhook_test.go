@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	snapv1 "github.com/kubernetes-csi/external-snapshotter/client/v8/apis/volumesnapshot/v1"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -206,6 +207,9 @@ func scheme(t *testing.T) *runtime.Scheme {
 		t.Fatal(err)
 	}
 	if err := spapi.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := snapv1.AddToScheme(s); err != nil {
 		t.Fatal(err)
 	}
 	return s

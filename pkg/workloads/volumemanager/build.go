@@ -35,8 +35,9 @@ const (
 
 var (
 	defaultCapacity = resource.MustParse("1Gi")
-	// maxCapacity bounds a VolumeConfig's capacity (the CRD cannot: see its field comment).
-	maxCapacity = resource.MustParse("1Pi")
+	// DefaultMaxCapacity bounds a VolumeConfig's capacity (the CRD cannot: see its field comment)
+	// unless the administrator sets Config.MaxCapacity.
+	DefaultMaxCapacity = resource.MustParse("1Pi")
 )
 
 // Config is what the admin decides for every VolumeManager.
@@ -53,6 +54,17 @@ type Config struct {
 	// StagerImage runs the stager pods (stager.go): any image whose entrypoint exits 0 given
 	// --version, by default the controller's own.
 	StagerImage string
+	// MaxCapacity is the largest capacity a VolumeConfig may ask for (DefaultMaxCapacity when
+	// zero). Any namespace user writes a VolumeManager, and with a writer access mode every pod
+	// of it gets a writable copy of this size on its node: the administrator bounds it.
+	MaxCapacity resource.Quantity
+}
+
+func (c Config) maxCapacity() resource.Quantity {
+	if c.MaxCapacity.IsZero() {
+		return DefaultMaxCapacity
+	}
+	return c.MaxCapacity
 }
 
 func (c Config) driverName() string {
@@ -89,8 +101,8 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 	if u.Scheme != want {
 		return nil, fmt.Errorf("sourceURL %q: a %s source must start with %s://", vc.SourceURL, vc.SourceType, want)
 	}
-	if vc.Capacity != nil && (vc.Capacity.Sign() <= 0 || vc.Capacity.Cmp(maxCapacity) > 0) {
-		return nil, fmt.Errorf("capacity %s is not more than 0 and at most %s", vc.Capacity.String(), maxCapacity.String())
+	if max := cfg.maxCapacity(); vc.Capacity != nil && (vc.Capacity.Sign() <= 0 || vc.Capacity.Cmp(max) > 0) {
+		return nil, fmt.Errorf("capacity %s is not more than 0 and at most %s", vc.Capacity.String(), max.String())
 	}
 	if vc.SourceType == datav1alpha1.SourceLocal {
 		// Before the parser: it would name a ".." segment less plainly.

@@ -71,6 +71,17 @@ func TestDatasetAttributes(t *testing.T) {
 			}
 		})
 	}
+	// The administrator's bound replaces the default one.
+	limited := cfg
+	limited.MaxCapacity = resource.MustParse("100Gi")
+	if _, err := DatasetAttributes(&datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+		Capacity: ptr.To(resource.MustParse("101Gi"))}, limited); err == nil || !strings.Contains(err.Error(), "at most 100Gi") {
+		t.Errorf("101Gi under a 100Gi bound: %v, want refused", err)
+	}
+	if _, err := DatasetAttributes(&datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+		Capacity: ptr.To(resource.MustParse("100Gi"))}, limited); err != nil {
+		t.Errorf("100Gi under a 100Gi bound: %v", err)
+	}
 	if _, err := DatasetAttributes(&datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/x"}, Config{}); err == nil ||
 		!strings.Contains(err.Error(), "local sources are disabled") {
 		t.Errorf("Local without roots: %v", err)

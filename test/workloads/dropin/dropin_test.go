@@ -7,7 +7,6 @@
 package dropin_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,7 +44,7 @@ const poolKey = "test.cistern.dev/pool"
 var (
 	installOnce sync.Once
 	installErr  error
-	rendered    map[string][]map[string]any // kind -> objects of the rendered base + component
+	rendered    testutil.Rendered // the rendered base + component
 	// cl is an admin client whose scheme serves LeaderWorkerSet as leaderworkerset.x-k8s.io/v1.
 	cl client.Client
 )
@@ -63,7 +62,7 @@ func install(t *testing.T) *framework.ControlPlane {
 	cp := framework.Shared(t)
 	installOnce.Do(func() {
 		installErr = errors.New("install did not finish")
-		rendered, installErr = render(t)
+		rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), repoRoot(), "lws-upstream")
 		if installErr != nil {
 			return
 		}
@@ -82,18 +81,12 @@ func install(t *testing.T) *framework.ControlPlane {
 		if installErr = testutil.InstallCRDs(cp.Config, crdDir); installErr != nil {
 			return
 		}
-		var docs []string
-		for _, kind := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} {
-			for _, o := range rendered[kind] {
-				b, err := yaml.Marshal(o)
-				if err != nil {
-					installErr = err
-					return
-				}
-				docs = append(docs, string(b))
-			}
+		rbac, err := rendered.YAML(testutil.RBACKinds...)
+		if err != nil {
+			installErr = err
+			return
 		}
-		framework.ApplyYAML(t, cp, strings.Join(docs, "\n---\n"))
+		framework.ApplyYAML(t, cp, rbac)
 		framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
 		cl, installErr = client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
 	})
@@ -101,59 +94,6 @@ func install(t *testing.T) *framework.ControlPlane {
 		t.Fatalf("install: %v", installErr)
 	}
 	return cp
-}
-
-// render runs `kubectl kustomize` on an overlay of the base with the component, as a user would.
-func render(t *testing.T) (map[string][]map[string]any, error) {
-	// Inside the repository: kustomize takes only relative paths to other directories.
-	out := filepath.Join(repoRoot(), "_output")
-	if err := os.MkdirAll(out, 0o755); err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp(out, "lws-upstream-overlay-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	base, _ := filepath.Rel(dir, filepath.Join(repoRoot(), "deploy", "csi"))
-	kustomization := fmt.Sprintf("resources: [%s]\ncomponents: [%s]\n", base, filepath.Join(base, "lws-upstream"))
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o644); err != nil {
-		return nil, err
-	}
-	manifests, err := exec.Command(framework.Binary(t, "kubectl"), "kustomize", dir).Output()
-	if err != nil {
-		return nil, fmt.Errorf("kubectl kustomize: %w", err)
-	}
-	byKind := map[string][]map[string]any{}
-	for _, doc := range bytes.Split(manifests, []byte("\n---\n")) {
-		var o map[string]any
-		if err := yaml.Unmarshal(doc, &o); err != nil {
-			return nil, err
-		}
-		if kind, ok := o["kind"].(string); ok {
-			byKind[kind] = append(byKind[kind], o)
-		}
-	}
-	return byKind, nil
-}
-
-func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s: %v", what, timeout, err)
 }
 
 func kubectl(t *testing.T, cp *framework.ControlPlane, stdin string, args ...string) (string, error) {
@@ -199,7 +139,7 @@ func TestComponentRendersDropIn(t *testing.T) {
 // start in drop-in mode and says why.
 func TestDropInRefusesWhenGroupServed(t *testing.T) {
 	cp := install(t)
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	other := &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: "lws-mutating-webhook-configuration"},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
@@ -256,7 +196,7 @@ func TestDropInUpstreamManifests(t *testing.T) {
 	cp := install(t)
 	startDropIn(t, cp)
 	ns := framework.CreateNamespace(t, cp, "dropin")
-	ctx := ctxT(t)
+	ctx := testutil.Context(t)
 	var nodes []string
 	for _, pool := range []string{"p1", "p2", "p3"} {
 		for i := range 2 {
@@ -288,8 +228,8 @@ func TestDropInUpstreamManifests(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, 3*time.Minute, "sample ready", ready("sample", 2))
-	eventually(t, 3*time.Minute, "features ready", ready("features", 2))
+	testutil.Eventually(t, 3*time.Minute, "sample ready", ready("sample", 2))
+	testutil.Eventually(t, 3*time.Minute, "features ready", ready("features", 2))
 
 	// The leader StatefulSet is owned by the upstream-group object.
 	var leader appsv1.StatefulSet
@@ -357,7 +297,7 @@ func TestDropInUpstreamManifests(t *testing.T) {
 	if out, err := kubectl(t, cp, "", "-n", ns, "scale", "leaderworkersets.leaderworkerset.x-k8s.io/sample", "--replicas=3"); err != nil {
 		t.Fatalf("kubectl scale: %v\n%s", err, out)
 	}
-	eventually(t, 3*time.Minute, "sample scaled to 3", ready("sample", 3))
+	testutil.Eventually(t, 3*time.Minute, "sample scaled to 3", ready("sample", 3))
 	out, err := kubectl(t, cp, "", "-n", ns, "get", "leaderworkersets.leaderworkerset.x-k8s.io", "sample", "-o", "jsonpath={.status.readyReplicas}/{.spec.replicas}")
 	if err != nil || out != "3/3" {
 		t.Errorf("kubectl get: %q %v", out, err)

@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -66,4 +68,20 @@ func established(crd *apiextensionsv1.CustomResourceDefinition) bool {
 		}
 	}
 	return false
+}
+
+// SnapshotterClient is the module of external-snapshotter's API types; its config/crd holds the
+// VolumeSnapshot CRDs of the same version.
+const SnapshotterClient = "github.com/kubernetes-csi/external-snapshotter/client/v8"
+
+// SnapshotCRDs returns the directory of the VolumeSnapshot CRDs of the external-snapshotter client
+// the repository's go.mod requires, from the module cache.
+func SnapshotCRDs(repoRoot string) (string, error) {
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", SnapshotterClient)
+	cmd.Dir = repoRoot
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m %s: %w", SnapshotterClient, err)
+	}
+	return filepath.Join(strings.TrimSpace(string(out)), "config", "crd"), nil
 }
