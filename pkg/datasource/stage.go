@@ -568,9 +568,21 @@ func (j *job) staged(o source.Object) bool {
 	return false
 }
 
+// streamsPerObject bounds the ranges of one object read from the source at once: rangesPerObject
+// for a node alone. In a swarm of N nodes each reads its share with rangesPerObject/N streams (at
+// least one): the source still sees about rangesPerObject streams for the object, and each node's
+// pieces complete one after another, so the others take them while the source is still being
+// read rather than all at its end.
+func (j *job) streamsPerObject() int {
+	if j.swarm == nil {
+		return rangesPerObject
+	}
+	return max(1, rangesPerObject/j.swarm.Members())
+}
+
 func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
 	chunk := j.m.cfg.ChunkSize
-	b := &bigFile{streams: make(chan struct{}, rangesPerObject)}
+	b := &bigFile{streams: make(chan struct{}, j.streamsPerObject())}
 	if p, ok := j.src.(source.Planner); ok {
 		plan, err := p.Plan(ctx, o)
 		if err != nil {

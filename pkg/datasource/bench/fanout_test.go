@@ -49,6 +49,17 @@ type fanoutNode struct {
 	Name, Pool, Listen, Directory string
 	Peers                         bool
 	Params                        map[string]string
+	// UploadBytesPerSec is --peer-upload-bandwidth.
+	UploadBytesPerSec int64
+}
+
+// uploadBytesPerSec is the nodes' upload cap: the DaemonSet's 256 MiB/s, or
+// CISTERN_FANOUT_UPLOAD_MIBS (MiB/s) to see how much of a case's time the cap decides.
+func uploadBytesPerSec() int64 {
+	if v, err := strconv.ParseInt(os.Getenv("CISTERN_FANOUT_UPLOAD_MIBS"), 10, 64); err == nil && v > 0 {
+		return v << 20
+	}
+	return 256 << 20
 }
 
 // benchToken is the peer token of every bench node (TokenReview's job in a cluster).
@@ -121,8 +132,9 @@ func TestFanoutNodeChild(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The DaemonSet's limits: 256 MiB/s and 8 requests at once (a batch counts as one).
-		srv, err := peer.NewServer(peer.ServerConfig{Store: m, Auth: benchAuth{}, Cert: cert, BandwidthBytesPerSec: 256 << 20, MaxUploads: 8})
+		// The DaemonSet's limits: 256 MiB/s (unless CISTERN_FANOUT_UPLOAD_MIBS) and 8 requests at
+		// once (a batch counts as one).
+		srv, err := peer.NewServer(peer.ServerConfig{Store: m, Auth: benchAuth{}, Cert: cert, BandwidthBytesPerSec: cfg.UploadBytesPerSec, MaxUploads: 8})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +222,8 @@ type child struct {
 // startNode starts a node process with a fresh pool filesystem.
 func startNode(b *testing.B, s *testpeers.S3, work, name, dir string, peers bool, params map[string]string, poolSize int64) *child {
 	pool, done := freshFS(b, work, name, poolSize)
-	cfg, _ := json.Marshal(fanoutNode{Name: name, Pool: filepath.Join(pool, "pool"), Listen: "127.0.0.1:0", Directory: dir, Peers: peers, Params: params})
+	cfg, _ := json.Marshal(fanoutNode{Name: name, Pool: filepath.Join(pool, "pool"), Listen: "127.0.0.1:0", Directory: dir, Peers: peers, Params: params,
+		UploadBytesPerSec: uploadBytesPerSec()})
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFanoutNodeChild$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(cfg),
 		"CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey)
@@ -429,7 +442,8 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 }
 
 // Knobs: CISTERN_BENCH_DIR (where S3 data and pools live), CISTERN_BENCH_ONLY (datasets whose
-// name contains it), CISTERN_FANOUT_NODES (comma-separated node counts; default 4,8).
+// name contains it), CISTERN_FANOUT_NODES (comma-separated node counts; default 4,8),
+// CISTERN_FANOUT_UPLOAD_MIBS (the nodes' upload cap; default the DaemonSet's 256).
 func BenchmarkFanout(b *testing.B) {
 	base := os.Getenv("CISTERN_BENCH_DIR")
 	if base == "" {

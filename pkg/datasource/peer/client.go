@@ -517,6 +517,9 @@ func (s *Swarm) Offset(n int64, salt string) int64 {
 	return (rank*n/count + int64(h.Sum64()%uint64(share))) % n
 }
 
+// Members is the number of nodes sharing the pieces out, this one included.
+func (s *Swarm) Members() int { return len(s.members) }
+
 // Owner is the node whose share piece pos of n is: it reads the piece from the source, the others
 // from it.
 func (s *Swarm) Owner(pos, n int64) string {
