@@ -178,16 +178,7 @@ func TestWebhookSources(t *testing.T) {
 		{"a source in another namespace (its ReferenceGrant unchecked here): unchanged", claimPod("from-other-namespace"), nil},
 		{"a source naming the claim's own namespace", claimPod("from-own-namespace"), required(onNodes("node-b"))},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			w := &Webhook{Reader: fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(objects...).Build(), DriverName: consts.DriverName}
-			pod := tc.pod.DeepCopy()
-			if err := w.Default(context.Background(), pod); err != nil {
-				t.Fatalf("Default: %v", err)
-			}
-			if !equality.Semantic.DeepEqual(pod.Spec.Affinity, tc.want) {
-				t.Errorf("affinity\n got %+v\nwant %+v", pod.Spec.Affinity, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { admitAndCompare(t, objects, tc.pod, tc.want) })
 	}
 }
 

@@ -140,16 +140,21 @@ func TestWebhook(t *testing.T) {
 			Volumes: []corev1.Volume{{Name: "d", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
 				Driver: consts.DriverName, VolumeAttributes: map[string]string{"source": "file:///etc"}}}}}}}, nil},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			w := &Webhook{Reader: fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(objects...).Build(), DriverName: consts.DriverName}
-			pod := tc.pod.DeepCopy()
-			if err := w.Default(context.Background(), pod); err != nil {
-				t.Fatalf("Default: %v", err)
-			}
-			if !equality.Semantic.DeepEqual(pod.Spec.Affinity, tc.want) {
-				t.Errorf("affinity\n got %+v\nwant %+v", pod.Spec.Affinity, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { admitAndCompare(t, objects, tc.pod, tc.want) })
+	}
+}
+
+// admitAndCompare admits a copy of pod through a webhook reading objects and compares the affinity
+// it leaves with want.
+func admitAndCompare(t *testing.T, objects []client.Object, pod *corev1.Pod, want *corev1.Affinity) {
+	t.Helper()
+	w := &Webhook{Reader: fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(objects...).Build(), DriverName: consts.DriverName}
+	pod = pod.DeepCopy()
+	if err := w.Default(context.Background(), pod); err != nil {
+		t.Fatalf("Default: %v", err)
+	}
+	if !equality.Semantic.DeepEqual(pod.Spec.Affinity, want) {
+		t.Errorf("affinity\n got %+v\nwant %+v", pod.Spec.Affinity, want)
 	}
 }
 
