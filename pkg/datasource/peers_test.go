@@ -257,6 +257,32 @@ func TestPeerFanout(t *testing.T) {
 			}
 			fromS3 := gets.Load()
 
+			// fromPeer stages the dataset on a new node whose one peer, "a", serves store (as a node
+			// of an earlier version, without batches, when earlier), checks the tree, and returns
+			// the node and the requests the peer saw.
+			fromPeer := func(t *testing.T, node string, store peer.Store, earlier bool) (*datasource.Manager, *requests) {
+				t.Helper()
+				reqs := &requests{}
+				wrap := reqs.wrap
+				if earlier {
+					wrap = func(h http.Handler) http.Handler { return reqs.wrap(earlierVersion(h)) }
+				}
+				pa := startPeerWrapped(t, "a", peer.ServerConfig{Store: store}, wrap)
+				cfg := cfg
+				cfg.Peers = network(t, node, "token-"+node, &peers{pa})
+				m := newManager(t, cfg)
+				pool := t.TempDir()
+				if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
+					t.Fatal(err)
+				}
+				tree, err := m.TreePath(pool, spec)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkTree(t, tree, want)
+				return m, reqs
+			}
+
 			for _, tc := range []struct {
 				name    string
 				earlier bool
@@ -267,25 +293,8 @@ func TestPeerFanout(t *testing.T) {
 				{name: "honest peer of an earlier version, without batches", earlier: true},
 			} {
 				t.Run(tc.name, func(t *testing.T) {
-					var reqs requests
-					wrap := reqs.wrap
-					if tc.earlier {
-						wrap = func(h http.Handler) http.Handler { return reqs.wrap(earlierVersion(h)) }
-					}
-					pa := startPeerWrapped(t, "a", peer.ServerConfig{Store: a}, wrap)
-					cfg := cfg
-					cfg.Peers = network(t, "b", "token-b", &peers{pa})
-					b := newManager(t, cfg)
-					pool := t.TempDir()
 					before := gets.Load()
-					if _, err := stage(ctx, t, b, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
-						t.Fatal(err)
-					}
-					tree, err := b.TreePath(pool, spec)
-					if err != nil {
-						t.Fatal(err)
-					}
-					checkTree(t, tree, want)
+					b, reqs := fromPeer(t, "b", a, tc.earlier)
 					// One pinned read proves the caller's access before any peer is asked.
 					if n := gets.Load() - before; n != 1 {
 						t.Errorf("b made %d object GETs to S3 (a made %d), want the one pinned read", n, fromS3)
@@ -317,24 +326,7 @@ func TestPeerFanout(t *testing.T) {
 			} {
 				t.Run(tc.name, func(t *testing.T) {
 					bad := &corrupting{Store: a, bad: tc.bad}
-					var reqs requests
-					wrap := reqs.wrap
-					if tc.earlier {
-						wrap = func(h http.Handler) http.Handler { return reqs.wrap(earlierVersion(h)) }
-					}
-					pa := startPeerWrapped(t, "a", peer.ServerConfig{Store: bad}, wrap)
-					cfg := cfg
-					cfg.Peers = network(t, "c", "token-c", &peers{pa})
-					c := newManager(t, cfg)
-					pool := t.TempDir()
-					if _, err := stage(ctx, t, c, datasource.Request{Spec: spec, Creds: creds(s), Pool: pool}); err != nil {
-						t.Fatal(err)
-					}
-					tree, err := c.TreePath(pool, spec)
-					if err != nil {
-						t.Fatal(err)
-					}
-					checkTree(t, tree, want)
+					c, reqs := fromPeer(t, "c", bad, tc.earlier)
 					if bad.served.Load() == 0 {
 						t.Fatal("the corrupt peer served nothing: nothing was tested")
 					}
