@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -32,31 +33,42 @@ func s3Server(t testing.TB) (*cluster.S3, map[string]string) {
 	return s3, sums
 }
 
+// sampleClassesYAML is a Secret named secret in ns with s3's keys and, for each class name and
+// pool in classes, a WaitForFirstConsumer StorageClass of that pool whose source is s3's sample
+// dataset at endpoint, staged with that Secret.
+func sampleClassesYAML(ns, secret string, s3 *cluster.S3, endpoint string, classes map[string]string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: v1
+kind: Secret
+metadata: {name: %s, namespace: %s}
+stringData: {accessKeyID: %s, secretAccessKey: %s}
+`, secret, ns, s3.AccessKey, s3.SecretKey)
+	for _, name := range slices.Sorted(maps.Keys(classes)) {
+		fmt.Fprintf(&b, `---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: %[1]s}
+provisioner: cistern.csi.dev
+volumeBindingMode: WaitForFirstConsumer
+parameters:
+  pool: %[2]s
+  source: s3://datasets/sample/
+  endpoint: %[3]s
+  pathStyle: "true"
+  csi.storage.k8s.io/node-stage-secret-name: %[4]s
+  csi.storage.k8s.io/node-stage-secret-namespace: %[5]s
+`, name, classes[name], endpoint, secret, ns)
+	}
+	return b.String()
+}
+
 // dataset: a claim of a class with an S3 source and a secret; once provisioned on node-a, the
 // test calls NodeStageVolume and NodePublishVolume as kubelet does (with the secret's data) and
 // checks every file against the source.
 func (s *scenario) dataset(t *testing.T) {
 	s3, sums := s3Server(t)
 	cs := s.cp.Client
-	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
-apiVersion: v1
-kind: Secret
-metadata: {name: sample-s3, namespace: %[1]s}
-stringData: {accessKeyID: %[2]s, secretAccessKey: %[3]s}
----
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: cistern-sample}
-provisioner: cistern.csi.dev
-volumeBindingMode: WaitForFirstConsumer
-parameters:
-  pool: fast
-  source: s3://datasets/sample/
-  endpoint: %[4]s
-  pathStyle: "true"
-  csi.storage.k8s.io/node-stage-secret-name: sample-s3
-  csi.storage.k8s.io/node-stage-secret-namespace: %[1]s
-`, s.ns, s3.AccessKey, s3.SecretKey, s3.Endpoint))
+	framework.ApplyYAML(t, s.cp, sampleClassesYAML(s.ns, "sample-s3", s3, s3.Endpoint, map[string]string{"cistern-sample": "fast"}))
 	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim("sample", "cistern-sample", "64Mi"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

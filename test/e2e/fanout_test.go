@@ -38,38 +38,8 @@ func (s *scenario) datasetFanOut(t *testing.T) {
 		return testpeers.None
 	})
 	cs := s.cp.Client
-	framework.ApplyYAML(t, s.cp, fmt.Sprintf(`
-apiVersion: v1
-kind: Secret
-metadata: {name: fanout-s3, namespace: %[1]s}
-stringData: {accessKeyID: %[2]s, secretAccessKey: %[3]s}
----
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: cistern-fanout-fast}
-provisioner: cistern.csi.dev
-volumeBindingMode: WaitForFirstConsumer
-parameters:
-  pool: fast
-  source: s3://datasets/sample/
-  endpoint: %[4]s
-  pathStyle: "true"
-  csi.storage.k8s.io/node-stage-secret-name: fanout-s3
-  csi.storage.k8s.io/node-stage-secret-namespace: %[1]s
----
-apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: cistern-fanout-bulk}
-provisioner: cistern.csi.dev
-volumeBindingMode: WaitForFirstConsumer
-parameters:
-  pool: bulk
-  source: s3://datasets/sample/
-  endpoint: %[4]s
-  pathStyle: "true"
-  csi.storage.k8s.io/node-stage-secret-name: fanout-s3
-  csi.storage.k8s.io/node-stage-secret-namespace: %[1]s
-`, s.ns, s3.AccessKey, s3.SecretKey, proxy.URL))
+	framework.ApplyYAML(t, s.cp, sampleClassesYAML(s.ns, "fanout-s3", s3, proxy.URL,
+		map[string]string{"cistern-fanout-fast": "fast", "cistern-fanout-bulk": "bulk"}))
 	v, err := params.Parse(map[string]string{"pool": "fast", "source": "s3://datasets/sample/", "endpoint": proxy.URL, "pathStyle": "true"}, params.StorageClass)
 	if err != nil {
 		t.Fatal(err)
