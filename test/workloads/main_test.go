@@ -9,7 +9,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -33,11 +32,6 @@ var (
 	cl client.Client
 )
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
-}
-
 // setup installs the CRDs and starts one controller for the whole package.
 func setup(t *testing.T) *framework.ControlPlane {
 	t.Helper()
@@ -49,7 +43,7 @@ func setup(t *testing.T) *framework.ControlPlane {
 			setupErr = err
 			return
 		}
-		if err := testutil.InstallCRDs(cp.Config, filepath.Join(repoRoot(), "deploy", "csi", "crds")); err != nil {
+		if err := testutil.InstallCRDs(cp.Config, filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds")); err != nil {
 			setupErr = err
 			return
 		}
@@ -76,7 +70,7 @@ const (
 // installRBAC applies deploy/csi/workload-controller's RBAC and ServiceAccount (everything but
 // the Deployment) into cistern-system.
 func installRBAC(t *testing.T, cp *framework.ControlPlane) error {
-	dir := filepath.Join(repoRoot(), "deploy", "csi", "workload-controller")
+	dir := filepath.Join(testutil.RepoRoot(), "deploy", "csi", "workload-controller")
 	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+controllerNamespace+"}\n")
 	framework.ApplyManifests(t, cp, filepath.Join(dir, "rbac", "role.yaml"))
 	b, err := os.ReadFile(filepath.Join(dir, "deployment.yaml"))

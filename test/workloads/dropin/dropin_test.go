@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -49,11 +48,6 @@ var (
 	cl client.Client
 )
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
-}
-
 // install renders deploy/csi with the component, installs its CRDs, namespace, ServiceAccount and
 // RBAC (not the Deployment or the Service-mode webhook configurations: the controller runs here,
 // self-registered), once per binary.
@@ -62,7 +56,7 @@ func install(t *testing.T) *framework.ControlPlane {
 	cp := framework.Shared(t)
 	installOnce.Do(func() {
 		installErr = errors.New("install did not finish")
-		rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), repoRoot(), "lws-upstream")
+		rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "lws-upstream")
 		if installErr != nil {
 			return
 		}

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -51,11 +50,6 @@ var (
 	cl client.Client
 )
 
-func repoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
-}
-
 // install renders deploy/csi with the snapshots component, installs Cistern's and the
 // VolumeSnapshot CRDs and the rendered RBAC, and starts the controller with --snapshot-contents
 // when the rendered Deployment has it; once per binary.
@@ -64,15 +58,15 @@ func install(t *testing.T) *framework.ControlPlane {
 	cp := framework.Shared(t)
 	installOnce.Do(func() {
 		installErr = errors.New("install did not finish")
-		if rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), repoRoot(), "snapshots"); installErr != nil {
+		if rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "snapshots"); installErr != nil {
 			return
 		}
-		snapshotCRDs, err := testutil.SnapshotCRDs(repoRoot())
+		snapshotCRDs, err := testutil.SnapshotCRDs(testutil.RepoRoot())
 		if err != nil {
 			installErr = err
 			return
 		}
-		for _, dir := range []string{filepath.Join(repoRoot(), "deploy", "csi", "crds"), snapshotCRDs} {
+		for _, dir := range []string{filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds"), snapshotCRDs} {
 			if installErr = testutil.InstallCRDs(cp.Config, dir); installErr != nil {
 				return
 			}
@@ -125,7 +119,7 @@ func TestComponentTurnsOnSnapshotContents(t *testing.T) {
 	if !slices.Contains(controllerArgs(), "--snapshot-contents") {
 		t.Errorf("rendered workload-controller args %v lack --snapshot-contents", controllerArgs())
 	}
-	base, err := testutil.Render(framework.Binary(t, "kubectl"), repoRoot())
+	base, err := testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot())
 	if err != nil {
 		t.Fatal(err)
 	}

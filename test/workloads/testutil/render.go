@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -71,3 +72,9 @@ func (r Rendered) YAML(kinds ...string) (string, error) {
 // RBACKinds are the kinds the suites install from a rendered install to run the controller as its
 // ServiceAccount: everything but the workloads and the Service-mode webhook configurations.
 var RBACKinds = []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+// RepoRoot is the repository's root directory, found from this file's place in it.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}
