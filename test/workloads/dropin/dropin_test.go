@@ -200,7 +200,7 @@ func TestDropInUpstreamManifests(t *testing.T) {
 		}
 	}
 	framework.FakeKubelet(t, cp.Client, fields.OneTermEqualSelector("metadata.namespace", ns), nodes...)
-	for _, f := range []string{"sample.yaml", "features.yaml"} {
+	apply := func(f string) {
 		b, err := os.ReadFile(filepath.Join("testdata", f))
 		if err != nil {
 			t.Fatal(err)
@@ -209,7 +209,6 @@ func TestDropInUpstreamManifests(t *testing.T) {
 			t.Fatalf("kubectl apply %s: %v\n%s", f, err, out)
 		}
 	}
-
 	ready := func(name string, replicas int32) func() error {
 		return func() error {
 			var l v1alpha1.LeaderWorkerSet
@@ -222,8 +221,13 @@ func TestDropInUpstreamManifests(t *testing.T) {
 			return nil
 		}
 	}
-	testutil.Eventually(t, 3*time.Minute, "sample ready", ready("sample", 2))
+	// features first: its exclusive placement keeps each group's pool free of any other group's
+	// pods, sample's included, so with sample scheduled first and spread over all three pools it
+	// could not place both groups. The anti-affinity is symmetric: sample then lands in the third.
+	apply("features.yaml")
 	testutil.Eventually(t, 3*time.Minute, "features ready", ready("features", 2))
+	apply("sample.yaml")
+	testutil.Eventually(t, 3*time.Minute, "sample ready", ready("sample", 2))
 
 	// The leader StatefulSet is owned by the upstream-group object.
 	var leader appsv1.StatefulSet
