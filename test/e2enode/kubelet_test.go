@@ -73,67 +73,42 @@ func newNodeCA(t *testing.T, dir string) *nodeCA {
 // its key into dir, and returns their paths.
 func (ca *nodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: host},
-		DNSNames:     []string{host},
-		IPAddresses:  []net.IP{net.ParseIP(ip)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
+	certPEM, keyPEM := ca.issue(t, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: host},
+		DNSNames:    []string{host},
+		IPAddresses: []net.IP{net.ParseIP(ip)},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	})
+	return writePair(t, dir, name, certPEM, keyPEM)
 }
 
 // clientCertFiles writes clientCert's certificate and key into dir and returns their paths.
 func (ca *nodeCA) clientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
 	t.Helper()
 	certPEM, keyPEM := ca.clientCert(t, user, groups...)
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
+	return writePair(t, dir, name, certPEM, keyPEM)
 }
 
 // clientCert returns a PEM certificate and key for user in groups.
 func (ca *nodeCA) clientCert(t *testing.T, user string, groups ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
+	return ca.issue(t, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: user, Organization: groups},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+}
+
+// issue signs tmpl (its names and usage) with a new key, valid from an hour ago for a day, and
+// returns the certificate and key as PEM.
+func (ca *nodeCA) issue(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: user, Organization: groups},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
+	tmpl.SerialNumber = big.NewInt(time.Now().UnixNano())
+	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
@@ -144,6 +119,19 @@ func (ca *nodeCA) clientCert(t *testing.T, user string, groups ...string) (certP
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+}
+
+// writePair writes a certificate and its key into dir as name.crt and name.key.
+func writePair(t *testing.T, dir, name string, certPEM, keyPEM []byte) (certFile, keyFile string) {
+	t.Helper()
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
 }
 
 // kubelet is a running kubelet.
