@@ -37,6 +37,9 @@ const (
 	ParamPathStyle = "pathStyle"
 	ParamInclude   = "include"
 	ParamExclude   = "exclude"
+	// ParamCABundle names the CA bundle (a file of the driver's --s3-ca-bundles directory, a key
+	// of the ConfigMap or Secret mounted there) that verifies an https endpoint.
+	ParamCABundle = "caBundle"
 
 	// VolumeManagerHandlePrefix starts the volume handle of every static PV the VolumeManager
 	// controller makes. Only holders of PV create permission can name a handle, so the driver

@@ -65,6 +65,12 @@ type Config struct {
 	// --tenant-s3-endpoints); empty allows any endpoint that is not link-local or a metadata
 	// service.
 	TenantEndpoints egress.Allow
+	// S3CABundleDir holds the CA bundles datasets may name (parameter caBundle; flag
+	// --s3-ca-bundles): a ConfigMap or Secret of the administrator's, one bundle per key.
+	S3CABundleDir string
+	// S3AllowPlainHTTP lets S3 endpoints off the node be plain http:// (flag
+	// --s3-allow-plain-http); without it they are refused.
+	S3AllowPlainHTTP bool
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
 	// the same version (peerfetch.go); nil reads everything from the source.
 	Peers *peer.Network
@@ -517,10 +523,14 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 		if err != nil {
 			return nil, err
 		}
+		tlsCfg, err := m.s3TLS(s)
+		if err != nil {
+			return nil, err
+		}
 		return s3source.New(s3source.Config{
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
-			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
+			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy, TLS: tlsCfg,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)

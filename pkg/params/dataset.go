@@ -23,13 +23,16 @@ const (
 
 // Dataset is a validated dataset description. It never holds credentials.
 type Dataset struct {
-	Source    string   `json:"source"`
-	Scheme    Scheme   `json:"scheme"`
-	Endpoint  string   `json:"endpoint,omitempty"`
-	Region    string   `json:"region,omitempty"`
-	PathStyle bool     `json:"pathStyle,omitempty"`
-	Include   []string `json:"include,omitempty"`
-	Exclude   []string `json:"exclude,omitempty"`
+	Source    string `json:"source"`
+	Scheme    Scheme `json:"scheme"`
+	Endpoint  string `json:"endpoint,omitempty"`
+	Region    string `json:"region,omitempty"`
+	PathStyle bool   `json:"pathStyle,omitempty"`
+	// CABundle names the administrator's CA bundle that verifies an https endpoint. It is not
+	// part of the dataset's identity: the data is the same whoever vouches for the server.
+	CABundle string   `json:"caBundle,omitempty"`
+	Include  []string `json:"include,omitempty"`
+	Exclude  []string `json:"exclude,omitempty"`
 
 	// Parsed source location.
 	Bucket string `json:"-"` // s3
@@ -79,9 +82,12 @@ func (s *Dataset) parseSource(inline bool) error {
 				return source.Errorf(source.Invalid, "endpoint must not embed credentials")
 			}
 		}
+		if s.CABundle != "" && !strings.HasPrefix(s.Endpoint, "https://") {
+			return source.Errorf(source.Invalid, "caBundle needs an https:// endpoint")
+		}
 	case SchemeNFS, SchemeLocal:
-		if s.Endpoint != "" || s.Region != "" || s.PathStyle {
-			return source.Errorf(source.Invalid, "endpoint, region and pathStyle apply to s3:// sources only")
+		if s.Endpoint != "" || s.Region != "" || s.PathStyle || s.CABundle != "" {
+			return source.Errorf(source.Invalid, "endpoint, region, pathStyle and caBundle apply to s3:// sources only")
 		}
 		if s.Scheme == SchemeNFS {
 			if u.Host == "" {

@@ -57,6 +57,17 @@ func TestParseDataset(t *testing.T) {
 				t.Fatalf("bad spec %+v", s)
 			}
 		}},
+		{name: "caBundle", params: map[string]string{"source": "s3://b", "endpoint": "https://minio:9000", "caBundle": "minio-ca.pem"}, check: func(t *testing.T, s *Dataset) {
+			plain := *s
+			plain.CABundle = ""
+			if s.CABundle != "minio-ca.pem" || s.ID() != plain.ID() {
+				t.Fatalf("bad spec %+v (the bundle must not change the dataset's identity)", s)
+			}
+		}},
+		{name: "failure case - caBundle with a path", params: map[string]string{"source": "s3://b", "endpoint": "https://minio:9000", "caBundle": "../etc/ca.pem"}, wantKind: source.Invalid},
+		{name: "failure case - caBundle dot-dot", params: map[string]string{"source": "s3://b", "endpoint": "https://minio:9000", "caBundle": ".."}, wantKind: source.Invalid},
+		{name: "failure case - caBundle on plain http", params: map[string]string{"source": "s3://b", "endpoint": "http://minio:9000", "caBundle": "ca.pem"}, wantKind: source.Invalid},
+		{name: "failure case - caBundle on nfs", params: map[string]string{"source": "nfs://h/x", "caBundle": "ca.pem"}, wantKind: source.Invalid},
 		{name: "failure case - unknown key", params: map[string]string{"source": "s3://b", "bucket": "x"}, wantKind: source.Invalid},
 		{name: "failure case - endpoint without source", params: map[string]string{"endpoint": "http://x"}, wantKind: source.Invalid},
 		{name: "failure case - bad scheme", params: map[string]string{"source": "http://x/y"}, wantKind: source.Invalid},

@@ -100,7 +100,7 @@ func TestChartReleaseNamespace(t *testing.T) {
 func TestChartValues(t *testing.T) {
 	got := renderChart(t, namespace, `
 image: {registry: registry.example.com/storage/, tag: v1.2.3}
-node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--s3-ca-bundles=/etc/cistern/s3-ca]}
+node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--v=5], s3: {caBundles: {secret: minio-ca}, allowPlainHTTP: true}}
 peer: {port: 7000, networkPolicy: {enabled: false}}
 csiDriver: {tokenRequests: [{audience: sts.example.com, expirationSeconds: 3600}]}
 `)
@@ -111,7 +111,10 @@ csiDriver: {tokenRequests: [{audience: sts.example.com, expirationSeconds: 3600}
 		"--max-dataset-bytes=2199023255552",
 		"--peer-listen=:7000",
 		"containerPort: 7000",
-		"--s3-ca-bundles=/etc/cistern/s3-ca",
+		"--v=5",
+		"--s3-ca-bundles=/etc/cistern/s3-ca-bundles",
+		"--s3-allow-plain-http",
+		"secretName: minio-ca",
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("DaemonSet has no %q:\n%s", want, b)

@@ -425,6 +425,12 @@ resources:
 - %s
 %simages:
 %spatches:
+# The examples' S3 server is a pod behind a Service, on plain HTTP.
+- target: {kind: DaemonSet, name: cistern-node}
+  patch: |-
+    - op: add
+      path: /spec/template/spec/containers/0/args/-
+      value: --s3-allow-plain-http
 - patch: |-
     apiVersion: v1
     kind: ConfigMap

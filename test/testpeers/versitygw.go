@@ -63,6 +63,12 @@ func FreePort(t testing.TB) string {
 // credentials, and stops it when the test ends.
 func StartS3(t testing.TB, dir string) *S3 {
 	t.Helper()
+	return startS3(t, dir, nil)
+}
+
+// startS3 starts versitygw; with tlsFiles (certificate, key) it serves HTTPS.
+func startS3(t testing.TB, dir string, tlsFiles []string) *S3 {
+	t.Helper()
 	bin := Binary(t, "CISTERN_VERSITYGW")
 	if dir == "" {
 		dir = t.TempDir()
@@ -72,8 +78,12 @@ func StartS3(t testing.TB, dir string) *S3 {
 	}
 	addr := FreePort(t)
 	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
-	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
-		"--keep-alive", "--quiet", "posix", dir)
+	args := []string{"--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey, "--keep-alive", "--quiet"}
+	if tlsFiles != nil {
+		s.Endpoint = "https://" + addr
+		args = append(args, "--cert", tlsFiles[0], "--key", tlsFiles[1])
+	}
+	s.cmd = exec.Command(bin, append(args, "posix", dir)...)
 	var out bytes.Buffer
 	s.cmd.Stdout, s.cmd.Stderr = &out, &out
 	if err := s.cmd.Start(); err != nil {
@@ -95,7 +105,9 @@ func StartS3(t testing.TB, dir string) *S3 {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	s.Client = s.NewClient(s.Endpoint)
+	if tlsFiles == nil {
+		s.Client = s.NewClient(s.Endpoint)
+	}
 	return s
 }
 
@@ -104,12 +116,16 @@ func (s *S3) Pid() int { return s.cmd.Process.Pid }
 
 // NewClient returns a client for endpoint with the root credentials.
 func (s *S3) NewClient(endpoint string) *s3.Client {
+	return s.newClient(endpoint, &http.Transport{MaxIdleConnsPerHost: 64})
+}
+
+func (s *S3) newClient(endpoint string, tr *http.Transport) *s3.Client {
 	return s3.New(s3.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(endpoint),
 		UsePathStyle: true,
 		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
-		HTTPClient:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		HTTPClient:   &http.Client{Transport: tr},
 	})
 }
 

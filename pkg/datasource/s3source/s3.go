@@ -46,6 +46,8 @@ type Config struct {
 	// Egress is what the client may connect to; the zero value refuses link-local and cloud
 	// metadata addresses only.
 	Egress egress.Policy
+	// TLS is how the endpoint is trusted, and whether a plain-HTTP one off the node is allowed.
+	TLS TLS
 }
 
 // Source is an S3 dataset source.
@@ -71,7 +73,11 @@ func New(cfg Config) (*Source, error) {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = time.Minute
 	}
+	if err := cfg.TLS.checkEndpoint(cfg.Endpoint); err != nil {
+		return nil, err
+	}
 	tr := &http.Transport{
+		TLSClientConfig:       cfg.TLS.clientConfig(),
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           cfg.Egress.DialContext(net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}),
 		MaxIdleConns:          cfg.MaxConns,
@@ -408,6 +414,9 @@ func classify(err error, format string, args ...any) error {
 		case code >= 300 && code < 400:
 			return source.Wrap(source.Invalid, fmt.Errorf("HTTP %d", code), "%s: the server answered with a redirect, which is not followed", msg)
 		}
+	}
+	if e, ok := untrusted(err, msg); ok {
+		return e
 	}
 	var dns *net.DNSError
 	if errors.As(err, &dns) && dns.IsNotFound {
