@@ -53,7 +53,8 @@ e2e-node:
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
-# --server-side -k` (an overlay changing only image references and the pools ConfigMap) on a
+# --server-side -k` (an overlay changing only image references and the pools ConfigMap), and
+# again with charts/cistern through the helm command (TestInstallHelm), on a
 # kubelet node whose containerd pulls every image from a registry on loopback
 # (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node; the
 # notebook example clones from the host's git (node-host-packages).
@@ -62,8 +63,8 @@ TEST_TARGETS += e2e-install
 .PHONY: e2e-install
 e2e-install:
 	@$(REQUIRE_NODE); \
-	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages images && \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages images helm && \
 	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO_TEST) -count=1 -timeout 25m -v -run TestInstall ./test/e2enode/... | \
+	  $(GO_TEST) -count=1 -timeout 45m -v -run 'TestInstall$$|TestInstallHelm$$' ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

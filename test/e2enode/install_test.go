@@ -66,11 +66,17 @@ type install struct {
 	ns         string
 	// podUIDs are the pods of the install seen running, whose cgroups must go with them.
 	podUIDs map[string]bool
+	// helm installs charts/cistern with the helm command instead of applying the kustomize
+	// overlay (install_helm_test.go).
+	helm *helmInstall
 }
 
 // TestInstall applies deploy/csi, as the README tells users, on a real kubelet node whose
 // containerd pulls every image from a registry on loopback; see docs/testing.md ("Install suite").
-func TestInstall(t *testing.T) {
+func TestInstall(t *testing.T) { runInstall(t, nil) }
+
+// runInstall runs the install suite with kustomize, or with helm when h is set.
+func runInstall(t *testing.T, h *helmInstall) {
 	requireMachine(t)
 	lockHost(t)
 	bins := findBinaries(t)
@@ -79,7 +85,7 @@ func TestInstall(t *testing.T) {
 			unavailable(t, "no %q image; run `make node-images`", name)
 		}
 	}
-	in := &install{bins: bins, release: releaseImages(t), podUIDs: map[string]bool{}}
+	in := &install{bins: bins, release: releaseImages(t), podUIDs: map[string]bool{}, helm: h}
 	registryBin := os.Getenv(RegistryBinEnv)
 	if _, err := os.Stat(registryBin); registryBin == "" || err != nil {
 		unavailable(t, "%s=%q: the registry is not built; run `make e2e-install`", RegistryBinEnv, registryBin)
@@ -99,6 +105,7 @@ func TestInstall(t *testing.T) {
 	nb := exampleNotebook(t)
 	in.registry = startRegistry(t, registryBin, []string{
 		in.nodeRef() + "=" + in.nodeRef() + "-next",
+		in.release["workload-controller"].Ref + "=" + in.release["workload-controller"].Ref + "-next",
 		bins.images["papermill"].Ref + "=" + nb.Spec.PodConfig.ContainerImage,
 		bins.images["git"].Ref + "=" + installGitImage,
 	}, filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
@@ -131,9 +138,13 @@ func TestInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.overlay = filepath.Join(dir, "overlay")
-	in.writeOverlay(t, in.nodeRef())
 
 	t.Run("apply", func(t *testing.T) {
+		if in.helm != nil {
+			in.helm.install(t, in)
+			return
+		}
+		in.writeOverlay(t, in.nodeRef())
 		out := framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.overlay)
 		t.Logf("kubectl apply --server-side -k overlay:\n%s", out)
 	})
@@ -650,7 +661,11 @@ func (in *install) checkPulled(t *testing.T, cd *containerd, nb *v1alpha1.Notebo
 // uninstall deletes what apply created and checks the node is left with nothing of Cistern.
 func (in *install) uninstall(t *testing.T) {
 	t.Helper()
-	kubectlOutput(in.cp, "delete", "-k", in.overlay, "--wait=true", "--timeout=3m", "--ignore-not-found")
+	if in.helm != nil {
+		in.helm.uninstall(t, in)
+	} else {
+		kubectlOutput(in.cp, "delete", "-k", in.overlay, "--wait=true", "--timeout=3m", "--ignore-not-found")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
@@ -683,6 +698,17 @@ func (in *install) uninstall(t *testing.T) {
 	}
 	if pids := driverPIDs(t); len(pids) > 0 {
 		t.Errorf("driver processes left: %v", pids)
+	}
+	// Nothing of the install outside its namespace: CRDs, cluster roles, the CSIDriver, webhook
+	// configurations, admission policies, the Role for Events in "default".
+	for _, get := range [][]string{
+		{"get", "crd,clusterrole,clusterrolebinding,csidriver,mutatingwebhookconfiguration,validatingwebhookconfiguration,validatingadmissionpolicy,validatingadmissionpolicybinding"},
+		{"get", "role,rolebinding", "-n", "default"},
+	} {
+		out := kubectlOutput(in.cp, append(get, "-l", "app.kubernetes.io/part-of=cistern", "-o", "name")...)
+		if strings.TrimSpace(out) != "" && !strings.Contains(out, "No resources found") {
+			t.Errorf("left after uninstall:\n%s", out)
+		}
 	}
 }
 
@@ -793,8 +819,12 @@ func (in *install) upgrade(t *testing.T, hb *heartbeatPod) {
 	t.Helper()
 	before := csiMounts(t)
 	next := in.nodeRef() + "-next"
-	in.writeOverlay(t, next)
-	framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.overlay)
+	if in.helm != nil {
+		in.helm.upgrade(t, in, "-next")
+	} else {
+		in.writeOverlay(t, next)
+		framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.overlay)
+	}
 	start := time.Now()
 	in.waitNodePodReady(t, strings.TrimPrefix(next, "cistern/node"), 0)
 	t.Logf("node pod rolled to %s in %s", next, time.Since(start).Round(time.Second))
