@@ -38,6 +38,8 @@ type Config struct {
 	PathStyle bool
 
 	AccessKeyID, SecretAccessKey, SessionToken string
+	// WebIdentity, when set, is where the keys come from instead (webidentity.go).
+	WebIdentity *WebIdentity
 
 	// MaxConns bounds idle connections kept to the server (the engine bounds concurrency).
 	MaxConns int
@@ -95,7 +97,10 @@ func New(cfg Config) (*Source, error) {
 		return http.ErrUseLastResponse
 	}}
 	var creds aws.CredentialsProvider = aws.AnonymousCredentials{}
-	if cfg.AccessKeyID != "" {
+	switch {
+	case cfg.WebIdentity != nil:
+		creds = cfg.WebIdentity.credentials(cfg.Region, hc)
+	case cfg.AccessKeyID != "":
 		creds = credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken)
 	}
 	opts := s3.Options{
@@ -390,7 +395,9 @@ func classify(err error, format string, args ...any) error {
 	if errors.As(err, &api) {
 		switch api.ErrorCode() {
 		case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
-			"InvalidToken", "ExpiredToken", "AccountProblem", "Forbidden":
+			"InvalidToken", "ExpiredToken", "AccountProblem", "Forbidden",
+			// The STS refusing a web identity (webidentity.go).
+			"InvalidIdentityToken", "ExpiredTokenException", "IDPRejectedClaim":
 			return source.Wrap(source.Denied, errors.New(api.ErrorCode()), "%s: access denied", msg)
 		case "NoSuchBucket", "NoSuchKey", "NotFound":
 			return source.Wrap(source.NotFound, errors.New(api.ErrorCode()), "%s: not found", msg)
