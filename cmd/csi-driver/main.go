@@ -56,6 +56,8 @@ func main() {
 	flag.StringVar(&localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
 	flag.StringVar(&tenantEndpoints, "tenant-s3-endpoints", "", "Comma-separated S3 endpoints that inline volumes and VolumeManagers may name: host names, *.domain suffixes, CIDR blocks (AWS without an endpoint counts as s3.amazonaws.com). Empty allows any endpoint; link-local and cloud metadata addresses are refused always.")
 	flag.StringVar(&cfg.Datasets.S3CABundleDir, "s3-ca-bundles", "", "Directory of CA bundles (PEM) that S3 datasets may name with the caBundle parameter to verify an https endpoint: a ConfigMap or Secret of the administrator's, mounted; empty: datasets may name none.")
+	flag.StringVar(&cfg.Datasets.STSEndpoint, "sts-endpoint", "", "STS that S3 datasets with credentials=webIdentity exchange the pod's ServiceAccount token at (AssumeRoleWithWebIdentity); empty: AWS STS of the dataset's region.")
+	flag.StringVar(&cfg.Datasets.WebIdentityAudience, "web-identity-audience", datasource.DefaultWebIdentityAudience, "Audience of the pod ServiceAccount tokens exchanged for web-identity credentials; the CSIDriver's tokenRequests must name it.")
 	flag.BoolVar(&cfg.Datasets.S3AllowPlainHTTP, "s3-allow-plain-http", false, "Allow plain http:// S3 endpoints other than loopback; without it they are refused.")
 	flag.IntVar(&cfg.Datasets.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
 	flag.Int64Var(&cfg.Datasets.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")

@@ -63,11 +63,13 @@ func (m *Manager) principal(req Request) string {
 		return "local"
 	}
 	c := req.Creds
-	if c.AccessKeyID == "" {
+	if c.AccessKeyID == "" && c.RoleARN == "" {
 		return "anonymous"
 	}
+	// A web identity is its role and its token: two pods with different roles, or of different
+	// ServiceAccounts, are two principals, and each proves its own access.
 	mac := hmac.New(sha256.New, m.principalKey)
-	for _, s := range []string{c.AccessKeyID, c.SecretAccessKey, c.SessionToken} {
+	for _, s := range []string{c.AccessKeyID, c.SecretAccessKey, c.SessionToken, c.RoleARN, c.WebIdentityToken} {
 		fmt.Fprintf(mac, "%d:%s", len(s), s)
 	}
 	return "s3:" + hex.EncodeToString(mac.Sum(nil)[:16])

@@ -71,6 +71,10 @@ type Config struct {
 	// S3AllowPlainHTTP lets S3 endpoints off the node be plain http:// (flag
 	// --s3-allow-plain-http); without it they are refused.
 	S3AllowPlainHTTP bool
+	// STSEndpoint is the STS web-identity datasets exchange pods' tokens at (flag
+	// --sts-endpoint); empty: AWS STS of the dataset's region. WebIdentityAudience is the
+	// audience of those tokens (flag --web-identity-audience; DefaultWebIdentityAudience).
+	STSEndpoint, WebIdentityAudience string
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
 	// the same version (peerfetch.go); nil reads everything from the source.
 	Peers *peer.Network
@@ -530,7 +534,8 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 		return s3source.New(s3source.Config{
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
-			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy, TLS: tlsCfg,
+			SessionToken: req.Creds.SessionToken, WebIdentity: m.webIdentity(req.Creds),
+			MaxConns: m.cfg.Concurrency, Egress: policy, TLS: tlsCfg,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)

@@ -85,6 +85,8 @@ var keys = []key{
 	{consts.ParamRegion, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Region = s; return nil }},
 	{consts.ParamPathStyle, everywhere, true, parsePathStyle},
 	{consts.ParamCABundle, everywhere, true, parseCABundle},
+	{consts.ParamCredentials, everywhere, true, parseCredentials},
+	{consts.ParamRoleARN, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.RoleARN = s; return nil }},
 	{consts.ParamInclude, everywhere, true, func(_ *Volume, d *Dataset, s string) (err error) {
 		d.Include, err = source.ParsePatterns(s)
 		return err
@@ -191,6 +193,18 @@ func parseCABundle(_ *Volume, d *Dataset, s string) error {
 		return source.Errorf(source.Invalid, "parameter %s=%q is not a ConfigMap or Secret key", consts.ParamCABundle, s)
 	}
 	d.CABundle = s
+	return nil
+}
+
+func parseCredentials(_ *Volume, d *Dataset, s string) error {
+	switch s {
+	case "", "secret":
+		d.Credentials = ""
+	case consts.CredentialsWebIdentity:
+		d.Credentials = s
+	default:
+		return source.Errorf(source.Invalid, "parameter %s=%q is not secret or %s", consts.ParamCredentials, s, consts.CredentialsWebIdentity)
+	}
 	return nil
 }
 

@@ -168,11 +168,11 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		}
 		poolName = chosen.Name
 	}
-	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets)
+	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs)
 	if err != nil {
 		return err
 	}
-	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: attrs, Path: path, Inline: tv.inline}
+	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
 	// Reference first: from here eviction leaves the tree alone, even across a restart.
 	if err := s.store.PutTreeVolume(rec); err != nil {
 		return Internal("saving dataset volume state", err)
