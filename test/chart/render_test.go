@@ -100,9 +100,10 @@ func TestChartReleaseNamespace(t *testing.T) {
 func TestChartValues(t *testing.T) {
 	got := renderChart(t, namespace, `
 image: {registry: registry.example.com/storage/, tag: v1.2.3}
-node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--v=5], s3: {caBundles: {secret: minio-ca}, allowPlainHTTP: true}}
+node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--v=5], s3: {caBundles: {secret: minio-ca}, allowPlainHTTP: true},
+  webIdentity: {audience: sts.example.com, stsEndpoint: "https://sts.example.com"}}
 peer: {port: 7000, networkPolicy: {enabled: false}}
-csiDriver: {tokenRequests: [{audience: sts.example.com, expirationSeconds: 3600}]}
+csiDriver: {tokenRequests: [{audience: vault, expirationSeconds: 600}]}
 `)
 	ds := got["DaemonSet cistern-system/cistern-node"]
 	b, _ := yaml.Marshal(ds)
@@ -115,6 +116,8 @@ csiDriver: {tokenRequests: [{audience: sts.example.com, expirationSeconds: 3600}
 		"--s3-ca-bundles=/etc/cistern/s3-ca-bundles",
 		"--s3-allow-plain-http",
 		"secretName: minio-ca",
+		"--web-identity-audience=sts.example.com",
+		"--sts-endpoint=https://sts.example.com",
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("DaemonSet has no %q:\n%s", want, b)
@@ -124,7 +127,7 @@ csiDriver: {tokenRequests: [{audience: sts.example.com, expirationSeconds: 3600}
 		t.Error("peer.networkPolicy.enabled=false rendered the NetworkPolicy")
 	}
 	b, _ = yaml.Marshal(got["CSIDriver /cistern.csi.dev"])
-	if !strings.Contains(string(b), "audience: sts.example.com") {
+	if !strings.Contains(string(b), "audience: sts.example.com") || !strings.Contains(string(b), "audience: vault") {
 		t.Errorf("CSIDriver has no token request:\n%s", b)
 	}
 	b, _ = yaml.Marshal(got["Deployment cistern-system/cistern-workload-controller"])
