@@ -399,13 +399,14 @@ func relay(t *testing.T, listen string, target func(context.Context) (string, er
 // Nothing else changes.
 func (in *install) writeOverlay(t *testing.T, nodeRef string) {
 	t.Helper()
-	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir)
+	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir, true)
 }
 
 // writeInstallOverlay writes into dir an overlay of deploy/csi as a user writes one: images:
 // entries pointing refs (repository:tag) at registry, a pools ConfigMap with the pool fast at
-// poolDir, and the given components of deploy/csi (e.g. "snapshots").
-func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, components ...string) {
+// poolDir, with plainHTTP the driver flag --s3-allow-plain-http (the examples' S3 server is a pod
+// behind a Service, on plain HTTP), and the given components of deploy/csi (e.g. "snapshots").
+func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, plainHTTP bool, components ...string) {
 	t.Helper()
 	root, err := repoRoot()
 	if err != nil {
@@ -430,19 +431,27 @@ func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, pool
 			fmt.Fprintf(&comps, "- %s/%s\n", base, c)
 		}
 	}
+	var driverFlags string
+	if plainHTTP {
+		// The driver is the first container of the base (a component's container goes first,
+		// which the test op would catch).
+		driverFlags = `- target: {kind: DaemonSet, name: cistern-node}
+  patch: |-
+    - op: test
+      path: /spec/template/spec/containers/0/name
+      value: driver
+    - op: add
+      path: /spec/template/spec/containers/0/args/-
+      value: --s3-allow-plain-http
+`
+	}
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
 - %s
 %simages:
 %spatches:
-# The examples' S3 server is a pod behind a Service, on plain HTTP.
-- target: {kind: DaemonSet, name: cistern-node}
-  patch: |-
-    - op: add
-      path: /spec/template/spec/containers/0/args/-
-      value: --s3-allow-plain-http
-- patch: |-
+%s- patch: |-
     apiVersion: v1
     kind: ConfigMap
     metadata:
@@ -454,7 +463,7 @@ resources:
         - name: fast
           path: %s
           labels: {media: ssd}
-`, base, comps.String(), images.String(), poolDir)
+`, base, comps.String(), images.String(), driverFlags, poolDir)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}

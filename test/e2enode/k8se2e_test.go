@@ -324,7 +324,7 @@ patches:
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", sc)
 
 	overlay := filepath.Join(dir, "overlay")
-	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, "snapshots")
+	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, false, "snapshots")
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", overlay)
 
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
