@@ -117,7 +117,7 @@ func keepEntry(limits Limits, filter source.Filter, o source.Object) (bool, erro
 	if err := source.ValidateKey(o.Key); err != nil {
 		return false, err
 	}
-	if err := limits.checkKey(o.Key); err != nil {
+	if err := limits.CheckKey(o.Key); err != nil {
 		return false, err
 	}
 	if o.Type == source.Symlink {
@@ -142,7 +142,7 @@ func listingDigest(ctx context.Context, src source.Source, spec *Spec, limits Li
 			return err
 		}
 		bytes += o.Size
-		if err := limits.checkTotals(int64(len(d.sums)+1), bytes); err != nil {
+		if err := limits.CheckTotals(int64(len(d.sums)+1), bytes); err != nil {
 			return err
 		}
 		return d.add(o)

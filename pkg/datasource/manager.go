@@ -207,7 +207,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		proving:      map[string]*proof{},
 		proofSlots:   make(chan struct{}, concurrentProofs),
 		perSource:    map[string]chan struct{}{},
-		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
+		limits:       cfg.Limits.WithDefaults(cfg.Concurrency),
 		poolMu:       map[string]*sync.Mutex{},
 	}
 	if cfg.NFSUID != nil {
@@ -273,7 +273,7 @@ func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
 	return m.await(ctx, req, listed, func(j *job) (Status, error) {
 		st := j.status()
 		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
-			return st, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			return st, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
 		return st, nil
 	})
@@ -333,7 +333,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		return Status{}, nil, source.Errorf(source.Invalid, "no dataset spec")
 	}
 	if err := m.admit(req.Spec); err != nil {
-		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	id := req.Spec.ID()
 	who := m.principal(req)
@@ -375,14 +375,14 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 			// credentials resolve to other data. It gets a staging of what it sees.
 			logger.Info("cached dataset differs from the caller's listing; staging a new version")
 			if err := m.retire(req.Pool, id, digest); err != nil {
-				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 			}
 			continue
 		}
 		src, err := m.openSource(req)
 		if err != nil {
 			pl.Unlock()
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
 		j = newJob(m, req, dir, src)
 		j.principal = who
@@ -402,20 +402,20 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, string, error) {
 	md, err := readMeta(dir)
 	if err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	digest, err := manifestDigest(dir, md)
 	if err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	if err := m.prove(ctx, req, dir, md, digest); err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return checking(req.Spec), digest, nil
 		}
-		return Status{}, digest, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, digest, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	m.metrics.cacheHits.Inc()
 	return Status{Dataset: req.Spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
@@ -445,13 +445,13 @@ func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (St
 			case errors.Is(err, errListingDiffers):
 				err = source.Wrap(source.Retryable, err, "a staging of other data under this name is under way; it is staged anew for this caller after it ends")
 			}
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
 	}
 	st := j.status()
 	// The job may still be listing: then its size so far is a lower bound.
 	if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), j.isListed()); err != nil {
-		return st, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return st, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	return st, j, nil
 }
@@ -535,7 +535,7 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
 	dir := datasetDir(pool, spec.ID())
 	if !isReady(dir) {
-		return "", source.Errorf(source.NotFound, "%s is not staged on pool %s", spec.describe(), pool)
+		return "", source.Errorf(source.NotFound, "%s is not staged on pool %s", spec.Describe(), pool)
 	}
 	return filepath.Join(dir, treeDir), nil
 }
@@ -566,7 +566,7 @@ func (m *Manager) Acquire(pool string, spec *Spec, version, volumeID string) (st
 // checkVersion says whether dir holds the ready dataset version the caller proved it may read.
 func checkVersion(dir string, spec *Spec, version string) error {
 	if !isReady(dir) {
-		return source.Errorf(source.Retryable, "%s is not staged on this pool (any more); retry", spec.describe())
+		return source.Errorf(source.Retryable, "%s is not staged on this pool (any more); retry", spec.Describe())
 	}
 	if version == "" {
 		return nil
@@ -576,7 +576,7 @@ func checkVersion(dir string, spec *Spec, version string) error {
 		return err
 	}
 	if d, err := manifestDigest(dir, md); err != nil || d != version {
-		return errors.Join(err, source.Errorf(source.Retryable, "%s was replaced by a newer version since it was checked; retry", spec.describe()))
+		return errors.Join(err, source.Errorf(source.Retryable, "%s was replaced by a newer version since it was checked; retry", spec.Describe()))
 	}
 	return nil
 }
@@ -691,19 +691,6 @@ func (m *Manager) busy(pool, id string) bool {
 	defer m.mu.Unlock()
 	key := jobKey(pool, id)
 	return m.jobs[key] != nil || m.inUse[key] > 0
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for v := n / unit; v >= unit; v /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // Status reports a dataset's state on pool without starting anything: the progress of a staging

@@ -277,7 +277,7 @@ func (j *job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 				ob.left = append(ob.left, t)
 			}
 		}
-		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.m.limits.readTimeout(total), errTooSlow)
+		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.m.limits.ReadTimeout(total), errTooSlow)
 		var err error
 		if ob.Batch, err = j.swarm.OpenBatch(ob.ctx, p, ask); err == nil {
 			return ob, nil

@@ -129,7 +129,7 @@ func (j *job) manifestMeta() (*meta, string) {
 	return md, md.Digest
 }
 
-func (j *job) describe() string { return j.req.Spec.describe() }
+func (j *job) describe() string { return j.req.Spec.Describe() }
 
 func (j *job) run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
@@ -302,7 +302,7 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 			j.objsTotal.Store(md.Objects)
 			j.bytesTotal.Store(md.Bytes)
 			// Refuse as soon as it is known, before any download.
-			if err := limits.checkTotals(md.Objects, md.Bytes); err != nil {
+			if err := limits.CheckTotals(md.Objects, md.Bytes); err != nil {
 				return err
 			}
 			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
@@ -860,7 +860,7 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 			rc  io.ReadCloser
 			via *peer.Peer
 		)
-		actx, cancel := context.WithTimeoutCause(ctx, j.m.limits.readTimeout(n-written), errTooSlow)
+		actx, cancel := context.WithTimeoutCause(ctx, j.m.limits.ReadTimeout(n-written), errTooSlow)
 		rc, via, err = j.open(actx, pr, o, off+written, n-written)
 		piece := peer.Range{Index: -1}
 		if err == nil && via == nil && j.swarm != nil && pr != nil {

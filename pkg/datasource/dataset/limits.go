@@ -1,13 +1,10 @@
-package datasource
+package dataset
 
 import (
-	"context"
-	"errors"
 	"strings"
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
-	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Limits bound what one dataset may make the node spend. Any pod author can name a dataset (an
@@ -51,8 +48,8 @@ var DefaultLimits = Limits{
 	AbandonAfter:     15 * time.Minute,
 }
 
-// withDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
-func (l Limits) withDefaults(concurrency int) Limits {
+// WithDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
+func (l Limits) WithDefaults(concurrency int) Limits {
 	d := DefaultLimits
 	set := func(v *int64, def int64) {
 		if *v <= 0 {
@@ -84,8 +81,8 @@ func (l Limits) withDefaults(concurrency int) Limits {
 	return l
 }
 
-// checkKey refuses a key past the length and depth limits.
-func (l Limits) checkKey(key string) error {
+// CheckKey refuses a key past the length and depth limits.
+func (l Limits) CheckKey(key string) error {
 	if len(key) > l.MaxKeyLength {
 		return source.Errorf(source.Invalid, "entry %.64q... is %d bytes long, more than the %d allowed", key, len(key), l.MaxKeyLength)
 	}
@@ -95,30 +92,24 @@ func (l Limits) checkKey(key string) error {
 	return nil
 }
 
-// checkTotals refuses a dataset past the size and entry limits, as soon as the listing shows it.
-func (l Limits) checkTotals(objects, bytes int64) error {
+// CheckTotals refuses a dataset past the size and entry limits, as soon as the listing shows it.
+func (l Limits) CheckTotals(objects, bytes int64) error {
 	if objects > l.MaxObjects {
 		return source.Errorf(source.TooLarge, "it has more than %d entries, the most a dataset may have on this node", l.MaxObjects)
 	}
 	if bytes > l.MaxBytes {
-		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", humanBytes(l.MaxBytes))
+		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", HumanBytes(l.MaxBytes))
 	}
 	return nil
 }
 
-// readTimeout is how long a read of n bytes may take.
-func (l Limits) readTimeout(n int64) time.Duration {
+// ReadTimeout is how long a read of n bytes may take.
+func (l Limits) ReadTimeout(n int64) time.Duration {
 	return l.ReadGrace + time.Duration(float64(n)/float64(l.MinThroughput)*float64(time.Second))
 }
 
-// errAbandoned ends a staging nobody waits for any more.
-var errAbandoned = source.Errorf(source.Invalid, "staging abandoned: no volume asked for it any more")
-
-// errTooSlow ends a read slower than the minimum throughput; it is retried like any failed read.
-var errTooSlow = errors.New("read slower than the minimum throughput")
-
-// sourceKey names the endpoint a source reads from, for per-source concurrency.
-func sourceKey(s *Spec) string {
+// SourceKey names the endpoint a source reads from, for per-source concurrency.
+func SourceKey(s *Spec) string {
 	switch s.Scheme {
 	case SchemeS3:
 		if s.Endpoint != "" {
@@ -129,29 +120,4 @@ func sourceKey(s *Spec) string {
 		return "nfs " + s.Host
 	}
 	return string(s.Scheme)
-}
-
-// sourceSlots returns the concurrency slots of spec's source endpoint.
-func (m *Manager) sourceSlots(spec *Spec) chan struct{} {
-	key := sourceKey(spec)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ch := m.perSource[key]
-	if ch == nil {
-		ch = make(chan struct{}, m.limits.PerSource)
-		m.perSource[key] = ch
-	}
-	return ch
-}
-
-// watchInterest cancels the job when nobody asked for it in AbandonAfter.
-func (j *job) watchInterest(ctx context.Context, cancel context.CancelCauseFunc) {
-	after := j.m.limits.AbandonAfter
-	_ = wait.PollUntilContextCancel(ctx, min(after/4, time.Minute), false, func(context.Context) (bool, error) {
-		if time.Since(time.Unix(0, j.wanted.Load())) <= after {
-			return false, nil
-		}
-		cancel(errAbandoned)
-		return true, nil
-	})
 }
