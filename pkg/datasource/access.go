@@ -17,23 +17,17 @@ package datasource
 // credentials; the key is random per process, so nothing that identifies a tenant is stored.
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	mrand "math/rand/v2"
-	"os"
-	"path/filepath"
-	"slices"
 	"time"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
 
@@ -81,126 +75,6 @@ func newPrincipalKey() []byte {
 	return k
 }
 
-// digester folds manifest entries into one value that does not depend on their order: the
-// sorted per-entry hashes, hashed. It holds 16 bytes per entry.
-type digester struct{ sums [][16]byte }
-
-func (d *digester) add(o source.Object) error {
-	b, err := json.Marshal(o)
-	if err != nil {
-		return err
-	}
-	s := sha256.Sum256(b)
-	d.sums = append(d.sums, [16]byte(s[:16]))
-	return nil
-}
-
-func (d *digester) sum() string {
-	slices.SortFunc(d.sums, func(a, b [16]byte) int { return bytes.Compare(a[:], b[:]) })
-	h := sha256.New()
-	for _, s := range d.sums {
-		h.Write(s[:])
-	}
-	return hex.EncodeToString(h.Sum(nil)[:16])
-}
-
-// keepEntry is staging's filter over listed entries: it says whether o belongs to the dataset
-// and refuses entries that could not be staged safely.
-func keepEntry(limits Limits, filter source.Filter, o source.Object) (bool, error) {
-	if o.Type == source.Dir {
-		if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
-			return false, nil
-		}
-	} else if !filter.Match(o.Key) {
-		return false, nil
-	}
-	if err := source.ValidateKey(o.Key); err != nil {
-		return false, err
-	}
-	if err := limits.CheckKey(o.Key); err != nil {
-		return false, err
-	}
-	if o.Type == source.Symlink {
-		if err := source.ValidateSymlink(o.Key, o.Target); err != nil {
-			return false, err
-		}
-	}
-	if o.Size < 0 {
-		return false, source.Errorf(source.Invalid, "entry %q has a negative size", o.Key)
-	}
-	return true, nil
-}
-
-// listingDigest lists src as staging would and returns the digest of what it keeps.
-func listingDigest(ctx context.Context, src source.Source, spec *Spec, limits Limits) (string, error) {
-	filter := spec.Filter()
-	var d digester
-	var bytes int64
-	err := src.List(ctx, func(o source.Object) error {
-		keep, err := keepEntry(limits, filter, o)
-		if err != nil || !keep {
-			return err
-		}
-		bytes += o.Size
-		if err := limits.CheckTotals(int64(len(d.sums)+1), bytes); err != nil {
-			return err
-		}
-		return d.add(o)
-	})
-	if err != nil {
-		return "", err
-	}
-	return d.sum(), nil
-}
-
-// manifestDigest is the digest of a committed manifest: from meta.json, or computed for a cache
-// written before digests were recorded.
-func manifestDigest(dir string, md *meta) (string, error) {
-	if md.Digest != "" {
-		return md.Digest, nil
-	}
-	var d digester
-	if err := eachObject(dir, func(_ int64, o source.Object) error { return d.add(o) }); err != nil {
-		return "", err
-	}
-	return d.sum(), nil
-}
-
-// sampleFile returns a file of the manifest with at least one byte, chosen at random, and false
-// when the dataset has none. It decodes only the lines it needs.
-func sampleFile(dir string, objects int64) (source.Object, bool, error) {
-	f, err := os.Open(filepath.Join(dir, objectsFile))
-	if err != nil {
-		return source.Object{}, false, err
-	}
-	defer f.Close()
-	start := int64(0)
-	if objects > 1 {
-		start = mrand.Int64N(objects)
-	}
-	var first source.Object
-	found := false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for i := int64(0); sc.Scan(); i++ {
-		if found && i < start {
-			continue // the first match before start is kept as the wrap-around answer
-		}
-		var o source.Object
-		if err := json.Unmarshal(sc.Bytes(), &o); err != nil {
-			return source.Object{}, false, fmt.Errorf("corrupt manifest line %d: %w", i+1, err)
-		}
-		if o.Type != source.File || o.Size == 0 {
-			continue
-		}
-		if i >= start {
-			return o, true, nil
-		}
-		first, found = o, true
-	}
-	return first, found, sc.Err()
-}
-
 // readOne reads the first byte of obj pinned to its listed ETag or version.
 func readOne(ctx context.Context, src source.Source, obj source.Object) error {
 	r, err := src.Open(ctx, obj, 0, 1)
@@ -228,7 +102,7 @@ type proof struct {
 // the given digest): from a remembered proof plus one pinned read, or a full listing plus one
 // pinned read. A proof outlives the caller's ctx (a retry finds it finished); ctx only bounds the
 // wait. errListingDiffers (wrapped) says the caller sees other data.
-func (m *Manager) prove(ctx context.Context, req Request, dir string, md *meta, digest string) error {
+func (m *Manager) prove(ctx context.Context, req Request, dir string, md *cache.Meta, digest string) error {
 	who := m.principal(req)
 	key := digest + "\x00" + who
 	m.mu.Lock()
@@ -264,7 +138,7 @@ func (m *Manager) prove(ctx context.Context, req Request, dir string, md *meta, 
 	}
 }
 
-func (m *Manager) runProof(req Request, dir string, md *meta, digest, key string, p *proof) {
+func (m *Manager) runProof(req Request, dir string, md *cache.Meta, digest, key string, p *proof) {
 	ctx, cancel := context.WithTimeout(context.Background(), proofTimeout)
 	defer cancel()
 	select {
@@ -283,13 +157,13 @@ func (m *Manager) runProof(req Request, dir string, md *meta, digest, key string
 	close(p.done)
 }
 
-func (m *Manager) fullProof(ctx context.Context, req Request, dir string, md *meta, digest string) error {
+func (m *Manager) fullProof(ctx context.Context, req Request, dir string, md *cache.Meta, digest string) error {
 	src, err := m.openSource(req)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	got, err := listingDigest(ctx, src, req.Spec, m.limits)
+	got, err := cache.ListingDigest(ctx, src, req.Spec, m.limits)
 	if err != nil {
 		return err
 	}
@@ -303,8 +177,8 @@ func (m *Manager) fullProof(ctx context.Context, req Request, dir string, md *me
 	return err
 }
 
-func (m *Manager) pinnedRead(ctx context.Context, src source.Source, dir string, md *meta) error {
-	obj, ok, err := sampleFile(dir, md.Objects)
+func (m *Manager) pinnedRead(ctx context.Context, src source.Source, dir string, md *cache.Meta) error {
+	obj, ok, err := cache.SampleFile(dir, md.Objects)
 	if err != nil || !ok {
 		return err // no file with bytes: the listing alone shows the data
 	}

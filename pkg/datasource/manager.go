@@ -4,16 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
@@ -136,26 +135,23 @@ type Manager struct {
 	nfsUID       uint32
 	nfsGID       uint32
 
+	// cache holds the datasets in the pools: layout, references, eviction, inventory.
+	cache *cache.Cache
+
 	mu     sync.Mutex
 	jobs   map[string]*job  // pool/id -> running staging
 	failed map[string]error // pool/id/principal -> last failure, reported once to its caller
 	// lastFail is the kind of each pool/id's last failure, for the inventory, until the next attempt.
 	lastFail map[string]failure
-	pools    map[string]bool      // known pool dirs
-	inUse    map[string]int       // pool/id -> in-memory users (Populate)
 	proofs   map[string]time.Time // digest/principal -> proof valid until
 	proving  map[string]*proof    // digest/principal -> proof under way
 	// proofSlots bounds the full proofs under way (access.go).
 	proofSlots chan struct{}
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
-	poolMu    map[string]*sync.Mutex
 
 	// canons names the entries of ready datasets for peers' requests (peerserve.go).
 	canons canons
-
-	// changes moves whenever an Inventory would read differently (inventory.go).
-	changes changes
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -201,14 +197,11 @@ func NewManager(cfg Config) (*Manager, error) {
 		jobs:         map[string]*job{},
 		failed:       map[string]error{},
 		lastFail:     map[string]failure{},
-		pools:        map[string]bool{},
-		inUse:        map[string]int{},
 		proofs:       map[string]time.Time{},
 		proving:      map[string]*proof{},
 		proofSlots:   make(chan struct{}, concurrentProofs),
 		perSource:    map[string]chan struct{}{},
 		limits:       cfg.Limits.WithDefaults(cfg.Concurrency),
-		poolMu:       map[string]*sync.Mutex{},
 	}
 	if cfg.NFSUID != nil {
 		m.nfsUID = *cfg.NFSUID
@@ -221,26 +214,8 @@ func NewManager(cfg Config) (*Manager, error) {
 		m.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), burst)
 	}
 	m.metrics = newMetrics(m)
-	for _, p := range cfg.Pools {
-		m.addPool(p)
-	}
+	m.cache = cache.New(cache.Config{LowWatermark: cfg.LowWatermark, HighWatermark: cfg.HighWatermark, OnEvict: m.evicted}, cfg.Pools...)
 	return m, nil
-}
-
-func (m *Manager) addPool(pool string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.pools[pool] {
-		m.pools[pool] = true
-		m.poolMu[pool] = &sync.Mutex{}
-	}
-}
-
-func (m *Manager) poolLock(pool string) *sync.Mutex {
-	m.addPool(pool)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.poolMu[pool]
 }
 
 func jobKey(pool, id string) string { return pool + "\x00" + id }
@@ -318,7 +293,7 @@ func (m *Manager) finished(req Request, j *job) (Status, error) {
 		m.mu.Lock()
 		delete(m.failed, failKey(req.Pool, req.Spec.ID(), j.principal))
 		m.mu.Unlock()
-		m.changed()
+		m.cache.Changed()
 	}
 	return j.status(), j.err
 }
@@ -337,13 +312,13 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 	}
 	id := req.Spec.ID()
 	who := m.principal(req)
-	m.addPool(req.Pool)
-	dir := datasetDir(req.Pool, id)
+	m.cache.AddPool(req.Pool)
+	dir := cache.DatasetDir(req.Pool, id)
 	key := jobKey(req.Pool, id)
 	fkey := failKey(req.Pool, id, who)
 	logger := klog.FromContext(ctx).WithValues("dataset", req.Spec.String(), "datasetID", id, "pool", req.Pool)
 
-	pl := m.poolLock(req.Pool)
+	pl := m.cache.Lock(req.Pool)
 	for retired := false; ; retired = true {
 		pl.Lock()
 		m.mu.Lock()
@@ -360,13 +335,13 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		}
 		if failed {
 			pl.Unlock()
-			m.changed()
+			m.cache.Changed()
 			return Status{Dataset: req.Spec.Source, Phase: PhaseFailed}, nil, ferr
 		}
-		if isReady(dir) {
-			touch(dir)
+		if cache.IsReady(dir) {
+			cache.Touch(dir)
 			pl.Unlock()
-			m.changed()
+			m.cache.Changed()
 			st, digest, err := m.hit(ctx, req, dir)
 			if !errors.Is(err, errListingDiffers) || retired {
 				return st, nil, err
@@ -374,7 +349,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 			// The caller sees other data than the cache holds: the source changed, or the caller's
 			// credentials resolve to other data. It gets a staging of what it sees.
 			logger.Info("cached dataset differs from the caller's listing; staging a new version")
-			if err := m.retire(req.Pool, id, digest); err != nil {
+			if err := m.cache.Retire(req.Pool, id, digest); err != nil {
 				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 			}
 			continue
@@ -390,8 +365,9 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		m.jobs[key] = j
 		delete(m.lastFail, key)
 		m.mu.Unlock()
+		j.unpin = m.cache.PinStaging(req.Pool, id)
 		pl.Unlock()
-		m.changed()
+		m.cache.Changed()
 		logger.Info("staging dataset", "credentials", req.Creds.String())
 		go m.runJob(logger, key, j)
 		return j.status(), j, nil
@@ -400,14 +376,14 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 
 // hit serves a ready cached dataset to a caller that proves it reads the same data.
 func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, string, error) {
-	md, err := readMeta(dir)
+	md, err := cache.ReadMeta(dir)
 	if err != nil {
 		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
 		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
-	digest, err := manifestDigest(dir, md)
+	digest, err := cache.ManifestDigest(dir, md)
 	if err != nil {
 		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
@@ -475,9 +451,10 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 		m.recordFailureLocked(key, j.req.Spec, err, time.Now())
 	}
 	m.mu.Unlock()
+	j.unpin()
 	j.err = err
 	close(j.done)
-	m.changed()
+	m.cache.Changed()
 	st := j.status()
 	if err != nil {
 		m.metrics.stagings.WithLabelValues("failed").Inc()
@@ -489,7 +466,7 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	m.metrics.stagings.WithLabelValues("ready").Inc()
 	m.metrics.stagedBytes.Add(float64(st.BytesTotal))
 	logger.Info("dataset ready", "bytes", st.BytesTotal, "objects", st.ObjectsTotal, "duration", time.Since(start))
-	m.evictPool(m.base, j.pool, 0)
+	m.cache.Evict(m.base, j.pool, 0)
 }
 
 // checkCapacity refuses a dataset whose files take more than the volume has room for; complete
@@ -533,11 +510,7 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 // TreePath returns the ready dataset's directory on pool. It proves nothing of the caller: volumes
 // get the tree from Acquire, after Wait proved the caller may read it.
 func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
-	dir := datasetDir(pool, spec.ID())
-	if !isReady(dir) {
-		return "", source.Errorf(source.NotFound, "%s is not staged on pool %s", spec.Describe(), pool)
-	}
-	return filepath.Join(dir, treeDir), nil
+	return m.cache.TreePath(pool, spec)
 }
 
 // Acquire records that volumeID uses the dataset's tree on pool (a read-only bind mount) and
@@ -545,118 +518,43 @@ func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
 // a dataset replaced since is refused as changed, and the caller asks again. The reference is a
 // file, so it survives driver restarts; ReleaseID removes it. Both are idempotent.
 func (m *Manager) Acquire(pool string, spec *Spec, version, volumeID string) (string, error) {
-	dir := datasetDir(pool, spec.ID())
-	pl := m.poolLock(pool)
-	pl.Lock()
-	defer pl.Unlock()
-	if err := checkVersion(dir, spec, version); err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(filepath.Join(dir, refsDir), 0o755); err != nil {
-		return "", err
-	}
-	touch(dir)
-	if err := writeFileSync(filepath.Join(dir, refsDir, refName(volumeID)), []byte(volumeID)); err != nil {
-		return "", err
-	}
-	m.changed()
-	return filepath.Join(dir, treeDir), nil
-}
-
-// checkVersion says whether dir holds the ready dataset version the caller proved it may read.
-func checkVersion(dir string, spec *Spec, version string) error {
-	if !isReady(dir) {
-		return source.Errorf(source.Retryable, "%s is not staged on this pool (any more); retry", spec.Describe())
-	}
-	if version == "" {
-		return nil
-	}
-	md, err := readMeta(dir)
-	if err != nil {
-		return err
-	}
-	if d, err := manifestDigest(dir, md); err != nil || d != version {
-		return errors.Join(err, source.Errorf(source.Retryable, "%s was replaced by a newer version since it was checked; retry", spec.Describe()))
-	}
-	return nil
-}
-
-// retiredSep separates a dataset ID from the suffix of a version that a newer one replaced.
-const retiredSep = ".retired-"
-
-// retire moves the ready version of dataset id on pool aside when it still has the given
-// digest, so that a new version can be staged in its place: volumes that use it keep it (their
-// bind mounts follow the directory), new callers never see it, and it is deleted with its last
-// reference. A version nobody uses is deleted at once.
-func (m *Manager) retire(pool, id, digest string) error {
-	pl := m.poolLock(pool)
-	pl.Lock()
-	defer pl.Unlock()
-	dir := datasetDir(pool, id)
-	if m.busy(pool, id) {
-		return source.Errorf(source.Retryable, "the cached version is being copied into a volume; retry")
-	}
-	if !isReady(dir) {
-		return nil // replaced meanwhile
-	}
-	md, err := readMeta(dir)
-	if err != nil {
-		return err
-	}
-	if d, err := manifestDigest(dir, md); err != nil || d != digest {
-		return err // replaced meanwhile
-	}
-	defer m.changed()
-	if refCount(dir) == 0 {
-		return removeDataset(pool, id)
-	}
-	to := dir + retiredSep + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := os.Rename(dir, to); err != nil {
-		return err
-	}
-	return syncDir(cacheDir(pool))
-}
-
-// removeDataset deletes a dataset directory: renamed to trash first, so a crash leaves nothing
-// that looks like a dataset.
-func removeDataset(pool, name string) error {
-	trash := filepath.Join(cacheDir(pool), trashPrefix+name)
-	if err := os.Rename(datasetDir(pool, name), trash); err != nil {
-		return err
-	}
-	return removeAllQuick(trash)
+	return m.cache.Acquire(pool, spec, version, volumeID)
 }
 
 // ReleaseID drops volumeID's reference to the dataset id on pool. The reference may be in a
 // retired version, which goes with its last reference.
 func (m *Manager) ReleaseID(pool, id, volumeID string) error {
-	dir := datasetDir(pool, id)
-	err := os.Remove(filepath.Join(dir, refsDir, refName(volumeID)))
-	if err == nil || !isNotExist(err) {
-		touch(dir)
-		m.changed()
-		return err
-	}
-	retired, _ := filepath.Glob(dir + retiredSep + "*")
-	for _, r := range retired {
-		err := os.Remove(filepath.Join(r, refsDir, refName(volumeID)))
-		if isNotExist(err) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		m.changed()
-		pl := m.poolLock(pool)
-		pl.Lock()
-		defer pl.Unlock()
-		if refCount(r) == 0 {
-			return removeDataset(pool, filepath.Base(r))
-		}
-		return nil
-	}
-	return nil
+	return m.cache.Release(pool, id, volumeID)
 }
+
+// Populate copies the ready dataset version on pool, which the caller proved it may read, into
+// target, once; see cache.Cache.Populate.
+func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version, target string) error {
+	return m.cache.Populate(ctx, pool, spec, version, target)
+}
+
+// Populated reports whether the filesystem at target was already filled with spec's dataset.
+func Populated(target string, spec *Spec) bool { return cache.Populated(target, spec) }
+
+// evicted counts an eviction and tells the driver.
+func (m *Manager) evicted(e EvictEvent) {
+	m.metrics.evictions.WithLabelValues(e.Pool).Inc()
+	m.metrics.evictedBytes.WithLabelValues(e.Pool).Add(float64(e.Bytes))
+	if m.cfg.OnEvict != nil {
+		m.cfg.OnEvict(e)
+	}
+}
+
+// Inventory reads what the cache of pool (a directory) holds, listing at most limit datasets
+// (0: all), with the stagings under way and the kinds of failed attempts.
+func (m *Manager) Inventory(pool string, limit int) (Inventory, error) {
+	return m.cache.Inventory(pool, limit, func(byID map[string]*CachedDataset) { m.overlay(pool, byID) })
+}
+
+// InventoryGeneration returns the inventory generation and a channel closed when it next moves:
+// a dataset starts, is listed, finishes, fails, is evicted, used or released, and every
+// Config.ProgressInterval while one is being staged.
+func (m *Manager) InventoryGeneration() (uint64, <-chan struct{}) { return m.cache.Generation() }
 
 // Run evicts on every pool periodically until ctx ends, then stops the staging jobs.
 func (m *Manager) Run(ctx context.Context) {
@@ -665,8 +563,8 @@ func (m *Manager) Run(ctx context.Context) {
 	defer t.Stop()
 	go m.watchProgress(ctx.Done(), m.cfg.ProgressInterval)
 	for {
-		for _, p := range m.poolList() {
-			m.evictPool(ctx, p, 0)
+		for _, p := range m.cache.Pools() {
+			m.cache.Evict(ctx, p, 0)
 		}
 		select {
 		case <-ctx.Done():
@@ -674,23 +572,6 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-func (m *Manager) poolList() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]string, 0, len(m.pools))
-	for p := range m.pools {
-		out = append(out, p)
-	}
-	return out
-}
-
-func (m *Manager) busy(pool, id string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	key := jobKey(pool, id)
-	return m.jobs[key] != nil || m.inUse[key] > 0
 }
 
 // Status reports a dataset's state on pool without starting anything: the progress of a staging
@@ -704,11 +585,11 @@ func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
 	if j != nil {
 		return j.status(), true, nil
 	}
-	dir := datasetDir(pool, id)
-	if !isReady(dir) {
+	dir := cache.DatasetDir(pool, id)
+	if !cache.IsReady(dir) {
 		return Status{}, false, nil
 	}
-	md, err := readMeta(dir)
+	md, err := cache.ReadMeta(dir)
 	if err != nil {
 		return Status{}, true, err
 	}

@@ -1,10 +1,7 @@
 package datasource
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
-
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -97,20 +94,9 @@ func (c *metrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.pool, id)
 		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.pool, id)
 	}
-	for _, pool := range c.m.poolList() {
-		ents, _ := os.ReadDir(cacheDir(pool))
-		var bytes, n float64
-		for _, e := range ents {
-			if !e.IsDir() || strings.HasPrefix(e.Name(), trashPrefix) {
-				continue
-			}
-			dir := filepath.Join(cacheDir(pool), e.Name())
-			if md, err := readMeta(dir); err == nil && isReady(dir) {
-				bytes += float64(md.Bytes)
-				n++
-			}
-		}
-		ch <- prometheus.MustNewConstMetric(c.cachedBytes, prometheus.GaugeValue, bytes, pool)
-		ch <- prometheus.MustNewConstMetric(c.cachedDatasets, prometheus.GaugeValue, n, pool)
+	for _, pool := range c.m.cache.Pools() {
+		bytes, n := cache.ReadyTotals(pool)
+		ch <- prometheus.MustNewConstMetric(c.cachedBytes, prometheus.GaugeValue, float64(bytes), pool)
+		ch <- prometheus.MustNewConstMetric(c.cachedDatasets, prometheus.GaugeValue, float64(n), pool)
 	}
 }

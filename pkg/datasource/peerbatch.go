@@ -300,7 +300,7 @@ func (j *job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 // fetchFrom writes entry i, read from a peer through r, into tmp/, checks it against its MD5
 // ETag and commits it (fetchWhole, with the bytes already on their way).
 func (j *job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Reader) error {
-	f, err := j.dirs.create(j.tmpDir(i), tmpBase(i), os.O_WRONLY, fileMode(o))
+	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
 	}
@@ -325,7 +325,7 @@ func (j *job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Read
 	}
 	if err != nil {
 		j.bytesDone.Add(-k)
-		_ = j.dirs.remove(j.tmpDir(i), tmpBase(i))
+		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
 		return err
 	}
 	return j.commit(i, o)

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -132,7 +133,7 @@ func (j *job) othersShare(t task) bool {
 // eachShared calls fn for the manifest's entries of ranks [from, to) in rank order.
 func (j *job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
 	c := j.canon.Load()
-	f, err := os.Open(filepath.Join(j.dir, objectsFile))
+	f, err := os.Open(filepath.Join(j.dir, cache.ObjectsFile))
 	if err != nil {
 		return err
 	}
@@ -187,7 +188,7 @@ func (j *job) readOrder(n int64, salt string) int64 {
 func (j *job) blame(ctx context.Context, t task) (bool, error) {
 	b := t.big
 	// A descriptor of its own: the object's may be open for direct I/O, which needs aligned reads.
-	f, err := j.root.Open(path.Join(tmpDir, tmpShard(t.i), tmpBase(t.i)))
+	f, err := j.root.Open(path.Join(cache.TmpDir, tmpShard(t.i), tmpBase(t.i)))
 	if err != nil {
 		return false, err
 	}
@@ -225,5 +226,5 @@ func (j *job) blame(ctx context.Context, t task) (bool, error) {
 	return blamed, nil
 }
 
-// tmpShard is the shard directory of entry i's temporary file (tmpDir).
+// tmpShard is the shard directory of entry i's temporary file (cache.TmpDir).
 func tmpShard(i int64) string { return strconv.FormatInt(i%tmpShards, 10) }

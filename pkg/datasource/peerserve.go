@@ -19,6 +19,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -87,7 +88,7 @@ type canon struct {
 // buildCanon reads the manifest in dir once. Two keys with the same 64-bit hash (only a key
 // crafted for it) leave the dataset without peers: an error.
 func buildCanon(dir string) (*canon, error) {
-	f, err := os.Open(filepath.Join(dir, objectsFile))
+	f, err := os.Open(filepath.Join(dir, cache.ObjectsFile))
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +149,7 @@ func (c *canon) entry(dir string, r int64) (source.Object, error) {
 		return source.Object{}, peer.ErrNotHeld
 	}
 	l := c.line[r]
-	f, err := os.Open(filepath.Join(dir, objectsFile))
+	f, err := os.Open(filepath.Join(dir, cache.ObjectsFile))
 	if err != nil {
 		return source.Object{}, err
 	}
@@ -239,19 +240,19 @@ func (m *Manager) readyVersion(id, digest string) (string, bool) {
 	dir, ok := m.canons.ready[key]
 	m.canons.mu.Unlock()
 	// A version found once stays where it is until it is retired or evicted (tree/ goes).
-	if ok && isReady(dir) {
+	if ok && cache.IsReady(dir) {
 		return dir, true
 	}
-	for _, pool := range m.poolList() {
-		dir := datasetDir(pool, id)
-		if !isReady(dir) {
+	for _, pool := range m.cache.Pools() {
+		dir := cache.DatasetDir(pool, id)
+		if !cache.IsReady(dir) {
 			continue
 		}
-		md, err := readMeta(dir)
+		md, err := cache.ReadMeta(dir)
 		if err != nil || md.Spec == nil || md.Spec.Scheme != SchemeS3 {
 			continue
 		}
-		if d, err := manifestDigest(dir, md); err == nil && d == digest {
+		if d, err := cache.ManifestDigest(dir, md); err == nil && d == digest {
 			m.canons.mu.Lock()
 			if m.canons.ready == nil || len(m.canons.ready) >= cachedCanons {
 				m.canons.ready = map[string]string{}
@@ -275,7 +276,7 @@ func (m *Manager) Open(id, digest string, r, off, n int64) (io.ReadCloser, error
 				return nil, err
 			}
 			// Committed into staging/, or already published as tree/.
-			rc, err := openPiece(j.dir, []string{path.Join(stagingDir, o.Key), path.Join(treeDir, o.Key)}, o, off, n)
+			rc, err := openPiece(j.dir, []string{path.Join(cache.StagingDir, o.Key), path.Join(cache.TreeDir, o.Key)}, o, off, n)
 			if err == nil {
 				return rc, nil
 			}
@@ -287,7 +288,7 @@ func (m *Manager) Open(id, digest string, r, off, n int64) (io.ReadCloser, error
 			l := int64(c.line[r])
 			// Gone from tmp/ when the entry was just verified and committed: then it is in the
 			// ready tree below, or no more.
-			if rc, err := openPiece(j.dir, []string{path.Join(tmpDir, tmpShard(l), tmpBase(l)), path.Join(stagingDir, o.Key), path.Join(treeDir, o.Key)}, o, off, n); err == nil {
+			if rc, err := openPiece(j.dir, []string{path.Join(cache.TmpDir, tmpShard(l), tmpBase(l)), path.Join(cache.StagingDir, o.Key), path.Join(cache.TreeDir, o.Key)}, o, off, n); err == nil {
 				return rc, nil
 			}
 		}
@@ -304,7 +305,7 @@ func (m *Manager) Open(id, digest string, r, off, n int64) (io.ReadCloser, error
 	if err != nil {
 		return nil, err
 	}
-	return openPiece(dir, []string{path.Join(treeDir, o.Key)}, o, off, n)
+	return openPiece(dir, []string{path.Join(cache.TreeDir, o.Key)}, o, off, n)
 }
 
 // openPiece opens the first of names (inside dir, never through a link out of it) that is o's

@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -69,10 +70,12 @@ type job struct {
 	wanted atomic.Int64
 	// sourceSlots bound the node's reads from the job's source endpoint.
 	sourceSlots chan struct{}
-	// md is the committed manifest's meta, set before listed is closed.
-	md atomic.Pointer[meta]
+	// md is the committed manifest's cache.Meta, set before listed is closed.
+	md atomic.Pointer[cache.Meta]
 	// started is when the job was created (the inventory's last use of a new dataset).
 	started time.Time
+	// unpin drops the job's pin on its dataset in the cache (cache.Cache.PinStaging).
+	unpin func()
 
 	bigMu sync.Mutex
 	big   []*bigFile
@@ -123,8 +126,8 @@ func (j *job) status() Status {
 	return st
 }
 
-// manifestMeta returns the committed manifest's meta and digest; only once listed is closed.
-func (j *job) manifestMeta() (*meta, string) {
+// manifestMeta returns the committed manifest's cache.Meta and digest; only once listed is closed.
+func (j *job) manifestMeta() (*cache.Meta, string) {
 	md := j.md.Load()
 	return md, md.Digest
 }
@@ -149,14 +152,14 @@ func (j *job) run(ctx context.Context) (err error) {
 		j.phase.Store(PhaseFailed)
 		if errors.Is(err, errAbandoned) || ctx.Err() == nil && source.IsPermanent(err) {
 			// Nothing is left behind of a dataset that cannot be staged.
-			if rerr := removeAllQuick(j.dir); rerr != nil {
+			if rerr := cache.RemoveAllQuick(j.dir); rerr != nil {
 				logger.Error(rerr, "cleaning up failed dataset")
 			}
 		}
 		err = fmt.Errorf("%s: %w", j.describe(), err)
 	}()
 	// The cache is root's: volumes reach a dataset through bind mounts, never through this path.
-	if err := os.MkdirAll(cacheDir(j.pool), 0o700); err != nil {
+	if err := os.MkdirAll(cache.Dir(j.pool), 0o700); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(j.dir, 0o755); err != nil {
@@ -170,24 +173,24 @@ func (j *job) run(ctx context.Context) (err error) {
 	defer j.dirs.close()
 	defer j.closeBig()
 	// Partial downloads are discarded; files already in staging/ were verified and are kept.
-	if err := os.RemoveAll(filepath.Join(j.dir, tmpDir)); err != nil {
+	if err := os.RemoveAll(filepath.Join(j.dir, cache.TmpDir)); err != nil {
 		return err
 	}
 	// A staging/ that already holds files is a resume: each file is checked before fetching.
-	if ents, err := os.ReadDir(filepath.Join(j.dir, stagingDir)); err == nil && len(ents) > 0 {
+	if ents, err := os.ReadDir(filepath.Join(j.dir, cache.StagingDir)); err == nil && len(ents) > 0 {
 		j.resuming = true
 	}
 	// Temporary files are spread over shards: one directory taking every create and rename is a
 	// point of contention with many small objects.
 	for k := range tmpShards {
-		if j.tmp[k], err = j.dirs.mkdir(path.Join(tmpDir, strconv.Itoa(k))); err != nil {
+		if j.tmp[k], err = j.dirs.mkdir(path.Join(cache.TmpDir, strconv.Itoa(k))); err != nil {
 			return err
 		}
 	}
-	if err := j.mkdirs(stagingDir); err != nil {
+	if err := j.mkdirs(cache.StagingDir); err != nil {
 		return err
 	}
-	if f, err := j.root.OpenFile(lastUsedFile, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+	if f, err := j.root.OpenFile(cache.LastUsedFile, os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
 		f.Close()
 	}
 
@@ -205,8 +208,8 @@ func (j *job) run(ctx context.Context) (err error) {
 	}
 	j.md.Store(md)
 	close(j.listed)
-	j.m.changed()
-	if err := j.m.makeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
+	j.m.cache.Changed()
+	if err := j.m.cache.MakeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
 		return err
 	}
 	if j.m.cfg.Peers != nil && j.req.Spec.Scheme == SchemeS3 {
@@ -265,9 +268,9 @@ func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
 // listing is the dataset's point in time: reads are pinned to the ETags it records. A manifest
 // left by an earlier attempt (perhaps another caller's, before a restart) is kept only when this
 // job's caller proves it reads the same data; otherwise what was staged is discarded.
-func (j *job) manifest(ctx context.Context) (*meta, error) {
-	if manifestExists(j.dir) {
-		if md, err := readMeta(j.dir); err == nil {
+func (j *job) manifest(ctx context.Context) (*cache.Meta, error) {
+	if cache.ManifestExists(j.dir) {
+		if md, err := cache.ReadMeta(j.dir); err == nil {
 			err := j.checkResume(ctx, md)
 			if err == nil {
 				return md, nil
@@ -282,23 +285,23 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		}
 	}
 	j.phase.Store(PhaseListing)
-	md := &meta{Spec: j.req.Spec, Created: time.Now().UTC()}
+	md := &cache.Meta{Spec: j.req.Spec, Created: time.Now().UTC()}
 	filter := j.req.Spec.Filter()
-	var digest digester
-	tmp := filepath.Join(j.dir, objectsFile+".tmp")
-	err := writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
+	var digest cache.Digester
+	tmp := filepath.Join(j.dir, cache.ObjectsFile+".tmp")
+	err := cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		written := &countingWriter{w: bw}
 		enc := json.NewEncoder(written)
 		limits := j.m.limits
 		err := j.src.List(ctx, func(o source.Object) error {
-			keep, err := keepEntry(limits, filter, o)
+			keep, err := cache.KeepEntry(limits, filter, o)
 			if err != nil || !keep {
 				return err
 			}
 			md.Objects++
 			md.Bytes += o.Size
-			md.Alloc += entryAlloc(o)
+			md.Alloc += cache.EntryAlloc(o)
 			j.objsTotal.Store(md.Objects)
 			j.bytesTotal.Store(md.Bytes)
 			// Refuse as soon as it is known, before any download.
@@ -309,7 +312,7 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 				return err
 			}
 
-			if err := digest.add(o); err != nil {
+			if err := digest.Add(o); err != nil {
 				return err
 			}
 			if err := enc.Encode(o); err != nil {
@@ -326,9 +329,9 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		if err := bw.Flush(); err != nil {
 			return err
 		}
-		md.Digest = digest.sum()
+		md.Digest = digest.Sum()
 		// meta.json first: objects.jsonl appearing is the commit point.
-		return writeMeta(j.dir, md)
+		return cache.WriteMeta(j.dir, md)
 	})
 	os.Remove(tmp)
 	if err != nil {
@@ -339,13 +342,13 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 
 // checkResume proves that this job's caller reads the data of the manifest an earlier attempt
 // left: its own listing matches, and one file reads pinned to its ETag.
-func (j *job) checkResume(ctx context.Context, md *meta) error {
-	digest, err := manifestDigest(j.dir, md)
+func (j *job) checkResume(ctx context.Context, md *cache.Meta) error {
+	digest, err := cache.ManifestDigest(j.dir, md)
 	if err != nil {
 		return err
 	}
 	md.Digest = digest
-	got, err := listingDigest(ctx, j.src, j.req.Spec, j.m.limits)
+	got, err := cache.ListingDigest(ctx, j.src, j.req.Spec, j.m.limits)
 	if err != nil {
 		return err
 	}
@@ -361,10 +364,10 @@ func (j *job) checkResume(ctx context.Context, md *meta) error {
 
 // discard removes what an earlier attempt staged under a manifest this caller cannot use.
 func (j *job) discard() error {
-	if err := os.Remove(filepath.Join(j.dir, objectsFile)); err != nil && !isNotExist(err) {
+	if err := os.Remove(filepath.Join(j.dir, cache.ObjectsFile)); err != nil && !cache.IsNotExist(err) {
 		return err
 	}
-	staging := filepath.Join(j.dir, stagingDir)
+	staging := filepath.Join(j.dir, cache.StagingDir)
 	ents, err := os.ReadDir(staging)
 	if err != nil {
 		return err
@@ -375,7 +378,7 @@ func (j *job) discard() error {
 		}
 	}
 	j.resuming = false
-	return syncDir(j.dir)
+	return cache.SyncDir(j.dir)
 }
 
 type task struct {
@@ -480,7 +483,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 		stopTaking = func() { stop(); <-taken }
 	}
 	each := func(from, to int64) error {
-		return eachObject(j.dir, func(i int64, o source.Object) error {
+		return cache.EachObject(j.dir, func(i int64, o source.Object) error {
 			if i < from || i >= to {
 				return nil
 			}
@@ -501,7 +504,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 		switch o.Type {
 		case source.Dir:
 			j.objsDone.Add(1)
-			return j.mkdirs(path.Join(stagingDir, o.Key))
+			return j.mkdirs(path.Join(cache.StagingDir, o.Key))
 		case source.Symlink:
 			return nil // after every file: no write may pass through a link
 		}
@@ -556,7 +559,7 @@ func send(ctx context.Context, tasks chan<- task, t task) error {
 
 // staged reports whether a verified copy of o is already in staging/ (resume after a restart).
 func (j *job) staged(o source.Object) bool {
-	name := path.Join(stagingDir, o.Key)
+	name := path.Join(cache.StagingDir, o.Key)
 	fi, err := j.root.Lstat(name)
 	if err != nil {
 		return false
@@ -610,7 +613,7 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			}
 		}
 	}
-	f, err := j.dirs.create(j.tmpDir(i), tmpBase(i), os.O_RDWR, fileMode(o))
+	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_RDWR, fileMode(o))
 	if err != nil {
 		return err
 	}
@@ -619,7 +622,7 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, o.Size); err != nil {
 		if errors.Is(err, syscall.ENOSPC) {
 			f.Close()
-			return writeErr(err)
+			return cache.WriteErr(err)
 		}
 		if err := f.Truncate(o.Size); err != nil { // filesystems without fallocate
 			f.Close()
@@ -691,9 +694,9 @@ func (j *job) runTask(ctx context.Context, t task) error {
 
 const tmpShards = 64
 
-// tmpDir and tmpBase place the temporary file of manifest entry i.
-func (j *job) tmpDir(i int64) *dir { return j.tmp[i%tmpShards] }
-func tmpBase(i int64) string       { return strconv.FormatInt(i, 10) }
+// tmpDirOf and tmpBase place the temporary file of manifest entry i.
+func (j *job) tmpDirOf(i int64) *dir { return j.tmp[i%tmpShards] }
+func tmpBase(i int64) string         { return strconv.FormatInt(i, 10) }
 
 func (j *job) do(ctx context.Context, t task) error {
 	if t.big != nil {
@@ -731,7 +734,7 @@ func peerNodes(ps []peer.Peer) []string {
 }
 
 func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *pieceRead) error {
-	f, err := j.dirs.create(j.tmpDir(i), tmpBase(i), os.O_WRONLY, fileMode(o))
+	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
 	}
@@ -746,7 +749,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 	}
 	if err != nil {
 		f.Close()
-		_ = j.dirs.remove(j.tmpDir(i), tmpBase(i))
+		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
 		return err
 	}
 	if !verified && newHash != nil && hex.EncodeToString(sum) != o.ETag {
@@ -760,7 +763,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 	}
 	if err != nil {
 		j.bytesDone.Add(-o.Size) // readInto counted what it wrote; it will be fetched again
-		_ = j.dirs.remove(j.tmpDir(i), tmpBase(i))
+		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
 		return err
 	}
 	return j.commit(i, o)
@@ -989,13 +992,6 @@ func (j *job) copyAt(ctx context.Context, f *output, off, n int64, r io.Reader, 
 	return done, nil
 }
 
-func writeErr(err error) error {
-	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-		return source.Wrap(source.NoSpace, err, "pool is full")
-	}
-	return err
-}
-
 func fileMode(o source.Object) os.FileMode {
 	if o.Mode&0o777 == 0 {
 		return 0o644
@@ -1005,11 +1001,11 @@ func fileMode(o source.Object) os.FileMode {
 
 // commit moves a verified file to its place in staging/.
 func (j *job) commit(i int64, o source.Object) error {
-	dst, err := j.dirs.mkdir(path.Join(stagingDir, path.Dir(o.Key)))
+	dst, err := j.dirs.mkdir(path.Join(cache.StagingDir, path.Dir(o.Key)))
 	if err != nil {
 		return err
 	}
-	if err := j.dirs.rename(j.tmpDir(i), tmpBase(i), dst, path.Base(o.Key)); err != nil {
+	if err := j.dirs.rename(j.tmpDirOf(i), tmpBase(i), dst, path.Base(o.Key)); err != nil {
 		return conflictErr(o.Key, err)
 	}
 	j.objsDone.Add(1)
@@ -1026,12 +1022,12 @@ func conflictErr(key string, err error) error {
 	if errors.Is(err, syscall.ENOTDIR) || errors.Is(err, syscall.EISDIR) || errors.Is(err, syscall.EEXIST) {
 		return source.Wrap(source.Invalid, err, "entry %q conflicts with another entry (a file and a directory of the same name)", key)
 	}
-	return writeErr(err)
+	return cache.WriteErr(err)
 }
 
 // finish creates symlinks, syncs once and publishes staging/ as tree/.
-func (j *job) finish(ctx context.Context, md *meta) error {
-	err := eachObject(j.dir, func(_ int64, o source.Object) error {
+func (j *job) finish(ctx context.Context, md *cache.Meta) error {
+	err := cache.EachObject(j.dir, func(_ int64, o source.Object) error {
 		if o.Type != source.Symlink {
 			return nil
 		}
@@ -1039,11 +1035,11 @@ func (j *job) finish(ctx context.Context, md *meta) error {
 			return err
 		}
 		if dir := path.Dir(o.Key); dir != "." {
-			if err := j.mkdirs(path.Join(stagingDir, dir)); err != nil {
+			if err := j.mkdirs(path.Join(cache.StagingDir, dir)); err != nil {
 				return err
 			}
 		}
-		name := path.Join(stagingDir, o.Key)
+		name := path.Join(cache.StagingDir, o.Key)
 		if t, err := j.root.Readlink(name); err == nil && t == o.Target {
 			j.objsDone.Add(1)
 			return nil
@@ -1058,7 +1054,7 @@ func (j *job) finish(ctx context.Context, md *meta) error {
 		return err
 	}
 	// One sync for the whole dataset, then the rename that makes it visible.
-	d, err := j.root.Open(stagingDir)
+	d, err := j.root.Open(cache.StagingDir)
 	if err != nil {
 		return err
 	}
@@ -1067,27 +1063,26 @@ func (j *job) finish(ctx context.Context, md *meta) error {
 	if err != nil {
 		return err
 	}
-	if err := j.root.Rename(stagingDir, treeDir); err != nil {
+	if err := j.root.Rename(cache.StagingDir, cache.TreeDir); err != nil {
 		return err
 	}
-	if err := syncDir(j.dir); err != nil {
+	if err := cache.SyncDir(j.dir); err != nil {
 		return err
 	}
-	_ = os.RemoveAll(filepath.Join(j.dir, tmpDir))
+	_ = os.RemoveAll(filepath.Join(j.dir, cache.TmpDir))
 	md.Ready = time.Now().UTC()
-	touch(j.dir)
-	return writeMeta(j.dir, md)
+	cache.Touch(j.dir)
+	return cache.WriteMeta(j.dir, md)
 }
 
-// removeAllQuick hides dir under a trash name first, so a half-deleted dataset is never mistaken
-// for one to resume, then deletes it.
-func removeAllQuick(dir string) error {
-	trash := filepath.Join(filepath.Dir(dir), trashPrefix+filepath.Base(dir)+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
-	if err := os.Rename(dir, trash); err != nil {
-		if isNotExist(err) {
-			return nil
-		}
-		return err
-	}
-	return os.RemoveAll(trash)
+// countingWriter counts the bytes written through it.
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
