@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/access"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
@@ -130,10 +131,10 @@ type Manager struct {
 	limits  Limits
 	metrics *metrics
 
-	// principalKey keys the hash that tells callers apart (access.go).
-	principalKey []byte
-	nfsUID       uint32
-	nfsGID       uint32
+	// access proves callers' access and remembers the proofs.
+	access *access.Prover
+	nfsUID uint32
+	nfsGID uint32
 
 	// cache holds the datasets in the pools: layout, references, eviction, inventory.
 	cache *cache.Cache
@@ -143,10 +144,6 @@ type Manager struct {
 	failed map[string]error // pool/id/principal -> last failure, reported once to its caller
 	// lastFail is the kind of each pool/id's last failure, for the inventory, until the next attempt.
 	lastFail map[string]failure
-	proofs   map[string]time.Time // digest/principal -> proof valid until
-	proving  map[string]*proof    // digest/principal -> proof under way
-	// proofSlots bounds the full proofs under way (access.go).
-	proofSlots chan struct{}
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
 
@@ -187,21 +184,17 @@ func NewManager(cfg Config) (*Manager, error) {
 	cfg.LocalSourceRoots = roots
 	base, stop := context.WithCancel(context.Background())
 	m := &Manager{
-		cfg:          cfg,
-		base:         base,
-		stop:         stop,
-		slots:        make(chan struct{}, cfg.Concurrency),
-		principalKey: newPrincipalKey(),
-		nfsUID:       NobodyID,
-		nfsGID:       NobodyID,
-		jobs:         map[string]*job{},
-		failed:       map[string]error{},
-		lastFail:     map[string]failure{},
-		proofs:       map[string]time.Time{},
-		proving:      map[string]*proof{},
-		proofSlots:   make(chan struct{}, concurrentProofs),
-		perSource:    map[string]chan struct{}{},
-		limits:       cfg.Limits.WithDefaults(cfg.Concurrency),
+		cfg:       cfg,
+		base:      base,
+		stop:      stop,
+		slots:     make(chan struct{}, cfg.Concurrency),
+		nfsUID:    NobodyID,
+		nfsGID:    NobodyID,
+		jobs:      map[string]*job{},
+		failed:    map[string]error{},
+		lastFail:  map[string]failure{},
+		perSource: map[string]chan struct{}{},
+		limits:    cfg.Limits.WithDefaults(cfg.Concurrency),
 	}
 	if cfg.NFSUID != nil {
 		m.nfsUID = *cfg.NFSUID
@@ -214,6 +207,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		m.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), burst)
 	}
 	m.metrics = newMetrics(m)
+	m.access = access.New(access.Config{TTL: cfg.AccessProofTTL, Limits: m.limits, NFSUID: m.nfsUID, NFSGID: m.nfsGID})
 	m.cache = cache.New(cache.Config{LowWatermark: cfg.LowWatermark, HighWatermark: cfg.HighWatermark, OnEvict: m.evicted}, cfg.Pools...)
 	return m, nil
 }
@@ -298,6 +292,15 @@ func (m *Manager) finished(req Request, j *job) (Status, error) {
 	return j.status(), j.err
 }
 
+// principal names the caller of req (access.Prover.Principal).
+func (m *Manager) principal(req Request) string { return m.access.Principal(req.Spec, req.Creds) }
+
+// prove shows that req's caller reads the data of the dataset version in dir (access.Prover.Prove).
+func (m *Manager) prove(ctx context.Context, req Request, dir string, md *cache.Meta, digest string) error {
+	open := func() (source.Source, error) { return m.openSource(req) }
+	return m.access.Prove(ctx, m.principal(req), open, req.Spec, dir, md, digest)
+}
+
 func failKey(pool, id, principal string) string { return jobKey(pool, id) + "\x00" + principal }
 
 // checking is the progress reported while a caller's access proof is still under way.
@@ -343,7 +346,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 			pl.Unlock()
 			m.cache.Changed()
 			st, digest, err := m.hit(ctx, req, dir)
-			if !errors.Is(err, errListingDiffers) || retired {
+			if !errors.Is(err, access.ErrListingDiffers) || retired {
 				return st, nil, err
 			}
 			// The caller sees other data than the cache holds: the source changed, or the caller's
@@ -418,7 +421,7 @@ func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (St
 			switch {
 			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 				return checking(req.Spec), nil, nil
-			case errors.Is(err, errListingDiffers):
+			case errors.Is(err, access.ErrListingDiffers):
 				err = source.Wrap(source.Retryable, err, "a staging of other data under this name is under way; it is staged anew for this caller after it ends")
 			}
 			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
@@ -462,7 +465,7 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 		return
 	}
 	// Every object was read with the stager's credentials, pinned to the manifest.
-	m.remember(st.Version, j.principal)
+	m.access.Remember(st.Version, j.principal)
 	m.metrics.stagings.WithLabelValues("ready").Inc()
 	m.metrics.stagedBytes.Add(float64(st.BytesTotal))
 	logger.Info("dataset ready", "bytes", st.BytesTotal, "objects", st.ObjectsTotal, "duration", time.Since(start))

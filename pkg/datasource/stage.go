@@ -27,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/access"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
@@ -223,7 +224,7 @@ func (j *job) run(ctx context.Context) (err error) {
 			// The caller's own credentials read the data before any peer is asked: its listing
 			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
 			// (access.go). A caller that may list but not read gets nothing from peers either.
-			if err := j.m.pinnedRead(ctx, j.src, j.dir, md); err != nil {
+			if err := access.PinnedRead(ctx, j.src, j.dir, md); err != nil {
 				return err
 			}
 			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.id, md.Digest)
@@ -275,7 +276,7 @@ func (j *job) manifest(ctx context.Context) (*cache.Meta, error) {
 			if err == nil {
 				return md, nil
 			}
-			if !errors.Is(err, errListingDiffers) {
+			if !errors.Is(err, access.ErrListingDiffers) {
 				return nil, err
 			}
 			klog.FromContext(ctx).Info("discarding a partial staging: the source's listing differs from its manifest")
@@ -353,11 +354,11 @@ func (j *job) checkResume(ctx context.Context, md *cache.Meta) error {
 		return err
 	}
 	if got != digest {
-		return errListingDiffers
+		return access.ErrListingDiffers
 	}
-	err = j.m.pinnedRead(ctx, j.src, j.dir, md)
+	err = access.PinnedRead(ctx, j.src, j.dir, md)
 	if source.KindOf(err) == source.Changed {
-		return fmt.Errorf("%w: %w", errListingDiffers, err)
+		return fmt.Errorf("%w: %w", access.ErrListingDiffers, err)
 	}
 	return err
 }
