@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -147,8 +148,8 @@ type Manager struct {
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
 
-	// canons names the entries of ready datasets for peers' requests (peerserve.go).
-	canons canons
+	// store serves peers what the cache and the stagings under way hold (peer.CacheStore).
+	store *peer.CacheStore
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -207,6 +208,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		m.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), burst)
 	}
 	m.metrics = newMetrics(m)
+	m.store = &peer.CacheStore{Staging: m.stagingVersion, Pools: m.cache.Pools}
 	m.access = access.New(access.Config{TTL: cfg.AccessProofTTL, Limits: m.limits, NFSUID: m.nfsUID, NFSGID: m.nfsGID})
 	m.cache = cache.New(cache.Config{LowWatermark: cfg.LowWatermark, HighWatermark: cfg.HighWatermark, OnEvict: m.evicted}, cfg.Pools...)
 	return m, nil
@@ -598,4 +600,27 @@ func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
 	}
 	return Status{Dataset: spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
 		ObjectsDone: md.Objects, ObjectsTotal: md.Objects}, true, nil
+}
+
+// Have implements peer.Store: what this node holds of a dataset version (peer.CacheStore).
+func (m *Manager) Have(id, digest string) (*peer.Have, bool) { return m.store.Have(id, digest) }
+
+// Open implements peer.Store: bytes of an entry this node holds (peer.CacheStore).
+func (m *Manager) Open(id, digest string, r, off, n int64) (io.ReadCloser, error) {
+	return m.store.Open(id, digest, r, off, n)
+}
+
+// stagingVersion is the staging under way of a version whose entries are named for peers.
+func (m *Manager) stagingVersion(id, digest string) *peer.Staging {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, j := range m.jobs {
+		if j.id != id || j.req.Spec.Scheme != SchemeS3 || j.names.Load() == nil {
+			continue
+		}
+		if md := j.md.Load(); md != nil && md.Digest == digest {
+			return &peer.Staging{Dir: j.dir, Holding: &j.holding, Names: j.names.Load()}
+		}
+	}
+	return nil
 }

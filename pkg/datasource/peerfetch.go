@@ -15,14 +15,9 @@ package datasource
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
-	"path"
 	"path/filepath"
-	"strconv"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
@@ -132,27 +127,7 @@ func (j *job) othersShare(t task) bool {
 
 // eachShared calls fn for the manifest's entries of ranks [from, to) in rank order.
 func (j *job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
-	c := j.canon.Load()
-	f, err := os.Open(filepath.Join(j.dir, cache.ObjectsFile))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	for r := max(from, 0); r < min(to, int64(len(c.line))); r++ {
-		l := c.line[r]
-		b := make([]byte, c.offs[l+1]-c.offs[l])
-		if _, err := f.ReadAt(b, c.offs[l]); err != nil {
-			return err
-		}
-		var o source.Object
-		if err := json.Unmarshal(b, &o); err != nil {
-			return fmt.Errorf("corrupt manifest line %d: %w", l+1, err)
-		}
-		if err := fn(int64(l), o); err != nil {
-			return err
-		}
-	}
-	return nil
+	return j.names.Load().Each(filepath.Join(j.dir, cache.ObjectsFile), from, to, fn)
 }
 
 func (j *job) deferTask(t task) {
@@ -188,7 +163,7 @@ func (j *job) readOrder(n int64, salt string) int64 {
 func (j *job) blame(ctx context.Context, t task) (bool, error) {
 	b := t.big
 	// A descriptor of its own: the object's may be open for direct I/O, which needs aligned reads.
-	f, err := j.root.Open(path.Join(cache.TmpDir, tmpShard(t.i), tmpBase(t.i)))
+	f, err := j.root.Open(cache.TmpName(t.i))
 	if err != nil {
 		return false, err
 	}
@@ -226,5 +201,5 @@ func (j *job) blame(ctx context.Context, t task) (bool, error) {
 	return blamed, nil
 }
 
-// tmpShard is the shard directory of entry i's temporary file (cache.TmpDir).
-func tmpShard(i int64) string { return strconv.FormatInt(i%tmpShards, 10) }
+// rank is the name peers give manifest line i.
+func (j *job) rank(i int64) int64 { return j.names.Load().Rank(i) }

@@ -62,7 +62,7 @@ type job struct {
 	err    error
 
 	dirs *dirCache
-	tmp  [tmpShards]*dir
+	tmp  [cache.TmpShards]*dir
 	// resuming is set when staging/ already held files at start.
 	resuming bool
 	// principal is the caller whose credentials stage (access.go).
@@ -84,14 +84,14 @@ type job struct {
 	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peerfetch.go);
 	// holding is what this job serves them meanwhile.
 	swarm   *peer.Swarm
-	holding holding
+	holding peer.Holding
 	// deferred are small entries put off while a peer read them (runTask), deferredRanges ranges
 	// of large entries.
 	deferMu        sync.Mutex
 	deferred       []task
 	deferredRanges []task
-	// canon names the manifest's entries as peers do (peerserve.go); set before swarm.
-	canon atomic.Pointer[canon]
+	// names names the manifest's entries as peers do (peer.Names); set before swarm.
+	names atomic.Pointer[peer.Names]
 }
 
 func newJob(m *Manager, req Request, dir string, src source.Source) *job {
@@ -183,7 +183,7 @@ func (j *job) run(ctx context.Context) (err error) {
 	}
 	// Temporary files are spread over shards: one directory taking every create and rename is a
 	// point of contention with many small objects.
-	for k := range tmpShards {
+	for k := range cache.TmpShards {
 		if j.tmp[k], err = j.dirs.mkdir(path.Join(cache.TmpDir, strconv.Itoa(k))); err != nil {
 			return err
 		}
@@ -214,12 +214,12 @@ func (j *job) run(ctx context.Context) (err error) {
 		return err
 	}
 	if j.m.cfg.Peers != nil && j.req.Spec.Scheme == SchemeS3 {
-		// Named for peers, the staging is served to them as it goes (peerserve.go).
-		c, err := buildCanon(j.dir)
+		// Named for peers, the staging is served to them as it goes (peer.CacheStore).
+		c, err := peer.BuildNames(filepath.Join(j.dir, cache.ObjectsFile))
 		if err != nil {
 			return err
 		}
-		j.canon.Store(c)
+		j.names.Store(c)
 		if j.m.cfg.Peers.HasPeers(j.id) {
 			// The caller's own credentials read the data before any peer is asked: its listing
 			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
@@ -512,7 +512,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 		if j.resuming && j.staged(o) {
 			j.bytesDone.Add(o.Size)
 			j.objsDone.Add(1)
-			j.holding.commit(j.rank(i))
+			j.holding.Commit(j.rank(i))
 			return nil
 		}
 		if o.Size <= 2*j.m.cfg.ChunkSize {
@@ -693,10 +693,8 @@ func (j *job) runTask(ctx context.Context, t task) error {
 	return j.do(ctx, t)
 }
 
-const tmpShards = 64
-
 // tmpDirOf and tmpBase place the temporary file of manifest entry i.
-func (j *job) tmpDirOf(i int64) *dir { return j.tmp[i%tmpShards] }
+func (j *job) tmpDirOf(i int64) *dir { return j.tmp[i%cache.TmpShards] }
 func tmpBase(i int64) string         { return strconv.FormatInt(i, 10) }
 
 func (j *job) do(ctx context.Context, t task) error {
@@ -782,7 +780,7 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 	if len(pr.peers) == 0 && j.swarm != nil {
 		// Read from the source itself: served to peers before the whole entry is checked (they
 		// check it themselves); ranges from peers are served only once it is.
-		j.holding.addRange(peer.Range{Index: j.rank(t.i), Off: t.off, N: t.n})
+		j.holding.AddRange(peer.Range{Index: j.rank(t.i), Off: t.off, N: t.n})
 	}
 	if b.left.Add(-1) > 0 {
 		return nil
@@ -870,7 +868,7 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 		if err == nil && via == nil && j.swarm != nil && pr != nil {
 			// Peers that need this piece wait for it rather than read it from the source too.
 			piece = peer.Range{Index: pr.i, Off: off + written, N: n - written}
-			j.holding.setBusy(piece, true)
+			j.holding.SetBusy(piece, true)
 		}
 		if err == nil {
 			if written == 0 {
@@ -892,7 +890,7 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 			rc.Close()
 			cancel()
 			if piece.Index >= 0 {
-				j.holding.setBusy(piece, false)
+				j.holding.SetBusy(piece, false)
 			}
 			origin := originSource
 			if via != nil {
@@ -1010,7 +1008,7 @@ func (j *job) commit(i int64, o source.Object) error {
 		return conflictErr(o.Key, err)
 	}
 	j.objsDone.Add(1)
-	j.holding.commit(j.rank(i))
+	j.holding.Commit(j.rank(i))
 	return nil
 }
 

@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/atomicfile"
@@ -50,6 +52,19 @@ type Meta struct {
 	// Digest identifies the manifest's entries (manifest.go); empty in caches from before it.
 	Digest string `json:"digest,omitempty"`
 }
+
+// TmpShards is how many directories tmp/ spreads its files over: one directory taking every
+// create and rename is a point of contention with many small objects.
+const TmpShards = 64
+
+// TmpShard is the shard directory of manifest line i's temporary file, inside tmp/.
+func TmpShard(i int64) string { return strconv.FormatInt(i%TmpShards, 10) }
+
+// TmpBase is the name of manifest line i's temporary file in its shard.
+func TmpBase(i int64) string { return strconv.FormatInt(i, 10) }
+
+// TmpName is manifest line i's temporary file, relative to the dataset directory.
+func TmpName(i int64) string { return path.Join(TmpDir, TmpShard(i), TmpBase(i)) }
 
 // Dir is a pool's cache.
 func Dir(pool string) string { return filepath.Join(pool, CacheDirName) }
