@@ -47,10 +47,10 @@ func (m *Manager) overlay(pool string, byID map[string]*CachedDataset) {
 			d = &CachedDataset{ID: id}
 			byID[id] = d
 		}
-		d.Describe(j.req.Spec)
-		st := j.status()
+		d.Describe(j.Spec())
+		st := j.Status()
 		d.State, d.BytesDone, d.BytesTotal = DatasetStaging, st.BytesDone, st.BytesTotal
-		d.LastUsed = cache.LaterOf(d.LastUsed, j.started)
+		d.LastUsed = cache.LaterOf(d.LastUsed, j.Started())
 	}
 	for key, f := range m.lastFail {
 		id, ok := strings.CutPrefix(key, pool+"\x00")

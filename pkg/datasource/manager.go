@@ -10,7 +10,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/access"
@@ -21,6 +20,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/datasource/stage"
 )
 
 // Config configures a node's Manager.
@@ -71,44 +71,19 @@ type Config struct {
 	Peers *peer.Network
 }
 
-// Phase is the state of a dataset on one pool.
-type Phase string
-
-const (
-	PhaseListing  Phase = "Listing"
-	PhaseFetching Phase = "Fetching"
-	PhaseSyncing  Phase = "Syncing"
-	PhaseReady    Phase = "Ready"
-	PhaseFailed   Phase = "Failed"
+// Status and Phase are the staging engine's; these names keep the package's API.
+type (
+	Status = stage.Status
+	Phase  = stage.Phase
 )
 
-// Status is the progress of a dataset on one pool.
-type Status struct {
-	Dataset      string
-	Phase        Phase
-	BytesDone    int64
-	BytesTotal   int64
-	ObjectsDone  int64
-	ObjectsTotal int64
-	// CacheHit is set when the dataset was already on the node.
-	CacheHit bool
-	// Version names the cached data the caller proved it may read (the manifest's digest), once
-	// it is known; Acquire and Populate hand out only that version.
-	Version string
-}
-
-// Ready reports whether the dataset's tree is complete.
-func (s Status) Ready() bool { return s.Phase == PhaseReady }
-
-// String is the message for logs and the volume condition.
-func (s Status) String() string {
-	if s.Phase == PhaseListing || s.BytesTotal == 0 && s.Phase != PhaseReady {
-		return fmt.Sprintf("dataset %s: %s", s.Dataset, s.Phase)
-	}
-	return fmt.Sprintf("dataset %s: %s, %s of %s (%d/%d objects, %.0f%%)", s.Dataset, s.Phase,
-		humanBytes(s.BytesDone), humanBytes(s.BytesTotal), s.ObjectsDone, s.ObjectsTotal,
-		100*float64(s.BytesDone)/float64(max(s.BytesTotal, 1)))
-}
+const (
+	PhaseListing  = stage.PhaseListing
+	PhaseFetching = stage.PhaseFetching
+	PhaseSyncing  = stage.PhaseSyncing
+	PhaseReady    = stage.PhaseReady
+	PhaseFailed   = stage.PhaseFailed
+)
 
 // Request asks for a dataset on a pool.
 type Request struct {
@@ -127,10 +102,11 @@ type Manager struct {
 	// down driver stops its downloads.
 	base    context.Context
 	stop    context.CancelFunc
-	slots   chan struct{}
-	limiter *rate.Limiter
 	limits  Limits
 	metrics *metrics
+
+	// engine runs the staging jobs within the node's limits.
+	engine *stage.Engine
 
 	// access proves callers' access and remembers the proofs.
 	access *access.Prover
@@ -141,12 +117,10 @@ type Manager struct {
 	cache *cache.Cache
 
 	mu     sync.Mutex
-	jobs   map[string]*job  // pool/id -> running staging
-	failed map[string]error // pool/id/principal -> last failure, reported once to its caller
+	jobs   map[string]*staging // pool/id -> running staging
+	failed map[string]error    // pool/id/principal -> last failure, reported once to its caller
 	// lastFail is the kind of each pool/id's last failure, for the inventory, until the next attempt.
 	lastFail map[string]failure
-	// perSource holds the concurrency slots of each source endpoint.
-	perSource map[string]chan struct{}
 
 	// store serves peers what the cache and the stagings under way hold (peer.CacheStore).
 	store *peer.CacheStore
@@ -185,17 +159,15 @@ func NewManager(cfg Config) (*Manager, error) {
 	cfg.LocalSourceRoots = roots
 	base, stop := context.WithCancel(context.Background())
 	m := &Manager{
-		cfg:       cfg,
-		base:      base,
-		stop:      stop,
-		slots:     make(chan struct{}, cfg.Concurrency),
-		nfsUID:    NobodyID,
-		nfsGID:    NobodyID,
-		jobs:      map[string]*job{},
-		failed:    map[string]error{},
-		lastFail:  map[string]failure{},
-		perSource: map[string]chan struct{}{},
-		limits:    cfg.Limits.WithDefaults(cfg.Concurrency),
+		cfg:      cfg,
+		base:     base,
+		stop:     stop,
+		nfsUID:   NobodyID,
+		nfsGID:   NobodyID,
+		jobs:     map[string]*staging{},
+		failed:   map[string]error{},
+		lastFail: map[string]failure{},
+		limits:   cfg.Limits.WithDefaults(cfg.Concurrency),
 	}
 	if cfg.NFSUID != nil {
 		m.nfsUID = *cfg.NFSUID
@@ -203,15 +175,30 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.NFSGID != nil {
 		m.nfsGID = *cfg.NFSGID
 	}
-	if cfg.BandwidthBytesPerSec > 0 {
-		burst := int(min(max(cfg.BandwidthBytesPerSec/10, copyBufSize), 1<<30))
-		m.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), burst)
-	}
 	m.metrics = newMetrics(m)
-	m.store = &peer.CacheStore{Staging: m.stagingVersion, Pools: m.cache.Pools}
-	m.access = access.New(access.Config{TTL: cfg.AccessProofTTL, Limits: m.limits, NFSUID: m.nfsUID, NFSGID: m.nfsGID})
 	m.cache = cache.New(cache.Config{LowWatermark: cfg.LowWatermark, HighWatermark: cfg.HighWatermark, OnEvict: m.evicted}, cfg.Pools...)
+	m.access = access.New(access.Config{TTL: cfg.AccessProofTTL, Limits: m.limits, NFSUID: m.nfsUID, NFSGID: m.nfsGID})
+	m.store = &peer.CacheStore{Staging: m.stagingVersion, Pools: m.cache.Pools}
+	ec := stage.Config{Concurrency: cfg.Concurrency, BandwidthBytesPerSec: cfg.BandwidthBytesPerSec,
+		ChunkSize: cfg.ChunkSize, Retries: cfg.Retries, Limits: m.limits, Cache: m.cache, Metrics: m.metrics.staging()}
+	if cfg.Peers != nil {
+		ec.Peers = cfg.Peers // a nil *peer.Network stays a nil interface
+	}
+	m.engine = stage.NewEngine(ec)
 	return m, nil
+}
+
+// staging is a staging job as the coordinator keeps it: whose credentials stage, its pin in the
+// cache, and its outcome once it ended.
+type staging struct {
+	*stage.Job
+	// principal is the caller whose credentials stage (package access).
+	principal string
+	// unpin drops the job's pin on its dataset in the cache (cache.Cache.PinStaging).
+	unpin func()
+	// done is closed when the job ended and left m.jobs; err is then its outcome.
+	done chan struct{}
+	err  error
 }
 
 func jobKey(pool, id string) string { return pool + "\x00" + id }
@@ -240,10 +227,10 @@ func (m *Manager) Wait(ctx context.Context, req Request) (Status, error) {
 // staging fails, or ctx ends. A dataset that cannot fit req.Capacity is refused (OutOfRange)
 // before any object is read. When ctx ends first it returns the progress and no error.
 func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
-	listed := func(j *job) <-chan struct{} { return j.listed }
-	return m.await(ctx, req, listed, func(j *job) (Status, error) {
-		st := j.status()
-		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
+	listed := func(j *staging) <-chan struct{} { return j.Listed() }
+	return m.await(ctx, req, listed, func(j *staging) (Status, error) {
+		st := j.Status()
+		if err := checkCapacity(req, st.BytesTotal, j.Alloc(), true); err != nil {
 			return st, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
 		return st, nil
@@ -253,7 +240,7 @@ func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
 // await is Ensure, then waits for the job to end, or for the event (when set), which reached
 // reports. A job that failed for another caller is that caller's outcome: this one makes an
 // attempt of its own. When ctx ends first it returns the progress and no error.
-func (m *Manager) await(ctx context.Context, req Request, event func(*job) <-chan struct{}, reached func(*job) (Status, error)) (Status, error) {
+func (m *Manager) await(ctx context.Context, req Request, event func(*staging) <-chan struct{}, reached func(*staging) (Status, error)) (Status, error) {
 	for {
 		st, j, err := m.ensure(ctx, req)
 		if err != nil || j == nil {
@@ -272,26 +259,26 @@ func (m *Manager) await(ctx context.Context, req Request, event func(*job) <-cha
 			}
 			return m.finished(req, j)
 		case <-ctx.Done():
-			return j.status(), nil
+			return j.Status(), nil
 		}
 	}
 }
 
 // othersFailure reports a finished job that failed for another caller than req's: that failure
 // is its caller's to see, and req's caller makes an attempt of its own.
-func (m *Manager) othersFailure(req Request, j *job) bool {
+func (m *Manager) othersFailure(req Request, j *staging) bool {
 	return j.err != nil && j.principal != m.principal(req)
 }
 
 // finished returns the outcome of a finished job, and forgets its failure: it was reported.
-func (m *Manager) finished(req Request, j *job) (Status, error) {
+func (m *Manager) finished(req Request, j *staging) (Status, error) {
 	if j.err != nil {
 		m.mu.Lock()
 		delete(m.failed, failKey(req.Pool, req.Spec.ID(), j.principal))
 		m.mu.Unlock()
 		m.cache.Changed()
 	}
-	return j.status(), j.err
+	return j.Status(), j.err
 }
 
 // principal names the caller of req (access.Prover.Principal).
@@ -308,7 +295,7 @@ func failKey(pool, id, principal string) string { return jobKey(pool, id) + "\x0
 // checking is the progress reported while a caller's access proof is still under way.
 func checking(spec *Spec) Status { return Status{Dataset: spec.Source, Phase: PhaseListing} }
 
-func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error) {
+func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, error) {
 	if req.Spec == nil {
 		return Status{}, nil, source.Errorf(source.Invalid, "no dataset spec")
 	}
@@ -364,8 +351,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 			pl.Unlock()
 			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
-		j = newJob(m, req, dir, src)
-		j.principal = who
+		j = &staging{Job: m.engine.New(req.Spec, req.Capacity, req.Pool, dir, src), principal: who, done: make(chan struct{})}
 		m.mu.Lock()
 		m.jobs[key] = j
 		delete(m.lastFail, key)
@@ -375,7 +361,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		m.cache.Changed()
 		logger.Info("staging dataset", "credentials", req.Creds.String())
 		go m.runJob(logger, key, j)
-		return j.status(), j, nil
+		return j.Status(), j, nil
 	}
 }
 
@@ -406,20 +392,20 @@ func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, str
 // join hands a staging under way to a caller: at once to the caller that started it; to any
 // other once the manifest is taken and the caller proved it reads the same data. Until then the
 // caller is told only that the dataset is being listed.
-func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (Status, *job, error) {
-	j.want()
+func (m *Manager) join(ctx context.Context, req Request, j *staging, who string) (Status, *staging, error) {
+	j.Want()
 	if j.principal != who {
 		select {
-		case <-j.listed:
+		case <-j.Listed():
 		case <-j.done:
-			if !j.isListed() {
+			if !j.IsListed() {
 				return checking(req.Spec), j, nil // failed or ended before its listing: the caller retries
 			}
 		case <-ctx.Done():
 			return checking(req.Spec), nil, nil
 		}
-		md, digest := j.manifestMeta()
-		if err := m.prove(ctx, req, j.dir, md, digest); err != nil {
+		md, digest := j.Manifest()
+		if err := m.prove(ctx, req, j.Dir(), md, digest); err != nil {
 			switch {
 			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 				return checking(req.Spec), nil, nil
@@ -429,9 +415,9 @@ func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (St
 			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
 	}
-	st := j.status()
+	st := j.Status()
 	// The job may still be listing: then its size so far is a lower bound.
-	if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), j.isListed()); err != nil {
+	if err := checkCapacity(req, st.BytesTotal, j.Alloc(), j.IsListed()); err != nil {
 		return st, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	return st, j, nil
@@ -445,22 +431,22 @@ func (m *Manager) admit(spec *Spec) error {
 	return nil
 }
 
-func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
+func (m *Manager) runJob(logger klog.Logger, key string, j *staging) {
 	start := time.Now()
-	err := j.run(klog.NewContext(m.base, logger))
-	j.src.Close()
+	err := j.Run(klog.NewContext(m.base, logger))
+	j.Close()
 	m.mu.Lock()
 	delete(m.jobs, key)
 	if err != nil {
 		m.failed[key+"\x00"+j.principal] = err
-		m.recordFailureLocked(key, j.req.Spec, err, time.Now())
+		m.recordFailureLocked(key, j.Spec(), err, time.Now())
 	}
 	m.mu.Unlock()
 	j.unpin()
 	j.err = err
 	close(j.done)
 	m.cache.Changed()
-	st := j.status()
+	st := j.Status()
 	if err != nil {
 		m.metrics.stagings.WithLabelValues("failed").Inc()
 		logger.Error(err, "staging failed", "permanent", source.IsPermanent(err), "bytesDone", st.BytesDone)
@@ -471,24 +457,12 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
 	m.metrics.stagings.WithLabelValues("ready").Inc()
 	m.metrics.stagedBytes.Add(float64(st.BytesTotal))
 	logger.Info("dataset ready", "bytes", st.BytesTotal, "objects", st.ObjectsTotal, "duration", time.Since(start))
-	m.cache.Evict(m.base, j.pool, 0)
+	m.cache.Evict(m.base, j.Pool(), 0)
 }
 
-// checkCapacity refuses a dataset whose files take more than the volume has room for; complete
-// is false while the listing is still counting. Callers prefix the dataset's name.
+// checkCapacity refuses a dataset that cannot fit req's volume (stage.CheckCapacity).
 func checkCapacity(req Request, bytes, alloc int64, complete bool) error {
-	if req.Capacity <= 0 || bytes == 0 && alloc == 0 {
-		return nil
-	}
-	if alloc > req.Capacity {
-		atLeast := ""
-		if !complete {
-			atLeast = "at least "
-		}
-		return source.Errorf(source.TooLarge, "it holds %s%s (%s on disk), more than the %s the volume has room for",
-			atLeast, humanBytes(bytes), humanBytes(alloc), humanBytes(req.Capacity))
-	}
-	return nil
+	return stage.CheckCapacity(req.Capacity, bytes, alloc, complete)
 }
 
 func (m *Manager) openSource(req Request) (source.Source, error) {
@@ -588,7 +562,7 @@ func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
 	j := m.jobs[jobKey(pool, id)]
 	m.mu.Unlock()
 	if j != nil {
-		return j.status(), true, nil
+		return j.Status(), true, nil
 	}
 	dir := cache.DatasetDir(pool, id)
 	if !cache.IsReady(dir) {
@@ -615,11 +589,12 @@ func (m *Manager) stagingVersion(id, digest string) *peer.Staging {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, j := range m.jobs {
-		if j.id != id || j.req.Spec.Scheme != SchemeS3 || j.names.Load() == nil {
+		if j.ID() != id || j.Spec().Scheme != SchemeS3 {
 			continue
 		}
-		if md := j.md.Load(); md != nil && md.Digest == digest {
-			return &peer.Staging{Dir: j.dir, Holding: &j.holding, Names: j.names.Load()}
+		st := j.Peering()
+		if md := j.Meta(); st != nil && md != nil && md.Digest == digest {
+			return st
 		}
 	}
 	return nil

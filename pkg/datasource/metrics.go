@@ -2,6 +2,7 @@ package datasource
 
 import (
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/stage"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -55,11 +56,10 @@ func newMetrics(m *Manager) *metrics {
 	}
 }
 
-// Origins of fetched bytes.
-const (
-	originSource = "source"
-	originPeer   = "peer"
-)
+// staging is the counters the staging engine moves.
+func (c *metrics) staging() stage.Metrics {
+	return stage.Metrics{Retries: c.retries, Fetched: c.fetchedBytes, WrongPieces: c.wrongPieces}
+}
 
 // Collector returns the Prometheus collector of the manager's metrics.
 func (m *Manager) Collector() prometheus.Collector { return m.metrics }
@@ -83,16 +83,16 @@ func (c *metrics) Collect(ch chan<- prometheus.Metric) {
 		x.Collect(ch)
 	}
 	c.m.mu.Lock()
-	jobs := make([]*job, 0, len(c.m.jobs))
+	jobs := make([]*staging, 0, len(c.m.jobs))
 	for _, j := range c.m.jobs {
 		jobs = append(jobs, j)
 	}
 	c.m.mu.Unlock()
 	for _, j := range jobs {
-		st := j.status()
-		id := j.req.Spec.ID()
-		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.pool, id)
-		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.pool, id)
+		st := j.Status()
+		id := j.Spec().ID()
+		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.Pool(), id)
+		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.Pool(), id)
 	}
 	for _, pool := range c.m.cache.Pools() {
 		bytes, n := cache.ReadyTotals(pool)

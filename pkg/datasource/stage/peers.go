@@ -1,4 +1,4 @@
-package datasource
+package stage
 
 // Peer fan-out, the fetching side (package peer, docs/datasets.md): a staging job reads pieces
 // from peers before the source, nodes staging together share the pieces out, and what comes from
@@ -41,7 +41,7 @@ const maxWaits = 120
 
 // open opens [off, off+n) of o: from a peer that holds it, after waiting for one that is reading
 // it, or from the source. via is the peer, nil for the source.
-func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n int64) (rc io.ReadCloser, via *peer.Peer, err error) {
+func (j *Job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n int64) (rc io.ReadCloser, via *peer.Peer, err error) {
 	if j.swarm != nil && pr != nil && pr.eligible {
 		for {
 			p, choice := j.swarm.Pick(pr.i, off, n)
@@ -61,7 +61,7 @@ func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 				choice = peer.Wait
 			}
 			// Another node's share, which it is still reading from the source: wait for it.
-			if choice == peer.FromSource && pr.owner != j.m.cfg.Peers.Self() && j.swarm.Fetching(pr.owner) {
+			if choice == peer.FromSource && pr.owner != j.e.cfg.Peers.Self() && j.swarm.Fetching(pr.owner) {
 				choice = peer.Wait
 			}
 			if choice == peer.Wait && pr.waits < maxWaits {
@@ -81,7 +81,7 @@ func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 }
 
 // peerHolds reports whether a peer holds task t's piece now (and may serve it).
-func (j *job) peerHolds(t task) bool {
+func (j *Job) peerHolds(t task) bool {
 	if j.swarm == nil {
 		return false
 	}
@@ -93,7 +93,7 @@ func (j *job) peerHolds(t task) bool {
 
 // peerBusy reports whether a peer is reading task t's piece from the source now, and holds it
 // nowhere yet.
-func (j *job) peerBusy(t task) bool {
+func (j *Job) peerBusy(t task) bool {
 	if j.swarm == nil {
 		return false
 	}
@@ -106,7 +106,7 @@ func (j *job) peerBusy(t task) bool {
 
 // owner is the node whose share task t's piece is: entries are shared out by rank, the ranges
 // of a large entry by their index.
-func (j *job) owner(t task) string {
+func (j *Job) owner(t task) string {
 	if j.swarm == nil {
 		return ""
 	}
@@ -117,20 +117,20 @@ func (j *job) owner(t task) string {
 }
 
 // othersShare reports whether task t's piece is another node's share that no peer holds yet.
-func (j *job) othersShare(t task) bool {
+func (j *Job) othersShare(t task) bool {
 	if j.swarm == nil {
 		return false
 	}
 	o := j.owner(t)
-	return o != j.m.cfg.Peers.Self() && !j.peerHolds(t) && j.swarm.Staging(o)
+	return o != j.e.cfg.Peers.Self() && !j.peerHolds(t) && j.swarm.Staging(o)
 }
 
 // eachShared calls fn for the manifest's entries of ranks [from, to) in rank order.
-func (j *job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
+func (j *Job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
 	return j.names.Load().Each(filepath.Join(j.dir, cache.ObjectsFile), from, to, fn)
 }
 
-func (j *job) deferTask(t task) {
+func (j *Job) deferTask(t task) {
 	j.deferMu.Lock()
 	defer j.deferMu.Unlock()
 	if t.big != nil {
@@ -140,7 +140,7 @@ func (j *job) deferTask(t task) {
 	}
 }
 
-func (j *job) takeDeferred() []task {
+func (j *Job) takeDeferred() []task {
 	j.deferMu.Lock()
 	defer j.deferMu.Unlock()
 	d := append(j.deferredRanges, j.deferred...)
@@ -150,7 +150,7 @@ func (j *job) takeDeferred() []task {
 
 // readOrder is where this node starts in a list of n pieces (peer.Swarm.Offset); without peers,
 // at the start.
-func (j *job) readOrder(n int64, salt string) int64 {
+func (j *Job) readOrder(n int64, salt string) int64 {
 	if j.swarm == nil {
 		return 0
 	}
@@ -160,7 +160,7 @@ func (j *job) readOrder(n int64, salt string) int64 {
 // blame reads the ranges of a large entry that peers served again from the source, drops each
 // peer whose bytes differ, and reports whether any did. The ranges' digests are updated from what
 // the source sent.
-func (j *job) blame(ctx context.Context, t task) (bool, error) {
+func (j *Job) blame(ctx context.Context, t task) (bool, error) {
 	b := t.big
 	// A descriptor of its own: the object's may be open for direct I/O, which needs aligned reads.
 	f, err := j.root.Open(cache.TmpName(t.i))
@@ -192,7 +192,7 @@ func (j *job) blame(ctx context.Context, t task) (bool, error) {
 		if before.Sum32() != after.Sum32() {
 			for _, p := range from {
 				j.swarm.Wrong(p)
-				j.m.metrics.wrongPieces.Inc()
+				j.e.cfg.Metrics.WrongPieces.Inc()
 			}
 			blamed = true
 		}
@@ -202,4 +202,4 @@ func (j *job) blame(ctx context.Context, t task) (bool, error) {
 }
 
 // rank is the name peers give manifest line i.
-func (j *job) rank(i int64) int64 { return j.names.Load().Rank(i) }
+func (j *Job) rank(i int64) int64 { return j.names.Load().Rank(i) }

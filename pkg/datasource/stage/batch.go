@@ -1,4 +1,4 @@
-package datasource
+package stage
 
 // Batches: a node that reads many small entries from peers asks a peer for up to batchPieces of
 // them in one request (package peer, protocol.go) rather than one HTTPS request per entry, which
@@ -32,13 +32,13 @@ const (
 
 // batchEligible reports whether task t is a whole entry small enough for a batch that a peer's
 // bytes can be checked for (its MD5 ETag).
-func (j *job) batchEligible(t task) bool {
+func (j *Job) batchEligible(t task) bool {
 	return j.swarm != nil && t.big == nil && t.obj.Size > 0 && t.obj.Size <= batchEntry && md5ETag.MatchString(t.obj.ETag)
 }
 
 // batchable reports whether task t goes into a batch: eligible, and a peer that serves batches
 // holds it now.
-func (j *job) batchable(t task) bool {
+func (j *Job) batchable(t task) bool {
 	return j.batchEligible(t) && j.swarm.HoldsBatch(j.rank(t.i), 0, t.obj.Size)
 }
 
@@ -73,7 +73,7 @@ func (b *batcher) flush(ctx context.Context) error {
 // (sendDeferred): checking thousands of them at each poll cost 8 nodes a third more CPU on a set
 // of small files that is CPU-bound anyway. Sends end only with the job (jobCtx): a range taken is
 // never lost.
-func (j *job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
+func (j *Job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 	for {
 		select {
 		case <-j.swarm.Polled():
@@ -103,7 +103,7 @@ func (j *job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 // sendDeferred sends the pieces put off while peers read them (runTask): small entries a peer
 // holds by now in batches; those a peer is still reading after another poll (up to maxWaits);
 // the rest one by one, as before.
-func (j *job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) error {
+func (j *Job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) error {
 	b := &batcher{tasks: tasks}
 	for waits := 0; len(ts) > 0; waits++ {
 		var later []task
@@ -138,18 +138,18 @@ func (j *job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) er
 
 // awaited reports whether a peer is reading task t's piece from the source now, or it is the
 // share of a node still reading its share: it will have it soon.
-func (j *job) awaited(t task) bool {
+func (j *Job) awaited(t task) bool {
 	if j.peerBusy(t) {
 		return true
 	}
 	o := j.owner(t)
-	return o != j.m.cfg.Peers.Self() && j.swarm.Fetching(o)
+	return o != j.e.cfg.Peers.Self() && j.swarm.Fetching(o)
 }
 
 // runBatch reads a batch within one node slot (it does not load the source): from the peer that
 // holds most of it, then what is left from the peer that holds most of the rest, for as long as
 // a peer brings some; then whatever is left one by one.
-func (j *job) runBatch(ctx context.Context, ts []task) error {
+func (j *Job) runBatch(ctx context.Context, ts []task) error {
 	left, err := j.fetchBatches(ctx, ts)
 	if err != nil {
 		return err
@@ -163,13 +163,13 @@ func (j *job) runBatch(ctx context.Context, ts []task) error {
 	return nil
 }
 
-func (j *job) fetchBatches(ctx context.Context, ts []task) ([]task, error) {
+func (j *Job) fetchBatches(ctx context.Context, ts []task) ([]task, error) {
 	select {
-	case j.m.slots <- struct{}{}:
+	case j.e.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, nil
 	}
-	defer func() { <-j.m.slots }()
+	defer func() { <-j.e.slots }()
 	for len(ts) > 0 {
 		left, err := j.fetchBatch(ctx, ts)
 		if err != nil || len(left) == len(ts) {
@@ -183,7 +183,7 @@ func (j *job) fetchBatches(ctx context.Context, ts []task) ([]task, error) {
 // fetchBatch reads entries ts from the peer that holds most of them, in one request, and commits
 // each that verifies. It returns the entries left to read another way: those the peer did not
 // hold, and all from the first one that failed.
-func (j *job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
+func (j *Job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 	ob, err := j.openBatch(ctx, ts)
 	if ob == nil || err != nil {
 		return ts, err
@@ -214,7 +214,7 @@ func (j *job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 		if source.KindOf(err) == source.Corrupt {
 			// A peer served a wrong byte: it is dropped, and the rest read elsewhere.
 			j.swarm.Wrong(p)
-			j.m.metrics.wrongPieces.Inc()
+			j.e.cfg.Metrics.WrongPieces.Inc()
 			logger.Info("a peer served bytes that fail verification; dropped it, fetching again",
 				"key", t.obj.Key, "peers", []string{p.Node}, "err", err)
 		} else {
@@ -245,7 +245,7 @@ func (ob *openedBatch) close() {
 }
 
 // openBatch asks the peer that holds most of ts for them; nil when no peer will.
-func (j *job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
+func (j *Job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 	pieces := make([]peer.Range, len(ts))
 	for k, t := range ts {
 		pieces[k] = peer.Range{Index: j.rank(t.i), N: t.obj.Size}
@@ -277,7 +277,7 @@ func (j *job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 				ob.left = append(ob.left, t)
 			}
 		}
-		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.m.limits.ReadTimeout(total), errTooSlow)
+		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.e.cfg.Limits.ReadTimeout(total), errTooSlow)
 		var err error
 		if ob.Batch, err = j.swarm.OpenBatch(ob.ctx, p, ask); err == nil {
 			return ob, nil
@@ -299,7 +299,7 @@ func (j *job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 
 // fetchFrom writes entry i, read from a peer through r, into tmp/, checks it against its MD5
 // ETag and commits it (fetchWhole, with the bytes already on their way).
-func (j *job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Reader) error {
+func (j *Job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Reader) error {
 	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
@@ -307,7 +307,7 @@ func (j *job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Read
 	h := md5.New()
 	out := newOutput(f, o.Size, false)
 	k, err := j.copyAt(ctx, out, 0, o.Size, r, h)
-	j.m.metrics.fetchedBytes.WithLabelValues(j.id, originPeer).Add(float64(k))
+	j.e.cfg.Metrics.Fetched.WithLabelValues(j.id, OriginPeer).Add(float64(k))
 	if err == nil && k < o.Size {
 		err = source.Errorf(source.Retryable, "%q: short read from a peer (%d of %d bytes)", o.Key, k, o.Size)
 	}

@@ -1,4 +1,4 @@
-package datasource
+package stage
 
 import (
 	"bufio"
@@ -29,6 +29,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource/access"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -42,31 +43,28 @@ var (
 	multipartETag = regexp.MustCompile(`^[0-9a-f]{32}-([0-9]+)$`)
 )
 
-// job stages one dataset into one pool's cache. Memory stays bounded whatever the dataset size:
+// Job stages one dataset into one pool's cache. Memory stays bounded whatever the dataset size:
 // the manifest is streamed from disk, and each worker holds one copy buffer.
-type job struct {
-	m    *Manager
-	req  Request
-	id   string // req.Spec.ID(), which hashes the spec
-	pool string
-	dir  string
-	src  source.Source
-	root *os.Root // dir; every write goes through it, so no path can leave the dataset
+type Job struct {
+	e        *Engine
+	spec     *dataset.Spec
+	capacity int64  // the volume's size; a dataset that cannot fit is refused (0: no check)
+	id       string // spec.ID(), which hashes the spec
+	pool     string
+	dir      string
+	src      source.Source
+	root     *os.Root // dir; every write goes through it, so no path can leave the dataset
 
 	phase                                      atomic.Value
 	bytesDone, bytesTotal, objsDone, objsTotal atomic.Int64
 	alloc                                      atomic.Int64
 	// listed is closed once the manifest is taken: the dataset's size is known.
 	listed chan struct{}
-	done   chan struct{}
-	err    error
 
 	dirs *dirCache
 	tmp  [cache.TmpShards]*dir
 	// resuming is set when staging/ already held files at start.
 	resuming bool
-	// principal is the caller whose credentials stage (access.go).
-	principal string
 	// wanted is when a caller last asked for the dataset (UnixNano); see Limits.AbandonAfter.
 	wanted atomic.Int64
 	// sourceSlots bound the node's reads from the job's source endpoint.
@@ -75,13 +73,11 @@ type job struct {
 	md atomic.Pointer[cache.Meta]
 	// started is when the job was created (the inventory's last use of a new dataset).
 	started time.Time
-	// unpin drops the job's pin on its dataset in the cache (cache.Cache.PinStaging).
-	unpin func()
 
 	bigMu sync.Mutex
 	big   []*bigFile
 
-	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peerfetch.go);
+	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peers.go);
 	// holding is what this job serves them meanwhile.
 	swarm   *peer.Swarm
 	holding peer.Holding
@@ -94,19 +90,57 @@ type job struct {
 	names atomic.Pointer[peer.Names]
 }
 
-func newJob(m *Manager, req Request, dir string, src source.Source) *job {
-	j := &job{m: m, req: req, id: req.Spec.ID(), pool: req.Pool, dir: dir, src: src, listed: make(chan struct{}), done: make(chan struct{}),
-		sourceSlots: m.sourceSlots(req.Spec), started: time.Now()}
+// New returns a job that stages spec, read through src, into dir, the dataset's directory in
+// pool's cache; Run runs it. capacity is the volume's size (0: no check).
+func (e *Engine) New(spec *dataset.Spec, capacity int64, pool, dir string, src source.Source) *Job {
+	j := &Job{e: e, spec: spec, capacity: capacity, id: spec.ID(), pool: pool, dir: dir, src: src, listed: make(chan struct{}),
+		sourceSlots: e.sourceSlots(spec), started: time.Now()}
 	j.phase.Store(PhaseListing)
-	j.want()
+	j.Want()
 	return j
 }
 
-// want records that a caller asked for the dataset.
-func (j *job) want() { j.wanted.Store(time.Now().UnixNano()) }
+// Want records that a caller asked for the dataset (Limits.AbandonAfter).
+func (j *Job) Want() { j.wanted.Store(time.Now().UnixNano()) }
 
-// isListed reports whether the manifest is taken, so that bytesTotal is the dataset's size.
-func (j *job) isListed() bool {
+// Listed is closed once the manifest is taken: the dataset's size and version are known.
+func (j *Job) Listed() <-chan struct{} { return j.listed }
+
+// Alloc is what the dataset takes in a filesystem, as far as it is listed.
+func (j *Job) Alloc() int64 { return j.alloc.Load() }
+
+// ID is the dataset's ID.
+func (j *Job) ID() string { return j.id }
+
+// Pool is the pool directory the job stages into.
+func (j *Job) Pool() string { return j.pool }
+
+// Dir is the dataset's directory in the pool's cache.
+func (j *Job) Dir() string { return j.dir }
+
+// Spec is the dataset the job stages.
+func (j *Job) Spec() *dataset.Spec { return j.spec }
+
+// Started is when the job was created.
+func (j *Job) Started() time.Time { return j.started }
+
+// Meta is the committed manifest's meta; nil until Listed is closed.
+func (j *Job) Meta() *cache.Meta { return j.md.Load() }
+
+// Close closes the job's source.
+func (j *Job) Close() error { return j.src.Close() }
+
+// Peering is what the job serves peers while it stages: nil until its entries are named.
+func (j *Job) Peering() *peer.Staging {
+	n := j.names.Load()
+	if n == nil {
+		return nil
+	}
+	return &peer.Staging{Dir: j.dir, Holding: &j.holding, Names: n}
+}
+
+// IsListed reports whether the manifest is taken, so that bytesTotal is the dataset's size.
+func (j *Job) IsListed() bool {
 	select {
 	case <-j.listed:
 		return true
@@ -115,9 +149,10 @@ func (j *job) isListed() bool {
 	}
 }
 
-func (j *job) status() Status {
+// Status is the job's progress.
+func (j *Job) Status() Status {
 	st := Status{
-		Dataset: j.req.Spec.Source, Phase: j.phase.Load().(Phase),
+		Dataset: j.spec.Source, Phase: j.phase.Load().(Phase),
 		BytesDone: j.bytesDone.Load(), BytesTotal: j.bytesTotal.Load(),
 		ObjectsDone: j.objsDone.Load(), ObjectsTotal: j.objsTotal.Load(),
 	}
@@ -127,18 +162,19 @@ func (j *job) status() Status {
 	return st
 }
 
-// manifestMeta returns the committed manifest's cache.Meta and digest; only once listed is closed.
-func (j *job) manifestMeta() (*cache.Meta, string) {
+// Manifest returns the committed manifest's meta and digest; only once Listed is closed.
+func (j *Job) Manifest() (*cache.Meta, string) {
 	md := j.md.Load()
 	return md, md.Digest
 }
 
-func (j *job) describe() string { return j.req.Spec.Describe() }
+func (j *Job) describe() string { return j.spec.Describe() }
 
-func (j *job) run(ctx context.Context) (err error) {
+// Run stages the dataset until it is ready, fails, or ctx ends.
+func (j *Job) Run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
-	ctx, cancelDeadline := context.WithTimeoutCause(ctx, j.m.limits.JobDeadline,
-		source.Errorf(source.Retryable, "staging took longer than %s", j.m.limits.JobDeadline))
+	ctx, cancelDeadline := context.WithTimeoutCause(ctx, j.e.cfg.Limits.JobDeadline,
+		source.Errorf(source.Retryable, "staging took longer than %s", j.e.cfg.Limits.JobDeadline))
 	defer cancelDeadline()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -204,30 +240,30 @@ func (j *job) run(ctx context.Context) (err error) {
 	j.bytesTotal.Store(md.Bytes)
 	j.objsTotal.Store(md.Objects)
 	j.alloc.Store(md.Alloc)
-	if err := checkCapacity(j.req, md.Bytes, md.Alloc, true); err != nil {
+	if err := CheckCapacity(j.capacity, md.Bytes, md.Alloc, true); err != nil {
 		return err
 	}
 	j.md.Store(md)
 	close(j.listed)
-	j.m.cache.Changed()
-	if err := j.m.cache.MakeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
+	j.e.cfg.Cache.Changed()
+	if err := j.e.cfg.Cache.MakeRoom(ctx, j.pool, j.dir, md.Alloc); err != nil {
 		return err
 	}
-	if j.m.cfg.Peers != nil && j.req.Spec.Scheme == SchemeS3 {
+	if j.e.cfg.Peers != nil && j.spec.Scheme == dataset.SchemeS3 {
 		// Named for peers, the staging is served to them as it goes (peer.CacheStore).
 		c, err := peer.BuildNames(filepath.Join(j.dir, cache.ObjectsFile))
 		if err != nil {
 			return err
 		}
 		j.names.Store(c)
-		if j.m.cfg.Peers.HasPeers(j.id) {
+		if j.e.cfg.Peers.HasPeers(j.id) {
 			// The caller's own credentials read the data before any peer is asked: its listing
 			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
 			// (access.go). A caller that may list but not read gets nothing from peers either.
 			if err := access.PinnedRead(ctx, j.src, j.dir, md); err != nil {
 				return err
 			}
-			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.id, md.Digest)
+			j.swarm = j.e.cfg.Peers.Swarm(ctx, j.id, md.Digest)
 			defer j.swarm.Close()
 			// One round of asking the peers what they hold (bounded by the network's timeout)
 			// before the first piece is read.
@@ -254,10 +290,10 @@ func (j *job) run(ctx context.Context) (err error) {
 	return nil
 }
 
-func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
+func (j *Job) logProgress(ctx context.Context, logger klog.Logger) func() {
 	ctx, cancel := context.WithCancel(ctx)
 	go wait.PollUntilContextCancel(ctx, 10*time.Second, false, func(context.Context) (bool, error) {
-		st := j.status()
+		st := j.Status()
 		logger.Info("staging progress", "bytesDone", st.BytesDone, "bytesTotal", st.BytesTotal,
 			"objectsDone", st.ObjectsDone, "objectsTotal", st.ObjectsTotal)
 		return false, nil
@@ -269,7 +305,7 @@ func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
 // listing is the dataset's point in time: reads are pinned to the ETags it records. A manifest
 // left by an earlier attempt (perhaps another caller's, before a restart) is kept only when this
 // job's caller proves it reads the same data; otherwise what was staged is discarded.
-func (j *job) manifest(ctx context.Context) (*cache.Meta, error) {
+func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 	if cache.ManifestExists(j.dir) {
 		if md, err := cache.ReadMeta(j.dir); err == nil {
 			err := j.checkResume(ctx, md)
@@ -286,15 +322,15 @@ func (j *job) manifest(ctx context.Context) (*cache.Meta, error) {
 		}
 	}
 	j.phase.Store(PhaseListing)
-	md := &cache.Meta{Spec: j.req.Spec, Created: time.Now().UTC()}
-	filter := j.req.Spec.Filter()
+	md := &cache.Meta{Spec: j.spec, Created: time.Now().UTC()}
+	filter := j.spec.Filter()
 	var digest cache.Digester
 	tmp := filepath.Join(j.dir, cache.ObjectsFile+".tmp")
 	err := cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		written := &countingWriter{w: bw}
 		enc := json.NewEncoder(written)
-		limits := j.m.limits
+		limits := j.e.cfg.Limits
 		err := j.src.List(ctx, func(o source.Object) error {
 			keep, err := cache.KeepEntry(limits, filter, o)
 			if err != nil || !keep {
@@ -309,7 +345,7 @@ func (j *job) manifest(ctx context.Context) (*cache.Meta, error) {
 			if err := limits.CheckTotals(md.Objects, md.Bytes); err != nil {
 				return err
 			}
-			if err := checkCapacity(j.req, md.Bytes, md.Alloc, false); err != nil {
+			if err := CheckCapacity(j.capacity, md.Bytes, md.Alloc, false); err != nil {
 				return err
 			}
 
@@ -320,7 +356,7 @@ func (j *job) manifest(ctx context.Context) (*cache.Meta, error) {
 				return err
 			}
 			if written.n > limits.MaxManifestBytes {
-				return source.Errorf(source.TooLarge, "its manifest is larger than %s, the most a dataset may have on this node", humanBytes(limits.MaxManifestBytes))
+				return source.Errorf(source.TooLarge, "its manifest is larger than %s, the most a dataset may have on this node", dataset.HumanBytes(limits.MaxManifestBytes))
 			}
 			return nil
 		})
@@ -343,13 +379,13 @@ func (j *job) manifest(ctx context.Context) (*cache.Meta, error) {
 
 // checkResume proves that this job's caller reads the data of the manifest an earlier attempt
 // left: its own listing matches, and one file reads pinned to its ETag.
-func (j *job) checkResume(ctx context.Context, md *cache.Meta) error {
+func (j *Job) checkResume(ctx context.Context, md *cache.Meta) error {
 	digest, err := cache.ManifestDigest(j.dir, md)
 	if err != nil {
 		return err
 	}
 	md.Digest = digest
-	got, err := cache.ListingDigest(ctx, j.src, j.req.Spec, j.m.limits)
+	got, err := cache.ListingDigest(ctx, j.src, j.spec, j.e.cfg.Limits)
 	if err != nil {
 		return err
 	}
@@ -364,7 +400,7 @@ func (j *job) checkResume(ctx context.Context, md *cache.Meta) error {
 }
 
 // discard removes what an earlier attempt staged under a manifest this caller cannot use.
-func (j *job) discard() error {
+func (j *Job) discard() error {
 	if err := os.Remove(filepath.Join(j.dir, cache.ObjectsFile)); err != nil && !cache.IsNotExist(err) {
 		return err
 	}
@@ -391,7 +427,7 @@ type task struct {
 	idx int
 	// deferred is set on a second turn: the piece was put off because a peer was reading it.
 	deferred bool
-	// batch, when set, are small entries read from a peer in one request (peerbatch.go); the
+	// batch, when set, are small entries read from a peer in one request (batch.go); the
 	// other fields are then empty.
 	batch []task
 }
@@ -413,7 +449,7 @@ type bigFile struct {
 	rangeSums []uint64
 	chunk     int64
 	closeOnce sync.Once
-	// from names, per range, the peers that served it (peerfetch.go).
+	// from names, per range, the peers that served it (peers.go).
 	from [][]peer.Peer
 	// eligible is set when the entry has a checksum from the source that peers' bytes are
 	// checked against.
@@ -440,7 +476,7 @@ func (b *bigFile) setSum(k int, sum []byte) {
 	}
 }
 
-func (j *job) closeBig() {
+func (j *Job) closeBig() {
 	j.bigMu.Lock()
 	defer j.bigMu.Unlock()
 	for _, b := range j.big {
@@ -448,10 +484,10 @@ func (j *job) closeBig() {
 	}
 }
 
-func (j *job) fetchAll(ctx context.Context) error {
+func (j *Job) fetchAll(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	tasks := make(chan task, 2*j.m.cfg.Concurrency)
+	tasks := make(chan task, 2*j.e.cfg.Concurrency)
 	var sendEntry func(int64, source.Object) error
 	fail := func(err error) {
 		if err != nil {
@@ -459,7 +495,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 		}
 	}
 	work := func(wg *sync.WaitGroup, tasks <-chan task) {
-		for range j.m.cfg.Concurrency {
+		for range j.e.cfg.Concurrency {
 			wg.Go(func() {
 				for t := range tasks {
 					if ctx.Err() != nil {
@@ -473,8 +509,8 @@ func (j *job) fetchAll(ctx context.Context) error {
 	var wg, againWG sync.WaitGroup
 	work(&wg, tasks)
 	// Pieces put off while peers read them from the source are taken from those peers as soon
-	// as they hold them, while this node reads its own share (peerbatch.go).
-	again := make(chan task, 2*j.m.cfg.Concurrency)
+	// as they hold them, while this node reads its own share (batch.go).
+	again := make(chan task, 2*j.e.cfg.Concurrency)
 	work(&againWG, again)
 	stopTaking := func() {}
 	if j.swarm != nil {
@@ -493,7 +529,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 	}
 	if j.swarm != nil {
 		// With peers, entries go in the order peers name them, each node from its own share
-		// (peerfetch.go).
+		// (peers.go).
 		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
 	}
 	start := j.readOrder(j.objsTotal.Load(), "entries")
@@ -515,7 +551,7 @@ func (j *job) fetchAll(ctx context.Context) error {
 			j.holding.Commit(j.rank(i))
 			return nil
 		}
-		if o.Size <= 2*j.m.cfg.ChunkSize {
+		if o.Size <= 2*j.e.cfg.ChunkSize {
 			t := task{i: i, obj: o, n: o.Size}
 			if j.batchable(t) {
 				return batches.add(ctx, t)
@@ -559,7 +595,7 @@ func send(ctx context.Context, tasks chan<- task, t task) error {
 }
 
 // staged reports whether a verified copy of o is already in staging/ (resume after a restart).
-func (j *job) staged(o source.Object) bool {
+func (j *Job) staged(o source.Object) bool {
 	name := path.Join(cache.StagingDir, o.Key)
 	fi, err := j.root.Lstat(name)
 	if err != nil {
@@ -577,15 +613,15 @@ func (j *job) staged(o source.Object) bool {
 // least one): the source still sees about rangesPerObject streams for the object, and each node's
 // pieces complete one after another, so the others take them while the source is still being
 // read rather than all at its end.
-func (j *job) streamsPerObject() int {
+func (j *Job) streamsPerObject() int {
 	if j.swarm == nil {
 		return rangesPerObject
 	}
 	return max(1, rangesPerObject/j.swarm.Members())
 }
 
-func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
-	chunk := j.m.cfg.ChunkSize
+func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
+	chunk := j.e.cfg.ChunkSize
 	b := &bigFile{streams: make(chan struct{}, j.streamsPerObject())}
 	if p, ok := j.src.(source.Planner); ok {
 		plan, err := p.Plan(ctx, o)
@@ -655,7 +691,7 @@ func (j *job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 // runTask runs t within the object's stream limit, its source's limit, then the node's
 // concurrency limit, in that order, so a task waiting for its object or a slow source never holds
 // a node slot.
-func (j *job) runTask(ctx context.Context, t task) error {
+func (j *Job) runTask(ctx context.Context, t task) error {
 	if t.batch != nil {
 		return j.runBatch(ctx, t.batch)
 	}
@@ -685,19 +721,19 @@ func (j *job) runTask(ctx context.Context, t task) error {
 		defer func() { <-j.sourceSlots }()
 	}
 	select {
-	case j.m.slots <- struct{}{}:
+	case j.e.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil
 	}
-	defer func() { <-j.m.slots }()
+	defer func() { <-j.e.slots }()
 	return j.do(ctx, t)
 }
 
 // tmpDirOf and tmpBase place the temporary file of manifest entry i.
-func (j *job) tmpDirOf(i int64) *dir { return j.tmp[i%cache.TmpShards] }
+func (j *Job) tmpDirOf(i int64) *dir { return j.tmp[i%cache.TmpShards] }
 func tmpBase(i int64) string         { return strconv.FormatInt(i, 10) }
 
-func (j *job) do(ctx context.Context, t task) error {
+func (j *Job) do(ctx context.Context, t task) error {
 	if t.big != nil {
 		return j.fetchRange(ctx, t)
 	}
@@ -711,7 +747,7 @@ func (j *job) do(ctx context.Context, t task) error {
 			// A peer served a wrong byte: it is dropped, and the entry read again elsewhere.
 			for _, p := range pr.peers {
 				j.swarm.Wrong(p)
-				j.m.metrics.wrongPieces.Inc()
+				j.e.cfg.Metrics.WrongPieces.Inc()
 			}
 			klog.FromContext(ctx).Info("a peer served bytes that fail verification; dropped it, fetching again",
 				"key", t.obj.Key, "peers", peerNodes(pr.peers), "err", err)
@@ -732,7 +768,7 @@ func peerNodes(ps []peer.Peer) []string {
 	return out
 }
 
-func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *pieceRead) error {
+func (j *Job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *pieceRead) error {
 	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
@@ -768,7 +804,7 @@ func (j *job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 	return j.commit(i, o)
 }
 
-func (j *job) fetchRange(ctx context.Context, t task) error {
+func (j *Job) fetchRange(ctx context.Context, t task) error {
 	b := t.big
 	pr := &pieceRead{i: j.rank(t.i), eligible: b.eligible, owner: j.owner(t)}
 	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, b.rangeHash(), pr)
@@ -815,7 +851,7 @@ func (j *job) fetchRange(ctx context.Context, t task) error {
 }
 
 // verifyBig checks a large object read in ranges against the checksum the source gave for it.
-func (j *job) verifyBig(ctx context.Context, t task) error {
+func (j *Job) verifyBig(ctx context.Context, t task) error {
 	b, o := t.big, t.obj
 	switch {
 	case b.crc != nil:
@@ -850,8 +886,8 @@ func (j *job) verifyBig(ctx context.Context, t task) error {
 // backoff and full jitter, resuming where the last attempt stopped. A full read of an object that
 // comes with a full-object checksum is checked against it (verified); otherwise, when newHash is
 // set, the range's digest is returned for the caller to check. With pr, peers may serve the
-// bytes (peerfetch.go); pr records which did.
-func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash, pr *pieceRead) (verified bool, sum []byte, err error) {
+// bytes (peers.go); pr records which did.
+func (j *Job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash, pr *pieceRead) (verified bool, sum []byte, err error) {
 	var (
 		written int64
 		h       hash.Hash
@@ -862,7 +898,7 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 			rc  io.ReadCloser
 			via *peer.Peer
 		)
-		actx, cancel := context.WithTimeoutCause(ctx, j.m.limits.ReadTimeout(n-written), errTooSlow)
+		actx, cancel := context.WithTimeoutCause(ctx, j.e.cfg.Limits.ReadTimeout(n-written), errTooSlow)
 		rc, via, err = j.open(actx, pr, o, off+written, n-written)
 		piece := peer.Range{Index: -1}
 		if err == nil && via == nil && j.swarm != nil && pr != nil {
@@ -892,12 +928,12 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 			if piece.Index >= 0 {
 				j.holding.SetBusy(piece, false)
 			}
-			origin := originSource
+			origin := OriginSource
 			if via != nil {
-				origin = originPeer
+				origin = OriginPeer
 				j.swarm.Done(*via, err != nil || k < n-(written-k))
 			}
-			j.m.metrics.fetchedBytes.WithLabelValues(j.id, origin).Add(float64(k))
+			j.e.cfg.Metrics.Fetched.WithLabelValues(j.id, origin).Add(float64(k))
 			if err == nil && written < n {
 				err = source.Errorf(source.Retryable, "%q: short read (%d of %d bytes)", o.Key, written, n)
 			}
@@ -929,11 +965,11 @@ func (j *job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 		if errors.Is(context.Cause(actx), errTooSlow) {
 			err = source.Wrap(source.Retryable, errTooSlow, "%q", o.Key)
 		}
-		if attempt++; source.KindOf(err) != source.Retryable || attempt >= j.m.cfg.Retries {
+		if attempt++; source.KindOf(err) != source.Retryable || attempt >= j.e.cfg.Retries {
 			j.bytesDone.Add(-written)
 			return false, nil, err
 		}
-		j.m.metrics.retries.Inc()
+		j.e.cfg.Metrics.Retries.Inc()
 		klog.FromContext(ctx).V(2).Info("retrying read", "key", o.Key, "attempt", attempt+1, "err", err)
 		if err := sleepBackoff(ctx, attempt); err != nil {
 			j.bytesDone.Add(-written)
@@ -957,7 +993,7 @@ func sleepBackoff(ctx context.Context, attempt int) error {
 
 // copyAt copies up to n bytes from r to f at off through one pooled buffer, honouring the node's
 // bandwidth limit, and counts progress.
-func (j *job) copyAt(ctx context.Context, f *output, off, n int64, r io.Reader, h hash.Hash) (int64, error) {
+func (j *Job) copyAt(ctx context.Context, f *output, off, n int64, r io.Reader, h hash.Hash) (int64, error) {
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	buf := *bp
@@ -967,8 +1003,8 @@ func (j *job) copyAt(ctx context.Context, f *output, off, n int64, r io.Reader, 
 		k, rerr := io.ReadFull(r, buf[:want])
 		w, k := f.chunk(buf[:want], k, off+done)
 		if k > 0 {
-			if j.m.limiter != nil {
-				if err := j.m.limiter.WaitN(ctx, k); err != nil {
+			if j.e.limiter != nil {
+				if err := j.e.limiter.WaitN(ctx, k); err != nil {
 					return done, err
 				}
 			}
@@ -999,7 +1035,7 @@ func fileMode(o source.Object) os.FileMode {
 }
 
 // commit moves a verified file to its place in staging/.
-func (j *job) commit(i int64, o source.Object) error {
+func (j *Job) commit(i int64, o source.Object) error {
 	dst, err := j.dirs.mkdir(path.Join(cache.StagingDir, path.Dir(o.Key)))
 	if err != nil {
 		return err
@@ -1012,7 +1048,7 @@ func (j *job) commit(i int64, o source.Object) error {
 	return nil
 }
 
-func (j *job) mkdirs(dir string) error {
+func (j *Job) mkdirs(dir string) error {
 	_, err := j.dirs.mkdir(dir)
 	return err
 }
@@ -1025,7 +1061,7 @@ func conflictErr(key string, err error) error {
 }
 
 // finish creates symlinks, syncs once and publishes staging/ as tree/.
-func (j *job) finish(ctx context.Context, md *cache.Meta) error {
+func (j *Job) finish(ctx context.Context, md *cache.Meta) error {
 	err := cache.EachObject(j.dir, func(_ int64, o source.Object) error {
 		if o.Type != source.Symlink {
 			return nil
