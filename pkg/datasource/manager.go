@@ -67,7 +67,7 @@ type Config struct {
 	// service.
 	TenantEndpoints egress.Allow
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
-	// the same version (peerfetch.go); nil reads everything from the source.
+	// the same version (stage/peers.go); nil reads everything from the source.
 	Peers *peer.Network
 }
 
