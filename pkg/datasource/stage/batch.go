@@ -30,18 +30,6 @@ const (
 	batchEntry = 1 << 20
 )
 
-// batchEligible reports whether task t is a whole entry small enough for a batch that a peer's
-// bytes can be checked for (its MD5 ETag).
-func (j *Job) batchEligible(t task) bool {
-	return j.swarm != nil && t.big == nil && t.obj.Size > 0 && t.obj.Size <= batchEntry && md5ETag.MatchString(t.obj.ETag)
-}
-
-// batchable reports whether task t goes into a batch: eligible, and a peer that serves batches
-// holds it now.
-func (j *Job) batchable(t task) bool {
-	return j.batchEligible(t) && j.swarm.HoldsBatch(j.rank(t.i), 0, t.obj.Size)
-}
-
 // batcher gathers batchable tasks into batch tasks.
 type batcher struct {
 	tasks   chan<- task
@@ -76,21 +64,21 @@ func (b *batcher) flush(ctx context.Context) error {
 func (j *Job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 	for {
 		select {
-		case <-j.swarm.Polled():
+		case <-j.peers.swarm.Polled():
 		case <-ctx.Done():
 			return
 		}
-		j.deferMu.Lock()
+		j.peers.deferMu.Lock()
 		var held, rest []task
-		for _, t := range j.deferredRanges {
-			if j.peerHolds(t) {
+		for _, t := range j.peers.deferredRanges {
+			if j.peers.holds(t) {
 				held = append(held, t)
 			} else {
 				rest = append(rest, t)
 			}
 		}
-		j.deferredRanges = rest
-		j.deferMu.Unlock()
+		j.peers.deferredRanges = rest
+		j.peers.deferMu.Unlock()
 		for _, t := range held {
 			t.deferred = true
 			if send(jobCtx, tasks, t) != nil {
@@ -110,11 +98,11 @@ func (j *Job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) er
 		for _, t := range ts {
 			t.deferred = true
 			switch {
-			case j.batchable(t):
+			case j.peers.batchable(t):
 				if err := b.add(ctx, t); err != nil {
 					return err
 				}
-			case waits < maxWaits && j.batchEligible(t) && j.awaited(t):
+			case waits < maxWaits && j.peers.batchEligible(t) && j.peers.awaited(t):
 				later = append(later, t)
 			default:
 				if err := send(ctx, tasks, t); err != nil {
@@ -127,23 +115,13 @@ func (j *Job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) er
 		}
 		if ts = later; len(ts) > 0 {
 			select {
-			case <-j.swarm.Polled():
+			case <-j.peers.swarm.Polled():
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			}
 		}
 	}
 	return nil
-}
-
-// awaited reports whether a peer is reading task t's piece from the source now, or it is the
-// share of a node still reading its share: it will have it soon.
-func (j *Job) awaited(t task) bool {
-	if j.peerBusy(t) {
-		return true
-	}
-	o := j.owner(t)
-	return o != j.e.cfg.Peers.Self() && j.swarm.Fetching(o)
 }
 
 // runBatch reads a batch within one node slot (it does not load the source): from the peer that
@@ -208,12 +186,12 @@ func (j *Job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 			continue
 		}
 		if ctx.Err() != nil {
-			j.swarm.Done(p, true)
+			j.peers.swarm.Done(p, true)
 			return nil, context.Cause(ctx)
 		}
 		if source.KindOf(err) == source.Corrupt {
 			// A peer served a wrong byte: it is dropped, and the rest read elsewhere.
-			j.swarm.Wrong(p)
+			j.peers.swarm.Wrong(p)
 			j.e.cfg.Metrics.WrongPieces.Inc()
 			logger.Info("a peer served bytes that fail verification; dropped it, fetching again",
 				"key", t.obj.Key, "peers", []string{p.Node}, "err", err)
@@ -224,7 +202,7 @@ func (j *Job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 		}
 		break
 	}
-	j.swarm.Done(p, failed)
+	j.peers.swarm.Done(p, failed)
 	// From the entry that failed on, the batch is read another way.
 	return append(left, ob.asked[next:]...), nil
 }
@@ -248,15 +226,15 @@ func (ob *openedBatch) close() {
 func (j *Job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 	pieces := make([]peer.Range, len(ts))
 	for k, t := range ts {
-		pieces[k] = peer.Range{Index: j.rank(t.i), N: t.obj.Size}
+		pieces[k] = peer.Range{Index: j.peers.rank(t.i), N: t.obj.Size}
 	}
 	for waits := 0; ; {
-		p, held, choice := j.swarm.PickBatch(pieces)
+		p, held, choice := j.peers.swarm.PickBatch(pieces)
 		if choice == peer.Wait && waits < maxWaits {
 			// The peers that hold them send all they may at once: ask again after a poll.
 			waits++
 			select {
-			case <-j.swarm.Polled():
+			case <-j.peers.swarm.Polled():
 				continue
 			case <-ctx.Done():
 				return nil, context.Cause(ctx)
@@ -279,20 +257,20 @@ func (j *Job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 		}
 		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.e.cfg.Limits.ReadTimeout(total), errTooSlow)
 		var err error
-		if ob.Batch, err = j.swarm.OpenBatch(ob.ctx, p, ask); err == nil {
+		if ob.Batch, err = j.peers.swarm.OpenBatch(ob.ctx, p, ask); err == nil {
 			return ob, nil
 		}
 		ob.cancel()
 		switch {
 		case ctx.Err() != nil:
-			j.swarm.Done(p, true)
+			j.peers.swarm.Done(p, true)
 			return nil, context.Cause(ctx)
 		case peer.IsBusy(err):
-			j.swarm.Refused(p)
+			j.peers.swarm.Refused(p)
 		default:
 			// Left alone a while: the next pick is another peer, or none.
 			klog.FromContext(ctx).V(2).Info("peer batch failed", "peer", p.Node, "err", err)
-			j.swarm.Done(p, true)
+			j.peers.swarm.Done(p, true)
 		}
 	}
 }

@@ -35,7 +35,7 @@ func (j *Job) commit(i int64, o source.Object) error {
 		return conflictErr(o.Key, err)
 	}
 	j.objsDone.Add(1)
-	j.holding.Commit(j.rank(i))
+	j.peers.holding.Commit(j.peers.rank(i))
 	return nil
 }
 

@@ -45,7 +45,7 @@ func (j *Job) fetchAll(ctx context.Context) error {
 	// as they hold them, while this node reads its own share (batch.go).
 	again := j.workers(ctx, cancel, &againWG)
 	stopTaking := func() {}
-	if j.swarm != nil {
+	if j.peers.swarm != nil {
 		tctx, stop := context.WithCancel(ctx)
 		taken := make(chan struct{})
 		go func() { defer close(taken); j.takeHeld(tctx, ctx, again) }()
@@ -56,7 +56,7 @@ func (j *Job) fetchAll(ctx context.Context) error {
 	wg.Wait()
 	stopTaking()
 	// Pieces a peer was reading from the source when their turn came, and still is.
-	if deferred := j.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
+	if deferred := j.peers.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
 		err = j.sendDeferred(ctx, again, deferred)
 	}
 	close(again)
@@ -102,12 +102,12 @@ func (j *Job) sendEntries(ctx context.Context, tasks chan<- task) error {
 			return sendEntry(i, o)
 		})
 	}
-	if j.swarm != nil {
+	if j.peers.swarm != nil {
 		// With peers, entries go in the order peers name them, each node from its own share
 		// (peers.go).
 		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
 	}
-	start := j.readOrder(j.objsTotal.Load(), "entries")
+	start := j.peers.readOrder(j.objsTotal.Load(), "entries")
 	err := each(start, math.MaxInt64)
 	if err == nil && start > 0 {
 		err = each(0, start)
@@ -135,12 +135,12 @@ func (j *Job) sendEntry(ctx context.Context, tasks chan<- task, batches *batcher
 	if j.resuming && j.staged(o) {
 		j.bytesDone.Add(o.Size)
 		j.objsDone.Add(1)
-		j.holding.Commit(j.rank(i))
+		j.peers.holding.Commit(j.peers.rank(i))
 		return nil
 	}
 	if o.Size <= 2*j.e.cfg.ChunkSize {
 		t := task{i: i, obj: o, n: o.Size}
-		if j.batchable(t) {
+		if j.peers.batchable(t) {
 			return batches.add(ctx, t)
 		}
 		return send(ctx, tasks, t)
@@ -180,13 +180,13 @@ func (j *Job) runTask(ctx context.Context, t task) error {
 	}
 	// A piece a peer is reading from the source now, or that is another node's share to read,
 	// is put off until every other piece had its turn: meanwhile this node reads its own share.
-	if !t.deferred && (j.peerBusy(t) || j.othersShare(t)) {
-		j.deferTask(t)
+	if !t.deferred && (j.peers.busy(t) || j.peers.othersShare(t)) {
+		j.peers.deferTask(t)
 		return nil
 	}
 	// A piece a peer holds does not load the source: it takes no stream of the object's (they
 	// bound the ranges read from the source at once) and no slot of the source's.
-	held := j.peerHolds(t)
+	held := j.peers.holds(t)
 	if t.big != nil && !held {
 		select {
 		case t.big.streams <- struct{}{}:
@@ -222,14 +222,14 @@ func (j *Job) do(ctx context.Context, t task) error {
 	}
 	var err error
 	for attempt := 0; attempt < 3; {
-		pr := &pieceRead{i: j.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag), owner: j.owner(t)}
+		pr := &pieceRead{i: j.peers.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag), owner: j.peers.owner(t)}
 		if err = j.fetchWhole(ctx, t.i, t.obj, pr); source.KindOf(err) != source.Corrupt {
 			break
 		}
 		if len(pr.peers) > 0 {
 			// A peer served a wrong byte: it is dropped, and the entry read again elsewhere.
 			for _, p := range pr.peers {
-				j.swarm.Wrong(p)
+				j.peers.swarm.Wrong(p)
 				j.e.cfg.Metrics.WrongPieces.Inc()
 			}
 			klog.FromContext(ctx).Info("a peer served bytes that fail verification; dropped it, fetching again",

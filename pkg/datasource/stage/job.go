@@ -62,17 +62,8 @@ type Job struct {
 	bigMu sync.Mutex
 	big   []*bigFile
 
-	// swarm, when the node has peers, fetches pieces from the nodes that hold them (peers.go);
-	// holding is what this job serves them meanwhile.
-	swarm   *peer.Swarm
-	holding peer.Holding
-	// deferred are small entries put off while a peer read them (runTask), deferredRanges ranges
-	// of large entries.
-	deferMu        sync.Mutex
-	deferred       []task
-	deferredRanges []task
-	// names names the manifest's entries as peers do (peer.Names); set before swarm.
-	names atomic.Pointer[peer.Names]
+	// peers is the job's sharing with other nodes (sharing.go).
+	peers sharing
 }
 
 // New returns a job that stages spec, read through src, into dir, the dataset's directory in
@@ -117,11 +108,11 @@ func (j *Job) Close() error { return j.src.Close() }
 
 // Peering is what the job serves peers while it stages: nil until its entries are named.
 func (j *Job) Peering() *peer.Staging {
-	n := j.names.Load()
+	n := j.peers.names.Load()
 	if n == nil {
 		return nil
 	}
-	return &peer.Staging{Dir: j.dir, Holding: &j.holding, Names: n}
+	return &peer.Staging{Dir: j.dir, Holding: &j.peers.holding, Names: n}
 }
 
 // IsListed reports whether the manifest is taken, so that bytesTotal is the dataset's size.
@@ -300,7 +291,8 @@ func (j *Job) joinPeers(ctx context.Context, md *cache.Meta) (leave func(), err 
 	if err != nil {
 		return nil, err
 	}
-	j.names.Store(c)
+	j.peers.names.Store(c)
+	j.peers.self, j.peers.entries = j.e.cfg.Peers.Self(), md.Objects
 	if !j.e.cfg.Peers.HasPeers(j.id) {
 		return func() {}, nil
 	}
@@ -310,14 +302,14 @@ func (j *Job) joinPeers(ctx context.Context, md *cache.Meta) (leave func(), err 
 	if err := access.PinnedRead(ctx, j.src, j.dir, md); err != nil {
 		return nil, err
 	}
-	j.swarm = j.e.cfg.Peers.Swarm(ctx, j.id, md.Digest)
+	j.peers.swarm = j.e.cfg.Peers.Swarm(ctx, j.id, md.Digest)
 	// One round of asking the peers what they hold (bounded by the network's timeout) before
 	// the first piece is read.
 	select {
-	case <-j.swarm.Polled():
-		return j.swarm.Close, nil
+	case <-j.peers.swarm.Polled():
+		return j.peers.swarm.Close, nil
 	case <-ctx.Done():
-		j.swarm.Close()
+		j.peers.swarm.Close()
 		return nil, context.Cause(ctx)
 	}
 }

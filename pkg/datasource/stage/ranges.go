@@ -85,10 +85,10 @@ func (j *Job) closeBig() {
 // pieces complete one after another, so the others take them while the source is still being
 // read rather than all at its end.
 func (j *Job) streamsPerObject() int {
-	if j.swarm == nil {
+	if j.peers.swarm == nil {
 		return rangesPerObject
 	}
-	return max(1, rangesPerObject/j.swarm.Members())
+	return max(1, rangesPerObject/j.peers.swarm.Members())
 }
 
 func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
@@ -104,7 +104,7 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
 			// Ranges start on MiB boundaries, as direct I/O needs.
 			// With peers, ranges stay small: they are what nodes serve each other.
-			if j.swarm == nil {
+			if j.peers.swarm == nil {
 				chunk = max(chunk, ((o.Size+rangesPerObject-1)/rangesPerObject+1<<20-1)&^(1<<20-1))
 			}
 			b.crc, b.crcWant = &a, plan.Checksum.Value
@@ -148,7 +148,7 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	b.chunk = chunk
 	b.from = make([][]peer.Peer, n)
 	b.eligible = b.crc != nil || b.partSize > 0 || md5ETag.MatchString(o.ETag)
-	start := j.readOrder(n, o.Key)
+	start := j.peers.readOrder(n, o.Key)
 	for r := range n {
 		k := (start + r) % n
 		off := k * chunk
@@ -161,17 +161,17 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 
 func (j *Job) fetchRange(ctx context.Context, t task) error {
 	b := t.big
-	pr := &pieceRead{i: j.rank(t.i), eligible: b.eligible, owner: j.owner(t)}
+	pr := &pieceRead{i: j.peers.rank(t.i), eligible: b.eligible, owner: j.peers.owner(t)}
 	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, b.rangeHash(), pr)
 	if err != nil {
 		return err
 	}
 	b.setSum(t.idx, sum)
 	b.from[t.idx] = pr.peers
-	if len(pr.peers) == 0 && j.swarm != nil {
+	if len(pr.peers) == 0 && j.peers.swarm != nil {
 		// Read from the source itself: served to peers before the whole entry is checked (they
 		// check it themselves); ranges from peers are served only once it is.
-		j.holding.AddRange(peer.Range{Index: j.rank(t.i), Off: t.off, N: t.n})
+		j.peers.holding.AddRange(peer.Range{Index: j.peers.rank(t.i), Off: t.off, N: t.n})
 	}
 	if b.left.Add(-1) > 0 {
 		return nil

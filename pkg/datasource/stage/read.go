@@ -82,10 +82,10 @@ func (j *Job) readOnce(ctx context.Context, r *rangeRead) (via *peer.Peer, err e
 		return via, err
 	}
 	piece := peer.Range{Index: -1}
-	if via == nil && j.swarm != nil && r.pr != nil {
+	if via == nil && j.peers.swarm != nil && r.pr != nil {
 		// Peers that need this piece wait for it rather than read it from the source too.
 		piece = peer.Range{Index: r.pr.i, Off: r.off + r.written, N: r.n - r.written}
-		j.holding.SetBusy(piece, true)
+		j.peers.holding.SetBusy(piece, true)
 	}
 	if r.written == 0 {
 		// A resumed read continues the same digest: reads are pinned to the listed version, so
@@ -104,12 +104,12 @@ func (j *Job) readOnce(ctx context.Context, r *rangeRead) (via *peer.Peer, err e
 	r.written += k
 	rc.Close()
 	if piece.Index >= 0 {
-		j.holding.SetBusy(piece, false)
+		j.peers.holding.SetBusy(piece, false)
 	}
 	origin := OriginSource
 	if via != nil {
 		origin = OriginPeer
-		j.swarm.Done(*via, err != nil || k < r.n-(r.written-k))
+		j.peers.swarm.Done(*via, err != nil || k < r.n-(r.written-k))
 	}
 	j.e.cfg.Metrics.Fetched.WithLabelValues(j.id, origin).Add(float64(k))
 	if err == nil && r.written < r.n {
