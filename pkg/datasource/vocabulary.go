@@ -35,5 +35,3 @@ var SpecOf = dataset.SpecOf
 
 // CredentialsFromSecrets reads the CSI secrets map; see dataset.CredentialsFromSecrets.
 var CredentialsFromSecrets = dataset.CredentialsFromSecrets
-
-func humanBytes(n int64) string { return dataset.HumanBytes(n) }
