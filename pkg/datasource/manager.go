@@ -145,6 +145,7 @@ type Manager struct {
 	inUse    map[string]int       // pool/id -> in-memory users (Populate)
 	proofs   map[string]time.Time // digest/principal -> proof valid until
 	proving  map[string]*proof    // digest/principal -> proof under way
+	denials  map[string]denial    // digest/principal -> refused proof, remembered
 	// proofSlots bounds the full proofs under way (access.go).
 	proofSlots chan struct{}
 	// perSource holds the concurrency slots of each source endpoint.
@@ -205,6 +206,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		inUse:        map[string]int{},
 		proofs:       map[string]time.Time{},
 		proving:      map[string]*proof{},
+		denials:      map[string]denial{},
 		proofSlots:   make(chan struct{}, concurrentProofs),
 		perSource:    map[string]chan struct{}{},
 		limits:       cfg.Limits.withDefaults(cfg.Concurrency),

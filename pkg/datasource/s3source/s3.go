@@ -360,6 +360,18 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 	return source.Plan{PartSize: aws.ToInt64(out.ContentLength)}, nil
 }
 
+// CheckRead asks (HEAD, pinned to the listed ETag) whether the credentials may read obj. S3
+// authorizes HEAD as GetObject, so the answer is the read right, per object, that a bucket
+// policy or an object ACL grants; no data is transferred.
+func (s *Source) CheckRead(ctx context.Context, obj source.Object) error {
+	in := &s3.HeadObjectInput{Bucket: aws.String(s.cfg.Bucket), Key: aws.String(s.cfg.Prefix + obj.Key)}
+	if obj.ETag != "" {
+		in.IfMatch = aws.String(`"` + obj.ETag + `"`)
+	}
+	_, err := s.client.HeadObject(ctx, in)
+	return classify(err, "reading %s%s", s.where(), obj.Key)
+}
+
 // Close drops idle connections.
 func (s *Source) Close() error {
 	s.http.CloseIdleConnections()
