@@ -68,15 +68,23 @@ func (m *Manager) principal(req Request) string {
 	case SchemeLocal:
 		return "local"
 	}
+	// A tenant's source may connect only where --tenant-s3-endpoints allows, an administrator's
+	// anywhere: the same credentials (or none) under two policies are two principals, so a
+	// tenant never joins, nor is served on the strength of, a proof its own policy could not
+	// have made.
+	scope := "s3:"
+	if req.Spec.Tenant {
+		scope = "s3-tenant:"
+	}
 	c := req.Creds
 	if c.AccessKeyID == "" {
-		return "anonymous"
+		return scope + "anonymous"
 	}
 	mac := hmac.New(sha256.New, m.principalKey)
 	for _, s := range []string{c.AccessKeyID, c.SecretAccessKey, c.SessionToken} {
 		fmt.Fprintf(mac, "%d:%s", len(s), s)
 	}
-	return "s3:" + hex.EncodeToString(mac.Sum(nil)[:16])
+	return scope + hex.EncodeToString(mac.Sum(nil)[:16])
 }
 
 func newPrincipalKey() []byte {

@@ -337,6 +337,11 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 	if err := m.admit(req.Spec); err != nil {
 		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
 	}
+	// The caller's endpoint policy holds on every path, also those that dial nothing (a join,
+	// a remembered proof): a refused endpoint is refused here.
+	if _, err := m.egressPolicy(req.Spec); err != nil {
+		return Status{}, nil, err
+	}
 	id := req.Spec.ID()
 	who := m.principal(req)
 	m.addPool(req.Pool)
