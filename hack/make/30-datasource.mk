@@ -65,3 +65,10 @@ BENCH_TARGETS += bench-access-proof
 bench-access-proof: $(VERSITYGW)
 	CISTERN_VERSITYGW=$(VERSITYGW) \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkAccessProof -benchtime 1x -v ./pkg/datasource/bench/
+
+# The node plugin's peak memory and CPU under a listing flood (docs/security.md): what
+# deploy/csi's limits must hold.
+BENCH_TARGETS += bench-listing-flood
+.PHONY: bench-listing-flood
+bench-listing-flood:
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkListingFlood -benchtime 1x -v ./pkg/datasource/bench/

@@ -121,11 +121,16 @@ func (d *digester) sum() string {
 // keepEntry is staging's filter over listed entries: it says whether o belongs to the dataset
 // and refuses entries that could not be staged safely.
 func keepEntry(limits Limits, filter source.Filter, o source.Object) (bool, error) {
+	var keep bool
 	if o.Type == source.Dir {
-		if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
-			return false, nil
-		}
-	} else if !filter.Match(o.Key) {
+		keep = filter.MatchDir(o.Key) && (len(filter.Include) == 0 || filter.Match(o.Key))
+	} else {
+		keep = filter.Match(o.Key)
+	}
+	if filter.Work.Spent() {
+		return false, source.Errorf(source.TooLarge, "matching its include and exclude patterns against its keys took more than %d units of work (pattern bytes times key bytes), the most a listing may take on this node", limits.MaxGlobWork)
+	}
+	if !keep {
 		return false, nil
 	}
 	if err := source.ValidateKey(o.Key); err != nil {
@@ -147,10 +152,13 @@ func keepEntry(limits Limits, filter source.Filter, o source.Object) (bool, erro
 
 // listingDigest lists src as staging would and returns the digest of what it keeps.
 func listingDigest(ctx context.Context, src source.Source, spec *Spec, limits Limits) (string, error) {
-	filter := spec.Filter()
+	filter := limits.filter(spec)
 	var d digester
-	var bytes int64
+	var bytes, listed int64
 	err := src.List(ctx, func(o source.Object) error {
+		if listed++; listed > limits.MaxObjects {
+			return limits.checkListed(listed)
+		}
 		keep, err := keepEntry(limits, filter, o)
 		if err != nil || !keep {
 			return err
@@ -358,7 +366,12 @@ func (m *Manager) fullProof(ctx context.Context, req Request, dir string, md *me
 		return err
 	}
 	defer src.Close()
+	release, err := m.listingSlot(ctx, req.Spec)
+	if err != nil {
+		return err
+	}
 	got, err := listingDigest(ctx, src, req.Spec, m.limits)
+	release()
 	if err != nil {
 		return err
 	}

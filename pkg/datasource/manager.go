@@ -150,6 +150,9 @@ type Manager struct {
 	proofSlots chan struct{}
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
+	// listings and listingsPerSource bound the listings under way (Limits.Listings).
+	listings          chan struct{}
+	listingsPerSource map[string]chan struct{}
 	poolMu    map[string]*sync.Mutex
 
 	// canons names the entries of ready datasets for peers' requests (peerserve.go).
@@ -212,6 +215,8 @@ func NewManager(cfg Config) (*Manager, error) {
 		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
 		poolMu:       map[string]*sync.Mutex{},
 	}
+	m.listings = make(chan struct{}, m.limits.Listings)
+	m.listingsPerSource = map[string]chan struct{}{}
 	if cfg.NFSUID != nil {
 		m.nfsUID = *cfg.NFSUID
 	}
@@ -528,6 +533,7 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
 			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
+			MaxListed: m.limits.MaxObjects,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)

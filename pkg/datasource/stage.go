@@ -296,16 +296,25 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		}
 	}
 	j.phase.Store(PhaseListing)
+	release, err := j.m.listingSlot(ctx, j.req.Spec)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	md := &meta{Spec: j.req.Spec, Created: time.Now().UTC()}
-	filter := j.req.Spec.Filter()
+	filter := j.m.limits.filter(j.req.Spec)
 	var digest digester
 	tmp := filepath.Join(j.dir, objectsFile+".tmp")
-	err := writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
+	err = writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		written := &countingWriter{w: bw}
 		enc := json.NewEncoder(written)
 		limits := j.m.limits
+		var listed int64
 		err := j.src.List(ctx, func(o source.Object) error {
+			if listed++; listed > limits.MaxObjects {
+				return limits.checkListed(listed)
+			}
 			keep, err := keepEntry(limits, filter, o)
 			if err != nil || !keep {
 				return err
