@@ -108,7 +108,9 @@ func serveWith(t *testing.T, cfg ServerConfig) Peer {
 		t.Fatal(err)
 	}
 	cfg.Cert = cert
-	cfg.Auth = &TokenReviewer{Client: reviews(t).AuthenticationV1().TokenReviews(), ServiceAccounts: []string{"cistern-system/cistern-node"}}
+	if cfg.Auth == nil {
+		cfg.Auth = &TokenReviewer{Client: reviews(t).AuthenticationV1().TokenReviews(), ServiceAccounts: []string{"cistern-system/cistern-node"}}
+	}
 	srv, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)

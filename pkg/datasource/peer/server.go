@@ -81,7 +81,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		servedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "served_bytes_total",
 			Help: "Bytes of dataset pieces served to other nodes."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "requests_total",
-			Help: "Peer requests by answer: ok, unauthenticated, notheld, busy, invalid, failed."}, []string{"answer"}),
+			Help: "Peer requests by answer: ok, unauthenticated, ratelimited, notheld, busy, invalid, failed."}, []string{"answer"}),
 	}
 	if cfg.BandwidthBytesPerSec > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), int(min(cfg.BandwidthBytesPerSec, copyChunk)))
@@ -128,7 +128,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusUnauthorized, "unauthenticated", "a node plugin's token is required")
 		return
 	}
-	node, err := s.cfg.Auth.Authenticate(r.Context(), token)
+	node, err := s.cfg.Auth.Authenticate(withRemote(r.Context(), remoteIP(r)), token)
+	if errors.Is(err, ErrRateLimited) {
+		s.refuse(w, http.StatusTooManyRequests, "ratelimited", "too many refused tokens from this address")
+		return
+	}
 	if err != nil {
 		klog.FromContext(r.Context()).V(2).Info("peer request refused", "remote", r.RemoteAddr, "err", err)
 		s.refuse(w, http.StatusUnauthorized, "unauthenticated", "not a Cistern node plugin")
@@ -136,6 +140,27 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r = r.WithContext(klog.NewContext(r.Context(), klog.FromContext(r.Context()).WithValues("peer", node)))
 	s.mux.ServeHTTP(w, r)
+}
+
+type remoteKey struct{}
+
+// withRemote tells the Authenticator the address a request came from.
+func withRemote(ctx context.Context, addr string) context.Context {
+	return context.WithValue(ctx, remoteKey{}, addr)
+}
+
+// RemoteAddr is the address (IP) of the peer request ctx belongs to, "" outside one.
+func RemoteAddr(ctx context.Context) string {
+	addr, _ := ctx.Value(remoteKey{}).(string)
+	return addr
+}
+
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 func bearer(r *http.Request) (string, bool) {
