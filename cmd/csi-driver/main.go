@@ -208,6 +208,9 @@ func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts s
 	cfg.Peers.Server.Cert = cert
 	cfg.Peers.Server.Auth = &peer.TokenReviewer{Client: client.AuthenticationV1().TokenReviews(), ServiceAccounts: strings.Split(accounts, ",")}
 	self := storagepool.LabelValue(cfg.NodeID)
+	// Requests name versions bound to the asking node and this one, by the names the
+	// StoragePools publish (peer.BindVersion).
+	cfg.Peers.Server.Self, cfg.Peers.Server.NodeName = self, storagepool.LabelValue
 	inventory := discovery.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: advertise, CertHash: hash})
 	token := &peer.TokenFile{Path: tokenFile}
 	if cfg.Datasets.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: self, Directory: inventory, Token: token.Token}); err != nil {

@@ -396,6 +396,9 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 // authorizes HEAD as GetObject, so the answer is the read right, per object, that a bucket
 // policy or an object ACL grants; no data is transferred.
 func (s *Source) CheckRead(ctx context.Context, obj source.Object) error {
+	if s.headSigned(ctx, obj) {
+		return nil
+	}
 	in := &s3.HeadObjectInput{Bucket: aws.String(s.cfg.Bucket), Key: aws.String(s.cfg.Prefix + obj.Key)}
 	if obj.ETag != "" {
 		in.IfMatch = aws.String(`"` + obj.ETag + `"`)
