@@ -153,7 +153,7 @@ type Manager struct {
 	// listings and listingsPerSource bound the listings under way (Limits.Listings).
 	listings          chan struct{}
 	listingsPerSource map[string]chan struct{}
-	poolMu    map[string]*sync.Mutex
+	poolMu            map[string]*sync.Mutex
 
 	// canons names the entries of ready datasets for peers' requests (peerserve.go).
 	canons canons
