@@ -6,7 +6,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +26,22 @@ func TestSanity(t *testing.T) {
 // whose parameters name a source): its restores and clones take their data from the snapshot
 // or source volume, never from the dataset (docs/security.md).
 func TestSanityDatasetVolumes(t *testing.T) {
+	// Ginkgo runs one suite per process: TestSanity's is this one's, so this one runs in a
+	// child process of its own.
+	if os.Getenv("CISTERN_SANITY_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestSanityDatasetVolumes$", "-test.v")
+		cmd.Env = append(os.Environ(), "CISTERN_SANITY_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestSanityDatasetVolumes") {
+			t.Fatalf("csi-sanity with dataset volumes: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "Passed") {
+				t.Log(strings.TrimSpace(line))
+			}
+		}
+		return
+	}
 	src := t.TempDir()
 	for name, data := range map[string]string{"set/a.txt": "alpha", "set/d/b.txt": "beta"} {
 		p := filepath.Join(src, name)
