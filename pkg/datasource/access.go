@@ -2,19 +2,24 @@ package datasource
 
 // Access to cached data among tenants. Every caller proves its own read access, with its own
 // credentials, before it is handed anything of a dataset, whichever way it reaches it: a cache
-// hit, joining a staging under way, resuming a partial staging, a writable copy. A proof is:
+// hit, joining a staging under way, resuming a partial staging, a writable copy, pieces from
+// peers. A proof is:
 //
 //   - the caller's listing of the source, filtered as staging filters it, equals the cached
 //     manifest entry for entry (keys, ETags or versions, sizes, link targets). Listing the same
 //     bucket name is not enough: servers that resolve a bucket per credential would otherwise let
 //     one tenant plant files that another is served;
-//   - one file of the manifest, chosen at random, is read (one byte) pinned to its listed ETag or
-//     version: list rights are not read rights.
+//   - every file of the manifest may be read by the caller, pinned to its listed ETag: one HEAD
+//     per file on S3 (source.ReadChecker), in parallel. List rights are not read rights, and read
+//     rights differ per object under prefix policies and object ACLs, so a sample proves nothing
+//     of the other files. Sources without per-tenant credentials (NFS as the node's uid, node-local
+//     paths) read one file.
 //
-// A listing costs about what staging's own listing costs, so a proof is remembered per (dataset
-// version, caller) for Config.AccessProofTTL; within it a hit costs the one pinned read, which
-// also notices credentials revoked since. Callers are told apart by a keyed hash of their
-// credentials; the key is random per process, so nothing that identifies a tenant is stored.
+// A proof is remembered per (dataset version, caller) for Config.AccessProofTTL; within it a hit
+// costs one pinned read, which notices credentials revoked since. A proof refused (Denied) is
+// remembered as long, so a caller retrying learns nothing new and costs the node nothing. Callers
+// are told apart by a keyed hash of their credentials; the key is random per process, so nothing
+// that identifies a tenant is stored.
 
 import (
 	"bufio"
@@ -32,6 +37,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
@@ -62,15 +68,23 @@ func (m *Manager) principal(req Request) string {
 	case SchemeLocal:
 		return "local"
 	}
+	// A tenant's source may connect only where --tenant-s3-endpoints allows, an administrator's
+	// anywhere: the same credentials (or none) under two policies are two principals, so a
+	// tenant never joins, nor is served on the strength of, a proof its own policy could not
+	// have made.
+	scope := "s3:"
+	if req.Spec.Tenant {
+		scope = "s3-tenant:"
+	}
 	c := req.Creds
 	if c.AccessKeyID == "" {
-		return "anonymous"
+		return scope + "anonymous"
 	}
 	mac := hmac.New(sha256.New, m.principalKey)
 	for _, s := range []string{c.AccessKeyID, c.SecretAccessKey, c.SessionToken} {
 		fmt.Fprintf(mac, "%d:%s", len(s), s)
 	}
-	return "s3:" + hex.EncodeToString(mac.Sum(nil)[:16])
+	return scope + hex.EncodeToString(mac.Sum(nil)[:16])
 }
 
 func newPrincipalKey() []byte {
@@ -107,11 +121,16 @@ func (d *digester) sum() string {
 // keepEntry is staging's filter over listed entries: it says whether o belongs to the dataset
 // and refuses entries that could not be staged safely.
 func keepEntry(limits Limits, filter source.Filter, o source.Object) (bool, error) {
+	var keep bool
 	if o.Type == source.Dir {
-		if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
-			return false, nil
-		}
-	} else if !filter.Match(o.Key) {
+		keep = filter.MatchDir(o.Key) && (len(filter.Include) == 0 || filter.Match(o.Key))
+	} else {
+		keep = filter.Match(o.Key)
+	}
+	if filter.Work.Spent() {
+		return false, source.Errorf(source.TooLarge, "matching its include and exclude patterns against its keys took more than %d units of work (pattern bytes times key bytes), the most a listing may take on this node", limits.MaxGlobWork)
+	}
+	if !keep {
 		return false, nil
 	}
 	if err := source.ValidateKey(o.Key); err != nil {
@@ -133,10 +152,13 @@ func keepEntry(limits Limits, filter source.Filter, o source.Object) (bool, erro
 
 // listingDigest lists src as staging would and returns the digest of what it keeps.
 func listingDigest(ctx context.Context, src source.Source, spec *Spec, limits Limits) (string, error) {
-	filter := spec.Filter()
+	filter := limits.filter(spec)
 	var d digester
-	var bytes int64
+	var bytes, listed int64
 	err := src.List(ctx, func(o source.Object) error {
+		if listed++; listed > limits.MaxObjects {
+			return limits.checkListed(listed)
+		}
 		keep, err := keepEntry(limits, filter, o)
 		if err != nil || !keep {
 			return err
@@ -164,6 +186,47 @@ func manifestDigest(dir string, md *meta) (string, error) {
 		return "", err
 	}
 	return d.sum(), nil
+}
+
+// minDenialTTL is the least time a refused proof is remembered, also with AccessProofTTL 0.
+const minDenialTTL = time.Minute
+
+// readsEvery proves that src's credentials may read every file entry of the manifest in dir as
+// listed: one check per file (source.ReadChecker), at most the node's read concurrency at once,
+// stopping at the first refusal. A source without per-entry checks reads one file (pinnedRead).
+func (m *Manager) readsEvery(ctx context.Context, src source.Source, dir string, md *meta) error {
+	rc, ok := src.(source.ReadChecker)
+	if !ok {
+		return m.pinnedRead(ctx, src, dir, md)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	slots := make(chan struct{}, m.cfg.Concurrency)
+	var wg sync.WaitGroup
+	err := eachObject(dir, func(_ int64, o source.Object) error {
+		if o.Type != source.File {
+			return nil
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			cctx, done := context.WithTimeout(ctx, time.Minute)
+			defer done()
+			if err := rc.CheckRead(cctx, o); err != nil {
+				cancel(err)
+			}
+		})
+		return nil
+	})
+	wg.Wait()
+	if cause := context.Cause(ctx); cause != nil {
+		return cause // the first refusal, rather than the walk it stopped
+	}
+	return err
 }
 
 // sampleFile returns a file of the manifest with at least one byte, chosen at random, and false
@@ -232,6 +295,10 @@ func (m *Manager) prove(ctx context.Context, req Request, dir string, md *meta, 
 	who := m.principal(req)
 	key := digest + "\x00" + who
 	m.mu.Lock()
+	if d, ok := m.denials[key]; ok && time.Now().Before(d.until) {
+		m.mu.Unlock()
+		return d.err
+	}
 	until, known := m.proofs[key]
 	p := m.proving[key]
 	if !known || time.Now().After(until) {
@@ -250,9 +317,16 @@ func (m *Manager) prove(ctx context.Context, req Request, dir string, md *meta, 
 		}
 		defer src.Close()
 		err = m.pinnedRead(ctx, src, dir, md)
-		if source.KindOf(err) == source.Changed {
+		switch source.KindOf(err) {
+		case source.Changed:
 			m.forgetProof(key)
 			return fmt.Errorf("%w: %w", errListingDiffers, err)
+		case source.Denied:
+			// Revoked since: the next attempt proves afresh after the denial expires.
+			m.forgetProof(key)
+			m.mu.Lock()
+			m.rememberDenialLocked(key, err)
+			m.mu.Unlock()
 		}
 		return err
 	}
@@ -276,8 +350,11 @@ func (m *Manager) runProof(req Request, dir string, md *meta, digest, key string
 	}
 	m.mu.Lock()
 	delete(m.proving, key)
-	if p.err == nil {
+	switch {
+	case p.err == nil:
 		m.rememberLocked(key)
+	case source.KindOf(p.err) == source.Denied:
+		m.rememberDenialLocked(key, p.err)
 	}
 	m.mu.Unlock()
 	close(p.done)
@@ -289,14 +366,19 @@ func (m *Manager) fullProof(ctx context.Context, req Request, dir string, md *me
 		return err
 	}
 	defer src.Close()
+	release, err := m.listingSlot(ctx, req.Spec)
+	if err != nil {
+		return err
+	}
 	got, err := listingDigest(ctx, src, req.Spec, m.limits)
+	release()
 	if err != nil {
 		return err
 	}
 	if got != digest {
 		return errListingDiffers
 	}
-	err = m.pinnedRead(ctx, src, dir, md)
+	err = m.readsEvery(ctx, src, dir, md)
 	if source.KindOf(err) == source.Changed {
 		return fmt.Errorf("%w: %w", errListingDiffers, err)
 	}
@@ -340,6 +422,32 @@ func (m *Manager) rememberLocked(key string) {
 		}
 	}
 	m.proofs[key] = now.Add(m.cfg.AccessProofTTL)
+}
+
+// denial is a refused proof, remembered: the caller's retries get the same answer without
+// another listing or check.
+type denial struct {
+	until time.Time
+	err   error
+}
+
+func (m *Manager) rememberDenialLocked(key string, err error) {
+	now := time.Now()
+	if len(m.denials) >= maxProofs {
+		for k, d := range m.denials {
+			if now.After(d.until) || len(m.denials) >= maxProofs {
+				delete(m.denials, k)
+			}
+		}
+	}
+	m.denials[key] = denial{until: now.Add(max(m.cfg.AccessProofTTL, minDenialTTL)), err: err}
+}
+
+// rememberDenial records that who was refused the dataset version (its digest).
+func (m *Manager) rememberDenial(digest, who string, err error) {
+	m.mu.Lock()
+	m.rememberDenialLocked(digest+"\x00"+who, err)
+	m.mu.Unlock()
 }
 
 func (m *Manager) forgetProof(key string) {

@@ -36,19 +36,29 @@ type Limits struct {
 	// PerSource bounds the node's concurrent reads from one source endpoint (an S3 endpoint,
 	// an NFS server), so one slow server cannot hold every staging slot.
 	PerSource int
+	// Listings and ListingsPerSource bound the listings (stagings' and access proofs') under
+	// way on the node, and against one source endpoint: each holds a CPU and a connection for
+	// as long as the source keeps answering, and any pod author can start one.
+	Listings, ListingsPerSource int
+	// MaxGlobWork bounds the include/exclude matching one listing may do, in units of pattern
+	// bytes times key bytes (source.Work).
+	MaxGlobWork int64
 }
 
 // DefaultLimits are the limits a zero Config field gets, and the driver flags' defaults.
 var DefaultLimits = Limits{
-	MaxBytes:         1 << 40,
-	MaxObjects:       5_000_000,
-	MaxKeyLength:     1024,
-	MaxKeyDepth:      64,
-	MaxManifestBytes: 1 << 30,
-	MinThroughput:    64 << 10,
-	ReadGrace:        time.Minute,
-	JobDeadline:      24 * time.Hour,
-	AbandonAfter:     15 * time.Minute,
+	MaxBytes:          1 << 40,
+	MaxObjects:        5_000_000,
+	MaxKeyLength:      1024,
+	MaxKeyDepth:       64,
+	MaxManifestBytes:  1 << 30,
+	MinThroughput:     64 << 10,
+	ReadGrace:         time.Minute,
+	JobDeadline:       24 * time.Hour,
+	AbandonAfter:      15 * time.Minute,
+	Listings:          8,
+	ListingsPerSource: 2,
+	MaxGlobWork:       1 << 36,
 }
 
 // withDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
@@ -81,6 +91,13 @@ func (l Limits) withDefaults(concurrency int) Limits {
 	if l.PerSource <= 0 {
 		l.PerSource = max(1, concurrency/4)
 	}
+	if l.Listings <= 0 {
+		l.Listings = d.Listings
+	}
+	if l.ListingsPerSource <= 0 {
+		l.ListingsPerSource = d.ListingsPerSource
+	}
+	set(&l.MaxGlobWork, d.MaxGlobWork)
 	return l
 }
 
@@ -104,6 +121,22 @@ func (l Limits) checkTotals(objects, bytes int64) error {
 		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", humanBytes(l.MaxBytes))
 	}
 	return nil
+}
+
+// checkListed refuses a listing that went through more entries than a dataset may have, those
+// its filters drop included: dropping an entry costs the node as much as keeping it.
+func (l Limits) checkListed(listed int64) error {
+	if listed > l.MaxObjects {
+		return source.Errorf(source.TooLarge, "it has more than %d entries, counting those its include and exclude patterns drop, the most a dataset may have on this node", l.MaxObjects)
+	}
+	return nil
+}
+
+// filter is spec's filter for one listing, with its glob work budget.
+func (l Limits) filter(spec *Spec) source.Filter {
+	f := spec.Filter()
+	f.Work = source.NewWork(l.MaxGlobWork)
+	return f
 }
 
 // readTimeout is how long a read of n bytes may take.
@@ -142,6 +175,31 @@ func (m *Manager) sourceSlots(spec *Spec) chan struct{} {
 		m.perSource[key] = ch
 	}
 	return ch
+}
+
+// listingSlot waits for a listing slot of the node and of spec's source endpoint, in that order,
+// and returns their release; a listing waiting for its source holds no node slot.
+func (m *Manager) listingSlot(ctx context.Context, spec *Spec) (func(), error) {
+	key := sourceKey(spec)
+	m.mu.Lock()
+	perSource := m.listingsPerSource[key]
+	if perSource == nil {
+		perSource = make(chan struct{}, m.limits.ListingsPerSource)
+		m.listingsPerSource[key] = perSource
+	}
+	m.mu.Unlock()
+	select {
+	case perSource <- struct{}{}:
+	case <-ctx.Done():
+		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the source")
+	}
+	select {
+	case m.listings <- struct{}{}:
+	case <-ctx.Done():
+		<-perSource
+		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the node")
+	}
+	return func() { <-m.listings; <-perSource }, nil
 }
 
 // watchInterest cancels the job when nobody asked for it in AbandonAfter.

@@ -145,11 +145,15 @@ type Manager struct {
 	inUse    map[string]int       // pool/id -> in-memory users (Populate)
 	proofs   map[string]time.Time // digest/principal -> proof valid until
 	proving  map[string]*proof    // digest/principal -> proof under way
+	denials  map[string]denial    // digest/principal -> refused proof, remembered
 	// proofSlots bounds the full proofs under way (access.go).
 	proofSlots chan struct{}
 	// perSource holds the concurrency slots of each source endpoint.
 	perSource map[string]chan struct{}
-	poolMu    map[string]*sync.Mutex
+	// listings and listingsPerSource bound the listings under way (Limits.Listings).
+	listings          chan struct{}
+	listingsPerSource map[string]chan struct{}
+	poolMu            map[string]*sync.Mutex
 
 	// canons names the entries of ready datasets for peers' requests (peerserve.go).
 	canons canons
@@ -205,11 +209,14 @@ func NewManager(cfg Config) (*Manager, error) {
 		inUse:        map[string]int{},
 		proofs:       map[string]time.Time{},
 		proving:      map[string]*proof{},
+		denials:      map[string]denial{},
 		proofSlots:   make(chan struct{}, concurrentProofs),
 		perSource:    map[string]chan struct{}{},
 		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
 		poolMu:       map[string]*sync.Mutex{},
 	}
+	m.listings = make(chan struct{}, m.limits.Listings)
+	m.listingsPerSource = map[string]chan struct{}{}
 	if cfg.NFSUID != nil {
 		m.nfsUID = *cfg.NFSUID
 	}
@@ -334,6 +341,11 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 	}
 	if err := m.admit(req.Spec); err != nil {
 		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	}
+	// The caller's endpoint policy holds on every path, also those that dial nothing (a join,
+	// a remembered proof): a refused endpoint is refused here.
+	if _, err := m.egressPolicy(req.Spec); err != nil {
+		return Status{}, nil, err
 	}
 	id := req.Spec.ID()
 	who := m.principal(req)
@@ -521,6 +533,7 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
 			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
+			MaxListed: m.limits.MaxObjects,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)

@@ -218,6 +218,33 @@ func (m *Manager) Have(id, digest string) (*peer.Have, bool) {
 	return nil, false
 }
 
+// Versions implements peer.Store: the digests of the S3 versions of dataset id staging or ready
+// on this node's pools, for the peer port to resolve a request's bound version name.
+func (m *Manager) Versions(id string) []string {
+	var out []string
+	m.mu.Lock()
+	for _, j := range m.jobs {
+		if md := j.md.Load(); j.id == id && j.req.Spec.Scheme == SchemeS3 && j.canon.Load() != nil && md != nil {
+			out = append(out, md.Digest)
+		}
+	}
+	m.mu.Unlock()
+	for _, pool := range m.poolList() {
+		dir := datasetDir(pool, id)
+		if !isReady(dir) {
+			continue
+		}
+		md, err := readMeta(dir)
+		if err != nil || md.Spec == nil || md.Spec.Scheme != SchemeS3 {
+			continue
+		}
+		if d, err := manifestDigest(dir, md); err == nil && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // stagingVersion is the job staging a version whose entries are named for peers.
 func (m *Manager) stagingVersion(id, digest string) *job {
 	m.mu.Lock()

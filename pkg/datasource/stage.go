@@ -218,9 +218,10 @@ func (j *job) run(ctx context.Context) (err error) {
 		j.canon.Store(c)
 		if j.m.cfg.Peers.HasPeers(j.id) {
 			// The caller's own credentials read the data before any peer is asked: its listing
-			// gave the manifest, and one file is read pinned to it, as a cache hit proves access
-			// (access.go). A caller that may list but not read gets nothing from peers either.
-			if err := j.m.pinnedRead(ctx, j.src, j.dir, md); err != nil {
+			// gave the manifest, and it may read every file of it, as a cache hit proves access
+			// (access.go). A caller that may list but not read, or read only some files, gets
+			// nothing from peers.
+			if err := j.proveBeforePeers(ctx, md); err != nil {
 				return err
 			}
 			j.swarm = j.m.cfg.Peers.Swarm(ctx, j.id, md.Digest)
@@ -248,6 +249,19 @@ func (j *job) run(ctx context.Context) (err error) {
 	}
 	j.phase.Store(PhaseReady)
 	return nil
+}
+
+// proveBeforePeers shows that the job's caller may read every file of its manifest, so that
+// bytes peers serve it are bytes it may have; the proof is remembered as a hit's is.
+func (j *job) proveBeforePeers(ctx context.Context, md *meta) error {
+	err := j.m.readsEvery(ctx, j.src, j.dir, md)
+	switch {
+	case err == nil:
+		j.m.remember(md.Digest, j.principal)
+	case source.KindOf(err) == source.Denied:
+		j.m.rememberDenial(md.Digest, j.principal, err)
+	}
+	return err
 }
 
 func (j *job) logProgress(ctx context.Context, logger klog.Logger) func() {
@@ -282,16 +296,25 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 		}
 	}
 	j.phase.Store(PhaseListing)
+	release, err := j.m.listingSlot(ctx, j.req.Spec)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	md := &meta{Spec: j.req.Spec, Created: time.Now().UTC()}
-	filter := j.req.Spec.Filter()
+	filter := j.m.limits.filter(j.req.Spec)
 	var digest digester
 	tmp := filepath.Join(j.dir, objectsFile+".tmp")
-	err := writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
+	err = writeAtomic(filepath.Join(j.dir, objectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		written := &countingWriter{w: bw}
 		enc := json.NewEncoder(written)
 		limits := j.m.limits
+		var listed int64
 		err := j.src.List(ctx, func(o source.Object) error {
+			if listed++; listed > limits.MaxObjects {
+				return limits.checkListed(listed)
+			}
 			keep, err := keepEntry(limits, filter, o)
 			if err != nil || !keep {
 				return err
@@ -338,25 +361,14 @@ func (j *job) manifest(ctx context.Context) (*meta, error) {
 }
 
 // checkResume proves that this job's caller reads the data of the manifest an earlier attempt
-// left: its own listing matches, and one file reads pinned to its ETag.
+// left, as a cache hit does (access.go): its own listing matches, and it may read every file.
 func (j *job) checkResume(ctx context.Context, md *meta) error {
 	digest, err := manifestDigest(j.dir, md)
 	if err != nil {
 		return err
 	}
 	md.Digest = digest
-	got, err := listingDigest(ctx, j.src, j.req.Spec, j.m.limits)
-	if err != nil {
-		return err
-	}
-	if got != digest {
-		return errListingDiffers
-	}
-	err = j.m.pinnedRead(ctx, j.src, j.dir, md)
-	if source.KindOf(err) == source.Changed {
-		return fmt.Errorf("%w: %w", errListingDiffers, err)
-	}
-	return err
+	return j.m.prove(ctx, j.req, j.dir, md, digest)
 }
 
 // discard removes what an earlier attempt staged under a manifest this caller cannot use.
