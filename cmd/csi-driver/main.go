@@ -68,7 +68,7 @@ func main() {
 	lim := &cfg.Datasets.Limits
 	def := datasource.DefaultLimits
 	flag.Int64Var(&lim.MaxBytes, "max-dataset-bytes", def.MaxBytes, "Largest dataset (bytes) a volume may name.")
-	flag.Int64Var(&lim.MaxObjects, "max-dataset-objects", def.MaxObjects, "Most entries (files, directories, links; empty files too) a dataset may have.")
+	flag.Int64Var(&lim.MaxObjects, "max-dataset-objects", def.MaxObjects, "Most entries (files, directories, links; empty files too) a dataset may have; also the most keys and common prefixes its listing may go through, those its patterns drop included.")
 	flag.IntVar(&lim.MaxKeyLength, "max-dataset-key-length", def.MaxKeyLength, "Longest key (bytes) of a dataset entry.")
 	flag.IntVar(&lim.MaxKeyDepth, "max-dataset-key-depth", def.MaxKeyDepth, "Most path segments of a dataset entry's key.")
 	flag.Int64Var(&lim.MaxManifestBytes, "max-dataset-manifest-bytes", def.MaxManifestBytes, "Largest manifest (bytes) a dataset may write to its pool.")
@@ -77,6 +77,9 @@ func main() {
 	flag.DurationVar(&lim.JobDeadline, "staging-deadline", def.JobDeadline, "Longest one staging attempt may take.")
 	flag.DurationVar(&lim.AbandonAfter, "staging-abandon-after", def.AbandonAfter, "A staging no volume asked for in this long is cancelled and its partial data deleted.")
 	flag.IntVar(&lim.PerSource, "staging-concurrency-per-source", 0, "Parallel reads from one source endpoint (S3 endpoint, NFS server); 0 is a quarter of --staging-concurrency.")
+	flag.IntVar(&lim.Listings, "max-concurrent-listings", def.Listings, "Dataset listings (of stagings and access proofs) under way on the node at once; more wait.")
+	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once; more wait.")
+	flag.Int64Var(&lim.MaxGlobWork, "max-dataset-glob-work", def.MaxGlobWork, "Include/exclude matching one listing may do, in pattern bytes times key bytes; past it the dataset is refused.")
 	flag.StringVar(&cfg.Peers.Listen, "peer-listen", "", "Address (host:port) of the peer port, which serves this node's S3 datasets to other node plugins (docs/datasets.md); empty: no peer fan-out. Needs API access (in-cluster, or --kubeconfig).")
 	peerAdvertise := flag.String("peer-advertise", "", "host:port at which other nodes reach the peer port (the pod IP and the port); published on this node's StoragePools.")
 	peerTokenFile := flag.String("peer-token-file", "/var/run/secrets/cistern-peer/token", "This node plugin's ServiceAccount token for the audience cistern-peer (a projected token kubelet keeps fresh).")
@@ -205,6 +208,9 @@ func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts s
 	cfg.Peers.Server.Cert = cert
 	cfg.Peers.Server.Auth = &peer.TokenReviewer{Client: client.AuthenticationV1().TokenReviews(), ServiceAccounts: strings.Split(accounts, ",")}
 	self := storagepool.LabelValue(cfg.NodeID)
+	// Requests name versions bound to the asking node and this one, by the names the
+	// StoragePools publish (peer.BindVersion).
+	cfg.Peers.Server.Self, cfg.Peers.Server.NodeName = self, storagepool.LabelValue
 	inventory := discovery.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: advertise, CertHash: hash})
 	token := &peer.TokenFile{Path: tokenFile}
 	if cfg.Datasets.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: self, Directory: inventory, Token: token.Token}); err != nil {

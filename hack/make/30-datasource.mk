@@ -57,3 +57,18 @@ BENCH_TARGETS += bench-fanout
 bench-fanout: $(VERSITYGW)
 	CISTERN_VERSITYGW=$(VERSITYGW) \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkFanout -benchtime 1x -v ./pkg/datasource/bench/
+
+# The access proof's cost on 20,000 × 32 KiB (docs/security.md): a first hit and a remembered
+# hit as fractions of staging, 3 runs.
+BENCH_TARGETS += bench-access-proof
+.PHONY: bench-access-proof
+bench-access-proof: $(VERSITYGW)
+	CISTERN_VERSITYGW=$(VERSITYGW) \
+	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkAccessProof -benchtime 1x -v ./pkg/datasource/bench/
+
+# The node plugin's peak memory and CPU under a listing flood (docs/security.md): what
+# deploy/csi's limits must hold.
+BENCH_TARGETS += bench-listing-flood
+.PHONY: bench-listing-flood
+bench-listing-flood:
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkListingFlood -benchtime 1x -v ./pkg/datasource/bench/

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource/access"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
@@ -177,10 +178,13 @@ func NewManager(cfg Config) (*Manager, error) {
 	}
 	m.metrics = newMetrics(m)
 	m.cache = cache.New(cache.Config{LowWatermark: cfg.LowWatermark, HighWatermark: cfg.HighWatermark, OnEvict: m.evicted}, cfg.Pools...)
-	m.access = access.New(access.Config{TTL: cfg.AccessProofTTL, Limits: m.limits, NFSUID: m.nfsUID, NFSGID: m.nfsGID})
-	m.store = &peer.CacheStore{Staging: m.stagingVersion, Pools: m.cache.Pools}
+	listings := dataset.NewListingSlots(m.limits)
+	m.access = access.New(access.Config{TTL: cfg.AccessProofTTL, Limits: m.limits, Listings: listings,
+		Concurrency: cfg.Concurrency, NFSUID: m.nfsUID, NFSGID: m.nfsGID})
+	m.store = &peer.CacheStore{Staging: m.stagingVersion, Stagings: m.stagingVersions, Pools: m.cache.Pools}
 	ec := stage.Config{Concurrency: cfg.Concurrency, BandwidthBytesPerSec: cfg.BandwidthBytesPerSec,
-		ChunkSize: cfg.ChunkSize, Retries: cfg.Retries, Limits: m.limits, Cache: m.cache, Metrics: m.metrics.staging()}
+		ChunkSize: cfg.ChunkSize, Retries: cfg.Retries, Limits: m.limits, Listings: listings, Cache: m.cache,
+		Metrics: m.metrics.staging()}
 	if cfg.Peers != nil {
 		ec.Peers = cfg.Peers // a nil *peer.Network stays a nil interface
 	}
@@ -290,6 +294,30 @@ func (m *Manager) prove(ctx context.Context, req Request, dir string, md *cache.
 	return m.access.Prove(ctx, m.principal(req), open, req.Spec, dir, md, digest)
 }
 
+// callerAccess proves a staging's own caller for its job (stage.Access).
+type callerAccess struct {
+	m   *Manager
+	req Request
+	who string
+}
+
+func (a *callerAccess) Prove(ctx context.Context, dir string, md *cache.Meta, digest string) error {
+	return a.m.prove(ctx, a.req, dir, md, digest)
+}
+
+// ProveFiles shows that the caller may read every file, so that bytes peers serve it are bytes
+// it may have; the proof is remembered as a hit's is.
+func (a *callerAccess) ProveFiles(ctx context.Context, src source.Source, dir string, md *cache.Meta) error {
+	err := a.m.access.ReadsEvery(ctx, src, dir, md)
+	switch {
+	case err == nil:
+		a.m.access.Remember(md.Digest, a.who)
+	case source.KindOf(err) == source.Denied:
+		a.m.access.RememberDenial(md.Digest, a.who, err)
+	}
+	return err
+}
+
 func failKey(pool, id, principal string) string { return jobKey(pool, id) + "\x00" + principal }
 
 // checking is the progress reported while a caller's access proof is still under way.
@@ -301,6 +329,11 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 	}
 	if err := m.admit(req.Spec); err != nil {
 		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
+	}
+	// The caller's endpoint policy holds on every path, also those that dial nothing (a join,
+	// a remembered proof): a refused endpoint is refused here.
+	if _, err := m.egressPolicy(req.Spec); err != nil {
+		return Status{}, nil, err
 	}
 	id := req.Spec.ID()
 	who := m.principal(req)
@@ -351,7 +384,8 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 			pl.Unlock()
 			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
-		j = &staging{Job: m.engine.New(req.Spec, req.Capacity, req.Pool, dir, src), principal: who, done: make(chan struct{})}
+		acc := &callerAccess{m: m, req: req, who: who}
+		j = &staging{Job: m.engine.New(req.Spec, req.Capacity, req.Pool, dir, src, acc), principal: who, done: make(chan struct{})}
 		m.mu.Lock()
 		m.jobs[key] = j
 		delete(m.lastFail, key)
@@ -477,6 +511,7 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
 			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
+			MaxListed: m.limits.MaxObjects,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)
@@ -582,6 +617,24 @@ func (m *Manager) Have(id, digest string) (*peer.Have, bool) { return m.store.Ha
 // Open implements peer.Store: bytes of an entry this node holds (peer.CacheStore).
 func (m *Manager) Open(id, digest string, r, off, n int64) (io.ReadCloser, error) {
 	return m.store.Open(id, digest, r, off, n)
+}
+
+// Versions implements peer.Store: the versions of dataset id this node holds or stages
+// (peer.CacheStore).
+func (m *Manager) Versions(id string) []string { return m.store.Versions(id) }
+
+// stagingVersions lists the digests of the stagings under way of dataset id whose entries are
+// named for peers.
+func (m *Manager) stagingVersions(id string) []string {
+	var out []string
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, j := range m.jobs {
+		if md := j.Meta(); j.ID() == id && j.Spec().Scheme == SchemeS3 && j.Peering() != nil && md != nil {
+			out = append(out, md.Digest)
+		}
+	}
+	return out
 }
 
 // stagingVersion is the staging under way of a version whose entries are named for peers.

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -67,11 +66,11 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if pl.Dataset != nil && shape.access == state.Block {
 		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
 	}
-	if pl.Dataset != nil && (req.GetVolumeContentSource().GetSnapshot() != nil || req.GetVolumeContentSource().GetVolume() != nil) {
-		// Filling a restored volume from a dataset would overwrite (or, for a dataset that
-		// shrank, delete) restored files.
-		return nil, status.Errorf(codes.InvalidArgument, "parameter %q and a snapshot or volume content source exclude each other", consts.ParamSource)
-	}
+	// A restore or clone of a dataset class takes its data from the snapshot or source volume,
+	// which the caller's namespace already holds: the dataset is neither staged nor copied in
+	// (that would overwrite, or for a dataset that shrank delete, restored files), so no byte
+	// of the dataset cache reaches it and no access proof is skipped (docs/security.md).
+	restoring := req.GetVolumeContentSource().GetSnapshot() != nil || req.GetVolumeContentSource().GetVolume() != nil
 	size, err := volumeSize(req.GetCapacityRange(), shape, d.cfg.DefaultVolumeSize)
 	if err != nil {
 		return nil, err
@@ -99,6 +98,7 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		CreatedAt:     time.Now().UTC(),
 
 		MutableParameters: req.GetMutableParameters(),
+		DatasetFilled:     restoring && pl.Dataset != nil,
 	}
 	var source string // image to copy from, for snapshots and clones
 	switch {
@@ -146,8 +146,10 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 		return nil, err
 	}
 	// Before anything is created: a dataset that cannot fit is refused here.
-	if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
-		return nil, err
+	if !restoring {
+		if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
+			return nil, err
+		}
 	}
 	if v, err = d.volumes.Create(v, chosen, source); err != nil {
 		return nil, err

@@ -192,8 +192,8 @@ func TestCorruptStateRecord(t *testing.T) {
 }
 
 // TestRequestValidation: IDs and node paths from a CSI client are checked before any handler
-// touches the disk; sizes near the int64 limit are OutOfRange; a dataset and a content source
-// exclude each other.
+// touches the disk; sizes near the int64 limit are OutOfRange. (A dataset class with a content
+// source restores or clones: TestDatasetRestoreAndClone.)
 func TestRequestValidation(t *testing.T) {
 	env := startDriver(t, testPool{name: "fast"})
 	ctx := context.Background()
@@ -249,20 +249,6 @@ func TestRequestValidation(t *testing.T) {
 				CapacityRange: &csi.CapacityRange{RequiredBytes: math.MaxInt64 - 100}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}})
 			return err
 		}, codes.OutOfRange, "largest"},
-		{"failure case - dataset and snapshot", func() error {
-			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "both",
-				Parameters: map[string]string{"source": "s3://data/set"}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
-				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
-					Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "fast-snap-0123"}}}})
-			return err
-		}, codes.InvalidArgument, "exclude each other"},
-		{"failure case - dataset and clone", func() error {
-			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "both2",
-				Parameters: map[string]string{"source": "s3://data/set"}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
-				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
-					Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "fast-0123"}}}})
-			return err
-		}, codes.InvalidArgument, "exclude each other"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { wantCode(t, tc.call(), tc.code, tc.want) })
 	}

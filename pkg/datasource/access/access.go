@@ -1,19 +1,23 @@
 // Package access decides who may be handed cached data among tenants. Every caller proves its own
 // read access, with its own credentials, before it is handed anything of a dataset, whichever way
 // it reaches it: a cache hit, joining a staging under way, resuming a partial staging, a writable
-// copy. A proof is:
+// copy, pieces from peers. A proof is:
 //
 //   - the caller's listing of the source, filtered as staging filters it, equals the cached
 //     manifest entry for entry (keys, ETags or versions, sizes, link targets). Listing the same
 //     bucket name is not enough: servers that resolve a bucket per credential would otherwise let
 //     one tenant plant files that another is served;
-//   - one file of the manifest, chosen at random, is read (one byte) pinned to its listed ETag or
-//     version: list rights are not read rights.
+//   - every file of the manifest may be read by the caller, pinned to its listed ETag: one HEAD
+//     per file on S3 (source.ReadChecker), in parallel. List rights are not read rights, and read
+//     rights differ per object under prefix policies and object ACLs, so a sample proves nothing
+//     of the other files. Sources without per-tenant credentials (NFS as the node's uid, node-local
+//     paths) read one file.
 //
-// A listing costs about what staging's own listing costs, so a proof is remembered per (dataset
-// version, caller) for Config.TTL (the driver's --dataset-access-ttl); within it a hit costs the one pinned read, which
-// also notices credentials revoked since. Callers are told apart by a keyed hash of their
-// credentials; the key is random per process, so nothing that identifies a tenant is stored.
+// A proof is remembered per (dataset version, caller) for Config.TTL (the driver's
+// --dataset-access-ttl); within it a hit costs one pinned read, which notices credentials revoked
+// since. A proof refused (Denied) is remembered as long, so a caller retrying learns nothing new
+// and costs the node nothing. Callers are told apart by a keyed hash of their credentials; the
+// key is random per process, so nothing that identifies a tenant is stored.
 package access
 
 import (
@@ -55,6 +59,10 @@ type Config struct {
 	TTL time.Duration
 	// Limits are staging's, which a proof's listing honours as staging's own does.
 	Limits dataset.Limits
+	// Listings bound the listings under way on the node, stagings' and proofs' alike.
+	Listings *dataset.ListingSlots
+	// Concurrency bounds the checks of one proof under way at once (the node's read slots).
+	Concurrency int
 	// NFSUID and NFSGID are the AUTH_UNIX identity of the node's NFS client: every caller of an
 	// NFS source is that one principal.
 	NFSUID, NFSGID uint32
@@ -69,6 +77,7 @@ type Prover struct {
 	mu      sync.Mutex
 	proofs  map[string]time.Time // digest/principal -> proof valid until
 	proving map[string]*proof    // digest/principal -> proof under way
+	denials map[string]denial    // digest/principal -> refused proof, remembered
 	// slots bounds the full proofs under way.
 	slots chan struct{}
 }
@@ -76,7 +85,7 @@ type Prover struct {
 // New returns a Prover with a fresh principal key.
 func New(cfg Config) *Prover {
 	return &Prover{cfg: cfg, key: newPrincipalKey(), proofs: map[string]time.Time{},
-		proving: map[string]*proof{}, slots: make(chan struct{}, concurrentProofs)}
+		proving: map[string]*proof{}, denials: map[string]denial{}, slots: make(chan struct{}, concurrentProofs)}
 }
 
 // Opener opens the source with the caller's own credentials.
@@ -92,14 +101,22 @@ func (p *Prover) Principal(spec *dataset.Spec, c dataset.Credentials) string {
 	case dataset.SchemeLocal:
 		return "local"
 	}
+	// A tenant's source may connect only where --tenant-s3-endpoints allows, an administrator's
+	// anywhere: the same credentials (or none) under two policies are two principals, so a
+	// tenant never joins, nor is served on the strength of, a proof its own policy could not
+	// have made.
+	scope := "s3:"
+	if spec.Tenant {
+		scope = "s3-tenant:"
+	}
 	if c.AccessKeyID == "" {
-		return "anonymous"
+		return scope + "anonymous"
 	}
 	mac := hmac.New(sha256.New, p.key)
 	for _, s := range []string{c.AccessKeyID, c.SecretAccessKey, c.SessionToken} {
 		fmt.Fprintf(mac, "%d:%s", len(s), s)
 	}
-	return "s3:" + hex.EncodeToString(mac.Sum(nil)[:16])
+	return scope + hex.EncodeToString(mac.Sum(nil)[:16])
 }
 
 func newPrincipalKey() []byte {
@@ -140,6 +157,10 @@ type proof struct {
 func (p *Prover) Prove(ctx context.Context, who string, open Opener, spec *dataset.Spec, dir string, md *cache.Meta, digest string) error {
 	key := digest + "\x00" + who
 	p.mu.Lock()
+	if d, ok := p.denials[key]; ok && time.Now().Before(d.until) {
+		p.mu.Unlock()
+		return d.err
+	}
 	until, known := p.proofs[key]
 	pr := p.proving[key]
 	if !known || time.Now().After(until) {
@@ -158,9 +179,16 @@ func (p *Prover) Prove(ctx context.Context, who string, open Opener, spec *datas
 		}
 		defer src.Close()
 		err = PinnedRead(ctx, src, dir, md)
-		if source.KindOf(err) == source.Changed {
+		switch source.KindOf(err) {
+		case source.Changed:
 			p.forget(key)
 			return fmt.Errorf("%w: %w", ErrListingDiffers, err)
+		case source.Denied:
+			// Revoked since: the next attempt proves afresh after the denial expires.
+			p.forget(key)
+			p.mu.Lock()
+			p.rememberDenialLocked(key, err)
+			p.mu.Unlock()
 		}
 		return err
 	}
@@ -184,8 +212,11 @@ func (p *Prover) runProof(open Opener, spec *dataset.Spec, dir string, md *cache
 	}
 	p.mu.Lock()
 	delete(p.proving, key)
-	if pr.err == nil {
+	switch {
+	case pr.err == nil:
 		p.rememberLocked(key)
+	case source.KindOf(pr.err) == source.Denied:
+		p.rememberDenialLocked(key, pr.err)
 	}
 	p.mu.Unlock()
 	close(pr.done)
@@ -197,14 +228,19 @@ func (p *Prover) fullProof(ctx context.Context, open Opener, spec *dataset.Spec,
 		return err
 	}
 	defer src.Close()
+	release, err := p.cfg.Listings.Acquire(ctx, spec)
+	if err != nil {
+		return err
+	}
 	got, err := cache.ListingDigest(ctx, src, spec, p.cfg.Limits)
+	release()
 	if err != nil {
 		return err
 	}
 	if got != digest {
 		return ErrListingDiffers
 	}
-	err = PinnedRead(ctx, src, dir, md)
+	err = p.ReadsEvery(ctx, src, dir, md)
 	if source.KindOf(err) == source.Changed {
 		return fmt.Errorf("%w: %w", ErrListingDiffers, err)
 	}
@@ -250,6 +286,73 @@ func (p *Prover) rememberLocked(key string) {
 		}
 	}
 	p.proofs[key] = now.Add(p.cfg.TTL)
+}
+
+// denial is a refused proof, remembered: the caller's retries get the same answer without
+// another listing or check.
+type denial struct {
+	until time.Time
+	err   error
+}
+
+func (p *Prover) rememberDenialLocked(key string, err error) {
+	now := time.Now()
+	if len(p.denials) >= maxProofs {
+		for k, d := range p.denials {
+			if now.After(d.until) || len(p.denials) >= maxProofs {
+				delete(p.denials, k)
+			}
+		}
+	}
+	p.denials[key] = denial{until: now.Add(max(p.cfg.TTL, minDenialTTL)), err: err}
+}
+
+// RememberDenial records that who was refused the dataset version (its digest).
+func (p *Prover) RememberDenial(digest, who string, err error) {
+	p.mu.Lock()
+	p.rememberDenialLocked(digest+"\x00"+who, err)
+	p.mu.Unlock()
+}
+
+// minDenialTTL is the least time a refused proof is remembered, also with TTL 0.
+const minDenialTTL = time.Minute
+
+// ReadsEvery proves that src's credentials may read every file entry of the manifest in dir as
+// listed: one check per file (source.ReadChecker), at most the node's read concurrency at once,
+// stopping at the first refusal. A source without per-entry checks reads one file (PinnedRead).
+func (p *Prover) ReadsEvery(ctx context.Context, src source.Source, dir string, md *cache.Meta) error {
+	rc, ok := src.(source.ReadChecker)
+	if !ok {
+		return PinnedRead(ctx, src, dir, md)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	slots := make(chan struct{}, p.cfg.Concurrency)
+	var wg sync.WaitGroup
+	err := cache.EachObject(dir, func(_ int64, o source.Object) error {
+		if o.Type != source.File {
+			return nil
+		}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			cctx, done := context.WithTimeout(ctx, time.Minute)
+			defer done()
+			if err := rc.CheckRead(cctx, o); err != nil {
+				cancel(err)
+			}
+		})
+		return nil
+	})
+	wg.Wait()
+	if cause := context.Cause(ctx); cause != nil {
+		return cause // the first refusal, rather than the walk it stopped
+	}
+	return err
 }
 
 func (p *Prover) forget(key string) {

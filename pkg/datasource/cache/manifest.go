@@ -49,11 +49,16 @@ func (d *Digester) Sum() string {
 // KeepEntry is staging's filter over listed entries: it says whether o belongs to the dataset
 // and refuses entries that could not be staged safely.
 func KeepEntry(limits dataset.Limits, filter source.Filter, o source.Object) (bool, error) {
+	var keep bool
 	if o.Type == source.Dir {
-		if !filter.MatchDir(o.Key) || len(filter.Include) > 0 && !filter.Match(o.Key) {
-			return false, nil
-		}
-	} else if !filter.Match(o.Key) {
+		keep = filter.MatchDir(o.Key) && (len(filter.Include) == 0 || filter.Match(o.Key))
+	} else {
+		keep = filter.Match(o.Key)
+	}
+	if filter.Work.Spent() {
+		return false, source.Errorf(source.TooLarge, "matching its include and exclude patterns against its keys took more than %d units of work (pattern bytes times key bytes), the most a listing may take on this node", limits.MaxGlobWork)
+	}
+	if !keep {
 		return false, nil
 	}
 	if err := source.ValidateKey(o.Key); err != nil {
@@ -75,10 +80,13 @@ func KeepEntry(limits dataset.Limits, filter source.Filter, o source.Object) (bo
 
 // ListingDigest lists src as staging would and returns the digest of what it keeps.
 func ListingDigest(ctx context.Context, src source.Source, spec *dataset.Spec, limits dataset.Limits) (string, error) {
-	filter := spec.Filter()
+	filter := limits.Filter(spec)
 	var d Digester
-	var bytes int64
+	var bytes, listed int64
 	err := src.List(ctx, func(o source.Object) error {
+		if listed++; listed > limits.MaxObjects {
+			return limits.CheckListed(listed)
+		}
 		keep, err := KeepEntry(limits, filter, o)
 		if err != nil || !keep {
 			return err

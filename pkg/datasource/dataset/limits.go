@@ -1,7 +1,9 @@
 package dataset
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
@@ -33,19 +35,29 @@ type Limits struct {
 	// PerSource bounds the node's concurrent reads from one source endpoint (an S3 endpoint,
 	// an NFS server), so one slow server cannot hold every staging slot.
 	PerSource int
+	// Listings and ListingsPerSource bound the listings (stagings' and access proofs') under
+	// way on the node, and against one source endpoint: each holds a CPU and a connection for
+	// as long as the source keeps answering, and any pod author can start one.
+	Listings, ListingsPerSource int
+	// MaxGlobWork bounds the include/exclude matching one listing may do, in units of pattern
+	// bytes times key bytes (source.Work).
+	MaxGlobWork int64
 }
 
 // DefaultLimits are the limits a zero Config field gets, and the driver flags' defaults.
 var DefaultLimits = Limits{
-	MaxBytes:         1 << 40,
-	MaxObjects:       5_000_000,
-	MaxKeyLength:     1024,
-	MaxKeyDepth:      64,
-	MaxManifestBytes: 1 << 30,
-	MinThroughput:    64 << 10,
-	ReadGrace:        time.Minute,
-	JobDeadline:      24 * time.Hour,
-	AbandonAfter:     15 * time.Minute,
+	MaxBytes:          1 << 40,
+	MaxObjects:        5_000_000,
+	MaxKeyLength:      1024,
+	MaxKeyDepth:       64,
+	MaxManifestBytes:  1 << 30,
+	MinThroughput:     64 << 10,
+	ReadGrace:         time.Minute,
+	JobDeadline:       24 * time.Hour,
+	AbandonAfter:      15 * time.Minute,
+	Listings:          8,
+	ListingsPerSource: 2,
+	MaxGlobWork:       1 << 36,
 }
 
 // WithDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
@@ -78,6 +90,13 @@ func (l Limits) WithDefaults(concurrency int) Limits {
 	if l.PerSource <= 0 {
 		l.PerSource = max(1, concurrency/4)
 	}
+	if l.Listings <= 0 {
+		l.Listings = d.Listings
+	}
+	if l.ListingsPerSource <= 0 {
+		l.ListingsPerSource = d.ListingsPerSource
+	}
+	set(&l.MaxGlobWork, d.MaxGlobWork)
 	return l
 }
 
@@ -103,6 +122,22 @@ func (l Limits) CheckTotals(objects, bytes int64) error {
 	return nil
 }
 
+// CheckListed refuses a listing that went through more entries than a dataset may have, those
+// its filters drop included: dropping an entry costs the node as much as keeping it.
+func (l Limits) CheckListed(listed int64) error {
+	if listed > l.MaxObjects {
+		return source.Errorf(source.TooLarge, "it has more than %d entries, counting those its include and exclude patterns drop, the most a dataset may have on this node", l.MaxObjects)
+	}
+	return nil
+}
+
+// Filter is spec's filter for one listing, with its glob work budget.
+func (l Limits) Filter(spec *Spec) source.Filter {
+	f := spec.Filter()
+	f.Work = source.NewWork(l.MaxGlobWork)
+	return f
+}
+
 // ReadTimeout is how long a read of n bytes may take.
 func (l Limits) ReadTimeout(n int64) time.Duration {
 	return l.ReadGrace + time.Duration(float64(n)/float64(l.MinThroughput)*float64(time.Second))
@@ -120,4 +155,44 @@ func SourceKey(s *Spec) string {
 		return "nfs " + s.Host
 	}
 	return string(s.Scheme)
+}
+
+// ListingSlots bound the listings (stagings' and access proofs') under way on the node and
+// against one source endpoint (Limits.Listings, Limits.ListingsPerSource).
+type ListingSlots struct {
+	node      chan struct{}
+	perSource int
+
+	mu      sync.Mutex
+	sources map[string]chan struct{}
+}
+
+// NewListingSlots returns the listing slots of a node with limits l (defaults filled).
+func NewListingSlots(l Limits) *ListingSlots {
+	return &ListingSlots{node: make(chan struct{}, l.Listings), perSource: l.ListingsPerSource, sources: map[string]chan struct{}{}}
+}
+
+// Acquire waits for a listing slot of the node and of spec's source endpoint, in that order,
+// and returns their release; a listing waiting for its source holds no node slot.
+func (s *ListingSlots) Acquire(ctx context.Context, spec *Spec) (func(), error) {
+	key := SourceKey(spec)
+	s.mu.Lock()
+	perSource := s.sources[key]
+	if perSource == nil {
+		perSource = make(chan struct{}, s.perSource)
+		s.sources[key] = perSource
+	}
+	s.mu.Unlock()
+	select {
+	case perSource <- struct{}{}:
+	case <-ctx.Done():
+		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the source")
+	}
+	select {
+	case s.node <- struct{}{}:
+	case <-ctx.Done():
+		<-perSource
+		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the node")
+	}
+	return func() { <-s.node; <-perSource }, nil
 }

@@ -1,6 +1,9 @@
 package peer
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"regexp"
@@ -92,6 +95,18 @@ var (
 	validID     = regexp.MustCompile(`^[a-f0-9]{8,64}$`)
 	validDigest = regexp.MustCompile(`^[a-f0-9]{32,64}$`)
 )
+
+// BindVersion names a dataset version (its manifest digest) in requests from node asker to node
+// server: a keyed hash, the digest the key. A digest comes only from a listing of the source;
+// a node that learns this name — a compromised node posing as a holder of every dataset, asked
+// by honest nodes — can neither recover the digest nor use the name with any other node, since
+// each server checks the name against the authenticated asker and itself. So a node is served a
+// version only when it listed the source itself.
+func BindVersion(digest, asker, server string) string {
+	mac := hmac.New(sha256.New, []byte(digest))
+	fmt.Fprintf(mac, "cistern-peer-version\x00%s\x00%s", asker, server)
+	return hex.EncodeToString(mac.Sum(nil)[:16])
+}
 
 // checkVersion refuses names that are not a dataset ID and a manifest digest.
 func checkVersion(id, digest string) error {

@@ -80,6 +80,9 @@ type CacheStore struct {
 	// Staging returns the staging under way of version (id, digest) whose entries are named for
 	// peers; nil when there is none.
 	Staging func(id, digest string) *Staging
+	// Stagings lists the digests of the versions of dataset id staging under way whose entries
+	// are named for peers.
+	Stagings func(id string) []string
 	// Pools lists the pool directories whose caches may hold a ready version.
 	Pools func() []string
 
@@ -118,6 +121,26 @@ func (s *CacheStore) readyNames(dir, digest string) (*Names, error) {
 	}
 	s.names[key] = c
 	return c, nil
+}
+
+// Versions implements Store: the digests of the S3 versions of dataset id staging or ready on
+// this node's pools, for the peer port to resolve a request's bound version name.
+func (s *CacheStore) Versions(id string) []string {
+	out := s.Stagings(id)
+	for _, pool := range s.Pools() {
+		dir := cache.DatasetDir(pool, id)
+		if !cache.IsReady(dir) {
+			continue
+		}
+		md, err := cache.ReadMeta(dir)
+		if err != nil || md.Spec == nil || md.Spec.Scheme != dataset.SchemeS3 {
+			continue
+		}
+		if d, err := cache.ManifestDigest(dir, md); err == nil && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // Have implements Store: a ready S3 dataset of this version on any pool, or a staging of it

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
@@ -41,6 +42,18 @@ type Peers interface {
 	HasPeers(id string) bool
 	// Swarm starts asking the peers of a dataset version what they hold.
 	Swarm(ctx context.Context, id, digest string) *peer.Swarm
+}
+
+// Access proves, with its own credentials, the caller a job stages for, as the coordinator proves
+// every caller (package access): before a job resumes what an earlier attempt left, and before it
+// takes bytes from peers.
+type Access interface {
+	// Prove shows that the caller reads the data of the manifest in dir: its listing matches
+	// (digest), and it may read every file.
+	Prove(ctx context.Context, dir string, md *cache.Meta, digest string) error
+	// ProveFiles shows that src's credentials may read every file of the manifest in dir, and
+	// remembers the outcome as a proof.
+	ProveFiles(ctx context.Context, src source.Source, dir string, md *cache.Meta) error
 }
 
 // Metrics are the counters staging moves.
@@ -71,7 +84,9 @@ type Config struct {
 	Retries int
 	// Limits bound what one dataset may make the node spend.
 	Limits dataset.Limits
-	Cache  Cache
+	// Listings bound the listings under way on the node, stagings' and proofs' alike.
+	Listings *dataset.ListingSlots
+	Cache    Cache
 	// Peers, when set, lets jobs read S3 datasets from other nodes; nil reads the source only.
 	Peers   Peers
 	Metrics Metrics

@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/datasource/access"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
@@ -32,6 +31,7 @@ var (
 // the manifest is streamed from disk, and each worker holds one copy buffer.
 type Job struct {
 	e        *Engine
+	access   Access
 	spec     *dataset.Spec
 	capacity int64  // the volume's size; a dataset that cannot fit is refused (0: no check)
 	id       string // spec.ID(), which hashes the spec
@@ -67,9 +67,10 @@ type Job struct {
 }
 
 // New returns a job that stages spec, read through src, into dir, the dataset's directory in
-// pool's cache; Run runs it. capacity is the volume's size (0: no check).
-func (e *Engine) New(spec *dataset.Spec, capacity int64, pool, dir string, src source.Source) *Job {
-	j := &Job{e: e, spec: spec, capacity: capacity, id: spec.ID(), pool: pool, dir: dir, src: src, listed: make(chan struct{}),
+// pool's cache; Run runs it. capacity is the volume's size (0: no check); acc proves the caller
+// whose credentials src holds.
+func (e *Engine) New(spec *dataset.Spec, capacity int64, pool, dir string, src source.Source, acc Access) *Job {
+	j := &Job{e: e, access: acc, spec: spec, capacity: capacity, id: spec.ID(), pool: pool, dir: dir, src: src, listed: make(chan struct{}),
 		sourceSlots: e.sourceSlots(spec), started: time.Now()}
 	j.phase.Store(PhaseListing)
 	j.Want()
@@ -297,9 +298,9 @@ func (j *Job) joinPeers(ctx context.Context, md *cache.Meta) (leave func(), err 
 		return func() {}, nil
 	}
 	// The caller's own credentials read the data before any peer is asked: its listing gave the
-	// manifest, and one file is read pinned to it, as a cache hit proves access (package
-	// access). A caller that may list but not read gets nothing from peers either.
-	if err := access.PinnedRead(ctx, j.src, j.dir, md); err != nil {
+	// manifest, and it may read every file of it, as a cache hit proves access (package access).
+	// A caller that may list but not read, or read only some files, gets nothing from peers.
+	if err := j.access.ProveFiles(ctx, j.src, j.dir, md); err != nil {
 		return nil, err
 	}
 	j.peers.swarm = j.e.cfg.Peers.Swarm(ctx, j.id, md.Digest)

@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -43,16 +42,25 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 		}
 	}
 	j.phase.Store(PhaseListing)
+	release, err := j.e.cfg.Listings.Acquire(ctx, j.spec)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	md := &cache.Meta{Spec: j.spec, Created: time.Now().UTC()}
-	filter := j.spec.Filter()
+	filter := j.e.cfg.Limits.Filter(j.spec)
 	var digest cache.Digester
 	tmp := filepath.Join(j.dir, cache.ObjectsFile+".tmp")
-	err := cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
+	err = cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		written := &countingWriter{w: bw}
 		enc := json.NewEncoder(written)
 		limits := j.e.cfg.Limits
+		var listed int64
 		err := j.src.List(ctx, func(o source.Object) error {
+			if listed++; listed > limits.MaxObjects {
+				return limits.CheckListed(listed)
+			}
 			keep, err := cache.KeepEntry(limits, filter, o)
 			if err != nil || !keep {
 				return err
@@ -99,25 +107,15 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 }
 
 // checkResume proves that this job's caller reads the data of the manifest an earlier attempt
-// left: its own listing matches, and one file reads pinned to its ETag.
+// left, as a cache hit does (package access): its own listing matches, and it may read every
+// file.
 func (j *Job) checkResume(ctx context.Context, md *cache.Meta) error {
 	digest, err := cache.ManifestDigest(j.dir, md)
 	if err != nil {
 		return err
 	}
 	md.Digest = digest
-	got, err := cache.ListingDigest(ctx, j.src, j.spec, j.e.cfg.Limits)
-	if err != nil {
-		return err
-	}
-	if got != digest {
-		return access.ErrListingDiffers
-	}
-	err = access.PinnedRead(ctx, j.src, j.dir, md)
-	if source.KindOf(err) == source.Changed {
-		return fmt.Errorf("%w: %w", access.ErrListingDiffers, err)
-	}
-	return err
+	return j.access.Prove(ctx, j.dir, md, digest)
 }
 
 // discard removes what an earlier attempt staged under a manifest this caller cannot use.
