@@ -26,20 +26,8 @@ import (
 // left by an earlier attempt (perhaps another caller's, before a restart) is kept only when this
 // job's caller proves it reads the same data; otherwise what was staged is discarded.
 func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
-	if cache.ManifestExists(j.dir) {
-		if md, err := cache.ReadMeta(j.dir); err == nil {
-			err := j.checkResume(ctx, md)
-			if err == nil {
-				return md, nil
-			}
-			if !errors.Is(err, access.ErrListingDiffers) {
-				return nil, err
-			}
-			klog.FromContext(ctx).Info("discarding a partial staging: the source's listing differs from its manifest")
-			if err := j.discard(); err != nil {
-				return nil, err
-			}
-		}
+	if md, err := j.resumed(ctx); md != nil || err != nil {
+		return md, err
 	}
 	j.phase.Store(PhaseListing)
 	release, err := j.e.cfg.Listings.Acquire(ctx, j.spec)
@@ -104,6 +92,27 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 		return nil, err
 	}
 	return md, nil
+}
+
+// resumed returns the manifest an earlier attempt left, when this job's caller proves it reads
+// the same data; nil when there is none, or it was discarded.
+func (j *Job) resumed(ctx context.Context) (*cache.Meta, error) {
+	if !cache.ManifestExists(j.dir) {
+		return nil, nil
+	}
+	md, err := cache.ReadMeta(j.dir)
+	if err != nil {
+		return nil, nil
+	}
+	err = j.checkResume(ctx, md)
+	if err == nil {
+		return md, nil
+	}
+	if !errors.Is(err, access.ErrListingDiffers) {
+		return nil, err
+	}
+	klog.FromContext(ctx).Info("discarding a partial staging: the source's listing differs from its manifest")
+	return nil, j.discard()
 }
 
 // checkResume proves that this job's caller reads the data of the manifest an earlier attempt
