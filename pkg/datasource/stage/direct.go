@@ -1,4 +1,4 @@
-package datasource
+package stage
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"unsafe"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"golang.org/x/sys/unix"
 )
 
@@ -100,7 +101,7 @@ func (o *output) writeAt(b []byte, off int64) error {
 		}
 		_, err = o.f.WriteAt(b, off)
 	}
-	return writeErr(err)
+	return cache.WriteErr(err)
 }
 
 // finish cuts off the padding of the last block.

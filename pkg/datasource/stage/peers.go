@@ -1,4 +1,4 @@
-package datasource
+package stage
 
 // Peer fan-out, the fetching side (package peer, docs/datasets.md): a staging job reads pieces
 // from peers before the source, nodes staging together share the pieces out, and what comes from
@@ -15,15 +15,11 @@ package datasource
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
-	"path"
 	"path/filepath"
-	"strconv"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -45,33 +41,33 @@ const maxWaits = 120
 
 // open opens [off, off+n) of o: from a peer that holds it, after waiting for one that is reading
 // it, or from the source. via is the peer, nil for the source.
-func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n int64) (rc io.ReadCloser, via *peer.Peer, err error) {
-	if j.swarm != nil && pr != nil && pr.eligible {
+func (j *Job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n int64) (rc io.ReadCloser, via *peer.Peer, err error) {
+	if j.peers.swarm != nil && pr != nil && pr.eligible {
 		for {
-			p, choice := j.swarm.Pick(pr.i, off, n)
+			p, choice := j.peers.swarm.Pick(pr.i, off, n)
 			if choice == peer.FromPeer {
-				rc, err := j.swarm.Open(ctx, p, pr.i, off, n)
+				rc, err := j.peers.swarm.Open(ctx, p, pr.i, off, n)
 				if err == nil {
 					pr.peers = append(pr.peers, p)
 					return rc, &p, nil
 				}
 				if !peer.IsBusy(err) {
-					j.swarm.Done(p, true)
+					j.peers.swarm.Done(p, true)
 					continue
 				}
 				// The peer sends all it may at once: ask it, or another, again after a poll
 				// rather than read the piece from the source.
-				j.swarm.Refused(p)
+				j.peers.swarm.Refused(p)
 				choice = peer.Wait
 			}
 			// Another node's share, which it is still reading from the source: wait for it.
-			if choice == peer.FromSource && pr.owner != j.m.cfg.Peers.Self() && j.swarm.Fetching(pr.owner) {
+			if choice == peer.FromSource && pr.owner != j.peers.self && j.peers.swarm.Fetching(pr.owner) {
 				choice = peer.Wait
 			}
 			if choice == peer.Wait && pr.waits < maxWaits {
 				pr.waits++
 				select {
-				case <-j.swarm.Polled():
+				case <-j.peers.swarm.Polled():
 					continue
 				case <-ctx.Done():
 					return nil, nil, context.Cause(ctx)
@@ -84,110 +80,18 @@ func (j *job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 	return rc, nil, err
 }
 
-// peerHolds reports whether a peer holds task t's piece now (and may serve it).
-func (j *job) peerHolds(t task) bool {
-	if j.swarm == nil {
-		return false
-	}
-	if t.big != nil {
-		return t.big.eligible && j.swarm.Holds(j.rank(t.i), t.off, t.n)
-	}
-	return md5ETag.MatchString(t.obj.ETag) && j.swarm.Holds(j.rank(t.i), 0, t.obj.Size)
-}
-
-// peerBusy reports whether a peer is reading task t's piece from the source now, and holds it
-// nowhere yet.
-func (j *job) peerBusy(t task) bool {
-	if j.swarm == nil {
-		return false
-	}
-	off, n, eligible := int64(0), t.obj.Size, md5ETag.MatchString(t.obj.ETag)
-	if t.big != nil {
-		off, n, eligible = t.off, t.n, t.big.eligible
-	}
-	return eligible && j.swarm.Busy(j.rank(t.i), off, n)
-}
-
-// owner is the node whose share task t's piece is: entries are shared out by rank, the ranges
-// of a large entry by their index.
-func (j *job) owner(t task) string {
-	if j.swarm == nil {
-		return ""
-	}
-	if t.big != nil {
-		return j.swarm.Owner(int64(t.idx), int64(len(t.big.from)))
-	}
-	return j.swarm.Owner(j.rank(t.i), j.objsTotal.Load())
-}
-
-// othersShare reports whether task t's piece is another node's share that no peer holds yet.
-func (j *job) othersShare(t task) bool {
-	if j.swarm == nil {
-		return false
-	}
-	o := j.owner(t)
-	return o != j.m.cfg.Peers.Self() && !j.peerHolds(t) && j.swarm.Staging(o)
-}
-
 // eachShared calls fn for the manifest's entries of ranks [from, to) in rank order.
-func (j *job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
-	c := j.canon.Load()
-	f, err := os.Open(filepath.Join(j.dir, objectsFile))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	for r := max(from, 0); r < min(to, int64(len(c.line))); r++ {
-		l := c.line[r]
-		b := make([]byte, c.offs[l+1]-c.offs[l])
-		if _, err := f.ReadAt(b, c.offs[l]); err != nil {
-			return err
-		}
-		var o source.Object
-		if err := json.Unmarshal(b, &o); err != nil {
-			return fmt.Errorf("corrupt manifest line %d: %w", l+1, err)
-		}
-		if err := fn(int64(l), o); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (j *job) deferTask(t task) {
-	j.deferMu.Lock()
-	defer j.deferMu.Unlock()
-	if t.big != nil {
-		j.deferredRanges = append(j.deferredRanges, t)
-	} else {
-		j.deferred = append(j.deferred, t)
-	}
-}
-
-func (j *job) takeDeferred() []task {
-	j.deferMu.Lock()
-	defer j.deferMu.Unlock()
-	d := append(j.deferredRanges, j.deferred...)
-	j.deferred, j.deferredRanges = nil, nil
-	return d
-}
-
-// readOrder is where this node starts in a list of n pieces (peer.Swarm.Offset); without peers,
-// at the start.
-func (j *job) readOrder(n int64, salt string) int64 {
-	if j.swarm == nil {
-		return 0
-	}
-	return j.swarm.Offset(n, salt)
+func (j *Job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
+	return j.peers.names.Load().Each(filepath.Join(j.dir, cache.ObjectsFile), from, to, fn)
 }
 
 // blame reads the ranges of a large entry that peers served again from the source, drops each
 // peer whose bytes differ, and reports whether any did. The ranges' digests are updated from what
 // the source sent.
-func (j *job) blame(ctx context.Context, t task) (bool, error) {
+func (j *Job) blame(ctx context.Context, t task) (bool, error) {
 	b := t.big
 	// A descriptor of its own: the object's may be open for direct I/O, which needs aligned reads.
-	f, err := j.root.Open(path.Join(tmpDir, tmpShard(t.i), tmpBase(t.i)))
+	f, err := j.root.Open(cache.TmpName(t.i))
 	if err != nil {
 		return false, err
 	}
@@ -215,8 +119,8 @@ func (j *job) blame(ctx context.Context, t task) (bool, error) {
 		}
 		if before.Sum32() != after.Sum32() {
 			for _, p := range from {
-				j.swarm.Wrong(p)
-				j.m.metrics.wrongPieces.Inc()
+				j.peers.swarm.Wrong(p)
+				j.e.cfg.Metrics.WrongPieces.Inc()
 			}
 			blamed = true
 		}
@@ -224,6 +128,3 @@ func (j *job) blame(ctx context.Context, t task) (bool, error) {
 	}
 	return blamed, nil
 }
-
-// tmpShard is the shard directory of entry i's temporary file (tmpDir).
-func tmpShard(i int64) string { return strconv.FormatInt(i%tmpShards, 10) }

@@ -1,4 +1,4 @@
-package datasource
+package stage
 
 import (
 	"math/rand/v2"

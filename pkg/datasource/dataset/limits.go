@@ -1,13 +1,12 @@
-package datasource
+package dataset
 
 import (
 	"context"
-	"errors"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
-	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Limits bound what one dataset may make the node spend. Any pod author can name a dataset (an
@@ -61,8 +60,8 @@ var DefaultLimits = Limits{
 	MaxGlobWork:       1 << 36,
 }
 
-// withDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
-func (l Limits) withDefaults(concurrency int) Limits {
+// WithDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
+func (l Limits) WithDefaults(concurrency int) Limits {
 	d := DefaultLimits
 	set := func(v *int64, def int64) {
 		if *v <= 0 {
@@ -101,8 +100,8 @@ func (l Limits) withDefaults(concurrency int) Limits {
 	return l
 }
 
-// checkKey refuses a key past the length and depth limits.
-func (l Limits) checkKey(key string) error {
+// CheckKey refuses a key past the length and depth limits.
+func (l Limits) CheckKey(key string) error {
 	if len(key) > l.MaxKeyLength {
 		return source.Errorf(source.Invalid, "entry %.64q... is %d bytes long, more than the %d allowed", key, len(key), l.MaxKeyLength)
 	}
@@ -112,46 +111,40 @@ func (l Limits) checkKey(key string) error {
 	return nil
 }
 
-// checkTotals refuses a dataset past the size and entry limits, as soon as the listing shows it.
-func (l Limits) checkTotals(objects, bytes int64) error {
+// CheckTotals refuses a dataset past the size and entry limits, as soon as the listing shows it.
+func (l Limits) CheckTotals(objects, bytes int64) error {
 	if objects > l.MaxObjects {
 		return source.Errorf(source.TooLarge, "it has more than %d entries, the most a dataset may have on this node", l.MaxObjects)
 	}
 	if bytes > l.MaxBytes {
-		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", humanBytes(l.MaxBytes))
+		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", HumanBytes(l.MaxBytes))
 	}
 	return nil
 }
 
-// checkListed refuses a listing that went through more entries than a dataset may have, those
+// CheckListed refuses a listing that went through more entries than a dataset may have, those
 // its filters drop included: dropping an entry costs the node as much as keeping it.
-func (l Limits) checkListed(listed int64) error {
+func (l Limits) CheckListed(listed int64) error {
 	if listed > l.MaxObjects {
 		return source.Errorf(source.TooLarge, "it has more than %d entries, counting those its include and exclude patterns drop, the most a dataset may have on this node", l.MaxObjects)
 	}
 	return nil
 }
 
-// filter is spec's filter for one listing, with its glob work budget.
-func (l Limits) filter(spec *Spec) source.Filter {
+// Filter is spec's filter for one listing, with its glob work budget.
+func (l Limits) Filter(spec *Spec) source.Filter {
 	f := spec.Filter()
 	f.Work = source.NewWork(l.MaxGlobWork)
 	return f
 }
 
-// readTimeout is how long a read of n bytes may take.
-func (l Limits) readTimeout(n int64) time.Duration {
+// ReadTimeout is how long a read of n bytes may take.
+func (l Limits) ReadTimeout(n int64) time.Duration {
 	return l.ReadGrace + time.Duration(float64(n)/float64(l.MinThroughput)*float64(time.Second))
 }
 
-// errAbandoned ends a staging nobody waits for any more.
-var errAbandoned = source.Errorf(source.Invalid, "staging abandoned: no volume asked for it any more")
-
-// errTooSlow ends a read slower than the minimum throughput; it is retried like any failed read.
-var errTooSlow = errors.New("read slower than the minimum throughput")
-
-// sourceKey names the endpoint a source reads from, for per-source concurrency.
-func sourceKey(s *Spec) string {
+// SourceKey names the endpoint a source reads from, for per-source concurrency.
+func SourceKey(s *Spec) string {
 	switch s.Scheme {
 	case SchemeS3:
 		if s.Endpoint != "" {
@@ -164,52 +157,42 @@ func sourceKey(s *Spec) string {
 	return string(s.Scheme)
 }
 
-// sourceSlots returns the concurrency slots of spec's source endpoint.
-func (m *Manager) sourceSlots(spec *Spec) chan struct{} {
-	key := sourceKey(spec)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	ch := m.perSource[key]
-	if ch == nil {
-		ch = make(chan struct{}, m.limits.PerSource)
-		m.perSource[key] = ch
-	}
-	return ch
+// ListingSlots bound the listings (stagings' and access proofs') under way on the node and
+// against one source endpoint (Limits.Listings, Limits.ListingsPerSource).
+type ListingSlots struct {
+	node      chan struct{}
+	perSource int
+
+	mu      sync.Mutex
+	sources map[string]chan struct{}
 }
 
-// listingSlot waits for a listing slot of the node and of spec's source endpoint, in that order,
+// NewListingSlots returns the listing slots of a node with limits l (defaults filled).
+func NewListingSlots(l Limits) *ListingSlots {
+	return &ListingSlots{node: make(chan struct{}, l.Listings), perSource: l.ListingsPerSource, sources: map[string]chan struct{}{}}
+}
+
+// Acquire waits for a listing slot of the node and of spec's source endpoint, in that order,
 // and returns their release; a listing waiting for its source holds no node slot.
-func (m *Manager) listingSlot(ctx context.Context, spec *Spec) (func(), error) {
-	key := sourceKey(spec)
-	m.mu.Lock()
-	perSource := m.listingsPerSource[key]
+func (s *ListingSlots) Acquire(ctx context.Context, spec *Spec) (func(), error) {
+	key := SourceKey(spec)
+	s.mu.Lock()
+	perSource := s.sources[key]
 	if perSource == nil {
-		perSource = make(chan struct{}, m.limits.ListingsPerSource)
-		m.listingsPerSource[key] = perSource
+		perSource = make(chan struct{}, s.perSource)
+		s.sources[key] = perSource
 	}
-	m.mu.Unlock()
+	s.mu.Unlock()
 	select {
 	case perSource <- struct{}{}:
 	case <-ctx.Done():
 		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the source")
 	}
 	select {
-	case m.listings <- struct{}{}:
+	case s.node <- struct{}{}:
 	case <-ctx.Done():
 		<-perSource
 		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the node")
 	}
-	return func() { <-m.listings; <-perSource }, nil
-}
-
-// watchInterest cancels the job when nobody asked for it in AbandonAfter.
-func (j *job) watchInterest(ctx context.Context, cancel context.CancelCauseFunc) {
-	after := j.m.limits.AbandonAfter
-	_ = wait.PollUntilContextCancel(ctx, min(after/4, time.Minute), false, func(context.Context) (bool, error) {
-		if time.Since(time.Unix(0, j.wanted.Load())) <= after {
-			return false, nil
-		}
-		cancel(errAbandoned)
-		return true, nil
-	})
+	return func() { <-s.node; <-perSource }, nil
 }

@@ -1,4 +1,4 @@
-package datasource
+package cache
 
 import (
 	"context"
@@ -9,7 +9,10 @@ import (
 	"path"
 	"path/filepath"
 	"sync"
+	"syscall"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 )
@@ -22,7 +25,7 @@ const (
 )
 
 // Populated reports whether the filesystem at target was already filled with spec's dataset.
-func Populated(target string, spec *Spec) bool {
+func Populated(target string, spec *dataset.Spec) bool {
 	buf := make([]byte, 64)
 	n, err := unix.Getxattr(target, populatedXattr, buf)
 	return err == nil && string(buf[:n]) == spec.ID()
@@ -34,28 +37,18 @@ func Populated(target string, spec *Spec) bool {
 // moved into place: a volume never shows half a dataset. Populating an already populated volume is
 // a no-op, so the user's later changes are never overwritten. version is the Status.Version the
 // caller proved it may read (empty: any); a dataset replaced since is refused as changed.
-func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version, target string) error {
+func (c *Cache) Populate(ctx context.Context, pool string, spec *dataset.Spec, version, target string) error {
 	id := spec.ID()
 	if Populated(target, spec) {
 		return nil
 	}
-	key := jobKey(pool, id)
-	m.mu.Lock()
-	m.inUse[key]++
-	m.mu.Unlock()
-	m.changed()
-	defer func() {
-		m.mu.Lock()
-		m.inUse[key]--
-		m.mu.Unlock()
-		m.changed()
-	}()
-	dir := datasetDir(pool, id)
-	if err := checkVersion(dir, spec, version); err != nil {
+	defer c.PinReader(pool, id)()
+	dir := DatasetDir(pool, id)
+	if err := CheckVersion(dir, spec, version); err != nil {
 		return err
 	}
-	touch(dir)
-	tree := filepath.Join(dir, treeDir)
+	Touch(dir)
+	tree := filepath.Join(dir, TreeDir)
 	logger := klog.FromContext(ctx).WithValues("dataset", spec.String(), "target", target)
 
 	root, err := os.OpenRoot(target)
@@ -71,7 +64,7 @@ func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version
 	}
 	if err := copyTree(ctx, tree, root, populateTmp); err != nil {
 		_ = root.RemoveAll(populateTmp)
-		return writeErr(err)
+		return WriteErr(err)
 	}
 	tmp, err := root.Open(populateTmp)
 	if err != nil {
@@ -98,7 +91,7 @@ func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version
 	if err := unix.Setxattr(target, populatedXattr, []byte(id), 0); err != nil {
 		return err
 	}
-	if err := syncDir(target); err != nil {
+	if err := SyncDir(target); err != nil {
 		return err
 	}
 	logger.V(2).Info("volume populated from cached dataset")
@@ -180,4 +173,12 @@ func copyFile(src string, dst *os.Root, name string) error {
 		_, err = out.ReadFrom(io.LimitReader(in, fi.Size()))
 	}
 	return errors.Join(err, out.Close())
+}
+
+// WriteErr is a write's error, with a full pool or quota told as NoSpace.
+func WriteErr(err error) error {
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return source.Wrap(source.NoSpace, err, "pool is full")
+	}
+	return err
 }

@@ -1,11 +1,10 @@
-// Package datasource stages datasets (S3 prefixes, NFS exports, node-local directories) into a
-// per-node, per-pool cache, and fills volumes from it. The driver creates one Manager per node;
-// the volume service (pkg/volume) uses it through Datasets (Prepare, Fill, Serve, Unserve), with
-// pool names and datasets that pkg/params parsed.
-package datasource
+// Package dataset is the vocabulary every part of the data engine shares: a dataset as a volume
+// names it (Spec), the caller's credentials, and the limits one dataset may make a node spend.
+package dataset
 
 import (
 	"fmt"
+	"net/url"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 	"github.com/cistern-csi/cistern/pkg/params"
@@ -76,4 +75,35 @@ func (c Credentials) String() string {
 	return "static credentials"
 }
 
-func (s *Spec) describe() string { return fmt.Sprintf("dataset %s", s.Source) }
+// Describe names the dataset in messages: "dataset <source>".
+func (s *Spec) Describe() string { return fmt.Sprintf("dataset %s", s.Source) }
+
+// HumanBytes formats n in binary units for messages.
+func HumanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for v := n / unit; v >= unit; v /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// awsHost stands for AWS S3 (a source without an endpoint) in the endpoint allow-list:
+// "*.amazonaws.com" allows it.
+const awsHost = "s3.amazonaws.com"
+
+// EndpointHost is the host an S3 source's requests go to, for the endpoint checks.
+func (s *Spec) EndpointHost() string {
+	if s.Endpoint == "" {
+		return awsHost
+	}
+	u, err := url.Parse(s.Endpoint)
+	if err != nil {
+		return s.Endpoint
+	}
+	return u.Hostname()
+}

@@ -1,4 +1,4 @@
-package datasource
+package stage
 
 // Batches: a node that reads many small entries from peers asks a peer for up to batchPieces of
 // them in one request (package peer, protocol.go) rather than one HTTPS request per entry, which
@@ -29,18 +29,6 @@ const (
 	// batchEntry is the largest entry read in a batch: larger ones cost little per request.
 	batchEntry = 1 << 20
 )
-
-// batchEligible reports whether task t is a whole entry small enough for a batch that a peer's
-// bytes can be checked for (its MD5 ETag).
-func (j *job) batchEligible(t task) bool {
-	return j.swarm != nil && t.big == nil && t.obj.Size > 0 && t.obj.Size <= batchEntry && md5ETag.MatchString(t.obj.ETag)
-}
-
-// batchable reports whether task t goes into a batch: eligible, and a peer that serves batches
-// holds it now.
-func (j *job) batchable(t task) bool {
-	return j.batchEligible(t) && j.swarm.HoldsBatch(j.rank(t.i), 0, t.obj.Size)
-}
 
 // batcher gathers batchable tasks into batch tasks.
 type batcher struct {
@@ -73,24 +61,24 @@ func (b *batcher) flush(ctx context.Context) error {
 // (sendDeferred): checking thousands of them at each poll cost 8 nodes a third more CPU on a set
 // of small files that is CPU-bound anyway. Sends end only with the job (jobCtx): a range taken is
 // never lost.
-func (j *job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
+func (j *Job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 	for {
 		select {
-		case <-j.swarm.Polled():
+		case <-j.peers.swarm.Polled():
 		case <-ctx.Done():
 			return
 		}
-		j.deferMu.Lock()
+		j.peers.deferMu.Lock()
 		var held, rest []task
-		for _, t := range j.deferredRanges {
-			if j.peerHolds(t) {
+		for _, t := range j.peers.deferredRanges {
+			if j.peers.holds(t) {
 				held = append(held, t)
 			} else {
 				rest = append(rest, t)
 			}
 		}
-		j.deferredRanges = rest
-		j.deferMu.Unlock()
+		j.peers.deferredRanges = rest
+		j.peers.deferMu.Unlock()
 		for _, t := range held {
 			t.deferred = true
 			if send(jobCtx, tasks, t) != nil {
@@ -103,18 +91,18 @@ func (j *job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 // sendDeferred sends the pieces put off while peers read them (runTask): small entries a peer
 // holds by now in batches; those a peer is still reading after another poll (up to maxWaits);
 // the rest one by one, as before.
-func (j *job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) error {
+func (j *Job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) error {
 	b := &batcher{tasks: tasks}
 	for waits := 0; len(ts) > 0; waits++ {
 		var later []task
 		for _, t := range ts {
 			t.deferred = true
 			switch {
-			case j.batchable(t):
+			case j.peers.batchable(t):
 				if err := b.add(ctx, t); err != nil {
 					return err
 				}
-			case waits < maxWaits && j.batchEligible(t) && j.awaited(t):
+			case waits < maxWaits && j.peers.batchEligible(t) && j.peers.awaited(t):
 				later = append(later, t)
 			default:
 				if err := send(ctx, tasks, t); err != nil {
@@ -127,7 +115,7 @@ func (j *job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) er
 		}
 		if ts = later; len(ts) > 0 {
 			select {
-			case <-j.swarm.Polled():
+			case <-j.peers.swarm.Polled():
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			}
@@ -136,20 +124,10 @@ func (j *job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) er
 	return nil
 }
 
-// awaited reports whether a peer is reading task t's piece from the source now, or it is the
-// share of a node still reading its share: it will have it soon.
-func (j *job) awaited(t task) bool {
-	if j.peerBusy(t) {
-		return true
-	}
-	o := j.owner(t)
-	return o != j.m.cfg.Peers.Self() && j.swarm.Fetching(o)
-}
-
 // runBatch reads a batch within one node slot (it does not load the source): from the peer that
 // holds most of it, then what is left from the peer that holds most of the rest, for as long as
 // a peer brings some; then whatever is left one by one.
-func (j *job) runBatch(ctx context.Context, ts []task) error {
+func (j *Job) runBatch(ctx context.Context, ts []task) error {
 	left, err := j.fetchBatches(ctx, ts)
 	if err != nil {
 		return err
@@ -163,13 +141,13 @@ func (j *job) runBatch(ctx context.Context, ts []task) error {
 	return nil
 }
 
-func (j *job) fetchBatches(ctx context.Context, ts []task) ([]task, error) {
+func (j *Job) fetchBatches(ctx context.Context, ts []task) ([]task, error) {
 	select {
-	case j.m.slots <- struct{}{}:
+	case j.e.slots <- struct{}{}:
 	case <-ctx.Done():
 		return nil, nil
 	}
-	defer func() { <-j.m.slots }()
+	defer func() { <-j.e.slots }()
 	for len(ts) > 0 {
 		left, err := j.fetchBatch(ctx, ts)
 		if err != nil || len(left) == len(ts) {
@@ -183,7 +161,7 @@ func (j *job) fetchBatches(ctx context.Context, ts []task) ([]task, error) {
 // fetchBatch reads entries ts from the peer that holds most of them, in one request, and commits
 // each that verifies. It returns the entries left to read another way: those the peer did not
 // hold, and all from the first one that failed.
-func (j *job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
+func (j *Job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 	ob, err := j.openBatch(ctx, ts)
 	if ob == nil || err != nil {
 		return ts, err
@@ -208,13 +186,13 @@ func (j *job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 			continue
 		}
 		if ctx.Err() != nil {
-			j.swarm.Done(p, true)
+			j.peers.swarm.Done(p, true)
 			return nil, context.Cause(ctx)
 		}
 		if source.KindOf(err) == source.Corrupt {
 			// A peer served a wrong byte: it is dropped, and the rest read elsewhere.
-			j.swarm.Wrong(p)
-			j.m.metrics.wrongPieces.Inc()
+			j.peers.swarm.Wrong(p)
+			j.e.cfg.Metrics.WrongPieces.Inc()
 			logger.Info("a peer served bytes that fail verification; dropped it, fetching again",
 				"key", t.obj.Key, "peers", []string{p.Node}, "err", err)
 		} else {
@@ -224,7 +202,7 @@ func (j *job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 		}
 		break
 	}
-	j.swarm.Done(p, failed)
+	j.peers.swarm.Done(p, failed)
 	// From the entry that failed on, the batch is read another way.
 	return append(left, ob.asked[next:]...), nil
 }
@@ -245,18 +223,18 @@ func (ob *openedBatch) close() {
 }
 
 // openBatch asks the peer that holds most of ts for them; nil when no peer will.
-func (j *job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
+func (j *Job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 	pieces := make([]peer.Range, len(ts))
 	for k, t := range ts {
-		pieces[k] = peer.Range{Index: j.rank(t.i), N: t.obj.Size}
+		pieces[k] = peer.Range{Index: j.peers.rank(t.i), N: t.obj.Size}
 	}
 	for waits := 0; ; {
-		p, held, choice := j.swarm.PickBatch(pieces)
+		p, held, choice := j.peers.swarm.PickBatch(pieces)
 		if choice == peer.Wait && waits < maxWaits {
 			// The peers that hold them send all they may at once: ask again after a poll.
 			waits++
 			select {
-			case <-j.swarm.Polled():
+			case <-j.peers.swarm.Polled():
 				continue
 			case <-ctx.Done():
 				return nil, context.Cause(ctx)
@@ -277,37 +255,37 @@ func (j *job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 				ob.left = append(ob.left, t)
 			}
 		}
-		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.m.limits.readTimeout(total), errTooSlow)
+		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.e.cfg.Limits.ReadTimeout(total), errTooSlow)
 		var err error
-		if ob.Batch, err = j.swarm.OpenBatch(ob.ctx, p, ask); err == nil {
+		if ob.Batch, err = j.peers.swarm.OpenBatch(ob.ctx, p, ask); err == nil {
 			return ob, nil
 		}
 		ob.cancel()
 		switch {
 		case ctx.Err() != nil:
-			j.swarm.Done(p, true)
+			j.peers.swarm.Done(p, true)
 			return nil, context.Cause(ctx)
 		case peer.IsBusy(err):
-			j.swarm.Refused(p)
+			j.peers.swarm.Refused(p)
 		default:
 			// Left alone a while: the next pick is another peer, or none.
 			klog.FromContext(ctx).V(2).Info("peer batch failed", "peer", p.Node, "err", err)
-			j.swarm.Done(p, true)
+			j.peers.swarm.Done(p, true)
 		}
 	}
 }
 
 // fetchFrom writes entry i, read from a peer through r, into tmp/, checks it against its MD5
 // ETag and commits it (fetchWhole, with the bytes already on their way).
-func (j *job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Reader) error {
-	f, err := j.dirs.create(j.tmpDir(i), tmpBase(i), os.O_WRONLY, fileMode(o))
+func (j *Job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Reader) error {
+	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_WRONLY, fileMode(o))
 	if err != nil {
 		return err
 	}
 	h := md5.New()
 	out := newOutput(f, o.Size, false)
 	k, err := j.copyAt(ctx, out, 0, o.Size, r, h)
-	j.m.metrics.fetchedBytes.WithLabelValues(j.id, originPeer).Add(float64(k))
+	j.e.cfg.Metrics.Fetched.WithLabelValues(j.id, OriginPeer).Add(float64(k))
 	if err == nil && k < o.Size {
 		err = source.Errorf(source.Retryable, "%q: short read from a peer (%d of %d bytes)", o.Key, k, o.Size)
 	}
@@ -325,7 +303,7 @@ func (j *job) fetchFrom(ctx context.Context, i int64, o source.Object, r io.Read
 	}
 	if err != nil {
 		j.bytesDone.Add(-k)
-		_ = j.dirs.remove(j.tmpDir(i), tmpBase(i))
+		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
 		return err
 	}
 	return j.commit(i, o)
