@@ -119,39 +119,15 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	logger.Info("CSI driver serves StoragePoolController", "driver", driverName)
 
 	m := storagepool.NewMetrics(metricsManager.GetRegistry())
-	mux := http.NewServeMux()
-	addr := std.HttpEndpoint
-	if addr == "" {
-		addr = std.MetricsAddress
-	}
-	if addr != "" {
-		metricsManager.RegisterToServer(mux, std.MetricsPath)
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-		go func() {
-			logger.Info("Serving metrics", "address", addr, "path", std.MetricsPath)
-			if err := http.ListenAndServe(addr, mux); err != nil {
-				logger.Error(err, "Metrics server failed")
-				klog.FlushAndExit(klog.ExitFlushTimeout, 1)
-			}
-		}()
-	}
+	mux := s.serveMetrics(ctx, metricsManager)
 
 	client, err := storagepool.NewClient(s.restConfig)
 	if err != nil {
 		return err
 	}
-	var informers []cache.SharedIndexInformer
-	if cfg.NodeName != "" {
-		// Only this node's objects and the shared ones: 1,000 sidecars must not each watch all pools.
-		informers = append(informers,
-			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelNode: storagepool.LabelValue(cfg.NodeName)})),
-			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})))
-	} else {
-		all, err := labels.NewRequirement(consts.LabelPool, selection.Exists, nil)
-		if err != nil {
-			return err
-		}
-		informers = append(informers, storagepool.NewInformer(client, labels.NewSelector().Add(*all)))
+	informers, err := s.informers(client)
+	if err != nil {
+		return err
 	}
 	objects, err := storagepool.NewObjectCache(informers...)
 	if err != nil {
@@ -182,6 +158,45 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	lockName := "storagepool-sidecar-" + driverName
 	leaderelection.RunWithLeaderElection(ctx, s.restConfig, std, runPublisher, lockName, mux, true)
 	return nil
+}
+
+// serveMetrics serves the metrics and /healthz on the standard flags' address, when one is
+// set; the returned mux is the one leader election adds its health check to.
+func (s *Sidecar) serveMetrics(ctx context.Context, metricsManager metrics.CSIMetricsManager) *http.ServeMux {
+	std, logger := s.cfg.Standard, klog.FromContext(ctx)
+	mux := http.NewServeMux()
+	addr := std.HttpEndpoint
+	if addr == "" {
+		addr = std.MetricsAddress
+	}
+	if addr != "" {
+		metricsManager.RegisterToServer(mux, std.MetricsPath)
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+		go func() {
+			logger.Info("Serving metrics", "address", addr, "path", std.MetricsPath)
+			if err := http.ListenAndServe(addr, mux); err != nil {
+				logger.Error(err, "Metrics server failed")
+				klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+			}
+		}()
+	}
+	return mux
+}
+
+// informers watch the StoragePool objects this sidecar publishes: with a node name only that
+// node's and the shared ones (1,000 sidecars must not each watch all pools), else every pool.
+func (s *Sidecar) informers(client *storagepool.Client) ([]cache.SharedIndexInformer, error) {
+	if node := s.cfg.NodeName; node != "" {
+		return []cache.SharedIndexInformer{
+			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelNode: storagepool.LabelValue(node)})),
+			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
+		}, nil
+	}
+	all, err := labels.NewRequirement(consts.LabelPool, selection.Exists, nil)
+	if err != nil {
+		return nil, err
+	}
+	return []cache.SharedIndexInformer{storagepool.NewInformer(client, labels.NewSelector().Add(*all))}, nil
 }
 
 func buildConfig(kubeconfig string) (*rest.Config, error) {
