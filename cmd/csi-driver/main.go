@@ -23,7 +23,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/registration"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -126,7 +126,7 @@ func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts s
 	if err != nil {
 		return nil, err
 	}
-	spClient, err := storagepool.NewClient(rc)
+	spClient, err := poolpublisher.NewClient(rc)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +136,7 @@ func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts s
 	}
 	cfg.Peers.Server.Cert = cert
 	cfg.Peers.Server.Auth = &peer.TokenReviewer{Client: client.AuthenticationV1().TokenReviews(), ServiceAccounts: strings.Split(accounts, ",")}
-	self := storagepool.LabelValue(cfg.NodeID)
+	self := poolpublisher.LabelValue(cfg.NodeID)
 	inventory := discovery.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: advertise, CertHash: hash})
 	token := &peer.TokenFile{Path: tokenFile}
 	if cfg.Datasets.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: self, Directory: inventory, Token: token.Token}); err != nil {

@@ -1,5 +1,5 @@
 // Package sidecar assembles the storagepool-sidecar: a connection to the CSI driver, informers
-// on the StoragePool objects it may write, and the publishing reconciler of pkg/storagepool,
+// on the StoragePool objects it may write, and the publishing reconciler of pkg/poolpublisher,
 // behind leader election. cmd/storagepool-sidecar fills its Config from flags.
 package sidecar
 
@@ -23,7 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 )
 
 // Config is everything the sidecar needs.
@@ -112,16 +112,16 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return fmt.Errorf("asking the CSI driver its name: %w", err)
 	}
 	metricsManager.SetDriverName(driverName)
-	source := storagepool.NewDriverPools(conn, cfg.ListPageSize).WithMaxCachedDatasets(int32(cfg.MaxCachedDatasets))
+	source := poolpublisher.NewDriverPools(conn, cfg.ListPageSize).WithMaxCachedDatasets(int32(cfg.MaxCachedDatasets))
 	if err := source.CheckSupported(callCtx); err != nil {
 		return err
 	}
 	logger.Info("CSI driver serves StoragePoolController", "driver", driverName)
 
-	m := storagepool.NewMetrics(metricsManager.GetRegistry())
+	m := poolpublisher.NewMetrics(metricsManager.GetRegistry())
 	mux := s.serveMetrics(ctx, metricsManager)
 
-	client, err := storagepool.NewClient(s.restConfig)
+	client, err := poolpublisher.NewClient(s.restConfig)
 	if err != nil {
 		return err
 	}
@@ -129,11 +129,11 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	objects, err := storagepool.NewObjectCache(informers...)
+	objects, err := poolpublisher.NewObjectCache(informers...)
 	if err != nil {
 		return err
 	}
-	reconciler, err := storagepool.NewReconciler(storagepool.Config{
+	reconciler, err := poolpublisher.NewReconciler(poolpublisher.Config{
 		DriverName:        driverName,
 		NodeName:          cfg.NodeName,
 		ResyncPeriod:      cfg.ResyncPeriod,
@@ -185,18 +185,18 @@ func (s *Sidecar) serveMetrics(ctx context.Context, metricsManager metrics.CSIMe
 
 // informers watch the StoragePool objects this sidecar publishes: with a node name only that
 // node's and the shared ones (1,000 sidecars must not each watch all pools), else every pool.
-func (s *Sidecar) informers(client *storagepool.Client) ([]cache.SharedIndexInformer, error) {
+func (s *Sidecar) informers(client *poolpublisher.Client) ([]cache.SharedIndexInformer, error) {
 	if node := s.cfg.NodeName; node != "" {
 		return []cache.SharedIndexInformer{
-			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelNode: storagepool.LabelValue(node)})),
-			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
+			poolpublisher.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelNode: poolpublisher.LabelValue(node)})),
+			poolpublisher.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
 		}, nil
 	}
 	all, err := labels.NewRequirement(consts.LabelPool, selection.Exists, nil)
 	if err != nil {
 		return nil, err
 	}
-	return []cache.SharedIndexInformer{storagepool.NewInformer(client, labels.NewSelector().Add(*all))}, nil
+	return []cache.SharedIndexInformer{poolpublisher.NewInformer(client, labels.NewSelector().Add(*all))}, nil
 }
 
 func buildConfig(kubeconfig string) (*rest.Config, error) {
