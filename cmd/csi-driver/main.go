@@ -22,8 +22,8 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
-	"github.com/cistern-csi/cistern/pkg/registration"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
+	"github.com/cistern-csi/cistern/pkg/registration"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

@@ -29,8 +29,8 @@ import (
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	spac "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1/applyconfiguration/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
-	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
+	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
