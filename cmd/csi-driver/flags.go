@@ -10,12 +10,11 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/driver"
-	"github.com/cistern-csi/cistern/pkg/registration"
 )
 
 // options are the flags that are not driver.Config fields as they stand.
 type options struct {
-	mode, httpEndpoint, registrationPath, registrationDir      string
+	mode, httpEndpoint                                         string
 	defaultSize                                                int64
 	inlinePools, localSourceRoots, tenantEndpoints, nfsServers string
 	nfsUID, nfsGID                                             uint
@@ -46,8 +45,6 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
-	flag.StringVar(&o.registrationPath, "kubelet-registration-path", "", "The CSI socket path as kubelet sees it; when set, the driver registers itself with kubelet's plugin watcher (no node-driver-registrar needed).")
-	flag.StringVar(&o.registrationDir, "plugin-registration-dir", registration.DefaultDir, "kubelet's plugin registration directory, for --kubelet-registration-path.")
 	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --peer-listen; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")

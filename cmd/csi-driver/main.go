@@ -23,7 +23,6 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
-	"github.com/cistern-csi/cistern/pkg/registration"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -68,13 +67,6 @@ func main() {
 	}
 	if inventory != nil {
 		go inventory.Run(ctx)
-	}
-	if o.registrationPath != "" {
-		reg, err := registration.New(registration.Config{DriverName: cfg.DriverName, Endpoint: o.registrationPath, Dir: o.registrationDir})
-		if err != nil {
-			exit(err, "Cannot register with kubelet")
-		}
-		go registerWhenReady(ctx, d, reg)
 	}
 	klog.InfoS("Starting Cistern CSI driver", "version", version, "driver", cfg.DriverName, "node", cfg.NodeID, "mode", cfg.Mode)
 	if err := d.Run(ctx); err != nil {
@@ -143,20 +135,6 @@ func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts s
 		return nil, err
 	}
 	return inventory, nil
-}
-
-// registerWhenReady offers the driver to kubelet once it serves: kubelet calls NodeGetInfo as
-// soon as it sees the registration socket.
-func registerWhenReady(ctx context.Context, d *driver.Driver, reg *registration.Server) {
-	select {
-	case <-ctx.Done():
-		return
-	case <-d.Ready():
-	}
-	if err := reg.Run(ctx); err != nil {
-		klog.ErrorS(err, "Kubelet plugin registration failed")
-		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
-	}
 }
 
 func serveHTTP(ctx context.Context, addr string, d *driver.Driver) {
