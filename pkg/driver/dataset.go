@@ -4,11 +4,11 @@ package driver
 // (pkg/volume) does the node's side through pkg/datasource; the driver's part is small:
 //
 //   - CreateVolume validates the dataset parameters (pkg/params) and, when the driver runs on
-//     the node (--mode all), starts staging at once so the data is usually there before the pod.
+//     the node (--mode all), asks the volume service to start staging at once, so the data is
+//     usually there before the pod.
 //   - Volume health reports a dataset still staging, or failed.
 
 import (
-	"context"
 	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -32,15 +32,6 @@ func (d *Driver) initDatasets(reg *prometheus.Registry) (*datasource.Manager, er
 	}
 	reg.MustRegister(m.Collector())
 	return m, nil
-}
-
-// prestageDataset starts staging a new volume's dataset when this process is also the node
-// plugin (--mode all); see volume.Service.Prestage.
-func (d *Driver) prestageDataset(ctx context.Context, name, poolName string, size int64, spec *datasource.Spec, secrets map[string]string) error {
-	if d.cfg.Mode != ModeAll {
-		return nil
-	}
-	return d.volumes.Prestage(ctx, name, poolName, size, spec, secrets)
 }
 
 // datasetHealth reports a dataset still staging, or failed, as the volume's condition.
