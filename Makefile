@@ -71,7 +71,8 @@ GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@
 RACE ?= -race
 
 # Static checks first: go vet and staticcheck over every package of the main module and of
-# hack/images, gofmt over every Go file of the tree.
+# hack/images, gofmt over every Go file of the tree, and the size limits of product files (700
+# lines) and functions (80) (hack/codesize).
 .PHONY: vet verify
 TEST_TARGETS := vet verify
 vet: $(STATICCHECK)
@@ -80,6 +81,7 @@ vet: $(STATICCHECK)
 	cd hack/images && $(GO) vet ./... && $(STATICCHECK) ./...
 	@unformatted=$$(gofmt -l .); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) test -count=1 ./hack/codesize/
 
 # The generated code (CRDs, deepcopy, apply configurations, RBAC, the webhook manifest, protobuf)
 # is what the generators make from the committed sources: regenerate, then fail on any file they

@@ -14,7 +14,7 @@ generate-workloads: $(CONTROLLER_GEN)
 	  paths=./pkg/apis/workloads/... paths=./pkg/apis/data/... output:crd:artifacts:config=deploy/csi/crds
 	$(CONTROLLER_GEN) rbac:roleName=cistern-workload-controller paths=./pkg/workloads/... \
 	  output:rbac:artifacts:config=deploy/csi/workload-controller/rbac
-	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhook/
+	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhookcert/
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestDropInCRDManifest ./pkg/workloads/
 
 # Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,

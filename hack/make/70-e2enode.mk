@@ -12,9 +12,10 @@ export CISTERN_NODE_IMAGES := $(NODE_IMAGES)/images.json
 .PHONY: node-tools node-images node-host-packages e2e-node test-registration test-node-images
 TEST_TARGETS += test-registration test-node-images e2e-node
 
-# The driver's kubelet plugin registration (pkg/registration) over its real socket.
+# The node-driver-registrar stand-in's kubelet plugin registration (hack/standins/registration)
+# over its real socket.
 test-registration:
-	$(GO_TEST) -count=1 $(RACE) ./pkg/registration/...
+	$(GO_TEST) -count=1 $(RACE) ./hack/standins/registration/... ./hack/standins/node-driver-registrar/...
 
 # The images' programs (the papermill and git stand-ins) as functions; seconds. The release
 # images are tested by test-images, which builds them first.

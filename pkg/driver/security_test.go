@@ -143,7 +143,7 @@ func TestPoolPathThroughSymlink(t *testing.T) {
 		t.Fatalf("%d loop devices back the image after two stages, want 1", n)
 	}
 	env.restart()
-	v, ok := env.driver.store.GetVolume(id)
+	v, ok := env.driver.volumes.Store().GetVolume(id)
 	if !ok || v.StagingPath == "" || v.Device == "" {
 		t.Fatalf("staged block volume forgotten across a restart: %+v", v)
 	}

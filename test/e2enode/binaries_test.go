@@ -27,7 +27,7 @@ const (
 // binaries are the paths of everything the suite runs.
 type binaries struct {
 	kubelet, containerd, ctr, runc, cniDir, shimDir string
-	provisioner, driver                             string
+	provisioner, driver, registrar                  string
 	images                                          map[string]imageEntry
 }
 
@@ -93,6 +93,12 @@ func findBinaries(t *testing.T) *binaries {
 	out, err := testutil.GoBuild(b.driver, "github.com/cistern-csi/cistern/cmd/csi-driver").CombinedOutput()
 	if err != nil {
 		t.Fatalf("building the driver: %v\n%s", err, out)
+	}
+	// node-driver-registrar is not served here: its stand-in registers the driver, as the
+	// registrar container of deploy/csi does.
+	b.registrar = filepath.Join(t.TempDir(), "node-driver-registrar")
+	if out, err := testutil.GoBuild(b.registrar, "github.com/cistern-csi/cistern/hack/standins/node-driver-registrar").CombinedOutput(); err != nil {
+		t.Fatalf("building the node-driver-registrar stand-in: %v\n%s", err, out)
 	}
 	return b
 }

@@ -20,8 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
+	"github.com/cistern-csi/cistern/hack/standins/registration"
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/registration"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -37,6 +37,9 @@ type cisternNode struct {
 	stateDir    string
 	driver      *framework.Process
 	starts      int
+	// registrar registers the driver with kubelet, as the registrar container would; it
+	// outlives driver restarts.
+	registrar   *framework.Process
 	provisioner *framework.Process
 	cp          *framework.ControlPlane
 	provStarts  int
@@ -98,7 +101,7 @@ func newCisternNode(t *testing.T, bins *binaries, dir, kubeletRoot, nodeName str
 	return n
 }
 
-// startDriver starts the driver in mode all, registering itself with kubelet.
+// startDriver starts the driver in mode all and, the first time, the registrar next to it.
 func (n *cisternNode) startDriver(t *testing.T) {
 	t.Helper()
 	n.starts++
@@ -114,14 +117,20 @@ func (n *cisternNode) startDriver(t *testing.T) {
 		"--node-id="+n.nodeName,
 		"--pools-config="+n.poolsConfig,
 		"--state-dir="+n.stateDir,
-		"--kubelet-registration-path="+n.socket,
-		"--plugin-registration-dir="+filepath.Join(n.kubeletRoot, "plugins_registry"),
 		"--kubelet-root="+n.kubeletRoot,
 		"--pool-check-interval=2s",
 		"--http-endpoint="+n.metricsAddr,
 		"--v=3",
 	)
 	waitSocket(t, n.driver, n.socket)
+	if n.registrar == nil {
+		n.registrar = framework.StartProcess(n.suite, "node-driver-registrar", n.bins.registrar,
+			"--csi-address="+n.socket,
+			"--kubelet-registration-path="+n.socket,
+			"--plugin-registration-path="+filepath.Join(n.kubeletRoot, "plugins_registry"),
+			"--v=3",
+		)
+	}
 }
 
 // restartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
@@ -202,8 +211,8 @@ func (n *cisternNode) waitRegistered(t *testing.T, cp *framework.ControlPlane) *
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("driver not registered with kubelet (socket %s): %v; driver log: %s",
-			registration.SocketPath(filepath.Join(n.kubeletRoot, "plugins_registry"), consts.DriverName), err, n.driver.LogPath)
+		t.Fatalf("driver not registered with kubelet (socket %s): %v; registrar log: %s, driver log: %s",
+			registration.SocketPath(filepath.Join(n.kubeletRoot, "plugins_registry"), consts.DriverName), err, n.registrar.LogPath, n.driver.LogPath)
 	}
 	return csiNode
 }

@@ -139,8 +139,7 @@ func TestInstall(t *testing.T) {
 	})
 	t.Run("node-pod", func(t *testing.T) { in.waitNodePodReady(t, "", 0) })
 	t.Run("registration", func(t *testing.T) {
-		// The manifests do not give the driver --kubelet-registration-path: the registrar
-		// container registers it.
+		// The driver does not register itself: the registrar container registers it.
 		if _, err := os.Stat(filepath.Join(kubeletRootDir, "plugins_registry", consts.DriverName+"-reg.sock")); err != nil {
 			t.Errorf("no registration socket from the registrar container: %v", err)
 		}

@@ -29,8 +29,8 @@ import (
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	spac "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1/applyconfiguration/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -239,7 +239,7 @@ func BenchmarkSidecarScale(b *testing.B) {
 	cp := framework.Shared(b)
 	installBench(b, cp)
 	total := benchNodes * benchPoolsPerNode
-	c, err := storagepool.NewClient(restConfigUnlimited(cp))
+	c, err := poolpublisher.NewClient(restConfigUnlimited(cp))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -307,7 +307,7 @@ the goals, hold in both modes.
 }
 
 // benchPeer applies total objects, spec then status, one by one, and deletes them.
-func benchPeer(b *testing.B, c *storagepool.Client, total int) time.Duration {
+func benchPeer(b *testing.B, c *poolpublisher.Client, total int) time.Duration {
 	b.Helper()
 	start := time.Now()
 	for i := range total {
@@ -333,7 +333,7 @@ func benchPeer(b *testing.B, c *storagepool.Client, total int) time.Duration {
 }
 
 // benchControllerMode runs the real sidecar binary against a stub driver reporting all nodes.
-func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Client, total int) scaleResult {
+func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *poolpublisher.Client, total int) scaleResult {
 	b.Helper()
 	d := newManyNodesDriver("bench")
 	sock := d.serve(b)
@@ -361,7 +361,7 @@ func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *storagepoo
 
 	w1 := apiserverWrites(b, cp)
 	d.shrink(1234)
-	name := storagepool.ObjectName("pool2", "bench-node-0308", false)
+	name := poolpublisher.ObjectName("pool2", "bench-node-0308", false)
 	waitB(b, time.Minute, "the capacity change", func() bool {
 		obj, err := c.Get(context.Background(), name, metav1.GetOptions{})
 		return err == nil && obj.Status.Capacity.Available.Value() == 3<<40-1<<30
@@ -423,7 +423,7 @@ func (s nodeSource) Watch(ctx context.Context, onChange func(uint64)) error {
 }
 
 // benchPerNode runs one reconciler per node, each as the per-node sidecar sets itself up.
-func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Client, total int) scaleResult {
+func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *poolpublisher.Client, total int) scaleResult {
 	b.Helper()
 	d := newManyNodesDriver("pernode")
 	// The reconcilers' own logs would drown the benchmark's output; their metrics count instead.
@@ -434,21 +434,21 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 		wg.Wait()
 	}()
 	reg := k8smetrics.NewKubeRegistry()
-	m := storagepool.NewMetrics(reg) // shared: counts the syncs of all reconcilers
+	m := poolpublisher.NewMetrics(reg) // shared: counts the syncs of all reconcilers
 	successes := func() float64 { return gatherSum(b, reg, "storagepool_sidecar_syncs_total", "success") }
 	writes0 := apiserverWrites(b, cp)
 	start := time.Now()
 	for n := range benchNodes {
 		node := fmt.Sprintf("pernode-node-%04d", n)
 		informers := []cache.SharedIndexInformer{
-			storagepool.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelNode: storagepool.LabelValue(node)})),
-			storagepool.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
+			poolpublisher.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelNode: poolpublisher.LabelValue(node)})),
+			poolpublisher.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
 		}
-		objects, err := storagepool.NewObjectCache(informers...)
+		objects, err := poolpublisher.NewObjectCache(informers...)
 		if err != nil {
 			b.Fatal(err)
 		}
-		r, err := storagepool.NewReconciler(storagepool.Config{DriverName: consts.DriverName, NodeName: node, ResyncPeriod: benchResync},
+		r, err := poolpublisher.NewReconciler(poolpublisher.Config{DriverName: consts.DriverName, NodeName: node, ResyncPeriod: benchResync},
 			nodeSource{d: d, node: n}, c, objects, m)
 		if err != nil {
 			b.Fatal(err)
@@ -491,7 +491,7 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 
 	w1 := apiserverWrites(b, cp)
 	d.shrink(1234)
-	name := storagepool.ObjectName("pool2", "pernode-node-0308", false)
+	name := poolpublisher.ObjectName("pool2", "pernode-node-0308", false)
 	waitB(b, time.Minute, "the capacity change", func() bool {
 		obj, err := c.Get(context.Background(), name, metav1.GetOptions{})
 		return err == nil && obj.Status.Capacity.Available.Value() == 3<<40-1<<30

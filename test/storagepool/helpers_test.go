@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
@@ -50,9 +50,9 @@ func install(t *testing.T, cp *framework.ControlPlane) {
 }
 
 // adminClient reads StoragePools as admin, to check what the sidecar wrote.
-func adminClient(t *testing.T, cp *framework.ControlPlane) *storagepool.Client {
+func adminClient(t *testing.T, cp *framework.ControlPlane) *poolpublisher.Client {
 	t.Helper()
-	c, err := storagepool.NewClient(cp.Config)
+	c, err := poolpublisher.NewClient(cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // waitPool waits until the object exists and cond holds for it, and returns it.
-func waitPool(t *testing.T, c *storagepool.Client, name, what string, cond func(*spapi.StoragePool) bool) *spapi.StoragePool {
+func waitPool(t *testing.T, c *poolpublisher.Client, name, what string, cond func(*spapi.StoragePool) bool) *spapi.StoragePool {
 	t.Helper()
 	var last *spapi.StoragePool
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, waitTimeout, true,
@@ -252,7 +252,7 @@ func waitPool(t *testing.T, c *storagepool.Client, name, what string, cond func(
 	return last
 }
 
-func waitGone(t *testing.T, c *storagepool.Client, name string) {
+func waitGone(t *testing.T, c *poolpublisher.Client, name string) {
 	t.Helper()
 	waitFor(t, "StoragePool "+name+" to be deleted", func() bool {
 		_, err := c.Get(context.Background(), name, metav1.GetOptions{})

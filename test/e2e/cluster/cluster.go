@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
-	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -91,8 +91,8 @@ func forgetWebhooks(t framework.TB, cp *framework.ControlPlane) {
 	defer cancel()
 	api := cp.Client.AdmissionregistrationV1()
 	for _, err := range []error{
-		api.MutatingWebhookConfigurations().Delete(ctx, whcerts.ConfigurationName, metav1.DeleteOptions{}),
-		api.ValidatingWebhookConfigurations().Delete(ctx, whcerts.ConfigurationName, metav1.DeleteOptions{}),
+		api.MutatingWebhookConfigurations().Delete(ctx, webhookcert.ConfigurationName, metav1.DeleteOptions{}),
+		api.ValidatingWebhookConfigurations().Delete(ctx, webhookcert.ConfigurationName, metav1.DeleteOptions{}),
 	} {
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Fatalf("deleting the webhook configurations of an earlier cluster: %v", err)

@@ -30,7 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/pkg/workloads/snapshotnode"
@@ -162,9 +162,9 @@ func create(t *testing.T, o client.Object) {
 // Warning Event saying what to do.
 func TestHandMadeContentsGetTheirNode(t *testing.T) {
 	install(t)
-	foreign := handMade("foreign-content", "other.csi.dev", volume.NewSnapshotID("fast", "node-b"))
-	nameless := handMade("nameless-content", consts.DriverName, "fast-snap-"+volume.RandomHex())
-	ours := handMade("our-content", consts.DriverName, volume.NewSnapshotID("fast", "node-b"))
+	foreign := handMade("foreign-content", "other.csi.dev", ids.NewSnapshotID("fast", "node-b"))
+	nameless := handMade("nameless-content", consts.DriverName, "fast-snap-"+ids.RandomHex())
+	ours := handMade("our-content", consts.DriverName, ids.NewSnapshotID("fast", "node-b"))
 	for _, c := range []client.Object{foreign, nameless, ours} {
 		create(t, c)
 	}
@@ -216,7 +216,7 @@ func TestRestoresLandOnTheSourceNode(t *testing.T) {
 
 	// A pre-provisioned snapshot on node B (no snapshot-controller runs: the snapshot names its
 	// content, as a user writes it)...
-	content := handMade("restore-content", consts.DriverName, volume.NewSnapshotID("fast", nodeB))
+	content := handMade("restore-content", consts.DriverName, ids.NewSnapshotID("fast", nodeB))
 	content.Spec.VolumeSnapshotRef = corev1.ObjectReference{Namespace: ns, Name: "snap"}
 	create(t, content)
 	create(t, &snapv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "snap"},
@@ -228,7 +228,7 @@ func TestRestoresLandOnTheSourceNode(t *testing.T) {
 		PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 		StorageClassName:              "cistern-restore",
 		ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: "source"},
-		PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: consts.DriverName, VolumeHandle: volume.NewVolumeID("fast")}},
+		PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: consts.DriverName, VolumeHandle: ids.NewVolumeID("fast")}},
 		NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 			MatchExpressions: []corev1.NodeSelectorRequirement{placement.Requirement([]string{nodeA})}}}}},
 	}})

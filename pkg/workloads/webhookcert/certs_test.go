@@ -1,4 +1,4 @@
-package webhook
+package webhookcert
 
 import (
 	"bytes"

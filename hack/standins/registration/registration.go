@@ -9,7 +9,10 @@
 //
 // Server serves that API on <dir>/<driver>-reg.sock. When kubelet reports a failed registration
 // it re-creates the socket after a backoff, so kubelet tries again; node-driver-registrar exits
-// instead and relies on its container being restarted, which a driver process cannot.
+// instead and relies on its container being restarted.
+//
+// It is the node-driver-registrar stand-in's (the upstream image is not available to the test
+// suites here); the driver does not register itself, deploy/csi runs the upstream registrar.
 package registration
 
 import (

@@ -1,6 +1,6 @@
-// Package storagepool publishes the pools a CSI driver reports (StoragePoolController) as
+// Package poolpublisher publishes the pools a CSI driver reports (StoragePoolController) as
 // StoragePool objects, with server-side apply, writing only what changed.
-package storagepool
+package poolpublisher
 
 import (
 	"context"

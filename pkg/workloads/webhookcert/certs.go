@@ -1,8 +1,9 @@
-// Package webhook serves the workload-controller's admission webhooks with certificates it manages
-// itself: a CA and a serving certificate generated on first start, kept in a Secret, renewed before
-// they expire, and the CA injected into the webhook configurations' caBundle (certs.go,
-// configurations.go). No cert-manager needed.
-package webhook
+// Package webhookcert provisions the workload-controller's admission webhooks with certificates
+// it manages itself: a CA and a serving certificate generated on first start, kept in a Secret,
+// renewed before they expire, and the CA injected into the webhook configurations' caBundle
+// (certs.go, configurations.go). No cert-manager needed. The webhooks themselves are served by
+// the packages that own them (lws, notebook, placement).
+package webhookcert
 
 import (
 	"bytes"

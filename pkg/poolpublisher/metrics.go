@@ -1,4 +1,4 @@
-package storagepool
+package poolpublisher
 
 import (
 	"k8s.io/component-base/metrics"

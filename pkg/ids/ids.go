@@ -1,4 +1,7 @@
-package volume
+// Package ids makes and reads Cistern's volume and snapshot IDs. It is part of the small contract
+// every binary shares (with pkg/consts): the workload-controller reads the node out of snapshot
+// IDs without linking the driver's volume engine.
+package ids
 
 import (
 	"crypto/rand"

@@ -1,5 +1,5 @@
 // Package sidecar assembles the storagepool-sidecar: a connection to the CSI driver, informers
-// on the StoragePool objects it may write, and the publishing reconciler of pkg/storagepool,
+// on the StoragePool objects it may write, and the publishing reconciler of pkg/poolpublisher,
 // behind leader election. cmd/storagepool-sidecar fills its Config from flags.
 package sidecar
 
@@ -23,7 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 )
 
 // Config is everything the sidecar needs.
@@ -112,52 +112,28 @@ func (s *Sidecar) Run(ctx context.Context) error {
 		return fmt.Errorf("asking the CSI driver its name: %w", err)
 	}
 	metricsManager.SetDriverName(driverName)
-	source := storagepool.NewDriverPools(conn, cfg.ListPageSize).WithMaxCachedDatasets(int32(cfg.MaxCachedDatasets))
+	source := poolpublisher.NewDriverPools(conn, cfg.ListPageSize).WithMaxCachedDatasets(int32(cfg.MaxCachedDatasets))
 	if err := source.CheckSupported(callCtx); err != nil {
 		return err
 	}
 	logger.Info("CSI driver serves StoragePoolController", "driver", driverName)
 
-	m := storagepool.NewMetrics(metricsManager.GetRegistry())
-	mux := http.NewServeMux()
-	addr := std.HttpEndpoint
-	if addr == "" {
-		addr = std.MetricsAddress
-	}
-	if addr != "" {
-		metricsManager.RegisterToServer(mux, std.MetricsPath)
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-		go func() {
-			logger.Info("Serving metrics", "address", addr, "path", std.MetricsPath)
-			if err := http.ListenAndServe(addr, mux); err != nil {
-				logger.Error(err, "Metrics server failed")
-				klog.FlushAndExit(klog.ExitFlushTimeout, 1)
-			}
-		}()
-	}
+	m := poolpublisher.NewMetrics(metricsManager.GetRegistry())
+	mux := s.serveMetrics(ctx, metricsManager)
 
-	client, err := storagepool.NewClient(s.restConfig)
+	client, err := poolpublisher.NewClient(s.restConfig)
 	if err != nil {
 		return err
 	}
-	var informers []cache.SharedIndexInformer
-	if cfg.NodeName != "" {
-		// Only this node's objects and the shared ones: 1,000 sidecars must not each watch all pools.
-		informers = append(informers,
-			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelNode: storagepool.LabelValue(cfg.NodeName)})),
-			storagepool.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})))
-	} else {
-		all, err := labels.NewRequirement(consts.LabelPool, selection.Exists, nil)
-		if err != nil {
-			return err
-		}
-		informers = append(informers, storagepool.NewInformer(client, labels.NewSelector().Add(*all)))
-	}
-	objects, err := storagepool.NewObjectCache(informers...)
+	informers, err := s.informers(client)
 	if err != nil {
 		return err
 	}
-	reconciler, err := storagepool.NewReconciler(storagepool.Config{
+	objects, err := poolpublisher.NewObjectCache(informers...)
+	if err != nil {
+		return err
+	}
+	reconciler, err := poolpublisher.NewReconciler(poolpublisher.Config{
 		DriverName:        driverName,
 		NodeName:          cfg.NodeName,
 		ResyncPeriod:      cfg.ResyncPeriod,
@@ -182,6 +158,45 @@ func (s *Sidecar) Run(ctx context.Context) error {
 	lockName := "storagepool-sidecar-" + driverName
 	leaderelection.RunWithLeaderElection(ctx, s.restConfig, std, runPublisher, lockName, mux, true)
 	return nil
+}
+
+// serveMetrics serves the metrics and /healthz on the standard flags' address, when one is
+// set; the returned mux is the one leader election adds its health check to.
+func (s *Sidecar) serveMetrics(ctx context.Context, metricsManager metrics.CSIMetricsManager) *http.ServeMux {
+	std, logger := s.cfg.Standard, klog.FromContext(ctx)
+	mux := http.NewServeMux()
+	addr := std.HttpEndpoint
+	if addr == "" {
+		addr = std.MetricsAddress
+	}
+	if addr != "" {
+		metricsManager.RegisterToServer(mux, std.MetricsPath)
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+		go func() {
+			logger.Info("Serving metrics", "address", addr, "path", std.MetricsPath)
+			if err := http.ListenAndServe(addr, mux); err != nil {
+				logger.Error(err, "Metrics server failed")
+				klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+			}
+		}()
+	}
+	return mux
+}
+
+// informers watch the StoragePool objects this sidecar publishes: with a node name only that
+// node's and the shared ones (1,000 sidecars must not each watch all pools), else every pool.
+func (s *Sidecar) informers(client *poolpublisher.Client) ([]cache.SharedIndexInformer, error) {
+	if node := s.cfg.NodeName; node != "" {
+		return []cache.SharedIndexInformer{
+			poolpublisher.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelNode: poolpublisher.LabelValue(node)})),
+			poolpublisher.NewInformer(client, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
+		}, nil
+	}
+	all, err := labels.NewRequirement(consts.LabelPool, selection.Exists, nil)
+	if err != nil {
+		return nil, err
+	}
+	return []cache.SharedIndexInformer{poolpublisher.NewInformer(client, labels.NewSelector().Add(*all))}, nil
 }
 
 func buildConfig(kubeconfig string) (*rest.Config, error) {

@@ -1,4 +1,4 @@
-package webhook
+package webhookcert
 
 import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"

@@ -1,4 +1,4 @@
-package webhook
+package webhookcert
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ func TestWebhookConfigurationsManifest(t *testing.T) {
 	m, v := Configurations(ServiceClientConfig("cistern-system", "cistern-workload-webhook", 443), nil, workloadsv1alpha1.GroupVersion,
 		&PodPlacement{InstallNamespace: "cistern-system", DriverName: consts.DriverName})
 	var buf bytes.Buffer
-	buf.WriteString("# Generated from pkg/workloads/webhook/configurations.go by `make generate-workloads`.\n" +
+	buf.WriteString("# Generated from pkg/workloads/webhookcert/configurations.go by `make generate-workloads`.\n" +
 		"# The controller injects caBundle at start and on every certificate rotation.\n")
 	for _, obj := range []any{m, v} {
 		b, err := yaml.Marshal(obj)

@@ -1,4 +1,4 @@
-package storagepool
+package poolpublisher
 
 import (
 	"context"
