@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -299,11 +298,6 @@ the goals, hold in both modes.
 			b.Errorf("%s: writes per idle resync = %v (want 0), after one capacity change = %v (want 1)", mode, r.idleWrites, r.changeWrites)
 		}
 	}
-	if out := os.Getenv("CISTERN_BENCH_OUT"); out != "" {
-		if err := writeBenchSection(out, report); err != nil {
-			b.Error(err)
-		}
-	}
 }
 
 // benchPeer applies total objects, spec then status, one by one, and deletes them.
@@ -534,28 +528,4 @@ func waitB(b *testing.B, timeout time.Duration, what string, cond func() bool) {
 	if err != nil {
 		b.Fatalf("waiting for %s: %v", what, err)
 	}
-}
-
-const (
-	benchStart = "<!-- bench-sidecar:start -->"
-	benchEnd   = "<!-- bench-sidecar:end -->"
-)
-
-// writeBenchSection replaces this benchmark's section of docs/benchmarks.md (or appends it).
-func writeBenchSection(path, report string) error {
-	data, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	section := benchStart + "\n## storagepool-sidecar at scale\n\n" + report + benchEnd
-	text := string(data)
-	if i, j := strings.Index(text, benchStart), strings.Index(text, benchEnd); i >= 0 && j > i {
-		text = text[:i] + section + text[j+len(benchEnd):]
-	} else {
-		if text == "" {
-			text = "# Benchmarks\n"
-		}
-		text = strings.TrimRight(text, "\n") + "\n\n" + section + "\n"
-	}
-	return os.WriteFile(path, []byte(text), 0o644)
 }
