@@ -2,9 +2,7 @@ package e2enode
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
@@ -97,20 +95,7 @@ func findBinaries(t *testing.T) *binaries {
 	return b
 }
 
-func repoRoot() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return "", fmt.Errorf("finding the repository root: %w", err)
-	}
-	return string(trimNewline(out)), nil
-}
-
-func trimNewline(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
+func repoRoot() (string, error) { return framework.RepoRoot(), nil }
 
 // unavailable skips the suite for want of a tool or a machine capability, or fails it under
 // CI=true, so that CI cannot pass by skipping what the Makefile should have provided.

@@ -243,23 +243,14 @@ func createStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClas
 	return sc.Name
 }
 
+// freePorts is framework.FreePorts as the kubelet configuration's int32.
 func freePorts(n int) ([]int32, error) {
-	var ports []int32
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, int32(l.Addr().(*net.TCPAddr).Port))
+	ports, err := framework.FreePorts(n)
+	out := make([]int32, len(ports))
+	for i, p := range ports {
+		out[i] = int32(p)
 	}
-	return ports, nil
+	return out, err
 }
 
 func errExited(p *framework.Process) error {

@@ -33,7 +33,7 @@ func (cp *ControlPlane) run(name string, args ...string) (*Process, error) {
 }
 
 func (cp *ControlPlane) startEtcd(ctx context.Context) (string, error) {
-	ports, err := freePorts(2)
+	ports, err := FreePorts(2)
 	if err != nil {
 		return "", err
 	}
@@ -58,7 +58,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context) (string, error) {
 }
 
 func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdURL string, creds *credentials, extra []string) error {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return err
 	}
@@ -104,7 +104,7 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdURL string, cred
 }
 
 func (cp *ControlPlane) startControllerManager(ctx context.Context, creds *credentials, controllers, extra []string) error {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return err
 	}
@@ -142,7 +142,7 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, creds *crede
 }
 
 func (cp *ControlPlane) startScheduler(ctx context.Context, creds *credentials, extra []string) error {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package framework
 
 import (
 	"net"
+	"strconv"
 	"sync"
 )
 
@@ -12,9 +13,10 @@ var (
 	handedOut = map[int]bool{}
 )
 
-// freePort returns a loopback TCP port that was free a moment ago. Another process can still take
-// it before the component binds it; StartControlPlane retries when that happens.
-func freePort() (int, error) {
+// FreePort returns a loopback TCP port that was free a moment ago and that this test binary has not
+// handed out before. Another process can still take it before the component binds it;
+// StartControlPlane retries when that happens. Every suite takes its ports here.
+func FreePort() (int, error) {
 	portsMu.Lock()
 	defer portsMu.Unlock()
 	for {
@@ -31,10 +33,21 @@ func freePort() (int, error) {
 	}
 }
 
-func freePorts(n int) ([]int, error) {
+// FreeAddr returns a loopback address ("127.0.0.1:port") with a port from FreePort.
+func FreeAddr(t TB) string {
+	t.Helper()
+	p, err := FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+}
+
+// FreePorts returns n ports from FreePort.
+func FreePorts(n int) ([]int, error) {
 	ports := make([]int, n)
 	for i := range ports {
-		p, err := freePort()
+		p, err := FreePort()
 		if err != nil {
 			return nil, err
 		}

@@ -334,7 +334,7 @@ func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *storagepoo
 	writes0 := apiserverWrites(b, cp)
 	start := time.Now()
 	kubeconfig := framework.ServiceAccountKubeconfig(b, cp, sidecarNamespace, sidecarServiceAccount)
-	addr := freeAddrB(b)
+	addr := framework.FreeAddr(b)
 	proc := framework.StartProcess(b, "storagepool-sidecar-bench", filepath.Join(binDir, "storagepool-sidecar"),
 		"--csi-address="+sock, "--kubeconfig="+kubeconfig, "--http-endpoint="+addr,
 		"--resync-period="+benchResync.String(), "--kube-api-qps=100000", "--kube-api-burst=100000",
@@ -509,16 +509,6 @@ func restConfigUnlimited(cp *framework.ControlPlane) *rest.Config {
 	cfg := *cp.Config
 	cfg.QPS, cfg.Burst = 100000, 100000
 	return &cfg
-}
-
-func freeAddrB(b *testing.B) string {
-	b.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func waitB(b *testing.B, timeout time.Duration, what string, cond func() bool) {

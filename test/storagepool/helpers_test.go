@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -168,23 +167,13 @@ func startSidecar(t *testing.T, cp *framework.ControlPlane, d *driver, extra ...
 	t.Helper()
 	install(t, cp)
 	kubeconfig := framework.ServiceAccountKubeconfig(t, cp, sidecarNamespace, sidecarServiceAccount)
-	addr := freeAddr(t)
+	addr := framework.FreeAddr(t)
 	args := append([]string{
 		"--csi-address=" + d.socket, "--kubeconfig=" + kubeconfig, "--node-name=" + d.node,
 		"--http-endpoint=" + addr, "--resync-period=2s", "-v=4",
 	}, extra...)
 	p := framework.StartProcess(t, "storagepool-sidecar-"+d.node, filepath.Join(binDir, "storagepool-sidecar"), args...)
 	return &sidecar{proc: p, metricsAddr: addr}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // metric returns the sum of a metric's samples whose labels contain match, from the sidecar's

@@ -20,6 +20,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
+	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -48,17 +49,6 @@ func Binary(t testing.TB, env string) string {
 	return ""
 }
 
-// FreePort returns a loopback address nobody listens on.
-func FreePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // StartS3 starts versitygw on loopback over dir (a temp dir when empty), with static root
 // credentials, and stops it when the test ends.
 func StartS3(t testing.TB, dir string) *S3 {
@@ -70,7 +60,7 @@ func StartS3(t testing.TB, dir string) *S3 {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	addr := FreePort(t)
+	addr := framework.FreeAddr(t)
 	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
 	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
 		"--keep-alive", "--quiet", "posix", dir)

@@ -114,7 +114,7 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 	if err := os.WriteFile(peerToken, []byte(framework.PodServiceAccountToken(t, cp, pod, peer.Audience)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n.PeerAddress, n.MetricsAddress = freeLoopback(t), freeLoopback(t)
+	n.PeerAddress, n.MetricsAddress = framework.FreeAddr(t), framework.FreeAddr(t)
 	n.Driver = framework.StartProcess(t, spec.Name+"-csi-driver", opts.Bins.Driver,
 		"--endpoint=unix://"+n.Socket,
 		"--node-id="+spec.Name,
@@ -163,17 +163,6 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 		"--v=3",
 	)
 	return n
-}
-
-// freeLoopback returns a loopback address with a port free at the time.
-func freeLoopback(t framework.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func orDefault(d, def time.Duration) time.Duration {

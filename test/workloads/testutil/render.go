@@ -6,10 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
 // Rendered is a rendered install: kind -> objects.
@@ -73,8 +74,5 @@ func (r Rendered) YAML(kinds ...string) (string, error) {
 // ServiceAccount: everything but the workloads and the Service-mode webhook configurations.
 var RBACKinds = []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
-// RepoRoot is the repository's root directory, found from this file's place in it.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
-}
+// RepoRoot is framework.RepoRoot (the suites' call sites predate it).
+func RepoRoot() string { return framework.RepoRoot() }
