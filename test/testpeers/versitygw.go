@@ -10,7 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -32,7 +32,27 @@ type S3 struct {
 	// Dir is the backend directory: <Dir>/<bucket>/<key>.
 	Dir    string
 	Client *s3.Client
-	cmd    *exec.Cmd
+	proc   *framework.Process
+}
+
+// VersitygwVersion is what the datasource area's `make s3-tools` builds.
+const VersitygwVersion = "v1.8.0"
+
+// VersitygwBinary finds versitygw from $CISTERN_VERSITYGW or the cache; "" if it is not built.
+func VersitygwBinary() string {
+	if p := os.Getenv("CISTERN_VERSITYGW"); p != "" {
+		return p
+	}
+	cache := os.Getenv("CISTERN_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "cistern")
+	}
+	p := filepath.Join(cache, "versitygw-"+VersitygwVersion, "bin", "versitygw")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
 }
 
 // Binary finds a peer binary from its environment variable; without it the test is skipped,
@@ -49,30 +69,29 @@ func Binary(t testing.TB, env string) string {
 	return ""
 }
 
-// StartS3 starts versitygw on loopback over dir (a temp dir when empty), with static root
-// credentials, and stops it when the test ends.
+// StartS3 starts versitygw ($CISTERN_VERSITYGW) on loopback over dir (a temp dir when empty), with
+// static root credentials, and stops it when the test ends.
 func StartS3(t testing.TB, dir string) *S3 {
 	t.Helper()
 	bin := Binary(t, "CISTERN_VERSITYGW")
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	return StartVersitygw(t, bin, dir)
+}
+
+// StartVersitygw serves dir over S3 with the versitygw binary bin on a free loopback port, static
+// root credentials and keep-alive, until the test (or hack/demo) ends: the one place a test kit
+// starts an S3 server.
+func StartVersitygw(t framework.TB, bin, dir string) *S3 {
+	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	addr := framework.FreeAddr(t)
 	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
-	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
+	s.proc = framework.StartProcess(t, "versitygw", bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
 		"--keep-alive", "--quiet", "posix", dir)
-	var out bytes.Buffer
-	s.cmd.Stdout, s.cmd.Stderr = &out, &out
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
-	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c, err := net.Dial("tcp", addr)
@@ -80,8 +99,13 @@ func StartS3(t testing.TB, dir string) *S3 {
 			c.Close()
 			break
 		}
+		select {
+		case <-s.proc.Done():
+			t.Fatalf("versitygw exited: %v; last lines of %s:\n%s", s.proc.Err(), s.proc.LogPath, framework.Tail(s.proc.LogPath, 20))
+		default:
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("versitygw did not start: %s", out.String())
+			t.Fatalf("versitygw not listening on %s; last lines of %s:\n%s", addr, s.proc.LogPath, framework.Tail(s.proc.LogPath, 20))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -90,7 +114,7 @@ func StartS3(t testing.TB, dir string) *S3 {
 }
 
 // Pid is the S3 server's process (benchmarks count its CPU time).
-func (s *S3) Pid() int { return s.cmd.Process.Pid }
+func (s *S3) Pid() int { return s.proc.Pid() }
 
 // NewClient returns a client for endpoint with the root credentials.
 func (s *S3) NewClient(endpoint string) *s3.Client {
