@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -88,9 +90,9 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	git := startGitServer(t, podSubnet, podGateway)
-	url := git.createRepo(t, "notebooks", notebookRepo(t), "v1")
-	image := c.bins.images["papermill"].Ref
+	git := realnode.StartGitServer(t, realnode.PodSubnet, realnode.PodGateway)
+	url := git.CreateRepo(t, "notebooks", notebookRepo(t), "v1")
+	image := c.bins.Images["papermill"].Ref
 
 	settings := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: notebookConfigMap},
 		Data: map[string]string{"greeting.txt": notebookGreeting}}
@@ -143,10 +145,10 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, subnet, _ := net.ParseCIDR(podSubnet); pod.Spec.HostNetwork || !subnet.Contains(net.ParseIP(pod.Status.PodIP)) {
-			t.Errorf("pod %s ran with IP %q, hostNetwork %v; want an address of the pod network %s", pod.Name, pod.Status.PodIP, pod.Spec.HostNetwork, podSubnet)
+		if _, subnet, _ := net.ParseCIDR(realnode.PodSubnet); pod.Spec.HostNetwork || !subnet.Contains(net.ParseIP(pod.Status.PodIP)) {
+			t.Errorf("pod %s ran with IP %q, hostNetwork %v; want an address of the pod network %s", pod.Name, pod.Status.PodIP, pod.Spec.HostNetwork, realnode.PodSubnet)
 		}
-		if git.podRequests.Load() == 0 {
+		if git.PodRequests.Load() == 0 {
 			t.Errorf("the git server saw no request from the pod network")
 		}
 		// kubelet tears the volumes of an ended pod down before the pod is deleted.
@@ -315,20 +317,20 @@ func goldenJSON(t *testing.T, stdouts ...string) string {
 // credentials Secret, and the executed notebook compared with golden notebooks: one within the
 // tolerance (Succeeded), one whose first code cell is off (Failed, GoldenMismatch, naming the
 // cell); without the Secret the clone is refused.
-func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServer) {
+func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *realnode.GitServer) {
 	ctx := context.Background()
-	url := git.createRepo(t, "private", map[string]string{
+	url := git.CreateRepo(t, "private", map[string]string{
 		"notebooks/report.ipynb":    notebookJSON(t, "report", "print accuracy 0.9120 loss 12.5", "print done"),
 		"golden/report.ipynb":       goldenJSON(t, "accuracy 0.9125 loss 12.51\n", "done\n"),
 		"golden/report-wrong.ipynb": goldenJSON(t, "accuracy 0.9500 loss 12.5\n", "done\n"),
 	})
-	git.protect("private", privateUser, privateToken)
+	git.Protect("private", privateUser, privateToken)
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "git-creds"}, Type: corev1.SecretTypeBasicAuth,
 		StringData: map[string]string{corev1.BasicAuthUsernameKey: privateUser, corev1.BasicAuthPasswordKey: privateToken}}
 	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	image := c.bins.images["papermill"].Ref
+	image := c.bins.Images["papermill"].Ref
 	job := func(name, golden string, creds bool) *v1alpha1.NotebookValidationJob {
 		j := newNotebookJob(c.ns, name, url, "main", "notebooks/report.ipynb", image)
 		if creds {
@@ -372,7 +374,7 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServe
 	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || !strings.Contains(got.Status.Message, "container git-clone exited with code 128") {
 		t.Errorf("clone without credentials: %s: %s", got.Status.Phase, got.Status.Message)
 	}
-	if git.refused.Load() == 0 {
+	if git.Refused.Load() == 0 {
 		t.Error("the git server refused nothing: the repository was not private")
 	}
 	for _, m := range messages {

@@ -1,4 +1,4 @@
-package e2enode
+package realnode
 
 import (
 	"bufio"
@@ -25,14 +25,14 @@ import (
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
-const poolName = "fast"
+const PoolName = "fast"
 
 // cisternNode is the driver's side of the node: its pool, state and process.
-type cisternNode struct {
-	bins        *binaries
+type CisternNode struct {
+	bins        *Binaries
 	nodeName    string
 	kubeletRoot string
-	socket      string // the CSI socket, where kubelet expects a plugin's
+	Socket      string // the CSI socket, where kubelet expects a plugin's
 	poolsConfig string
 	stateDir    string
 	driver      *framework.Process
@@ -63,89 +63,89 @@ func createPool(t *testing.T, dir string) string {
 		t.Fatal(err)
 	}
 	f.Close()
-	run(t, "mkfs.ext4", "-q", "-F", img)
-	run(t, "mount", "-o", "loop", img, mnt)
+	Run(t, "mkfs.ext4", "-q", "-F", img)
+	Run(t, "mount", "-o", "loop", img, mnt)
 	// The suite's final cleanup unmounts it and detaches the loop device with everything else.
 	return mnt
 }
 
-func run(t *testing.T, name string, args ...string) {
+func Run(t *testing.T, name string, args ...string) {
 	t.Helper()
 	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
 		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
 	}
 }
 
-func newCisternNode(t *testing.T, bins *binaries, dir, kubeletRoot, nodeName string) *cisternNode {
+func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName string) *CisternNode {
 	t.Helper()
 	pool := createPool(t, dir)
-	n := &cisternNode{
+	n := &CisternNode{
 		suite:       t,
 		bins:        bins,
 		nodeName:    nodeName,
 		kubeletRoot: kubeletRoot,
-		socket:      filepath.Join(kubeletRoot, "plugins", consts.DriverName, "csi.sock"),
+		Socket:      filepath.Join(kubeletRoot, "plugins", consts.DriverName, "csi.sock"),
 		poolsConfig: filepath.Join(dir, "pools.yaml"),
 		stateDir:    filepath.Join(dir, "cistern-state"),
 	}
-	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", poolName, pool)
+	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", PoolName, pool)
 	if err := os.WriteFile(n.poolsConfig, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Dir(n.socket), 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Dir(n.Socket), 0o750); err != nil {
 		t.Fatal(err)
 	}
 	return n
 }
 
 // startDriver starts the driver in mode all, registering itself with kubelet.
-func (n *cisternNode) startDriver(t *testing.T) {
+func (n *CisternNode) StartDriver(t *testing.T) {
 	t.Helper()
 	n.starts++
 	if n.metricsAddr == "" {
-		ports, err := freePorts(1)
+		ports, err := FreePorts(1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		n.metricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	}
 	n.driver = framework.StartProcess(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver,
-		"--endpoint=unix://"+n.socket,
+		"--endpoint=unix://"+n.Socket,
 		"--node-id="+n.nodeName,
 		"--pools-config="+n.poolsConfig,
 		"--state-dir="+n.stateDir,
-		"--kubelet-registration-path="+n.socket,
+		"--kubelet-registration-path="+n.Socket,
 		"--plugin-registration-dir="+filepath.Join(n.kubeletRoot, "plugins_registry"),
 		"--kubelet-root="+n.kubeletRoot,
 		"--pool-check-interval=2s",
 		"--http-endpoint="+n.metricsAddr,
 		"--v=3",
 	)
-	waitSocket(t, n.driver, n.socket)
+	waitSocket(t, n.driver, n.Socket)
 }
 
 // restartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
 // external-provisioner exits when it loses the driver's socket and its container is restarted;
 // so is it here.
-func (n *cisternNode) restartDriver() {
+func (n *CisternNode) RestartDriver() {
 	n.driver.Stop()
-	n.startDriver(n.suite)
+	n.StartDriver(n.suite)
 	if n.provisioner != nil {
 		select {
 		case <-n.provisioner.Done():
 		case <-time.After(10 * time.Second):
 		}
 		n.provisioner.Stop() // expected to have exited; marks it stopped
-		n.startProvisioner(n.suite, n.cp)
+		n.StartProvisioner(n.suite, n.cp)
 	}
 }
 
 // startProvisioner runs external-provisioner next to the driver in node-deployment mode: it
 // provisions only claims whose selected node is this one, as a DaemonSet would.
-func (n *cisternNode) startProvisioner(t *testing.T, cp *framework.ControlPlane) {
+func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	cmd := exec.Command(n.bins.provisioner,
-		"--csi-address="+n.socket,
+		"--csi-address="+n.Socket,
 		"--kubeconfig="+cp.Kubeconfig,
 		"--node-deployment=true",
 		"--node-deployment-immediate-binding=false",
@@ -171,7 +171,7 @@ func waitSocket(t *testing.T, p *framework.Process, socket string) {
 		}
 		select {
 		case <-p.Done():
-			t.Fatalf("%v", errExited(p))
+			t.Fatalf("%v", ErrExited(p))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -183,7 +183,7 @@ func waitSocket(t *testing.T, p *framework.Process, socket string) {
 
 // waitRegistered waits until kubelet has registered the driver: the CSINode lists it with our
 // topology key, which kubelet writes only after NodeGetInfo through the registration socket.
-func (n *cisternNode) waitRegistered(t *testing.T, cp *framework.ControlPlane) *storagev1.CSINode {
+func (n *CisternNode) WaitRegistered(t *testing.T, cp *framework.ControlPlane) *storagev1.CSINode {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -210,7 +210,7 @@ func (n *cisternNode) waitRegistered(t *testing.T, cp *framework.ControlPlane) *
 
 // createStorageObjects creates the CSIDriver (no attach, pod info and both lifecycle modes) and
 // a WaitForFirstConsumer StorageClass targeting the pool.
-func createStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClass string) {
+func CreateStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClass string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -231,9 +231,9 @@ func createStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClas
 	}
 	wffc := storagev1.VolumeBindingWaitForFirstConsumer
 	sc := &storagev1.StorageClass{
-		ObjectMeta:           metav1.ObjectMeta{Name: "cistern-" + poolName},
+		ObjectMeta:           metav1.ObjectMeta{Name: "cistern-" + PoolName},
 		Provisioner:          consts.DriverName,
-		Parameters:           map[string]string{"pool": poolName},
+		Parameters:           map[string]string{"pool": PoolName},
 		VolumeBindingMode:    &wffc,
 		AllowVolumeExpansion: ptr.To(true),
 	}
@@ -244,7 +244,7 @@ func createStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClas
 }
 
 // freePorts is framework.FreePorts as the kubelet configuration's int32.
-func freePorts(n int) ([]int32, error) {
+func FreePorts(n int) ([]int32, error) {
 	ports, err := framework.FreePorts(n)
 	out := make([]int32, len(ports))
 	for i, p := range ports {
@@ -253,12 +253,12 @@ func freePorts(n int) ([]int32, error) {
 	return out, err
 }
 
-func errExited(p *framework.Process) error {
+func ErrExited(p *framework.Process) error {
 	return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
 }
 
 // metric returns the value of an unlabelled counter or gauge from the driver's /metrics.
-func (n *cisternNode) metric(t *testing.T, name string) float64 {
+func (n *CisternNode) Metric(t *testing.T, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + n.metricsAddr + "/metrics")
 	if err != nil {

@@ -1,4 +1,4 @@
-package e2enode
+package realnode
 
 import (
 	"bufio"
@@ -13,7 +13,7 @@ import (
 )
 
 // mountsUnder lists the mount points at or below dir, deepest first.
-func mountsUnder(t *testing.T, dir string) []string {
+func MountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -43,7 +43,7 @@ func unescapeMountPath(s string) string {
 }
 
 // loopDevicesUnder lists the loop devices whose backing file is below dir.
-func loopDevicesUnder(t *testing.T, dir string) map[string]string {
+func LoopDevicesUnder(t *testing.T, dir string) map[string]string {
 	t.Helper()
 	devs := map[string]string{}
 	entries, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
@@ -69,32 +69,32 @@ func loopDevicesUnder(t *testing.T, dir string) map[string]string {
 // Plain unmounts, deepest first, alternate with loop detaches: a pool stays busy while a loop
 // device of a volume image in it is attached, and a lazy unmount would leave it (and its own loop
 // device) alive out of sight. A lazy unmount is the last resort.
-func cleanupHost(t *testing.T, dir string) {
+func CleanupHost(t *testing.T, dir string) {
 	for range 3 {
 		busy := false
-		for _, mp := range mountsUnder(t, dir) {
+		for _, mp := range MountsUnder(t, dir) {
 			if err := unix.Unmount(mp, 0); err == unix.EBUSY {
 				busy = true
 			} else if err != nil && err != unix.EINVAL && err != unix.ENOENT {
 				t.Logf("cleanup: unmounting %s: %v", mp, err)
 			}
 		}
-		detachLoops(t, dir)
+		DetachLoops(t, dir)
 		if !busy {
 			return
 		}
 	}
-	for _, mp := range mountsUnder(t, dir) {
+	for _, mp := range MountsUnder(t, dir) {
 		t.Logf("cleanup: %s is still busy; detaching it lazily", mp)
 		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 			t.Logf("cleanup: unmounting %s: %v", mp, err)
 		}
 	}
-	detachLoops(t, dir)
+	DetachLoops(t, dir)
 }
 
-func detachLoops(t *testing.T, dir string) {
-	for dev, backing := range loopDevicesUnder(t, dir) {
+func DetachLoops(t *testing.T, dir string) {
+	for dev, backing := range LoopDevicesUnder(t, dir) {
 		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
 			t.Logf("cleanup: detaching %s (%s): %v: %s", dev, backing, err, out)
 		}
@@ -103,7 +103,7 @@ func detachLoops(t *testing.T, dir string) {
 
 // cleanupCgroups removes the pod cgroups kubelet created (cgroupfs driver, cgroup v1: a
 // "kubepods" tree in every hierarchy), deepest first; they are empty once the containers are gone.
-func cleanupCgroups(t *testing.T) {
+func CleanupCgroups(t *testing.T) {
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
 	for _, root := range roots {
 		var dirs []string
@@ -124,7 +124,7 @@ func cleanupCgroups(t *testing.T) {
 // ownCgroupRoot creates the cgroup /name in every cgroup v1 hierarchy for kubelet's --cgroup-root
 // and removes it, deepest first, at the end (its pods' cgroups are empty once the containers are
 // gone). It returns "/name".
-func ownCgroupRoot(t *testing.T, name string) string {
+func OwnCgroupRoot(t *testing.T, name string) string {
 	t.Helper()
 	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*/cgroup.procs")
 	if len(hierarchies) == 0 {
