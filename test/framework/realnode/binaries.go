@@ -23,7 +23,7 @@ const (
 	defaultImagesRelativeToRepo = "_output/node-images/images.json"
 )
 
-// binaries are the paths of everything the suite runs.
+// Binaries are the paths of everything the suite runs.
 type Binaries struct {
 	Kubelet, containerd, ctr, runc, cniDir, shimDir string
 	provisioner, driver                             string
@@ -35,7 +35,7 @@ type ImageEntry struct {
 	Tarball string `json:"tarball"`
 }
 
-// findBinaries locates the built tools and builds the driver; a missing tool skips the suite
+// FindBinaries locates the built tools and builds the driver; a missing tool skips the suite
 // (fails it under CI=true) with the make target that builds it.
 func FindBinaries(t *testing.T) *Binaries {
 	t.Helper()
@@ -98,7 +98,7 @@ func FindBinaries(t *testing.T) *Binaries {
 
 func RepoRoot() (string, error) { return framework.RepoRoot(), nil }
 
-// unavailable skips the suite for want of a tool or a machine capability, or fails it under
+// Unavailable skips the suite for want of a tool or a machine capability, or fails it under
 // CI=true, so that CI cannot pass by skipping what the Makefile should have provided.
 func Unavailable(t *testing.T, format string, args ...any) {
 	t.Helper()

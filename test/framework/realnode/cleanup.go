@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mountsUnder lists the mount points at or below dir, deepest first.
+// MountsUnder lists the mount points at or below dir, deepest first.
 func MountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
 	f, err := os.Open("/proc/self/mountinfo")
@@ -42,7 +42,7 @@ func unescapeMountPath(s string) string {
 	return r.Replace(s)
 }
 
-// loopDevicesUnder lists the loop devices whose backing file is below dir.
+// LoopDevicesUnder lists the loop devices whose backing file is below dir.
 func LoopDevicesUnder(t *testing.T, dir string) map[string]string {
 	t.Helper()
 	devs := map[string]string{}
@@ -62,7 +62,7 @@ func LoopDevicesUnder(t *testing.T, dir string) map[string]string {
 	return devs
 }
 
-// cleanupHost removes what a failed or interrupted run can leave on the host under dir: mounts
+// CleanupHost removes what a failed or interrupted run can leave on the host under dir: mounts
 // (volume bind mounts in kubelet's pod directories, staging mounts, container root filesystems,
 // the pool) and loop devices backed by files under dir. Runs after every process is stopped.
 //
@@ -101,27 +101,32 @@ func DetachLoops(t *testing.T, dir string) {
 	}
 }
 
-// cleanupCgroups removes the pod cgroups kubelet created (cgroupfs driver, cgroup v1: a
+// CleanupCgroups removes the pod cgroups kubelet created (cgroupfs driver, cgroup v1: a
 // "kubepods" tree in every hierarchy), deepest first; they are empty once the containers are gone.
 func CleanupCgroups(t *testing.T) {
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
 	for _, root := range roots {
-		var dirs []string
-		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, path)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := unix.Rmdir(dirs[i]); err != nil && err != unix.ENOENT {
-				t.Logf("cleanup: removing cgroup %s: %v", dirs[i], err)
-			}
+		removeCgroupTree(t, root)
+	}
+}
+
+// removeCgroupTree removes the cgroup root and those below it, deepest first.
+func removeCgroupTree(t *testing.T, root string) {
+	var dirs []string
+	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := unix.Rmdir(dirs[i]); err != nil && err != unix.ENOENT {
+			t.Logf("cleanup: removing cgroup %s: %v", dirs[i], err)
 		}
 	}
 }
 
-// ownCgroupRoot creates the cgroup /name in every cgroup v1 hierarchy for kubelet's --cgroup-root
+// OwnCgroupRoot creates the cgroup /name in every cgroup v1 hierarchy for kubelet's --cgroup-root
 // and removes it, deepest first, at the end (its pods' cgroups are empty once the containers are
 // gone). It returns "/name".
 func OwnCgroupRoot(t *testing.T, name string) string {
@@ -147,18 +152,7 @@ func OwnCgroupRoot(t *testing.T, name string) string {
 	}
 	t.Cleanup(func() {
 		for _, root := range roots {
-			var dirs []string
-			_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-				if err == nil && d.IsDir() {
-					dirs = append(dirs, path)
-				}
-				return nil
-			})
-			for i := len(dirs) - 1; i >= 0; i-- {
-				if err := unix.Rmdir(dirs[i]); err != nil && err != unix.ENOENT {
-					t.Logf("cleanup: removing cgroup %s: %v", dirs[i], err)
-				}
-			}
+			removeCgroupTree(t, root)
 		}
 	})
 	return "/" + name

@@ -15,7 +15,7 @@ import (
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// containerd is a containerd with its CRI plugin, all of its state under dir.
+// Containerd is a containerd with its CRI plugin, all of its state under dir.
 type Containerd struct {
 	dir     string
 	Socket  string
@@ -24,7 +24,7 @@ type Containerd struct {
 	process *framework.Process
 }
 
-// containerdOptions are what the install suite changes.
+// ContainerdOptions are what the install suite changes.
 type ContainerdOptions struct {
 	// registry, when set (host:port on loopback), is where every pull goes: its own name,
 	// registry.k8s.io (the sidecars deploy/csi names) and any other registry, so that nothing
@@ -99,7 +99,7 @@ func (c *Containerd) config(cniConfDir string) string {
 // address from host-local and a route to podSubnet only, via the host at podGateway (no default
 // route, no masquerading). Test pods use the host network; the notebook validation pods, which the
 // workload-controller builds, are on this one and fetch their repository from the test at
-// podGateway.
+// PodGateway.
 const (
 	PodSubnet  = "10.244.117.0/24"
 	PodGateway = "10.244.117.1"
@@ -156,7 +156,7 @@ func keepIPForward(t *testing.T) {
 	})
 }
 
-// startContainerd starts containerd in dir and imports the test images. Its cleanup kills every
+// StartContainerd starts containerd in dir and imports the test images. Its cleanup kills every
 // container it runs before stopping it, so that no shim or mount outlives the test.
 func StartContainerd(t *testing.T, bins *Binaries, dir string, opts ContainerdOptions) *Containerd {
 	t.Helper()
@@ -225,7 +225,7 @@ func StartContainerd(t *testing.T, bins *Binaries, dir string, opts ContainerdOp
 	return c
 }
 
-// ctr runs ctr against this containerd in the CRI namespace and returns its stdout; stderr
+// Ctr runs ctr against this containerd in the CRI namespace and returns its stdout; stderr
 // (where it also warns, e.g. about cgroup v1) goes into the error.
 func (c *Containerd) Ctr(ctx context.Context, args ...string) (string, error) {
 	args = append([]string{"--address", c.Socket, "--namespace", criNamespace}, args...)

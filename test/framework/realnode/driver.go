@@ -23,11 +23,12 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/registration"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 const PoolName = "fast"
 
-// cisternNode is the driver's side of the node: its pool, state and process.
+// CisternNode is the driver's side of the node: its pool, state and process.
 type CisternNode struct {
 	bins        *Binaries
 	nodeName    string
@@ -52,28 +53,16 @@ func createPool(t *testing.T, dir string) string {
 	t.Helper()
 	img := filepath.Join(dir, "pool.img")
 	mnt := filepath.Join(dir, "pool")
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(2 << 30); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	Run(t, "mkfs.ext4", "-q", "-F", img)
-	Run(t, "mount", "-o", "loop", img, mnt)
+	testutil.FSImage(t, img, "ext4", 2<<30)
+	testutil.LoopMount(t, img, mnt)
 	// The suite's final cleanup unmounts it and detaches the loop device with everything else.
 	return mnt
 }
 
+// Run runs a command and fails the test with its output when it fails (testutil.Run).
 func Run(t *testing.T, name string, args ...string) {
 	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
+	testutil.Run(t, append([]string{name}, args...)...)
 }
 
 func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName string) *CisternNode {
@@ -98,7 +87,7 @@ func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName str
 	return n
 }
 
-// startDriver starts the driver in mode all, registering itself with kubelet.
+// StartDriver starts the driver in mode all, registering itself with kubelet.
 func (n *CisternNode) StartDriver(t *testing.T) {
 	t.Helper()
 	n.starts++
@@ -124,7 +113,7 @@ func (n *CisternNode) StartDriver(t *testing.T) {
 	waitSocket(t, n.driver, n.Socket)
 }
 
-// restartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
+// RestartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
 // external-provisioner exits when it loses the driver's socket and its container is restarted;
 // so is it here.
 func (n *CisternNode) RestartDriver() {
@@ -140,7 +129,7 @@ func (n *CisternNode) RestartDriver() {
 	}
 }
 
-// startProvisioner runs external-provisioner next to the driver in node-deployment mode: it
+// StartProvisioner runs external-provisioner next to the driver in node-deployment mode: it
 // provisions only claims whose selected node is this one, as a DaemonSet would.
 func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
@@ -181,7 +170,7 @@ func waitSocket(t *testing.T, p *framework.Process, socket string) {
 	}
 }
 
-// waitRegistered waits until kubelet has registered the driver: the CSINode lists it with our
+// WaitRegistered waits until kubelet has registered the driver: the CSINode lists it with our
 // topology key, which kubelet writes only after NodeGetInfo through the registration socket.
 func (n *CisternNode) WaitRegistered(t *testing.T, cp *framework.ControlPlane) *storagev1.CSINode {
 	t.Helper()
@@ -208,7 +197,7 @@ func (n *CisternNode) WaitRegistered(t *testing.T, cp *framework.ControlPlane) *
 	return csiNode
 }
 
-// createStorageObjects creates the CSIDriver (no attach, pod info and both lifecycle modes) and
+// CreateStorageObjects creates the CSIDriver (no attach, pod info and both lifecycle modes) and
 // a WaitForFirstConsumer StorageClass targeting the pool.
 func CreateStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClass string) {
 	t.Helper()
@@ -243,7 +232,7 @@ func CreateStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClas
 	return sc.Name
 }
 
-// freePorts is framework.FreePorts as the kubelet configuration's int32.
+// FreePorts is framework.FreePorts as the kubelet configuration's int32.
 func FreePorts(n int) ([]int32, error) {
 	ports, err := framework.FreePorts(n)
 	out := make([]int32, len(ports))
@@ -257,7 +246,7 @@ func ErrExited(p *framework.Process) error {
 	return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
 }
 
-// metric returns the value of an unlabelled counter or gauge from the driver's /metrics.
+// Metric returns the value of an unlabelled counter or gauge from the driver's /metrics.
 func (n *CisternNode) Metric(t *testing.T, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + n.metricsAddr + "/metrics")

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// gitServer serves the bare repositories below root over git's smart HTTP protocol: the host's
+// GitServer serves the bare repositories below root over git's smart HTTP protocol: the host's
 // `git http-backend` behind net/http/cgi. It listens on every address because pods reach it at
 // the pod network's gateway, which exists only while a pod's veth does, and it answers only
 // loopback and the pod network.
@@ -33,7 +33,7 @@ type GitServer struct {
 	Refused atomic.Int64
 }
 
-// protect makes the repository name private: every request must carry basic auth with user and
+// Protect makes the repository name private: every request must carry basic auth with user and
 // password, as a private repository on a git host does.
 func (g *GitServer) Protect(name, user, password string) {
 	g.private.Store("/"+name+".git/", [2]string{user, password})
@@ -54,7 +54,7 @@ func (g *GitServer) authorized(r *http.Request) bool {
 	return ok
 }
 
-// startGitServer serves the pod network subnet, whose pods reach the host at gateway.
+// StartGitServer serves the pod network subnet, whose pods reach the host at gateway.
 func StartGitServer(t *testing.T, subnet, gateway string) *GitServer {
 	t.Helper()
 	gitBin, err := exec.LookPath("git")
@@ -113,7 +113,7 @@ func gitEnv(home string) []string {
 	}
 }
 
-// createRepo commits files (path -> content) on branch main, tags the commit with each of tags,
+// CreateRepo commits files (path -> content) on branch main, tags the commit with each of tags,
 // and serves the result as <name>.git. It returns the URL pods clone.
 func (g *GitServer) CreateRepo(t *testing.T, name string, files map[string]string, tags ...string) string {
 	t.Helper()

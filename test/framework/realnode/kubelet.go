@@ -82,7 +82,7 @@ func (ca *nodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFil
 	return writePair(t, dir, name, certPEM, keyPEM)
 }
 
-// clientCertFiles writes clientCert's certificate and key into dir and returns their paths.
+// ClientCertFiles writes clientCert's certificate and key into dir and returns their paths.
 func (ca *nodeCA) ClientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
 	t.Helper()
 	certPEM, keyPEM := ca.clientCert(t, user, groups...)
@@ -134,7 +134,7 @@ func writePair(t *testing.T, dir, name string, certPEM, keyPEM []byte) (certFile
 	return certFile, keyFile
 }
 
-// kubelet is a running kubelet.
+// Kubelet is a running kubelet.
 type Kubelet struct {
 	RootDir string
 	process *framework.Process
@@ -176,15 +176,15 @@ func kubeletConfig(rootDir, runtimeSocket, cgroupRoot string, port, healthzPort 
 	}
 }
 
-// startKubelet starts kubelet as system:node:<name> with its root directory in rootDir.
+// StartKubelet starts kubelet as system:node:<name> with its root directory in rootDir.
 // cgroupRoot, when set, is the cgroup under which kubelet puts its kubepods tree (see
-// ownCgroupRoot); empty: the root, as on a node.
+// OwnCgroupRoot); empty: the root, as on a node.
 func StartKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nodeName, rootDir, runtimeSocket, cgroupRoot string) *Kubelet {
 	t.Helper()
 	return StartKubeletWith(t, cp, ca, bin, KubeletOptions{NodeName: nodeName, RootDir: rootDir, RuntimeSocket: runtimeSocket, CgroupRoot: cgroupRoot})
 }
 
-// kubeletOptions are a kubelet's node: its name, directories and runtime, and for a node in its
+// KubeletOptions are a kubelet's node: its name, directories and runtime, and for a node in its
 // own network namespace (netns_test.go) how it is started and reached.
 type KubeletOptions struct {
 	NodeName, RootDir, RuntimeSocket, CgroupRoot string
@@ -194,14 +194,14 @@ type KubeletOptions struct {
 	Enter []string
 	// nodeIP, when set, is kubelet's --node-ip and where it serves its API, with a serving
 	// certificate from the node CA, to clients with a certificate from that CA (the API server's
-	// kubelet client), authorized by the API server; unset: loopback, and nobody may call it.
+	// Kubelet client), authorized by the API server; unset: loopback, and nobody may call it.
 	NodeIP string
 	// server is the API server as the node reaches it, and serverName the name its
 	// certificate is checked against; cp.URL when empty.
 	Server, serverName string
 }
 
-// startKubeletWith starts kubelet as opts say.
+// StartKubeletWith starts kubelet as opts say.
 func StartKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin string, opts KubeletOptions) *Kubelet {
 	t.Helper()
 	if err := os.MkdirAll(opts.RootDir, 0o750); err != nil {
@@ -265,7 +265,7 @@ func StartKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin 
 	return &Kubelet{RootDir: opts.RootDir, process: p}
 }
 
-// waitNodeReady waits until kubelet has registered the Node and reports it Ready.
+// WaitNodeReady waits until kubelet has registered the Node and reports it Ready.
 func WaitNodeReady(t *testing.T, cp *framework.ControlPlane, k *Kubelet, nodeName string, timeout time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

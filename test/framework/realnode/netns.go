@@ -14,10 +14,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // netnsNode is a node of its own on this machine, for suites that need the API server to reach
-// kubelet (exec, logs, port-forward) or more than one node: kubelet, containerd and its pods run
+// Kubelet (exec, logs, port-forward) or more than one node: kubelet, containerd and its pods run
 // in a network namespace joined to the host by a veth pair, and in a mount namespace where the
 // paths a node has once (kubelet's root, the pools, the driver's state, containerd's and CNI's
 // fixed directories) are bind mounts of the node's own directories. Everything the host has of it
@@ -29,7 +30,7 @@ type netnsNode struct {
 	netns, hostIf string
 	// hostIP is the host's address on the link, nodeIP the node's (kubelet's --node-ip).
 	HostIP, NodeIP string
-	// podSubnet and podGateway are the node's pod network (CNI ptp inside the namespace).
+	// PodSubnet and podGateway are the node's pod network (CNI ptp inside the namespace).
 	PodSubnet, PodGateway string
 	CgroupRoot            string
 	// enter runs a command in the node's mount, network and PID namespaces, which holder (the
@@ -44,7 +45,7 @@ type netnsNode struct {
 // The node's fixed host paths, each a bind mount of a directory of the node in its mount
 // namespace. deploy/csi names the first three; containerd's shims use /run/containerd and CNI's
 // result cache /var/lib/cni whatever their configured roots.
-// kubeletRootDir is kubelet's root directory as on a real node: deploy/csi's hostPaths name it.
+// KubeletRootDir is kubelet's root directory as on a real node: deploy/csi's hostPaths name it.
 const KubeletRootDir = "/var/lib/kubelet"
 
 var nodePaths = []string{KubeletRootDir, "/mnt/cistern", "/var/lib/cistern", "/run/containerd", "/var/lib/cni"}
@@ -60,7 +61,7 @@ func netnsNodeAddrs(i int) (hostIP, nodeIP, podSubnet, podGateway string) {
 		fmt.Sprintf("10.244.%d.0/24", 120+i), fmt.Sprintf("10.244.%d.1", 120+i)
 }
 
-// prepareNodePaths creates the fixed host paths the nodes bind their directories over, and
+// PrepareNodePaths creates the fixed host paths the nodes bind their directories over, and
 // removes at the end those that did not exist. Call once, before the nodes.
 func PrepareNodePaths(t *testing.T) {
 	t.Helper()
@@ -74,7 +75,7 @@ func PrepareNodePaths(t *testing.T) {
 	}
 }
 
-// startNetnsNode creates node i's namespaces, link, directories and pool (an ext4 filesystem of
+// StartNetnsNode creates node i's namespaces, link, directories and pool (an ext4 filesystem of
 // poolSize bytes on a loop device, mounted at poolPath in the node). Its cleanup, registered
 // before any process of the node starts and so run after they stop, kills what is left in the
 // node's cgroups and namespaces, stops its init (the kernel kills whatever else is in the node's
@@ -132,16 +133,7 @@ func StartNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 	}
 
 	img := filepath.Join(n.Dir, "pool.img")
-	f, err := os.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = f.Truncate(poolSize) // sparse
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	Run(t, "mkfs.ext4", "-q", "-F", img)
+	testutil.FSImage(t, img, "ext4", poolSize)
 	n.run(t, "mkdir", "-p", poolPath)
 	n.run(t, "mount", "-o", "loop", img, poolPath)
 	for dev := range LoopDevicesUnder(t, n.Dir) {
@@ -197,7 +189,7 @@ func (n *netnsNode) startNamespaces(t *testing.T, init string) {
 	n.Enter = []string{"nsenter", "--target", strconv.Itoa(n.initPID), "--mount", "--net", "--pid", "--"}
 }
 
-// run runs a command in the node's namespaces and fails the test when it fails.
+// Run runs a command in the node's namespaces and fails the test when it fails.
 func (n *netnsNode) run(t *testing.T, args ...string) {
 	t.Helper()
 	all := append(append([]string{}, n.Enter...), args...)
@@ -256,7 +248,7 @@ func cgroupPIDs(root string) []int {
 	return pids
 }
 
-// detachLoops detaches, in order, the loop devices kubelet attached over the volumes' block
+// DetachLoops detaches, in order, the loop devices kubelet attached over the volumes' block
 // devices (it holds each mapped block volume open with one), the volumes' loop devices (backed by
 // files on the pool's device), and the pool's.
 func (n *netnsNode) detachLoops(t *testing.T) {
