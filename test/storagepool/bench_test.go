@@ -236,7 +236,7 @@ type scaleResult struct {
 // resync with nothing changed (goal 0) and of one pool's capacity change (goal 1).
 func BenchmarkSidecarScale(b *testing.B) {
 	cp := framework.Shared(b)
-	installBench(b, cp)
+	install(b, cp)
 	total := benchNodes * benchPoolsPerNode
 	c, err := storagepool.NewClient(restConfigUnlimited(cp))
 	if err != nil {
@@ -494,15 +494,6 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 	waitB(b, time.Minute, "one more resync of every node", func() bool { return successes() >= syncs+benchNodes })
 	r.changeWrites = apiserverWrites(b, cp) - w1
 	return r
-}
-
-func installBench(b *testing.B, cp *framework.ControlPlane) {
-	b.Helper()
-	installOnce.Do(func() {
-		framework.ApplyYAML(b, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
-		framework.ApplyManifests(b, cp, filepath.Join(repoRoot, "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
-			filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar/rbac.yaml"))
-	})
 }
 
 func restConfigUnlimited(cp *framework.ControlPlane) *rest.Config {

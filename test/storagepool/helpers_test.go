@@ -2,6 +2,7 @@ package storagepool_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -39,12 +40,12 @@ const (
 var installOnce sync.Once
 
 // install applies the StoragePool CRD and the sidecar's RBAC from deploy/csi, once per package.
-func install(t *testing.T, cp *framework.ControlPlane) {
+func install(t testing.TB, cp *framework.ControlPlane) {
 	t.Helper()
 	installOnce.Do(func() {
 		framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
-		framework.ApplyManifests(t, cp, filepath.Join(repoRoot, "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
-			filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar/rbac.yaml"))
+		framework.ApplyManifests(t, cp, filepath.Join(framework.RepoRoot(), "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
+			filepath.Join(framework.RepoRoot(), "deploy/csi/storagepool-sidecar/rbac.yaml"))
 	})
 }
 
@@ -275,4 +276,34 @@ func canI(t *testing.T, cfg *rest.Config, verb, group, resource string) bool {
 		t.Fatal(err)
 	}
 	return r.Status.Allowed
+}
+
+// restartWritesNothing replaces the sidecar sc by a new one for d, started for owner (whose end
+// stops it), and checks that once it has synced three times (several resyncs and the driver's watch
+// stream have run by then) it has made no API write and left the StoragePool name as it was. It
+// returns the new sidecar.
+func restartWritesNothing(t, owner *testing.T, cp *framework.ControlPlane, c *storagepool.Client, d *driver, sc *sidecar, name string) *sidecar {
+	t.Helper()
+	before, err := c.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.proc.Stop()
+	sc = startSidecar(owner, cp, d)
+	waitFor(t, "three syncs of the new sidecar", func() bool {
+		return sc.metric("storagepool_sidecar_syncs_total", `result="success"`) >= 3
+	})
+	if w := sc.metric("storagepool_sidecar_api_writes_total", ""); w != 0 {
+		t.Errorf("the restarted sidecar made %v API writes, want 0", w)
+	}
+	after, err := c.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != before.ResourceVersion {
+		b, _ := json.Marshal(before.Status)
+		a, _ := json.Marshal(after.Status)
+		t.Errorf("resourceVersion changed from %s to %s; status before %s, after %s", before.ResourceVersion, after.ResourceVersion, b, a)
+	}
+	return sc
 }
