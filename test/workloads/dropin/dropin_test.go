@@ -52,7 +52,7 @@ func install(t *testing.T) *framework.ControlPlane {
 	t.Helper()
 	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
 		var err error
-		if rendered, err = testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "lws-upstream"); err != nil {
+		if rendered, err = testutil.RenderWithRBAC(t, cp, "lws-upstream"); err != nil {
 			return err
 		}
 		crdDir := t.TempDir()
@@ -68,12 +68,6 @@ func install(t *testing.T) *framework.ControlPlane {
 		if err := testutil.InstallCRDs(cp.Config, crdDir); err != nil {
 			return err
 		}
-		rbac, err := rendered.YAML(testutil.RBACKinds...)
-		if err != nil {
-			return err
-		}
-		framework.ApplyYAML(t, cp, rbac)
-		framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
 		cl, err = client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
 		return err
 	})

@@ -53,7 +53,7 @@ func install(t *testing.T) *framework.ControlPlane {
 	t.Helper()
 	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
 		var err error
-		if rendered, err = testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "snapshots"); err != nil {
+		if rendered, err = testutil.RenderWithRBAC(t, cp, "snapshots"); err != nil {
 			return err
 		}
 		snapshotCRDs, err := testutil.SnapshotCRDs(testutil.RepoRoot())
@@ -65,12 +65,6 @@ func install(t *testing.T) *framework.ControlPlane {
 				return err
 			}
 		}
-		rbac, err := rendered.YAML(testutil.RBACKinds...)
-		if err != nil {
-			return err
-		}
-		framework.ApplyYAML(t, cp, rbac)
-		framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
 		if cl, err = client.New(cp.Config, client.Options{Scheme: workloads.Scheme()}); err != nil {
 			return err
 		}

@@ -76,3 +76,21 @@ var RBACKinds = []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterR
 
 // RepoRoot is framework.RepoRoot (the suites' call sites predate it).
 func RepoRoot() string { return framework.RepoRoot() }
+
+// RenderWithRBAC renders deploy/csi with component (Render) and applies the result's RBACKinds and
+// SelfRegisterRBAC to cp: what a suite needs to run the controller in this process as its
+// ServiceAccount, besides the CRDs.
+func RenderWithRBAC(t framework.TB, cp *framework.ControlPlane, component string) (Rendered, error) {
+	t.Helper()
+	rendered, err := Render(framework.Binary(t, "kubectl"), RepoRoot(), component)
+	if err != nil {
+		return nil, err
+	}
+	rbac, err := rendered.YAML(RBACKinds...)
+	if err != nil {
+		return nil, err
+	}
+	framework.ApplyYAML(t, cp, rbac)
+	framework.ApplyYAML(t, cp, SelfRegisterRBAC)
+	return rendered, nil
+}
