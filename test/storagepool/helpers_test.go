@@ -145,14 +145,9 @@ func startDriverArgs(t *testing.T, node string, args []string, pools ...poolConf
 
 func (d *driver) start() {
 	d.t.Helper()
-	_ = os.Remove(d.socket)
-	d.proc = framework.StartProcess(d.t, "csi-driver-"+d.node, filepath.Join(binDir, "csi-driver"),
-		append([]string{"--endpoint=unix://" + d.socket, "--node-id=" + d.node, "--mode=node", "--pools-config=" + d.config,
+	d.proc = framework.StartCSIDriver(d.t, "csi-driver-"+d.node, filepath.Join(binDir, "csi-driver"), d.socket,
+		append([]string{"--node-id=" + d.node, "--mode=node", "--pools-config=" + d.config,
 			"--state-dir=" + filepath.Join(filepath.Dir(d.config), "state"), "--pool-check-interval=200ms", "-v=4"}, d.args...)...)
-	waitFor(d.t, "the driver's socket", func() bool {
-		_, err := os.Stat(d.socket)
-		return err == nil
-	})
 }
 
 func (d *driver) setPools(pools ...poolConfig) { writePoolsConfig(d.t, d.config, pools) }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -98,8 +97,7 @@ func (n *CisternNode) StartDriver(t *testing.T) {
 		}
 		n.metricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	}
-	n.driver = framework.StartProcess(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver,
-		"--endpoint=unix://"+n.Socket,
+	n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket,
 		"--node-id="+n.nodeName,
 		"--pools-config="+n.poolsConfig,
 		"--state-dir="+n.stateDir,
@@ -110,7 +108,6 @@ func (n *CisternNode) StartDriver(t *testing.T) {
 		"--http-endpoint="+n.metricsAddr,
 		"--v=3",
 	)
-	waitSocket(t, n.driver, n.Socket)
 }
 
 // RestartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
@@ -148,26 +145,6 @@ func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane)
 	n.cp = cp
 	n.provStarts++
 	n.provisioner = framework.StartCommand(t, fmt.Sprintf("csi-provisioner-%d", n.provStarts), cmd)
-}
-
-func waitSocket(t *testing.T, p *framework.Process, socket string) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if conn, err := net.Dial("unix", socket); err == nil {
-			conn.Close()
-			return
-		}
-		select {
-		case <-p.Done():
-			t.Fatalf("%v", ErrExited(p))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s not listening after 1m (log: %s)", p.Name, socket, p.LogPath)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // WaitRegistered waits until kubelet has registered the driver: the CSINode lists it with our
