@@ -74,11 +74,7 @@ func TestInstall(t *testing.T) {
 	requireMachine(t)
 	lockHost(t)
 	bins := realnode.FindBinaries(t)
-	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe", "versitygw"} {
-		if _, ok := bins.Images[name]; !ok {
-			realnode.Unavailable(t, "no %q image; run `make node-images`", name)
-		}
-	}
+	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "versitygw")
 	in := &install{bins: bins, release: releaseImages(t), podUIDs: map[string]bool{}}
 	registryBin := os.Getenv(RegistryBinEnv)
 	if _, err := os.Stat(registryBin); registryBin == "" || err != nil {

@@ -94,11 +94,7 @@ func TestK8sStorageE2E(t *testing.T) {
 	requireMachine(t)
 	lockHost(t)
 	bins := realnode.FindBinaries(t)
-	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe", "busybox"} {
-		if _, ok := bins.Images[name]; !ok {
-			realnode.Unavailable(t, "no %q image; run `make node-images`", name)
-		}
-	}
+	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "busybox")
 	release := releaseImages(t)
 	e2eBin := os.Getenv(K8sE2EBinEnv)
 	for _, f := range []string{"e2e.test", "ginkgo"} {

@@ -124,17 +124,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	timeout.Spec.Timeout = &metav1.Duration{Duration: 20 * time.Second}
 	badRef := newNotebookJob(c.ns, "bad-ref", url, "no-such-branch", "notebooks/fail.ipynb", image)
 
-	jobs := []*v1alpha1.NotebookValidationJob{volumes, failing, timeout, badRef}
-	for _, j := range jobs {
-		if err := cl.Create(ctx, j); err != nil {
-			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, j := range jobs {
-			_ = cl.Delete(context.Background(), j)
-		}
-	})
+	createJobs(t, cl, volumes, failing, timeout, badRef)
 
 	t.Run("volumes", func(t *testing.T) {
 		job := waitJobDone(t, c.cp, cl, volumes)
@@ -342,18 +332,10 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *realnode
 	matching := job("golden-match", "golden/report.ipynb", true)
 	mismatch := job("golden-mismatch", "golden/report-wrong.ipynb", true)
 	anonymous := job("golden-anonymous", "golden/report.ipynb", false)
-	jobs := []*v1alpha1.NotebookValidationJob{matching, mismatch, anonymous}
-	for _, j := range jobs {
-		if err := cl.Create(ctx, j); err != nil {
-			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
-		}
-	}
 	t.Cleanup(func() {
-		for _, j := range jobs {
-			_ = cl.Delete(context.Background(), j)
-		}
 		_ = c.cp.Client.CoreV1().Secrets(c.ns).Delete(context.Background(), secret.Name, metav1.DeleteOptions{})
 	})
+	jobs := createJobs(t, cl, matching, mismatch, anonymous) // deleted before the Secret
 
 	var messages []string
 	got := waitJobDone(t, c.cp, cl, matching)
@@ -385,4 +367,20 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *realnode
 	for _, j := range jobs {
 		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(j))
 	}
+}
+
+// createJobs creates the NotebookValidationJobs and deletes them when the test ends.
+func createJobs(t *testing.T, cl client.Client, jobs ...*v1alpha1.NotebookValidationJob) []*v1alpha1.NotebookValidationJob {
+	t.Helper()
+	for _, j := range jobs {
+		if err := cl.Create(context.Background(), j); err != nil {
+			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, j := range jobs {
+			_ = cl.Delete(context.Background(), j)
+		}
+	})
+	return jobs
 }

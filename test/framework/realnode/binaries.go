@@ -108,3 +108,13 @@ func Unavailable(t *testing.T, format string, args ...any) {
 func LogDuration(t *testing.T, what string, start time.Time) {
 	t.Logf("%s took %s", what, time.Since(start).Round(time.Millisecond))
 }
+
+// RequireImages makes the test unavailable (Unavailable) when one of the named images was not built.
+func (b *Binaries) RequireImages(t *testing.T, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if _, ok := b.Images[name]; !ok {
+			Unavailable(t, "no %q image; run `make node-images`", name)
+		}
+	}
+}
