@@ -154,12 +154,7 @@ func startCluster(t *testing.T) *cluster {
 func (c *cluster) deleteAllPods(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pods := c.cp.Client.CoreV1().Pods(c.ns)
-	_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := pods.List(ctx, metav1.ListOptions{})
-		return err == nil && len(list.Items) == 0, nil
-	})
+	_ = framework.DeleteAllPods(ctx, c.cp, c.ns)
 	// kubelet unstages after the pod is gone; give it the time to do so through the driver.
 	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
 		return len(volumeMounts(t, c)) == 0, nil

@@ -860,12 +860,7 @@ func (in *install) deleteWorkloads(t *testing.T) {
 	in.deleteExamples(t)
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
-	pods := in.cp.Client.CoreV1().Pods(in.ns)
-	_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := pods.List(ctx, metav1.ListOptions{})
-		return err == nil && len(list.Items) == 0, nil
-	})
+	_ = framework.DeleteAllPods(ctx, in.cp, in.ns)
 	_ = in.cp.Client.CoreV1().PersistentVolumeClaims(in.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		list, err := in.cp.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
