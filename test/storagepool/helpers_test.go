@@ -3,6 +3,7 @@ package storagepool_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -206,13 +207,15 @@ func sumMetric(text, name, match string) float64 {
 	return sum
 }
 
+// waitFor is framework.Eventually for a condition that holds or not.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, waitTimeout, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
+	framework.Eventually(t, waitTimeout, what, func(context.Context) error {
+		if cond() {
+			return nil
+		}
+		return errors.New("not yet")
+	})
 }
 
 // waitPool waits until the object exists and cond holds for it, and returns it.
