@@ -30,16 +30,16 @@ import (
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// nodeCA signs kubelet's client certificate; kube-apiserver trusts it through --client-ca-file,
+// NodeCA signs kubelet's client certificate; kube-apiserver trusts it through --client-ca-file,
 // so kubelet authenticates as system:node:<name> and the Node authorizer applies to it, as in
 // a real cluster.
-type nodeCA struct {
+type NodeCA struct {
 	CertFile string
 	cert     *x509.Certificate
 	key      *ecdsa.PrivateKey
 }
 
-func NewNodeCA(t *testing.T, dir string) *nodeCA {
+func NewNodeCA(t *testing.T, dir string) *NodeCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -62,7 +62,7 @@ func NewNodeCA(t *testing.T, dir string) *nodeCA {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca := &nodeCA{CertFile: filepath.Join(dir, "node-ca.crt"), cert: cert, key: key}
+	ca := &NodeCA{CertFile: filepath.Join(dir, "node-ca.crt"), cert: cert, key: key}
 	if err := os.WriteFile(ca.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func NewNodeCA(t *testing.T, dir string) *nodeCA {
 
 // servingCert writes a serving certificate for a node's kubelet at ip (and DNS name host) and
 // its key into dir, and returns their paths.
-func (ca *nodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFile, keyFile string) {
+func (ca *NodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFile, keyFile string) {
 	t.Helper()
 	certPEM, keyPEM := ca.issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: host},
@@ -83,14 +83,14 @@ func (ca *nodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFil
 }
 
 // ClientCertFiles writes clientCert's certificate and key into dir and returns their paths.
-func (ca *nodeCA) ClientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
+func (ca *NodeCA) ClientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
 	t.Helper()
 	certPEM, keyPEM := ca.clientCert(t, user, groups...)
 	return writePair(t, dir, name, certPEM, keyPEM)
 }
 
 // clientCert returns a PEM certificate and key for user in groups.
-func (ca *nodeCA) clientCert(t *testing.T, user string, groups ...string) (certPEM, keyPEM []byte) {
+func (ca *NodeCA) clientCert(t *testing.T, user string, groups ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	return ca.issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: user, Organization: groups},
@@ -100,7 +100,7 @@ func (ca *nodeCA) clientCert(t *testing.T, user string, groups ...string) (certP
 
 // issue signs tmpl (its names and usage) with a new key, valid from an hour ago for a day, and
 // returns the certificate and key as PEM.
-func (ca *nodeCA) issue(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
+func (ca *NodeCA) issue(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -179,7 +179,7 @@ func kubeletConfig(rootDir, runtimeSocket, cgroupRoot string, port, healthzPort 
 // StartKubelet starts kubelet as system:node:<name> with its root directory in rootDir.
 // cgroupRoot, when set, is the cgroup under which kubelet puts its kubepods tree (see
 // OwnCgroupRoot); empty: the root, as on a node.
-func StartKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nodeName, rootDir, runtimeSocket, cgroupRoot string) *Kubelet {
+func StartKubelet(t *testing.T, cp *framework.ControlPlane, ca *NodeCA, bin, nodeName, rootDir, runtimeSocket, cgroupRoot string) *Kubelet {
 	t.Helper()
 	return StartKubeletWith(t, cp, ca, bin, KubeletOptions{NodeName: nodeName, RootDir: rootDir, RuntimeSocket: runtimeSocket, CgroupRoot: cgroupRoot})
 }
@@ -202,7 +202,7 @@ type KubeletOptions struct {
 }
 
 // StartKubeletWith starts kubelet as opts say.
-func StartKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin string, opts KubeletOptions) *Kubelet {
+func StartKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *NodeCA, bin string, opts KubeletOptions) *Kubelet {
 	t.Helper()
 	if err := os.MkdirAll(opts.RootDir, 0o750); err != nil {
 		t.Fatal(err)

@@ -17,13 +17,13 @@ import (
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// netnsNode is a node of its own on this machine, for suites that need the API server to reach
+// NetnsNode is a node of its own on this machine, for suites that need the API server to reach
 // Kubelet (exec, logs, port-forward) or more than one node: kubelet, containerd and its pods run
 // in a network namespace joined to the host by a veth pair, and in a mount namespace where the
 // paths a node has once (kubelet's root, the pools, the driver's state, containerd's and CNI's
 // fixed directories) are bind mounts of the node's own directories. Everything the host has of it
 // is the veth pair's host side, one route to its pod network, and directories under dir.
-type netnsNode struct {
+type NetnsNode struct {
 	name string
 	Dir  string
 	// netns is the network namespace's name (/run/netns/<netns>); hostIf its veth on the host.
@@ -82,9 +82,9 @@ func PrepareNodePaths(t *testing.T) {
 // PID namespace), then removes the network namespace and detaches the loop devices.
 //
 // init is the path of the node's PID 1, a static program that reaps orphans (hack/images/pause).
-func StartNetnsNode(t *testing.T, dir string, i int, name, poolPath string, poolSize int64, init string) *netnsNode {
+func StartNetnsNode(t *testing.T, dir string, i int, name, poolPath string, poolSize int64, init string) *NetnsNode {
 	t.Helper()
-	n := &netnsNode{name: name, Dir: filepath.Join(dir, name),
+	n := &NetnsNode{name: name, Dir: filepath.Join(dir, name),
 		netns: fmt.Sprintf("cistern-k8se2e-%d", i), hostIf: fmt.Sprintf("ck8se2e%d", i)}
 	n.HostIP, n.NodeIP, n.PodSubnet, n.PodGateway = netnsNodeAddrs(i)
 	if err := os.MkdirAll(n.Dir, 0o750); err != nil {
@@ -154,7 +154,7 @@ func StartNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 // it), with /proc of the node's PID namespace. The node's processes enter the namespaces through
 // nsenter. Not `ip netns exec`, which gives each command a mount namespace of its own and a /sys
 // without the host's cgroups.
-func (n *netnsNode) startNamespaces(t *testing.T, init string) {
+func (n *NetnsNode) startNamespaces(t *testing.T, init string) {
 	t.Helper()
 	n.holder = framework.StartProcess(t, "namespaces-"+n.name, "nsenter", "--net=/run/netns/"+n.netns, "--",
 		"unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "slave", "--", init)
@@ -190,7 +190,7 @@ func (n *netnsNode) startNamespaces(t *testing.T, init string) {
 }
 
 // Run runs a command in the node's namespaces and fails the test when it fails.
-func (n *netnsNode) run(t *testing.T, args ...string) {
+func (n *NetnsNode) run(t *testing.T, args ...string) {
 	t.Helper()
 	all := append(append([]string{}, n.Enter...), args...)
 	Run(t, all[0], all[1:]...)
@@ -200,7 +200,7 @@ func (n *netnsNode) run(t *testing.T, args ...string) {
 // processes in the node's pod cgroups (containers kubelet did not tear down) and in its mount
 // namespace (containerd's shims), except the node's init and its holder; stopping init then
 // takes whatever is left in the node's PID namespace.
-func (n *netnsNode) killLeftovers(t *testing.T) {
+func (n *NetnsNode) killLeftovers(t *testing.T) {
 	for _, pid := range cgroupPIDs(n.CgroupRoot) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -251,7 +251,7 @@ func cgroupPIDs(root string) []int {
 // DetachLoops detaches, in order, the loop devices kubelet attached over the volumes' block
 // devices (it holds each mapped block volume open with one), the volumes' loop devices (backed by
 // files on the pool's device), and the pool's.
-func (n *netnsNode) detachLoops(t *testing.T) {
+func (n *NetnsNode) detachLoops(t *testing.T) {
 	if n.poolDev != "" {
 		loops := loopBackings(t)
 		var volumes []string
