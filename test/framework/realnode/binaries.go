@@ -30,6 +30,7 @@ type Binaries struct {
 	Images                                          map[string]ImageEntry
 }
 
+// ImageEntry is one image of images.json: its reference and the tarball `ctr images import` reads.
 type ImageEntry struct {
 	Ref     string `json:"ref"`
 	Tarball string `json:"tarball"`
@@ -96,6 +97,7 @@ func FindBinaries(t *testing.T) *Binaries {
 	return b
 }
 
+// RepoRoot is framework.RepoRoot, with the error the suite's call sites check.
 func RepoRoot() (string, error) { return framework.RepoRoot(), nil }
 
 // Unavailable skips the suite for want of a tool or a machine capability, or fails it under
@@ -105,6 +107,7 @@ func Unavailable(t *testing.T, format string, args ...any) {
 	testutil.Unavailable(t, "node e2e: "+format, args...)
 }
 
+// LogDuration logs how long what took since start.
 func LogDuration(t *testing.T, what string, start time.Time) {
 	t.Logf("%s took %s", what, time.Since(start).Round(time.Millisecond))
 }

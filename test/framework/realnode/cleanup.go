@@ -93,6 +93,7 @@ func CleanupHost(t *testing.T, dir string) {
 	DetachLoops(t, dir)
 }
 
+// DetachLoops detaches the loop devices backed by files under dir.
 func DetachLoops(t *testing.T, dir string) {
 	for dev, backing := range LoopDevicesUnder(t, dir) {
 		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {

@@ -64,6 +64,8 @@ func Run(t *testing.T, name string, args ...string) {
 	testutil.Run(t, append([]string{name}, args...)...)
 }
 
+// NewCisternNode prepares Cistern's driver for the node nodeName: a pool under dir, its pools
+// config and state directory, kubelet's root kubeletRoot; StartDriver runs it.
 func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName string) *CisternNode {
 	t.Helper()
 	pool := createPool(t, dir)
@@ -219,6 +221,7 @@ func FreePorts(n int) ([]int32, error) {
 	return out, err
 }
 
+// ErrExited says that p exited, and where its log is.
 func ErrExited(p *framework.Process) error {
 	return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
 }

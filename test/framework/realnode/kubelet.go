@@ -39,6 +39,7 @@ type NodeCA struct {
 	key      *ecdsa.PrivateKey
 }
 
+// NewNodeCA makes a CA under dir for the node's certificates.
 func NewNodeCA(t *testing.T, dir string) *NodeCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
