@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
-	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/framework/kit"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -32,7 +33,7 @@ type S3 struct {
 	// Dir is the backend directory: <Dir>/<bucket>/<key>.
 	Dir    string
 	Client *s3.Client
-	proc   *framework.Process
+	cmd    *exec.Cmd
 }
 
 // VersitygwVersion is what the datasource area's `make s3-tools` builds.
@@ -81,17 +82,26 @@ func StartS3(t testing.TB, dir string) *S3 {
 }
 
 // StartVersitygw serves dir over S3 with the versitygw binary bin on a free loopback port, static
-// root credentials and keep-alive, until the test (or hack/demo) ends: the one place a test kit
-// starts an S3 server.
-func StartVersitygw(t framework.TB, bin, dir string) *S3 {
+// root credentials and keep-alive, until the test (or hack/demo) ends: the one place the test kit
+// starts an S3 server. It takes a kit.TB, so that it links no Kubernetes client.
+func StartVersitygw(t kit.TB, bin, dir string) *S3 {
 	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	addr := framework.FreeAddr(t)
+	addr := kit.FreeAddr(t)
 	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
-	s.proc = framework.StartProcess(t, "versitygw", bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
+	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
 		"--keep-alive", "--quiet", "posix", dir)
+	var out bytes.Buffer
+	s.cmd.Stdout, s.cmd.Stderr = &out, &out
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	})
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c, err := net.Dial("tcp", addr)
@@ -99,13 +109,8 @@ func StartVersitygw(t framework.TB, bin, dir string) *S3 {
 			c.Close()
 			break
 		}
-		select {
-		case <-s.proc.Done():
-			t.Fatalf("versitygw exited: %v; last lines of %s:\n%s", s.proc.Err(), s.proc.LogPath, framework.Tail(s.proc.LogPath, 20))
-		default:
-		}
 		if time.Now().After(deadline) {
-			t.Fatalf("versitygw not listening on %s; last lines of %s:\n%s", addr, s.proc.LogPath, framework.Tail(s.proc.LogPath, 20))
+			t.Fatalf("versitygw not listening on %s: %s", addr, out.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -114,7 +119,7 @@ func StartVersitygw(t framework.TB, bin, dir string) *S3 {
 }
 
 // Pid is the S3 server's process (benchmarks count its CPU time).
-func (s *S3) Pid() int { return s.proc.Pid() }
+func (s *S3) Pid() int { return s.cmd.Process.Pid }
 
 // NewClient returns a client for endpoint with the root credentials.
 func (s *S3) NewClient(endpoint string) *s3.Client {

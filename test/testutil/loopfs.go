@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/framework/kit"
 )
 
 // RequireRoot skips a test that needs mounts and loop devices when not run as root (fails it
@@ -49,7 +49,7 @@ func LoopFS(t testing.TB, fsType string, sizeBytes int64) string {
 // FSImage makes img a sparse file of size bytes holding an empty filesystem of fsType (ext4 or
 // xfs): the one way the suites, the node harness and hack/demo make a pool's filesystem. ext4 gets
 // no reserved blocks, so that a pool's free space is what statfs reports to everyone.
-func FSImage(t framework.TB, img, fsType string, size int64) {
+func FSImage(t kit.TB, img, fsType string, size int64) {
 	t.Helper()
 	f, err := os.Create(img)
 	if err == nil {
@@ -73,7 +73,7 @@ func FSImage(t framework.TB, img, fsType string, size int64) {
 
 // LoopMount mounts the filesystem image img at mnt (created if missing) through a loop device,
 // which the kernel frees when it is unmounted (autoclear); the caller unmounts it.
-func LoopMount(t framework.TB, img, mnt string) {
+func LoopMount(t kit.TB, img, mnt string) {
 	t.Helper()
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		t.Fatal(err)
@@ -82,7 +82,7 @@ func LoopMount(t framework.TB, img, mnt string) {
 }
 
 // Run runs a command and fails the test with its output when it fails.
-func Run(t framework.TB, args ...string) string {
+func Run(t kit.TB, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
 	if err != nil {

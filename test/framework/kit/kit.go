@@ -1,4 +1,4 @@
-package framework
+package kit
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 // modules under hack/): tests and hack/demo read manifests and write logs there.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
 // Eventually calls cond every 250ms, each time with a context of its own (30 s), until it returns

@@ -1,4 +1,4 @@
-package framework
+package kit
 
 import (
 	"net"
