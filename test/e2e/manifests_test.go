@@ -211,7 +211,7 @@ func flagsOf(t *testing.T, bin string) map[string]bool {
 // TestKindConfig: deploy/kind/kind-config.yaml decodes strictly into kind's own v1alpha4 types,
 // so a misspelt field fails here, on a machine without Docker, not at `make kind-up`.
 func TestKindConfig(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(cluster.RepoRoot(), "deploy", "kind", "kind-config.yaml"))
+	data, err := os.ReadFile(filepath.Join(framework.RepoRoot(), "deploy", "kind", "kind-config.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

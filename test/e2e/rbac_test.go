@@ -28,7 +28,6 @@ import (
 // rbac: the node ServiceAccount, which the provisioner and sidecar run as, has what they need and
 // not more; the scenarios above already showed that what they need is enough.
 func (s *scenario) rbac(t *testing.T) {
-	node := "system:serviceaccount:" + cluster.Namespace + ":" + cluster.NodeServiceAccount
 	for _, tc := range []struct {
 		verb, group, resource, namespace string
 		want                             bool
@@ -45,20 +44,10 @@ func (s *scenario) rbac(t *testing.T) {
 		{"delete", "", "pods", cluster.Namespace, false},
 		{"create", "apps", "daemonsets", cluster.Namespace, false},
 	} {
-		review, err := s.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
-			Spec: authorizationv1.SubjectAccessReviewSpec{
-				User:   node,
-				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + cluster.Namespace, "system:authenticated"},
-				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: tc.namespace,
-				},
-			},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if review.Status.Allowed != tc.want {
-			t.Errorf("%s may %s %s.%s in %q: %v, want %v", cluster.NodeServiceAccount, tc.verb, tc.resource, tc.group, tc.namespace, review.Status.Allowed, tc.want)
+		if got := framework.ServiceAccountMay(t, s.cp, cluster.Namespace, cluster.NodeServiceAccount, authorizationv1.ResourceAttributes{
+			Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: tc.namespace,
+		}); got != tc.want {
+			t.Errorf("%s may %s %s.%s in %q: %v, want %v", cluster.NodeServiceAccount, tc.verb, tc.resource, tc.group, tc.namespace, got, tc.want)
 		}
 	}
 }
@@ -81,7 +70,6 @@ func (s *scenario) nodeEventsRole(t *testing.T) {
 // controllerRBAC: the workload-controller reads and renews its own webhook certificate Secret and
 // leader-election Lease by name, and no other Secret.
 func (s *scenario) controllerRBAC(t *testing.T) {
-	user := "system:serviceaccount:" + cluster.Namespace + ":" + cluster.ControllerServiceAccount
 	for _, tc := range []struct {
 		verb, group, resource, name string
 		want                        bool
@@ -98,20 +86,10 @@ func (s *scenario) controllerRBAC(t *testing.T) {
 		{"list", consts.StoragePoolGroup, "storagepools", "", true},
 		{"update", consts.StoragePoolGroup, "storagepools", "", false},
 	} {
-		review, err := s.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
-			Spec: authorizationv1.SubjectAccessReviewSpec{
-				User:   user,
-				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + cluster.Namespace, "system:authenticated"},
-				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: cluster.Namespace, Name: tc.name,
-				},
-			},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if review.Status.Allowed != tc.want {
-			t.Errorf("%s may %s %s.%s %q: %v, want %v", cluster.ControllerServiceAccount, tc.verb, tc.resource, tc.group, tc.name, review.Status.Allowed, tc.want)
+		if got := framework.ServiceAccountMay(t, s.cp, cluster.Namespace, cluster.ControllerServiceAccount, authorizationv1.ResourceAttributes{
+			Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: cluster.Namespace, Name: tc.name,
+		}); got != tc.want {
+			t.Errorf("%s may %s %s.%s %q: %v, want %v", cluster.ControllerServiceAccount, tc.verb, tc.resource, tc.group, tc.name, got, tc.want)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -237,7 +236,7 @@ type scaleResult struct {
 // resync with nothing changed (goal 0) and of one pool's capacity change (goal 1).
 func BenchmarkSidecarScale(b *testing.B) {
 	cp := framework.Shared(b)
-	installBench(b, cp)
+	install(b, cp)
 	total := benchNodes * benchPoolsPerNode
 	c, err := poolpublisher.NewClient(restConfigUnlimited(cp))
 	if err != nil {
@@ -299,11 +298,6 @@ the goals, hold in both modes.
 			b.Errorf("%s: writes per idle resync = %v (want 0), after one capacity change = %v (want 1)", mode, r.idleWrites, r.changeWrites)
 		}
 	}
-	if out := os.Getenv("CISTERN_BENCH_OUT"); out != "" {
-		if err := writeBenchSection(out, report); err != nil {
-			b.Error(err)
-		}
-	}
 }
 
 // benchPeer applies total objects, spec then status, one by one, and deletes them.
@@ -340,7 +334,7 @@ func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *poolpublis
 	writes0 := apiserverWrites(b, cp)
 	start := time.Now()
 	kubeconfig := framework.ServiceAccountKubeconfig(b, cp, sidecarNamespace, sidecarServiceAccount)
-	addr := freeAddrB(b)
+	addr := framework.FreeAddr(b)
 	proc := framework.StartProcess(b, "storagepool-sidecar-bench", filepath.Join(binDir, "storagepool-sidecar"),
 		"--csi-address="+sock, "--kubeconfig="+kubeconfig, "--http-endpoint="+addr,
 		"--resync-period="+benchResync.String(), "--kube-api-qps=100000", "--kube-api-burst=100000",
@@ -502,29 +496,10 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *poolpublisher.Cli
 	return r
 }
 
-func installBench(b *testing.B, cp *framework.ControlPlane) {
-	b.Helper()
-	installOnce.Do(func() {
-		framework.ApplyYAML(b, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
-		framework.ApplyManifests(b, cp, filepath.Join(repoRoot, "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
-			filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar/rbac.yaml"))
-	})
-}
-
 func restConfigUnlimited(cp *framework.ControlPlane) *rest.Config {
 	cfg := *cp.Config
 	cfg.QPS, cfg.Burst = 100000, 100000
 	return &cfg
-}
-
-func freeAddrB(b *testing.B) string {
-	b.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func waitB(b *testing.B, timeout time.Duration, what string, cond func() bool) {
@@ -534,28 +509,4 @@ func waitB(b *testing.B, timeout time.Duration, what string, cond func() bool) {
 	if err != nil {
 		b.Fatalf("waiting for %s: %v", what, err)
 	}
-}
-
-const (
-	benchStart = "<!-- bench-sidecar:start -->"
-	benchEnd   = "<!-- bench-sidecar:end -->"
-)
-
-// writeBenchSection replaces this benchmark's section of docs/benchmarks.md (or appends it).
-func writeBenchSection(path, report string) error {
-	data, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	section := benchStart + "\n## storagepool-sidecar at scale\n\n" + report + benchEnd
-	text := string(data)
-	if i, j := strings.Index(text, benchStart), strings.Index(text, benchEnd); i >= 0 && j > i {
-		text = text[:i] + section + text[j+len(benchEnd):]
-	} else {
-		if text == "" {
-			text = "# Benchmarks\n"
-		}
-		text = strings.TrimRight(text, "\n") + "\n\n" + section + "\n"
-	}
-	return os.WriteFile(path, []byte(text), 0o644)
 }

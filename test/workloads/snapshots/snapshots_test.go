@@ -9,13 +9,11 @@ package snapshots_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,9 +41,7 @@ func TestMain(m *testing.M) {
 }
 
 var (
-	installOnce sync.Once
-	installErr  error
-	rendered    testutil.Rendered
+	rendered testutil.Rendered
 	// cl is an admin client with the controller's scheme.
 	cl client.Client
 )
@@ -55,45 +51,31 @@ var (
 // when the rendered Deployment has it; once per binary.
 func install(t *testing.T) *framework.ControlPlane {
 	t.Helper()
-	cp := framework.Shared(t)
-	installOnce.Do(func() {
-		installErr = errors.New("install did not finish")
-		if rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "snapshots"); installErr != nil {
-			return
+	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
+		var err error
+		if rendered, err = testutil.RenderWithRBAC(t, cp, "snapshots"); err != nil {
+			return err
 		}
 		snapshotCRDs, err := testutil.SnapshotCRDs(testutil.RepoRoot())
 		if err != nil {
-			installErr = err
-			return
+			return err
 		}
 		for _, dir := range []string{filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds"), snapshotCRDs} {
-			if installErr = testutil.InstallCRDs(cp.Config, dir); installErr != nil {
-				return
+			if err := testutil.InstallCRDs(cp.Config, dir); err != nil {
+				return err
 			}
 		}
-		rbac, err := rendered.YAML(testutil.RBACKinds...)
-		if err != nil {
-			installErr = err
-			return
-		}
-		framework.ApplyYAML(t, cp, rbac)
-		framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
-		if cl, installErr = client.New(cp.Config, client.Options{Scheme: workloads.Scheme()}); installErr != nil {
-			return
+		if cl, err = client.New(cp.Config, client.Options{Scheme: workloads.Scheme()}); err != nil {
+			return err
 		}
 		wc, err := testutil.ControllerConfig(func(wc *workloads.Config) {
 			wc.SnapshotContents = slices.Contains(controllerArgs(), "--snapshot-contents")
 		})
 		if err != nil {
-			installErr = err
-			return
+			return err
 		}
-		installErr = testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
+		return testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
 	})
-	if installErr != nil {
-		t.Fatalf("install: %v", installErr)
-	}
-	return cp
 }
 
 // controllerArgs are the args of the rendered workload-controller Deployment.

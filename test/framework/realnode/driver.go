@@ -1,10 +1,9 @@
-package e2enode
+package realnode
 
 import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -23,16 +22,17 @@ import (
 	"github.com/cistern-csi/cistern/hack/standins/registration"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-const poolName = "fast"
+const PoolName = "fast"
 
-// cisternNode is the driver's side of the node: its pool, state and process.
-type cisternNode struct {
-	bins        *binaries
+// CisternNode is the driver's side of the node: its pool, state and process.
+type CisternNode struct {
+	bins        *Binaries
 	nodeName    string
 	kubeletRoot string
-	socket      string // the CSI socket, where kubelet expects a plugin's
+	Socket      string // the CSI socket, where kubelet expects a plugin's
 	poolsConfig string
 	stateDir    string
 	driver      *framework.Process
@@ -55,65 +55,54 @@ func createPool(t *testing.T, dir string) string {
 	t.Helper()
 	img := filepath.Join(dir, "pool.img")
 	mnt := filepath.Join(dir, "pool")
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Truncate(2 << 30); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	run(t, "mkfs.ext4", "-q", "-F", img)
-	run(t, "mount", "-o", "loop", img, mnt)
+	testutil.FSImage(t, img, "ext4", 2<<30)
+	testutil.LoopMount(t, img, mnt)
 	// The suite's final cleanup unmounts it and detaches the loop device with everything else.
 	return mnt
 }
 
-func run(t *testing.T, name string, args ...string) {
+// Run runs a command and fails the test with its output when it fails (testutil.Run).
+func Run(t *testing.T, name string, args ...string) {
 	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-	}
+	testutil.Run(t, append([]string{name}, args...)...)
 }
 
-func newCisternNode(t *testing.T, bins *binaries, dir, kubeletRoot, nodeName string) *cisternNode {
+// NewCisternNode prepares Cistern's driver for the node nodeName: a pool under dir, its pools
+// config and state directory, kubelet's root kubeletRoot; StartDriver runs it.
+func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName string) *CisternNode {
 	t.Helper()
 	pool := createPool(t, dir)
-	n := &cisternNode{
+	n := &CisternNode{
 		suite:       t,
 		bins:        bins,
 		nodeName:    nodeName,
 		kubeletRoot: kubeletRoot,
-		socket:      filepath.Join(kubeletRoot, "plugins", consts.DriverName, "csi.sock"),
+		Socket:      filepath.Join(kubeletRoot, "plugins", consts.DriverName, "csi.sock"),
 		poolsConfig: filepath.Join(dir, "pools.yaml"),
 		stateDir:    filepath.Join(dir, "cistern-state"),
 	}
-	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", poolName, pool)
+	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", PoolName, pool)
 	if err := os.WriteFile(n.poolsConfig, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Dir(n.socket), 0o750); err != nil {
+	if err := os.MkdirAll(filepath.Dir(n.Socket), 0o750); err != nil {
 		t.Fatal(err)
 	}
 	return n
 }
 
-// startDriver starts the driver in mode all and, the first time, the registrar next to it.
-func (n *cisternNode) startDriver(t *testing.T) {
+// StartDriver starts the driver in mode all and, the first time, the registrar next to it.
+func (n *CisternNode) StartDriver(t *testing.T) {
 	t.Helper()
 	n.starts++
 	if n.metricsAddr == "" {
-		ports, err := freePorts(1)
+		ports, err := FreePorts(1)
 		if err != nil {
 			t.Fatal(err)
 		}
 		n.metricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	}
-	n.driver = framework.StartProcess(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver,
-		"--endpoint=unix://"+n.socket,
+	n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket,
 		"--node-id="+n.nodeName,
 		"--pools-config="+n.poolsConfig,
 		"--state-dir="+n.stateDir,
@@ -122,39 +111,38 @@ func (n *cisternNode) startDriver(t *testing.T) {
 		"--http-endpoint="+n.metricsAddr,
 		"--v=3",
 	)
-	waitSocket(t, n.driver, n.socket)
 	if n.registrar == nil {
 		n.registrar = framework.StartProcess(n.suite, "node-driver-registrar", n.bins.registrar,
-			"--csi-address="+n.socket,
-			"--kubelet-registration-path="+n.socket,
+			"--csi-address="+n.Socket,
+			"--kubelet-registration-path="+n.Socket,
 			"--plugin-registration-path="+filepath.Join(n.kubeletRoot, "plugins_registry"),
 			"--v=3",
 		)
 	}
 }
 
-// restartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
+// RestartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
 // external-provisioner exits when it loses the driver's socket and its container is restarted;
 // so is it here.
-func (n *cisternNode) restartDriver() {
+func (n *CisternNode) RestartDriver() {
 	n.driver.Stop()
-	n.startDriver(n.suite)
+	n.StartDriver(n.suite)
 	if n.provisioner != nil {
 		select {
 		case <-n.provisioner.Done():
 		case <-time.After(10 * time.Second):
 		}
 		n.provisioner.Stop() // expected to have exited; marks it stopped
-		n.startProvisioner(n.suite, n.cp)
+		n.StartProvisioner(n.suite, n.cp)
 	}
 }
 
-// startProvisioner runs external-provisioner next to the driver in node-deployment mode: it
+// StartProvisioner runs external-provisioner next to the driver in node-deployment mode: it
 // provisions only claims whose selected node is this one, as a DaemonSet would.
-func (n *cisternNode) startProvisioner(t *testing.T, cp *framework.ControlPlane) {
+func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	cmd := exec.Command(n.bins.provisioner,
-		"--csi-address="+n.socket,
+		"--csi-address="+n.Socket,
 		"--kubeconfig="+cp.Kubeconfig,
 		"--node-deployment=true",
 		"--node-deployment-immediate-binding=false",
@@ -170,29 +158,9 @@ func (n *cisternNode) startProvisioner(t *testing.T, cp *framework.ControlPlane)
 	n.provisioner = framework.StartCommand(t, fmt.Sprintf("csi-provisioner-%d", n.provStarts), cmd)
 }
 
-func waitSocket(t *testing.T, p *framework.Process, socket string) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		if conn, err := net.Dial("unix", socket); err == nil {
-			conn.Close()
-			return
-		}
-		select {
-		case <-p.Done():
-			t.Fatalf("%v", errExited(p))
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s not listening after 1m (log: %s)", p.Name, socket, p.LogPath)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// waitRegistered waits until kubelet has registered the driver: the CSINode lists it with our
+// WaitRegistered waits until kubelet has registered the driver: the CSINode lists it with our
 // topology key, which kubelet writes only after NodeGetInfo through the registration socket.
-func (n *cisternNode) waitRegistered(t *testing.T, cp *framework.ControlPlane) *storagev1.CSINode {
+func (n *CisternNode) WaitRegistered(t *testing.T, cp *framework.ControlPlane) *storagev1.CSINode {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -217,9 +185,9 @@ func (n *cisternNode) waitRegistered(t *testing.T, cp *framework.ControlPlane) *
 	return csiNode
 }
 
-// createStorageObjects creates the CSIDriver (no attach, pod info and both lifecycle modes) and
+// CreateStorageObjects creates the CSIDriver (no attach, pod info and both lifecycle modes) and
 // a WaitForFirstConsumer StorageClass targeting the pool.
-func createStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClass string) {
+func CreateStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClass string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -240,9 +208,9 @@ func createStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClas
 	}
 	wffc := storagev1.VolumeBindingWaitForFirstConsumer
 	sc := &storagev1.StorageClass{
-		ObjectMeta:           metav1.ObjectMeta{Name: "cistern-" + poolName},
+		ObjectMeta:           metav1.ObjectMeta{Name: "cistern-" + PoolName},
 		Provisioner:          consts.DriverName,
-		Parameters:           map[string]string{"pool": poolName},
+		Parameters:           map[string]string{"pool": PoolName},
 		VolumeBindingMode:    &wffc,
 		AllowVolumeExpansion: ptr.To(true),
 	}
@@ -252,31 +220,23 @@ func createStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClas
 	return sc.Name
 }
 
-func freePorts(n int) ([]int32, error) {
-	var ports []int32
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, int32(l.Addr().(*net.TCPAddr).Port))
+// FreePorts is framework.FreePorts as the kubelet configuration's int32.
+func FreePorts(n int) ([]int32, error) {
+	ports, err := framework.FreePorts(n)
+	out := make([]int32, len(ports))
+	for i, p := range ports {
+		out[i] = int32(p)
 	}
-	return ports, nil
+	return out, err
 }
 
-func errExited(p *framework.Process) error {
+// ErrExited says that p exited, and where its log is.
+func ErrExited(p *framework.Process) error {
 	return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
 }
 
-// metric returns the value of an unlabelled counter or gauge from the driver's /metrics.
-func (n *cisternNode) metric(t *testing.T, name string) float64 {
+// Metric returns the value of an unlabelled counter or gauge from the driver's /metrics.
+func (n *CisternNode) Metric(t *testing.T, name string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + n.metricsAddr + "/metrics")
 	if err != nil {

@@ -1,4 +1,4 @@
-package e2enode
+package realnode
 
 import (
 	"bufio"
@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mountsUnder lists the mount points at or below dir, deepest first.
-func mountsUnder(t *testing.T, dir string) []string {
+// MountsUnder lists the mount points at or below dir, deepest first.
+func MountsUnder(t *testing.T, dir string) []string {
 	t.Helper()
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
@@ -42,8 +42,8 @@ func unescapeMountPath(s string) string {
 	return r.Replace(s)
 }
 
-// loopDevicesUnder lists the loop devices whose backing file is below dir.
-func loopDevicesUnder(t *testing.T, dir string) map[string]string {
+// LoopDevicesUnder lists the loop devices whose backing file is below dir.
+func LoopDevicesUnder(t *testing.T, dir string) map[string]string {
 	t.Helper()
 	devs := map[string]string{}
 	entries, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
@@ -62,69 +62,75 @@ func loopDevicesUnder(t *testing.T, dir string) map[string]string {
 	return devs
 }
 
-// cleanupHost removes what a failed or interrupted run can leave on the host under dir: mounts
+// CleanupHost removes what a failed or interrupted run can leave on the host under dir: mounts
 // (volume bind mounts in kubelet's pod directories, staging mounts, container root filesystems,
 // the pool) and loop devices backed by files under dir. Runs after every process is stopped.
 //
 // Plain unmounts, deepest first, alternate with loop detaches: a pool stays busy while a loop
 // device of a volume image in it is attached, and a lazy unmount would leave it (and its own loop
 // device) alive out of sight. A lazy unmount is the last resort.
-func cleanupHost(t *testing.T, dir string) {
+func CleanupHost(t *testing.T, dir string) {
 	for range 3 {
 		busy := false
-		for _, mp := range mountsUnder(t, dir) {
+		for _, mp := range MountsUnder(t, dir) {
 			if err := unix.Unmount(mp, 0); err == unix.EBUSY {
 				busy = true
 			} else if err != nil && err != unix.EINVAL && err != unix.ENOENT {
 				t.Logf("cleanup: unmounting %s: %v", mp, err)
 			}
 		}
-		detachLoops(t, dir)
+		DetachLoops(t, dir)
 		if !busy {
 			return
 		}
 	}
-	for _, mp := range mountsUnder(t, dir) {
+	for _, mp := range MountsUnder(t, dir) {
 		t.Logf("cleanup: %s is still busy; detaching it lazily", mp)
 		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 			t.Logf("cleanup: unmounting %s: %v", mp, err)
 		}
 	}
-	detachLoops(t, dir)
+	DetachLoops(t, dir)
 }
 
-func detachLoops(t *testing.T, dir string) {
-	for dev, backing := range loopDevicesUnder(t, dir) {
+// DetachLoops detaches the loop devices backed by files under dir.
+func DetachLoops(t *testing.T, dir string) {
+	for dev, backing := range LoopDevicesUnder(t, dir) {
 		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
 			t.Logf("cleanup: detaching %s (%s): %v: %s", dev, backing, err, out)
 		}
 	}
 }
 
-// cleanupCgroups removes the pod cgroups kubelet created (cgroupfs driver, cgroup v1: a
+// CleanupCgroups removes the pod cgroups kubelet created (cgroupfs driver, cgroup v1: a
 // "kubepods" tree in every hierarchy), deepest first; they are empty once the containers are gone.
-func cleanupCgroups(t *testing.T) {
+func CleanupCgroups(t *testing.T) {
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods")
 	for _, root := range roots {
-		var dirs []string
-		_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, path)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := unix.Rmdir(dirs[i]); err != nil && err != unix.ENOENT {
-				t.Logf("cleanup: removing cgroup %s: %v", dirs[i], err)
-			}
+		removeCgroupTree(t, root)
+	}
+}
+
+// removeCgroupTree removes the cgroup root and those below it, deepest first.
+func removeCgroupTree(t *testing.T, root string) {
+	var dirs []string
+	_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := unix.Rmdir(dirs[i]); err != nil && err != unix.ENOENT {
+			t.Logf("cleanup: removing cgroup %s: %v", dirs[i], err)
 		}
 	}
 }
 
-// ownCgroupRoot creates the cgroup /name in every cgroup v1 hierarchy for kubelet's --cgroup-root
+// OwnCgroupRoot creates the cgroup /name in every cgroup v1 hierarchy for kubelet's --cgroup-root
 // and removes it, deepest first, at the end (its pods' cgroups are empty once the containers are
 // gone). It returns "/name".
-func ownCgroupRoot(t *testing.T, name string) string {
+func OwnCgroupRoot(t *testing.T, name string) string {
 	t.Helper()
 	hierarchies, _ := filepath.Glob("/sys/fs/cgroup/*/cgroup.procs")
 	if len(hierarchies) == 0 {
@@ -147,18 +153,7 @@ func ownCgroupRoot(t *testing.T, name string) string {
 	}
 	t.Cleanup(func() {
 		for _, root := range roots {
-			var dirs []string
-			_ = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
-				if err == nil && d.IsDir() {
-					dirs = append(dirs, path)
-				}
-				return nil
-			})
-			for i := len(dirs) - 1; i >= 0; i-- {
-				if err := unix.Rmdir(dirs[i]); err != nil && err != unix.ENOENT {
-					t.Logf("cleanup: removing cgroup %s: %v", dirs[i], err)
-				}
-			}
+			removeCgroupTree(t, root)
 		}
 	})
 	return "/" + name

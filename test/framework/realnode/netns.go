@@ -1,4 +1,4 @@
-package e2enode
+package realnode
 
 import (
 	"fmt"
@@ -14,27 +14,28 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// netnsNode is a node of its own on this machine, for suites that need the API server to reach
-// kubelet (exec, logs, port-forward) or more than one node: kubelet, containerd and its pods run
+// NetnsNode is a node of its own on this machine, for suites that need the API server to reach
+// Kubelet (exec, logs, port-forward) or more than one node: kubelet, containerd and its pods run
 // in a network namespace joined to the host by a veth pair, and in a mount namespace where the
 // paths a node has once (kubelet's root, the pools, the driver's state, containerd's and CNI's
 // fixed directories) are bind mounts of the node's own directories. Everything the host has of it
 // is the veth pair's host side, one route to its pod network, and directories under dir.
-type netnsNode struct {
+type NetnsNode struct {
 	name string
-	dir  string
+	Dir  string
 	// netns is the network namespace's name (/run/netns/<netns>); hostIf its veth on the host.
 	netns, hostIf string
 	// hostIP is the host's address on the link, nodeIP the node's (kubelet's --node-ip).
-	hostIP, nodeIP string
-	// podSubnet and podGateway are the node's pod network (CNI ptp inside the namespace).
-	podSubnet, podGateway string
-	cgroupRoot            string
+	HostIP, NodeIP string
+	// PodSubnet and podGateway are the node's pod network (CNI ptp inside the namespace).
+	PodSubnet, PodGateway string
+	CgroupRoot            string
 	// enter runs a command in the node's mount, network and PID namespaces, which holder (the
 	// unshare that started the node's init, initPID on the host) holds.
-	enter   []string
+	Enter   []string
 	holder  *framework.Process
 	initPID int
 	// poolDev is the pool's loop device (major:minor); the volumes' loop devices are on it.
@@ -44,11 +45,14 @@ type netnsNode struct {
 // The node's fixed host paths, each a bind mount of a directory of the node in its mount
 // namespace. deploy/csi names the first three; containerd's shims use /run/containerd and CNI's
 // result cache /var/lib/cni whatever their configured roots.
-var nodePaths = []string{kubeletRootDir, "/mnt/cistern", "/var/lib/cistern", "/run/containerd", "/var/lib/cni"}
+// KubeletRootDir is kubelet's root directory as on a real node: deploy/csi's hostPaths name it.
+const KubeletRootDir = "/var/lib/kubelet"
+
+var nodePaths = []string{KubeletRootDir, "/mnt/cistern", "/var/lib/cistern", "/run/containerd", "/var/lib/cni"}
 
 // sharedNodePaths are bind mounts made shared in the node: the driver container's mounts
 // propagate back through kubelet's directory (Bidirectional), the pools' into it (HostToContainer).
-var sharedNodePaths = []string{kubeletRootDir, "/mnt/cistern"}
+var sharedNodePaths = []string{KubeletRootDir, "/mnt/cistern"}
 
 // Addresses: node i's link is 10.246.<i>.0/24 (host .1, node .2) and its pods get
 // 10.244.<120+i>.0/24 (TestNode uses .117, TestInstall .118); none is this machine's own.
@@ -57,9 +61,9 @@ func netnsNodeAddrs(i int) (hostIP, nodeIP, podSubnet, podGateway string) {
 		fmt.Sprintf("10.244.%d.0/24", 120+i), fmt.Sprintf("10.244.%d.1", 120+i)
 }
 
-// prepareNodePaths creates the fixed host paths the nodes bind their directories over, and
+// PrepareNodePaths creates the fixed host paths the nodes bind their directories over, and
 // removes at the end those that did not exist. Call once, before the nodes.
-func prepareNodePaths(t *testing.T) {
+func PrepareNodePaths(t *testing.T) {
 	t.Helper()
 	for _, p := range nodePaths {
 		if _, err := os.Stat(p); os.IsNotExist(err) {
@@ -71,19 +75,19 @@ func prepareNodePaths(t *testing.T) {
 	}
 }
 
-// startNetnsNode creates node i's namespaces, link, directories and pool (an ext4 filesystem of
+// StartNetnsNode creates node i's namespaces, link, directories and pool (an ext4 filesystem of
 // poolSize bytes on a loop device, mounted at poolPath in the node). Its cleanup, registered
 // before any process of the node starts and so run after they stop, kills what is left in the
 // node's cgroups and namespaces, stops its init (the kernel kills whatever else is in the node's
 // PID namespace), then removes the network namespace and detaches the loop devices.
 //
 // init is the path of the node's PID 1, a static program that reaps orphans (hack/images/pause).
-func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, poolSize int64, init string) *netnsNode {
+func StartNetnsNode(t *testing.T, dir string, i int, name, poolPath string, poolSize int64, init string) *NetnsNode {
 	t.Helper()
-	n := &netnsNode{name: name, dir: filepath.Join(dir, name),
+	n := &NetnsNode{name: name, Dir: filepath.Join(dir, name),
 		netns: fmt.Sprintf("cistern-k8se2e-%d", i), hostIf: fmt.Sprintf("ck8se2e%d", i)}
-	n.hostIP, n.nodeIP, n.podSubnet, n.podGateway = netnsNodeAddrs(i)
-	if err := os.MkdirAll(n.dir, 0o750); err != nil {
+	n.HostIP, n.NodeIP, n.PodSubnet, n.PodGateway = netnsNodeAddrs(i)
+	if err := os.MkdirAll(n.Dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 
@@ -92,33 +96,33 @@ func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 		t.Logf("removing network namespace %s left by an earlier run", n.netns)
 		_ = exec.Command("ip", "netns", "del", n.netns).Run()
 	}
-	run(t, "ip", "netns", "add", n.netns)
+	Run(t, "ip", "netns", "add", n.netns)
 	// Deleting the namespace deletes the veth pair, and the host route with it.
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "netns", "del", n.netns).CombinedOutput(); err != nil {
 			t.Logf("cleanup: deleting network namespace %s: %v: %s", n.netns, err, out)
 		}
 	})
-	run(t, "ip", "link", "add", n.hostIf, "type", "veth", "peer", "name", "eth0", "netns", n.netns)
-	run(t, "ip", "addr", "add", n.hostIP+"/24", "dev", n.hostIf)
-	run(t, "ip", "link", "set", n.hostIf, "up")
-	run(t, "ip", "-n", n.netns, "addr", "add", n.nodeIP+"/24", "dev", "eth0")
-	run(t, "ip", "-n", n.netns, "link", "set", "eth0", "up")
-	run(t, "ip", "-n", n.netns, "link", "set", "lo", "up")
+	Run(t, "ip", "link", "add", n.hostIf, "type", "veth", "peer", "name", "eth0", "netns", n.netns)
+	Run(t, "ip", "addr", "add", n.HostIP+"/24", "dev", n.hostIf)
+	Run(t, "ip", "link", "set", n.hostIf, "up")
+	Run(t, "ip", "-n", n.netns, "addr", "add", n.NodeIP+"/24", "dev", "eth0")
+	Run(t, "ip", "-n", n.netns, "link", "set", "eth0", "up")
+	Run(t, "ip", "-n", n.netns, "link", "set", "lo", "up")
 	// The node reaches the host (the API server through the kubernetes Service address, see
 	// serveKubernetesService) and nothing else; the host reaches its pods (webhooks).
-	run(t, "ip", "-n", n.netns, "route", "add", framework.KubernetesServiceIP+"/32", "via", n.hostIP)
-	run(t, "ip", "route", "add", n.podSubnet, "via", n.nodeIP)
+	Run(t, "ip", "-n", n.netns, "route", "add", framework.KubernetesServiceIP+"/32", "via", n.HostIP)
+	Run(t, "ip", "route", "add", n.PodSubnet, "via", n.NodeIP)
 
 	// Loop devices go last, once no mount namespace holds their filesystems: the volumes'
 	// (backed by files in the pool) before the pool's.
 	t.Cleanup(func() { n.detachLoops(t) })
-	n.cgroupRoot = ownCgroupRoot(t, "cistern-k8se2e-"+name)
+	n.CgroupRoot = OwnCgroupRoot(t, "cistern-k8se2e-"+name)
 	n.startNamespaces(t, init)
 	t.Cleanup(func() { n.killLeftovers(t) })
 
 	for _, p := range nodePaths {
-		src := filepath.Join(n.dir, "paths", strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "-"))
+		src := filepath.Join(n.Dir, "paths", strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "-"))
 		if err := os.MkdirAll(src, 0o750); err != nil {
 			t.Fatal(err)
 		}
@@ -128,20 +132,11 @@ func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 		n.run(t, "mount", "--make-rshared", p)
 	}
 
-	img := filepath.Join(n.dir, "pool.img")
-	f, err := os.Create(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = f.Truncate(poolSize) // sparse
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, "mkfs.ext4", "-q", "-F", img)
+	img := filepath.Join(n.Dir, "pool.img")
+	testutil.FSImage(t, img, "ext4", poolSize)
 	n.run(t, "mkdir", "-p", poolPath)
 	n.run(t, "mount", "-o", "loop", img, poolPath)
-	for dev := range loopDevicesUnder(t, n.dir) {
+	for dev := range LoopDevicesUnder(t, n.Dir) {
 		out, err := exec.Command("lsblk", "-dno", "MAJ:MIN", dev).Output()
 		if err != nil {
 			t.Fatalf("lsblk %s: %v", dev, err)
@@ -159,7 +154,7 @@ func startNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 // it), with /proc of the node's PID namespace. The node's processes enter the namespaces through
 // nsenter. Not `ip netns exec`, which gives each command a mount namespace of its own and a /sys
 // without the host's cgroups.
-func (n *netnsNode) startNamespaces(t *testing.T, init string) {
+func (n *NetnsNode) startNamespaces(t *testing.T, init string) {
 	t.Helper()
 	n.holder = framework.StartProcess(t, "namespaces-"+n.name, "nsenter", "--net=/run/netns/"+n.netns, "--",
 		"unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "slave", "--", init)
@@ -183,7 +178,7 @@ func (n *netnsNode) startNamespaces(t *testing.T, init string) {
 		}
 		select {
 		case <-n.holder.Done():
-			t.Fatalf("%v", errExited(n.holder))
+			t.Fatalf("%v", ErrExited(n.holder))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -191,22 +186,22 @@ func (n *netnsNode) startNamespaces(t *testing.T, init string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	n.enter = []string{"nsenter", "--target", strconv.Itoa(n.initPID), "--mount", "--net", "--pid", "--"}
+	n.Enter = []string{"nsenter", "--target", strconv.Itoa(n.initPID), "--mount", "--net", "--pid", "--"}
 }
 
-// run runs a command in the node's namespaces and fails the test when it fails.
-func (n *netnsNode) run(t *testing.T, args ...string) {
+// Run runs a command in the node's namespaces and fails the test when it fails.
+func (n *NetnsNode) run(t *testing.T, args ...string) {
 	t.Helper()
-	all := append(append([]string{}, n.enter...), args...)
-	run(t, all[0], all[1:]...)
+	all := append(append([]string{}, n.Enter...), args...)
+	Run(t, all[0], all[1:]...)
 }
 
 // killLeftovers kills what the node's kubelet and containerd left once they are stopped: the
 // processes in the node's pod cgroups (containers kubelet did not tear down) and in its mount
 // namespace (containerd's shims), except the node's init and its holder; stopping init then
 // takes whatever is left in the node's PID namespace.
-func (n *netnsNode) killLeftovers(t *testing.T) {
-	for _, pid := range cgroupPIDs(n.cgroupRoot) {
+func (n *NetnsNode) killLeftovers(t *testing.T) {
+	for _, pid := range cgroupPIDs(n.CgroupRoot) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	if n.initPID == 0 {
@@ -253,10 +248,10 @@ func cgroupPIDs(root string) []int {
 	return pids
 }
 
-// detachLoops detaches, in order, the loop devices kubelet attached over the volumes' block
+// DetachLoops detaches, in order, the loop devices kubelet attached over the volumes' block
 // devices (it holds each mapped block volume open with one), the volumes' loop devices (backed by
 // files on the pool's device), and the pool's.
-func (n *netnsNode) detachLoops(t *testing.T) {
+func (n *NetnsNode) detachLoops(t *testing.T) {
 	if n.poolDev != "" {
 		loops := loopBackings(t)
 		var volumes []string
@@ -281,7 +276,7 @@ func (n *netnsNode) detachLoops(t *testing.T) {
 			detachLoop(t, vol)
 		}
 	}
-	detachLoops(t, n.dir)
+	DetachLoops(t, n.Dir)
 }
 
 // loopBacking is what a loop device's backing file is on: device (major:minor) and inode.

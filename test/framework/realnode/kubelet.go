@@ -1,4 +1,4 @@
-package e2enode
+package realnode
 
 import (
 	"context"
@@ -30,16 +30,17 @@ import (
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// nodeCA signs kubelet's client certificate; kube-apiserver trusts it through --client-ca-file,
+// NodeCA signs kubelet's client certificate; kube-apiserver trusts it through --client-ca-file,
 // so kubelet authenticates as system:node:<name> and the Node authorizer applies to it, as in
 // a real cluster.
-type nodeCA struct {
-	certFile string
+type NodeCA struct {
+	CertFile string
 	cert     *x509.Certificate
 	key      *ecdsa.PrivateKey
 }
 
-func newNodeCA(t *testing.T, dir string) *nodeCA {
+// NewNodeCA makes a CA under dir for the node's certificates.
+func NewNodeCA(t *testing.T, dir string) *NodeCA {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -62,8 +63,8 @@ func newNodeCA(t *testing.T, dir string) *nodeCA {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca := &nodeCA{certFile: filepath.Join(dir, "node-ca.crt"), cert: cert, key: key}
-	if err := os.WriteFile(ca.certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+	ca := &NodeCA{CertFile: filepath.Join(dir, "node-ca.crt"), cert: cert, key: key}
+	if err := os.WriteFile(ca.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return ca
@@ -71,7 +72,7 @@ func newNodeCA(t *testing.T, dir string) *nodeCA {
 
 // servingCert writes a serving certificate for a node's kubelet at ip (and DNS name host) and
 // its key into dir, and returns their paths.
-func (ca *nodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFile, keyFile string) {
+func (ca *NodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFile, keyFile string) {
 	t.Helper()
 	certPEM, keyPEM := ca.issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: host},
@@ -82,15 +83,15 @@ func (ca *nodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFil
 	return writePair(t, dir, name, certPEM, keyPEM)
 }
 
-// clientCertFiles writes clientCert's certificate and key into dir and returns their paths.
-func (ca *nodeCA) clientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
+// ClientCertFiles writes clientCert's certificate and key into dir and returns their paths.
+func (ca *NodeCA) ClientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
 	t.Helper()
 	certPEM, keyPEM := ca.clientCert(t, user, groups...)
 	return writePair(t, dir, name, certPEM, keyPEM)
 }
 
 // clientCert returns a PEM certificate and key for user in groups.
-func (ca *nodeCA) clientCert(t *testing.T, user string, groups ...string) (certPEM, keyPEM []byte) {
+func (ca *NodeCA) clientCert(t *testing.T, user string, groups ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	return ca.issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: user, Organization: groups},
@@ -100,7 +101,7 @@ func (ca *nodeCA) clientCert(t *testing.T, user string, groups ...string) (certP
 
 // issue signs tmpl (its names and usage) with a new key, valid from an hour ago for a day, and
 // returns the certificate and key as PEM.
-func (ca *nodeCA) issue(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
+func (ca *NodeCA) issue(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -134,9 +135,9 @@ func writePair(t *testing.T, dir, name string, certPEM, keyPEM []byte) (certFile
 	return certFile, keyFile
 }
 
-// kubelet is a running kubelet.
-type kubelet struct {
-	rootDir string
+// Kubelet is a running kubelet.
+type Kubelet struct {
+	RootDir string
 	process *framework.Process
 }
 
@@ -176,41 +177,41 @@ func kubeletConfig(rootDir, runtimeSocket, cgroupRoot string, port, healthzPort 
 	}
 }
 
-// startKubelet starts kubelet as system:node:<name> with its root directory in rootDir.
+// StartKubelet starts kubelet as system:node:<name> with its root directory in rootDir.
 // cgroupRoot, when set, is the cgroup under which kubelet puts its kubepods tree (see
-// ownCgroupRoot); empty: the root, as on a node.
-func startKubelet(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin, nodeName, rootDir, runtimeSocket, cgroupRoot string) *kubelet {
+// OwnCgroupRoot); empty: the root, as on a node.
+func StartKubelet(t *testing.T, cp *framework.ControlPlane, ca *NodeCA, bin, nodeName, rootDir, runtimeSocket, cgroupRoot string) *Kubelet {
 	t.Helper()
-	return startKubeletWith(t, cp, ca, bin, kubeletOptions{nodeName: nodeName, rootDir: rootDir, runtimeSocket: runtimeSocket, cgroupRoot: cgroupRoot})
+	return StartKubeletWith(t, cp, ca, bin, KubeletOptions{NodeName: nodeName, RootDir: rootDir, RuntimeSocket: runtimeSocket, CgroupRoot: cgroupRoot})
 }
 
-// kubeletOptions are a kubelet's node: its name, directories and runtime, and for a node in its
+// KubeletOptions are a kubelet's node: its name, directories and runtime, and for a node in its
 // own network namespace (netns_test.go) how it is started and reached.
-type kubeletOptions struct {
-	nodeName, rootDir, runtimeSocket, cgroupRoot string
+type KubeletOptions struct {
+	NodeName, RootDir, RuntimeSocket, CgroupRoot string
 	// logName names the process and its log; "kubelet" when empty.
-	logName string
+	LogName string
 	// enter is the command prefix that runs kubelet in the node's namespaces.
-	enter []string
+	Enter []string
 	// nodeIP, when set, is kubelet's --node-ip and where it serves its API, with a serving
 	// certificate from the node CA, to clients with a certificate from that CA (the API server's
-	// kubelet client), authorized by the API server; unset: loopback, and nobody may call it.
-	nodeIP string
+	// Kubelet client), authorized by the API server; unset: loopback, and nobody may call it.
+	NodeIP string
 	// server is the API server as the node reaches it, and serverName the name its
 	// certificate is checked against; cp.URL when empty.
-	server, serverName string
+	Server, serverName string
 }
 
-// startKubeletWith starts kubelet as opts say.
-func startKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin string, opts kubeletOptions) *kubelet {
+// StartKubeletWith starts kubelet as opts say.
+func StartKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *NodeCA, bin string, opts KubeletOptions) *Kubelet {
 	t.Helper()
-	if err := os.MkdirAll(opts.rootDir, 0o750); err != nil {
+	if err := os.MkdirAll(opts.RootDir, 0o750); err != nil {
 		t.Fatal(err)
 	}
 	confDir := t.TempDir()
-	certPEM, keyPEM := ca.clientCert(t, "system:node:"+opts.nodeName, "system:nodes")
+	certPEM, keyPEM := ca.clientCert(t, "system:node:"+opts.NodeName, "system:nodes")
 	kubeconfig := clientcmdapi.NewConfig()
-	server := opts.server
+	server := opts.Server
 	if server == "" {
 		server = cp.URL
 	}
@@ -223,23 +224,23 @@ func startKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin 
 		t.Fatal(err)
 	}
 
-	ports, err := freePorts(2)
+	ports, err := FreePorts(2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := kubeletConfig(opts.rootDir, opts.runtimeSocket, opts.cgroupRoot, ports[0], ports[1])
+	cfg := kubeletConfig(opts.RootDir, opts.RuntimeSocket, opts.CgroupRoot, ports[0], ports[1])
 	args := []string{}
-	if opts.nodeIP != "" {
+	if opts.NodeIP != "" {
 		// Its own address: the well-known port, as the API server dials nodes.
-		cfg.Address, cfg.Port = opts.nodeIP, 10250
-		cfg.TLSCertFile, cfg.TLSPrivateKeyFile = ca.servingCert(t, confDir, "kubelet", opts.nodeName, opts.nodeIP)
+		cfg.Address, cfg.Port = opts.NodeIP, 10250
+		cfg.TLSCertFile, cfg.TLSPrivateKeyFile = ca.servingCert(t, confDir, "kubelet", opts.NodeName, opts.NodeIP)
 		cfg.Authentication = kubeletv1beta1.KubeletAuthentication{
 			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
 			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: ptr.To(true)},
-			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: ca.certFile},
+			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: ca.CertFile},
 		}
 		cfg.Authorization = kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeWebhook}
-		args = append(args, "--node-ip="+opts.nodeIP)
+		args = append(args, "--node-ip="+opts.NodeIP)
 	}
 	data, err := yaml.Marshal(cfg)
 	if err != nil {
@@ -249,24 +250,24 @@ func startKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *nodeCA, bin 
 	if err := os.WriteFile(configPath, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	name := opts.logName
+	name := opts.LogName
 	if name == "" {
 		name = "kubelet"
 	}
-	args = append(append(slices.Clone(opts.enter), bin,
+	args = append(append(slices.Clone(opts.Enter), bin,
 		"--config="+configPath,
 		"--kubeconfig="+kubeconfigPath,
-		"--root-dir="+opts.rootDir,
-		"--cert-dir="+filepath.Join(opts.rootDir, "pki"),
-		"--hostname-override="+opts.nodeName,
+		"--root-dir="+opts.RootDir,
+		"--cert-dir="+filepath.Join(opts.RootDir, "pki"),
+		"--hostname-override="+opts.NodeName,
 		"--v=2",
 	), args...)
 	p := framework.StartCommand(t, name, exec.Command(args[0], args[1:]...))
-	return &kubelet{rootDir: opts.rootDir, process: p}
+	return &Kubelet{RootDir: opts.RootDir, process: p}
 }
 
-// waitNodeReady waits until kubelet has registered the Node and reports it Ready.
-func waitNodeReady(t *testing.T, cp *framework.ControlPlane, k *kubelet, nodeName string, timeout time.Duration) {
+// WaitNodeReady waits until kubelet has registered the Node and reports it Ready.
+func WaitNodeReady(t *testing.T, cp *framework.ControlPlane, k *Kubelet, nodeName string, timeout time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -274,7 +275,7 @@ func waitNodeReady(t *testing.T, cp *framework.ControlPlane, k *kubelet, nodeNam
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		select {
 		case <-k.process.Done():
-			return false, errExited(k.process)
+			return false, ErrExited(k.process)
 		default:
 		}
 		node, err := cp.Client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})

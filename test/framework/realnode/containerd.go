@@ -1,4 +1,4 @@
-package e2enode
+package realnode
 
 import (
 	"context"
@@ -15,36 +15,36 @@ import (
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// containerd is a containerd with its CRI plugin, all of its state under dir.
-type containerd struct {
+// Containerd is a containerd with its CRI plugin, all of its state under dir.
+type Containerd struct {
 	dir     string
-	socket  string
-	bins    *binaries
-	opts    containerdOptions
+	Socket  string
+	bins    *Binaries
+	opts    ContainerdOptions
 	process *framework.Process
 }
 
-// containerdOptions are what the install suite changes.
-type containerdOptions struct {
+// ContainerdOptions are what the install suite changes.
+type ContainerdOptions struct {
 	// registry, when set (host:port on loopback), is where every pull goes: its own name,
 	// registry.k8s.io (the sidecars deploy/csi names) and any other registry, so that nothing
 	// is ever fetched from elsewhere.
-	registry string
+	Registry string
 	// mirrored are the registries served by registry under their own names.
-	mirrored []string
+	Mirrored []string
 	// registryVia is where containerd dials the registry, when it cannot at its address (a node
 	// in its own network namespace reaches the host's loopback through a relay).
-	registryVia string
+	RegistryVia string
 	// podRoutes are extra destinations the pods reach through the host (the Service range).
-	podRoutes []string
+	PodRoutes []string
 	// imported are the images (names in images.json) imported rather than pulled; nil: all.
-	imported []string
+	Imported []string
 	// subnet and gateway of the pod network; empty: podSubnet and podGateway.
-	subnet, gateway string
+	Subnet, Gateway string
 	// logName names the process and its log; "containerd" when empty.
-	logName string
+	LogName string
 	// enter is the command prefix that runs containerd in its node's namespaces (netns_test.go).
-	enter []string
+	Enter []string
 }
 
 // criNamespace is the containerd namespace the CRI plugin (and so kubelet) uses.
@@ -53,16 +53,16 @@ const criNamespace = "k8s.io"
 // containerdConfig follows what is known to work on this machine (see docs/testing.md): runc
 // from our build, the sandbox image equal to our pause image, oom_score_adj never lowered
 // (the host denies it), cgroupfs, the CNI configuration of podNetworkConflist.
-func (c *containerd) config(cniConfDir string) string {
+func (c *Containerd) config(cniConfDir string) string {
 	q := func(s string) string { return fmt.Sprintf("%q", s) }
 	return strings.Join([]string{
 		`version = 3`,
 		`root = ` + q(filepath.Join(c.dir, "root")),
 		`state = ` + q(filepath.Join(c.dir, "state")),
 		`[grpc]`,
-		`  address = ` + q(c.socket),
+		`  address = ` + q(c.Socket),
 		`[ttrpc]`,
-		`  address = ` + q(c.socket+".ttrpc"),
+		`  address = ` + q(c.Socket+".ttrpc"),
 		`[plugins]`,
 		`  [plugins.'io.containerd.internal.v1.opt']`,
 		`    path = ` + q(filepath.Join(c.dir, "opt")),
@@ -71,7 +71,7 @@ func (c *containerd) config(cniConfDir string) string {
 		`  [plugins.'io.containerd.cri.v1.images']`,
 		`    snapshotter = 'overlayfs'`,
 		`    [plugins.'io.containerd.cri.v1.images'.pinned_images]`,
-		`      sandbox = ` + q(c.bins.images["pause"].Ref),
+		`      sandbox = ` + q(c.bins.Images["pause"].Ref),
 		`    [plugins.'io.containerd.cri.v1.images'.registry]`,
 		`      config_path = ` + q(filepath.Join(c.dir, "certs.d")),
 		`  [plugins.'io.containerd.cri.v1.runtime']`,
@@ -99,10 +99,10 @@ func (c *containerd) config(cniConfDir string) string {
 // address from host-local and a route to podSubnet only, via the host at podGateway (no default
 // route, no masquerading). Test pods use the host network; the notebook validation pods, which the
 // workload-controller builds, are on this one and fetch their repository from the test at
-// podGateway.
+// PodGateway.
 const (
-	podSubnet  = "10.244.117.0/24"
-	podGateway = "10.244.117.1"
+	PodSubnet  = "10.244.117.0/24"
+	PodGateway = "10.244.117.1"
 )
 
 func podNetworkConflist(ipamDir, subnet, gateway string, routes []string) string {
@@ -119,13 +119,13 @@ func podNetworkConflist(ipamDir, subnet, gateway string, routes []string) string
 // writeRegistryHosts points every registry at the loopback one (containerd's hosts.toml): the
 // mirrored names and the registry's own address to it, any other name (_default) to a port
 // where nothing listens, so that a pull never leaves the machine.
-func (c *containerd) writeRegistryHosts() error {
-	server := "http://" + c.opts.registry
-	if c.opts.registryVia != "" {
-		server = "http://" + c.opts.registryVia
+func (c *Containerd) writeRegistryHosts() error {
+	server := "http://" + c.opts.Registry
+	if c.opts.RegistryVia != "" {
+		server = "http://" + c.opts.RegistryVia
 	}
-	hosts := map[string]string{"_default": "http://127.0.0.1:1", c.opts.registry: server}
-	for _, m := range c.opts.mirrored {
+	hosts := map[string]string{"_default": "http://127.0.0.1:1", c.opts.Registry: server}
+	for _, m := range c.opts.Mirrored {
 		hosts[m] = server
 	}
 	for name, server := range hosts {
@@ -156,15 +156,15 @@ func keepIPForward(t *testing.T) {
 	})
 }
 
-// startContainerd starts containerd in dir and imports the test images. Its cleanup kills every
+// StartContainerd starts containerd in dir and imports the test images. Its cleanup kills every
 // container it runs before stopping it, so that no shim or mount outlives the test.
-func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOptions) *containerd {
+func StartContainerd(t *testing.T, bins *Binaries, dir string, opts ContainerdOptions) *Containerd {
 	t.Helper()
-	if opts.subnet == "" {
-		opts.subnet, opts.gateway = podSubnet, podGateway
+	if opts.Subnet == "" {
+		opts.Subnet, opts.Gateway = PodSubnet, PodGateway
 	}
-	c := &containerd{dir: dir, socket: filepath.Join(dir, "containerd.sock"), bins: bins, opts: opts}
-	if opts.registry != "" {
+	c := &Containerd{dir: dir, Socket: filepath.Join(dir, "containerd.sock"), bins: bins, opts: opts}
+	if opts.Registry != "" {
 		if err := c.writeRegistryHosts(); err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +173,7 @@ func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOp
 	if err := os.MkdirAll(cniConfDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(cniConfDir, "10-pods.conflist"), []byte(podNetworkConflist(filepath.Join(dir, "cni", "ipam"), opts.subnet, opts.gateway, opts.podRoutes)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cniConfDir, "10-pods.conflist"), []byte(podNetworkConflist(filepath.Join(dir, "cni", "ipam"), opts.Subnet, opts.Gateway, opts.PodRoutes)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	keepIPForward(t)
@@ -182,27 +182,27 @@ func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOp
 		t.Fatal(err)
 	}
 
-	args := append(slices.Clone(opts.enter), bins.containerd, "--config", configPath, "--log-level", "info")
+	args := append(slices.Clone(opts.Enter), bins.containerd, "--config", configPath, "--log-level", "info")
 	cmd := exec.Command(args[0], args[1:]...)
 	// The shim is found on PATH.
 	cmd.Env = append(os.Environ(), "PATH="+bins.shimDir+":"+os.Getenv("PATH"))
-	name := opts.logName
+	name := opts.LogName
 	if name == "" {
 		name = "containerd"
 	}
 	c.process = framework.StartCommand(t, name, cmd)
 	// Runs before the process is stopped (cleanups run in reverse).
 	t.Cleanup(func() {
-		defer logDuration(t, "killing containers", time.Now())
+		defer LogDuration(t, "killing containers", time.Now())
 		c.killContainers(t)
 	})
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	for {
-		if conn, err := net.Dial("unix", c.socket); err == nil {
+		if conn, err := net.Dial("unix", c.Socket); err == nil {
 			conn.Close()
-			if _, err := c.ctr(ctx, "version"); err == nil {
+			if _, err := c.Ctr(ctx, "version"); err == nil {
 				break
 			}
 		}
@@ -214,21 +214,21 @@ func startContainerd(t *testing.T, bins *binaries, dir string, opts containerdOp
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	for name, im := range bins.images {
-		if opts.imported != nil && !slices.Contains(opts.imported, name) {
+	for name, im := range bins.Images {
+		if opts.Imported != nil && !slices.Contains(opts.Imported, name) {
 			continue
 		}
-		if out, err := c.ctr(ctx, "images", "import", im.Tarball); err != nil {
+		if out, err := c.Ctr(ctx, "images", "import", im.Tarball); err != nil {
 			t.Fatalf("importing %s: %v\n%s", im.Tarball, err, out)
 		}
 	}
 	return c
 }
 
-// ctr runs ctr against this containerd in the CRI namespace and returns its stdout; stderr
+// Ctr runs ctr against this containerd in the CRI namespace and returns its stdout; stderr
 // (where it also warns, e.g. about cgroup v1) goes into the error.
-func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
-	args = append([]string{"--address", c.socket, "--namespace", criNamespace}, args...)
+func (c *Containerd) Ctr(ctx context.Context, args ...string) (string, error) {
+	args = append([]string{"--address", c.Socket, "--namespace", criNamespace}, args...)
 	cmd := exec.CommandContext(ctx, c.bins.ctr, args...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -242,16 +242,16 @@ func (c *containerd) ctr(ctx context.Context, args ...string) (string, error) {
 // killContainers force-deletes every task (SIGKILL, then delete) and container left in the CRI
 // namespace: what kubelet did not tear down because the test failed, or because it was stopped
 // before it collected the sandboxes of deleted pods.
-func (c *containerd) killContainers(t *testing.T) {
+func (c *Containerd) killContainers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if out, err := c.ctr(ctx, "tasks", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
-		if out, err := c.ctr(ctx, append([]string{"tasks", "delete", "--force"}, strings.Fields(out)...)...); err != nil {
+	if out, err := c.Ctr(ctx, "tasks", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
+		if out, err := c.Ctr(ctx, append([]string{"tasks", "delete", "--force"}, strings.Fields(out)...)...); err != nil {
 			t.Logf("cleanup: deleting tasks: %v: %s", err, out)
 		}
 	}
-	if out, err := c.ctr(ctx, "containers", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
-		if out, err := c.ctr(ctx, append([]string{"containers", "delete"}, strings.Fields(out)...)...); err != nil {
+	if out, err := c.Ctr(ctx, "containers", "list", "--quiet"); err == nil && strings.TrimSpace(out) != "" {
+		if out, err := c.Ctr(ctx, append([]string{"containers", "delete"}, strings.Fields(out)...)...); err != nil {
 			t.Logf("cleanup: deleting containers: %v: %s", err, out)
 		}
 	}

@@ -1,4 +1,4 @@
-package e2enode
+package realnode
 
 import (
 	"errors"
@@ -16,31 +16,31 @@ import (
 	"time"
 )
 
-// gitServer serves the bare repositories below root over git's smart HTTP protocol: the host's
+// GitServer serves the bare repositories below root over git's smart HTTP protocol: the host's
 // `git http-backend` behind net/http/cgi. It listens on every address because pods reach it at
 // the pod network's gateway, which exists only while a pod's veth does, and it answers only
 // loopback and the pod network.
-type gitServer struct {
+type GitServer struct {
 	git     string
 	root    string
 	port    int
 	gateway string
 	// podRequests counts the requests that came from the pod network.
-	podRequests atomic.Int64
+	PodRequests atomic.Int64
 	// private maps a repository path prefix ("/name.git/") to the user and password it wants.
 	private sync.Map
 	// refused counts the requests refused for want of credentials.
-	refused atomic.Int64
+	Refused atomic.Int64
 }
 
-// protect makes the repository name private: every request must carry basic auth with user and
+// Protect makes the repository name private: every request must carry basic auth with user and
 // password, as a private repository on a git host does.
-func (g *gitServer) protect(name, user, password string) {
+func (g *GitServer) Protect(name, user, password string) {
 	g.private.Store("/"+name+".git/", [2]string{user, password})
 }
 
 // authorized says whether r may read the repository it asks for.
-func (g *gitServer) authorized(r *http.Request) bool {
+func (g *GitServer) authorized(r *http.Request) bool {
 	ok := true
 	g.private.Range(func(prefix, creds any) bool {
 		if strings.HasPrefix(r.URL.Path, prefix.(string)) {
@@ -54,14 +54,14 @@ func (g *gitServer) authorized(r *http.Request) bool {
 	return ok
 }
 
-// startGitServer serves the pod network subnet, whose pods reach the host at gateway.
-func startGitServer(t *testing.T, subnet, gateway string) *gitServer {
+// StartGitServer serves the pod network subnet, whose pods reach the host at gateway.
+func StartGitServer(t *testing.T, subnet, gateway string) *GitServer {
 	t.Helper()
 	gitBin, err := exec.LookPath("git")
 	if err != nil {
-		unavailable(t, "the notebook scenarios serve their repository with the host's git: %v; run `make node-host-packages`", err)
+		Unavailable(t, "the notebook scenarios serve their repository with the host's git: %v; run `make node-host-packages`", err)
 	}
-	g := &gitServer{git: gitBin, root: t.TempDir(), gateway: gateway}
+	g := &GitServer{git: gitBin, root: t.TempDir(), gateway: gateway}
 	_, pods, err := net.ParseCIDR(subnet)
 	if err != nil {
 		t.Fatal(err)
@@ -80,13 +80,13 @@ func startGitServer(t *testing.T, subnet, gateway string) *gitServer {
 			http.Error(w, "forbidden", http.StatusForbidden)
 			return
 		case pods.Contains(ip):
-			g.podRequests.Add(1)
+			g.PodRequests.Add(1)
 		case !ip.IsLoopback():
 			http.Error(w, "forbidden", http.StatusForbidden)
 			return
 		}
 		if !g.authorized(r) {
-			g.refused.Add(1)
+			g.Refused.Add(1)
 			w.Header().Set("WWW-Authenticate", `Basic realm="cistern-e2e"`)
 			http.Error(w, "authentication required", http.StatusUnauthorized)
 			return
@@ -113,9 +113,9 @@ func gitEnv(home string) []string {
 	}
 }
 
-// createRepo commits files (path -> content) on branch main, tags the commit with each of tags,
+// CreateRepo commits files (path -> content) on branch main, tags the commit with each of tags,
 // and serves the result as <name>.git. It returns the URL pods clone.
-func (g *gitServer) createRepo(t *testing.T, name string, files map[string]string, tags ...string) string {
+func (g *GitServer) CreateRepo(t *testing.T, name string, files map[string]string, tags ...string) string {
 	t.Helper()
 	work := t.TempDir()
 	run := func(dir string, args ...string) {

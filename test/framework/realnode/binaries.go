@@ -1,12 +1,11 @@
-package e2enode
+package realnode
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil"
@@ -24,28 +23,29 @@ const (
 	defaultImagesRelativeToRepo = "_output/node-images/images.json"
 )
 
-// binaries are the paths of everything the suite runs.
-type binaries struct {
-	kubelet, containerd, ctr, runc, cniDir, shimDir string
+// Binaries are the paths of everything the suite runs.
+type Binaries struct {
+	Kubelet, containerd, ctr, runc, cniDir, shimDir string
 	provisioner, driver, registrar                  string
-	images                                          map[string]imageEntry
+	Images                                          map[string]ImageEntry
 }
 
-type imageEntry struct {
+// ImageEntry is one image of images.json: its reference and the tarball `ctr images import` reads.
+type ImageEntry struct {
 	Ref     string `json:"ref"`
 	Tarball string `json:"tarball"`
 }
 
-// findBinaries locates the built tools and builds the driver; a missing tool skips the suite
+// FindBinaries locates the built tools and builds the driver; a missing tool skips the suite
 // (fails it under CI=true) with the make target that builds it.
-func findBinaries(t *testing.T) *binaries {
+func FindBinaries(t *testing.T) *Binaries {
 	t.Helper()
 	nodeBin, err := framework.ToolDir(NodeBinEnv, "node-runtime-"+containerdVersion)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &binaries{
-		kubelet:     framework.Binary(t, "kubelet"),
+	b := &Binaries{
+		Kubelet:     framework.Binary(t, "kubelet"),
 		containerd:  filepath.Join(nodeBin, "containerd"),
 		ctr:         filepath.Join(nodeBin, "ctr"),
 		runc:        filepath.Join(nodeBin, "runc"),
@@ -64,13 +64,13 @@ func findBinaries(t *testing.T) *binaries {
 		b.provisioner:                         "make csi-tools",
 	} {
 		if _, err := os.Stat(path); err != nil {
-			unavailable(t, "%s not found; run `%s`", path, target)
+			Unavailable(t, "%s not found; run `%s`", path, target)
 		}
 	}
 
 	imagesFile := os.Getenv(ImagesEnv)
 	if imagesFile == "" {
-		root, err := repoRoot()
+		root, err := RepoRoot()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,14 +78,14 @@ func findBinaries(t *testing.T) *binaries {
 	}
 	data, err := os.ReadFile(imagesFile)
 	if err != nil {
-		unavailable(t, "test images: %v; run `make node-images`", err)
+		Unavailable(t, "test images: %v; run `make node-images`", err)
 	}
-	if err := json.Unmarshal(data, &b.images); err != nil {
+	if err := json.Unmarshal(data, &b.Images); err != nil {
 		t.Fatalf("reading %s: %v", imagesFile, err)
 	}
 	for _, name := range []string{"pause", "checker", "git", "papermill"} {
-		if _, ok := b.images[name]; !ok {
-			unavailable(t, "%s has no %q image; run `make node-images`", imagesFile, name)
+		if _, ok := b.Images[name]; !ok {
+			Unavailable(t, "%s has no %q image; run `make node-images`", imagesFile, name)
 		}
 	}
 
@@ -103,24 +103,27 @@ func findBinaries(t *testing.T) *binaries {
 	return b
 }
 
-func repoRoot() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return "", fmt.Errorf("finding the repository root: %w", err)
-	}
-	return string(trimNewline(out)), nil
-}
+// RepoRoot is framework.RepoRoot, with the error the suite's call sites check.
+func RepoRoot() (string, error) { return framework.RepoRoot(), nil }
 
-func trimNewline(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
-		b = b[:len(b)-1]
-	}
-	return b
-}
-
-// unavailable skips the suite for want of a tool or a machine capability, or fails it under
+// Unavailable skips the suite for want of a tool or a machine capability, or fails it under
 // CI=true, so that CI cannot pass by skipping what the Makefile should have provided.
-func unavailable(t *testing.T, format string, args ...any) {
+func Unavailable(t *testing.T, format string, args ...any) {
 	t.Helper()
 	testutil.Unavailable(t, "node e2e: "+format, args...)
+}
+
+// LogDuration logs how long what took since start.
+func LogDuration(t *testing.T, what string, start time.Time) {
+	t.Logf("%s took %s", what, time.Since(start).Round(time.Millisecond))
+}
+
+// RequireImages makes the test unavailable (Unavailable) when one of the named images was not built.
+func (b *Binaries) RequireImages(t *testing.T, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if _, ok := b.Images[name]; !ok {
+			Unavailable(t, "no %q image; run `make node-images`", name)
+		}
+	}
 }

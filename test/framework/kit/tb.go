@@ -1,4 +1,4 @@
-package framework
+package kit
 
 // TB is what the framework needs from its caller. *testing.T and *testing.B satisfy it; a program
 // that reuses the framework outside go test (hack/demo) implements it itself. As in testing, Fatal
