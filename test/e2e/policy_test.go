@@ -17,9 +17,13 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/utils/ptr"
 
+	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
+	nbv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
+	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
 )
@@ -48,6 +52,7 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	t.Run("PersistentVolumesOfOwnNode", p.pvNode)
 	t.Run("PersistentVolumeSecretsAndClaims", p.pvSecrets)
 	t.Run("StoragePoolsOfOwnNode", p.storagePools)
+	t.Run("WorkloadControllerWrites", p.controllerWrites)
 }
 
 type policyScenario struct {
@@ -351,4 +356,76 @@ func (p *policyScenario) storagePools(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused(t, asNode.Delete(c, sharedB.Name, metav1.DeleteOptions{}), "may only delete a shared StoragePool it can reach")
+}
+
+// controllerWrites: the workload-controller's ServiceAccount, which RBAC lets create any
+// PersistentVolume and pod, creates the VolumeManager volumes, stager pods and notebook pods its
+// builders make (server-side dry runs: admission runs, nothing is stored), and nothing else.
+func (p *policyScenario) controllerWrites(t *testing.T) {
+	c := ctx(t)
+	asController := kubernetes.NewForConfigOrDie(framework.ServiceAccountConfig(t, p.cp, cluster.Namespace, cluster.ControllerServiceAccount))
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "vm", UID: "0123"}}
+	vc := &datav1alpha1.VolumeConfig{ID: "data", Replicas: 1, SourceType: datav1alpha1.SourceS3, SourceURL: "s3://b/p/",
+		Options: map[string]string{datav1alpha1.OptionSecretName: "creds"}}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: p.nodeA, Labels: map[string]string{corev1.LabelHostname: p.nodeA}}}
+	createPV := func(pv *corev1.PersistentVolume) error {
+		_, err := asController.CoreV1().PersistentVolumes().Create(c, pv, dry)
+		return err
+	}
+	createPod := func(pod *corev1.Pod) error {
+		_, err := asController.CoreV1().Pods(p.ns).Create(c, pod, dry)
+		return err
+	}
+
+	vmPV := volumemanager.PersistentVolume(vm, vc, []string{p.nodeA}, map[string]string{"source": "s3://b/p/"}, volumemanager.Config{})
+	eventually(t, time.Minute, "a hostPath PersistentVolume refused", func(context.Context) error {
+		hp := vmPV.DeepCopy()
+		hp.Spec.PersistentVolumeSource = corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}
+		if createPV(hp) == nil {
+			return errorf("created")
+		}
+		return nil
+	})
+	if err := createPV(vmPV); err != nil {
+		t.Fatalf("a VolumeManager PersistentVolume: %v", err)
+	}
+	stager := volumemanager.StagerPod(vm, vc, "vm-data", node, p.nodeA, "cistern/workload-controller:dev")
+	if err := createPod(stager); err != nil {
+		t.Fatalf("a stager pod: %v", err)
+	}
+	job := &nbv1alpha1.NotebookValidationJob{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "nb"},
+		Spec: nbv1alpha1.NotebookValidationJobSpec{
+			Notebook:  nbv1alpha1.NotebookSource{Git: nbv1alpha1.GitSource{URL: "https://git.example.com/nb.git", Ref: "main"}, Path: "a.ipynb"},
+			PodConfig: nbv1alpha1.PodConfig{ContainerImage: "jupyter/minimal:1"}}}
+	if err := createPod(notebook.BuildPod(job, notebook.Images{Git: "alpine/git:2.49.1", Compare: "cistern/workload-controller:dev"})); err != nil {
+		t.Fatalf("a notebook pod: %v", err)
+	}
+
+	other := vmPV.DeepCopy()
+	other.Spec.CSI.Driver = "other.csi.dev"
+	refused(t, createPV(other), "only manage VolumeManager PersistentVolumes")
+	plain := vmPV.DeepCopy()
+	plain.Spec.CSI.VolumeHandle = "fast-0123"
+	refused(t, createPV(plain), "only manage VolumeManager PersistentVolumes")
+	secret := vmPV.DeepCopy()
+	secret.Spec.CSI.NodeStageSecretRef = &corev1.SecretReference{Name: "admin", Namespace: "kube-system"}
+	refused(t, createPV(secret), "names only Secrets of that claim's namespace")
+
+	bare := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "bare"}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "c", Image: "busybox:1.37"}}}}
+	refused(t, createPod(bare), "may only create stager pods and notebook pods")
+	privileged := stager.DeepCopy()
+	privileged.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
+	refused(t, createPod(privileged), "a stager pod has no token")
+	hostPath := stager.DeepCopy()
+	hostPath.Spec.Volumes = append(hostPath.Spec.Volumes, corev1.Volume{Name: "root", VolumeSource: corev1.VolumeSource{
+		HostPath: &corev1.HostPathVolumeSource{Path: "/"}}})
+	refused(t, createPod(hostPath), "a stager pod has no token")
+	token := stager.DeepCopy()
+	token.Spec.AutomountServiceAccountToken = nil
+	refused(t, createPod(token), "a stager pod has no token")
+	hostNB := notebook.BuildPod(job, notebook.Images{Git: "alpine/git:2.49.1"})
+	hostNB.Spec.HostNetwork = true
+	refused(t, createPod(hostNB), "no host namespace")
 }
