@@ -49,6 +49,11 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 		ns:      framework.CreateNamespace(t, cp, "policy"),
 	}
 	p.classes(t)
+	// Pods are refused until kube-controller-manager has made the namespace's ServiceAccount.
+	eventually(t, time.Minute, "ServiceAccount default in "+p.ns, func(ctx context.Context) error {
+		_, err := cp.Client.CoreV1().ServiceAccounts(p.ns).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 	t.Run("PersistentVolumesOfOwnNode", p.pvNode)
 	t.Run("PersistentVolumeSecretsAndClaims", p.pvSecrets)
 	t.Run("StoragePoolsOfOwnNode", p.storagePools)
