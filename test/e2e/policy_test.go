@@ -189,10 +189,11 @@ func (p *policyScenario) pvSecrets(t *testing.T) {
 		}
 		refused(t, create(pv), "may only name Secrets of the claim namespace "+p.ns)
 	}
-	// Nor by rewriting an accepted volume.
+	// Nor by binding an accepted volume to a claim of another namespace (its Secret references
+	// are immutable).
 	_, err := p.pvs(p.asNode).Patch(c, legit.Name, types.MergePatchType,
-		[]byte(`{"spec":{"csi":{"nodeStageSecretRef":{"name":"admin","namespace":"kube-system"}}}}`), metav1.PatchOptions{})
-	refused(t, err, "may only name Secrets of the claim namespace")
+		[]byte(`{"spec":{"claimRef":{"namespace":"kube-system"}}}`), metav1.PatchOptions{})
+	refused(t, err, "may only name Secrets of the claim namespace kube-system")
 
 	noClaim := p.policyPV("policy-no-claim", p.nodeA)
 	noClaim.Spec.ClaimRef = nil
@@ -304,10 +305,10 @@ func (p *policyScenario) storagePools(t *testing.T) {
 		t.Fatalf("node %s creating its own StoragePool: %v", p.nodeA, err)
 	}
 	cleanup(own.Name)
-	own.Status = spapi.StoragePoolStatus{AccessibleNodes: []string{p.nodeA},
-		Capacity: &spapi.PoolCapacity{Total: resource.NewQuantity(1<<30, resource.BinarySI)},
-		Cache:    &spapi.DatasetCache{Datasets: []spapi.CachedDataset{{ID: "0123456789abcdef", State: spapi.DatasetReady}}}}
-	if own, err = asNode.UpdateStatus(c, own, metav1.UpdateOptions{}); err != nil {
+	// The sidecar patches status (server-side apply); RBAC grants patch only.
+	if _, err = asNode.Patch(c, own.Name, types.MergePatchType, []byte(fmt.Sprintf(
+		`{"status":{"accessibleNodes":[%q],"capacity":{"total":"1Gi"},"cache":{"total":1,"ready":1,"staging":0,"failed":0,"datasets":[{"id":"0123456789abcdef","state":"Ready"}]}}}`, p.nodeA)),
+		metav1.PatchOptions{}, "status"); err != nil {
 		t.Fatalf("node %s writing its own StoragePool's status: %v", p.nodeA, err)
 	}
 	if _, err := asNode.Patch(c, own.Name, types.MergePatchType,
@@ -349,7 +350,7 @@ func (p *policyScenario) storagePools(t *testing.T) {
 		[]byte(`{"metadata":{"annotations":{"peer.cistern.csi.dev/endpoint":"127.0.0.1:7443"}}}`), metav1.PatchOptions{})
 	refused(t, err, "carries no dataset inventory and no peer endpoint")
 	_, err = asNode.Patch(c, shared.Name, types.MergePatchType,
-		[]byte(`{"status":{"cache":{"datasets":[{"id":"0123456789abcdef","state":"Ready"}]}}}`), metav1.PatchOptions{}, "status")
+		[]byte(`{"status":{"cache":{"total":1,"ready":1,"staging":0,"failed":0,"datasets":[{"id":"0123456789abcdef","state":"Ready"}]}}}`), metav1.PatchOptions{}, "status")
 	refused(t, err, "carries no dataset inventory and no peer endpoint")
 	sharedB, err := admin.Create(c, pool("policy-shared-b", "", true), metav1.CreateOptions{})
 	if err != nil {
@@ -422,6 +423,7 @@ func (p *policyScenario) controllerWrites(t *testing.T) {
 	refused(t, createPod(bare), "may only create stager pods and notebook pods")
 	privileged := stager.DeepCopy()
 	privileged.Spec.Containers[0].SecurityContext.Privileged = ptr.To(true)
+	privileged.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = nil
 	refused(t, createPod(privileged), "a stager pod has no token")
 	hostPath := stager.DeepCopy()
 	hostPath.Spec.Volumes = append(hostPath.Spec.Volumes, corev1.Volume{Name: "root", VolumeSource: corev1.VolumeSource{
