@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"context"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -56,6 +58,11 @@ func TestKustomizationsBuild(t *testing.T) {
 	framework.ApplyManifests(t, cp, filepath.Join(cluster.DeployDir(), "crds"))
 	// Webhooks an earlier suite left registered by URL would refuse the examples' dry runs.
 	cluster.ForgetWebhooks(t, cp)
+	// The examples' pods need the ServiceAccount kube-controller-manager makes.
+	eventually(t, time.Minute, "ServiceAccount default/default", func(ctx context.Context) error {
+		_, err := cp.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 	deploy := filepath.Dir(cluster.DeployDir())
 	var dirs []string
 	err := filepath.WalkDir(deploy, func(path string, d fs.DirEntry, err error) error {
