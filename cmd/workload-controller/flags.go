@@ -62,6 +62,9 @@ func bindFlags(cfg *workloads.Config, o *options) {
 	flag.StringVar(&o.nfsServers, "nfs-servers", "", "comma-separated NFS servers (host or host:port) a VolumeManager NFS source may name (must match the driver's); empty refuses NFS sources")
 	flag.StringVar(&o.maxCapacity, "volumemanager-max-capacity", volumemanager.DefaultMaxCapacity.String(),
 		"largest capacity a VolumeManager volume may ask for: with a writer access mode each of its pods gets a writable copy of this size on its node")
+	flag.BoolVar(&cfg.VolumeManager.AllowControlPlane, "volumemanager-allow-control-plane", false,
+		"let VolumeManagers whose tolerations allow it place stager pods and cached data on control-plane nodes "+
+			"(labelled or tainted node-role.kubernetes.io/control-plane or master); off: those nodes are never chosen")
 	flag.BoolVar(&o.showVersion, "version", false, "print the version and exit")
 }
 

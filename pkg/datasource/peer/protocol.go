@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 )
 
@@ -150,7 +151,9 @@ func checkBatch(pieces []Range) error {
 	}
 	var total int64
 	for _, p := range pieces {
-		if p.Index < 0 || p.Off < 0 || p.N <= 0 || p.N > MaxBatchBytes {
+		// Off+N must not overflow: a piece ending past MaxInt64 would pass a store's bounds check
+		// as a negative end (found by FuzzBatchRequest).
+		if p.Index < 0 || p.Off < 0 || p.N <= 0 || p.N > MaxBatchBytes || p.Off > math.MaxInt64-p.N {
 			return fmt.Errorf("bad piece %+v", p)
 		}
 		if total += p.N; total > MaxBatchBytes {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -236,7 +237,7 @@ func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
 	i, err1 := strconv.ParseInt(r.PathValue("index"), 10, 64)
 	off, err2 := strconv.ParseInt(r.URL.Query().Get("off"), 10, 64)
 	n, err3 := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
-	if !valid || errors.Join(err1, err2, err3) != nil || i < 0 || off < 0 || n <= 0 {
+	if !valid || errors.Join(err1, err2, err3) != nil || i < 0 || off < 0 || n <= 0 || off > math.MaxInt64-n {
 		s.refuse(w, http.StatusBadRequest, "invalid", "bad piece")
 		return
 	}

@@ -236,8 +236,9 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 	}
 	datasetID := pl.Dataset.ID()
 	c := capacity(vc)
-	current := currentPlacement(vc, w.pvs, w.nodes)
-	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value()}, current)
+	current := currentPlacement(vc, w.pvs, w.nodes, r.Config.AllowControlPlane)
+	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value(),
+		AllowControlPlane: r.Config.AllowControlPlane}, current)
 
 	servingClaim, servingNodes := servingVolume(vm, vc, w, current)
 	if len(chosen) < int(vc.Replicas) {
@@ -426,10 +427,10 @@ func (r *Reconciler) recordChanges(vm *datav1alpha1.VolumeManager, old, cur []me
 
 // currentPlacement is the node set of the live PersistentVolume of vc that has the most nodes still
 // eligible (nil when there is none).
-func currentPlacement(vc *datav1alpha1.VolumeConfig, pvs []corev1.PersistentVolume, nodes []corev1.Node) []string {
+func currentPlacement(vc *datav1alpha1.VolumeConfig, pvs []corev1.PersistentVolume, nodes []corev1.Node, allowControlPlane bool) []string {
 	eligible := map[string]bool{}
 	for i := range nodes {
-		if EligibleNode(vc, &nodes[i]) {
+		if EligibleNode(vc, &nodes[i], allowControlPlane) {
 			eligible[nodes[i].Labels[consts.TopologyKey]] = true
 		}
 	}

@@ -64,7 +64,7 @@ func Install(t framework.TB, cp *framework.ControlPlane) {
 // Start installs deploy/csi and starts the nodes and the controller.
 func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	t.Helper()
-	forgetWebhooks(t, cp)
+	ForgetWebhooks(t, cp)
 	Install(t, cp)
 	c := &Cluster{CP: cp, Nodes: map[string]*Node{}}
 	for _, spec := range opts.Nodes {
@@ -82,10 +82,10 @@ func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	return c
 }
 
-// forgetWebhooks deletes the webhook configurations a previous cluster's controller registered
+// ForgetWebhooks deletes the webhook configurations a previous cluster's controller registered
 // by URL on this control plane: applied over them, deploy/csi's Service-based ones would name
 // both a URL and a Service. This cluster's controller registers its own.
-func forgetWebhooks(t framework.TB, cp *framework.ControlPlane) {
+func ForgetWebhooks(t framework.TB, cp *framework.ControlPlane) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
