@@ -112,6 +112,7 @@ func (n *cisternNode) startDriver(t *testing.T) {
 	n.driver = framework.StartProcess(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver,
 		"--endpoint=unix://"+n.socket,
 		"--node-id="+n.nodeName,
+		"--tenant-s3-endpoints=*", // test S3 servers are on loopback; the closed default has its own test
 		"--pools-config="+n.poolsConfig,
 		"--state-dir="+n.stateDir,
 		"--kubelet-registration-path="+n.socket,
