@@ -52,7 +52,7 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 
 func bindDatasetFlags(cfg *datasource.Config, o *options) {
 	flag.StringVar(&o.localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
-	flag.StringVar(&o.tenantEndpoints, "tenant-s3-endpoints", "", "Comma-separated S3 endpoints that inline volumes and VolumeManagers may name: host names, *.domain suffixes, CIDR blocks (AWS without an endpoint counts as s3.amazonaws.com). Empty allows any endpoint; link-local and cloud metadata addresses are refused always.")
+	flag.StringVar(&o.tenantEndpoints, "tenant-s3-endpoints", "", "Comma-separated S3 endpoints that inline volumes and VolumeManagers may name: host names, *.domain suffixes, CIDR blocks (AWS without an endpoint counts as s3.amazonaws.com). Empty refuses every tenant endpoint; \"*\" allows any; link-local and cloud metadata addresses are refused always.")
 	flag.IntVar(&cfg.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
 	flag.Int64Var(&cfg.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
 	flag.Float64Var(&cfg.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")

@@ -64,7 +64,7 @@ type Config struct {
 	// --nfs-gid); 65534 (nobody) unless set.
 	NFSUID, NFSGID *uint32
 	// TenantEndpoints are the S3 endpoints tenant datasets (Spec.Tenant) may name (flag
-	// --tenant-s3-endpoints); empty allows any endpoint that is not link-local or a metadata
+	// --tenant-s3-endpoints); empty refuses every tenant endpoint, "*" allows any that is not link-local or a metadata
 	// service.
 	TenantEndpoints egress.Allow
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging

@@ -257,6 +257,38 @@ func TestRequestValidation(t *testing.T) {
 	}
 }
 
+// TestTenantEndpointsFailClosed: without --tenant-s3-endpoints an inline volume's S3 endpoint
+// is refused (PermissionDenied, naming the flag) before anything is dialled.
+func TestTenantEndpointsFailClosed(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	env.stop()
+	env.cfg.Datasets.TenantEndpoints = egress.Allow{}
+	env.start()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	id := "inline-closed"
+	target := filepath.Join(env.dir, "target", id)
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://data/set",
+		"endpoint": srv.URL, "pathStyle": "true"}
+	err := retryUnavailable(t, func() error {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+			VolumeCapability: mountCap(""), VolumeContext: vc, Readonly: true})
+		return err
+	})
+	t.Cleanup(func() {
+		_, _ = env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	})
+	wantCode(t, err, codes.PermissionDenied, "--tenant-s3-endpoints")
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("the refused endpoint got %d requests", n)
+	}
+}
+
 // TestRedirectNotFollowedThroughSocket: an inline volume whose S3 endpoint redirects every
 // request to an internal URL fails, and the internal URL is never asked.
 func TestRedirectNotFollowedThroughSocket(t *testing.T) {

@@ -115,6 +115,7 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 	n.PeerAddress, n.MetricsAddress = framework.FreeAddr(t), framework.FreeAddr(t)
 	n.Driver = framework.StartCSIDriver(t, spec.Name+"-csi-driver", opts.Bins.Driver, n.Socket,
 		"--node-id="+spec.Name,
+		"--tenant-s3-endpoints=*", // test S3 servers are in test namespaces; the closed default has its own test
 		"--mode=all",
 		"--pools-config="+n.PoolsConfig,
 		"--state-dir="+filepath.Join(dir, "state"),

@@ -104,6 +104,7 @@ func (n *CisternNode) StartDriver(t *testing.T) {
 	}
 	n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket,
 		"--node-id="+n.nodeName,
+		"--tenant-s3-endpoints=*", // test S3 servers are on loopback; the closed default has its own test
 		"--pools-config="+n.poolsConfig,
 		"--state-dir="+n.stateDir,
 		"--kubelet-root="+n.kubeletRoot,
