@@ -15,7 +15,9 @@ FUZZTIME ?= 2m
 
 .PHONY: fuzz fuzz-short
 TEST_TARGETS += fuzz-short
+## Each fuzz target of the untrusted inputs for a few seconds (part of make test)
 fuzz-short:
 	@GO=$(GO) hack/make/fuzz.sh $@ $(FUZZ_SHORT_TIME) $(FUZZ_TARGETS)
+## Each fuzz target for FUZZTIME (default 2m)
 fuzz:
 	@GO=$(GO) hack/make/fuzz.sh $@ $(FUZZTIME) $(FUZZ_TARGETS)

@@ -65,6 +65,7 @@ bench-fanout: $(VERSITYGW)
 # hit as fractions of staging, 3 runs.
 BENCH_TARGETS += bench-access-proof
 .PHONY: bench-access-proof
+## The access proof at 20,000 x 32 KiB: first and remembered hit as fractions of staging
 bench-access-proof: $(VERSITYGW)
 	CISTERN_VERSITYGW=$(VERSITYGW) \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkAccessProof -benchtime 1x -v ./pkg/datasource/bench/
@@ -73,5 +74,6 @@ bench-access-proof: $(VERSITYGW)
 # deploy/csi's limits must hold.
 BENCH_TARGETS += bench-listing-flood
 .PHONY: bench-listing-flood
+## The node plugin's peak memory under a listing flood
 bench-listing-flood:
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkListingFlood -benchtime 1x -v ./pkg/datasource/bench/

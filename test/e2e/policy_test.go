@@ -21,7 +21,7 @@ import (
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	nbv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -259,15 +259,15 @@ func (p *policyScenario) policyPV(name, node string) *corev1.PersistentVolume {
 // inventory or peer endpoint on a shared one.
 func (p *policyScenario) storagePools(t *testing.T) {
 	c := ctx(t)
-	admin, err := storagepool.NewClient(p.cp.Config)
+	admin, err := poolpublisher.NewClient(p.cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
-	asNode, err := storagepool.NewClient(framework.PodServiceAccountConfig(t, p.cp, cluster.DaemonSetPod(t, p.cp, p.nodeA)))
+	asNode, err := poolpublisher.NewClient(framework.PodServiceAccountConfig(t, p.cp, cluster.DaemonSetPod(t, p.cp, p.nodeA)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	unbound, err := storagepool.NewClient(framework.ServiceAccountConfig(t, p.cp, cluster.Namespace, cluster.NodeServiceAccount))
+	unbound, err := poolpublisher.NewClient(framework.ServiceAccountConfig(t, p.cp, cluster.Namespace, cluster.NodeServiceAccount))
 	if err != nil {
 		t.Fatal(err)
 	}
