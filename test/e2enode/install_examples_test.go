@@ -294,8 +294,23 @@ patches:
 func (in *install) deleteExamples(t *testing.T) {
 	t.Helper()
 	if in.examples != "" {
-		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=3m", "-k", in.examples)
+		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=false", "-k", in.examples)
+		// The dataset example's ConfigMap is the node PersistentVolume policy's parameter: without
+		// it node plugins may write no PersistentVolume, so the examples' volumes could not be
+		// released. An administrator keeps it until the volumes are gone; so does this test.
+		kubectlStdin(in.cp, examplePVPolicy, "apply", "-f", "-")
 	}
 	kubectlOutput(in.cp, "delete", "pod", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 	kubectlOutput(in.cp, "delete", "pvc", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 }
+
+// examplePVPolicy is deploy/csi/examples' cistern-node-pv-policy: the dataset class's Secret is in
+// default.
+const examplePVPolicy = `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: cistern-node-pv-policy
+  namespace: cistern-system
+data:
+  secretNamespaces: default
+`
