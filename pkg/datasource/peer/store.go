@@ -127,6 +127,18 @@ func (s *CacheStore) readyNames(dir, digest string) (*Names, error) {
 // this node's pools, for the peer port to resolve a request's bound version name.
 func (s *CacheStore) Versions(id string) []string {
 	out := s.Stagings(id)
+	s.eachReadyS3(id, func(_, d string) bool {
+		if !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+		return true
+	})
+	return out
+}
+
+// eachReadyS3 calls f with the directory and manifest digest of each ready S3 version of dataset
+// id on this node's pools, until f returns false.
+func (s *CacheStore) eachReadyS3(id string, f func(dir, digest string) bool) {
 	for _, pool := range s.Pools() {
 		dir := cache.DatasetDir(pool, id)
 		if !cache.IsReady(dir) {
@@ -136,11 +148,10 @@ func (s *CacheStore) Versions(id string) []string {
 		if err != nil || md.Spec == nil || md.Spec.Scheme != dataset.SchemeS3 {
 			continue
 		}
-		if d, err := cache.ManifestDigest(dir, md); err == nil && !slices.Contains(out, d) {
-			out = append(out, d)
+		if d, err := cache.ManifestDigest(dir, md); err == nil && !f(dir, d) {
+			return
 		}
 	}
-	return out
 }
 
 // Have implements Store: a ready S3 dataset of this version on any pool, or a staging of it
@@ -165,26 +176,24 @@ func (s *CacheStore) readyVersion(id, digest string) (string, bool) {
 	if ok && cache.IsReady(dir) {
 		return dir, true
 	}
-	for _, pool := range s.Pools() {
-		dir := cache.DatasetDir(pool, id)
-		if !cache.IsReady(dir) {
-			continue
+	found := ""
+	s.eachReadyS3(id, func(d, dg string) bool {
+		if dg != digest {
+			return true
 		}
-		md, err := cache.ReadMeta(dir)
-		if err != nil || md.Spec == nil || md.Spec.Scheme != dataset.SchemeS3 {
-			continue
-		}
-		if d, err := cache.ManifestDigest(dir, md); err == nil && d == digest {
-			s.mu.Lock()
-			if s.ready == nil || len(s.ready) >= cachedNames {
-				s.ready = map[string]string{}
-			}
-			s.ready[key] = dir
-			s.mu.Unlock()
-			return dir, true
-		}
+		found = d
+		return false
+	})
+	if found == "" {
+		return "", false
 	}
-	return "", false
+	s.mu.Lock()
+	if s.ready == nil || len(s.ready) >= cachedNames {
+		s.ready = map[string]string{}
+	}
+	s.ready[key] = found
+	s.mu.Unlock()
+	return found, true
 }
 
 // Open implements Store; r is the entry's rank (Names).
