@@ -270,19 +270,7 @@ func TestTenantEndpointsFailClosed(t *testing.T) {
 		w.WriteHeader(http.StatusForbidden)
 	}))
 	t.Cleanup(srv.Close)
-	ctx := context.Background()
-	id := "inline-closed"
-	target := filepath.Join(env.dir, "target", id)
-	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://data/set",
-		"endpoint": srv.URL, "pathStyle": "true"}
-	err := retryUnavailable(t, func() error {
-		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
-			VolumeCapability: mountCap(""), VolumeContext: vc, Readonly: true})
-		return err
-	})
-	t.Cleanup(func() {
-		_, _ = env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-	})
+	err := publishInlineS3(t, env, "inline-closed", srv.URL)
 	wantCode(t, err, codes.PermissionDenied, "--tenant-s3-endpoints")
 	if n := hits.Load(); n != 0 {
 		t.Fatalf("the refused endpoint got %d requests", n)
@@ -303,11 +291,21 @@ func TestRedirectNotFollowedThroughSocket(t *testing.T) {
 		http.Redirect(w, r, internal.URL+"/latest/meta-data/", http.StatusFound)
 	}))
 	t.Cleanup(redirector.Close)
+	err := publishInlineS3(t, env, "inline-redirect", redirector.URL)
+	wantCode(t, err, codes.InvalidArgument, "redirect")
+	if n := internalHits.Load(); n != 0 {
+		t.Fatalf("the redirect target got %d requests", n)
+	}
+}
+
+// publishInlineS3 publishes a read-only inline volume of s3://data/set at endpoint, retrying while
+// the driver answers Unavailable, and unpublishes it when the test ends.
+func publishInlineS3(t *testing.T, env *testEnv, id, endpoint string) error {
+	t.Helper()
 	ctx := context.Background()
-	id := "inline-redirect"
 	target := filepath.Join(env.dir, "target", id)
 	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://data/set",
-		"endpoint": redirector.URL, "pathStyle": "true"}
+		"endpoint": endpoint, "pathStyle": "true"}
 	err := retryUnavailable(t, func() error {
 		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
 			VolumeCapability: mountCap(""), VolumeContext: vc, Readonly: true})
@@ -316,8 +314,5 @@ func TestRedirectNotFollowedThroughSocket(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
 	})
-	wantCode(t, err, codes.InvalidArgument, "redirect")
-	if n := internalHits.Load(); n != 0 {
-		t.Fatalf("the redirect target got %d requests", n)
-	}
+	return err
 }
