@@ -13,6 +13,7 @@ CHART_TEMPLATED := namespace.yaml driver/csidriver.yaml driver/pools.yaml driver
 
 .PHONY: generate-chart test-chart helm
 generate: generate-chart
+## Copies deploy/csi's fixed objects into charts/cistern/files (part of make generate)
 generate-chart:
 	@rm -rf charts/cistern/files/deploy && cd deploy/csi && \
 	  find . -name '*.yaml' ! -name kustomization.yaml ! -path './examples/*' | sed 's|^\./||' | sort | \
@@ -23,11 +24,13 @@ generate-chart:
 	      > ../../charts/cistern/files/deploy/$$f; \
 	  done
 
+## Builds the helm command into the tools cache
 helm: $(HELM)
 $(HELM):
 	cd test/chart && $(GO) build -o $@ helm.sh/helm/v3/cmd/helm
 
 TEST_TARGETS += test-chart
+## Lints charts/cistern and compares its rendered objects with the kustomize base
 test-chart: $(HELM)
 	$(HELM) lint --strict charts/cistern
 	$(HELM) lint --strict charts/cistern --set snapshots.enabled=true --set leaderWorkerSet.upstreamAPI=true

@@ -24,13 +24,13 @@ func (m *Manager) s3TLS(spec *Spec) (s3source.TLS, error) {
 		return t, nil
 	}
 	if m.cfg.S3CABundleDir == "" {
-		return t, source.Errorf(source.Invalid, "%s names CA bundle %q, but the driver has no --s3-ca-bundles directory", spec.describe(), spec.CABundle)
+		return t, source.Errorf(source.Invalid, "%s names CA bundle %q, but the driver has no --s3-ca-bundles directory", spec.Describe(), spec.CABundle)
 	}
 	// params admits only a ConfigMap key: no separator, never "." or "..".
 	path := filepath.Join(m.cfg.S3CABundleDir, filepath.Base(spec.CABundle))
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return t, source.Errorf(source.Invalid, "%s: CA bundle %q is not in %s", spec.describe(), spec.CABundle, m.cfg.S3CABundleDir)
+		return t, source.Errorf(source.Invalid, "%s: CA bundle %q is not in %s", spec.Describe(), spec.CABundle, m.cfg.S3CABundleDir)
 	}
 	if err != nil {
 		return t, err

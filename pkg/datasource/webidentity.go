@@ -32,7 +32,7 @@ func (d *Datasets) Credentials(spec *Spec, secrets, volumeContext map[string]str
 	}
 	raw, ok := volumeContext[consts.VolumeContextSATokens]
 	if !ok {
-		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, which need the pod's ServiceAccount token: kubelet passes none here (the CSIDriver's tokenRequests must name audience %q; a claim's dataset is staged before any pod, so use an inline volume)", spec.describe(), audience)
+		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, which need the pod's ServiceAccount token: kubelet passes none here (the CSIDriver's tokenRequests must name audience %q; a claim's dataset is staged before any pod, so use an inline volume)", spec.Describe(), audience)
 	}
 	var tokens map[string]saToken
 	if err := json.Unmarshal([]byte(raw), &tokens); err != nil {
@@ -40,7 +40,7 @@ func (d *Datasets) Credentials(spec *Spec, secrets, volumeContext map[string]str
 	}
 	t, ok := tokens[audience]
 	if !ok || t.Token == "" {
-		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, but kubelet passed no token for audience %q: add it to the CSIDriver's tokenRequests", spec.describe(), audience)
+		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, but kubelet passed no token for audience %q: add it to the CSIDriver's tokenRequests", spec.Describe(), audience)
 	}
 	return Credentials{RoleARN: spec.RoleARN, WebIdentityToken: t.Token,
 		SessionName: volumeContext["csi.storage.k8s.io/pod.namespace"] + "." + volumeContext["csi.storage.k8s.io/pod.name"]}, nil

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/framework/realnode"
 )
 
 // HelmEnv is the helm command (hack/make/65-chart.mk builds it into the tools cache).
@@ -26,7 +27,7 @@ const helmRelease = "cistern"
 func TestInstallHelm(t *testing.T) {
 	bin := os.Getenv(HelmEnv)
 	if _, err := os.Stat(bin); bin == "" || err != nil {
-		unavailable(t, "%s=%q: helm is not built; run `make e2e-install`", HelmEnv, bin)
+		realnode.Unavailable(t, "%s=%q: helm is not built; run `make e2e-install`", HelmEnv, bin)
 	}
 	runInstall(t, &helmInstall{bin: bin})
 }
@@ -57,7 +58,7 @@ func (h *helmInstall) run(t *testing.T, in *install, args ...string) string {
 // images, the node's pool and the examples' plain-HTTP S3 server allowed.
 func (h *helmInstall) install(t *testing.T, in *install) {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := realnode.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +93,7 @@ node:
 // upgrade moves both images to their tag with suffix; every other value stays.
 func (h *helmInstall) upgrade(t *testing.T, in *install, suffix string) {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := realnode.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,21 +18,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end }}
 
-{{/* The node plugins' pods: the default DaemonSet's and each labelled profile's. */}}
-{{- define "cistern.nodePods" -}}
-{{- if .Values.pools.labelledProfiles -}}
-matchExpressions:
-- key: app.kubernetes.io/name
-  operator: In
-  values:
-  - cistern-node
-  {{- range .Values.pools.labelledProfiles }}
-  - cistern-node-{{ . }}
-  {{- end }}
-{{- else -}}
-matchLabels:
-  app.kubernetes.io/name: cistern-node
-{{- end -}}
+{{/* A node plugin pod's labels: every profile's pods are cistern-node (the peer NetworkPolicy
+selects them all), the profile label tells the DaemonSets' pods apart. */}}
+{{- define "cistern.nodePodLabels" -}}
+app.kubernetes.io/name: cistern-node
+{{- if ne . "default" }}
+cistern.csi.dev/pools-profile: {{ . }}
+{{- end }}
 {{- end }}
 
 {{/* The sidecars: root (the driver's socket is root's, mode 0755) without capabilities. */}}
