@@ -47,6 +47,9 @@ const (
 	ParamRoleARN     = "roleARN"
 	// CredentialsWebIdentity is ParamCredentials' value for web-identity credentials.
 	CredentialsWebIdentity = "webIdentity"
+	// DefaultWebIdentityAudience is the audience of the ServiceAccount tokens exchanged for a
+	// role's keys: AWS STS's (IRSA's), which most other STS implementations accept too.
+	DefaultWebIdentityAudience = "sts.amazonaws.com"
 	// VolumeContextSATokens is where kubelet puts the pod's ServiceAccount tokens for the
 	// CSIDriver's tokenRequests (NodePublishVolume's volume context, JSON by audience).
 	VolumeContextSATokens = "csi.storage.k8s.io/serviceAccount.tokens"

@@ -9,8 +9,8 @@ import (
 )
 
 // DefaultWebIdentityAudience is the audience of the ServiceAccount tokens exchanged for a role's
-// keys: AWS STS's (IRSA's), which most other STS implementations accept too.
-const DefaultWebIdentityAudience = "sts.amazonaws.com"
+// keys (consts.DefaultWebIdentityAudience).
+const DefaultWebIdentityAudience = consts.DefaultWebIdentityAudience
 
 // saToken is one entry of kubelet's csi.storage.k8s.io/serviceAccount.tokens.
 type saToken struct {

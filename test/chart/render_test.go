@@ -98,6 +98,7 @@ node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--v=5], s3: {caBund
   webIdentity: {audience: sts.example.com, stsEndpoint: "https://sts.example.com"}}
 peer: {port: 7000, networkPolicy: {enabled: false}}
 csiDriver: {tokenRequests: [{audience: vault, expirationSeconds: 600}]}
+nodePVPolicy: {secretNamespaces: "default,datasets"}
 `)
 	ds := got["DaemonSet cistern-system/cistern-node"]
 	b, _ := yaml.Marshal(ds)
@@ -119,6 +120,9 @@ csiDriver: {tokenRequests: [{audience: vault, expirationSeconds: 600}]}
 	}
 	if got["NetworkPolicy cistern-system/cistern-node-peers"] != nil {
 		t.Error("peer.networkPolicy.enabled=false rendered the NetworkPolicy")
+	}
+	if d := nested(got["ConfigMap cistern-system/cistern-node-pv-policy"], "data", "secretNamespaces"); d != "default,datasets" {
+		t.Errorf("node PV policy's secretNamespaces = %v, want default,datasets", d)
 	}
 	b, _ = yaml.Marshal(got["CSIDriver /cistern.csi.dev"])
 	if !strings.Contains(string(b), "audience: sts.example.com") || !strings.Contains(string(b), "audience: vault") {

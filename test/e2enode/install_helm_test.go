@@ -55,7 +55,8 @@ func (h *helmInstall) run(t *testing.T, in *install, args ...string) string {
 }
 
 // install creates the namespace as the README says and installs the chart with the registry's
-// images, the node's pool and the examples' plain-HTTP S3 server allowed.
+// images, the node's pool, the examples' plain-HTTP S3 server allowed and the dataset example's
+// Secret namespace listed for the node PersistentVolume policy.
 func (h *helmInstall) install(t *testing.T, in *install) {
 	t.Helper()
 	root, err := realnode.RepoRoot()
@@ -80,6 +81,7 @@ pools:
         labels: {media: ssd}
 node:
   s3: {allowPlainHTTP: true}
+nodePVPolicy: {secretNamespaces: default}
 `, in.registry, filepath.Dir(nodeRepo), tag, installPoolDir)
 	if err := os.WriteFile(h.values, []byte(values), 0o644); err != nil {
 		t.Fatal(err)

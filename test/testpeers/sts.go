@@ -2,6 +2,8 @@ package testpeers
 
 import (
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/sha256"
@@ -9,11 +11,13 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"maps"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -102,32 +106,54 @@ type STS struct {
 	URL string
 	// Exchanges counts the tokens exchanged for keys.
 	Exchanges func() int
+	// AddRole adds (or replaces) a role the STS hands out.
+	AddRole func(arn string, role Role)
 }
 
-// StartSTS serves the STS on loopback until the test ends.
+// Discovery is where an STS reads an issuer's OIDC discovery document: URL (the issuer's URL
+// for a public issuer; a cluster's API server, whose issuer name need not resolve) and the
+// client it reads with (the API server's CA, no credentials: as an outside party reads it).
+type Discovery struct {
+	URL    string
+	Client *http.Client
+}
+
+// StartSTS serves the STS on loopback until the test ends, for the issuer at issuerURL.
 func StartSTS(t testing.TB, issuerURL, audience string, roles map[string]Role) *STS {
 	t.Helper()
-	var n int
-	var mu = make(chan struct{}, 1)
+	return StartSTSFor(t, Discovery{URL: issuerURL, Client: http.DefaultClient}, audience, roles)
+}
+
+// StartSTSFor serves the STS on loopback until the test ends, verifying tokens by disc.
+func StartSTSFor(t testing.TB, disc Discovery, audience string, roles map[string]Role) *STS {
+	t.Helper()
+	var mu sync.Mutex
+	n := 0
+	roles = maps.Clone(roles)
+	if roles == nil {
+		roles = map[string]Role{}
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if err := r.ParseForm(); err != nil || r.Form.Get("Action") != "AssumeRoleWithWebIdentity" {
 			stsError(w, http.StatusBadRequest, "InvalidAction", "only AssumeRoleWithWebIdentity")
 			return
 		}
-		sub, err := verifyToken(issuerURL, audience, r.Form.Get("WebIdentityToken"))
+		sub, err := verifyToken(disc, audience, r.Form.Get("WebIdentityToken"))
 		if err != nil {
 			stsError(w, http.StatusBadRequest, "InvalidIdentityToken", err.Error())
 			return
 		}
+		mu.Lock()
 		role, ok := roles[r.Form.Get("RoleArn")]
+		mu.Unlock()
 		if !ok || !slices.Contains(role.Trusts, sub) {
 			stsError(w, http.StatusForbidden, "AccessDenied", "Not authorized to perform sts:AssumeRoleWithWebIdentity")
 			return
 		}
-		mu <- struct{}{}
+		mu.Lock()
 		n++
-		<-mu
+		mu.Unlock()
 		w.Header().Set("Content-Type", "text/xml")
 		fmt.Fprintf(w, `<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
 <AssumeRoleWithWebIdentityResult><SubjectFromWebIdentityToken>%s</SubjectFromWebIdentityToken>
@@ -138,7 +164,11 @@ func StartSTS(t testing.TB, issuerURL, audience string, roles map[string]Role) *
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	return &STS{URL: srv.URL, Exchanges: func() int { mu <- struct{}{}; defer func() { <-mu }(); return n }}
+	return &STS{
+		URL:       srv.URL,
+		Exchanges: func() int { mu.Lock(); defer mu.Unlock(); return n },
+		AddRole:   func(arn string, role Role) { mu.Lock(); defer mu.Unlock(); roles[arn] = role },
+	}
 }
 
 func stsError(w http.ResponseWriter, status int, code, msg string) {
@@ -154,8 +184,9 @@ func xmlEscape(s string) string {
 	return b.String()
 }
 
-// verifyToken checks an RS256 JWT against the issuer's published keys and returns its subject.
-func verifyToken(issuerURL, audience, token string) (string, error) {
+// verifyToken checks a JWT against the issuer's published keys (RS256 or ES256, as
+// kube-apiserver signs with an RSA or a P-256 key) and returns its subject.
+func verifyToken(d Discovery, audience, token string) (string, error) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
 		return "", fmt.Errorf("not a JWT")
@@ -164,13 +195,13 @@ func verifyToken(issuerURL, audience, token string) (string, error) {
 		Issuer  string `json:"issuer"`
 		JWKSURI string `json:"jwks_uri"`
 	}
-	if err := getJSON(issuerURL+"/.well-known/openid-configuration", &disc); err != nil {
+	if err := getJSON(d.Client, strings.TrimSuffix(d.URL, "/")+"/.well-known/openid-configuration", &disc); err != nil {
 		return "", err
 	}
 	var jwks struct {
-		Keys []struct{ Kty, N, E string } `json:"keys"`
+		Keys []jwk `json:"keys"`
 	}
-	if err := getJSON(disc.JWKSURI, &jwks); err != nil {
+	if err := getJSON(d.Client, disc.JWKSURI, &jwks); err != nil {
 		return "", err
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
@@ -178,20 +209,7 @@ func verifyToken(issuerURL, audience, token string) (string, error) {
 		return "", err
 	}
 	sum := sha256.Sum256([]byte(parts[0] + "." + parts[1]))
-	verified := false
-	for _, k := range jwks.Keys {
-		n, err1 := base64.RawURLEncoding.DecodeString(k.N)
-		e, err2 := base64.RawURLEncoding.DecodeString(k.E)
-		if k.Kty != "RSA" || err1 != nil || err2 != nil {
-			continue
-		}
-		pub := &rsa.PublicKey{N: new(big.Int).SetBytes(n), E: int(new(big.Int).SetBytes(e).Int64())}
-		if rsa.VerifyPKCS1v15(pub, crypto.SHA256, sum[:], sig) == nil {
-			verified = true
-			break
-		}
-	}
-	if !verified {
+	if !slices.ContainsFunc(jwks.Keys, func(k jwk) bool { return k.verifies(sum[:], sig) }) {
 		return "", fmt.Errorf("signature not verified by the issuer's keys")
 	}
 	payload, err := base64.RawURLEncoding.DecodeString(parts[1])
@@ -218,8 +236,36 @@ func verifyToken(issuerURL, audience, token string) (string, error) {
 	return c.Sub, nil
 }
 
-func getJSON(url string, v any) error {
-	resp, err := http.Get(url)
+// jwk is one public key of a JWKS.
+type jwk struct{ Kty, N, E, Crv, X, Y string }
+
+// verifies is true when the key's signature over the SHA-256 digest sum is sig.
+func (k jwk) verifies(sum, sig []byte) bool {
+	num := func(s string) *big.Int {
+		b, err := base64.RawURLEncoding.DecodeString(s)
+		if err != nil {
+			return nil
+		}
+		return new(big.Int).SetBytes(b)
+	}
+	switch {
+	case k.Kty == "RSA":
+		n, e := num(k.N), num(k.E)
+		return n != nil && e != nil && rsa.VerifyPKCS1v15(&rsa.PublicKey{N: n, E: int(e.Int64())}, crypto.SHA256, sum, sig) == nil
+	case k.Kty == "EC" && k.Crv == "P-256" && len(sig) == 64:
+		x, err1 := base64.RawURLEncoding.DecodeString(k.X)
+		y, err2 := base64.RawURLEncoding.DecodeString(k.Y)
+		if err1 != nil || err2 != nil || len(x) != 32 || len(y) != 32 {
+			return false
+		}
+		pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), append(append([]byte{4}, x...), y...))
+		return err == nil && ecdsa.Verify(pub, sum, new(big.Int).SetBytes(sig[:32]), new(big.Int).SetBytes(sig[32:]))
+	}
+	return false
+}
+
+func getJSON(c *http.Client, url string, v any) error {
+	resp, err := c.Get(url)
 	if err != nil {
 		return err
 	}
