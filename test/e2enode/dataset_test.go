@@ -171,26 +171,7 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 		[]corev1.VolumeMount{{Name: "model", MountPath: "/model", ReadOnly: true}},
 		"-dir", "/model", "-hash")
 	createPod(t, c.cp, c.ns, intruder)
-	err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
-		events, err := c.cp.Client.CoreV1().Events(c.ns).List(ctx, apimetav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": "dataset-no-secret", "reason": "FailedMount"}.String()})
-		if err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if strings.Contains(e.Message, "PermissionDenied") {
-				t.Logf("event on the pod: %s", e.Message)
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no FailedMount event with PermissionDenied: %v\n%s", err, describe(c.cp, c.ns, "Pod", "dataset-no-secret", nil))
-	}
-	if p, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, "dataset-no-secret", apimetav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
-		t.Fatalf("the pod without a secret: %v %v", p.Status.Phase, err)
-	}
+	waitFailedMount(t, c, "dataset-no-secret", "PermissionDenied")
 
 	for _, name := range []string{"dataset-1", "dataset-2", "dataset-inline", "dataset-no-secret"} {
 		deletePodAndWait(t, c.cp, c.ns, name)
@@ -199,5 +180,32 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 		if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, name, apimetav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// waitFailedMount waits for kubelet's FailedMount event on the pod carrying want (the driver's
+// gRPC code), and checks the pod is still Pending: it never ran with the data.
+func waitFailedMount(t *testing.T, c *cluster, pod, want string) {
+	t.Helper()
+	ctx := context.Background()
+	err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
+		events, err := c.cp.Client.CoreV1().Events(c.ns).List(ctx, apimetav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod, "reason": "FailedMount"}.String()})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if strings.Contains(e.Message, want) {
+				t.Logf("event on pod %s: %s", pod, e.Message)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no FailedMount event with %s on pod %s: %v\n%s", want, pod, err, describe(c.cp, c.ns, "Pod", pod, nil))
+	}
+	if p, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, pod, apimetav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+		t.Fatalf("pod %s: %v %v, want Pending", pod, p.Status.Phase, err)
 	}
 }

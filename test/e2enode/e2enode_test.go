@@ -20,6 +20,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 const nodeName = "cistern-e2e-node"
@@ -36,6 +37,8 @@ type cluster struct {
 	ns           string
 	resultsDir   string
 	checkerImage string
+	// sts exchanges pods' ServiceAccount tokens for S3 keys (webidentity_test.go).
+	sts *testpeers.STS
 }
 
 // requireMachine skips the suite where this machine cannot run a node.
@@ -138,6 +141,8 @@ func startCluster(t *testing.T) *cluster {
 	}
 	c.node = realnode.NewCisternNode(t, bins, dir, kubeletRoot, nodeName)
 	c.storageClass = realnode.CreateStorageObjects(t, c.cp)
+	c.sts = startSTS(t, c.cp)
+	c.node.DriverArgs = []string{"--sts-endpoint=" + c.sts.URL}
 	c.node.StartDriver(t)
 	c.node.StartProvisioner(t, c.cp)
 	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")
@@ -259,6 +264,7 @@ func TestNode(t *testing.T) {
 
 	d := startDataset(t, c)
 	t.Run("datasets", func(t *testing.T) { testDatasets(t, c, d) })
+	t.Run("web-identity", func(t *testing.T) { testWebIdentity(t, c, d) })
 
 	// The leaderworkerset and notebooks scenarios share one workload-controller.
 	workloadsErr := startWorkloadController(t, c)
