@@ -20,11 +20,11 @@ generate-workloads: $(CONTROLLER_GEN)
 # Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,
 # kube-controller-manager, kube-scheduler built by k8s-tools).
 test-workloads: k8s-tools
-	$(GO_TEST) -count=1 $(RACE) ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
+	$(GO_TEST) -count=1 ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
 	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/snapshots/
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 bench-workloads: k8s-tools
-	CISTERN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40
+	CISTERN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}

@@ -11,7 +11,7 @@ generate-storagepool: $(CONTROLLER_GEN)
 
 # Unit tests, then the real driver + real sidecar + real API server suite.
 test-sidecar: k8s-tools
-	$(GO_TEST) -count=1 $(RACE) ./pkg/storagepool/... ./cmd/storagepool-sidecar/...
+	$(GO_TEST) -count=1 ./pkg/storagepool/... ./cmd/storagepool-sidecar/...
 	$(GO_TEST) -count=1 -v -run 'Test' ./test/storagepool/... | tail -n 200; exit $${PIPESTATUS[0]}
 
 # 1,000 simulated nodes x 4 pools on a real API server; figures go to docs/benchmarks.md.

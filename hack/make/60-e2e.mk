@@ -24,7 +24,7 @@ E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
 # Runs as root (loop devices, mounts). One control plane for the whole package.
 # hack/demo's own tests (its harness session) are unit tests.
 e2e: $(E2E_TOOLS)
-	$(GO_TEST) -count=1 $(RACE) ./hack/demo/
+	$(GO_TEST) -count=1 ./hack/demo/
 	$(E2E_ENV) $(GO_TEST) -count=1 -timeout 20m ./test/e2e/...
 
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.

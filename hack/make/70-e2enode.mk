@@ -14,7 +14,7 @@ TEST_TARGETS += test-registration test-node-images e2e-node
 
 # The driver's kubelet plugin registration (pkg/registration) over its real socket.
 test-registration:
-	$(GO_TEST) -count=1 $(RACE) ./pkg/registration/...
+	$(GO_TEST) -count=1 ./pkg/registration/...
 
 # The images' programs (the papermill and git stand-ins) as functions; seconds. The release
 # images are tested by test-images, which builds them first.
