@@ -8,6 +8,7 @@ CHAOS_SEED ?= 1
 CHAOS_ROUNDS ?= 44
 CHAOS_LOAD ?= 200
 .PHONY: chaos chaos-short
+## The fault suite: staging under injected S3 faults, a full pool, SIGKILLs, then load
 chaos: $(VERSITYGW)
 	@CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 CISTERN_CHAOS_SEED=$(CHAOS_SEED) \
 	  CISTERN_CHAOS_ROUNDS=$(CHAOS_ROUNDS) CISTERN_CHAOS_LOAD=$(CHAOS_LOAD) \
@@ -15,5 +16,6 @@ chaos: $(VERSITYGW)
 	  grep -E '^(--- |ok|FAIL|PASS|panic|chaos: |load: )|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 TEST_TARGETS += chaos-short
+## The bounded fault suite of make test (every fault once, 50 volumes)
 chaos-short:
 	@$(MAKE) --no-print-directory chaos CHAOS_ROUNDS=11 CHAOS_LOAD=50

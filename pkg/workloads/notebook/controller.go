@@ -111,6 +111,14 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 		return ctrl.Result{}, nil
 	}
 	st.PodName = pod.Name
+	if r.observe(job, &pod, st) {
+		return ctrl.Result{}, nil
+	}
+	return r.enforceTimeout(ctx, job, &pod, st)
+}
+
+// observe moves st to the pod's phase; true when the job is finished.
+func (r *Reconciler) observe(job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) bool {
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:
 		msg := "notebook ran; output in " + OutputFile(job)
@@ -118,9 +126,9 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 			msg = "notebook ran and its outputs match the golden notebook " + job.Spec.GoldenNotebook.Path + "; output in " + OutputFile(job)
 		}
 		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, msg)
-		return ctrl.Result{}, nil
+		return true
 	case corev1.PodFailed:
-		reason, msg := v1alpha1.ReasonFailed, failureMessage(&pod)
+		reason, msg := v1alpha1.ReasonFailed, failureMessage(pod)
 		switch {
 		case pod.Status.Reason == "DeadlineExceeded":
 			reason = v1alpha1.ReasonTimedOut
@@ -128,9 +136,9 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 			reason = v1alpha1.ReasonGoldenMismatch
 		}
 		r.finish(st, v1alpha1.NotebookPhaseFailed, reason, msg)
-		return ctrl.Result{}, nil
+		return true
 	case corev1.PodRunning, corev1.PodPending:
-		if pod.Status.Phase == corev1.PodPending && !notebookStarted(&pod) {
+		if pod.Status.Phase == corev1.PodPending && !notebookStarted(pod) {
 			st.Phase = v1alpha1.NotebookPhasePending
 			st.Message = "waiting for the pod to start"
 			break
@@ -148,6 +156,11 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 		}
 		st.StartTime = &t
 	}
+	return false
+}
+
+// enforceTimeout requeues the job for its deadline, or, past it, deletes the pod and fails it.
+func (r *Reconciler) enforceTimeout(ctx context.Context, job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) (ctrl.Result, error) {
 	// The clock runs from the start of the run, or from the pod's creation while it has not
 	// started, so a pod that never starts times out too.
 	timeout := DefaultTimeout
@@ -165,7 +178,7 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 	if left > 0 {
 		return ctrl.Result{RequeueAfter: left}, nil
 	}
-	if err := r.Delete(ctx, &pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
 	r.finish(st, v1alpha1.NotebookPhaseFailed, v1alpha1.ReasonTimedOut, fmt.Sprintf("did not finish within %s; pod deleted", timeout))

@@ -145,6 +145,47 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	for _, v := range spec.PodConfig.Volumes {
 		volumes = append(volumes, ConvertVolume(v))
 	}
+	nb := notebookContainer(spec, own)
+	clone, credentials := cloneContainer(spec, images, own[:2])
+	if credentials != nil {
+		volumes = append(volumes, *credentials)
+	}
+	pod := &corev1.Pod{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      PodName(job),
+			Namespace: job.Namespace,
+			Labels:    map[string]string{JobLabel: job.Name},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy:      corev1.RestartPolicyNever,
+			InitContainers:     []corev1.Container{clone},
+			Containers:         []corev1.Container{nb},
+			Volumes:            volumes,
+			ServiceAccountName: spec.PodConfig.ServiceAccountName,
+			NodeSelector:       maps.Clone(spec.PodConfig.NodeSelector),
+			Affinity:           spec.PodConfig.Affinity.DeepCopy(),
+		},
+	}
+	for _, t := range spec.PodConfig.Tolerations {
+		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *t.DeepCopy())
+	}
+	if g := spec.GoldenNotebook; g != nil {
+		// The notebook runs to the end first, then its outputs are compared: papermill becomes an
+		// init container and the comparison the pod's container, so a failed run never reaches it.
+		pod.Spec.InitContainers = append(pod.Spec.InitContainers, nb)
+		pod.Spec.Containers = []corev1.Container{compareContainer(job, g, images)}
+	}
+	if t := spec.Timeout; t != nil {
+		// The kubelet enforces the deadline too, so a run ends even while the controller is down.
+		pod.Spec.ActiveDeadlineSeconds = ptr.To(int64(t.Seconds()))
+	}
+	return pod
+}
+
+// notebookContainer runs papermill on the notebook with the user's volumes mounted only where
+// asked; own are the job's variables, which the user's env may not override.
+func notebookContainer(spec *v1alpha1.NotebookValidationJobSpec, own []corev1.EnvVar) corev1.Container {
 	mounts := []corev1.VolumeMount{
 		{Name: GitCloneVolume, MountPath: WorkspacePath},
 		{Name: NotebookDataVolume, MountPath: OutputPath},
@@ -170,11 +211,18 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	for _, e := range spec.PodConfig.EnvFrom {
 		nb.EnvFrom = append(nb.EnvFrom, *e.DeepCopy())
 	}
+	return nb
+}
+
+// cloneContainer clones the notebook's (and the golden notebook's) repository into the
+// workspace; gitEnv names the notebook's repository. With git credentials it also returns their
+// volume, which only this container mounts.
+func cloneContainer(spec *v1alpha1.NotebookValidationJobSpec, images Images, gitEnv []corev1.EnvVar) (corev1.Container, *corev1.Volume) {
 	clone := corev1.Container{
 		Name:         GitCloneContainer,
 		Image:        images.Git,
 		Command:      []string{"/bin/sh", "-c", cloneScript},
-		Env:          own[:2],
+		Env:          gitEnv,
 		VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
 		// So is git's "fatal: ..." when the clone fails.
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -182,59 +230,34 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	if g := spec.GoldenNotebook; g != nil && g.Git != nil {
 		clone.Env = append(clone.Env, corev1.EnvVar{Name: EnvGoldenGitURL, Value: g.Git.URL}, corev1.EnvVar{Name: EnvGoldenGitRef, Value: g.Git.Ref})
 	}
-	if secret := spec.Notebook.Git.CredentialsSecret; secret != "" {
-		// Only the clone sees the credentials: the volume is mounted in no other container.
-		volumes = append(volumes, corev1.Volume{Name: GitCredentialsVolume, VolumeSource: corev1.VolumeSource{
-			Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o400)}}})
-		clone.VolumeMounts = append(clone.VolumeMounts, corev1.VolumeMount{Name: GitCredentialsVolume, MountPath: CredentialsPath, ReadOnly: true})
-		clone.Env = append(clone.Env, credentialsEnv...)
+	secret := spec.Notebook.Git.CredentialsSecret
+	if secret == "" {
+		return clone, nil
 	}
-	pod := &corev1.Pod{
-		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{
-			Name:      PodName(job),
-			Namespace: job.Namespace,
-			Labels:    map[string]string{JobLabel: job.Name},
+	clone.VolumeMounts = append(clone.VolumeMounts, corev1.VolumeMount{Name: GitCredentialsVolume, MountPath: CredentialsPath, ReadOnly: true})
+	clone.Env = append(clone.Env, credentialsEnv...)
+	return clone, &corev1.Volume{Name: GitCredentialsVolume, VolumeSource: corev1.VolumeSource{
+		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o400)}}}
+}
+
+// compareContainer compares the executed notebook's outputs with the golden notebook's.
+func compareContainer(job *v1alpha1.NotebookValidationJob, g *v1alpha1.GoldenNotebook, images Images) corev1.Container {
+	tol := g.NumericTolerance
+	if tol == "" {
+		tol = "0"
+	}
+	return corev1.Container{
+		Name:    CompareContainer,
+		Image:   images.Compare,
+		Command: []string{compareBinary, compare.Command},
+		Args:    []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: GitCloneVolume, MountPath: WorkspacePath, ReadOnly: true},
+			{Name: NotebookDataVolume, MountPath: OutputPath, ReadOnly: true},
 		},
-		Spec: corev1.PodSpec{
-			RestartPolicy:      corev1.RestartPolicyNever,
-			InitContainers:     []corev1.Container{clone},
-			Containers:         []corev1.Container{nb},
-			Volumes:            volumes,
-			ServiceAccountName: spec.PodConfig.ServiceAccountName,
-			NodeSelector:       maps.Clone(spec.PodConfig.NodeSelector),
-			Affinity:           spec.PodConfig.Affinity.DeepCopy(),
-		},
+		// The first differing cell is on stderr.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
-	for _, t := range spec.PodConfig.Tolerations {
-		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *t.DeepCopy())
-	}
-	if g := spec.GoldenNotebook; g != nil {
-		// The notebook runs to the end first, then its outputs are compared: papermill becomes an
-		// init container and the comparison the pod's container, so a failed run never reaches it.
-		tol := g.NumericTolerance
-		if tol == "" {
-			tol = "0"
-		}
-		pod.Spec.InitContainers = append(pod.Spec.InitContainers, nb)
-		pod.Spec.Containers = []corev1.Container{{
-			Name:    CompareContainer,
-			Image:   images.Compare,
-			Command: []string{compareBinary, compare.Command},
-			Args:    []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol},
-			VolumeMounts: []corev1.VolumeMount{
-				{Name: GitCloneVolume, MountPath: WorkspacePath, ReadOnly: true},
-				{Name: NotebookDataVolume, MountPath: OutputPath, ReadOnly: true},
-			},
-			// The first differing cell is on stderr.
-			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-		}}
-	}
-	if t := spec.Timeout; t != nil {
-		// The kubelet enforces the deadline too, so a run ends even while the controller is down.
-		pod.Spec.ActiveDeadlineSeconds = ptr.To(int64(t.Seconds()))
-	}
-	return pod
 }
 
 // MergeEnv returns the controller's variables followed by the user's, leaving out user variables
