@@ -211,11 +211,21 @@ func TestChaos(t *testing.T) {
 		outcome, detail := s.round(i, fault)
 		tl.rounds++
 		tl.faults++
+		// A persistent fault (access denied, a full pool) must fail cleanly, every other one be
+		// recovered from: a run in which everything failed cleanly (say, the S3 endpoint refused)
+		// compares nothing.
+		persistent := fault == faultDenied || fault == faultPoolFull
 		switch outcome {
 		case "recovered":
 			tl.recovered++
+			if persistent {
+				t.Errorf("round %d (%s): recovered from a fault that must fail cleanly", i, fault)
+			}
 		case "failed_clean":
 			tl.failedClean++
+			if !persistent {
+				t.Errorf("round %d (%s): failed (cleanly) where it must recover: %s", i, fault, detail)
+			}
 		case "corrupted":
 			tl.corrupted++
 			t.Errorf("round %d (%s): CORRUPTED: %s", i, fault, detail)

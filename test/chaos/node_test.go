@@ -102,7 +102,9 @@ func (n *node) start() {
 		"--pools-config="+filepath.Join(n.dir, "pools.yaml"), "--state-dir="+filepath.Join(n.dir, "state"),
 		"--kubelet-root="+n.dir, "--default-volume-size=67108864", "--pool-check-interval=1s",
 		// Stalled reads are cut and retried after a short grace, as an admin with a fast store sets it.
-		"--staging-read-grace=3s", "--shutdown-timeout=5s", "-v=2")
+		"--staging-read-grace=3s", "--shutdown-timeout=5s", "-v=2",
+		// The test S3 server (and its fault proxy) is on loopback, named in volumes as tenants do.
+		"--tenant-s3-endpoints=127.0.0.1")
 	n.cmd.Stdout, n.cmd.Stderr = log, log
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {
