@@ -283,6 +283,7 @@ func (s *suite) round(i int, fault string) (outcome, detail string) {
 		// Leave less room than the dataset needs.
 		filler := filepath.Join(s.n.pool, "filler")
 		fillPool(s.t, s.n.pool, filler, 2<<20)
+		defer s.waitPoolRoom()
 		defer os.Remove(filler)
 		// The dataset is larger than what is left.
 		for k := range 4 {
@@ -424,6 +425,22 @@ func (s *suite) stagedRound(i int, prefix string, want map[string][]byte) (strin
 		return "failed_unclear", "delete: " + err.Error()
 	}
 	return outcome, detail
+}
+
+// waitPoolRoom waits, once the filler is gone, until the driver offers a volume's room on the
+// pool again (its pool check), as the provisioner's retries would: the next round starts on a
+// pool the driver sees free.
+func (s *suite) waitPoolRoom() {
+	err := retry(time.Minute, func(ctx context.Context) error {
+		resp, err := s.n.ctrlC().GetCapacity(ctx, &csi.GetCapacityRequest{Parameters: map[string]string{"pool": "fast"}})
+		if err == nil && resp.GetAvailableCapacity() < 64<<20 {
+			err = status.Errorf(codes.Unavailable, "the pool offers %d bytes", resp.GetAvailableCapacity())
+		}
+		return err
+	})
+	if err != nil {
+		s.t.Errorf("the pool emptied of its filler is not offered again: %v", err)
+	}
 }
 
 func retryCreate(s *suite, name string, params map[string]string) (*csi.CreateVolumeResponse, error) {
