@@ -22,7 +22,7 @@ generate-workloads: $(CONTROLLER_GEN)
 # kube-controller-manager, kube-scheduler built by k8s-tools).
 ## workload-controller unit tests, then its suites on a real control plane
 test-workloads: k8s-tools
-	$(GO_TEST) -count=1 $(RACE) ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
+	$(GO_TEST) -count=1 ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
 	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/snapshots/
@@ -30,4 +30,4 @@ test-workloads: k8s-tools
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 ## LeaderWorkerSet of 500 groups x 8 pods on a real control plane
 bench-workloads: k8s-tools
-	CISTERN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40
+	CISTERN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}

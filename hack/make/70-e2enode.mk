@@ -16,7 +16,7 @@ TEST_TARGETS += test-registration test-node-images e2e-node
 # over its real socket.
 ## The kubelet plugin registration over its real socket
 test-registration:
-	$(GO_TEST) -count=1 $(RACE) ./hack/standins/registration/... ./hack/standins/node-driver-registrar/...
+	$(GO_TEST) -count=1 ./hack/standins/registration/... ./hack/standins/node-driver-registrar/...
 
 # The images' programs (the papermill and git stand-ins) as functions; seconds. The release
 # images are tested by test-images, which builds them first.
