@@ -214,8 +214,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := checkSoleLeaderWorkerSetController(ctx, direct, lwsAPI, whcerts.ConfigurationName); err != nil {
+		peers, err := checkSoleLeaderWorkerSetController(ctx, direct, lwsAPI, whcerts.ConfigurationName)
+		if err != nil {
 			return fmt.Errorf("refusing to serve LeaderWorkerSet as %s: %w", lwsAPI, err)
+		}
+		for _, p := range peers {
+			logger.Info("LeaderWorkerSet admission webhook of a peer, not a controller", "webhook", p)
 		}
 		logger.Info("serving LeaderWorkerSet as the cluster's LeaderWorkerSet controller", "api", lwsAPI.String())
 	}
