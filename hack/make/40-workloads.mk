@@ -18,7 +18,7 @@ generate: generate-workloads
 # CRDs and deepcopy come from the Go types; the output is committed.
 generate-workloads: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object paths=./pkg/apis/workloads/... paths=./pkg/apis/data/...
-	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true,maxDescLen=0 \
+	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true \
 	  paths=./pkg/apis/workloads/... paths=./pkg/apis/data/... output:crd:artifacts:config=deploy/csi/crds
 	$(CONTROLLER_GEN) rbac:roleName=cistern-workload-controller paths=./pkg/workloads/... \
 	  output:rbac:artifacts:config=deploy/csi/workload-controller/rbac

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -111,6 +112,7 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 		return ctrl.Result{}, nil
 	}
 	st.PodName = pod.Name
+	recordCommits(&pod, st)
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:
 		msg := "notebook ran; output in " + OutputFile(job)
@@ -126,6 +128,15 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 			reason = v1alpha1.ReasonTimedOut
 		case containerFailed(pod.Status.ContainerStatuses, CompareContainer):
 			reason = v1alpha1.ReasonGoldenMismatch
+		}
+		// A failed clone or notebook run is tried again in a new pod; a timeout or a mismatch
+		// would only repeat itself.
+		if limit := ptr.Deref(job.Spec.Retries, 0); reason == v1alpha1.ReasonFailed && st.Retries < limit {
+			st.Retries++
+			st.Phase, st.PodName, st.StartTime = v1alpha1.NotebookPhasePending, "", nil
+			st.Message = fmt.Sprintf("run failed, retrying (%d of %d): %s", st.Retries, limit, msg)
+			klog.FromContext(ctx).Info("retrying", "pod", klog.KObj(&pod), "retry", st.Retries, "of", limit)
+			return ctrl.Result{Requeue: true}, nil
 		}
 		r.finish(st, v1alpha1.NotebookPhaseFailed, reason, msg)
 		return ctrl.Result{}, nil
@@ -251,6 +262,37 @@ func (r *Reconciler) finish(st *v1alpha1.NotebookValidationJobStatus, phase v1al
 	status := metav1.ConditionTrue
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionComplete,
 		Status: status, Reason: reason, Message: msg, ObservedGeneration: st.ObservedGeneration})
+}
+
+// recordCommits copies the commits the clone used (its termination message, "commit=<sha>
+// [golden-commit=<sha>]") into the status once it has succeeded.
+func recordCommits(pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) {
+	for _, cs := range pod.Status.InitContainerStatuses {
+		t := cs.State.Terminated
+		if cs.Name != GitCloneContainer || t == nil || t.ExitCode != 0 {
+			continue
+		}
+		for _, f := range strings.Fields(t.Message) {
+			k, v, _ := strings.Cut(f, "=")
+			if !isCommit(v) {
+				continue
+			}
+			switch k {
+			case "commit":
+				st.Commit = v
+			case "golden-commit":
+				st.GoldenCommit = v
+			}
+		}
+	}
+}
+
+// isCommit says whether s is a full SHA-1 or SHA-256 commit name.
+func isCommit(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	return strings.Trim(s, "0123456789abcdef") == ""
 }
 
 // notebookStarted says whether the notebook runs, or ran: with a golden notebook papermill is an

@@ -321,7 +321,9 @@ type LeaderWorkerSet struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   LeaderWorkerSetSpec   `json:"spec,omitempty"`
+	// spec is the groups wanted: how many, their size, pod templates, claims, restart and rollout policies.
+	Spec LeaderWorkerSetSpec `json:"spec,omitempty"`
+	// status is the groups as the controller last observed them, and the conditions Available, Progressing and UpdateInProgress.
 	Status LeaderWorkerSetStatus `json:"status,omitempty"`
 }
 
@@ -331,5 +333,6 @@ type LeaderWorkerSet struct {
 type LeaderWorkerSetList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []LeaderWorkerSet `json:"items"`
+	// items are the LeaderWorkerSets.
+	Items []LeaderWorkerSet `json:"items"`
 }
