@@ -48,7 +48,7 @@ const (
 var workloadGVK = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "Workload"}
 
 // installDropIn installs deploy/csi with the lws-upstream component (CRDs, namespace,
-// ServiceAccount, RBAC) and starts the controller in drop-in mode as its ServiceAccount.
+// ServiceAccount, RBAC).
 func installDropIn(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	rendered, err := testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "lws-upstream")
@@ -74,6 +74,11 @@ func installDropIn(t *testing.T, cp *framework.ControlPlane) {
 	}
 	framework.ApplyYAML(t, cp, rbac)
 	framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
+}
+
+// startDropIn starts the controller in drop-in mode as its ServiceAccount.
+func startDropIn(t *testing.T, cp *framework.ControlPlane) {
+	t.Helper()
 	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
 	if err != nil {
 		t.Fatal(err)
@@ -226,9 +231,12 @@ func TestKueueAdmitsGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Kueue first: its LeaderWorkerSet webhooks are registered when the drop-in starts.
-	startKueue(t, cp, c)
+	// The LeaderWorkerSet CRD before Kueue, which sets up its integration for the APIs it finds;
+	// Kueue before the drop-in, so that its LeaderWorkerSet webhooks are there when the drop-in
+	// looks for rival controllers.
 	installDropIn(t, cp)
+	startKueue(t, cp, c)
+	startDropIn(t, cp)
 
 	ns := framework.CreateNamespace(t, cp, "kueue")
 	ctx := testutil.Context(t)
