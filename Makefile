@@ -11,12 +11,14 @@ export CISTERN_CACHE ?= $(HOME)/.cache/cistern
 TOOLS := $(CISTERN_CACHE)/tools
 
 .PHONY: all build test bench proto clean
+## Builds the binaries (same as build)
 all: build
 
 # Every path that builds the binaries (build, demo, e2e, images) stamps this; --version prints it.
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 export VERSION
 LDFLAGS := -X main.version=$(VERSION)
+## Builds Cistern's commands into bin/
 build:
 	@mkdir -p $(BIN)
 	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
@@ -28,6 +30,7 @@ PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 PROTOC_GEN_GO := $(TOOLS)/protoc-gen-go-$(PROTOC_GEN_GO_VERSION)/protoc-gen-go
 PROTOC_GEN_GO_GRPC := $(TOOLS)/protoc-gen-go-grpc-$(PROTOC_GEN_GO_GRPC_VERSION)/protoc-gen-go-grpc
+## Generates the StoragePool gRPC code from proto/ (needs Debian bookworm protoc)
 proto: $(PROTOC_GEN_GO) $(PROTOC_GEN_GO_GRPC)
 	@v=$$(protoc --version 2>/dev/null); [ "$$v" = "libprotoc $(PROTOC_VERSION)" ] || \
 	  { echo "proto: needs protoc $(PROTOC_VERSION) (Debian bookworm's protobuf-compiler), found: $${v:-none}"; exit 1; }
@@ -57,8 +60,23 @@ $(STATICCHECK):
 	GOBIN=$(dir $@) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 .PHONY: generate
+## Regenerates CRDs, deepcopy, apply configurations, RBAC and the webhook manifest
 generate:
 
+# Debian packages the builds and suites need, as <command or file>=<package>; areas add theirs
+# (target-specific, for what only they run). .ci/run installs these before `make test`.
+HOST_PACKAGES := protoc=protobuf-compiler mkfs.xfs=xfsprogs mkfs.ext4=e2fsprogs losetup=mount ip=iproute2
+.PHONY: host-packages help
+## Installs the Debian packages the builds and suites need (those missing)
+host-packages:
+	@hack/make/host-packages.sh $(HOST_PACKAGES)
+
+# The targets with their `## ` lines (hack/make/help.sh); make vet checks that every target has one.
+## Lists every target with one line on what it does
+help:
+	@hack/make/help.sh
+
+## Removes bin/
 clean:
 	rm -rf $(BIN)
 
@@ -71,19 +89,24 @@ GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@
 RACE ?= -race
 
 # Static checks first: go vet and staticcheck over every package of the main module and of
-# hack/images, gofmt over every Go file of the tree.
+# hack/images, gofmt over every Go file of the tree, and the size limits of product files (700
+# lines) and functions (80) (hack/codesize).
 .PHONY: vet verify
 TEST_TARGETS := vet verify
+## go vet, staticcheck, gofmt and the make help check over the tree
 vet: $(STATICCHECK)
 	$(GO) vet ./...
 	$(STATICCHECK) ./...
 	cd hack/images && $(GO) vet ./... && $(STATICCHECK) ./...
+	@hack/make/help.sh --check
 	@unformatted=$$(gofmt -l .); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) test -count=1 ./hack/codesize/
 
 # The generated code (CRDs, deepcopy, apply configurations, RBAC, the webhook manifest, protobuf)
 # is what the generators make from the committed sources: regenerate, then fail on any file they
 # changed or added.
+## Fails when generated code differs from what the generators make now
 verify:
 	@hack/verify-generated.sh $(MAKE) --no-print-directory generate proto
 
@@ -92,6 +115,8 @@ include $(sort $(wildcard hack/make/*.mk))
 
 # Every target of TEST_TARGETS, going on after a failure (make -k); at the end, the targets and
 # tests that failed or skipped and the totals (hack/make/run-tests.sh).
+## Every suite of TEST_TARGETS (what CI runs), then a summary of failures and skips
 test:
 	@MAKE="$(MAKE)" hack/make/run-tests.sh $(TEST_TARGETS)
+## Every benchmark of BENCH_TARGETS
 bench: $(BENCH_TARGETS)

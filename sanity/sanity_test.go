@@ -6,7 +6,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,48 @@ import (
 )
 
 func TestSanity(t *testing.T) {
+	runSanity(t, nil)
+}
+
+// TestSanityDatasetVolumes runs the suite with every test volume a dataset volume (a class
+// whose parameters name a source): its restores and clones take their data from the snapshot
+// or source volume, never from the dataset (docs/security.md).
+func TestSanityDatasetVolumes(t *testing.T) {
+	// Ginkgo runs one suite per process: TestSanity's is this one's, so this one runs in a
+	// child process of its own.
+	if os.Getenv("CISTERN_SANITY_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestSanityDatasetVolumes$", "-test.v")
+		cmd.Env = append(os.Environ(), "CISTERN_SANITY_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestSanityDatasetVolumes") {
+			t.Fatalf("csi-sanity with dataset volumes: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, "Passed") {
+				t.Log(strings.TrimSpace(line))
+			}
+		}
+		return
+	}
+	src := t.TempDir()
+	for name, data := range map[string]string{"set/a.txt": "alpha", "set/d/b.txt": "beta"} {
+		p := filepath.Join(src, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runSanity(t, func(cfg *driver.Config, params map[string]string) {
+		cfg.Datasets.LocalSourceRoots = []string{src}
+		params["source"] = "file://" + filepath.Join(src, "set")
+	})
+}
+
+// runSanity runs csi-sanity against a driver; dataset, when set, adjusts its config and the
+// test volumes' parameters.
+func runSanity(t *testing.T, dataset func(*driver.Config, map[string]string)) {
 	testutil.RequireRoot(t)
 	poolDir := testutil.LoopFS(t, "ext4", 4<<30)
 	dir := t.TempDir()
@@ -29,7 +73,7 @@ func TestSanity(t *testing.T) {
 		t.Fatal(err)
 	}
 	endpoint := "unix://" + filepath.Join(dir, "csi.sock")
-	d, err := driver.New(driver.Config{
+	dcfg := driver.Config{
 		DriverName:        "cistern.csi.dev",
 		VendorVersion:     "sanity",
 		Endpoint:          endpoint,
@@ -40,7 +84,12 @@ func TestSanity(t *testing.T) {
 		DefaultVolumeSize: 64 << 20,
 		PoolCheckInterval: time.Second,
 		KubeletRoot:       dir, // where TargetPath and StagingPath are below
-	})
+	}
+	params := map[string]string{"pool": "fast"}
+	if dataset != nil {
+		dataset(&dcfg, params)
+	}
+	d, err := driver.New(dcfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +109,7 @@ func TestSanity(t *testing.T) {
 	cfg.TestVolumeSize = 64 << 20
 	cfg.TestVolumeExpandSize = 128 << 20
 	cfg.IdempotentCount = 3
-	cfg.TestVolumeParameters = map[string]string{"pool": "fast"}
+	cfg.TestVolumeParameters = params
 	cfg.TestVolumeMutableParameters = map[string]string{"readAheadKiB": "1024"}
 	sanity.Test(t, cfg)
 }

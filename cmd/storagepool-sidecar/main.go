@@ -16,8 +16,8 @@ import (
 	"github.com/kubernetes-csi/csi-lib-utils/standardflags"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/storagepool"
-	"github.com/cistern-csi/cistern/pkg/storagepool/sidecar"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher/sidecar"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -32,9 +32,9 @@ func main() {
 	var pageSize int
 	flag.StringVar(&cfg.NodeName, "node-name", os.Getenv("NODE_NAME"), "Node whose pools this instance publishes (default $NODE_NAME). Empty: publish everything the driver reports, as the single instance next to a controller-mode driver (use --leader-election).")
 	flag.DurationVar(&cfg.ResyncPeriod, "resync-period", 10*time.Minute, "How often to compare the driver's pools with the StoragePool objects even when the driver reports no change.")
-	flag.IntVar(&cfg.MaxErrors, "max-errors", storagepool.DefaultMaxErrors, "How many recent errors each StoragePool keeps (per reporting node).")
+	flag.IntVar(&cfg.MaxErrors, "max-errors", poolpublisher.DefaultMaxErrors, "How many recent errors each StoragePool keeps (per reporting node).")
 	flag.IntVar(&pageSize, "list-page-size", 500, "Pools per ControllerListStoragePools call (0: all at once).")
-	flag.IntVar(&cfg.MaxCachedDatasets, "max-cached-datasets", storagepool.DefaultMaxCachedDatasets, "How many datasets of a pool's cache each StoragePool lists in status.cache.datasets (the most recently used; the counts cover all).")
+	flag.IntVar(&cfg.MaxCachedDatasets, "max-cached-datasets", poolpublisher.DefaultMaxCachedDatasets, "How many datasets of a pool's cache each StoragePool lists in status.cache.datasets (the most recently used; the counts cover all).")
 	flag.DurationVar(&cfg.Timeout, "timeout", 30*time.Second, "Timeout of the driver calls made at start.")
 	flag.Parse()
 	if standardflags.Configuration.ShowVersion {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 const (
@@ -110,7 +111,7 @@ func start(tb framework.TB, d demoDir) *summary {
 
 	var s3 *cluster.S3
 	var sums map[string]string
-	if bin := cluster.VersitygwBinary(); bin != "" {
+	if bin := testpeers.VersitygwBinary(); bin != "" {
 		d.progress("starting the S3 server (versitygw) with the sample dataset s3://datasets/sample/")
 		s3 = cluster.StartS3(tb, bin, d.path("s3"))
 		if sums, err = s3.SampleDataset(context.Background(), "datasets", "sample"); err != nil {

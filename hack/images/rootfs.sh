@@ -45,11 +45,7 @@ if [[ -s ${out} ]]; then
   echo "${out}"
   exit 0
 fi
-if ! command -v mmdebstrap >/dev/null; then
-  echo "rootfs.sh: installing mmdebstrap" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2 ||
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >&2; }
-fi
+"$(dirname "$0")/../make/host-packages.sh" mmdebstrap=mmdebstrap >&2
 mkdir -p "${cache}"
 start=${SECONDS}
 echo "rootfs.sh: mmdebstrap ${suite} with ${packages} -> ${out}" >&2

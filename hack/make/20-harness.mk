@@ -18,17 +18,21 @@ K8S_CONTROL_PLANE := ./etcd \
 TEST_TARGETS += test-framework
 
 # The build scripts keep a stamp keyed by go.mod/go.sum, so these are no-ops once built.
+## Builds etcd, kube-apiserver, controller-manager, scheduler and kubectl into the cache
 k8s-tools:
 	@hack/tools/k8s/build.sh $(K8S_BIN) control-plane $(K8S_CONTROL_PLANE)
 
 # kubelet is opt-in: only node-level suites need it.
+## Builds kubelet into the cache
 kubelet-tools:
 	@hack/tools/k8s/build.sh $(K8S_BIN) kubelet k8s.io/kubernetes/cmd/kubelet
 
+## Builds external-provisioner into the cache
 csi-tools:
 	@hack/tools/csi/build.sh $(EXTERNAL_PROVISIONER_BIN) \
 		github.com/kubernetes-csi/external-provisioner/v6 \
 		github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner
 
+## The control-plane test framework's own tests
 test-framework: k8s-tools csi-tools
 	$(GO_TEST) -count=1 ./test/framework/...

@@ -10,10 +10,11 @@ S3_TOOLS_MOD := hack/tools/s3
 # Debian's awscli (not whatever `aws` is first on the PATH): the benchmark's peer only.
 AWSCLI := /usr/bin/aws
 
-.PHONY: s3-tools bench-host-packages test-datasource bench-datasource bench-glob
+.PHONY: s3-tools test-datasource bench-datasource bench-glob
 TEST_TARGETS += test-datasource
 BENCH_TARGETS += bench-datasource bench-glob
 
+## Builds versitygw and rclone into the cache
 s3-tools: $(VERSITYGW) $(RCLONE)
 
 # Built from the pinned tools module once per version; later runs find them in the cache.
@@ -24,18 +25,18 @@ $(RCLONE):
 
 # Tests need the S3 server, and a control plane for the node Events (nodeevents); rclone is
 # the benchmark's peer.
+## Dataset staging tests against versitygw, go-nfs and real mounts
 test-datasource: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/...
 
-# The benchmark runs `aws s3 cp` from Debian's awscli; installed here, where the benchmark runs,
-# not for make test.
-bench-host-packages:
-	@test -x $(AWSCLI) || { echo "bench-datasource: installing awscli"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq awscli >/dev/null; }; }
-
+# The benchmark runs `aws s3 cp` from Debian's awscli; installed where the benchmark runs, not for
+# make test.
+## Dataset staging vs. rclone, the transfer manager, awscli and cp -r
+bench-datasource: HOST_PACKAGES += $(AWSCLI)=awscli
 # Figures go to docs/benchmarks.md ("Dataset staging" section) by hand from the printed table.
 # Every copier is required: a missing or failing one fails the benchmark.
-bench-datasource: s3-tools bench-host-packages
+bench-datasource: s3-tools host-packages
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_AWSCLI=$(AWSCLI) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkStaging -benchtime 1x -v ./pkg/datasource/bench/
 
@@ -45,6 +46,7 @@ test-driver: export CISTERN_VERSITYGW := $(VERSITYGW)
 test-driver: export CISTERN_REQUIRE_PEERS := 1
 
 # Include/exclude matching at its worst: many "**" against a deep key that does not match.
+## Include/exclude matching at its worst case
 bench-glob:
 	$(GO) test -count=1 -run '^$$' -bench BenchmarkFilterWorstCase ./pkg/datasource/source/
 
@@ -54,6 +56,24 @@ bench-glob:
 # devices) and about 20 GB of free disk for the 2 GiB set with 8 nodes.
 BENCH_TARGETS += bench-fanout
 .PHONY: bench-fanout
+## Peer fan-out on 4 and 8 simulated nodes, with and without peers
 bench-fanout: $(VERSITYGW)
 	CISTERN_VERSITYGW=$(VERSITYGW) \
 	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkFanout -benchtime 1x -v ./pkg/datasource/bench/
+
+# The access proof's cost on 20,000 × 32 KiB (docs/security.md): a first hit and a remembered
+# hit as fractions of staging, 3 runs.
+BENCH_TARGETS += bench-access-proof
+.PHONY: bench-access-proof
+## The access proof at 20,000 x 32 KiB: first and remembered hit as fractions of staging
+bench-access-proof: $(VERSITYGW)
+	CISTERN_VERSITYGW=$(VERSITYGW) \
+	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkAccessProof -benchtime 1x -v ./pkg/datasource/bench/
+
+# The node plugin's peak memory and CPU under a listing flood (docs/security.md): what
+# deploy/csi's limits must hold.
+BENCH_TARGETS += bench-listing-flood
+.PHONY: bench-listing-flood
+## The node plugin's peak memory under a listing flood
+bench-listing-flood:
+	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkListingFlood -benchtime 1x -v ./pkg/datasource/bench/

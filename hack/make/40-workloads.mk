@@ -10,23 +10,26 @@ BENCH_TARGETS += bench-workloads
 KUEUE_VERSION := v0.17.0
 KUEUE_DIR := $(CISTERN_CACHE)/kueue-$(KUEUE_VERSION)
 export CISTERN_KUEUE_BIN := $(KUEUE_DIR)/bin
+## Builds Kueue's controller manager and manifests into the tools cache
 kueue-tools:
 	@hack/tools/kueue/build.sh $(KUEUE_DIR)
 
 generate: generate-workloads
 
 # CRDs and deepcopy come from the Go types; the output is committed.
+## Generates the workload APIs: CRDs, deepcopy, RBAC, webhook manifest
 generate-workloads: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object paths=./pkg/apis/workloads/... paths=./pkg/apis/data/...
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true \
 	  paths=./pkg/apis/workloads/... paths=./pkg/apis/data/... output:crd:artifacts:config=deploy/csi/crds
 	$(CONTROLLER_GEN) rbac:roleName=cistern-workload-controller paths=./pkg/workloads/... \
 	  output:rbac:artifacts:config=deploy/csi/workload-controller/rbac
-	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhook/
+	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhookcert/
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestDropInCRDManifest ./pkg/workloads/
 
 # Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,
 # kube-controller-manager, kube-scheduler built by k8s-tools).
+## workload-controller unit tests, then its suites on a real control plane
 test-workloads: k8s-tools kueue-tools
 	$(GO_TEST) -count=1 $(RACE) ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
 	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
@@ -35,5 +38,6 @@ test-workloads: k8s-tools kueue-tools
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/snapshots/
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
+## LeaderWorkerSet of 500 groups x 8 pods on a real control plane
 bench-workloads: k8s-tools
 	CISTERN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40

@@ -15,6 +15,9 @@ KIND_CLUSTER ?= cistern
 KUBECTL ?= kubectl
 DOCKER ?= docker
 
+# make images builds the node image's root filesystem with mmdebstrap (hack/images/rootfs.sh).
+HOST_PACKAGES += mmdebstrap=mmdebstrap
+
 # The S3 server (versitygw) is built by 30-datasource.mk.
 E2E_TOOLS := k8s-tools csi-tools $(VERSITYGW)
 E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
@@ -23,6 +26,7 @@ E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
 
 # Runs as root (loop devices, mounts). One control plane for the whole package.
 # hack/demo's own tests (its harness session) are unit tests.
+## The end-to-end suite on a real control plane with simulated nodes (root)
 e2e: $(E2E_TOOLS)
 	$(GO_TEST) -count=1 $(RACE) ./hack/demo/
 	$(E2E_ENV) $(GO_TEST) -count=1 -timeout 20m ./test/e2e/...
@@ -30,6 +34,7 @@ e2e: $(E2E_TOOLS)
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.
 # The builds run side by side: on a cold machine they are most of the time, and one go build
 # alone leaves a core idle while it links.
+## Starts a local cluster doing real work (docs/demo.md)
 demo:
 	@$(MAKE) --no-print-directory -j4 -Oline $(E2E_TOOLS) demo-binaries
 	@$(E2E_ENV) $(BIN)/demo up --dir $(DEMO_DIR)
@@ -38,11 +43,13 @@ demo:
 # what changed: it builds them again with the same flags (testutil.GoBuild, main.version from the
 # exported VERSION).
 .PHONY: demo-binaries
+## Builds hack/demo and the commands it runs
 demo-binaries:
 	@echo "demo: building hack/demo and ./cmd/..."
 	@$(GO) build -o $(BIN)/demo ./hack/demo
 	@$(GO) build -ldflags "$(LDFLAGS)" -o $(CURDIR)/_output/bin/ ./cmd/...
 
+## Stops the demo cluster and removes what it made
 demo-down:
 	@$(GO) build -o $(BIN)/demo ./hack/demo
 	@$(BIN)/demo down --dir $(DEMO_DIR)
@@ -50,6 +57,7 @@ demo-down:
 # Container images into $(IMAGES_DIR) as image tarballs (node.tar, workload-controller.tar) and
 # images.json, with Docker or without it (the file builder says which); see docs/kind.md.
 .PHONY: push kind-load test-images
+## Builds the node and workload-controller images as tarballs, with or without Docker
 images:
 	@builder=$(IMAGE_BUILDER); \
 	if [ "$$builder" = auto ]; then if $(DOCKER) info >/dev/null 2>&1; then builder=docker; else builder=oci; fi; fi; \
@@ -69,12 +77,14 @@ images:
 # Pushes both images as $(REGISTRY)/node:$(IMAGE_TAG) and $(REGISTRY)/workload-controller:$(IMAGE_TAG)
 # (go-containerregistry, credentials from the Docker config) and writes _output/deploy, deploy/csi
 # pointed at them: `kubectl apply --server-side -k _output/deploy`.
+## Pushes the images to REGISTRY and writes _output/deploy pointed at them
 push: images
 	@test -n "$(REGISTRY)" || { echo "usage: make push REGISTRY=registry.example.com/path"; exit 1; }
 	@cd hack/images && $(GO) run ./release push -registry $(REGISTRY) -overlay $(CURDIR)/_output/deploy \
 	  -base $(CURDIR)/deploy/csi $(IMAGES_DIR)/node.tar $(IMAGES_DIR)/workload-controller.tar
 
 # The image tarballs into the kind cluster's nodes.
+## Loads the images into the kind cluster
 kind-load: images
 	$(KIND) load image-archive --name $(KIND_CLUSTER) $(IMAGES_DIR)/node.tar
 	$(KIND) load image-archive --name $(KIND_CLUSTER) $(IMAGES_DIR)/workload-controller.tar
@@ -85,6 +95,7 @@ kind-load: images
 # answers, the images are built both ways and compared file by file; elsewhere that comparison
 # says it did not run, here and in the test's output. Also the test tooling's own tests.
 TEST_TARGETS += test-images
+## Checks the images' contents against the Dockerfile; the image tooling's tests
 test-images: images
 	@oci=$(IMAGES_DIR)/images.json; docker=; \
 	if [ "$$(cat $(IMAGES_DIR)/builder)" = docker ]; then \
@@ -99,10 +110,12 @@ test-images: images
 	cd hack/images && CISTERN_IMAGES=$$oci CISTERN_DOCKER_IMAGES=$$docker $(GO_TEST) -count=1 ./release/ ./layer/
 	$(GO_TEST) -count=1 ./hack/testreport/... ./hack/standins/...
 
+## Creates a kind cluster (deploy/kind)
 kind-up:
 	$(KIND) create cluster --name $(KIND_CLUSTER) --config deploy/kind/kind-config.yaml
 
 # deploy/csi with the images of this build (kustomize images: entries in _output/deploy-kind).
+## Installs deploy/csi with this build's images into the kind cluster
 kind-deploy: kind-load
 	@mkdir -p _output/deploy-kind
 	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: %s\n- name: cistern/workload-controller\n  newTag: %s\n' \
@@ -111,6 +124,7 @@ kind-deploy: kind-load
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) wait --for=condition=Established crd --all --timeout=60s
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) -n cistern-system rollout status daemonset/cistern-node --timeout=180s
 
+## Deletes the kind cluster
 kind-down:
 	$(KIND) delete cluster --name $(KIND_CLUSTER)
 
@@ -119,6 +133,7 @@ kind-down:
 # by hand. The full log is kept in _output/bench-placement.txt; the last line is the summary.
 BENCH_TARGETS += bench-placement
 .PHONY: bench-placement
+## Pod placement with and without the placement webhook on four simulated nodes
 bench-placement: $(E2E_TOOLS)
 	@mkdir -p _output
 	@echo "bench-placement: running (about 10 minutes); log in _output/bench-placement.txt"

@@ -9,27 +9,33 @@ BUSYBOX := $(CISTERN_CACHE)/busybox-static/busybox
 export CISTERN_NODE_BIN := $(NODE_BIN)
 export CISTERN_NODE_IMAGES := $(NODE_IMAGES)/images.json
 
-.PHONY: node-tools node-images node-host-packages e2e-node test-registration test-node-images
+.PHONY: node-tools node-images e2e-node test-registration test-node-images
 TEST_TARGETS += test-registration test-node-images e2e-node
 
-# The driver's kubelet plugin registration (pkg/registration) over its real socket.
+# The node-driver-registrar stand-in's kubelet plugin registration (hack/standins/registration)
+# over its real socket.
+## The kubelet plugin registration over its real socket
 test-registration:
-	$(GO_TEST) -count=1 $(RACE) ./pkg/registration/...
+	$(GO_TEST) -count=1 $(RACE) ./hack/standins/registration/... ./hack/standins/node-driver-registrar/...
 
 # The images' programs (the papermill and git stand-ins) as functions; seconds. The release
 # images are tested by test-images, which builds them first.
+## The test images' programs (papermill and git stand-ins)
 test-node-images:
 	cd hack/images && $(GO_TEST) -count=1 $$($(GO) list ./... | grep -v -e /release -e /layer)
 
 # containerd, containerd-shim-runc-v2, ctr, runc (cgo, libseccomp) and the CNI loopback, ptp
-# and host-local plugins.
-node-tools:
+# and host-local plugins. runc needs libseccomp-dev.
+HOST_PACKAGES += /usr/include/seccomp.h=libseccomp-dev
+## Builds containerd, runc and the CNI plugins into the cache
+node-tools: host-packages
 	@hack/tools/node/build.sh $(NODE_BIN)
 
 # The pause, checker, git and papermill images as tarballs for `ctr images import`, and for the
 # install suite the sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins
 # for node-driver-registrar and livenessprobe) and the S3 server's (versitygw, static, from
 # 30-datasource.mk); seconds to build.
+## Builds the node suites' images as tarballs
 node-images: $(BUSYBOX) csi-tools $(VERSITYGW)
 	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX) \
 	  -csi-provisioner $(EXTERNAL_PROVISIONER_BIN)/csi-provisioner -versitygw $(VERSITYGW)
@@ -38,17 +44,17 @@ $(BUSYBOX):
 	@hack/images/busybox.sh $@
 
 # The notebook scenarios serve their repository with the host's `git http-backend`.
-node-host-packages:
-	@command -v git >/dev/null || { echo "e2e-node: installing git"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq git >/dev/null; }; }
+HOST_PACKAGES += git=git
 
 # Runs where a node can run (root, loop devices, overlayfs, cgroups; hack/make/require-node.sh);
 # elsewhere it says why and skips, or fails under CI=true. Builds kubelet, the node runtime,
 # external-provisioner and the S3 server (versitygw, from 30-datasource.mk) first; all are cached
 # after the first time.
 REQUIRE_NODE = hack/make/require-node.sh $@; rc=$$?; if [ $$rc = 2 ]; then exit 0; elif [ $$rc != 0 ]; then exit 1; fi
+## Node-level suite: kubelet, containerd and pods mounting Cistern volumes (root)
 e2e-node:
 	@$(REQUIRE_NODE); \
-	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages $(VERSITYGW) && \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images host-packages $(VERSITYGW) && \
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 20m -v -run TestNode ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
@@ -56,13 +62,14 @@ e2e-node:
 # --server-side -k` (an overlay changing only image references and the pools ConfigMap) on a
 # kubelet node whose containerd pulls every image from a registry on loopback
 # (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node; the
-# notebook example clones from the host's git (node-host-packages).
+# notebook example clones from the host's git (host-packages).
 REGISTRY_BIN := $(CURDIR)/_output/bin/registry
 TEST_TARGETS += e2e-install
 .PHONY: e2e-install
+## Installs deploy/csi on a kubelet node from a loopback registry and runs the examples
 e2e-install:
 	@$(REQUIRE_NODE); \
-	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images node-host-packages images && \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images host-packages images && \
 	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 25m -v -run TestInstall ./test/e2enode/... | \

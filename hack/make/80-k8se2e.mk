@@ -13,10 +13,12 @@ export CISTERN_K8S_E2E_IMAGES := $(K8S_E2E_IMAGES)/images.json
 .PHONY: k8s-e2e-tools snapshotter-tools k8s-e2e-images
 
 # e2e.test (`go test -c k8s.io/kubernetes/test/e2e`), ginkgo and agnhost, from hack/tools/k8se2e.
+## Builds e2e.test, ginkgo and agnhost into the cache
 k8s-e2e-tools:
 	@hack/tools/k8se2e/build.sh $(K8S_E2E_BIN)
 
 # csi-snapshotter and snapshot-controller from hack/tools/snapshotter.
+## Builds csi-snapshotter and snapshot-controller into the cache
 snapshotter-tools:
 	@hack/tools/csi/build.sh -C ../snapshotter $(SNAPSHOTTER_BIN) \
 		github.com/kubernetes-csi/external-snapshotter/v8 \
@@ -25,6 +27,7 @@ snapshotter-tools:
 
 # agnhost (with Debian's static busybox as its shell), csi-snapshotter and snapshot-controller as
 # image tarballs for the loopback registry; the pause and busybox images come from node-images.
+## Builds the Kubernetes e2e suite's images as tarballs
 k8s-e2e-images: $(BUSYBOX) k8s-e2e-tools snapshotter-tools
 	@cd hack/images && $(GO) run ./build -out $(K8S_E2E_IMAGES) -busybox $(BUSYBOX) \
 	  -agnhost $(K8S_E2E_BIN)/agnhost \
@@ -41,6 +44,7 @@ K8S_E2E_RUNS ?= storage,snapshots
 K8S_E2E_NODES ?= 2
 SNAPSHOTTER_CLIENT := github.com/kubernetes-csi/external-snapshotter/client/v8
 .PHONY: e2e-k8s
+## Kubernetes' storage e2e suite against Cistern on kubelet nodes (K8S_E2E_RUNS)
 e2e-k8s:
 	@$(REQUIRE_NODE); \
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images images k8s-e2e-images && \
@@ -57,5 +61,6 @@ e2e-k8s:
 # on two nodes, so that a restore must find the node that holds its snapshot.
 TEST_TARGETS += e2e-k8s-subset
 .PHONY: e2e-k8s-subset
+## The part of Kubernetes' storage e2e suite that make test runs
 e2e-k8s-subset:
 	@$(MAKE) --no-print-directory e2e-k8s K8S_E2E_RUNS=subset K8S_E2E_NODES=2

@@ -108,7 +108,7 @@ func TestCrashResume(t *testing.T) {
 		t.Errorf("inventory after the crash: %+v", d)
 	}
 
-	// The resuming caller proves it reads the same data (access.go): its listing, and one byte of
+	// The resuming caller proves it reads the same data (package access): its listing, and one byte of
 	// one file. That byte is not a fetch; every other read of a staged file would be.
 	var mu sync.Mutex
 	proofReads := map[string]int{}

@@ -1,27 +1,9 @@
 package datasource
 
 import (
-	"net/url"
-
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
-
-// awsHost stands for AWS S3 (a source without an endpoint) in the endpoint allow-list:
-// "*.amazonaws.com" allows it.
-const awsHost = "s3.amazonaws.com"
-
-// endpointHost is the host an S3 source's requests go to, for the endpoint checks.
-func (s *Spec) endpointHost() string {
-	if s.Endpoint == "" {
-		return awsHost
-	}
-	u, err := url.Parse(s.Endpoint)
-	if err != nil {
-		return s.Endpoint
-	}
-	return u.Hostname()
-}
 
 // CheckEndpoint refuses, with a Denied error, an S3 endpoint that names a cloud metadata
 // service or link-local address, and a tenant's endpoint outside the administrator's
@@ -37,7 +19,7 @@ func (m *Manager) egressPolicy(spec *Spec) (egress.Policy, error) {
 	if spec.Scheme != SchemeS3 {
 		return egress.Policy{}, nil
 	}
-	host := spec.endpointHost()
+	host := spec.EndpointHost()
 	var (
 		p   egress.Policy
 		err = egress.ForbiddenHost(host)
@@ -46,7 +28,7 @@ func (m *Manager) egressPolicy(spec *Spec) (egress.Policy, error) {
 		p, err = m.cfg.TenantEndpoints.Policy(host)
 	}
 	if err != nil {
-		return egress.Policy{}, source.Wrap(source.Denied, err, "%s: endpoint refused", spec.describe())
+		return egress.Policy{}, source.Wrap(source.Denied, err, "%s: endpoint refused", spec.Describe())
 	}
 	return p, nil
 }

@@ -4,22 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/access"
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/datasource/stage"
 )
 
 // Config configures a node's Manager.
@@ -62,52 +64,27 @@ type Config struct {
 	// --nfs-gid); 65534 (nobody) unless set.
 	NFSUID, NFSGID *uint32
 	// TenantEndpoints are the S3 endpoints tenant datasets (Spec.Tenant) may name (flag
-	// --tenant-s3-endpoints); empty allows any endpoint that is not link-local or a metadata
+	// --tenant-s3-endpoints); empty refuses every tenant endpoint, "*" allows any that is not link-local or a metadata
 	// service.
 	TenantEndpoints egress.Allow
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
-	// the same version (peerfetch.go); nil reads everything from the source.
+	// the same version (stage/peers.go); nil reads everything from the source.
 	Peers *peer.Network
 }
 
-// Phase is the state of a dataset on one pool.
-type Phase string
-
-const (
-	PhaseListing  Phase = "Listing"
-	PhaseFetching Phase = "Fetching"
-	PhaseSyncing  Phase = "Syncing"
-	PhaseReady    Phase = "Ready"
-	PhaseFailed   Phase = "Failed"
+// Status and Phase are the staging engine's; these names keep the package's API.
+type (
+	Status = stage.Status
+	Phase  = stage.Phase
 )
 
-// Status is the progress of a dataset on one pool.
-type Status struct {
-	Dataset      string
-	Phase        Phase
-	BytesDone    int64
-	BytesTotal   int64
-	ObjectsDone  int64
-	ObjectsTotal int64
-	// CacheHit is set when the dataset was already on the node.
-	CacheHit bool
-	// Version names the cached data the caller proved it may read (the manifest's digest), once
-	// it is known; Acquire and Populate hand out only that version.
-	Version string
-}
-
-// Ready reports whether the dataset's tree is complete.
-func (s Status) Ready() bool { return s.Phase == PhaseReady }
-
-// String is the message for logs and the volume condition.
-func (s Status) String() string {
-	if s.Phase == PhaseListing || s.BytesTotal == 0 && s.Phase != PhaseReady {
-		return fmt.Sprintf("dataset %s: %s", s.Dataset, s.Phase)
-	}
-	return fmt.Sprintf("dataset %s: %s, %s of %s (%d/%d objects, %.0f%%)", s.Dataset, s.Phase,
-		humanBytes(s.BytesDone), humanBytes(s.BytesTotal), s.ObjectsDone, s.ObjectsTotal,
-		100*float64(s.BytesDone)/float64(max(s.BytesTotal, 1)))
-}
+const (
+	PhaseListing  = stage.PhaseListing
+	PhaseFetching = stage.PhaseFetching
+	PhaseSyncing  = stage.PhaseSyncing
+	PhaseReady    = stage.PhaseReady
+	PhaseFailed   = stage.PhaseFailed
+)
 
 // Request asks for a dataset on a pool.
 type Request struct {
@@ -126,36 +103,28 @@ type Manager struct {
 	// down driver stops its downloads.
 	base    context.Context
 	stop    context.CancelFunc
-	slots   chan struct{}
-	limiter *rate.Limiter
 	limits  Limits
 	metrics *metrics
 
-	// principalKey keys the hash that tells callers apart (access.go).
-	principalKey []byte
-	nfsUID       uint32
-	nfsGID       uint32
+	// engine runs the staging jobs within the node's limits.
+	engine *stage.Engine
+
+	// access proves callers' access and remembers the proofs.
+	access *access.Prover
+	nfsUID uint32
+	nfsGID uint32
+
+	// cache holds the datasets in the pools: layout, references, eviction, inventory.
+	cache *cache.Cache
 
 	mu     sync.Mutex
-	jobs   map[string]*job  // pool/id -> running staging
-	failed map[string]error // pool/id/principal -> last failure, reported once to its caller
+	jobs   map[string]*staging // pool/id -> running staging
+	failed map[string]error    // pool/id/principal -> last failure, reported once to its caller
 	// lastFail is the kind of each pool/id's last failure, for the inventory, until the next attempt.
 	lastFail map[string]failure
-	pools    map[string]bool      // known pool dirs
-	inUse    map[string]int       // pool/id -> in-memory users (Populate)
-	proofs   map[string]time.Time // digest/principal -> proof valid until
-	proving  map[string]*proof    // digest/principal -> proof under way
-	// proofSlots bounds the full proofs under way (access.go).
-	proofSlots chan struct{}
-	// perSource holds the concurrency slots of each source endpoint.
-	perSource map[string]chan struct{}
-	poolMu    map[string]*sync.Mutex
 
-	// canons names the entries of ready datasets for peers' requests (peerserve.go).
-	canons canons
-
-	// changes moves whenever an Inventory would read differently (inventory.go).
-	changes changes
+	// store serves peers what the cache and the stagings under way hold (peer.CacheStore).
+	store *peer.CacheStore
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -191,24 +160,15 @@ func NewManager(cfg Config) (*Manager, error) {
 	cfg.LocalSourceRoots = roots
 	base, stop := context.WithCancel(context.Background())
 	m := &Manager{
-		cfg:          cfg,
-		base:         base,
-		stop:         stop,
-		slots:        make(chan struct{}, cfg.Concurrency),
-		principalKey: newPrincipalKey(),
-		nfsUID:       NobodyID,
-		nfsGID:       NobodyID,
-		jobs:         map[string]*job{},
-		failed:       map[string]error{},
-		lastFail:     map[string]failure{},
-		pools:        map[string]bool{},
-		inUse:        map[string]int{},
-		proofs:       map[string]time.Time{},
-		proving:      map[string]*proof{},
-		proofSlots:   make(chan struct{}, concurrentProofs),
-		perSource:    map[string]chan struct{}{},
-		limits:       cfg.Limits.withDefaults(cfg.Concurrency),
-		poolMu:       map[string]*sync.Mutex{},
+		cfg:      cfg,
+		base:     base,
+		stop:     stop,
+		nfsUID:   NobodyID,
+		nfsGID:   NobodyID,
+		jobs:     map[string]*staging{},
+		failed:   map[string]error{},
+		lastFail: map[string]failure{},
+		limits:   cfg.Limits.WithDefaults(cfg.Concurrency),
 	}
 	if cfg.NFSUID != nil {
 		m.nfsUID = *cfg.NFSUID
@@ -216,31 +176,33 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.NFSGID != nil {
 		m.nfsGID = *cfg.NFSGID
 	}
-	if cfg.BandwidthBytesPerSec > 0 {
-		burst := int(min(max(cfg.BandwidthBytesPerSec/10, copyBufSize), 1<<30))
-		m.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), burst)
-	}
 	m.metrics = newMetrics(m)
-	for _, p := range cfg.Pools {
-		m.addPool(p)
+	m.cache = cache.New(cache.Config{LowWatermark: cfg.LowWatermark, HighWatermark: cfg.HighWatermark, OnEvict: m.evicted}, cfg.Pools...)
+	listings := dataset.NewListingSlots(m.limits)
+	m.access = access.New(access.Config{TTL: cfg.AccessProofTTL, Limits: m.limits, Listings: listings,
+		Concurrency: cfg.Concurrency, NFSUID: m.nfsUID, NFSGID: m.nfsGID})
+	m.store = &peer.CacheStore{Staging: m.stagingVersion, Stagings: m.stagingVersions, Pools: m.cache.Pools}
+	ec := stage.Config{Concurrency: cfg.Concurrency, BandwidthBytesPerSec: cfg.BandwidthBytesPerSec,
+		ChunkSize: cfg.ChunkSize, Retries: cfg.Retries, Limits: m.limits, Listings: listings, Cache: m.cache,
+		Metrics: m.metrics.staging()}
+	if cfg.Peers != nil {
+		ec.Peers = cfg.Peers // a nil *peer.Network stays a nil interface
 	}
+	m.engine = stage.NewEngine(ec)
 	return m, nil
 }
 
-func (m *Manager) addPool(pool string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.pools[pool] {
-		m.pools[pool] = true
-		m.poolMu[pool] = &sync.Mutex{}
-	}
-}
-
-func (m *Manager) poolLock(pool string) *sync.Mutex {
-	m.addPool(pool)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.poolMu[pool]
+// staging is a staging job as the coordinator keeps it: whose credentials stage, its pin in the
+// cache, and its outcome once it ended.
+type staging struct {
+	*stage.Job
+	// principal is the caller whose credentials stage (package access).
+	principal string
+	// unpin drops the job's pin on its dataset in the cache (cache.Cache.PinStaging).
+	unpin func()
+	// done is closed when the job ended and left m.jobs; err is then its outcome.
+	done chan struct{}
+	err  error
 }
 
 func jobKey(pool, id string) string { return pool + "\x00" + id }
@@ -269,11 +231,11 @@ func (m *Manager) Wait(ctx context.Context, req Request) (Status, error) {
 // staging fails, or ctx ends. A dataset that cannot fit req.Capacity is refused (OutOfRange)
 // before any object is read. When ctx ends first it returns the progress and no error.
 func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
-	listed := func(j *job) <-chan struct{} { return j.listed }
-	return m.await(ctx, req, listed, func(j *job) (Status, error) {
-		st := j.status()
-		if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), true); err != nil {
-			return st, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	listed := func(j *staging) <-chan struct{} { return j.Listed() }
+	return m.await(ctx, req, listed, func(j *staging) (Status, error) {
+		st := j.Status()
+		if err := checkCapacity(req, st.BytesTotal, j.Alloc(), true); err != nil {
+			return st, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
 		return st, nil
 	})
@@ -282,7 +244,7 @@ func (m *Manager) Listed(ctx context.Context, req Request) (Status, error) {
 // await is Ensure, then waits for the job to end, or for the event (when set), which reached
 // reports. A job that failed for another caller is that caller's outcome: this one makes an
 // attempt of its own. When ctx ends first it returns the progress and no error.
-func (m *Manager) await(ctx context.Context, req Request, event func(*job) <-chan struct{}, reached func(*job) (Status, error)) (Status, error) {
+func (m *Manager) await(ctx context.Context, req Request, event func(*staging) <-chan struct{}, reached func(*staging) (Status, error)) (Status, error) {
 	for {
 		st, j, err := m.ensure(ctx, req)
 		if err != nil || j == nil {
@@ -301,26 +263,59 @@ func (m *Manager) await(ctx context.Context, req Request, event func(*job) <-cha
 			}
 			return m.finished(req, j)
 		case <-ctx.Done():
-			return j.status(), nil
+			return j.Status(), nil
 		}
 	}
 }
 
 // othersFailure reports a finished job that failed for another caller than req's: that failure
 // is its caller's to see, and req's caller makes an attempt of its own.
-func (m *Manager) othersFailure(req Request, j *job) bool {
+func (m *Manager) othersFailure(req Request, j *staging) bool {
 	return j.err != nil && j.principal != m.principal(req)
 }
 
 // finished returns the outcome of a finished job, and forgets its failure: it was reported.
-func (m *Manager) finished(req Request, j *job) (Status, error) {
+func (m *Manager) finished(req Request, j *staging) (Status, error) {
 	if j.err != nil {
 		m.mu.Lock()
 		delete(m.failed, failKey(req.Pool, req.Spec.ID(), j.principal))
 		m.mu.Unlock()
-		m.changed()
+		m.cache.Changed()
 	}
-	return j.status(), j.err
+	return j.Status(), j.err
+}
+
+// principal names the caller of req (access.Prover.Principal).
+func (m *Manager) principal(req Request) string { return m.access.Principal(req.Spec, req.Creds) }
+
+// prove shows that req's caller reads the data of the dataset version in dir (access.Prover.Prove).
+func (m *Manager) prove(ctx context.Context, req Request, dir string, md *cache.Meta, digest string) error {
+	open := func() (source.Source, error) { return m.openSource(req) }
+	return m.access.Prove(ctx, m.principal(req), open, req.Spec, dir, md, digest)
+}
+
+// callerAccess proves a staging's own caller for its job (stage.Access).
+type callerAccess struct {
+	m   *Manager
+	req Request
+	who string
+}
+
+func (a *callerAccess) Prove(ctx context.Context, dir string, md *cache.Meta, digest string) error {
+	return a.m.prove(ctx, a.req, dir, md, digest)
+}
+
+// ProveFiles shows that the caller may read every file, so that bytes peers serve it are bytes
+// it may have; the proof is remembered as a hit's is.
+func (a *callerAccess) ProveFiles(ctx context.Context, src source.Source, dir string, md *cache.Meta) error {
+	err := a.m.access.ReadsEvery(ctx, src, dir, md)
+	switch {
+	case err == nil:
+		a.m.access.Remember(md.Digest, a.who)
+	case source.KindOf(err) == source.Denied:
+		a.m.access.RememberDenial(md.Digest, a.who, err)
+	}
+	return err
 }
 
 func failKey(pool, id, principal string) string { return jobKey(pool, id) + "\x00" + principal }
@@ -328,22 +323,27 @@ func failKey(pool, id, principal string) string { return jobKey(pool, id) + "\x0
 // checking is the progress reported while a caller's access proof is still under way.
 func checking(spec *Spec) Status { return Status{Dataset: spec.Source, Phase: PhaseListing} }
 
-func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error) {
+func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, error) {
 	if req.Spec == nil {
 		return Status{}, nil, source.Errorf(source.Invalid, "no dataset spec")
 	}
 	if err := m.admit(req.Spec); err != nil {
-		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
+	}
+	// The caller's endpoint policy holds on every path, also those that dial nothing (a join,
+	// a remembered proof): a refused endpoint is refused here.
+	if _, err := m.egressPolicy(req.Spec); err != nil {
+		return Status{}, nil, err
 	}
 	id := req.Spec.ID()
 	who := m.principal(req)
-	m.addPool(req.Pool)
-	dir := datasetDir(req.Pool, id)
+	m.cache.AddPool(req.Pool)
+	dir := cache.DatasetDir(req.Pool, id)
 	key := jobKey(req.Pool, id)
 	fkey := failKey(req.Pool, id, who)
 	logger := klog.FromContext(ctx).WithValues("dataset", req.Spec.String(), "datasetID", id, "pool", req.Pool)
 
-	pl := m.poolLock(req.Pool)
+	pl := m.cache.Lock(req.Pool)
 	for retired := false; ; retired = true {
 		pl.Lock()
 		m.mu.Lock()
@@ -360,62 +360,63 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *job, error)
 		}
 		if failed {
 			pl.Unlock()
-			m.changed()
+			m.cache.Changed()
 			return Status{Dataset: req.Spec.Source, Phase: PhaseFailed}, nil, ferr
 		}
-		if isReady(dir) {
-			touch(dir)
+		if cache.IsReady(dir) {
+			cache.Touch(dir)
 			pl.Unlock()
-			m.changed()
+			m.cache.Changed()
 			st, digest, err := m.hit(ctx, req, dir)
-			if !errors.Is(err, errListingDiffers) || retired {
+			if !errors.Is(err, access.ErrListingDiffers) || retired {
 				return st, nil, err
 			}
 			// The caller sees other data than the cache holds: the source changed, or the caller's
 			// credentials resolve to other data. It gets a staging of what it sees.
 			logger.Info("cached dataset differs from the caller's listing; staging a new version")
-			if err := m.retire(req.Pool, id, digest); err != nil {
-				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			if err := m.cache.Retire(req.Pool, id, digest); err != nil {
+				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 			}
 			continue
 		}
 		src, err := m.openSource(req)
 		if err != nil {
 			pl.Unlock()
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
-		j = newJob(m, req, dir, src)
-		j.principal = who
+		acc := &callerAccess{m: m, req: req, who: who}
+		j = &staging{Job: m.engine.New(req.Spec, req.Capacity, req.Pool, dir, src, acc), principal: who, done: make(chan struct{})}
 		m.mu.Lock()
 		m.jobs[key] = j
 		delete(m.lastFail, key)
 		m.mu.Unlock()
+		j.unpin = m.cache.PinStaging(req.Pool, id)
 		pl.Unlock()
-		m.changed()
+		m.cache.Changed()
 		logger.Info("staging dataset", "credentials", req.Creds.String())
 		go m.runJob(logger, key, j)
-		return j.status(), j, nil
+		return j.Status(), j, nil
 	}
 }
 
 // hit serves a ready cached dataset to a caller that proves it reads the same data.
 func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, string, error) {
-	md, err := readMeta(dir)
+	md, err := cache.ReadMeta(dir)
 	if err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
-	digest, err := manifestDigest(dir, md)
+	digest, err := cache.ManifestDigest(dir, md)
 	if err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	if err := m.prove(ctx, req, dir, md, digest); err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return checking(req.Spec), digest, nil
 		}
-		return Status{}, digest, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+		return Status{}, digest, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	m.metrics.cacheHits.Inc()
 	return Status{Dataset: req.Spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
@@ -425,33 +426,33 @@ func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, str
 // join hands a staging under way to a caller: at once to the caller that started it; to any
 // other once the manifest is taken and the caller proved it reads the same data. Until then the
 // caller is told only that the dataset is being listed.
-func (m *Manager) join(ctx context.Context, req Request, j *job, who string) (Status, *job, error) {
-	j.want()
+func (m *Manager) join(ctx context.Context, req Request, j *staging, who string) (Status, *staging, error) {
+	j.Want()
 	if j.principal != who {
 		select {
-		case <-j.listed:
+		case <-j.Listed():
 		case <-j.done:
-			if !j.isListed() {
+			if !j.IsListed() {
 				return checking(req.Spec), j, nil // failed or ended before its listing: the caller retries
 			}
 		case <-ctx.Done():
 			return checking(req.Spec), nil, nil
 		}
-		md, digest := j.manifestMeta()
-		if err := m.prove(ctx, req, j.dir, md, digest); err != nil {
+		md, digest := j.Manifest()
+		if err := m.prove(ctx, req, j.Dir(), md, digest); err != nil {
 			switch {
 			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
 				return checking(req.Spec), nil, nil
-			case errors.Is(err, errListingDiffers):
+			case errors.Is(err, access.ErrListingDiffers):
 				err = source.Wrap(source.Retryable, err, "a staging of other data under this name is under way; it is staged anew for this caller after it ends")
 			}
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 		}
 	}
-	st := j.status()
+	st := j.Status()
 	// The job may still be listing: then its size so far is a lower bound.
-	if err := checkCapacity(req, st.BytesTotal, j.alloc.Load(), j.isListed()); err != nil {
-		return st, nil, fmt.Errorf("%s: %w", req.Spec.describe(), err)
+	if err := checkCapacity(req, st.BytesTotal, j.Alloc(), j.IsListed()); err != nil {
+		return st, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
 	return st, j, nil
 }
@@ -464,49 +465,38 @@ func (m *Manager) admit(spec *Spec) error {
 	return nil
 }
 
-func (m *Manager) runJob(logger klog.Logger, key string, j *job) {
+func (m *Manager) runJob(logger klog.Logger, key string, j *staging) {
 	start := time.Now()
-	err := j.run(klog.NewContext(m.base, logger))
-	j.src.Close()
+	err := j.Run(klog.NewContext(m.base, logger))
+	j.Close()
 	m.mu.Lock()
 	delete(m.jobs, key)
 	if err != nil {
 		m.failed[key+"\x00"+j.principal] = err
-		m.recordFailureLocked(key, j.req.Spec, err, time.Now())
+		m.recordFailureLocked(key, j.Spec(), err, time.Now())
 	}
 	m.mu.Unlock()
+	j.unpin()
 	j.err = err
 	close(j.done)
-	m.changed()
-	st := j.status()
+	m.cache.Changed()
+	st := j.Status()
 	if err != nil {
 		m.metrics.stagings.WithLabelValues("failed").Inc()
 		logger.Error(err, "staging failed", "permanent", source.IsPermanent(err), "bytesDone", st.BytesDone)
 		return
 	}
 	// Every object was read with the stager's credentials, pinned to the manifest.
-	m.remember(st.Version, j.principal)
+	m.access.Remember(st.Version, j.principal)
 	m.metrics.stagings.WithLabelValues("ready").Inc()
 	m.metrics.stagedBytes.Add(float64(st.BytesTotal))
 	logger.Info("dataset ready", "bytes", st.BytesTotal, "objects", st.ObjectsTotal, "duration", time.Since(start))
-	m.evictPool(m.base, j.pool, 0)
+	m.cache.Evict(m.base, j.Pool(), 0)
 }
 
-// checkCapacity refuses a dataset whose files take more than the volume has room for; complete
-// is false while the listing is still counting. Callers prefix the dataset's name.
+// checkCapacity refuses a dataset that cannot fit req's volume (stage.CheckCapacity).
 func checkCapacity(req Request, bytes, alloc int64, complete bool) error {
-	if req.Capacity <= 0 || bytes == 0 && alloc == 0 {
-		return nil
-	}
-	if alloc > req.Capacity {
-		atLeast := ""
-		if !complete {
-			atLeast = "at least "
-		}
-		return source.Errorf(source.TooLarge, "it holds %s%s (%s on disk), more than the %s the volume has room for",
-			atLeast, humanBytes(bytes), humanBytes(alloc), humanBytes(req.Capacity))
-	}
-	return nil
+	return stage.CheckCapacity(req.Capacity, bytes, alloc, complete)
 }
 
 func (m *Manager) openSource(req Request) (source.Source, error) {
@@ -521,6 +511,7 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
 			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
+			MaxListed: m.limits.MaxObjects,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)
@@ -533,11 +524,7 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 // TreePath returns the ready dataset's directory on pool. It proves nothing of the caller: volumes
 // get the tree from Acquire, after Wait proved the caller may read it.
 func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
-	dir := datasetDir(pool, spec.ID())
-	if !isReady(dir) {
-		return "", source.Errorf(source.NotFound, "%s is not staged on pool %s", spec.describe(), pool)
-	}
-	return filepath.Join(dir, treeDir), nil
+	return m.cache.TreePath(pool, spec)
 }
 
 // Acquire records that volumeID uses the dataset's tree on pool (a read-only bind mount) and
@@ -545,118 +532,43 @@ func (m *Manager) TreePath(pool string, spec *Spec) (string, error) {
 // a dataset replaced since is refused as changed, and the caller asks again. The reference is a
 // file, so it survives driver restarts; ReleaseID removes it. Both are idempotent.
 func (m *Manager) Acquire(pool string, spec *Spec, version, volumeID string) (string, error) {
-	dir := datasetDir(pool, spec.ID())
-	pl := m.poolLock(pool)
-	pl.Lock()
-	defer pl.Unlock()
-	if err := checkVersion(dir, spec, version); err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(filepath.Join(dir, refsDir), 0o755); err != nil {
-		return "", err
-	}
-	touch(dir)
-	if err := writeFileSync(filepath.Join(dir, refsDir, refName(volumeID)), []byte(volumeID)); err != nil {
-		return "", err
-	}
-	m.changed()
-	return filepath.Join(dir, treeDir), nil
-}
-
-// checkVersion says whether dir holds the ready dataset version the caller proved it may read.
-func checkVersion(dir string, spec *Spec, version string) error {
-	if !isReady(dir) {
-		return source.Errorf(source.Retryable, "%s is not staged on this pool (any more); retry", spec.describe())
-	}
-	if version == "" {
-		return nil
-	}
-	md, err := readMeta(dir)
-	if err != nil {
-		return err
-	}
-	if d, err := manifestDigest(dir, md); err != nil || d != version {
-		return errors.Join(err, source.Errorf(source.Retryable, "%s was replaced by a newer version since it was checked; retry", spec.describe()))
-	}
-	return nil
-}
-
-// retiredSep separates a dataset ID from the suffix of a version that a newer one replaced.
-const retiredSep = ".retired-"
-
-// retire moves the ready version of dataset id on pool aside when it still has the given
-// digest, so that a new version can be staged in its place: volumes that use it keep it (their
-// bind mounts follow the directory), new callers never see it, and it is deleted with its last
-// reference. A version nobody uses is deleted at once.
-func (m *Manager) retire(pool, id, digest string) error {
-	pl := m.poolLock(pool)
-	pl.Lock()
-	defer pl.Unlock()
-	dir := datasetDir(pool, id)
-	if m.busy(pool, id) {
-		return source.Errorf(source.Retryable, "the cached version is being copied into a volume; retry")
-	}
-	if !isReady(dir) {
-		return nil // replaced meanwhile
-	}
-	md, err := readMeta(dir)
-	if err != nil {
-		return err
-	}
-	if d, err := manifestDigest(dir, md); err != nil || d != digest {
-		return err // replaced meanwhile
-	}
-	defer m.changed()
-	if refCount(dir) == 0 {
-		return removeDataset(pool, id)
-	}
-	to := dir + retiredSep + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := os.Rename(dir, to); err != nil {
-		return err
-	}
-	return syncDir(cacheDir(pool))
-}
-
-// removeDataset deletes a dataset directory: renamed to trash first, so a crash leaves nothing
-// that looks like a dataset.
-func removeDataset(pool, name string) error {
-	trash := filepath.Join(cacheDir(pool), trashPrefix+name)
-	if err := os.Rename(datasetDir(pool, name), trash); err != nil {
-		return err
-	}
-	return removeAllQuick(trash)
+	return m.cache.Acquire(pool, spec, version, volumeID)
 }
 
 // ReleaseID drops volumeID's reference to the dataset id on pool. The reference may be in a
 // retired version, which goes with its last reference.
 func (m *Manager) ReleaseID(pool, id, volumeID string) error {
-	dir := datasetDir(pool, id)
-	err := os.Remove(filepath.Join(dir, refsDir, refName(volumeID)))
-	if err == nil || !isNotExist(err) {
-		touch(dir)
-		m.changed()
-		return err
-	}
-	retired, _ := filepath.Glob(dir + retiredSep + "*")
-	for _, r := range retired {
-		err := os.Remove(filepath.Join(r, refsDir, refName(volumeID)))
-		if isNotExist(err) {
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		m.changed()
-		pl := m.poolLock(pool)
-		pl.Lock()
-		defer pl.Unlock()
-		if refCount(r) == 0 {
-			return removeDataset(pool, filepath.Base(r))
-		}
-		return nil
-	}
-	return nil
+	return m.cache.Release(pool, id, volumeID)
 }
+
+// Populate copies the ready dataset version on pool, which the caller proved it may read, into
+// target, once; see cache.Cache.Populate.
+func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version, target string) error {
+	return m.cache.Populate(ctx, pool, spec, version, target)
+}
+
+// Populated reports whether the filesystem at target was already filled with spec's dataset.
+func Populated(target string, spec *Spec) bool { return cache.Populated(target, spec) }
+
+// evicted counts an eviction and tells the driver.
+func (m *Manager) evicted(e EvictEvent) {
+	m.metrics.evictions.WithLabelValues(e.Pool).Inc()
+	m.metrics.evictedBytes.WithLabelValues(e.Pool).Add(float64(e.Bytes))
+	if m.cfg.OnEvict != nil {
+		m.cfg.OnEvict(e)
+	}
+}
+
+// Inventory reads what the cache of pool (a directory) holds, listing at most limit datasets
+// (0: all), with the stagings under way and the kinds of failed attempts.
+func (m *Manager) Inventory(pool string, limit int) (Inventory, error) {
+	return m.cache.Inventory(pool, limit, func(byID map[string]*CachedDataset) { m.overlay(pool, byID) })
+}
+
+// InventoryGeneration returns the inventory generation and a channel closed when it next moves:
+// a dataset starts, is listed, finishes, fails, is evicted, used or released, and every
+// Config.ProgressInterval while one is being staged.
+func (m *Manager) InventoryGeneration() (uint64, <-chan struct{}) { return m.cache.Generation() }
 
 // Run evicts on every pool periodically until ctx ends, then stops the staging jobs.
 func (m *Manager) Run(ctx context.Context) {
@@ -665,8 +577,8 @@ func (m *Manager) Run(ctx context.Context) {
 	defer t.Stop()
 	go m.watchProgress(ctx.Done(), m.cfg.ProgressInterval)
 	for {
-		for _, p := range m.poolList() {
-			m.evictPool(ctx, p, 0)
+		for _, p := range m.cache.Pools() {
+			m.cache.Evict(ctx, p, 0)
 		}
 		select {
 		case <-ctx.Done():
@@ -674,36 +586,6 @@ func (m *Manager) Run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-func (m *Manager) poolList() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]string, 0, len(m.pools))
-	for p := range m.pools {
-		out = append(out, p)
-	}
-	return out
-}
-
-func (m *Manager) busy(pool, id string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	key := jobKey(pool, id)
-	return m.jobs[key] != nil || m.inUse[key] > 0
-}
-
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for v := n / unit; v >= unit; v /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
 
 // Status reports a dataset's state on pool without starting anything: the progress of a staging
@@ -715,16 +597,58 @@ func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
 	j := m.jobs[jobKey(pool, id)]
 	m.mu.Unlock()
 	if j != nil {
-		return j.status(), true, nil
+		return j.Status(), true, nil
 	}
-	dir := datasetDir(pool, id)
-	if !isReady(dir) {
+	dir := cache.DatasetDir(pool, id)
+	if !cache.IsReady(dir) {
 		return Status{}, false, nil
 	}
-	md, err := readMeta(dir)
+	md, err := cache.ReadMeta(dir)
 	if err != nil {
 		return Status{}, true, err
 	}
 	return Status{Dataset: spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
 		ObjectsDone: md.Objects, ObjectsTotal: md.Objects}, true, nil
+}
+
+// Have implements peer.Store: what this node holds of a dataset version (peer.CacheStore).
+func (m *Manager) Have(id, digest string) (*peer.Have, bool) { return m.store.Have(id, digest) }
+
+// Open implements peer.Store: bytes of an entry this node holds (peer.CacheStore).
+func (m *Manager) Open(id, digest string, r, off, n int64) (io.ReadCloser, error) {
+	return m.store.Open(id, digest, r, off, n)
+}
+
+// Versions implements peer.Store: the versions of dataset id this node holds or stages
+// (peer.CacheStore).
+func (m *Manager) Versions(id string) []string { return m.store.Versions(id) }
+
+// stagingVersions lists the digests of the stagings under way of dataset id whose entries are
+// named for peers.
+func (m *Manager) stagingVersions(id string) []string {
+	var out []string
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, j := range m.jobs {
+		if md := j.Meta(); j.ID() == id && j.Spec().Scheme == SchemeS3 && j.Peering() != nil && md != nil {
+			out = append(out, md.Digest)
+		}
+	}
+	return out
+}
+
+// stagingVersion is the staging under way of a version whose entries are named for peers.
+func (m *Manager) stagingVersion(id, digest string) *peer.Staging {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, j := range m.jobs {
+		if j.ID() != id || j.Spec().Scheme != SchemeS3 {
+			continue
+		}
+		st := j.Peering()
+		if md := j.Meta(); st != nil && md != nil && md.Digest == digest {
+			return st
+		}
+	}
+	return nil
 }

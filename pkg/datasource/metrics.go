@@ -1,10 +1,8 @@
 package datasource
 
 import (
-	"os"
-	"path/filepath"
-	"strings"
-
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/stage"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -58,11 +56,10 @@ func newMetrics(m *Manager) *metrics {
 	}
 }
 
-// Origins of fetched bytes.
-const (
-	originSource = "source"
-	originPeer   = "peer"
-)
+// staging is the counters the staging engine moves.
+func (c *metrics) staging() stage.Metrics {
+	return stage.Metrics{Retries: c.retries, Fetched: c.fetchedBytes, WrongPieces: c.wrongPieces}
+}
 
 // Collector returns the Prometheus collector of the manager's metrics.
 func (m *Manager) Collector() prometheus.Collector { return m.metrics }
@@ -86,31 +83,20 @@ func (c *metrics) Collect(ch chan<- prometheus.Metric) {
 		x.Collect(ch)
 	}
 	c.m.mu.Lock()
-	jobs := make([]*job, 0, len(c.m.jobs))
+	jobs := make([]*staging, 0, len(c.m.jobs))
 	for _, j := range c.m.jobs {
 		jobs = append(jobs, j)
 	}
 	c.m.mu.Unlock()
 	for _, j := range jobs {
-		st := j.status()
-		id := j.req.Spec.ID()
-		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.pool, id)
-		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.pool, id)
+		st := j.Status()
+		id := j.Spec().ID()
+		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.Pool(), id)
+		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.Pool(), id)
 	}
-	for _, pool := range c.m.poolList() {
-		ents, _ := os.ReadDir(cacheDir(pool))
-		var bytes, n float64
-		for _, e := range ents {
-			if !e.IsDir() || strings.HasPrefix(e.Name(), trashPrefix) {
-				continue
-			}
-			dir := filepath.Join(cacheDir(pool), e.Name())
-			if md, err := readMeta(dir); err == nil && isReady(dir) {
-				bytes += float64(md.Bytes)
-				n++
-			}
-		}
-		ch <- prometheus.MustNewConstMetric(c.cachedBytes, prometheus.GaugeValue, bytes, pool)
-		ch <- prometheus.MustNewConstMetric(c.cachedDatasets, prometheus.GaugeValue, n, pool)
+	for _, pool := range c.m.cache.Pools() {
+		bytes, n := cache.ReadyTotals(pool)
+		ch <- prometheus.MustNewConstMetric(c.cachedBytes, prometheus.GaugeValue, float64(bytes), pool)
+		ch <- prometheus.MustNewConstMetric(c.cachedDatasets, prometheus.GaugeValue, float64(n), pool)
 	}
 }

@@ -2,18 +2,13 @@ package driver
 
 import (
 	"context"
-	"maps"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -52,8 +47,7 @@ func (s *controllerServer) ControllerGetCapabilities(context.Context, *csi.Contr
 
 func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	d := s.d
-	name := req.GetName()
-	if name == "" {
+	if req.GetName() == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume name is required")
 	}
 	shape, err := checkCapabilities(req.GetVolumeCapabilities())
@@ -64,13 +58,9 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err != nil {
 		return nil, err
 	}
+	source := contentSource(req.GetVolumeContentSource())
 	if pl.Dataset != nil && shape.access == state.Block {
 		return nil, status.Error(codes.InvalidArgument, "a dataset source needs a mount volume, not a block volume")
-	}
-	if pl.Dataset != nil && (req.GetVolumeContentSource().GetSnapshot() != nil || req.GetVolumeContentSource().GetVolume() != nil) {
-		// Filling a restored volume from a dataset would overwrite (or, for a dataset that
-		// shrank, delete) restored files.
-		return nil, status.Errorf(codes.InvalidArgument, "parameter %q and a snapshot or volume content source exclude each other", consts.ParamSource)
 	}
 	size, err := volumeSize(req.GetCapacityRange(), shape, d.cfg.DefaultVolumeSize)
 	if err != nil {
@@ -79,98 +69,25 @@ func (s *controllerServer) CreateVolume(ctx context.Context, req *csi.CreateVolu
 	if err := parseMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-
-	if v, ok := d.store.GetVolumeByName(name); ok && v.Ready {
-		if err := sameVolume(v, req, shape); err != nil {
-			return nil, err
-		}
-		return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
-	}
-	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
-		return nil, status.Errorf(codes.ResourceExhausted, "node %s is not in the requested topology", d.cfg.NodeID)
-	}
-
-	v := state.Volume{
-		Name:          name,
-		CapacityBytes: size,
-		AccessType:    shape.access,
-		FSType:        shape.fsType,
-		Parameters:    req.GetParameters(),
-		CreatedAt:     time.Now().UTC(),
-
-		MutableParameters: req.GetMutableParameters(),
-	}
-	var source string // image to copy from, for snapshots and clones
-	switch {
-	case req.GetVolumeContentSource().GetSnapshot() != nil:
-		v.SourceSnapshotID = req.GetVolumeContentSource().GetSnapshot().GetSnapshotId()
-		sn, ok := d.store.GetSnapshot(v.SourceSnapshotID)
-		if !ok {
-			return nil, snapshotElsewhere(v.SourceSnapshotID, d.cfg.NodeID)
-		}
-		if sn.SizeBytes > size {
-			return nil, status.Errorf(codes.OutOfRange, "snapshot %s holds %d bytes, more than the requested %d", sn.ID, sn.SizeBytes, size)
-		}
-		v.Pool = sn.Pool
-		v.Formatted, v.NeedsGrow = true, sn.SizeBytes < size
-		if source, err = d.volumes.SnapshotPath(sn); err != nil {
-			return nil, err
-		}
-	case req.GetVolumeContentSource().GetVolume() != nil:
-		v.SourceVolumeID = req.GetVolumeContentSource().GetVolume().GetVolumeId()
-		src, ok := d.store.GetVolume(v.SourceVolumeID)
-		if !ok || !src.Ready {
-			return nil, status.Errorf(codes.NotFound, "source volume %s does not exist", v.SourceVolumeID)
-		}
-		if src.CapacityBytes > size {
-			return nil, status.Errorf(codes.OutOfRange, "source volume %s is %d bytes, larger than the requested %d", src.ID, src.CapacityBytes, size)
-		}
-		if src.AccessType != shape.access {
-			return nil, status.Errorf(codes.InvalidArgument, "source volume %s is a %s volume", src.ID, src.AccessType)
-		}
-		v.Pool = src.Pool
-		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < size
-		if source, err = d.volumes.ImagePath(src); err != nil {
-			return nil, err
-		}
-	}
-	if v.Pool != "" {
-		// Copies stay in their source's pool: the copy is a reflink or a local sparse copy.
-		if pl.Pool != "" && pl.Pool != v.Pool {
-			return nil, status.Errorf(codes.InvalidArgument, "the content source is in pool %q, not in the requested pool %q", v.Pool, pl.Pool)
-		}
-		pl.Pool = v.Pool
-	}
-	chosen, err := d.volumes.SelectPool(pl, size)
+	v, err := d.volumes.CreateVolume(ctx, volume.CreateRequest{
+		Name: req.GetName(), Size: size, RequiredBytes: req.GetCapacityRange().GetRequiredBytes(), LimitBytes: req.GetCapacityRange().GetLimitBytes(),
+		Access: shape.access, FSType: shape.fsType, Params: pl, Source: source,
+		Parameters: req.GetParameters(), MutableParameters: req.GetMutableParameters(), Secrets: req.GetSecrets(),
+		InTopology: d.topologyAllows(req.GetAccessibilityRequirements()), Prestage: d.cfg.Mode == ModeAll,
+	})
 	if err != nil {
 		return nil, err
 	}
-	// Before anything is created: a dataset that cannot fit is refused here.
-	if err := d.prestageDataset(ctx, name, chosen.Name, size, datasource.SpecOf(pl.Dataset), req.GetSecrets()); err != nil {
-		return nil, err
-	}
-	if v, err = d.volumes.Create(v, chosen, source); err != nil {
-		return nil, err
-	}
-	klog.FromContext(ctx).V(4).Info("Created volume", "volumeID", v.ID, "name", name, "pool", v.Pool, "bytes", size)
 	return &csi.CreateVolumeResponse{Volume: d.csiVolume(v)}, nil
 }
 
-// sameVolume checks that a repeated CreateVolume asks for what exists; otherwise AlreadyExists.
-func sameVolume(v state.Volume, req *csi.CreateVolumeRequest, shape volumeShape) error {
-	r := req.GetCapacityRange()
-	if r.GetRequiredBytes() > v.CapacityBytes || (r.GetLimitBytes() > 0 && r.GetLimitBytes() < v.CapacityBytes) {
-		return status.Errorf(codes.AlreadyExists, "volume %q exists with %d bytes, outside the requested range", v.Name, v.CapacityBytes)
-	}
-	if shape.access != v.AccessType || (shape.fsType != "" && v.FSType != "" && shape.fsType != v.FSType) {
-		return status.Errorf(codes.AlreadyExists, "volume %q exists as a %s volume", v.Name, describe(volumeShape{access: v.AccessType, fsType: v.FSType}))
-	}
-	src := req.GetVolumeContentSource()
-	if src.GetSnapshot().GetSnapshotId() != v.SourceSnapshotID || src.GetVolume().GetVolumeId() != v.SourceVolumeID {
-		return status.Errorf(codes.AlreadyExists, "volume %q exists with a different content source", v.Name)
-	}
-	if !maps.Equal(req.GetParameters(), v.Parameters) {
-		return status.Errorf(codes.AlreadyExists, "volume %q exists with different parameters", v.Name)
+// contentSource is the snapshot or volume a CreateVolume copies, or nil.
+func contentSource(src *csi.VolumeContentSource) *volume.Source {
+	switch {
+	case src.GetSnapshot() != nil:
+		return &volume.Source{Snapshot: true, ID: src.GetSnapshot().GetSnapshotId()}
+	case src.GetVolume() != nil:
+		return &volume.Source{ID: src.GetVolume().GetVolumeId()}
 	}
 	return nil
 }
@@ -194,22 +111,13 @@ func (d *Driver) csiVolume(v state.Volume) *csi.Volume {
 }
 
 func (s *controllerServer) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
-	d := s.d
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
 	}
-	v, ok := d.store.GetVolume(id)
-	if !ok {
-		return &csi.DeleteVolumeResponse{}, nil
-	}
-	if v.StagingPath != "" || len(v.Published) > 0 {
-		return nil, status.Errorf(codes.FailedPrecondition, "volume %s is still staged or published on node %s", id, d.cfg.NodeID)
-	}
-	if err := d.volumes.Delete(v); err != nil {
+	if err := s.d.volumes.DeleteVolume(ctx, id); err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).V(4).Info("Deleted volume", "volumeID", id, "pool", v.Pool)
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
@@ -221,9 +129,9 @@ func (s *controllerServer) ValidateVolumeCapabilities(ctx context.Context, req *
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, status.Error(codes.InvalidArgument, "volume capabilities are required")
 	}
-	v, ok := s.d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	v, err := s.d.volumes.ReadyVolume(id)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := volume.ParseParams(req.GetParameters(), params.StorageClass); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: status.Convert(err).Message()}, nil
@@ -263,14 +171,13 @@ func page[T any](items []T, id func(T) string, token string, max int32) ([]T, st
 }
 
 func (s *controllerServer) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	all := s.d.store.ListVolumes()
-	ready := all[:0]
-	for _, v := range all {
-		if v.Ready && !v.Ephemeral {
-			ready = append(ready, v)
+	var persistent []state.Volume
+	for _, v := range s.d.volumes.ReadyVolumes() {
+		if !v.Ephemeral {
+			persistent = append(persistent, v)
 		}
 	}
-	vols, next, err := page(ready, func(v state.Volume) string { return v.ID }, req.GetStartingToken(), req.GetMaxEntries())
+	vols, next, err := page(persistent, func(v state.Volume) string { return v.ID }, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err
 	}
@@ -299,11 +206,7 @@ func (d *Driver) readyVolume(id string) (state.Volume, error) {
 	if id == "" {
 		return state.Volume{}, status.Error(codes.InvalidArgument, "volume ID is required")
 	}
-	v, ok := d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return state.Volume{}, status.Errorf(codes.NotFound, "volume %s does not exist", id)
-	}
-	return v, nil
+	return d.volumes.ReadyVolume(id)
 }
 
 // publishedNodes is this node when the volume is published here.
@@ -326,10 +229,7 @@ func (s *controllerServer) ControllerGetVolumeHealth(ctx context.Context, req *c
 // ControllerListVolumeHealth lists the volumes with a known problem, paginated like ListVolumes.
 func (s *controllerServer) ControllerListVolumeHealth(ctx context.Context, req *csi.ControllerListVolumeHealthRequest) (*csi.ControllerListVolumeHealthResponse, error) {
 	var sick []*csi.VolumeHealth
-	for _, v := range s.d.store.ListVolumes() {
-		if !v.Ready {
-			continue
-		}
+	for _, v := range s.d.volumes.ReadyVolumes() {
 		if h := s.d.volumeHealth(v); len(h) > 0 {
 			sick = append(sick, &csi.VolumeHealth{VolumeId: v.ID, HealthStatuses: h})
 		}
@@ -394,9 +294,9 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 	if req.GetCapacityRange() == nil {
 		return nil, status.Error(codes.InvalidArgument, "capacity range is required")
 	}
-	v, ok := d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	v, err := d.volumes.ReadyVolume(id)
+	if err != nil {
+		return nil, err
 	}
 	if c := req.GetVolumeCapability(); c != nil {
 		if err := capabilitiesFit(v, []*csi.VolumeCapability{c}); err != nil {
@@ -414,16 +314,4 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 		return nil, err
 	}
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: size, NodeExpansionRequired: true}, nil
-}
-
-// snapshotElsewhere is the error for a snapshot this node does not hold. A snapshot another node
-// holds can only be restored there: ResourceExhausted is CSI's "unable to provision in
-// accessible_topology", on which external-provisioner gives the claim back to the scheduler
-// instead of retrying this node. Anything else does not exist.
-func snapshotElsewhere(id, node string) error {
-	if holder := volume.NodeOfSnapshotID(id); holder != "" && holder != node {
-		return status.Errorf(codes.ResourceExhausted,
-			"snapshot %s is on node %s, not on node %s: a volume restored from it can only be made on node %s", id, holder, node, holder)
-	}
-	return status.Errorf(codes.NotFound, "snapshot %s does not exist", id)
 }

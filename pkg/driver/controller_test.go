@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 )
 
 const mb = int64(1) << 20
@@ -62,7 +62,7 @@ func TestCreateVolumePlacement(t *testing.T) {
 				t.Fatal(err)
 			}
 			v := resp.GetVolume()
-			if got := volume.PoolOfVolumeID(v.GetVolumeId()); got != tc.wantPool {
+			if got := ids.PoolOfVolumeID(v.GetVolumeId()); got != tc.wantPool {
 				t.Fatalf("volume in pool %q, want %q", got, tc.wantPool)
 			}
 			if seg := v.GetAccessibleTopology()[0].GetSegments()[consts.TopologyKey]; seg != "node-1" {

@@ -4,19 +4,15 @@ package driver
 // (pkg/volume) does the node's side through pkg/datasource; the driver's part is small:
 //
 //   - CreateVolume validates the dataset parameters (pkg/params) and, when the driver runs on
-//     the node (--mode all), starts staging at once so the data is usually there before the pod.
+//     the node (--mode all), asks the volume service to start staging at once, so the data is
+//     usually there before the pod.
 //   - Volume health reports a dataset still staging, or failed.
-//   - Records of cached-tree volumes written by older versions are moved into pkg/state.
 
 import (
-	"context"
-	"encoding/json"
-	"os"
 	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -38,15 +34,6 @@ func (d *Driver) initDatasets(reg *prometheus.Registry) (*datasource.Manager, er
 	return m, nil
 }
 
-// prestageDataset starts staging a new volume's dataset when this process is also the node
-// plugin (--mode all); see volume.Service.Prestage.
-func (d *Driver) prestageDataset(ctx context.Context, name, poolName string, size int64, spec *datasource.Spec, secrets map[string]string) error {
-	if d.cfg.Mode != ModeAll {
-		return nil
-	}
-	return d.volumes.Prestage(ctx, name, poolName, size, spec, secrets)
-}
-
 // datasetHealth reports a dataset still staging, or failed, as the volume's condition.
 func (d *Driver) datasetHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthEntry {
 	reason, msg := d.volumes.DatasetProblem(v)
@@ -54,43 +41,6 @@ func (d *Driver) datasetHealth(v state.Volume) []*csi.VolumeHealth_VolumeHealthE
 		return nil
 	}
 	return []*csi.VolumeHealth_VolumeHealthEntry{{Status: csi.VolumeHealthErrorType_INACCESSIBLE, Reason: reason, Message: msg}}
-}
-
-// legacyTreeDir held one JSON file per cached-tree volume before they moved into pkg/state.
-const legacyTreeDir = "dataset-volumes"
-
-// migrateTreeRecords moves cached-tree volume records of older versions into the state store,
-// so their volumes can still be unstaged and unpublished.
-func (d *Driver) migrateTreeRecords() {
-	dir := filepath.Join(d.cfg.StateDir, legacyTreeDir)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		path := filepath.Join(dir, e.Name())
-		var old struct {
-			VolumeID  string            `json:"volumeID"`
-			Pool      string            `json:"pool"`
-			DatasetID string            `json:"datasetID"`
-			Params    map[string]string `json:"params"`
-			Path      string            `json:"path"`
-			Ephemeral bool              `json:"ephemeral"`
-		}
-		b, err := os.ReadFile(path)
-		if err != nil || json.Unmarshal(b, &old) != nil || old.VolumeID == "" {
-			klog.InfoS("Removing unreadable dataset volume record", "path", path)
-			_ = os.Remove(path)
-			continue
-		}
-		t := state.TreeVolume{ID: old.VolumeID, Pool: old.Pool, DatasetID: old.DatasetID, Parameters: old.Params, Path: old.Path, Inline: old.Ephemeral}
-		if err := d.store.PutTreeVolume(t); err != nil {
-			klog.ErrorS(err, "Moving dataset volume record", "volumeID", t.ID)
-			continue
-		}
-		_ = os.Remove(path)
-	}
-	_ = os.Remove(dir)
 }
 
 // sharedCacheDir holds, in a shared pool, one dataset cache per node.

@@ -317,7 +317,7 @@ func TestDatasetStaticPVCapacity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, v := range env.driver.store.ListVolumes() {
+	for _, v := range env.driver.volumes.Store().ListVolumes() {
 		t.Errorf("writable copy %s left after unpublish", v.ID)
 	}
 	if imgs, _ := filepath.Glob(filepath.Join(env.pools[0].path, ".cistern", "volumes", "*.img")); len(imgs) > 0 {
@@ -533,13 +533,13 @@ func TestDatasetStageRetriedDuringDownload(t *testing.T) {
 func TestLegacyTreeRecordsMove(t *testing.T) {
 	env := startDriver(t, testPool{name: "fast"})
 	env.stop()
-	dir := filepath.Join(env.cfg.StateDir, legacyTreeDir)
+	dir := filepath.Join(env.cfg.StateDir, volume.LegacyTreeDir)
 	writeTree(t, dir, map[string]string{
 		"0123.json": `{"volumeID":"imagenet-static","pool":"fast","poolPath":"/p","datasetID":"abc","params":{"source":"s3://b"},"path":"/staging/x"}`,
 		"bad.json":  `{`,
 	})
 	env.start()
-	got, ok := env.driver.store.GetTreeVolume("imagenet-static")
+	got, ok := env.driver.volumes.Store().GetTreeVolume("imagenet-static")
 	if !ok || got.Pool != "fast" || got.DatasetID != "abc" || got.Path != "/staging/x" || got.Parameters["source"] != "s3://b" || got.Inline {
 		t.Fatalf("moved record %+v %v", got, ok)
 	}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
-	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/volume"
@@ -119,7 +118,6 @@ type Driver struct {
 	// peers serves the node's datasets to other node plugins, when configured.
 	peers   *peer.Server
 	pools   *pool.Manager
-	store   *state.Store
 	locks   *keyLocks
 	mounter *mount.SafeFormatAndMount
 	resizer *mount.ResizeFs
@@ -158,7 +156,6 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	d := &Driver{
 		cfg:     cfg,
 		pools:   pool.NewManager(pc),
-		store:   store,
 		locks:   newKeyLocks(),
 		mounter: mount.NewSafeFormatAndMount(mount.New(""), exec),
 		resizer: mount.NewResizeFs(exec),
@@ -184,8 +181,8 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
 		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline})
-	d.migrateTreeRecords()
-	d.recover()
+	d.volumes.MigrateTreeRecords(cfg.StateDir)
+	d.volumes.Recover()
 	return d, nil
 }
 
@@ -194,98 +191,6 @@ func (d *Driver) Pools() *pool.Manager { return d.pools }
 
 // Metrics exposes the gRPC metrics manager so the caller can serve it over HTTP.
 func (d *Driver) Metrics() metrics.CSIMetricsManager { return d.metrics }
-
-// recover finishes what a crash interrupted: a CreateVolume that never completed leaves a
-// record that is not Ready; its image is removed so the retried CreateVolume starts clean.
-func (d *Driver) recover() {
-	logger := klog.Background()
-	pools, _ := d.pools.List()
-	for _, p := range pools {
-		if err := image.RemoveTemporary(p.Path, pool.MetaDir); err != nil {
-			logger.Error(err, "Removing temporary images", "pool", p.Name)
-		}
-	}
-	for _, v := range d.store.ListVolumes() {
-		if v.Ready {
-			continue
-		}
-		logger.Info("Removing volume whose creation was interrupted", "volumeID", v.ID, "name", v.Name)
-		if path, err := d.volumes.ImagePath(v); err == nil {
-			_ = d.volumes.Images().Remove(path)
-		}
-		if err := d.store.DeleteVolume(v.ID); err != nil {
-			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
-		}
-	}
-	d.forgetLostMounts()
-	for _, g := range d.store.ListGroupSnapshots() {
-		if g.Ready {
-			continue
-		}
-		// Its member snapshots are not Ready either and go below.
-		_ = d.store.DeleteGroupSnapshot(g.ID)
-	}
-	for _, sn := range d.store.ListSnapshots() {
-		if sn.Ready {
-			continue
-		}
-		if p, ok := d.pools.Get(sn.Pool); ok {
-			_ = d.volumes.Images().Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
-		}
-		_ = d.store.DeleteSnapshot(sn.ID)
-	}
-}
-
-// forgetLostMounts drops staged and published marks whose mounts are gone (a node reboot, or an
-// admin's umount): kubelet does not always unstage what no longer exists, and a stale mark would
-// keep DeleteVolume refusing forever.
-func (d *Driver) forgetLostMounts() {
-	mounts, err := d.mounter.List()
-	if err != nil {
-		klog.ErrorS(err, "Cannot list mounts; keeping node state as recorded")
-		return
-	}
-	mounted := make(map[string]bool, len(mounts))
-	for _, m := range mounts {
-		mounted[m.Path] = true
-	}
-	for _, v := range d.store.ListVolumes() {
-		if v.StagingPath == "" && len(v.Published) == 0 {
-			continue
-		}
-		changed := false
-		for target := range v.Published {
-			if !mounted[target] {
-				delete(v.Published, target)
-				if v.ExclusiveTarget == target {
-					v.ExclusiveTarget = ""
-				}
-				changed = true
-			}
-		}
-		if v.StagingPath != "" {
-			lost := !mounted[v.StagingPath]
-			if v.AccessType == state.Block {
-				img, err := d.volumes.ImagePath(v)
-				dev := ""
-				if err == nil {
-					dev, _ = d.volumes.Images().Find(img)
-				}
-				lost, v.Device = dev == "", dev
-			}
-			if lost {
-				v.StagingPath, v.Device = "", ""
-				changed = true
-			}
-		}
-		if changed {
-			klog.InfoS("Forgetting mounts that are gone", "volumeID", v.ID)
-			if err := d.store.PutVolumeNodeState(v); err != nil {
-				klog.ErrorS(err, "Saving volume state", "volumeID", v.ID)
-			}
-		}
-	}
-}
 
 // Run serves the CSI socket until ctx is cancelled, then stops gracefully.
 func (d *Driver) Run(ctx context.Context) error {

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,6 +104,8 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 		PoolCheckInterval: time.Hour, // tests refresh explicitly
 		KubeletRoot:       dir,
 	}
+	// Tests name loopback S3 servers in inline volumes; the fail-closed default has its own test.
+	env.cfg.Datasets.TenantEndpoints = egress.Allow{Any: true}
 	env.start()
 	return env
 }

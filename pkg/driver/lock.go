@@ -82,8 +82,8 @@ func (d *Driver) lockKeys(req any) []string {
 	case *csi.DeleteVolumeGroupSnapshotRequest:
 		// The members go with the group: a restore from one of them must not overlap.
 		members := r.GetSnapshotIds()
-		if g, ok := d.store.GetGroupSnapshot(r.GetGroupSnapshotId()); ok {
-			members = g.SnapshotIDs
+		if ids, ok := d.volumes.GroupSnapshotMembers(r.GetGroupSnapshotId()); ok {
+			members = ids
 		}
 		keys := []string{groupSnapshotKey(r.GetGroupSnapshotId())}
 		for _, id := range members {

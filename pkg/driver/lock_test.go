@@ -23,7 +23,7 @@ func TestLockKeys(t *testing.T) {
 	if err := store.PutGroupSnapshot(state.GroupSnapshot{ID: "g1", Name: "grp", SnapshotIDs: []string{"s1", "s2"}, Ready: true}); err != nil {
 		t.Fatal(err)
 	}
-	d := &Driver{store: store}
+	d := &Driver{volumes: volume.New(volume.Config{Store: store})}
 	for _, tc := range []struct {
 		name string
 		req  any

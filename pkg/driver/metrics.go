@@ -36,10 +36,7 @@ func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	node := c.d.cfg.NodeID
-	counts := map[string]int{}
-	for _, v := range c.d.store.ListVolumes() {
-		counts[v.Pool]++
-	}
+	counts := c.d.volumes.VolumesPerPool()
 	pools, _ := c.d.pools.List()
 	for _, p := range pools {
 		healthy := 0.0
@@ -70,5 +67,5 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.quaranti
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.quarantined, prometheus.CounterValue,
-		float64(len(c.d.store.Quarantined())), c.d.cfg.NodeID)
+		float64(c.d.volumes.Quarantined()), c.d.cfg.NodeID)
 }

@@ -5,12 +5,11 @@ import (
 	"sort"
 	"strconv"
 
-	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
 )
 
 const maxReadAheadKiB = 65536
@@ -37,7 +36,6 @@ func parseMutable(params map[string]string) error {
 // ControllerModifyVolume applies new mutable parameters. They are stored with the volume and
 // take effect at once when the volume is staged on this node, otherwise at its next staging.
 func (s *controllerServer) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
-	d := s.d
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
@@ -45,22 +43,8 @@ func (s *controllerServer) ControllerModifyVolume(ctx context.Context, req *csi.
 	if err := parseMutable(req.GetMutableParameters()); err != nil {
 		return nil, err
 	}
-	v, ok := d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	if err := s.d.volumes.ModifyVolume(ctx, id, req.GetMutableParameters()); err != nil {
+		return nil, err
 	}
-	if v.MutableParameters == nil {
-		v.MutableParameters = map[string]string{}
-	}
-	for k, val := range req.GetMutableParameters() {
-		v.MutableParameters[k] = val
-	}
-	if err := volume.ApplyMutable(v.Device, v.MutableParameters); err != nil {
-		return nil, volume.Internal("applying mutable parameters", err)
-	}
-	if err := d.store.PutVolume(v); err != nil {
-		return nil, volume.Internal("saving volume state", err)
-	}
-	klog.FromContext(ctx).V(4).Info("Modified volume", "volumeID", id, "mutableParameters", v.MutableParameters)
 	return &csi.ControllerModifyVolumeResponse{}, nil
 }

@@ -161,9 +161,9 @@ func (s *nodeServer) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVol
 	if err := requireVolumeAndPath(id, path, "volume path"); err != nil {
 		return nil, err
 	}
-	v, ok := d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	v, err := d.volumes.ReadyVolume(id)
+	if err != nil {
+		return nil, err
 	}
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -199,9 +199,9 @@ func (s *nodeServer) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVo
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "volume ID is required")
 	}
-	v, ok := d.store.GetVolume(id)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "volume %s does not exist", id)
+	v, err := d.volumes.ReadyVolume(id)
+	if err != nil {
+		return nil, err
 	}
 	health := d.volumeHealth(v)
 	for _, path := range []string{req.GetStagingTargetPath(), req.GetVolumePublishPath()} {

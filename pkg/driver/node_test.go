@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -273,7 +273,7 @@ func TestRestoreOfSnapshotOnAnotherNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := snap.GetSnapshot().GetSnapshotId()
-	if got := volume.NodeOfSnapshotID(id); got != "node-1" {
+	if got := ids.NodeOfSnapshotID(id); got != "node-1" {
 		t.Fatalf("snapshot %s names node %q, want node-1", id, got)
 	}
 	restore := func(snapshotID string) error {
@@ -338,8 +338,8 @@ func TestConcurrentCallsOnOneVolumeAreAborted(t *testing.T) {
 	for id := range ids {
 		seen[id] = true
 	}
-	if len(seen) != 1 || len(env.driver.store.ListVolumes()) != 1 {
-		t.Fatalf("concurrent creates made volumes %v (store has %d)", seen, len(env.driver.store.ListVolumes()))
+	if len(seen) != 1 || len(env.driver.volumes.Store().ListVolumes()) != 1 {
+		t.Fatalf("concurrent creates made volumes %v (store has %d)", seen, len(env.driver.volumes.Store().ListVolumes()))
 	}
 }
 
@@ -353,10 +353,10 @@ func TestRestartKeepsServingVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An interrupted CreateVolume: a record that never became ready.
-	rec := env.driver.store.ListVolumes()[0]
-	rec.ID, rec.Name, rec.Ready = volume.NewVolumeID("fast"), "half-made", false
+	rec := env.driver.volumes.Store().ListVolumes()[0]
+	rec.ID, rec.Name, rec.Ready = ids.NewVolumeID("fast"), "half-made", false
 	rec.StagingPath, rec.Device, rec.Published = "", "", nil
-	if err := env.driver.store.PutVolume(rec); err != nil {
+	if err := env.driver.volumes.Store().PutVolume(rec); err != nil {
 		t.Fatal(err)
 	}
 
@@ -365,7 +365,7 @@ func TestRestartKeepsServingVolumes(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(target, "f")); err != nil || string(data) != "survives" {
 		t.Fatalf("mount lost across restart: %q %v", data, err)
 	}
-	if _, ok := env.driver.store.GetVolumeByName("half-made"); ok {
+	if _, ok := env.driver.volumes.Store().GetVolumeByName("half-made"); ok {
 		t.Fatal("interrupted volume not cleaned at start")
 	}
 	list, err := env.ctrl.ListVolumes(context.Background(), &csi.ListVolumesRequest{})
@@ -417,7 +417,7 @@ func TestUnhealthyPool(t *testing.T) {
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}, Parameters: map[string]string{"pool": "fast"}})
 	wantCode(t, err, codes.ResourceExhausted, "unhealthy")
 	other := env.create("elsewhere", 16*mb, nil)
-	if volume.PoolOfVolumeID(other.GetVolumeId()) != "slow" {
+	if ids.PoolOfVolumeID(other.GetVolumeId()) != "slow" {
 		t.Fatalf("volume placed on %s while fast is unhealthy", other.GetVolumeId())
 	}
 	h, err := env.ctrl.ControllerGetVolumeHealth(ctx, &csi.ControllerGetVolumeHealthRequest{VolumeId: v.GetVolumeId()})
@@ -460,7 +460,7 @@ func TestEphemeralInlineVolume(t *testing.T) {
 	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "csi-0123abcd", TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
-	if len(env.driver.store.ListVolumes()) != 0 {
+	if len(env.driver.volumes.Store().ListVolumes()) != 0 {
 		t.Fatal("inline volume not deleted on unpublish")
 	}
 	bad := &csi.NodePublishVolumeRequest{VolumeId: "csi-bad", TargetPath: target, VolumeCapability: mountCap(""),

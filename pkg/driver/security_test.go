@@ -143,7 +143,7 @@ func TestPoolPathThroughSymlink(t *testing.T) {
 		t.Fatalf("%d loop devices back the image after two stages, want 1", n)
 	}
 	env.restart()
-	v, ok := env.driver.store.GetVolume(id)
+	v, ok := env.driver.volumes.Store().GetVolume(id)
 	if !ok || v.StagingPath == "" || v.Device == "" {
 		t.Fatalf("staged block volume forgotten across a restart: %+v", v)
 	}
@@ -192,8 +192,8 @@ func TestCorruptStateRecord(t *testing.T) {
 }
 
 // TestRequestValidation: IDs and node paths from a CSI client are checked before any handler
-// touches the disk; sizes near the int64 limit are OutOfRange; a dataset and a content source
-// exclude each other.
+// touches the disk; sizes near the int64 limit are OutOfRange. (A dataset class with a content
+// source restores or clones: TestDatasetRestoreAndClone.)
 func TestRequestValidation(t *testing.T) {
 	env := startDriver(t, testPool{name: "fast"})
 	ctx := context.Background()
@@ -249,25 +249,31 @@ func TestRequestValidation(t *testing.T) {
 				CapacityRange: &csi.CapacityRange{RequiredBytes: math.MaxInt64 - 100}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}})
 			return err
 		}, codes.OutOfRange, "largest"},
-		{"failure case - dataset and snapshot", func() error {
-			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "both",
-				Parameters: map[string]string{"source": "s3://data/set"}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
-				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
-					Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: "fast-snap-0123"}}}})
-			return err
-		}, codes.InvalidArgument, "exclude each other"},
-		{"failure case - dataset and clone", func() error {
-			_, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "both2",
-				Parameters: map[string]string{"source": "s3://data/set"}, VolumeCapabilities: []*csi.VolumeCapability{mountCap("")},
-				VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
-					Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: "fast-0123"}}}})
-			return err
-		}, codes.InvalidArgument, "exclude each other"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { wantCode(t, tc.call(), tc.code, tc.want) })
 	}
 	if _, err := os.Stat(outside); !os.IsNotExist(err) {
 		t.Fatalf("a path outside the kubelet root was touched: %v", err)
+	}
+}
+
+// TestTenantEndpointsFailClosed: without --tenant-s3-endpoints an inline volume's S3 endpoint
+// is refused (PermissionDenied, naming the flag) before anything is dialled.
+func TestTenantEndpointsFailClosed(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast"})
+	env.stop()
+	env.cfg.Datasets.TenantEndpoints = egress.Allow{}
+	env.start()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	t.Cleanup(srv.Close)
+	err := publishInlineS3(t, env, "inline-closed", srv.URL)
+	wantCode(t, err, codes.PermissionDenied, "--tenant-s3-endpoints")
+	if n := hits.Load(); n != 0 {
+		t.Fatalf("the refused endpoint got %d requests", n)
 	}
 }
 
@@ -285,11 +291,21 @@ func TestRedirectNotFollowedThroughSocket(t *testing.T) {
 		http.Redirect(w, r, internal.URL+"/latest/meta-data/", http.StatusFound)
 	}))
 	t.Cleanup(redirector.Close)
+	err := publishInlineS3(t, env, "inline-redirect", redirector.URL)
+	wantCode(t, err, codes.InvalidArgument, "redirect")
+	if n := internalHits.Load(); n != 0 {
+		t.Fatalf("the redirect target got %d requests", n)
+	}
+}
+
+// publishInlineS3 publishes a read-only inline volume of s3://data/set at endpoint, retrying while
+// the driver answers Unavailable, and unpublishes it when the test ends.
+func publishInlineS3(t *testing.T, env *testEnv, id, endpoint string) error {
+	t.Helper()
 	ctx := context.Background()
-	id := "inline-redirect"
 	target := filepath.Join(env.dir, "target", id)
 	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://data/set",
-		"endpoint": redirector.URL, "pathStyle": "true"}
+		"endpoint": endpoint, "pathStyle": "true"}
 	err := retryUnavailable(t, func() error {
 		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
 			VolumeCapability: mountCap(""), VolumeContext: vc, Readonly: true})
@@ -298,8 +314,5 @@ func TestRedirectNotFollowedThroughSocket(t *testing.T) {
 	t.Cleanup(func() {
 		_, _ = env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
 	})
-	wantCode(t, err, codes.InvalidArgument, "redirect")
-	if n := internalHits.Load(); n != 0 {
-		t.Fatalf("the redirect target got %d requests", n)
-	}
+	return err
 }

@@ -10,11 +10,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/state"
-	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 func wrapInt64(v int64) *wrapperspb.Int64Value { return wrapperspb.Int64(v) }
@@ -49,26 +47,10 @@ func (s *controllerServer) CreateSnapshot(ctx context.Context, req *csi.CreateSn
 	if err := checkSnapshotParameters(req.GetParameters()); err != nil {
 		return nil, err
 	}
-	if sn, ok := d.store.GetSnapshotByName(name); ok && sn.Ready {
-		if sn.SourceVolumeID != srcID {
-			return nil, status.Errorf(codes.AlreadyExists, "snapshot %q exists for volume %s", name, sn.SourceVolumeID)
-		}
-		return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(sn)}, nil
-	}
-	v, ok := d.store.GetVolume(srcID)
-	if !ok || !v.Ready {
-		return nil, status.Errorf(codes.NotFound, "source volume %s does not exist", srcID)
-	}
-	if !d.topologyAllows(req.GetAccessibilityRequirements()) {
-		return nil, status.Errorf(codes.ResourceExhausted, "snapshots of volume %s stay on node %s, outside the requested topology", srcID, d.cfg.NodeID)
-	}
-	thaw := volume.Freeze(ctx, v)
-	sn, err := d.volumes.Snapshot(v, name, "")
-	thaw()
+	sn, err := d.volumes.CreateSnapshot(ctx, name, srcID, d.topologyAllows(req.GetAccessibilityRequirements()))
 	if err != nil {
 		return nil, err
 	}
-	klog.FromContext(ctx).V(4).Info("Created snapshot", "snapshotID", sn.ID, "volumeID", srcID)
 	return &csi.CreateSnapshotResponse{Snapshot: d.csiSnapshot(sn)}, nil
 }
 
@@ -87,19 +69,11 @@ func (d *Driver) csiSnapshot(sn state.Snapshot) *csi.Snapshot {
 }
 
 func (s *controllerServer) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
-	d := s.d
 	id := req.GetSnapshotId()
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "snapshot ID is required")
 	}
-	sn, ok := d.store.GetSnapshot(id)
-	if !ok {
-		return &csi.DeleteSnapshotResponse{}, nil
-	}
-	if sn.GroupSnapshotID != "" {
-		return nil, status.Errorf(codes.FailedPrecondition, "snapshot %s belongs to group snapshot %s; delete the group", id, sn.GroupSnapshotID)
-	}
-	if err := d.volumes.DeleteSnapshot(sn); err != nil {
+	if err := s.d.volumes.DeleteSnapshot(id); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteSnapshotResponse{}, nil
@@ -110,27 +84,15 @@ func (s *controllerServer) GetSnapshot(ctx context.Context, req *csi.GetSnapshot
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "snapshot ID is required")
 	}
-	sn, ok := s.d.store.GetSnapshot(id)
-	if !ok || !sn.Ready {
-		return nil, status.Errorf(codes.NotFound, "snapshot %s does not exist", id)
+	sn, err := s.d.volumes.ReadySnapshot(id)
+	if err != nil {
+		return nil, err
 	}
 	return &csi.GetSnapshotResponse{Snapshot: s.d.csiSnapshot(sn)}, nil
 }
 
 func (s *controllerServer) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
-	var list []state.Snapshot
-	for _, sn := range s.d.store.ListSnapshots() {
-		if !sn.Ready {
-			continue
-		}
-		if id := req.GetSnapshotId(); id != "" && sn.ID != id {
-			continue
-		}
-		if src := req.GetSourceVolumeId(); src != "" && sn.SourceVolumeID != src {
-			continue
-		}
-		list = append(list, sn)
-	}
+	list := s.d.volumes.ReadySnapshots(req.GetSnapshotId(), req.GetSourceVolumeId())
 	snaps, next, err := page(list, func(sn state.Snapshot) string { return sn.ID }, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
 		return nil, err

@@ -124,7 +124,7 @@ type Store struct {
 // quarantine).
 func (s *Store) Quarantined() []string {
 	var out []string
-	for _, q := range [][]string{s.volumes.quarantined, s.snapshots.quarantined, s.groups.quarantined} {
+	for _, q := range [][]string{s.volumes.quarantined, s.snapshots.quarantined, s.trees.quarantined, s.groups.quarantined} {
 		out = append(out, q...)
 	}
 	return out

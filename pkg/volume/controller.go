@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -28,7 +29,7 @@ const (
 // Create makes a new volume's image in the chosen pool, empty or copied from source (an image
 // path: a snapshot's or another volume's), and records v, with its ID, as ready.
 func (s *Service) Create(v state.Volume, chosen pool.Status, source string) (state.Volume, error) {
-	v.Pool, v.ID = chosen.Name, NewVolumeID(chosen.Name)
+	v.Pool, v.ID = chosen.Name, ids.NewVolumeID(chosen.Name)
 	if err := s.store.PutVolume(v); err != nil {
 		return state.Volume{}, Internal("saving volume state", err)
 	}
@@ -110,7 +111,7 @@ func (s *Service) Snapshot(v state.Volume, name, groupID string) (state.Snapshot
 		return state.Snapshot{}, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, s.nodeID)
 	}
 	sn := state.Snapshot{
-		ID:              NewSnapshotID(v.Pool, s.nodeID),
+		ID:              ids.NewSnapshotID(v.Pool, s.nodeID),
 		Name:            name,
 		SourceVolumeID:  v.ID,
 		Pool:            v.Pool,
@@ -137,8 +138,8 @@ func (s *Service) Snapshot(v state.Volume, name, groupID string) (state.Snapshot
 	return sn, nil
 }
 
-// DeleteSnapshot removes a snapshot's image and record.
-func (s *Service) DeleteSnapshot(sn state.Snapshot) error {
+// deleteSnapshot removes a snapshot's image and record.
+func (s *Service) deleteSnapshot(sn state.Snapshot) error {
 	if p, ok := s.pools.Get(sn.Pool); ok {
 		if err := s.images.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)); err != nil {
 			return Internal("removing snapshot image", err)

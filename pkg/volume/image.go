@@ -14,6 +14,7 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -77,10 +78,10 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 	}
 	v, ok := s.store.GetVolume(iv.id)
 	if !ok {
-		if PoolOfVolumeID(iv.id) == "" {
+		if ids.PoolOfVolumeID(iv.id) == "" {
 			return status.Errorf(codes.NotFound, "volume %s does not exist", iv.id)
 		}
-		v = state.Volume{ID: iv.id, Pool: PoolOfVolumeID(iv.id)}
+		v = state.Volume{ID: iv.id, Pool: ids.PoolOfVolumeID(iv.id)}
 	}
 	dev := v.Device
 	if img, err := s.ImagePath(v); err == nil {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -79,6 +80,9 @@ func New(cfg Config) *Service {
 	return &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline}
 }
+
+// Store returns the records; tests read and plant them through it.
+func (s *Service) Store() *state.Store { return s.store }
 
 // Images returns the image operations, which the controller side shares.
 func (s *Service) Images() Images { return s.images }
@@ -154,7 +158,7 @@ func (s *Service) Open(id string, volumeContext map[string]string, readOnly bool
 			switch {
 			case inline && readOnly:
 				return &treeVolume{s: s, id: id, inline: true}
-			case !inline && PoolOfVolumeID(id) == "":
+			case !inline && ids.PoolOfVolumeID(id) == "":
 				return &treeVolume{s: s, id: id}
 			}
 		}
@@ -190,7 +194,7 @@ func (s *Service) Lookup(id string) (state.Volume, error) {
 		}
 		return v, nil
 	}
-	poolName := PoolOfVolumeID(id)
+	poolName := ids.PoolOfVolumeID(id)
 	if poolName == "" {
 		return state.Volume{}, status.Errorf(codes.NotFound, "volume %s does not exist", id)
 	}

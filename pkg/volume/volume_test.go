@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
@@ -18,6 +17,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 	testingexec "k8s.io/utils/exec/testing"
 
+	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -196,7 +196,7 @@ func newFakeEnv(t *testing.T, failMounts bool) *fakeEnv {
 // volume records a ready volume with an image in the fake pool.
 func (e *fakeEnv) volume(t *testing.T, v state.Volume) state.Volume {
 	t.Helper()
-	v.ID, v.Pool, v.Ready = NewVolumeID("fast"), "fast", true
+	v.ID, v.Pool, v.Ready = ids.NewVolumeID("fast"), "fast", true
 	if v.CapacityBytes == 0 {
 		v.CapacityBytes = 64 << 20
 	}
@@ -233,7 +233,7 @@ func TestOpenClassifiesOnce(t *testing.T) {
 	}{
 		{"volume of ours", ours.ID, nil, false, KindImage},
 		{"volume of ours whose context names a source", ours.ID, src, false, KindImage},
-		{"adopted by its ID", NewVolumeID("fast"), src, false, KindImage},
+		{"adopted by its ID", ids.NewVolumeID("fast"), src, false, KindImage},
 		{"static PV naming a source", "imagenet", src, false, KindTree},
 		{"static PV without a source", "imagenet", nil, false, KindImage},
 		{"recorded tree volume, context gone", "served", nil, false, KindTree},
@@ -407,7 +407,7 @@ func TestCreateAndSnapshotRollBack(t *testing.T) {
 	e := newFakeEnv(t, false)
 	chosen, _ := e.s.pools.Get("fast")
 	v, err := e.s.Create(state.Volume{Name: "pvc-1", CapacityBytes: 16 << 20, AccessType: state.Mount}, chosen, "")
-	if err != nil || !v.Ready || PoolOfVolumeID(v.ID) != "fast" {
+	if err != nil || !v.Ready || ids.PoolOfVolumeID(v.ID) != "fast" {
 		t.Fatalf("Create: %+v %v", v, err)
 	}
 	sn, err := e.s.Snapshot(v, "snap-1", "")
@@ -431,36 +431,10 @@ func TestCreateAndSnapshotRollBack(t *testing.T) {
 	if _, ok := e.store.GetSnapshotByName("snap-2"); ok {
 		t.Fatal("record of a failed snapshot left behind")
 	}
-	if err := e.s.DeleteSnapshot(sn); err != nil {
+	if err := e.s.deleteSnapshot(sn); err != nil {
 		t.Fatal(err)
 	}
 	if len(e.images.files) != 0 {
 		t.Fatalf("images left: %v", e.images.files)
-	}
-}
-
-func TestSnapshotIDNamesItsNode(t *testing.T) {
-	for _, tc := range []struct {
-		name, pool, node, want string
-	}{
-		{"node", "fast", "node-1", "node-1"},
-		{"node with dots", "fast-nvme", "ip-10-0-0-1.ec2.internal", "ip-10-0-0-1.ec2.internal"},
-		{"no node", "fast", "", ""},
-		{"node too long for a 128-byte ID", "fast", strings.Repeat("n", 100), ""},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			id := NewSnapshotID(tc.pool, tc.node)
-			if len(id) > 128 {
-				t.Fatalf("ID %q is longer than 128 bytes", id)
-			}
-			if got := NodeOfSnapshotID(id); got != tc.want {
-				t.Fatalf("NodeOfSnapshotID(%q) = %q, want %q", id, got, tc.want)
-			}
-		})
-	}
-	for _, id := range []string{"", "_node-1", "fast-snap-1_node-1", "fast-" + RandomHex() + "_node-1", "csi-sanity-snap_node"} {
-		if got := NodeOfSnapshotID(id); got != "" {
-			t.Errorf("NodeOfSnapshotID(%q) = %q, want none", id, got)
-		}
 	}
 }

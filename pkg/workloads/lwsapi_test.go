@@ -18,7 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
-	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 )
 
 // The drop-in CRD is derived from the generated one, so it cannot drift from the Go types.
@@ -112,8 +112,8 @@ func TestCheckSoleLeaderWorkerSetController(t *testing.T) {
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{Name: "mleaderworkerset.kb.io", Rules: []admissionregistrationv1.RuleWithOperations{{
 			Rule: admissionregistrationv1.Rule{APIGroups: []string{gv.Group}, APIVersions: []string{"v1"}, Resources: []string{"leaderworkersets"}}}}}},
 	}
-	m, v := whcerts.Configurations(whcerts.URLClientConfig("127.0.0.1:1"), nil, gv, nil)
-	m.Name, v.Name = whcerts.ConfigurationName, whcerts.ConfigurationName
+	m, v := webhookcert.Configurations(webhookcert.URLClientConfig("127.0.0.1:1"), nil, gv, nil)
+	m.Name, v.Name = webhookcert.ConfigurationName, webhookcert.ConfigurationName
 	rule := func(group, resource string) []admissionregistrationv1.RuleWithOperations {
 		return []admissionregistrationv1.RuleWithOperations{{Rule: admissionregistrationv1.Rule{
 			APIGroups: []string{group}, APIVersions: []string{"*"}, Resources: []string{resource}}}}
@@ -164,7 +164,7 @@ func TestCheckSoleLeaderWorkerSetController(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(SchemeFor(gv)).WithObjects(tc.objs...).Build()
-			peers, err := checkSoleLeaderWorkerSetController(context.Background(), c, gv, whcerts.ConfigurationName)
+			peers, err := checkSoleLeaderWorkerSetController(context.Background(), c, gv, webhookcert.ConfigurationName)
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 				t.Errorf("error %v, want %q", err, tc.want)
 			}

@@ -37,7 +37,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/pkg/workloads/snapshotnode"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
-	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 )
 
 // Permissions of the process as a whole (each reconciler lists its own):
@@ -228,7 +228,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		peers, err := checkSoleLeaderWorkerSetController(ctx, direct, lwsAPI, whcerts.ConfigurationName)
+		peers, err := checkSoleLeaderWorkerSetController(ctx, direct, lwsAPI, webhookcert.ConfigurationName)
 		if err != nil {
 			return fmt.Errorf("refusing to serve LeaderWorkerSet as %s: %w", lwsAPI, err)
 		}
@@ -252,26 +252,11 @@ func (c *Controller) Run(ctx context.Context) error {
 		Logger:                  logger,
 		Cache:                   cache.Options{ByObject: byObject},
 	}
-	var certs *whcerts.CertProvisioner
+	var certs *webhookcert.CertProvisioner
 	if !cfg.DisableWebhooks {
-		direct, err := client.New(restConfig, client.Options{Scheme: scheme})
-		if err != nil {
+		var err error
+		if certs, err = c.certProvisioner(scheme, lwsAPI); err != nil {
 			return err
-		}
-		certs = &whcerts.CertProvisioner{
-			Client: direct, Namespace: cfg.WebhookServiceNamespace, SecretName: cfg.WebhookSecretName,
-			CertDir: cfg.WebhookCertDir, SelfRegister: cfg.WebhookSelfRegister, Interval: cfg.CertCheckInterval,
-			LeaderWorkerSetAPI: lwsAPI,
-		}
-		if !cfg.DisablePodPlacement {
-			certs.PodPlacement = &whcerts.PodPlacement{InstallNamespace: cfg.WebhookServiceNamespace, DriverName: cfg.driverName()}
-		}
-		if cfg.WebhookSelfRegister {
-			certs.Hosts = []string{cfg.WebhookHost}
-			certs.ClientConfig = whcerts.URLClientConfig(net.JoinHostPort(cfg.WebhookHost, strconv.Itoa(cfg.WebhookPort)))
-		} else {
-			svc := cfg.WebhookServiceName + "." + cfg.WebhookServiceNamespace + ".svc"
-			certs.Hosts = []string{svc, svc + ".cluster.local"}
 		}
 		// The certificate must exist before the server starts, and the configurations must point
 		// at it before anything is admitted.
@@ -285,6 +270,50 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := c.setupReconcilers(mgr); err != nil {
+		return err
+	}
+	if certs != nil {
+		if err := c.setupWebhooks(mgr, scheme, certs); err != nil {
+			return err
+		}
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	logger.Info("starting the manager", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister, "snapshotContents", cfg.SnapshotContents)
+	return mgr.Start(ctx)
+}
+
+// certProvisioner is the webhooks' certificate provisioner: the serving certificate for the
+// Service's names (or the self-registered host) and the webhook configurations pointing at it.
+func (c *Controller) certProvisioner(scheme *runtime.Scheme, lwsAPI schema.GroupVersion) (*webhookcert.CertProvisioner, error) {
+	cfg := c.cfg
+	direct, err := client.New(cfg.RestConfig, client.Options{Scheme: scheme})
+	if err != nil {
+		return nil, err
+	}
+	certs := &webhookcert.CertProvisioner{
+		Client: direct, Namespace: cfg.WebhookServiceNamespace, SecretName: cfg.WebhookSecretName,
+		CertDir: cfg.WebhookCertDir, SelfRegister: cfg.WebhookSelfRegister, Interval: cfg.CertCheckInterval,
+		LeaderWorkerSetAPI: lwsAPI,
+	}
+	if !cfg.DisablePodPlacement {
+		certs.PodPlacement = &webhookcert.PodPlacement{InstallNamespace: cfg.WebhookServiceNamespace, DriverName: cfg.driverName()}
+	}
+	if cfg.WebhookSelfRegister {
+		certs.Hosts = []string{cfg.WebhookHost}
+		certs.ClientConfig = webhookcert.URLClientConfig(net.JoinHostPort(cfg.WebhookHost, strconv.Itoa(cfg.WebhookPort)))
+	} else {
+		svc := cfg.WebhookServiceName + "." + cfg.WebhookServiceNamespace + ".svc"
+		certs.Hosts = []string{svc, svc + ".cluster.local"}
+	}
+	return certs, nil
+}
+
+// setupReconcilers adds every controller to mgr.
+func (c *Controller) setupReconcilers(mgr ctrl.Manager) error {
+	cfg := c.cfg
 	if err := (&lws.LeaderWorkerSetReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("leaderworkerset")}).SetupWithManager(mgr); err != nil {
 		return err
 	}
@@ -315,24 +344,20 @@ func (c *Controller) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if certs != nil {
-		if err := lws.RegisterWebhooks(mgr.GetWebhookServer(), scheme); err != nil {
-			return err
-		}
-		notebook.RegisterWebhooks(mgr.GetWebhookServer())
-		if !cfg.DisablePodPlacement {
-			placement.Register(mgr.GetWebhookServer(), scheme, mgr.GetAPIReader(), cfg.driverName())
-		}
-		if err := mgr.Add(certs); err != nil {
-			return err
-		}
-		if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
-			return err
-		}
-	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+	return nil
+}
+
+// setupWebhooks registers the admission webhooks and the certificate provisioner with mgr.
+func (c *Controller) setupWebhooks(mgr ctrl.Manager, scheme *runtime.Scheme, certs *webhookcert.CertProvisioner) error {
+	if err := lws.RegisterWebhooks(mgr.GetWebhookServer(), scheme); err != nil {
 		return err
 	}
-	logger.Info("starting the manager", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister, "snapshotContents", cfg.SnapshotContents)
-	return mgr.Start(ctx)
+	notebook.RegisterWebhooks(mgr.GetWebhookServer())
+	if !c.cfg.DisablePodPlacement {
+		placement.Register(mgr.GetWebhookServer(), scheme, mgr.GetAPIReader(), c.cfg.driverName())
+	}
+	if err := mgr.Add(certs); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker())
 }

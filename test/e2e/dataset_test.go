@@ -15,13 +15,14 @@ import (
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // s3Server starts versitygw with the sample dataset, or skips.
 func s3Server(t testing.TB) (*cluster.S3, map[string]string) {
 	t.Helper()
-	bin := cluster.VersitygwBinary()
+	bin := testpeers.VersitygwBinary()
 	if bin == "" {
 		testutil.Unavailable(t, "versitygw not built; run `make s3-tools`")
 	}

@@ -83,7 +83,6 @@ parameters: {pool: bulk}
 	t.Run("PeerPortServesOnlyNodePlugins", s.peerPort)
 	t.Run("VolumeManagerReplicas", s.volumeManager)
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)
-	t.Run("NodePersistentVolumePolicy", s.pvPolicy)
 	t.Run("NodeEventsRoleNamespaced", s.nodeEventsRole)
 	t.Run("WorkloadControllerSecretsByName", s.controllerRBAC)
 	t.Run("ControllerMetricsNeedAuthorization", s.controllerMetrics)

@@ -18,7 +18,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/params"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testpeers"
@@ -76,12 +76,12 @@ func (s *scenario) datasetFanOut(t *testing.T) {
 	stage(nodeB, "fast")
 	fromS3 := gets.Load()
 	// node-b's StoragePool lists the dataset Ready, with node-b's peer endpoint.
-	pools, err := storagepool.NewClient(s.cp.Config)
+	pools, err := poolpublisher.NewClient(s.cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, time.Minute, "node-b's StoragePool lists the dataset with its peer endpoint", func(ctx context.Context) error {
-		sp, err := pools.Get(ctx, storagepool.ObjectName("fast", nodeB, false), metav1.GetOptions{})
+		sp, err := pools.Get(ctx, poolpublisher.ObjectName("fast", nodeB, false), metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -133,13 +133,13 @@ func metric(t *testing.T, addr, series string) float64 {
 // audience, are refused (TokenReview on the real API server). The certificate is the one the
 // node published on its StoragePool.
 func (s *scenario) peerPort(t *testing.T) {
-	pools, err := storagepool.NewClient(s.cp.Config)
+	pools, err := poolpublisher.NewClient(s.cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var sp *spapi.StoragePool
 	eventually(t, time.Minute, "node-a's peer endpoint published", func(ctx context.Context) error {
-		sp, err = pools.Get(ctx, storagepool.ObjectName("fast", nodeA, false), metav1.GetOptions{})
+		sp, err = pools.Get(ctx, poolpublisher.ObjectName("fast", nodeA, false), metav1.GetOptions{})
 		if err == nil && sp.Annotations[peer.AnnotationCertHash] == "" {
 			return errorf("no peer annotations")
 		}

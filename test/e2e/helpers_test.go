@@ -14,27 +14,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// eventually polls cond every 250ms until it returns nil, failing the test with cond's last
-// error after timeout.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func(ctx context.Context) error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		err = cond(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: still not after %s: %v", what, timeout, err)
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
+// eventually is framework.Eventually.
+var eventually = framework.Eventually
 
 func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -1,6 +1,8 @@
 package e2e_test
 
 import (
+	"context"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,8 +10,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	kindv1alpha4 "sigs.k8s.io/kind/pkg/apis/config/v1alpha4"
 	"sigs.k8s.io/yaml"
 
@@ -38,26 +45,75 @@ func deployDryRun(t *testing.T, cp *framework.ControlPlane) {
 	framework.Kubectl(t, cp, "apply", "--dry-run=server", "-k", cluster.DeployDir())
 }
 
-// TestKustomizationsBuild: the examples and the pools-profile overlay build, and the base
+// TestKustomizationsBuild: every kustomization under deploy/ (the base, its parts, the examples
+// and their overlays, each component on top of the base) renders and is accepted by the API
+// server (a server-side dry run of what it renders, with Cistern's CRDs installed), and the base
 // includes every component directory under deploy/csi, so `apply -k deploy/csi` installs all.
+// Every node plugin pod a DaemonSet renders is one the peer port's NetworkPolicy covers.
 var imageLine = regexp.MustCompile(`(?m)^\s*(?:- )?image: *"?([^"\s]+)`)
 
 func TestKustomizationsBuild(t *testing.T) {
 	cp := framework.Shared(t)
-	for _, dir := range []string{"", "examples", "examples/pools-profile"} {
-		out := framework.Kubectl(t, cp, "kustomize", filepath.Join(cluster.DeployDir(), dir))
-		if !strings.Contains(out, "kind:") {
-			t.Errorf("kubectl kustomize deploy/csi/%s: no objects", dir)
+	cluster.CreateNamespace(t, cp)
+	framework.ApplyManifests(t, cp, filepath.Join(cluster.DeployDir(), "crds"))
+	// Webhooks an earlier suite left registered by URL would refuse the examples' dry runs.
+	cluster.ForgetWebhooks(t, cp)
+	// The examples' pods need the ServiceAccount kube-controller-manager makes.
+	eventually(t, time.Minute, "ServiceAccount default/default", func(ctx context.Context) error {
+		_, err := cp.Client.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
+	deploy := filepath.Dir(cluster.DeployDir())
+	var dirs []string
+	err := filepath.WalkDir(deploy, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && d.Name() == "kustomization.yaml" {
+			dirs = append(dirs, filepath.Dir(path))
 		}
-		// Every image has a tag, never latest: an upgrade is a new tag, and a kustomize
-		// images: entry is how a user picks registry and version.
-		for _, m := range imageLine.FindAllStringSubmatch(out, -1) {
-			ref := m[1]
-			tag := ref[strings.LastIndex(ref, "/")+1:]
-			if !strings.Contains(tag, ":") || strings.HasSuffix(tag, ":latest") {
-				t.Errorf("deploy/csi/%s: image %s has no version tag", dir, ref)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 8 {
+		t.Fatalf("only %d kustomizations under deploy/: %v", len(dirs), dirs)
+	}
+	peerPolicy := peerNetworkPolicy(t, framework.Kubectl(t, cp, "kustomize", cluster.DeployDir()))
+	for _, dir := range dirs {
+		rel, _ := filepath.Rel(deploy, dir)
+		t.Run(rel, func(t *testing.T) {
+			target := dir
+			if isComponent(t, dir) {
+				target = overlayWith(t, strings.TrimPrefix(rel, "csi/"))
 			}
-		}
+			out := framework.Kubectl(t, cp, "kustomize", target)
+			if !strings.Contains(out, "kind:") {
+				t.Fatalf("kubectl kustomize deploy/%s: no objects", rel)
+			}
+			// Every image has a tag, never latest: an upgrade is a new tag, and a kustomize
+			// images: entry is how a user picks registry and version.
+			for _, m := range imageLine.FindAllStringSubmatch(out, -1) {
+				ref := m[1]
+				tag := ref[strings.LastIndex(ref, "/")+1:]
+				if !strings.Contains(tag, ":") || strings.HasSuffix(tag, ":latest") {
+					t.Errorf("deploy/%s: image %s has no version tag", rel, ref)
+				}
+			}
+			rendered := filepath.Join(t.TempDir(), "rendered.yaml")
+			if err := os.WriteFile(rendered, []byte(out), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(filepath.Join(cp.BinDir, "kubectl"), "--kubeconfig="+cp.Kubeconfig, "apply", "--server-side",
+				"--dry-run=server", "--force-conflicts", "--field-manager=cistern-deploy-check", "-f", rendered)
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Errorf("kubectl apply --server-side --dry-run=server of deploy/%s: %v\n%s", rel, err, b)
+			}
+			for _, ds := range daemonSets(t, out) {
+				if !peerPolicy.Matches(labels.Set(ds.Spec.Template.Labels)) {
+					t.Errorf("deploy/%s: DaemonSet %s's pods (labels %v) are outside the NetworkPolicy cistern-node-peers (%v)",
+						rel, ds.Name, ds.Spec.Template.Labels, peerPolicy)
+				}
+			}
+		})
 	}
 	data, err := os.ReadFile(filepath.Join(cluster.DeployDir(), "kustomization.yaml"))
 	if err != nil {
@@ -77,19 +133,54 @@ func TestKustomizationsBuild(t *testing.T) {
 		included := slices.ContainsFunc(k.Resources, func(r string) bool {
 			return r == e.Name() || strings.HasPrefix(r, e.Name()+"/")
 		})
-		if !e.IsDir() || e.Name() == "examples" || included {
-			continue
-		}
-		// Kustomize components (the lws-upstream drop-in) are opt-in: they build on top of the base.
-		if isComponent(t, filepath.Join(cluster.DeployDir(), e.Name())) {
-			out := framework.Kubectl(t, cp, "kustomize", overlayWith(t, e.Name()))
-			if !strings.Contains(out, "kind:") {
-				t.Errorf("deploy/csi with component %s: no objects", e.Name())
-			}
+		if !e.IsDir() || e.Name() == "examples" || included || isComponent(t, filepath.Join(cluster.DeployDir(), e.Name())) {
 			continue
 		}
 		t.Errorf("deploy/csi/kustomization.yaml does not include %s/", e.Name())
 	}
+}
+
+// peerNetworkPolicy returns the pod selector of the NetworkPolicy cistern-node-peers in rendered
+// manifests.
+func peerNetworkPolicy(t *testing.T, manifests string) labels.Selector {
+	t.Helper()
+	for _, doc := range strings.Split(manifests, "\n---\n") {
+		var np networkingv1.NetworkPolicy
+		if err := yaml.Unmarshal([]byte(doc), &np); err != nil {
+			t.Fatal(err)
+		}
+		if np.Kind == "NetworkPolicy" && np.Name == "cistern-node-peers" {
+			sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return sel
+		}
+	}
+	t.Fatal("deploy/csi renders no NetworkPolicy cistern-node-peers")
+	return nil
+}
+
+// daemonSets returns the DaemonSets in rendered manifests whose pods serve the peer port.
+func daemonSets(t *testing.T, manifests string) []appsv1.DaemonSet {
+	t.Helper()
+	var out []appsv1.DaemonSet
+	for _, doc := range strings.Split(manifests, "\n---\n") {
+		var ds appsv1.DaemonSet
+		if err := yaml.Unmarshal([]byte(doc), &ds); err != nil {
+			t.Fatal(err)
+		}
+		if ds.Kind != "DaemonSet" {
+			continue
+		}
+		for _, c := range ds.Spec.Template.Spec.Containers {
+			if slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == 7443 }) {
+				out = append(out, ds)
+				break
+			}
+		}
+	}
+	return out
 }
 
 func isComponent(t *testing.T, dir string) bool {
@@ -211,7 +302,7 @@ func flagsOf(t *testing.T, bin string) map[string]bool {
 // TestKindConfig: deploy/kind/kind-config.yaml decodes strictly into kind's own v1alpha4 types,
 // so a misspelt field fails here, on a machine without Docker, not at `make kind-up`.
 func TestKindConfig(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(cluster.RepoRoot(), "deploy", "kind", "kind-config.yaml"))
+	data, err := os.ReadFile(filepath.Join(framework.RepoRoot(), "deploy", "kind", "kind-config.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}

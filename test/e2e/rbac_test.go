@@ -14,11 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -28,7 +24,6 @@ import (
 // rbac: the node ServiceAccount, which the provisioner and sidecar run as, has what they need and
 // not more; the scenarios above already showed that what they need is enough.
 func (s *scenario) rbac(t *testing.T) {
-	node := "system:serviceaccount:" + cluster.Namespace + ":" + cluster.NodeServiceAccount
 	for _, tc := range []struct {
 		verb, group, resource, namespace string
 		want                             bool
@@ -45,20 +40,10 @@ func (s *scenario) rbac(t *testing.T) {
 		{"delete", "", "pods", cluster.Namespace, false},
 		{"create", "apps", "daemonsets", cluster.Namespace, false},
 	} {
-		review, err := s.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
-			Spec: authorizationv1.SubjectAccessReviewSpec{
-				User:   node,
-				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + cluster.Namespace, "system:authenticated"},
-				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: tc.namespace,
-				},
-			},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if review.Status.Allowed != tc.want {
-			t.Errorf("%s may %s %s.%s in %q: %v, want %v", cluster.NodeServiceAccount, tc.verb, tc.resource, tc.group, tc.namespace, review.Status.Allowed, tc.want)
+		if got := framework.ServiceAccountMay(t, s.cp, cluster.Namespace, cluster.NodeServiceAccount, authorizationv1.ResourceAttributes{
+			Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: tc.namespace,
+		}); got != tc.want {
+			t.Errorf("%s may %s %s.%s in %q: %v, want %v", cluster.NodeServiceAccount, tc.verb, tc.resource, tc.group, tc.namespace, got, tc.want)
 		}
 	}
 }
@@ -81,7 +66,6 @@ func (s *scenario) nodeEventsRole(t *testing.T) {
 // controllerRBAC: the workload-controller reads and renews its own webhook certificate Secret and
 // leader-election Lease by name, and no other Secret.
 func (s *scenario) controllerRBAC(t *testing.T) {
-	user := "system:serviceaccount:" + cluster.Namespace + ":" + cluster.ControllerServiceAccount
 	for _, tc := range []struct {
 		verb, group, resource, name string
 		want                        bool
@@ -98,91 +82,11 @@ func (s *scenario) controllerRBAC(t *testing.T) {
 		{"list", consts.StoragePoolGroup, "storagepools", "", true},
 		{"update", consts.StoragePoolGroup, "storagepools", "", false},
 	} {
-		review, err := s.cp.Client.AuthorizationV1().SubjectAccessReviews().Create(ctx(t), &authorizationv1.SubjectAccessReview{
-			Spec: authorizationv1.SubjectAccessReviewSpec{
-				User:   user,
-				Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + cluster.Namespace, "system:authenticated"},
-				ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: cluster.Namespace, Name: tc.name,
-				},
-			},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
+		if got := framework.ServiceAccountMay(t, s.cp, cluster.Namespace, cluster.ControllerServiceAccount, authorizationv1.ResourceAttributes{
+			Verb: tc.verb, Group: tc.group, Resource: tc.resource, Namespace: cluster.Namespace, Name: tc.name,
+		}); got != tc.want {
+			t.Errorf("%s may %s %s.%s %q: %v, want %v", cluster.ControllerServiceAccount, tc.verb, tc.resource, tc.group, tc.name, got, tc.want)
 		}
-		if review.Status.Allowed != tc.want {
-			t.Errorf("%s may %s %s.%s %q: %v, want %v", cluster.ControllerServiceAccount, tc.verb, tc.resource, tc.group, tc.name, review.Status.Allowed, tc.want)
-		}
-	}
-}
-
-// pvPolicy: RBAC lets the node ServiceAccount create and delete PersistentVolumes (the
-// provisioner in node-deployment mode must); deploy/csi's ValidatingAdmissionPolicy holds each
-// node's plugin to Cistern PersistentVolumes pinned to its own node. Real requests, with tokens
-// bound to the DaemonSet pods as kubelet would project them.
-func (s *scenario) pvPolicy(t *testing.T) {
-	if len(s.c.NodeNames) < 2 {
-		t.Fatal("needs two nodes")
-	}
-	nodeA, nodeB := s.c.NodeNames[0], s.c.NodeNames[1]
-	asNode := kubernetes.NewForConfigOrDie(framework.PodServiceAccountConfig(t, s.cp, cluster.DaemonSetPod(t, s.cp, nodeA)))
-	unbound := kubernetes.NewForConfigOrDie(framework.ServiceAccountConfig(t, s.cp, cluster.Namespace, cluster.NodeServiceAccount))
-	pvs := func(c kubernetes.Interface) typedcorev1.PersistentVolumeInterface {
-		return c.CoreV1().PersistentVolumes()
-	}
-	forbidden := func(t *testing.T, err error, want string) {
-		t.Helper()
-		if !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) || !strings.Contains(fmt.Sprint(err), want) {
-			t.Fatalf("want a refusal naming %q, got %v", want, err)
-		}
-	}
-	c := ctx(t)
-
-	own := policyPV("policy-own", nodeA)
-	if _, err := pvs(asNode).Create(c, own, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("node %s creating its own PersistentVolume: %v", nodeA, err)
-	}
-	if err := pvs(asNode).Delete(c, own.Name, metav1.DeleteOptions{}); err != nil {
-		t.Fatalf("node %s deleting its own PersistentVolume: %v", nodeA, err)
-	}
-	_, err := pvs(asNode).Create(c, policyPV("policy-other", nodeB), metav1.CreateOptions{})
-	forbidden(t, err, "may only manage PersistentVolumes pinned to that node")
-	both := policyPV("policy-both", nodeA)
-	both.Spec.NodeAffinity.Required.NodeSelectorTerms = append(both.Spec.NodeAffinity.Required.NodeSelectorTerms,
-		policyPV("", nodeB).Spec.NodeAffinity.Required.NodeSelectorTerms...)
-	_, err = pvs(asNode).Create(c, both, metav1.CreateOptions{})
-	forbidden(t, err, "may only manage PersistentVolumes pinned to that node")
-	hostPath := policyPV("policy-hostpath", nodeA)
-	hostPath.Spec.PersistentVolumeSource = corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}
-	_, err = pvs(asNode).Create(c, hostPath, metav1.CreateOptions{})
-	forbidden(t, err, "only manage PersistentVolumes of cistern.csi.dev")
-	_, err = pvs(unbound).Create(c, policyPV("policy-unbound", nodeA), metav1.CreateOptions{})
-	forbidden(t, err, "not bound to a pod on a node")
-
-	// Another node's volume: neither deleted nor moved.
-	theirs, err := pvs(s.cp.Client).Create(c, policyPV("policy-theirs", nodeB), metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pvs(s.cp.Client).Delete(context.Background(), theirs.Name, metav1.DeleteOptions{}) })
-	forbidden(t, pvs(asNode).Delete(c, theirs.Name, metav1.DeleteOptions{}), "may only manage PersistentVolumes pinned to that node")
-	_, err = pvs(asNode).Patch(c, theirs.Name, types.MergePatchType, []byte(`{"metadata":{"labels":{"taken":"yes"}}}`), metav1.PatchOptions{})
-	forbidden(t, err, "may only manage PersistentVolumes pinned to that node")
-}
-
-// policyPV is a Cistern PersistentVolume pinned to node, as the provisioner makes them.
-func policyPV(name, node string) *corev1.PersistentVolume {
-	return &corev1.PersistentVolume{
-		ObjectMeta: metav1.ObjectMeta{Name: name},
-		Spec: corev1.PersistentVolumeSpec{
-			Capacity:    corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")},
-			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
-				Driver: "cistern.csi.dev", VolumeHandle: "fast-" + name}},
-			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "topology.cistern.csi.dev/node",
-					Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
-		},
 	}
 }
 

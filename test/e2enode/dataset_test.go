@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apimetav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -67,7 +69,7 @@ func startDataset(t *testing.T, c *cluster) *dataset {
 // attributes are the dataset's volume parameters, as in a StorageClass or inline volume.
 func (d *dataset) attributes() map[string]string {
 	return map[string]string{
-		"pool":      poolName,
+		"pool":      realnode.PoolName,
 		"source":    d.source,
 		"endpoint":  d.s3.Endpoint,
 		"pathStyle": "true",
@@ -119,7 +121,7 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 	// Two claims of the same dataset, one after the other: the second is served from the node's
 	// cache, which the driver's cache-hit counter shows.
 	for i, name := range []string{"dataset-1", "dataset-2"} {
-		hitsBefore := c.node.metric(t, "cistern_dataset_cache_hits_total")
+		hitsBefore := c.node.Metric(t, "cistern_dataset_cache_hits_total")
 		if _, err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Create(ctx, pvc(name, sc, "64Mi"), apimetav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +136,7 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 		if dr.WriteRead == nil || !dr.WriteRead.OK {
 			t.Errorf("%s: the dataset volume is not writable: %+v", name, dr.WriteRead)
 		}
-		hits := c.node.metric(t, "cistern_dataset_cache_hits_total")
+		hits := c.node.Metric(t, "cistern_dataset_cache_hits_total")
 		if i == 1 && hits <= hitsBefore {
 			t.Errorf("the second volume of the dataset did not come from the node cache (cache hits %v -> %v)", hitsBefore, hits)
 		}

@@ -1,6 +1,7 @@
 // Package e2enode runs Cistern on a real one-node cluster on this machine: the control plane of
 // test/framework, kubelet, containerd and runc built from source (`make kubelet-tools
-// node-tools`), the driver registered through kubelet's plugin watcher, and external-provisioner
+// node-tools`), the driver registered through kubelet's plugin watcher (by the node-driver-registrar
+// stand-in, as the registrar container does), and external-provisioner
 // in node-deployment mode. Pods run images built locally (hack/images): no registry is contacted.
 //
 // Everything lives in a private directory: kubelet's --root-dir, containerd's root, state and

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,11 +27,11 @@ const nodeName = "cistern-e2e-node"
 // cluster is the one-node cluster the suite's tests share, in order.
 type cluster struct {
 	cp           *framework.ControlPlane
-	bins         *binaries
+	bins         *realnode.Binaries
 	dir          string
-	containerd   *containerd
-	kubelet      *kubelet
-	node         *cisternNode
+	containerd   *realnode.Containerd
+	kubelet      *realnode.Kubelet
+	node         *realnode.CisternNode
 	storageClass string
 	ns           string
 	resultsDir   string
@@ -40,17 +42,17 @@ type cluster struct {
 func requireMachine(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		unavailable(t, "needs root (kubelet, containerd, runc, mounts)")
+		realnode.Unavailable(t, "needs root (kubelet, containerd, runc, mounts)")
 	}
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		unavailable(t, "needs loop devices: %v", err)
+		realnode.Unavailable(t, "needs loop devices: %v", err)
 	}
 	filesystems, err := os.ReadFile("/proc/filesystems")
 	if err != nil || !strings.Contains(string(filesystems), "overlay") {
-		unavailable(t, "needs overlayfs for containerd's snapshotter")
+		realnode.Unavailable(t, "needs overlayfs for containerd's snapshotter")
 	}
 	if _, err := os.Stat("/sys/fs/cgroup"); err != nil {
-		unavailable(t, "needs cgroups: %v", err)
+		realnode.Unavailable(t, "needs cgroups: %v", err)
 	}
 }
 
@@ -81,7 +83,7 @@ func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	requireMachine(t)
 	lockHost(t)
-	bins := findBinaries(t)
+	bins := realnode.FindBinaries(t)
 
 	// Not t.TempDir: it must not be removed while something is still mounted below it.
 	dir, err := os.MkdirTemp("", "cistern-e2enode-")
@@ -97,13 +99,13 @@ func startCluster(t *testing.T) *cluster {
 		}
 	}
 	t.Cleanup(func() {
-		defer logDuration(t, "host cleanup", time.Now())
-		cleanupHost(t, dir)
+		defer realnode.LogDuration(t, "host cleanup", time.Now())
+		realnode.CleanupHost(t, dir)
 		for _, p := range created {
 			_ = os.RemoveAll(p)
 		}
-		cleanupCgroups(t)
-		if left := mountsUnder(t, dir); len(left) > 0 {
+		realnode.CleanupCgroups(t)
+		if left := realnode.MountsUnder(t, dir); len(left) > 0 {
 			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
 			return
 		}
@@ -111,20 +113,20 @@ func startCluster(t *testing.T) *cluster {
 	})
 
 	begin := time.Now()
-	ca := newNodeCA(t, dir)
-	c := &cluster{bins: bins, dir: dir, resultsDir: filepath.Join(dir, "results"), checkerImage: bins.images["checker"].Ref}
+	ca := realnode.NewNodeCA(t, dir)
+	c := &cluster{bins: bins, dir: dir, resultsDir: filepath.Join(dir, "results"), checkerImage: bins.Images["checker"].Ref}
 	c.cp = framework.StartControlPlane(t, framework.Options{
 		ControllerManager: true,
 		Scheduler:         true,
-		APIServerArgs:     []string{"--client-ca-file=" + ca.certFile},
+		APIServerArgs:     []string{"--client-ca-file=" + ca.CertFile},
 	})
 	// The images its pods run; images.json also has the install suite's.
-	c.containerd = startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{
-		imported: []string{"pause", "checker", "git", "controller", "papermill"},
+	c.containerd = realnode.StartContainerd(t, bins, filepath.Join(dir, "containerd"), realnode.ContainerdOptions{
+		Imported: []string{"pause", "checker", "git", "controller", "papermill"},
 	})
 	kubeletRoot := filepath.Join(dir, "kubelet")
-	c.kubelet = startKubelet(t, c.cp, ca, bins.kubelet, nodeName, kubeletRoot, c.containerd.socket, "")
-	waitNodeReady(t, c.cp, c.kubelet, nodeName, 2*time.Minute)
+	c.kubelet = realnode.StartKubelet(t, c.cp, ca, bins.Kubelet, nodeName, kubeletRoot, c.containerd.Socket, "")
+	realnode.WaitNodeReady(t, c.cp, c.kubelet, nodeName, 2*time.Minute)
 	t.Logf("node %s Ready %s after start", nodeName, time.Since(begin).Round(time.Millisecond))
 
 	// Writable by the non-root users the pods run as.
@@ -134,14 +136,14 @@ func startCluster(t *testing.T) *cluster {
 	if err := os.Chmod(c.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
 	}
-	c.node = newCisternNode(t, bins, dir, kubeletRoot, nodeName)
-	c.storageClass = createStorageObjects(t, c.cp)
-	c.node.startDriver(t)
-	c.node.startProvisioner(t, c.cp)
+	c.node = realnode.NewCisternNode(t, bins, dir, kubeletRoot, nodeName)
+	c.storageClass = realnode.CreateStorageObjects(t, c.cp)
+	c.node.StartDriver(t)
+	c.node.StartProvisioner(t, c.cp)
 	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")
 	// Runs before the driver stops: kubelet unmounts through it.
 	t.Cleanup(func() {
-		defer logDuration(t, "deleting the remaining pods", time.Now())
+		defer realnode.LogDuration(t, "deleting the remaining pods", time.Now())
 		c.deleteAllPods(t)
 	})
 	return c
@@ -152,12 +154,7 @@ func startCluster(t *testing.T) *cluster {
 func (c *cluster) deleteAllPods(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pods := c.cp.Client.CoreV1().Pods(c.ns)
-	_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := pods.List(ctx, metav1.ListOptions{})
-		return err == nil && len(list.Items) == 0, nil
-	})
+	_ = framework.DeleteAllPods(ctx, c.cp, c.ns)
 	// kubelet unstages after the pod is gone; give it the time to do so through the driver.
 	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(context.Context) (bool, error) {
 		return len(volumeMounts(t, c)) == 0, nil
@@ -169,7 +166,7 @@ func TestNode(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("registration", func(t *testing.T) {
-		csiNode := c.node.waitRegistered(t, c.cp)
+		csiNode := c.node.WaitRegistered(t, c.cp)
 		for _, d := range csiNode.Spec.Drivers {
 			if d.Name == consts.DriverName && !slices.Contains(d.TopologyKeys, consts.TopologyKey) {
 				t.Errorf("CSINode driver topology keys %v lack %s", d.TopologyKeys, consts.TopologyKey)
@@ -229,8 +226,8 @@ func TestNode(t *testing.T) {
 		if err != nil {
 			t.Fatalf("PV of the claim: %v", err)
 		}
-		if pv.Spec.CSI == nil || !strings.HasPrefix(pv.Spec.CSI.VolumeHandle, poolName+"-") {
-			t.Errorf("PV %s is not a volume of pool %s: %+v", pv.Name, poolName, pv.Spec.CSI)
+		if pv.Spec.CSI == nil || !strings.HasPrefix(pv.Spec.CSI.VolumeHandle, realnode.PoolName+"-") {
+			t.Errorf("PV %s is not a volume of pool %s: %+v", pv.Name, realnode.PoolName, pv.Spec.CSI)
 		}
 		if !pvPinnedTo(pv, nodeName) {
 			t.Errorf("PV %s has no node affinity to %s: %+v", pv.Name, nodeName, pv.Spec.NodeAffinity)
@@ -244,7 +241,7 @@ func TestNode(t *testing.T) {
 		pod := checkerPod(c.checkerImage, c.resultsDir, "inline",
 			[]corev1.Volume{{Name: "scratch", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
 				Driver:           consts.DriverName,
-				VolumeAttributes: map[string]string{"pool": poolName, "size": "32Mi"},
+				VolumeAttributes: map[string]string{"pool": realnode.PoolName, "size": "32Mi"},
 			}}}},
 			[]corev1.VolumeMount{{Name: "scratch", MountPath: "/scratch"}},
 			"-dir", "/scratch", "-write-read", "-fill")
@@ -290,8 +287,8 @@ func TestNode(t *testing.T) {
 			t.Skip("the pvc pod did not start")
 		}
 		before := volumeMounts(t, c)
-		c.node.restartDriver()
-		c.node.waitRegistered(t, c.cp)
+		c.node.RestartDriver()
+		c.node.WaitRegistered(t, c.cp)
 		// Heartbeats written and read back after the restart prove the mount still works.
 		restarted := time.Now()
 		deadline := restarted.Add(time.Minute)
@@ -342,7 +339,7 @@ func TestNode(t *testing.T) {
 func volumeMounts(t *testing.T, c *cluster) []string {
 	t.Helper()
 	var csi []string
-	for _, mp := range mountsUnder(t, c.kubelet.rootDir) {
+	for _, mp := range realnode.MountsUnder(t, c.kubelet.RootDir) {
 		if strings.Contains(mp, "/kubernetes.io~csi/") || strings.Contains(mp, "/plugins/kubernetes.io/csi/") {
 			csi = append(csi, mp)
 		}
@@ -353,7 +350,7 @@ func volumeMounts(t *testing.T, c *cluster) []string {
 // volumeLoopDevices lists loop devices backed by volume images in the pool (not the pool's own).
 func volumeLoopDevices(t *testing.T, c *cluster) map[string]string {
 	t.Helper()
-	return loopDevicesUnder(t, filepath.Join(c.dir, "pool"))
+	return realnode.LoopDevicesUnder(t, filepath.Join(c.dir, "pool"))
 }
 
 func waitNoPVs(t *testing.T, c *cluster) {
@@ -384,8 +381,4 @@ func pvPinnedTo(pv *corev1.PersistentVolume, node string) bool {
 		}
 	}
 	return false
-}
-
-func logDuration(t *testing.T, what string, start time.Time) {
-	t.Logf("%s took %s", what, time.Since(start).Round(time.Millisecond))
 }

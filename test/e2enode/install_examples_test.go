@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -62,7 +64,7 @@ const (
 // exampleNotebook reads notebookvalidationjob.yaml.
 func exampleNotebook(t *testing.T) *v1alpha1.NotebookValidationJob {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := realnode.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,9 +85,9 @@ func exampleNotebook(t *testing.T) *v1alpha1.NotebookValidationJob {
 func (in *install) runExamples(t *testing.T, nb *v1alpha1.NotebookValidationJob) {
 	t.Helper()
 	s3, d := in.startS3(t)
-	git := startGitServer(t, installPodSubnet, installPodGateway)
+	git := realnode.StartGitServer(t, installPodSubnet, installPodGateway)
 	nbDir := filepath.Dir(nb.Spec.Notebook.Path)
-	gitURL := git.createRepo(t, "notebooks", map[string]string{
+	gitURL := git.CreateRepo(t, "notebooks", map[string]string{
 		nb.Spec.Notebook.Path: notebookJSON(t, "the example's notebook",
 			"# the example's claim, where the job mounts it\nls /data\ndf /data",
 			"# the clone, from the notebook's directory\ncat input.csv"),
@@ -145,7 +147,7 @@ func (in *install) runExamples(t *testing.T, nb *v1alpha1.NotebookValidationJob)
 
 // checkExampleNotebook waits for the example's NotebookValidationJob to succeed, its pod having
 // cloned from the git server over the pod network.
-func (in *install) checkExampleNotebook(t *testing.T, nb *v1alpha1.NotebookValidationJob, git *gitServer) {
+func (in *install) checkExampleNotebook(t *testing.T, nb *v1alpha1.NotebookValidationJob, git *realnode.GitServer) {
 	t.Helper()
 	crlog.SetLogger(klog.Background()) // the client logs through controller-runtime
 	cl, err := client.New(in.cp.Config, client.Options{Scheme: workloads.Scheme()})
@@ -164,7 +166,7 @@ func (in *install) checkExampleNotebook(t *testing.T, nb *v1alpha1.NotebookValid
 	if _, subnet, _ := net.ParseCIDR(installPodSubnet); pod.Spec.HostNetwork || !subnet.Contains(net.ParseIP(pod.Status.PodIP)) {
 		t.Errorf("pod %s ran with IP %q, hostNetwork %v; want an address of the pod network %s", pod.Name, pod.Status.PodIP, pod.Spec.HostNetwork, installPodSubnet)
 	}
-	if git.podRequests.Load() == 0 {
+	if git.PodRequests.Load() == 0 {
 		t.Errorf("the git server saw no request from the pod network")
 	}
 }
@@ -184,7 +186,7 @@ func (in *install) startS3(t *testing.T) (string, *dataset) {
 		Spec: corev1.PodSpec{
 			Containers: []corev1.Container{{
 				Name:            "versitygw",
-				Image:           in.registry + "/" + strings.TrimPrefix(in.bins.images["versitygw"].Ref, "localhost/"),
+				Image:           in.registry + "/" + strings.TrimPrefix(in.bins.Images["versitygw"].Ref, "localhost/"),
 				ImagePullPolicy: corev1.PullIfNotPresent,
 				Args: []string{"--port", fmt.Sprintf(":%d", s3Port), "--access", installS3Access, "--secret", installS3Secret,
 					"--keep-alive", "posix", "/data"},
@@ -244,7 +246,7 @@ func (in *install) startS3(t *testing.T) (string, *dataset) {
 // repository URL; nothing else.
 func (in *install) writeExamplesOverlay(t *testing.T, s3Endpoint, gitURL, job string) {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := realnode.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,8 +294,23 @@ patches:
 func (in *install) deleteExamples(t *testing.T) {
 	t.Helper()
 	if in.examples != "" {
-		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=3m", "-k", in.examples)
+		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=false", "-k", in.examples)
+		// The dataset example's ConfigMap is the node PersistentVolume policy's parameter: without
+		// it node plugins may write no PersistentVolume, so the examples' volumes could not be
+		// released. An administrator keeps it until the volumes are gone; so does this test.
+		kubectlStdin(in.cp, examplePVPolicy, "apply", "-f", "-")
 	}
 	kubectlOutput(in.cp, "delete", "pod", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 	kubectlOutput(in.cp, "delete", "pvc", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 }
+
+// examplePVPolicy is deploy/csi/examples' cistern-node-pv-policy: the dataset class's Secret is in
+// default.
+const examplePVPolicy = `apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: cistern-node-pv-policy
+  namespace: cistern-system
+data:
+  secretNamespaces: default
+`

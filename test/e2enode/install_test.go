@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -39,8 +41,6 @@ const (
 	RegistryBinEnv = "CISTERN_REGISTRY_BIN"
 
 	installNamespace = "cistern-system"
-	// kubelet's root directory as on a real node: deploy/csi's hostPaths name it.
-	kubeletRootDir = "/var/lib/kubelet"
 	// The pool, under the DaemonSet's /mnt/cistern hostPath; the overlay's ConfigMap names it.
 	installPoolDir = "/mnt/cistern/e2e-install-fast"
 	installTimeout = 5 * time.Minute
@@ -56,10 +56,10 @@ const (
 // install is the node TestInstall runs deploy/csi on.
 type install struct {
 	cp         *framework.ControlPlane
-	bins       *binaries
+	bins       *realnode.Binaries
 	dir        string
 	registry   string // host:port of the loopback registry
-	release    map[string]imageEntry
+	release    map[string]realnode.ImageEntry
 	overlay    string
 	examples   string // the overlay of deploy/csi/examples
 	resultsDir string
@@ -73,16 +73,12 @@ type install struct {
 func TestInstall(t *testing.T) {
 	requireMachine(t)
 	lockHost(t)
-	bins := findBinaries(t)
-	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe", "versitygw"} {
-		if _, ok := bins.images[name]; !ok {
-			unavailable(t, "no %q image; run `make node-images`", name)
-		}
-	}
+	bins := realnode.FindBinaries(t)
+	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "versitygw")
 	in := &install{bins: bins, release: releaseImages(t), podUIDs: map[string]bool{}}
 	registryBin := os.Getenv(RegistryBinEnv)
 	if _, err := os.Stat(registryBin); registryBin == "" || err != nil {
-		unavailable(t, "%s=%q: the registry is not built; run `make e2e-install`", RegistryBinEnv, registryBin)
+		realnode.Unavailable(t, "%s=%q: the registry is not built; run `make e2e-install`", RegistryBinEnv, registryBin)
 	}
 
 	dir, err := os.MkdirTemp("", "cistern-e2einstall-")
@@ -99,31 +95,31 @@ func TestInstall(t *testing.T) {
 	nb := exampleNotebook(t)
 	in.registry = startRegistry(t, registryBin, []string{
 		in.nodeRef() + "=" + in.nodeRef() + "-next",
-		bins.images["papermill"].Ref + "=" + nb.Spec.PodConfig.ContainerImage,
-		bins.images["git"].Ref + "=" + installGitImage,
-	}, filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
+		bins.Images["papermill"].Ref + "=" + nb.Spec.PodConfig.ContainerImage,
+		bins.Images["git"].Ref + "=" + installGitImage,
+	}, filepath.Join(filepath.Dir(bins.Images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
 
-	ca := newNodeCA(t, dir)
+	ca := realnode.NewNodeCA(t, dir)
 	in.cp = framework.StartControlPlane(t, framework.Options{
 		ControllerManager: true,
 		Scheduler:         true,
 		// Webhook Services are reached at an endpoint of the Service (see docs/testing.md).
-		APIServerArgs: []string{"--client-ca-file=" + ca.certFile, "--enable-aggregator-routing=true"},
+		APIServerArgs: []string{"--client-ca-file=" + ca.CertFile, "--enable-aggregator-routing=true"},
 	})
 	serveKubernetesService(t, in.cp)
-	cd := startContainerd(t, bins, filepath.Join(dir, "containerd"), containerdOptions{
-		registry: in.registry,
-		mirrored: []string{"registry.k8s.io", "docker.io", "quay.io"},
+	cd := realnode.StartContainerd(t, bins, filepath.Join(dir, "containerd"), realnode.ContainerdOptions{
+		Registry: in.registry,
+		Mirrored: []string{"registry.k8s.io", "docker.io", "quay.io"},
 		// ClusterIPs, as kube-proxy serves them to pods: through the host (serveClusterIP).
-		podRoutes: []string{framework.ServiceClusterIPRange},
-		imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
-		subnet:    installPodSubnet,
-		gateway:   installPodGateway,
+		PodRoutes: []string{framework.ServiceClusterIPRange},
+		Imported:  []string{"pause"}, // containerd's sandbox image, as a node image preloads it
+		Subnet:    installPodSubnet,
+		Gateway:   installPodGateway,
 	})
 	// Its own cgroup tree: a kubelet kills the pods of any other kubelet's tree it shares as
 	// orphans, and node suites of older checkouts do not take the node lock.
-	k := startKubelet(t, in.cp, ca, bins.kubelet, nodeName, kubeletRootDir, cd.socket, ownCgroupRoot(t, installCgroupRoot))
-	waitNodeReady(t, in.cp, k, nodeName, 2*time.Minute)
+	k := realnode.StartKubelet(t, in.cp, ca, bins.Kubelet, nodeName, realnode.KubeletRootDir, cd.Socket, realnode.OwnCgroupRoot(t, installCgroupRoot))
+	realnode.WaitNodeReady(t, in.cp, k, nodeName, 2*time.Minute)
 	if err := os.Mkdir(in.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
 	}
@@ -139,9 +135,8 @@ func TestInstall(t *testing.T) {
 	})
 	t.Run("node-pod", func(t *testing.T) { in.waitNodePodReady(t, "", 0) })
 	t.Run("registration", func(t *testing.T) {
-		// The manifests do not give the driver --kubelet-registration-path: the registrar
-		// container registers it.
-		if _, err := os.Stat(filepath.Join(kubeletRootDir, "plugins_registry", consts.DriverName+"-reg.sock")); err != nil {
+		// The driver does not register itself: the registrar container registers it.
+		if _, err := os.Stat(filepath.Join(realnode.KubeletRootDir, "plugins_registry", consts.DriverName+"-reg.sock")); err != nil {
 			t.Errorf("no registration socket from the registrar container: %v", err)
 		}
 		in.waitCSINode(t)
@@ -171,7 +166,7 @@ func TestInstall(t *testing.T) {
 	t.Run("delete-workloads", func(t *testing.T) { in.deleteWorkloads(t) })
 	// The containers' logs, before uninstalling removes them with their pods.
 	if t.Failed() {
-		if out, err := exec.Command("cp", "-a", filepath.Join(kubeletRootDir, "pod-logs"), filepath.Join(logs, "pod-logs")).CombinedOutput(); err != nil {
+		if out, err := exec.Command("cp", "-a", filepath.Join(realnode.KubeletRootDir, "pod-logs"), filepath.Join(logs, "pod-logs")).CombinedOutput(); err != nil {
 			t.Logf("keeping the containers' logs: %v: %s", err, out)
 		}
 	}
@@ -182,14 +177,14 @@ func TestInstall(t *testing.T) {
 func (in *install) nodeRef() string { return in.release["node"].Ref }
 
 // releaseImages reads the images.json of `make images`.
-func releaseImages(t *testing.T) map[string]imageEntry {
+func releaseImages(t *testing.T) map[string]realnode.ImageEntry {
 	t.Helper()
 	path := os.Getenv(ReleaseImagesEnv)
 	data, err := os.ReadFile(path)
 	if err != nil {
-		unavailable(t, "%s=%q: %v; run `make images`", ReleaseImagesEnv, path, err)
+		realnode.Unavailable(t, "%s=%q: %v; run `make images`", ReleaseImagesEnv, path, err)
 	}
-	images := map[string]imageEntry{}
+	images := map[string]realnode.ImageEntry{}
 	if err := json.Unmarshal(data, &images); err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}
@@ -209,9 +204,9 @@ func prepareInstallHost(t *testing.T, dir string) {
 	t.Helper()
 	// Cleanups run in reverse: these run last, after every process is stopped.
 	t.Cleanup(func() {
-		cleanupHost(t, dir)
-		cleanupCgroups(t)
-		if left := mountsUnder(t, dir); len(left) == 0 {
+		realnode.CleanupHost(t, dir)
+		realnode.CleanupCgroups(t)
+		if left := realnode.MountsUnder(t, dir); len(left) == 0 {
 			_ = os.RemoveAll(dir)
 		}
 	})
@@ -220,18 +215,18 @@ func prepareInstallHost(t *testing.T, dir string) {
 			t.Cleanup(func() { _ = os.RemoveAll(p) })
 		}
 	}
-	for _, p := range []string{kubeletRootDir, filepath.Dir(installPoolDir)} {
+	for _, p := range []string{realnode.KubeletRootDir, filepath.Dir(installPoolDir)} {
 		if _, err := os.Stat(p); os.IsNotExist(err) {
 			t.Cleanup(func() { _ = os.RemoveAll(p) })
-		} else if len(mountsUnder(t, p)) > 0 {
+		} else if len(realnode.MountsUnder(t, p)) > 0 {
 			t.Fatalf("%s has mounts already: is another node running here?", p)
 		}
 		if err := os.MkdirAll(p, 0o750); err != nil {
 			t.Fatal(err)
 		}
-		run(t, "mount", "--bind", p, p)
-		t.Cleanup(func() { cleanupHost(t, p) })
-		run(t, "mount", "--make-rshared", p)
+		realnode.Run(t, "mount", "--bind", p, p)
+		t.Cleanup(func() { realnode.CleanupHost(t, p) })
+		realnode.Run(t, "mount", "--make-rshared", p)
 	}
 	img := filepath.Join(dir, "pool.img")
 	f, err := os.Create(img)
@@ -243,12 +238,12 @@ func prepareInstallHost(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	f.Close()
-	run(t, "mkfs.ext4", "-q", "-F", img)
+	realnode.Run(t, "mkfs.ext4", "-q", "-F", img)
 	if err := os.MkdirAll(installPoolDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run(t, "mount", "-o", "loop", img, installPoolDir)
-	t.Cleanup(func() { detachLoops(t, dir) })
+	realnode.Run(t, "mount", "-o", "loop", img, installPoolDir)
+	t.Cleanup(func() { realnode.DetachLoops(t, dir) })
 }
 
 // startRegistry starts the loopback registry with the images of the given images.json files,
@@ -265,7 +260,7 @@ func startRegistry(t *testing.T, bin string, retags []string, indexes ...string)
 		}
 		select {
 		case <-p.Done():
-			t.Fatalf("%v", errExited(p))
+			t.Fatalf("%v", realnode.ErrExited(p))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -321,7 +316,7 @@ func serveService(t *testing.T, cp *framework.ControlPlane, svc *corev1.Service)
 // netfilter rules, which would change the tables of a host other suites share.
 func serveClusterIP(t *testing.T, ip string, port int, target func(context.Context) (string, error)) {
 	t.Helper()
-	run(t, "ip", "addr", "add", ip+"/32", "dev", "lo")
+	realnode.Run(t, "ip", "addr", "add", ip+"/32", "dev", "lo")
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "addr", "del", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
 			t.Logf("cleanup: removing %s from lo: %v: %s", ip, err, out)
@@ -396,7 +391,7 @@ func (in *install) writeOverlay(t *testing.T, nodeRef string) {
 // poolDir, and the given components of deploy/csi (e.g. "snapshots").
 func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, components ...string) {
 	t.Helper()
-	root, err := repoRoot()
+	root, err := realnode.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -615,22 +610,22 @@ spec:
 
 // checkPulled checks that containerd pulled every image of the pods from the registry: its image
 // store has them under the registry's names, and the pause image is the only one imported.
-func (in *install) checkPulled(t *testing.T, cd *containerd, nb *v1alpha1.NotebookValidationJob) {
+func (in *install) checkPulled(t *testing.T, cd *realnode.Containerd, nb *v1alpha1.NotebookValidationJob) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := cd.ctr(ctx, "images", "list", "--quiet")
+	out, err := cd.Ctr(ctx, "images", "list", "--quiet")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
 		in.registry + "/" + strings.TrimPrefix(in.release["node"].Ref, ""),
 		in.registry + "/" + in.release["workload-controller"].Ref,
-		in.bins.images["csi-provisioner"].Ref,
-		in.bins.images["node-driver-registrar"].Ref,
-		in.bins.images["livenessprobe"].Ref,
-		in.registry + "/" + strings.TrimPrefix(in.bins.images["versitygw"].Ref, "localhost/"),
-		in.registry + "/" + strings.TrimPrefix(in.bins.images["checker"].Ref, "localhost/"),
+		in.bins.Images["csi-provisioner"].Ref,
+		in.bins.Images["node-driver-registrar"].Ref,
+		in.bins.Images["livenessprobe"].Ref,
+		in.registry + "/" + strings.TrimPrefix(in.bins.Images["versitygw"].Ref, "localhost/"),
+		in.registry + "/" + strings.TrimPrefix(in.bins.Images["checker"].Ref, "localhost/"),
 		"docker.io/library/busybox:1.37",
 		"docker.io/" + installGitImage,
 		nb.Spec.PodConfig.ContainerImage,
@@ -662,8 +657,8 @@ func (in *install) uninstall(t *testing.T) {
 		t.Errorf("cgroups of the uninstalled pods left: %v", in.podCgroups())
 	}
 	for _, p := range []string{
-		filepath.Join(kubeletRootDir, "plugins_registry", consts.DriverName+"-reg.sock"),
-		filepath.Join(kubeletRootDir, "plugins", consts.DriverName, "csi.sock"),
+		filepath.Join(realnode.KubeletRootDir, "plugins_registry", consts.DriverName+"-reg.sock"),
+		filepath.Join(realnode.KubeletRootDir, "plugins", consts.DriverName, "csi.sock"),
 	} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("socket %s left after uninstall: %v", p, err)
@@ -672,7 +667,7 @@ func (in *install) uninstall(t *testing.T) {
 	if left := csiMounts(t); len(left) > 0 {
 		t.Errorf("CSI mounts left: %v", left)
 	}
-	if loops := loopDevicesUnder(t, installPoolDir); len(loops) > 0 {
+	if loops := realnode.LoopDevicesUnder(t, installPoolDir); len(loops) > 0 {
 		t.Errorf("loop devices of volumes left: %v", loops)
 	}
 	if pids := driverPIDs(t); len(pids) > 0 {
@@ -739,7 +734,7 @@ func (in *install) startWorkload(t *testing.T) *heartbeatPod {
 
 // checker is a checker pod, pulled from the registry, using claim at /data.
 func (in *install) checker(name, claim string, args ...string) *corev1.Pod {
-	image := in.registry + "/" + strings.TrimPrefix(in.bins.images["checker"].Ref, "localhost/")
+	image := in.registry + "/" + strings.TrimPrefix(in.bins.Images["checker"].Ref, "localhost/")
 	pod := checkerPod(image, in.resultsDir, name,
 		[]corev1.Volume{pvcVolume("data", claim)},
 		[]corev1.VolumeMount{{Name: "data", MountPath: "/data"}},
@@ -772,7 +767,7 @@ func (in *install) waitHeartbeat(t *testing.T, hb *heartbeatPod, since time.Time
 // the driver's container comes and goes, its mounts propagating both ways).
 func csiMounts(t *testing.T) []string {
 	var mounts []string
-	for _, mp := range mountsUnder(t, kubeletRootDir) {
+	for _, mp := range realnode.MountsUnder(t, realnode.KubeletRootDir) {
 		if strings.Contains(mp, "/kubernetes.io~csi/") || strings.Contains(mp, "/plugins/kubernetes.io/csi/") {
 			mounts = append(mounts, mp)
 		}
@@ -864,12 +859,7 @@ func (in *install) deleteWorkloads(t *testing.T) {
 	in.deleteExamples(t)
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
-	pods := in.cp.Client.CoreV1().Pods(in.ns)
-	_ = pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
-	_ = wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
-		list, err := pods.List(ctx, metav1.ListOptions{})
-		return err == nil && len(list.Items) == 0, nil
-	})
+	_ = framework.DeleteAllPods(ctx, in.cp, in.ns)
 	_ = in.cp.Client.CoreV1().PersistentVolumeClaims(in.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		list, err := in.cp.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})

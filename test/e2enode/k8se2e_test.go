@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -91,29 +93,25 @@ var k8sE2ERuns = []k8sE2ERun{
 func TestK8sStorageE2E(t *testing.T) {
 	requireMachine(t)
 	lockHost(t)
-	bins := findBinaries(t)
-	for _, name := range []string{"csi-provisioner", "node-driver-registrar", "livenessprobe", "busybox"} {
-		if _, ok := bins.images[name]; !ok {
-			unavailable(t, "no %q image; run `make node-images`", name)
-		}
-	}
+	bins := realnode.FindBinaries(t)
+	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "busybox")
 	release := releaseImages(t)
 	e2eBin := os.Getenv(K8sE2EBinEnv)
 	for _, f := range []string{"e2e.test", "ginkgo"} {
 		if _, err := os.Stat(filepath.Join(e2eBin, f)); e2eBin == "" || err != nil {
-			unavailable(t, "%s=%q has no %s; run `make k8s-e2e-tools`", K8sE2EBinEnv, e2eBin, f)
+			realnode.Unavailable(t, "%s=%q has no %s; run `make k8s-e2e-tools`", K8sE2EBinEnv, e2eBin, f)
 		}
 	}
 	e2eImages := os.Getenv(K8sE2EImagesEnv)
 	crds, controller := os.Getenv(SnapshotCRDsEnv), os.Getenv(SnapshotControllerEnv)
 	for env, path := range map[string]string{K8sE2EImagesEnv: e2eImages, SnapshotCRDsEnv: crds, SnapshotControllerEnv: controller} {
 		if _, err := os.Stat(path); path == "" || err != nil {
-			unavailable(t, "%s=%q: not found; run `make e2e-k8s`", env, path)
+			realnode.Unavailable(t, "%s=%q: not found; run `make e2e-k8s`", env, path)
 		}
 	}
 	registryBin := os.Getenv(RegistryBinEnv)
 	if _, err := os.Stat(registryBin); registryBin == "" || err != nil {
-		unavailable(t, "%s=%q: the registry is not built; run `make e2e-k8s`", RegistryBinEnv, registryBin)
+		realnode.Unavailable(t, "%s=%q: the registry is not built; run `make e2e-k8s`", RegistryBinEnv, registryBin)
 	}
 	runs := selectRuns(t)
 	nodes := 2
@@ -123,7 +121,7 @@ func TestK8sStorageE2E(t *testing.T) {
 			t.Fatalf("%s=%q: want 1 or 2", K8sE2ENodesEnv, v)
 		}
 	}
-	root, err := repoRoot()
+	root, err := realnode.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,27 +132,27 @@ func TestK8sStorageE2E(t *testing.T) {
 	}
 	// Runs last: the nodes' namespaces, and the mounts in them, are gone by then.
 	t.Cleanup(func() {
-		if left := mountsUnder(t, dir); len(left) > 0 {
+		if left := realnode.MountsUnder(t, dir); len(left) > 0 {
 			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
 			return
 		}
 		_ = os.RemoveAll(dir)
 	})
-	prepareNodePaths(t)
+	realnode.PrepareNodePaths(t)
 	logs := framework.LogDir(t)
 	begin := time.Now()
 
-	nodeIndex := filepath.Join(filepath.Dir(bins.images["pause"].Tarball), "images.json")
+	nodeIndex := filepath.Join(filepath.Dir(bins.Images["pause"].Tarball), "images.json")
 	registry := startRegistry(t, registryBin, []string{
 		// e2e.test's busybox and pause, under the tags its image list names.
-		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
-		bins.images["pause"].Ref + "=registry.k8s.io/pause:3.10.2",
+		bins.Images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/busybox:1.37.0-2",
+		bins.Images["pause"].Ref + "=registry.k8s.io/pause:3.10.2",
 		// Stand-ins (docs/testing.md): the storage tests run only shell commands in the nginx
 		// image (the exec test: `ls`) and the glibc-dns-testing one (the multi-volume tests:
 		// GNU dd with oflag=nocache, which busybox lacks), never nginx or the DNS tools. busybox
 		// serves as nginx; Cistern's node image, Debian bookworm with coreutils as the real
 		// image's Debian base has, as glibc-dns-testing.
-		bins.images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
+		bins.Images["busybox"].Ref + "=registry.k8s.io/e2e-test-images/nginx:1.27.0-2",
 		release["node"].Ref + "=registry.k8s.io/e2e-test-images/glibc-dns-testing:2.1.1",
 	}, nodeIndex, os.Getenv(ReleaseImagesEnv), e2eImages)
 	_, registryPort, err := net.SplitHostPort(registry)
@@ -162,18 +160,18 @@ func TestK8sStorageE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ca := newNodeCA(t, dir)
-	clientCert, clientKey := ca.clientCertFiles(t, dir, "apiserver-kubelet-client", "kube-apiserver-kubelet-client")
+	ca := realnode.NewNodeCA(t, dir)
+	clientCert, clientKey := ca.ClientCertFiles(t, dir, "apiserver-kubelet-client", "kube-apiserver-kubelet-client")
 	cp := framework.StartControlPlane(t, framework.Options{
 		ControllerManager: true,
 		Scheduler:         true,
 		APIServerArgs: []string{
-			"--client-ca-file=" + ca.certFile,
+			"--client-ca-file=" + ca.CertFile,
 			// Webhook Services are reached at an endpoint of the Service (docs/testing.md).
 			"--enable-aggregator-routing=true",
 			// exec, logs and port-forward go to kubelet at the node's address, verified
 			// against the node CA, with a client certificate kubelet trusts.
-			"--kubelet-certificate-authority=" + ca.certFile,
+			"--kubelet-certificate-authority=" + ca.CertFile,
 			"--kubelet-client-certificate=" + clientCert,
 			"--kubelet-client-key=" + clientKey,
 			"--kubelet-preferred-address-types=InternalIP",
@@ -200,27 +198,27 @@ func TestK8sStorageE2E(t *testing.T) {
 	for i := range nodes {
 		name := fmt.Sprintf("cistern-k8se2e-%c", 'a'+i)
 		names = append(names, name)
-		n := startNetnsNode(t, dir, i, name, k8sE2EPoolDir, k8sE2EPoolSize, init)
+		n := realnode.StartNetnsNode(t, dir, i, name, k8sE2EPoolDir, k8sE2EPoolSize, init)
 		// The node pulls through a relay on its link to the loopback registry, under the
 		// registry's own name (what KUBE_TEST_REPO_LIST gives e2e.test) and the mirrored ones.
-		relayTCP(t, net.JoinHostPort(n.hostIP, registryPort), registry)
-		cd := startContainerd(t, bins, filepath.Join(n.dir, "containerd"), containerdOptions{
-			registry:    registry,
-			registryVia: net.JoinHostPort(n.hostIP, registryPort),
-			mirrored:    []string{"registry.k8s.io", "docker.io"},
-			podRoutes:   []string{framework.KubernetesServiceIP + "/32"},
-			imported:    []string{"pause"},
-			subnet:      n.podSubnet,
-			gateway:     n.podGateway,
-			logName:     "containerd-" + name,
-			enter:       n.enter,
+		relayTCP(t, net.JoinHostPort(n.HostIP, registryPort), registry)
+		cd := realnode.StartContainerd(t, bins, filepath.Join(n.Dir, "containerd"), realnode.ContainerdOptions{
+			Registry:    registry,
+			RegistryVia: net.JoinHostPort(n.HostIP, registryPort),
+			Mirrored:    []string{"registry.k8s.io", "docker.io"},
+			PodRoutes:   []string{framework.KubernetesServiceIP + "/32"},
+			Imported:    []string{"pause"},
+			Subnet:      n.PodSubnet,
+			Gateway:     n.PodGateway,
+			LogName:     "containerd-" + name,
+			Enter:       n.Enter,
 		})
-		k := startKubeletWith(t, cp, ca, bins.kubelet, kubeletOptions{
-			nodeName: name, rootDir: kubeletRootDir, runtimeSocket: cd.socket, cgroupRoot: n.cgroupRoot,
-			logName: "kubelet-" + name, enter: n.enter, nodeIP: n.nodeIP,
-			server: "https://" + net.JoinHostPort(framework.KubernetesServiceIP, "443"),
+		k := realnode.StartKubeletWith(t, cp, ca, bins.Kubelet, realnode.KubeletOptions{
+			NodeName: name, RootDir: realnode.KubeletRootDir, RuntimeSocket: cd.Socket, CgroupRoot: n.CgroupRoot,
+			LogName: "kubelet-" + name, Enter: n.Enter, NodeIP: n.NodeIP,
+			Server: "https://" + net.JoinHostPort(framework.KubernetesServiceIP, "443"),
 		})
-		waitNodeReady(t, cp, k, name, 2*time.Minute)
+		realnode.WaitNodeReady(t, cp, k, name, 2*time.Minute)
 	}
 	t.Logf("%d nodes Ready %s after start", nodes, time.Since(begin).Round(time.Second))
 
@@ -280,7 +278,7 @@ func selectRuns(t *testing.T) []k8sE2ERun {
 // snapshot-controller (distributed snapshotting, as node-local volumes need), and deploy/csi
 // with the snapshots component through an overlay as a user writes one; then waits for every
 // node's pod and the controllers.
-func installForE2E(t *testing.T, cp *framework.ControlPlane, dir, registry string, release map[string]imageEntry, crds, controller string, nodes []string) {
+func installForE2E(t *testing.T, cp *framework.ControlPlane, dir, registry string, release map[string]realnode.ImageEntry, crds, controller string, nodes []string) {
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", crds)
 
 	sc := filepath.Join(dir, "snapshot-controller")

@@ -2,8 +2,6 @@ package e2enode
 
 import (
 	"context"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,28 +12,25 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/test/framework/realnode"
 )
 
 // testRestrictedTimestamps: in a namespace that enforces Pod Security "restricted", a notebook at a
 // commit SHA, whose cells print the time, runs on the real kubelet and matches a golden notebook
 // recorded at another time once timestamps are ignored (Succeeded, the commit in its status); the
 // same job without the ignore pattern fails on the first timestamp.
-func testRestrictedTimestamps(t *testing.T, c *cluster, cl client.Client, git *gitServer) {
+func testRestrictedTimestamps(t *testing.T, c *cluster, cl client.Client, git *realnode.GitServer) {
 	ctx := context.Background()
-	url := git.createRepo(t, "stamped", map[string]string{
+	url := git.CreateRepo(t, "stamped", map[string]string{
 		"notebooks/stamped.ipynb": notebookJSON(t, "timestamps", "date started at", "print accuracy 0.9120", "date finished at"),
 		"golden/stamped.ipynb": goldenJSON(t, "started at 2024-01-02T03:04:05.123456789Z\n", "accuracy 0.9120\n",
 			"finished at 2024-01-02T03:05:00Z\n"),
 	})
-	out, err := exec.Command(git.git, "--git-dir", filepath.Join(git.root, "stamped.git"), "rev-parse", "HEAD").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sha := strings.TrimSpace(string(out))
+	sha := git.Head(t, "stamped")
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "restricted-",
 		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}
-	ns, err = c.cp.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+	ns, err := c.cp.Client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +39,7 @@ func testRestrictedTimestamps(t *testing.T, c *cluster, cl client.Client, git *g
 	})
 
 	job := func(name string, ignore bool) *v1alpha1.NotebookValidationJob {
-		j := newNotebookJob(ns.Name, name, url, sha, "notebooks/stamped.ipynb", c.bins.images["papermill"].Ref)
+		j := newNotebookJob(ns.Name, name, url, sha, "notebooks/stamped.ipynb", c.bins.Images["papermill"].Ref)
 		j.Spec.PodConfig.Resources = &corev1.ResourceRequirements{
 			Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 			Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("256Mi")}}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -90,9 +92,9 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	git := startGitServer(t, podSubnet, podGateway)
-	url := git.createRepo(t, "notebooks", notebookRepo(t), "v1")
-	image := c.bins.images["papermill"].Ref
+	git := realnode.StartGitServer(t, realnode.PodSubnet, realnode.PodGateway)
+	url := git.CreateRepo(t, "notebooks", notebookRepo(t), "v1")
+	image := c.bins.Images["papermill"].Ref
 
 	settings := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: notebookConfigMap},
 		Data: map[string]string{"greeting.txt": notebookGreeting}}
@@ -124,17 +126,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	timeout.Spec.Timeout = &metav1.Duration{Duration: 20 * time.Second}
 	badRef := newNotebookJob(c.ns, "bad-ref", url, "no-such-branch", "notebooks/fail.ipynb", image)
 
-	jobs := []*v1alpha1.NotebookValidationJob{volumes, failing, timeout, badRef}
-	for _, j := range jobs {
-		if err := cl.Create(ctx, j); err != nil {
-			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, j := range jobs {
-			_ = cl.Delete(context.Background(), j)
-		}
-	})
+	createJobs(t, cl, volumes, failing, timeout, badRef)
 
 	t.Run("volumes", func(t *testing.T) {
 		job := waitJobDone(t, c.cp, cl, volumes)
@@ -145,10 +137,10 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, subnet, _ := net.ParseCIDR(podSubnet); pod.Spec.HostNetwork || !subnet.Contains(net.ParseIP(pod.Status.PodIP)) {
-			t.Errorf("pod %s ran with IP %q, hostNetwork %v; want an address of the pod network %s", pod.Name, pod.Status.PodIP, pod.Spec.HostNetwork, podSubnet)
+		if _, subnet, _ := net.ParseCIDR(realnode.PodSubnet); pod.Spec.HostNetwork || !subnet.Contains(net.ParseIP(pod.Status.PodIP)) {
+			t.Errorf("pod %s ran with IP %q, hostNetwork %v; want an address of the pod network %s", pod.Name, pod.Status.PodIP, pod.Spec.HostNetwork, realnode.PodSubnet)
 		}
-		if git.podRequests.Load() == 0 {
+		if git.PodRequests.Load() == 0 {
 			t.Errorf("the git server saw no request from the pod network")
 		}
 		// kubelet tears the volumes of an ended pod down before the pod is deleted.
@@ -318,20 +310,20 @@ func goldenJSON(t *testing.T, stdouts ...string) string {
 // credentials Secret, and the executed notebook compared with golden notebooks: one within the
 // tolerance (Succeeded), one whose first code cell is off (Failed, GoldenMismatch, naming the
 // cell); without the Secret the clone is refused.
-func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServer) {
+func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *realnode.GitServer) {
 	ctx := context.Background()
-	url := git.createRepo(t, "private", map[string]string{
+	url := git.CreateRepo(t, "private", map[string]string{
 		"notebooks/report.ipynb":    notebookJSON(t, "report", "print accuracy 0.9120 loss 12.5", "print done"),
 		"golden/report.ipynb":       goldenJSON(t, "accuracy 0.9125 loss 12.51\n", "done\n"),
 		"golden/report-wrong.ipynb": goldenJSON(t, "accuracy 0.9500 loss 12.5\n", "done\n"),
 	})
-	git.protect("private", privateUser, privateToken)
+	git.Protect("private", privateUser, privateToken)
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "git-creds"}, Type: corev1.SecretTypeBasicAuth,
 		StringData: map[string]string{corev1.BasicAuthUsernameKey: privateUser, corev1.BasicAuthPasswordKey: privateToken}}
 	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	image := c.bins.images["papermill"].Ref
+	image := c.bins.Images["papermill"].Ref
 	job := func(name, golden string, creds bool) *v1alpha1.NotebookValidationJob {
 		j := newNotebookJob(c.ns, name, url, "main", "notebooks/report.ipynb", image)
 		if creds {
@@ -343,18 +335,10 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServe
 	matching := job("golden-match", "golden/report.ipynb", true)
 	mismatch := job("golden-mismatch", "golden/report-wrong.ipynb", true)
 	anonymous := job("golden-anonymous", "golden/report.ipynb", false)
-	jobs := []*v1alpha1.NotebookValidationJob{matching, mismatch, anonymous}
-	for _, j := range jobs {
-		if err := cl.Create(ctx, j); err != nil {
-			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
-		}
-	}
 	t.Cleanup(func() {
-		for _, j := range jobs {
-			_ = cl.Delete(context.Background(), j)
-		}
 		_ = c.cp.Client.CoreV1().Secrets(c.ns).Delete(context.Background(), secret.Name, metav1.DeleteOptions{})
 	})
+	jobs := createJobs(t, cl, matching, mismatch, anonymous) // deleted before the Secret
 
 	var messages []string
 	got := waitJobDone(t, c.cp, cl, matching)
@@ -375,7 +359,7 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServe
 	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || !strings.Contains(got.Status.Message, "container git-clone exited with code 128") {
 		t.Errorf("clone without credentials: %s: %s", got.Status.Phase, got.Status.Message)
 	}
-	if git.refused.Load() == 0 {
+	if git.Refused.Load() == 0 {
 		t.Error("the git server refused nothing: the repository was not private")
 	}
 	for _, m := range messages {
@@ -386,4 +370,20 @@ func testPrivateGolden(t *testing.T, c *cluster, cl client.Client, git *gitServe
 	for _, j := range jobs {
 		deletePodAndWait(t, c.cp, c.ns, notebook.PodName(j))
 	}
+}
+
+// createJobs creates the NotebookValidationJobs and deletes them when the test ends.
+func createJobs(t *testing.T, cl client.Client, jobs ...*v1alpha1.NotebookValidationJob) []*v1alpha1.NotebookValidationJob {
+	t.Helper()
+	for _, j := range jobs {
+		if err := cl.Create(context.Background(), j); err != nil {
+			t.Fatalf("creating NotebookValidationJob %s: %v", j.Name, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, j := range jobs {
+			_ = cl.Delete(context.Background(), j)
+		}
+	})
+	return jobs
 }

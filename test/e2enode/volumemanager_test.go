@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,7 +43,7 @@ func startStoragePoolSidecar(t *testing.T, c *cluster) {
 	}
 	framework.StartProcess(t, "storagepool-sidecar", bin,
 		"--kubeconfig="+c.cp.Kubeconfig,
-		"--csi-address="+c.node.socket,
+		"--csi-address="+c.node.Socket,
 		"--node-name="+nodeName,
 		"--resync-period=1m",
 		"--v=3",
@@ -53,7 +55,7 @@ func startStoragePoolSidecar(t *testing.T, c *cluster) {
 // the source; then the stager is gone, a ReadOnlyMany volume gives pods the cached tree
 // read-only and a ReadWriteOnce volume gives each pod a writable copy, the cache untouched.
 func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
-	c.node.waitRegistered(t, c.cp)
+	c.node.WaitRegistered(t, c.cp)
 	startStoragePoolSidecar(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -151,7 +153,7 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 		t.Errorf("the node's cache differs from the source:\n got  %v\n want %v", cached, files)
 	}
 	var sp spapi.StoragePool
-	if err := cl.Get(ctx, client.ObjectKey{Name: poolName + "." + nodeName}, &sp); err != nil {
+	if err := cl.Get(ctx, client.ObjectKey{Name: realnode.PoolName + "." + nodeName}, &sp); err != nil {
 		t.Fatal(err)
 	}
 	if sp.Labels[consts.LabelDatasetPrefix+ds] != "true" {

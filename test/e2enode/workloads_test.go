@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cistern-csi/cistern/test/framework/realnode"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -28,14 +30,14 @@ func startWorkloadController(t *testing.T, c *cluster) error {
 	t.Helper()
 	// InstallCRDs logs through controller-runtime before the controller's Run sets its logger.
 	crlog.SetLogger(klog.Background())
-	root, err := repoRoot()
+	root, err := realnode.RepoRoot()
 	if err != nil {
 		return err
 	}
 	if err := testutil.InstallCRDs(c.cp.Config, filepath.Join(root, "deploy", "csi", "crds")); err != nil {
 		return fmt.Errorf("installing the workload CRDs: %w", err)
 	}
-	ports, err := freePorts(1)
+	ports, err := realnode.FreePorts(1)
 	if err != nil {
 		return err
 	}
@@ -46,7 +48,7 @@ func startWorkloadController(t *testing.T, c *cluster) error {
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: c.bins.images["git"].Ref, CompareImage: c.bins.images["controller"].Ref,
+		GitImage: c.bins.Images["git"].Ref, CompareImage: c.bins.Images["controller"].Ref,
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(1)))
 	errc := make(chan error, 1)

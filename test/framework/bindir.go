@@ -31,11 +31,7 @@ var controlPlaneBinaries = []string{"etcd", "kube-apiserver", "kube-controller-m
 // that a CI run cannot pass by skipping.
 func BinDir(t TB) string {
 	t.Helper()
-	dir, err := findBinDir()
-	if err != nil {
-		missing(t, err)
-	}
-	return dir
+	return orMissing(t, findBinDir)
 }
 
 // Binary returns the path of one binary in BinDir, e.g. "kubectl" or "kubelet".
@@ -80,7 +76,13 @@ func findBinDir() (string, error) {
 // Missing, it skips the test (fails it when CI=true).
 func ExternalProvisioner(t TB) string {
 	t.Helper()
-	path, err := ExternalProvisionerPath()
+	return orMissing(t, ExternalProvisionerPath)
+}
+
+// orMissing is the path find returns, or the test skipped (failed under CI=true) with its error.
+func orMissing(t TB, find func() (string, error)) string {
+	t.Helper()
+	path, err := find()
 	if err != nil {
 		missing(t, err)
 	}

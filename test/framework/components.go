@@ -33,7 +33,7 @@ func (cp *ControlPlane) run(name string, args ...string) (*Process, error) {
 }
 
 func (cp *ControlPlane) startEtcd(ctx context.Context) (string, error) {
-	ports, err := freePorts(2)
+	ports, err := FreePorts(2)
 	if err != nil {
 		return "", err
 	}
@@ -58,7 +58,7 @@ func (cp *ControlPlane) startEtcd(ctx context.Context) (string, error) {
 }
 
 func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdURL string, creds *credentials, extra []string) error {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return err
 	}
@@ -103,27 +103,39 @@ func (cp *ControlPlane) startAPIServer(ctx context.Context, etcdURL string, cred
 	return waitReady(ctx, p, client, cp.URL+"/readyz", creds.adminToken)
 }
 
-func (cp *ControlPlane) startControllerManager(ctx context.Context, creds *credentials, controllers, extra []string) error {
-	port, err := freePort()
+// componentArgs are the flags kube-controller-manager and kube-scheduler share: a kubeconfig for
+// their own user, a free secure port on loopback (returned too), a certificate directory of their
+// own, no leader election.
+func (cp *ControlPlane) componentArgs(name string, caCert []byte, user, token string) (int, []string, error) {
+	port, err := FreePort()
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
-	kubeconfig := filepath.Join(cp.Dir, "kube-controller-manager.kubeconfig")
-	if err := writeKubeconfig(kubeconfig, cp.URL, creds.caCert, "system:kube-controller-manager", creds.kcmToken); err != nil {
-		return err
+	kubeconfig := filepath.Join(cp.Dir, name+".kubeconfig")
+	if err := writeKubeconfig(kubeconfig, cp.URL, caCert, user, token); err != nil {
+		return 0, nil, err
 	}
-	args := append([]string{
+	return port, []string{
 		"--kubeconfig=" + kubeconfig,
 		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", port),
-		"--cert-dir=" + filepath.Join(cp.Dir, "kube-controller-manager"),
+		"--cert-dir=" + filepath.Join(cp.Dir, name),
 		"--leader-elect=false",
-		"--controllers=" + strings.Join(controllers, ","),
+	}, nil
+}
+
+func (cp *ControlPlane) startControllerManager(ctx context.Context, creds *credentials, controllers, extra []string) error {
+	port, args, err := cp.componentArgs("kube-controller-manager", creds.caCert, "system:kube-controller-manager", creds.kcmToken)
+	if err != nil {
+		return err
+	}
+	args = append(append(args,
+		"--controllers="+strings.Join(controllers, ","),
 		// Each controller with its own ServiceAccount and RBAC role, as in a real cluster.
 		"--use-service-account-credentials=true",
-		"--service-account-private-key-file=" + creds.saSigningKey,
-		"--root-ca-file=" + creds.caFile,
-	}, extra...)
+		"--service-account-private-key-file="+creds.saSigningKey,
+		"--root-ca-file="+creds.caFile,
+	), extra...)
 	p, err := cp.run("kube-controller-manager", args...)
 	if err != nil {
 		return err
@@ -142,22 +154,11 @@ func (cp *ControlPlane) startControllerManager(ctx context.Context, creds *crede
 }
 
 func (cp *ControlPlane) startScheduler(ctx context.Context, creds *credentials, extra []string) error {
-	port, err := freePort()
+	port, args, err := cp.componentArgs("kube-scheduler", creds.caCert, "system:kube-scheduler", creds.schedulerToken)
 	if err != nil {
 		return err
 	}
-	kubeconfig := filepath.Join(cp.Dir, "kube-scheduler.kubeconfig")
-	if err := writeKubeconfig(kubeconfig, cp.URL, creds.caCert, "system:kube-scheduler", creds.schedulerToken); err != nil {
-		return err
-	}
-	args := append([]string{
-		"--kubeconfig=" + kubeconfig,
-		"--bind-address=127.0.0.1",
-		fmt.Sprintf("--secure-port=%d", port),
-		"--cert-dir=" + filepath.Join(cp.Dir, "kube-scheduler"),
-		"--leader-elect=false",
-	}, extra...)
-	p, err := cp.run("kube-scheduler", args...)
+	p, err := cp.run("kube-scheduler", append(args, extra...)...)
 	if err != nil {
 		return err
 	}

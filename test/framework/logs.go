@@ -83,23 +83,14 @@ func sanitize(name string) string {
 	return strings.ReplaceAll(name, "..", "_")
 }
 
-// repoRoot walks up from the working directory (the package under test) to the root module.
+// repoRoot is RepoRoot, checked: the framework writes its logs there.
 func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
+	dir := RepoRoot()
+	data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+	if err != nil || !bytes.Contains(data, []byte("module github.com/cistern-csi/cistern\n")) {
+		return "", fmt.Errorf("repository root not found at %s (this binary was built elsewhere); set %s", dir, LogDirEnv)
 	}
-	for {
-		data, err := os.ReadFile(filepath.Join(dir, "go.mod"))
-		if err == nil && bytes.Contains(data, []byte("module github.com/cistern-csi/cistern\n")) {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("repository root not found above the working directory; set %s", LogDirEnv)
-		}
-		dir = parent
-	}
+	return dir, nil
 }
 
 // Tail returns the last n lines of a file, to explain why a component did not come up.

@@ -21,6 +21,9 @@ var shared struct {
 	err     error
 	logDir  string
 	dataDir string
+
+	setupOnce sync.Once
+	setupErr  error
 }
 
 // RunShared runs the tests of a binary that share one control plane, then stops it. Call it from
@@ -67,6 +70,23 @@ func Shared(t TB) *ControlPlane {
 		t.Fatalf("shared control plane did not start: %v", shared.err)
 	}
 	return shared.cp
+}
+
+// SharedSetup returns the shared control plane (see Shared) after setup has run on it once for the
+// whole binary: installing CRDs and RBAC, starting a controller in this process. Every test of the
+// suite calls it first; if setup failed (or failed the test it ran in), every caller fails with
+// that error.
+func SharedSetup(t TB, setup func(cp *ControlPlane) error) *ControlPlane {
+	t.Helper()
+	cp := Shared(t)
+	shared.setupOnce.Do(func() {
+		shared.setupErr = errors.New("setup did not finish")
+		shared.setupErr = setup(cp)
+	})
+	if shared.setupErr != nil {
+		t.Fatalf("suite setup: %v", shared.setupErr)
+	}
+	return cp
 }
 
 func startShared(t TB) (*ControlPlane, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -29,8 +28,8 @@ import (
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	spac "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1/applyconfiguration/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -237,9 +236,9 @@ type scaleResult struct {
 // resync with nothing changed (goal 0) and of one pool's capacity change (goal 1).
 func BenchmarkSidecarScale(b *testing.B) {
 	cp := framework.Shared(b)
-	installBench(b, cp)
+	install(b, cp)
 	total := benchNodes * benchPoolsPerNode
-	c, err := storagepool.NewClient(restConfigUnlimited(cp))
+	c, err := poolpublisher.NewClient(restConfigUnlimited(cp))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -299,15 +298,10 @@ the goals, hold in both modes.
 			b.Errorf("%s: writes per idle resync = %v (want 0), after one capacity change = %v (want 1)", mode, r.idleWrites, r.changeWrites)
 		}
 	}
-	if out := os.Getenv("CISTERN_BENCH_OUT"); out != "" {
-		if err := writeBenchSection(out, report); err != nil {
-			b.Error(err)
-		}
-	}
 }
 
 // benchPeer applies total objects, spec then status, one by one, and deletes them.
-func benchPeer(b *testing.B, c *storagepool.Client, total int) time.Duration {
+func benchPeer(b *testing.B, c *poolpublisher.Client, total int) time.Duration {
 	b.Helper()
 	start := time.Now()
 	for i := range total {
@@ -333,14 +327,14 @@ func benchPeer(b *testing.B, c *storagepool.Client, total int) time.Duration {
 }
 
 // benchControllerMode runs the real sidecar binary against a stub driver reporting all nodes.
-func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Client, total int) scaleResult {
+func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *poolpublisher.Client, total int) scaleResult {
 	b.Helper()
 	d := newManyNodesDriver("bench")
 	sock := d.serve(b)
 	writes0 := apiserverWrites(b, cp)
 	start := time.Now()
 	kubeconfig := framework.ServiceAccountKubeconfig(b, cp, sidecarNamespace, sidecarServiceAccount)
-	addr := freeAddrB(b)
+	addr := framework.FreeAddr(b)
 	proc := framework.StartProcess(b, "storagepool-sidecar-bench", filepath.Join(binDir, "storagepool-sidecar"),
 		"--csi-address="+sock, "--kubeconfig="+kubeconfig, "--http-endpoint="+addr,
 		"--resync-period="+benchResync.String(), "--kube-api-qps=100000", "--kube-api-burst=100000",
@@ -361,7 +355,7 @@ func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *storagepoo
 
 	w1 := apiserverWrites(b, cp)
 	d.shrink(1234)
-	name := storagepool.ObjectName("pool2", "bench-node-0308", false)
+	name := poolpublisher.ObjectName("pool2", "bench-node-0308", false)
 	waitB(b, time.Minute, "the capacity change", func() bool {
 		obj, err := c.Get(context.Background(), name, metav1.GetOptions{})
 		return err == nil && obj.Status.Capacity.Available.Value() == 3<<40-1<<30
@@ -423,7 +417,7 @@ func (s nodeSource) Watch(ctx context.Context, onChange func(uint64)) error {
 }
 
 // benchPerNode runs one reconciler per node, each as the per-node sidecar sets itself up.
-func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Client, total int) scaleResult {
+func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *poolpublisher.Client, total int) scaleResult {
 	b.Helper()
 	d := newManyNodesDriver("pernode")
 	// The reconcilers' own logs would drown the benchmark's output; their metrics count instead.
@@ -434,21 +428,21 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 		wg.Wait()
 	}()
 	reg := k8smetrics.NewKubeRegistry()
-	m := storagepool.NewMetrics(reg) // shared: counts the syncs of all reconcilers
+	m := poolpublisher.NewMetrics(reg) // shared: counts the syncs of all reconcilers
 	successes := func() float64 { return gatherSum(b, reg, "storagepool_sidecar_syncs_total", "success") }
 	writes0 := apiserverWrites(b, cp)
 	start := time.Now()
 	for n := range benchNodes {
 		node := fmt.Sprintf("pernode-node-%04d", n)
 		informers := []cache.SharedIndexInformer{
-			storagepool.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelNode: storagepool.LabelValue(node)})),
-			storagepool.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
+			poolpublisher.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelNode: poolpublisher.LabelValue(node)})),
+			poolpublisher.NewInformer(c, labels.SelectorFromSet(labels.Set{consts.LabelShared: "true"})),
 		}
-		objects, err := storagepool.NewObjectCache(informers...)
+		objects, err := poolpublisher.NewObjectCache(informers...)
 		if err != nil {
 			b.Fatal(err)
 		}
-		r, err := storagepool.NewReconciler(storagepool.Config{DriverName: consts.DriverName, NodeName: node, ResyncPeriod: benchResync},
+		r, err := poolpublisher.NewReconciler(poolpublisher.Config{DriverName: consts.DriverName, NodeName: node, ResyncPeriod: benchResync},
 			nodeSource{d: d, node: n}, c, objects, m)
 		if err != nil {
 			b.Fatal(err)
@@ -491,7 +485,7 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 
 	w1 := apiserverWrites(b, cp)
 	d.shrink(1234)
-	name := storagepool.ObjectName("pool2", "pernode-node-0308", false)
+	name := poolpublisher.ObjectName("pool2", "pernode-node-0308", false)
 	waitB(b, time.Minute, "the capacity change", func() bool {
 		obj, err := c.Get(context.Background(), name, metav1.GetOptions{})
 		return err == nil && obj.Status.Capacity.Available.Value() == 3<<40-1<<30
@@ -502,29 +496,10 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *storagepool.Clien
 	return r
 }
 
-func installBench(b *testing.B, cp *framework.ControlPlane) {
-	b.Helper()
-	installOnce.Do(func() {
-		framework.ApplyYAML(b, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
-		framework.ApplyManifests(b, cp, filepath.Join(repoRoot, "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
-			filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar/rbac.yaml"))
-	})
-}
-
 func restConfigUnlimited(cp *framework.ControlPlane) *rest.Config {
 	cfg := *cp.Config
 	cfg.QPS, cfg.Burst = 100000, 100000
 	return &cfg
-}
-
-func freeAddrB(b *testing.B) string {
-	b.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func waitB(b *testing.B, timeout time.Duration, what string, cond func() bool) {
@@ -534,28 +509,4 @@ func waitB(b *testing.B, timeout time.Duration, what string, cond func() bool) {
 	if err != nil {
 		b.Fatalf("waiting for %s: %v", what, err)
 	}
-}
-
-const (
-	benchStart = "<!-- bench-sidecar:start -->"
-	benchEnd   = "<!-- bench-sidecar:end -->"
-)
-
-// writeBenchSection replaces this benchmark's section of docs/benchmarks.md (or appends it).
-func writeBenchSection(path, report string) error {
-	data, err := os.ReadFile(path)
-	if err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	section := benchStart + "\n## storagepool-sidecar at scale\n\n" + report + benchEnd
-	text := string(data)
-	if i, j := strings.Index(text, benchStart), strings.Index(text, benchEnd); i >= 0 && j > i {
-		text = text[:i] + section + text[j+len(benchEnd):]
-	} else {
-		if text == "" {
-			text = "# Benchmarks\n"
-		}
-		text = strings.TrimRight(text, "\n") + "\n\n" + section + "\n"
-	}
-	return os.WriteFile(path, []byte(text), 0o644)
 }

@@ -2,9 +2,10 @@ package storagepool_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,7 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
@@ -40,19 +41,19 @@ const (
 var installOnce sync.Once
 
 // install applies the StoragePool CRD and the sidecar's RBAC from deploy/csi, once per package.
-func install(t *testing.T, cp *framework.ControlPlane) {
+func install(t testing.TB, cp *framework.ControlPlane) {
 	t.Helper()
 	installOnce.Do(func() {
 		framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: "+sidecarNamespace+"\n")
-		framework.ApplyManifests(t, cp, filepath.Join(repoRoot, "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
-			filepath.Join(repoRoot, "deploy/csi/storagepool-sidecar/rbac.yaml"))
+		framework.ApplyManifests(t, cp, filepath.Join(framework.RepoRoot(), "deploy/csi/crds/storagepool.storage.k8s.io_storagepools.yaml"),
+			filepath.Join(framework.RepoRoot(), "deploy/csi/storagepool-sidecar/rbac.yaml"))
 	})
 }
 
 // adminClient reads StoragePools as admin, to check what the sidecar wrote.
-func adminClient(t *testing.T, cp *framework.ControlPlane) *storagepool.Client {
+func adminClient(t *testing.T, cp *framework.ControlPlane) *poolpublisher.Client {
 	t.Helper()
-	c, err := storagepool.NewClient(cp.Config)
+	c, err := poolpublisher.NewClient(cp.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,14 +146,9 @@ func startDriverArgs(t *testing.T, node string, args []string, pools ...poolConf
 
 func (d *driver) start() {
 	d.t.Helper()
-	_ = os.Remove(d.socket)
-	d.proc = framework.StartProcess(d.t, "csi-driver-"+d.node, filepath.Join(binDir, "csi-driver"),
-		append([]string{"--endpoint=unix://" + d.socket, "--node-id=" + d.node, "--mode=node", "--pools-config=" + d.config,
+	d.proc = framework.StartCSIDriver(d.t, "csi-driver-"+d.node, filepath.Join(binDir, "csi-driver"), d.socket,
+		append([]string{"--node-id=" + d.node, "--mode=node", "--pools-config=" + d.config,
 			"--state-dir=" + filepath.Join(filepath.Dir(d.config), "state"), "--pool-check-interval=200ms", "-v=4"}, d.args...)...)
-	waitFor(d.t, "the driver's socket", func() bool {
-		_, err := os.Stat(d.socket)
-		return err == nil
-	})
 }
 
 func (d *driver) setPools(pools ...poolConfig) { writePoolsConfig(d.t, d.config, pools) }
@@ -168,23 +164,13 @@ func startSidecar(t *testing.T, cp *framework.ControlPlane, d *driver, extra ...
 	t.Helper()
 	install(t, cp)
 	kubeconfig := framework.ServiceAccountKubeconfig(t, cp, sidecarNamespace, sidecarServiceAccount)
-	addr := freeAddr(t)
+	addr := framework.FreeAddr(t)
 	args := append([]string{
 		"--csi-address=" + d.socket, "--kubeconfig=" + kubeconfig, "--node-name=" + d.node,
 		"--http-endpoint=" + addr, "--resync-period=2s", "-v=4",
 	}, extra...)
 	p := framework.StartProcess(t, "storagepool-sidecar-"+d.node, filepath.Join(binDir, "storagepool-sidecar"), args...)
 	return &sidecar{proc: p, metricsAddr: addr}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // metric returns the sum of a metric's samples whose labels contain match, from the sidecar's
@@ -221,17 +207,19 @@ func sumMetric(text, name, match string) float64 {
 	return sum
 }
 
+// waitFor is framework.Eventually for a condition that holds or not.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, waitTimeout, true,
-		func(context.Context) (bool, error) { return cond(), nil })
-	if err != nil {
-		t.Fatalf("waiting for %s: %v", what, err)
-	}
+	framework.Eventually(t, waitTimeout, what, func(context.Context) error {
+		if cond() {
+			return nil
+		}
+		return errors.New("not yet")
+	})
 }
 
 // waitPool waits until the object exists and cond holds for it, and returns it.
-func waitPool(t *testing.T, c *storagepool.Client, name, what string, cond func(*spapi.StoragePool) bool) *spapi.StoragePool {
+func waitPool(t *testing.T, c *poolpublisher.Client, name, what string, cond func(*spapi.StoragePool) bool) *spapi.StoragePool {
 	t.Helper()
 	var last *spapi.StoragePool
 	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, waitTimeout, true,
@@ -252,7 +240,7 @@ func waitPool(t *testing.T, c *storagepool.Client, name, what string, cond func(
 	return last
 }
 
-func waitGone(t *testing.T, c *storagepool.Client, name string) {
+func waitGone(t *testing.T, c *poolpublisher.Client, name string) {
 	t.Helper()
 	waitFor(t, "StoragePool "+name+" to be deleted", func() bool {
 		_, err := c.Get(context.Background(), name, metav1.GetOptions{})
@@ -286,4 +274,34 @@ func canI(t *testing.T, cfg *rest.Config, verb, group, resource string) bool {
 		t.Fatal(err)
 	}
 	return r.Status.Allowed
+}
+
+// restartWritesNothing replaces the sidecar sc by a new one for d, started for owner (whose end
+// stops it), and checks that once it has synced three times (several resyncs and the driver's watch
+// stream have run by then) it has made no API write and left the StoragePool name as it was. It
+// returns the new sidecar.
+func restartWritesNothing(t, owner *testing.T, cp *framework.ControlPlane, c *poolpublisher.Client, d *driver, sc *sidecar, name string) *sidecar {
+	t.Helper()
+	before, err := c.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc.proc.Stop()
+	sc = startSidecar(owner, cp, d)
+	waitFor(t, "three syncs of the new sidecar", func() bool {
+		return sc.metric("storagepool_sidecar_syncs_total", `result="success"`) >= 3
+	})
+	if w := sc.metric("storagepool_sidecar_api_writes_total", ""); w != 0 {
+		t.Errorf("the restarted sidecar made %v API writes, want 0", w)
+	}
+	after, err := c.Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != before.ResourceVersion {
+		b, _ := json.Marshal(before.Status)
+		a, _ := json.Marshal(after.Status)
+		t.Errorf("resourceVersion changed from %s to %s; status before %s, after %s", before.ResourceVersion, after.ResourceVersion, b, a)
+	}
+	return sc
 }

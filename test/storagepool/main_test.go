@@ -6,19 +6,14 @@ package storagepool_test
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-var (
-	// binDir holds csi-driver and storagepool-sidecar, built once for the package.
-	binDir string
-	// repoRoot is the repository checkout (deploy/ lives there).
-	repoRoot string
-)
+// binDir holds csi-driver and storagepool-sidecar, built once for the package.
+var binDir string
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -31,17 +26,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 	cmd := testutil.GoBuild(dir+"/", "./cmd/csi-driver", "./cmd/storagepool-sidecar")
-	cmd.Dir = root
+	cmd.Dir = framework.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building the binaries: %v\n%s", err, out)
 		return 1
 	}
-	binDir, repoRoot = dir, root
+	binDir = dir
 	return framework.RunShared(m, framework.Options{})
 }

@@ -109,27 +109,8 @@ func TestPoolLifecycle(t *testing.T) {
 			time.Sleep(4500 * time.Millisecond)
 			return w >= 0 && sc.metric("storagepool_sidecar_api_writes_total", "") == w
 		})
-		before, err := c.Get(context.Background(), fastName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc.proc.Stop()
 		// Started for the parent test: the next subtests need it running.
-		sc = startSidecar(parent, cp, d)
-		// Several resyncs (2s each) and the driver's watch stream have run once this many syncs passed.
-		waitFor(t, "three syncs of the new sidecar", func() bool {
-			return sc.metric("storagepool_sidecar_syncs_total", `result="success"`) >= 3
-		})
-		if w := sc.metric("storagepool_sidecar_api_writes_total", ""); w != 0 {
-			t.Errorf("the restarted sidecar made %v API writes, want 0", w)
-		}
-		after, err := c.Get(context.Background(), fastName, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if after.ResourceVersion != before.ResourceVersion {
-			t.Errorf("resourceVersion changed from %s to %s", before.ResourceVersion, after.ResourceVersion)
-		}
+		sc = restartWritesNothing(t, parent, cp, c, d, sc, fastName)
 	})
 
 	t.Run("an unreachable driver deletes nothing", func(t *testing.T) {

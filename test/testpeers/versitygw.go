@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
+	"github.com/cistern-csi/cistern/test/framework/kit"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -32,6 +34,26 @@ type S3 struct {
 	Dir    string
 	Client *s3.Client
 	cmd    *exec.Cmd
+}
+
+// VersitygwVersion is what the datasource area's `make s3-tools` builds.
+const VersitygwVersion = "v1.8.0"
+
+// VersitygwBinary finds versitygw from $CISTERN_VERSITYGW or the cache; "" if it is not built.
+func VersitygwBinary() string {
+	if p := os.Getenv("CISTERN_VERSITYGW"); p != "" {
+		return p
+	}
+	cache := os.Getenv("CISTERN_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "cistern")
+	}
+	p := filepath.Join(cache, "versitygw-"+VersitygwVersion, "bin", "versitygw")
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
 }
 
 // Binary finds a peer binary from its environment variable; without it the test is skipped,
@@ -48,29 +70,26 @@ func Binary(t testing.TB, env string) string {
 	return ""
 }
 
-// FreePort returns a loopback address nobody listens on.
-func FreePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// StartS3 starts versitygw on loopback over dir (a temp dir when empty), with static root
-// credentials, and stops it when the test ends.
+// StartS3 starts versitygw ($CISTERN_VERSITYGW) on loopback over dir (a temp dir when empty), with
+// static root credentials, and stops it when the test ends.
 func StartS3(t testing.TB, dir string) *S3 {
 	t.Helper()
 	bin := Binary(t, "CISTERN_VERSITYGW")
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	return StartVersitygw(t, bin, dir)
+}
+
+// StartVersitygw serves dir over S3 with the versitygw binary bin on a free loopback port, static
+// root credentials and keep-alive, until the test (or hack/demo) ends: the one place the test kit
+// starts an S3 server. It takes a kit.TB, so that it links no Kubernetes client.
+func StartVersitygw(t kit.TB, bin, dir string) *S3 {
+	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	addr := FreePort(t)
+	addr := kit.FreeAddr(t)
 	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
 	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
 		"--keep-alive", "--quiet", "posix", dir)
@@ -91,7 +110,7 @@ func StartS3(t testing.TB, dir string) *S3 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("versitygw did not start: %s", out.String())
+			t.Fatalf("versitygw not listening on %s: %s", addr, out.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

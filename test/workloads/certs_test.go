@@ -15,7 +15,7 @@ import (
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
-	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
@@ -32,8 +32,8 @@ func TestWebhookCertificates(t *testing.T) {
 
 	// The configurations as deploy/ installs them (no caBundle), matching nothing, so they cannot
 	// disturb the other tests.
-	m, v := whcerts.Configurations(whcerts.ServiceClientConfig(ns, "svc", 443), nil, v1alpha1.GroupVersion,
-		&whcerts.PodPlacement{InstallNamespace: ns, DriverName: consts.DriverName})
+	m, v := webhookcert.Configurations(webhookcert.ServiceClientConfig(ns, "svc", 443), nil, v1alpha1.GroupVersion,
+		&webhookcert.PodPlacement{InstallNamespace: ns, DriverName: consts.DriverName})
 	m.Name, v.Name = name, name
 	never := &metav1.LabelSelector{MatchLabels: map[string]string{"test.cistern.dev/never": "true"}}
 	for i := range m.Webhooks {
@@ -51,7 +51,7 @@ func TestWebhookCertificates(t *testing.T) {
 
 	host := "svc." + ns + ".svc"
 	dir := t.TempDir()
-	p := &whcerts.CertProvisioner{Client: cl, Namespace: ns, SecretName: "webhook-cert", Hosts: []string{host, host + ".cluster.local"},
+	p := &webhookcert.CertProvisioner{Client: cl, Namespace: ns, SecretName: "webhook-cert", Hosts: []string{host, host + ".cluster.local"},
 		CertDir: dir, ConfigurationName: name}
 	check := func() (ca []byte) {
 		t.Helper()
@@ -62,9 +62,9 @@ func TestWebhookCertificates(t *testing.T) {
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: "webhook-cert"}, &s); err != nil {
 			t.Fatal(err)
 		}
-		ca = s.Data[whcerts.CACertKey]
-		crt, err := os.ReadFile(filepath.Join(dir, whcerts.CertKey))
-		if err != nil || !bytes.Equal(crt, s.Data[whcerts.CertKey]) {
+		ca = s.Data[webhookcert.CACertKey]
+		crt, err := os.ReadFile(filepath.Join(dir, webhookcert.CertKey))
+		if err != nil || !bytes.Equal(crt, s.Data[webhookcert.CertKey]) {
 			t.Fatalf("served certificate differs from the Secret's: %v", err)
 		}
 		pool := x509.NewCertPool()
@@ -125,12 +125,12 @@ func TestWebhookCertificates(t *testing.T) {
 	}
 
 	// Damaged serving certificate: reissued under the same CA.
-	secret(func(d map[string][]byte) { d[whcerts.CertKey] = []byte("garbage") })
+	secret(func(d map[string][]byte) { d[webhookcert.CertKey] = []byte("garbage") })
 	if ca2 := check(); !bytes.Equal(ca2, ca1) {
 		t.Error("reissuing the serving certificate replaced the CA")
 	}
 	// Lost CA: a new one, injected into the configurations.
-	secret(func(d map[string][]byte) { delete(d, whcerts.CACertKey); delete(d, whcerts.CAKeyKey) })
+	secret(func(d map[string][]byte) { delete(d, webhookcert.CACertKey); delete(d, webhookcert.CAKeyKey) })
 	if ca3 := check(); bytes.Equal(ca3, ca1) {
 		t.Error("CA not replaced")
 	}

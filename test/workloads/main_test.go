@@ -6,11 +6,9 @@
 package workloads_test
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"k8s.io/client-go/rest"
@@ -25,41 +23,28 @@ func TestMain(m *testing.M) {
 	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
 }
 
-var (
-	setupOnce sync.Once
-	setupErr  error
-	// cl is an admin client with the controller's scheme.
-	cl client.Client
-)
+// cl is an admin client with the controller's scheme.
+var cl client.Client
 
 // setup installs the CRDs and starts one controller for the whole package.
 func setup(t *testing.T) *framework.ControlPlane {
 	t.Helper()
-	cp := framework.Shared(t)
-	setupOnce.Do(func() {
-		setupErr = errors.New("setup did not finish")
+	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
 		c, err := client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
 		if err != nil {
-			setupErr = err
-			return
+			return err
 		}
 		if err := testutil.InstallCRDs(cp.Config, filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds")); err != nil {
-			setupErr = err
-			return
+			return err
 		}
 		cl = c
 		// The controller runs as its ServiceAccount with the RBAC of deploy/, so the manifests
 		// are tested along with the code.
 		if err := installRBAC(t, cp); err != nil {
-			setupErr = err
-			return
+			return err
 		}
-		setupErr = startController(framework.ServiceAccountConfig(t, cp, controllerNamespace, controllerSA))
+		return startController(framework.ServiceAccountConfig(t, cp, controllerNamespace, controllerSA))
 	})
-	if setupErr != nil {
-		t.Fatalf("setup: %v", setupErr)
-	}
-	return cp
 }
 
 const (

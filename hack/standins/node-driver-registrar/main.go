@@ -1,8 +1,8 @@
 // Command node-driver-registrar is a stand-in for the upstream sidecar of that name (see
 // hack/standins): it asks the CSI driver for its name over --csi-address, then serves kubelet's
 // plugin Registration API on <--plugin-registration-path>/<driver>-reg.sock with
-// --kubelet-registration-path as the endpoint kubelet dials, using the driver's own registration
-// code (pkg/registration). /healthz on --http-endpoint answers 200 while the socket exists and
+// --kubelet-registration-path as the endpoint kubelet dials (hack/standins/registration).
+// /healthz on --http-endpoint answers 200 while the socket exists and
 // kubelet has not refused the registration. SIGTERM removes the socket, which deregisters the
 // driver.
 //
@@ -24,7 +24,7 @@ import (
 	csirpc "github.com/kubernetes-csi/csi-lib-utils/rpc"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/registration"
+	"github.com/cistern-csi/cistern/hack/standins/registration"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

@@ -68,10 +68,11 @@ const benchToken = "bench-node"
 type benchAuth struct{}
 
 func (benchAuth) Authenticate(_ context.Context, token string) (string, error) {
-	if token != benchToken {
+	node, ok := strings.CutPrefix(token, benchToken+":")
+	if !ok || node == "" {
 		return "", peer.ErrUnauthenticated
 	}
-	return "bench", nil
+	return node, nil
 }
 
 // dirPeers is a peer.Directory of the files nodes write into a directory.
@@ -119,7 +120,7 @@ func TestFanoutNodeChild(t *testing.T) {
 	defer cancel()
 	if cfg.Peers {
 		if dc.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: cfg.Name, Directory: &dirPeers{dir: cfg.Directory},
-			Token: func() (string, error) { return benchToken, nil }}); err != nil {
+			Token: func() (string, error) { return benchToken + ":" + cfg.Name, nil }}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -134,7 +135,7 @@ func TestFanoutNodeChild(t *testing.T) {
 		}
 		// The DaemonSet's limits: 256 MiB/s (unless CISTERN_FANOUT_UPLOAD_MIBS) and 8 requests at
 		// once (a batch counts as one).
-		srv, err := peer.NewServer(peer.ServerConfig{Store: m, Auth: benchAuth{}, Cert: cert, BandwidthBytesPerSec: cfg.UploadBytesPerSec, MaxUploads: 8})
+		srv, err := peer.NewServer(peer.ServerConfig{Store: m, Auth: benchAuth{}, Self: cfg.Name, Cert: cert, BandwidthBytesPerSec: cfg.UploadBytesPerSec, MaxUploads: 8})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -113,8 +113,11 @@ func (e *DeniedError) Error() string {
 func (e *DeniedError) Unwrap() error { return e.Err }
 
 // Allow is the administrator's list of endpoints that untrusted volumes (inline volumes,
-// VolumeManagers) may name. Empty allows every endpoint that is not Forbidden.
+// VolumeManagers) may name. Empty refuses every endpoint (tenants fail closed until the
+// administrator lists networks); "*" (Any) allows every endpoint that is not Forbidden.
 type Allow struct {
+	// Any allows every endpoint that is not Forbidden (the entry "*").
+	Any bool
 	// Hosts are endpoint host names: exact ("s3.example.com") or a suffix ("*.example.com").
 	Hosts []string
 	// Nets are networks whose addresses are allowed, whatever name leads there.
@@ -128,6 +131,8 @@ func ParseAllow(entries []string) (Allow, error) {
 		e = strings.TrimSpace(e)
 		switch {
 		case e == "":
+		case e == "*":
+			a.Any = true
 		case strings.Contains(e, "/"):
 			p, err := netip.ParsePrefix(e)
 			if err != nil {
@@ -147,8 +152,8 @@ func ParseAllow(entries []string) (Allow, error) {
 	return a, nil
 }
 
-// Empty reports whether the list allows any endpoint.
-func (a Allow) Empty() bool { return len(a.Hosts) == 0 && len(a.Nets) == 0 }
+// Empty reports whether the list allows no endpoint at all.
+func (a Allow) Empty() bool { return !a.Any && len(a.Hosts) == 0 && len(a.Nets) == 0 }
 
 // Policy returns what a source with an endpoint on host may connect to, or an error when no
 // address could be allowed. A host the list names may go wherever it resolves (except Forbidden
@@ -157,7 +162,10 @@ func (a Allow) Policy(host string) (Policy, error) {
 	if err := ForbiddenHost(host); err != nil {
 		return Policy{}, err
 	}
-	if a.Empty() || a.hostAllowed(host) {
+	if a.Empty() {
+		return Policy{}, fmt.Errorf("endpoint host %s refused: tenant S3 endpoints are refused until the administrator lists them in --tenant-s3-endpoints (\"*\" allows any)", host)
+	}
+	if a.Any || a.hostAllowed(host) {
 		return Policy{}, nil
 	}
 	if len(a.Nets) == 0 {

@@ -3,6 +3,7 @@ package egress
 import (
 	"errors"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -119,12 +120,38 @@ func TestAllow(t *testing.T) {
 	if _, err := hostsOnly.Policy("evil.example.net"); err == nil {
 		t.Fatal("a host outside a names-only list was allowed")
 	}
-	if _, err := (Allow{}).Policy("anything.example.net"); err != nil {
-		t.Fatalf("empty list refused a host: %v", err)
+	if _, err := (Allow{Any: true}).Policy("anything.example.net"); err != nil {
+		t.Fatalf("\"*\" refused a host: %v", err)
 	}
 	for _, bad := range []string{"10.0.0.0/33", "s3.example.com:9000", "a*.example.com", "[::1]"} {
 		if _, err := ParseAllow([]string{bad}); err == nil {
 			t.Errorf("ParseAllow(%q) accepted", bad)
 		}
+	}
+}
+
+// Tenants fail closed: an empty list refuses every endpoint, naming the flag; "*" allows any
+// endpoint that is not Forbidden; a listed network allows only itself.
+func TestAllowFailsClosed(t *testing.T) {
+	var empty Allow
+	if _, err := empty.Policy("s3.example.com"); err == nil || !strings.Contains(err.Error(), "--tenant-s3-endpoints") {
+		t.Fatalf("empty list: got %v, want a refusal naming --tenant-s3-endpoints", err)
+	}
+	anyList, err := ParseAllow([]string{"*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := anyList.Policy("s3.example.com"); err != nil {
+		t.Fatalf("*: %v", err)
+	}
+	if _, err := anyList.Policy("169.254.169.254"); err == nil {
+		t.Fatal("*: metadata address allowed")
+	}
+	nets, err := ParseAllow([]string{"127.0.0.0/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := nets.Policy("127.0.0.1"); err != nil || len(p.Nets) != 1 {
+		t.Fatalf("listed network: %v %v", p, err)
 	}
 }

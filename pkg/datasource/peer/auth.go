@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	authnclient "k8s.io/client-go/kubernetes/typed/authentication/v1"
@@ -34,8 +35,14 @@ type TokenReviewer struct {
 	// TokenReview per client per TTL. A token revoked with its pod is refused after at most TTL.
 	TTL time.Duration
 
-	mu    sync.Mutex
-	cache map[[32]byte]reviewed
+	// failures rate-limits the tokens each address may have reviewed and refused.
+	failures failureLimiter
+
+	mu sync.Mutex
+	// cache holds node plugins' tokens, refused those that are not: answers about random tokens
+	// (any pod on the network can send them) never push out a node plugin's, which would cost a
+	// TokenReview on its next request.
+	cache, refused map[[32]byte]reviewed
 }
 
 type reviewed struct {
@@ -44,7 +51,7 @@ type reviewed struct {
 	until time.Time
 }
 
-// maxReviews bounds the remembered answers (one per client token).
+// maxReviews bounds the remembered answers of each kind (one per client token).
 const maxReviews = 1024
 
 // Authenticate implements Authenticator.
@@ -52,14 +59,23 @@ func (r *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 	key := sha256.Sum256([]byte(token))
 	now := time.Now()
 	r.mu.Lock()
-	if c, ok := r.cache[key]; ok && now.Before(c.until) {
-		r.mu.Unlock()
-		return c.node, c.err
+	for _, m := range []map[[32]byte]reviewed{r.cache, r.refused} {
+		if c, ok := m[key]; ok && now.Before(c.until) {
+			r.mu.Unlock()
+			return c.node, c.err
+		}
 	}
 	r.mu.Unlock()
+	addr := RemoteAddr(ctx)
+	if !r.failures.mayTry(addr) {
+		return "", ErrRateLimited
+	}
 	node, err := r.review(ctx, token)
 	if err != nil && !errors.Is(err, ErrUnauthenticated) {
 		return "", err // the API server did not answer: nothing is learnt about the token
+	}
+	if err != nil {
+		r.failures.failed(addr)
 	}
 	ttl := r.TTL
 	if ttl <= 0 {
@@ -67,10 +83,14 @@ func (r *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.cache == nil || len(r.cache) >= maxReviews {
-		r.cache = map[[32]byte]reviewed{}
+	m := &r.cache
+	if err != nil {
+		m = &r.refused
 	}
-	r.cache[key] = reviewed{node: node, err: err, until: now.Add(ttl)}
+	if *m == nil || len(*m) >= maxReviews {
+		*m = map[[32]byte]reviewed{}
+	}
+	(*m)[key] = reviewed{node: node, err: err, until: now.Add(ttl)}
 	return node, err
 }
 
@@ -139,4 +159,51 @@ func (f *TokenFile) Token() (string, error) {
 	}
 	f.token, f.read = strings.TrimSpace(string(b)), time.Now()
 	return f.token, nil
+}
+
+// ErrRateLimited refuses a token from an address whose tokens were refused too often lately,
+// before any TokenReview.
+var ErrRateLimited = fmt.Errorf("%w: too many refused tokens from this address", ErrUnauthenticated)
+
+// An address whose tokens are refused may try again at failureRate, after a burst of
+// failureBurst: a node plugin's token is never refused, so only a pod guessing (or replaying
+// stale tokens) is slowed, and each of its guesses costs the API server a TokenReview.
+const (
+	failureRate  = rate.Limit(1)
+	failureBurst = 10
+	// maxFailingAddrs bounds the addresses remembered; past it they are all forgotten (each then
+	// gets one more burst).
+	maxFailingAddrs = 4096
+)
+
+type failureLimiter struct {
+	mu    sync.Mutex
+	addrs map[string]*rate.Limiter
+}
+
+func (f *failureLimiter) limiter(addr string) *rate.Limiter {
+	if f.addrs == nil || len(f.addrs) >= maxFailingAddrs {
+		f.addrs = map[string]*rate.Limiter{}
+	}
+	l := f.addrs[addr]
+	if l == nil {
+		l = rate.NewLimiter(failureRate, failureBurst)
+		f.addrs[addr] = l
+	}
+	return l
+}
+
+// mayTry reports whether addr may have a token reviewed now.
+func (f *failureLimiter) mayTry(addr string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l, ok := f.addrs[addr]
+	return !ok || l.Tokens() >= 1
+}
+
+// failed charges a refused token to addr.
+func (f *failureLimiter) failed(addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.limiter(addr).Allow()
 }

@@ -23,6 +23,8 @@ type entries struct {
 
 func content(i int64) string { return strings.Repeat(fmt.Sprintf("%d:", i), int(i)+1) }
 
+func (e *entries) Versions(id string) []string { return store{}.Versions(id) }
+
 func (e *entries) Have(id, digest string) (*Have, bool) {
 	var bits []byte
 	for i := range int64(10) {

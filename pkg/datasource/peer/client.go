@@ -168,7 +168,7 @@ func (e *statusError) Error() string { return fmt.Sprintf("peer answered %d", e.
 func (n *Network) HaveOf(ctx context.Context, p Peer, id, digest string) (*Have, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Timeout)
 	defer cancel()
-	resp, err := n.get(ctx, p, havePath(id, digest))
+	resp, err := n.get(ctx, p, havePath(id, BindVersion(digest, n.cfg.Self, p.Node)))
 	if err != nil {
 		return nil, err
 	}
@@ -183,7 +183,7 @@ func (n *Network) HaveOf(ctx context.Context, p Peer, id, digest string) (*Have,
 // OpenPiece reads [off, off+n) of entry i of a dataset version from p. The bytes are not
 // verified: the caller checks them against the source's checksums before anything sees them.
 func (n *Network) OpenPiece(ctx context.Context, p Peer, id, digest string, i, off, size int64) (io.ReadCloser, error) {
-	resp, err := n.get(ctx, p, entryPath(id, digest, i, off, size))
+	resp, err := n.get(ctx, p, entryPath(id, BindVersion(digest, n.cfg.Self, p.Node), i, off, size))
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +204,7 @@ func (n *Network) OpenBatch(ctx context.Context, p Peer, id, digest string, piec
 	if err != nil {
 		return nil, err
 	}
-	resp, err := n.do(ctx, p, http.MethodPost, batchPath(id, digest), body)
+	resp, err := n.do(ctx, p, http.MethodPost, batchPath(id, BindVersion(digest, n.cfg.Self, p.Node)), body)
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,13 @@ const (
 // store holds one ready version whose every entry is "abcdef...".
 type store struct{}
 
+func (store) Versions(id string) []string {
+	if id == testID {
+		return []string{testDigest}
+	}
+	return nil
+}
+
 func (store) Have(id, digest string) (*Have, bool) {
 	return &Have{Ready: true}, id == testID && digest == testDigest
 }
@@ -107,8 +114,10 @@ func serveWith(t *testing.T, cfg ServerConfig) Peer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Cert = cert
-	cfg.Auth = &TokenReviewer{Client: reviews(t).AuthenticationV1().TokenReviews(), ServiceAccounts: []string{"cistern-system/cistern-node"}}
+	cfg.Cert, cfg.Self = cert, "a"
+	if cfg.Auth == nil {
+		cfg.Auth = &TokenReviewer{Client: reviews(t).AuthenticationV1().TokenReviews(), ServiceAccounts: []string{"cistern-system/cistern-node"}}
+	}
 	srv, err := NewServer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +139,8 @@ func (noPeers) Peers(string) []Peer { return nil }
 
 func client(t *testing.T, token string) *Network {
 	t.Helper()
-	n, err := NewNetwork(NetworkConfig{Self: "b", Directory: noPeers{}, Token: func() (string, error) { return token, nil }})
+	// "node-1": the node the reviews put the node plugin's token on.
+	n, err := NewNetwork(NetworkConfig{Self: "node-1", Directory: noPeers{}, Token: func() (string, error) { return token, nil }})
 	if err != nil {
 		t.Fatal(err)
 	}

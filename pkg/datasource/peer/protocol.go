@@ -1,8 +1,12 @@
 package peer
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 )
 
@@ -93,6 +97,18 @@ var (
 	validDigest = regexp.MustCompile(`^[a-f0-9]{32,64}$`)
 )
 
+// BindVersion names a dataset version (its manifest digest) in requests from node asker to node
+// server: a keyed hash, the digest the key. A digest comes only from a listing of the source;
+// a node that learns this name — a compromised node posing as a holder of every dataset, asked
+// by honest nodes — can neither recover the digest nor use the name with any other node, since
+// each server checks the name against the authenticated asker and itself. So a node is served a
+// version only when it listed the source itself.
+func BindVersion(digest, asker, server string) string {
+	mac := hmac.New(sha256.New, []byte(digest))
+	fmt.Fprintf(mac, "cistern-peer-version\x00%s\x00%s", asker, server)
+	return hex.EncodeToString(mac.Sum(nil)[:16])
+}
+
 // checkVersion refuses names that are not a dataset ID and a manifest digest.
 func checkVersion(id, digest string) error {
 	if !validID.MatchString(id) || !validDigest.MatchString(digest) {
@@ -135,7 +151,9 @@ func checkBatch(pieces []Range) error {
 	}
 	var total int64
 	for _, p := range pieces {
-		if p.Index < 0 || p.Off < 0 || p.N <= 0 || p.N > MaxBatchBytes {
+		// Off+N must not overflow: a piece ending past MaxInt64 would pass a store's bounds check
+		// as a negative end (found by FuzzBatchRequest).
+		if p.Index < 0 || p.Off < 0 || p.N <= 0 || p.N > MaxBatchBytes || p.Off > math.MaxInt64-p.N {
 			return fmt.Errorf("bad piece %+v", p)
 		}
 		if total += p.N; total > MaxBatchBytes {

@@ -2,11 +2,13 @@ package peer
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -23,6 +25,8 @@ var ErrNotHeld = errors.New("not held")
 
 // Store is what a node holds: the datasource manager.
 type Store interface {
+	// Versions lists the digests of the versions of dataset id the node holds or is staging.
+	Versions(id string) []string
 	// Have reports what the node holds of a dataset version; false when nothing.
 	Have(id, digest string) (*Have, bool)
 	// Open returns [off, off+n) of manifest entry i of the version, only when Have says the node
@@ -42,6 +46,11 @@ var ErrUnauthenticated = errors.New("not a Cistern node plugin")
 type ServerConfig struct {
 	Store Store
 	Auth  Authenticator
+	// Self is this node's name as peers know it (Peer.Node); NodeName, when set, turns the node
+	// name an Authenticator returns into that form. Requests name a version bound to the asking
+	// node and this one (BindVersion).
+	Self     string
+	NodeName func(string) string
 	// Cert is the server's certificate (SelfSigned).
 	Cert tls.Certificate
 	// MaxUploads bounds the requests for pieces served at once (0: 8), a batch counting as one;
@@ -81,7 +90,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		servedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "served_bytes_total",
 			Help: "Bytes of dataset pieces served to other nodes."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "requests_total",
-			Help: "Peer requests by answer: ok, unauthenticated, notheld, busy, invalid, failed."}, []string{"answer"}),
+			Help: "Peer requests by answer: ok, unauthenticated, ratelimited, notheld, busy, invalid, failed."}, []string{"answer"}),
 	}
 	if cfg.BandwidthBytesPerSec > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), int(min(cfg.BandwidthBytesPerSec, copyChunk)))
@@ -128,14 +137,64 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		s.refuse(w, http.StatusUnauthorized, "unauthenticated", "a node plugin's token is required")
 		return
 	}
-	node, err := s.cfg.Auth.Authenticate(r.Context(), token)
+	node, err := s.cfg.Auth.Authenticate(withRemote(r.Context(), remoteIP(r)), token)
+	if errors.Is(err, ErrRateLimited) {
+		s.refuse(w, http.StatusTooManyRequests, "ratelimited", "too many refused tokens from this address")
+		return
+	}
 	if err != nil {
 		klog.FromContext(r.Context()).V(2).Info("peer request refused", "remote", r.RemoteAddr, "err", err)
 		s.refuse(w, http.StatusUnauthorized, "unauthenticated", "not a Cistern node plugin")
 		return
 	}
-	r = r.WithContext(klog.NewContext(r.Context(), klog.FromContext(r.Context()).WithValues("peer", node)))
+	if s.cfg.NodeName != nil {
+		node = s.cfg.NodeName(node)
+	}
+	ctx := context.WithValue(r.Context(), askerKey{}, node)
+	r = r.WithContext(klog.NewContext(ctx, klog.FromContext(ctx).WithValues("peer", node)))
 	s.mux.ServeHTTP(w, r)
+}
+
+type remoteKey struct{}
+
+type askerKey struct{}
+
+// version resolves the request's version name, bound to the asking node and this one
+// (BindVersion), to the digest of a version this node holds; ok is false when none matches.
+func (s *Server) version(r *http.Request) (id, digest string, ok bool, valid bool) {
+	id, bound := r.PathValue("id"), r.PathValue("digest")
+	if checkVersion(id, bound) != nil {
+		return "", "", false, false
+	}
+	asker, _ := r.Context().Value(askerKey{}).(string)
+	if asker == "" {
+		return id, "", false, true
+	}
+	for _, d := range s.cfg.Store.Versions(id) {
+		if hmac.Equal([]byte(BindVersion(d, asker, s.cfg.Self)), []byte(bound)) {
+			return id, d, true, true
+		}
+	}
+	return id, "", false, true
+}
+
+// withRemote tells the Authenticator the address a request came from.
+func withRemote(ctx context.Context, addr string) context.Context {
+	return context.WithValue(ctx, remoteKey{}, addr)
+}
+
+// RemoteAddr is the address (IP) of the peer request ctx belongs to, "" outside one.
+func RemoteAddr(ctx context.Context) string {
+	addr, _ := ctx.Value(remoteKey{}).(string)
+	return addr
+}
+
+func remoteIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
 }
 
 func bearer(r *http.Request) (string, bool) {
@@ -153,13 +212,16 @@ func (s *Server) refuse(w http.ResponseWriter, code int, answer, msg string) {
 }
 
 func (s *Server) have(w http.ResponseWriter, r *http.Request) {
-	id, digest := r.PathValue("id"), r.PathValue("digest")
-	if checkVersion(id, digest) != nil {
+	id, digest, held, valid := s.version(r)
+	if !valid {
 		s.refuse(w, http.StatusBadRequest, "invalid", "not a dataset version")
 		return
 	}
-	h, ok := s.cfg.Store.Have(id, digest)
-	if !ok {
+	var h *Have
+	if held {
+		h, held = s.cfg.Store.Have(id, digest)
+	}
+	if !held {
 		s.refuse(w, http.StatusNotFound, "notheld", "not held")
 		return
 	}
@@ -171,12 +233,16 @@ func (s *Server) have(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
-	id, digest := r.PathValue("id"), r.PathValue("digest")
+	id, digest, held, valid := s.version(r)
 	i, err1 := strconv.ParseInt(r.PathValue("index"), 10, 64)
 	off, err2 := strconv.ParseInt(r.URL.Query().Get("off"), 10, 64)
 	n, err3 := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
-	if checkVersion(id, digest) != nil || errors.Join(err1, err2, err3) != nil || i < 0 || off < 0 || n <= 0 {
+	if !valid || errors.Join(err1, err2, err3) != nil || i < 0 || off < 0 || n <= 0 || off > math.MaxInt64-n {
 		s.refuse(w, http.StatusBadRequest, "invalid", "bad piece")
+		return
+	}
+	if !held {
+		s.refuse(w, http.StatusNotFound, "notheld", "not held")
 		return
 	}
 	if !s.acquire(w, r) {
@@ -203,9 +269,9 @@ func (s *Server) entry(w http.ResponseWriter, r *http.Request) {
 // batch sends many pieces in one answer (protocol.go): one upload slot for the whole batch, its
 // bytes paced by the node's upload bandwidth as any piece's.
 func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
-	id, digest := r.PathValue("id"), r.PathValue("digest")
+	id, digest, held, valid := s.version(r)
 	var req batchRequest
-	if checkVersion(id, digest) != nil {
+	if !valid {
 		s.refuse(w, http.StatusBadRequest, "invalid", "not a dataset version")
 		return
 	}
@@ -215,6 +281,10 @@ func (s *Server) batch(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := checkBatch(req.Pieces); err != nil {
 		s.refuse(w, http.StatusBadRequest, "invalid", err.Error())
+		return
+	}
+	if !held {
+		s.refuse(w, http.StatusNotFound, "notheld", "not held")
 		return
 	}
 	if !s.acquire(w, r) {

@@ -46,6 +46,9 @@ type Config struct {
 	// Egress is what the client may connect to; the zero value refuses link-local and cloud
 	// metadata addresses only.
 	Egress egress.Policy
+	// MaxListed bounds the keys and common prefixes one listing may go through, whether the
+	// engine's filters keep them or not (0: unbounded); past it the listing fails TooLarge.
+	MaxListed int64
 }
 
 // Source is an S3 dataset source.
@@ -140,12 +143,29 @@ func (s *Source) where() string { return fmt.Sprintf("s3://%s/%s", s.cfg.Bucket,
 const (
 	listWidth = 16
 	listDepth = 3
+	// maxSubtrees bounds the sub-prefixes one level of the walk keeps: a server (or a bucket)
+	// answering with millions of common prefixes would otherwise grow the walk's memory without
+	// bound. Sub-prefixes beyond it are listed flat at once instead.
+	maxSubtrees = 64 * listWidth
 )
 
 // List lists every key under the prefix. fn is called from one goroutine at a time.
 func (s *Source) List(ctx context.Context, fn func(source.Object) error) error {
-	var mu sync.Mutex
+	var (
+		mu     sync.Mutex
+		listed atomic.Int64
+	)
+	// count charges one key or common prefix to the listing's bound.
+	count := func() error {
+		if n := listed.Add(1); s.cfg.MaxListed > 0 && n > s.cfg.MaxListed {
+			return source.Errorf(source.TooLarge, "it has more than %d entries, counting every key and common prefix listed, the most a dataset may have on this node", s.cfg.MaxListed)
+		}
+		return nil
+	}
 	emit := func(o source.Object) error {
+		if err := count(); err != nil {
+			return err
+		}
 		mu.Lock()
 		defer mu.Unlock()
 		return fn(o)
@@ -154,10 +174,20 @@ func (s *Source) List(ctx context.Context, fn func(source.Object) error) error {
 	for depth := 0; depth < listDepth && len(level) < listWidth; depth++ {
 		var next []string
 		err := s.each(ctx, level, func(p string) error {
-			return s.listPages(ctx, p, "/", emit, func(sub string) {
+			return s.listPages(ctx, p, "/", emit, func(sub string) error {
+				if err := count(); err != nil {
+					return err
+				}
 				mu.Lock()
-				next = append(next, sub)
+				keep := len(next) < maxSubtrees
+				if keep {
+					next = append(next, sub)
+				}
 				mu.Unlock()
+				if keep {
+					return nil
+				}
+				return s.listPages(ctx, sub, "", emit, nil)
 			})
 		})
 		if err != nil || len(next) == 0 {
@@ -184,7 +214,7 @@ func (s *Source) each(ctx context.Context, prefixes []string, list func(string) 
 }
 
 // listPages pages through the keys under prefix; with a delimiter, the sub-prefixes go to sub.
-func (s *Source) listPages(ctx context.Context, prefix, delimiter string, emit func(source.Object) error, sub func(string)) error {
+func (s *Source) listPages(ctx context.Context, prefix, delimiter string, emit func(source.Object) error, sub func(string) error) error {
 	in := &s3.ListObjectsV2Input{Bucket: aws.String(s.cfg.Bucket), Prefix: aws.String(prefix)}
 	if delimiter != "" {
 		in.Delimiter = aws.String(delimiter)
@@ -196,7 +226,9 @@ func (s *Source) listPages(ctx context.Context, prefix, delimiter string, emit f
 			return classify(err, "listing %s", s.where())
 		}
 		for _, cp := range page.CommonPrefixes {
-			sub(aws.ToString(cp.Prefix))
+			if err := sub(aws.ToString(cp.Prefix)); err != nil {
+				return err
+			}
 		}
 		for _, o := range page.Contents {
 			key := aws.ToString(o.Key)
@@ -358,6 +390,21 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 		return source.Plan{}, nil
 	}
 	return source.Plan{PartSize: aws.ToInt64(out.ContentLength)}, nil
+}
+
+// CheckRead asks (HEAD, pinned to the listed ETag) whether the credentials may read obj. S3
+// authorizes HEAD as GetObject, so the answer is the read right, per object, that a bucket
+// policy or an object ACL grants; no data is transferred.
+func (s *Source) CheckRead(ctx context.Context, obj source.Object) error {
+	if s.headSigned(ctx, obj) {
+		return nil
+	}
+	in := &s3.HeadObjectInput{Bucket: aws.String(s.cfg.Bucket), Key: aws.String(s.cfg.Prefix + obj.Key)}
+	if obj.ETag != "" {
+		in.IfMatch = aws.String(`"` + obj.ETag + `"`)
+	}
+	_, err := s.client.HeadObject(ctx, in)
+	return classify(err, "reading %s%s", s.where(), obj.Key)
 }
 
 // Close drops idle connections.

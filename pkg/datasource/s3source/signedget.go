@@ -85,10 +85,15 @@ func newSignedGet(ctx context.Context, bucket string, opts s3.Options) *signedGe
 
 // request builds the signed GET of key, pinned to etag, asking for the object's checksums.
 func (g *signedGet) request(ctx context.Context, key, etag string) (*http.Request, error) {
+	return g.signed(ctx, http.MethodGet, key, etag)
+}
+
+// signed builds a signed request of method (GET, HEAD) for key, pinned to etag.
+func (g *signedGet) signed(ctx context.Context, method, key, etag string) (*http.Request, error) {
 	u := g.base
 	u.RawPath = g.base.EscapedPath() + "/" + httpbinding.EscapePath(key, false)
 	u.Path = g.base.Path + "/" + key
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "", nil)
+	req, err := http.NewRequestWithContext(ctx, method, "", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -134,6 +139,27 @@ func (s *Source) openSigned(ctx context.Context, obj source.Object) (rc io.ReadC
 		aws.String(h.Get("X-Amz-Checksum-Crc32")), aws.String(h.Get("X-Amz-Checksum-Sha256")),
 		aws.String(h.Get("X-Amz-Checksum-Sha1")))
 	return &body{rc: resp.Body, cancel: cancel, idle: s.cfg.IdleTimeout, key: obj.Key, sum: sum}, resp.StatusCode, true
+}
+
+// headSigned asks with a plain signed HEAD whether obj may be read as listed: true when the
+// server said yes (200). Anything else is asked again through HeadObject, which retries and
+// names the error. An access proof sends one per file: the SDK's stack per call cost as much
+// as the exchange itself (see above).
+func (s *Source) headSigned(ctx context.Context, obj source.Object) bool {
+	if s.direct == nil || s.directOff.Load() {
+		return false
+	}
+	req, err := s.direct.signed(ctx, http.MethodHead, s.cfg.Prefix+obj.Key, obj.ETag)
+	if err != nil {
+		return false
+	}
+	resp, err := s.http.Do(req)
+	if err != nil {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // fellBack records how GetObject did after a signed GET of the same object was answered

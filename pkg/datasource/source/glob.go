@@ -3,6 +3,7 @@ package source
 import (
 	"path"
 	"strings"
+	"sync/atomic"
 )
 
 // Filter selects entries by glob patterns on their relative keys. A pattern is matched segment by
@@ -11,6 +12,34 @@ import (
 type Filter struct {
 	Include []string
 	Exclude []string
+	// Work, when set, is charged for every match (see Work); nil does not count.
+	Work *Work
+}
+
+// Work is a budget of glob matching shared by the matches of one listing. A match of a pattern
+// against a key is charged len(pattern) × len(key): an upper bound, up to a constant, of what
+// matching segment by segment costs (each pattern segment is matched against each key segment at
+// most once, and one segment match costs at most the product of their lengths). Once spent, the
+// listing is refused: a pod author's patterns and a bucket's keys cannot burn the node's CPU
+// without bound.
+type Work struct {
+	left atomic.Int64
+}
+
+// NewWork returns a budget of units.
+func NewWork(units int64) *Work {
+	w := &Work{}
+	w.left.Store(units)
+	return w
+}
+
+// Spent reports whether the budget is used up.
+func (w *Work) Spent() bool { return w != nil && w.left.Load() < 0 }
+
+func (w *Work) charge(pattern, key string) {
+	if w != nil {
+		w.left.Add(-int64(len(pattern)+1) * int64(len(key)+1))
+	}
 }
 
 // Bounds on what a pod author may ask for: every listed key is matched against every pattern.
@@ -54,16 +83,18 @@ func ParsePatterns(s string) ([]string, error) {
 // Match reports whether key is selected: it matches some include pattern (or there are none) and
 // no exclude pattern.
 func (f Filter) Match(key string) bool {
-	if len(f.Include) > 0 && !matchAny(f.Include, key) {
+	if len(f.Include) > 0 && !f.matchAny(f.Include, key) {
 		return false
 	}
-	return !matchAny(f.Exclude, key)
+	return !f.matchAny(f.Exclude, key)
 }
 
 // MatchDir reports whether a directory could hold selected entries; used to prune walks. Only
 // excludes can prune: an include like "**/*.json" may match at any depth.
 func (f Filter) MatchDir(key string) bool {
 	for _, p := range f.Exclude {
+		f.Work.charge(p, key)
+		f.Work.charge(p, key)
 		if matchGlob(p, key) || matchGlob(p+"/**", key) {
 			return false
 		}
@@ -71,8 +102,12 @@ func (f Filter) MatchDir(key string) bool {
 	return true
 }
 
-func matchAny(patterns []string, key string) bool {
+func (f Filter) matchAny(patterns []string, key string) bool {
 	for _, p := range patterns {
+		// Charged for the three matches below, whether they run or not.
+		for range 3 {
+			f.Work.charge(p, key)
+		}
 		if matchGlob(p, key) {
 			return true
 		}

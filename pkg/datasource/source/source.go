@@ -58,6 +58,14 @@ type Checksummed interface {
 	Checksum() Checksum
 }
 
+// ReadChecker is implemented by sources whose read rights can differ from entry to entry (S3:
+// object ACLs, bucket policies by prefix or key). CheckRead asks the server, with the source's
+// credentials and without transferring data, whether obj may be read as listed (pinned to its
+// ETag): nil, or a Denied, Changed or NotFound error.
+type ReadChecker interface {
+	CheckRead(ctx context.Context, obj Object) error
+}
+
 // Planner is implemented by sources that can say, before reading a large object, how best to
 // verify it (S3): a full-object checksum is checked over one full read or, for a CRC, over
 // parallel ranges whose CRCs combine; otherwise a multipart object's reads align on its parts,

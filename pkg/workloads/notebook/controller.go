@@ -113,6 +113,18 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 	}
 	st.PodName = pod.Name
 	recordCommits(&pod, st)
+	if r.retry(ctx, job, &pod, st) {
+		// The status update (Retries) brings the job back, to create the next pod.
+		return ctrl.Result{}, nil
+	}
+	if r.observe(job, &pod, st) {
+		return ctrl.Result{}, nil
+	}
+	return r.enforceTimeout(ctx, job, &pod, st)
+}
+
+// observe moves st to the pod's phase; true when the job is finished.
+func (r *Reconciler) observe(job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) bool {
 	switch pod.Status.Phase {
 	case corev1.PodSucceeded:
 		msg := "notebook ran; output in " + OutputFile(job)
@@ -120,28 +132,12 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 			msg = "notebook ran and its outputs match the golden notebook " + job.Spec.GoldenNotebook.Path + "; output in " + OutputFile(job)
 		}
 		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, msg)
-		return ctrl.Result{}, nil
+		return true
 	case corev1.PodFailed:
-		reason, msg := v1alpha1.ReasonFailed, failureMessage(&pod)
-		switch {
-		case pod.Status.Reason == "DeadlineExceeded":
-			reason = v1alpha1.ReasonTimedOut
-		case containerFailed(pod.Status.ContainerStatuses, CompareContainer):
-			reason = v1alpha1.ReasonGoldenMismatch
-		}
-		// A failed clone or notebook run is tried again in a new pod; a timeout or a mismatch
-		// would only repeat itself.
-		if limit := ptr.Deref(job.Spec.Retries, 0); reason == v1alpha1.ReasonFailed && st.Retries < limit {
-			st.Retries++
-			st.Phase, st.PodName, st.StartTime = v1alpha1.NotebookPhasePending, "", nil
-			st.Message = fmt.Sprintf("run failed, retrying (%d of %d): %s", st.Retries, limit, msg)
-			klog.FromContext(ctx).Info("retrying", "pod", klog.KObj(&pod), "retry", st.Retries, "of", limit)
-			return ctrl.Result{Requeue: true}, nil
-		}
-		r.finish(st, v1alpha1.NotebookPhaseFailed, reason, msg)
-		return ctrl.Result{}, nil
+		r.finish(st, v1alpha1.NotebookPhaseFailed, failureReason(pod), failureMessage(pod))
+		return true
 	case corev1.PodRunning, corev1.PodPending:
-		if pod.Status.Phase == corev1.PodPending && !notebookStarted(&pod) {
+		if pod.Status.Phase == corev1.PodPending && !notebookStarted(pod) {
 			st.Phase = v1alpha1.NotebookPhasePending
 			st.Message = "waiting for the pod to start"
 			break
@@ -159,6 +155,37 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 		}
 		st.StartTime = &t
 	}
+	return false
+}
+
+// failureReason tells a timeout and a golden mismatch from any other failure of a pod.
+func failureReason(pod *corev1.Pod) string {
+	switch {
+	case pod.Status.Reason == "DeadlineExceeded":
+		return v1alpha1.ReasonTimedOut
+	case containerFailed(pod.Status.ContainerStatuses, CompareContainer):
+		return v1alpha1.ReasonGoldenMismatch
+	}
+	return v1alpha1.ReasonFailed
+}
+
+// retry moves a job whose pod failed, within its retry limit, back to Pending for a new pod
+// (PodName numbers it by st.Retries); true when it did. A failed clone or notebook run is tried
+// again; a timeout or a mismatch would only repeat itself.
+func (r *Reconciler) retry(ctx context.Context, job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) bool {
+	limit := ptr.Deref(job.Spec.Retries, 0)
+	if pod.Status.Phase != corev1.PodFailed || failureReason(pod) != v1alpha1.ReasonFailed || st.Retries >= limit {
+		return false
+	}
+	st.Retries++
+	st.Phase, st.PodName, st.StartTime = v1alpha1.NotebookPhasePending, "", nil
+	st.Message = fmt.Sprintf("run failed, retrying (%d of %d): %s", st.Retries, limit, failureMessage(pod))
+	klog.FromContext(ctx).Info("retrying", "pod", klog.KObj(pod), "retry", st.Retries, "of", limit)
+	return true
+}
+
+// enforceTimeout requeues the job for its deadline, or, past it, deletes the pod and fails it.
+func (r *Reconciler) enforceTimeout(ctx context.Context, job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) (ctrl.Result, error) {
 	// The clock runs from the start of the run, or from the pod's creation while it has not
 	// started, so a pod that never starts times out too.
 	timeout := DefaultTimeout
@@ -176,7 +203,7 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 	if left > 0 {
 		return ctrl.Result{RequeueAfter: left}, nil
 	}
-	if err := r.Delete(ctx, &pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, err
 	}
 	r.finish(st, v1alpha1.NotebookPhaseFailed, v1alpha1.ReasonTimedOut, fmt.Sprintf("did not finish within %s; pod deleted", timeout))

@@ -191,7 +191,8 @@ func GoldenFile(job *v1alpha1.NotebookValidationJob) string {
 
 // BuildPod builds the validation pod of a job whose spec passed Validate: a git-clone init
 // container filling the workspace volume, and a notebook container running papermill with the
-// user's volumes mounted only where asked.
+// user's volumes mounted only where asked. Every container passes the Pod Security "restricted"
+// profile and has resources.
 func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	spec := &job.Spec
 	own := []corev1.EnvVar{
@@ -208,72 +209,9 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	for _, v := range spec.PodConfig.Volumes {
 		volumes = append(volumes, ConvertVolume(v))
 	}
-	mounts := []corev1.VolumeMount{
-		{Name: GitCloneVolume, MountPath: WorkspacePath},
-		{Name: NotebookDataVolume, MountPath: OutputPath},
-	}
-	for _, m := range spec.PodConfig.VolumeMounts {
-		mounts = append(mounts, corev1.VolumeMount{Name: m.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: m.ReadOnly})
-	}
-	nb := corev1.Container{
-		Name:         NotebookContainer,
-		Image:        spec.PodConfig.ContainerImage,
-		Command:      []string{"papermill"},
-		Args:         []string{"$(" + EnvNotebookInput + ")", "$(" + EnvNotebookOutput + ")", "--log-output"},
-		WorkingDir:   path.Dir(repoDir + "/" + spec.Notebook.Path),
-		Env:          MergeEnv(own, spec.PodConfig.Env),
-		VolumeMounts: mounts,
-		// papermill reports a failed cell on stderr only: the log's tail becomes the
-		// termination message, and so the job's message.
-		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-		SecurityContext:          restricted(),
-	}
-	if r := spec.PodConfig.Resources; r != nil {
-		nb.Resources = *r.DeepCopy()
-	}
-	helperResources := defaultHelperResources.DeepCopy()
-	if r := spec.PodConfig.HelperResources; r != nil {
-		helperResources = r.DeepCopy()
-	}
-	helperSecurity := restricted()
-	helperSecurity.RunAsUser = ptr.To[int64](helperUser)
-	for _, e := range spec.PodConfig.EnvFrom {
-		nb.EnvFrom = append(nb.EnvFrom, *e.DeepCopy())
-	}
-	clone := corev1.Container{
-		Name:         GitCloneContainer,
-		Image:        images.Git,
-		Command:      []string{"/bin/sh", "-c", cloneScript},
-		Env:          append(slices.Clone(own[:2]), corev1.EnvVar{Name: "HOME", Value: WorkspacePath}),
-		VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
-		// So is git's "fatal: ..." when the clone fails; on success the script writes the commits.
-		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-		Resources:                *helperResources.DeepCopy(),
-		SecurityContext:          helperSecurity.DeepCopy(),
-	}
-	if g := spec.GoldenNotebook; g != nil && g.Git != nil {
-		clone.Env = append(clone.Env, corev1.EnvVar{Name: EnvGoldenGitURL, Value: g.Git.URL}, corev1.EnvVar{Name: EnvGoldenGitRef, Value: g.Git.Ref})
-	}
-	// Only the clone sees the credentials: the volumes are mounted in no other container. Each
-	// repository gets its own Secret's, so the golden repository's host never sees the
-	// notebook repository's.
-	credentials := []struct{ secret, volume, path string }{{spec.Notebook.Git.CredentialsSecret, GitCredentialsVolume, CredentialsPath}}
-	if g := spec.GoldenNotebook; g != nil && g.Git != nil {
-		credentials = append(credentials, struct{ secret, volume, path string }{g.Git.CredentialsSecret, GoldenCredentialsVolume, GoldenCredentialsPath})
-	}
-	withCredentials := false
-	for _, c := range credentials {
-		if c.secret == "" {
-			continue
-		}
-		volumes = append(volumes, corev1.Volume{Name: c.volume, VolumeSource: corev1.VolumeSource{
-			Secret: &corev1.SecretVolumeSource{SecretName: c.secret, DefaultMode: ptr.To[int32](0o400)}}})
-		clone.VolumeMounts = append(clone.VolumeMounts, corev1.VolumeMount{Name: c.volume, MountPath: c.path, ReadOnly: true})
-		withCredentials = true
-	}
-	if withCredentials {
-		clone.Env = append(clone.Env, credentialsEnv...)
-	}
+	nb := notebookContainer(spec, own)
+	clone, credentials := cloneContainer(spec, images, own[:2])
+	volumes = append(volumes, credentials...)
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -299,38 +237,127 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	if g := spec.GoldenNotebook; g != nil {
 		// The notebook runs to the end first, then its outputs are compared: papermill becomes an
 		// init container and the comparison the pod's container, so a failed run never reaches it.
-		tol := g.NumericTolerance
-		if tol == "" {
-			tol = "0"
-		}
 		pod.Spec.InitContainers = append(pod.Spec.InitContainers, nb)
-		args := []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol}
-		for _, t := range g.IgnoreOutputTypes {
-			args = append(args, "--ignore-output-type", string(t))
-		}
-		for _, p := range g.IgnorePatterns {
-			args = append(args, "--ignore-pattern", p)
-		}
-		pod.Spec.Containers = []corev1.Container{{
-			Name:            CompareContainer,
-			Image:           images.Compare,
-			Command:         []string{compareBinary, compare.Command},
-			Args:            args,
-			Resources:       *helperResources.DeepCopy(),
-			SecurityContext: helperSecurity.DeepCopy(),
-			VolumeMounts: []corev1.VolumeMount{
-				{Name: GitCloneVolume, MountPath: WorkspacePath, ReadOnly: true},
-				{Name: NotebookDataVolume, MountPath: OutputPath, ReadOnly: true},
-			},
-			// The first differing cell is on stderr.
-			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
-		}}
+		pod.Spec.Containers = []corev1.Container{compareContainer(job, g, images)}
 	}
 	if t := spec.Timeout; t != nil {
 		// The kubelet enforces the deadline too, so a run ends even while the controller is down.
 		pod.Spec.ActiveDeadlineSeconds = ptr.To(int64(t.Seconds()))
 	}
 	return pod
+}
+
+// notebookContainer runs papermill on the notebook with the user's volumes mounted only where
+// asked; own are the job's variables, which the user's env may not override.
+func notebookContainer(spec *v1alpha1.NotebookValidationJobSpec, own []corev1.EnvVar) corev1.Container {
+	mounts := []corev1.VolumeMount{
+		{Name: GitCloneVolume, MountPath: WorkspacePath},
+		{Name: NotebookDataVolume, MountPath: OutputPath},
+	}
+	for _, m := range spec.PodConfig.VolumeMounts {
+		mounts = append(mounts, corev1.VolumeMount{Name: m.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: m.ReadOnly})
+	}
+	nb := corev1.Container{
+		Name:         NotebookContainer,
+		Image:        spec.PodConfig.ContainerImage,
+		Command:      []string{"papermill"},
+		Args:         []string{"$(" + EnvNotebookInput + ")", "$(" + EnvNotebookOutput + ")", "--log-output"},
+		WorkingDir:   path.Dir(repoDir + "/" + spec.Notebook.Path),
+		Env:          MergeEnv(own, spec.PodConfig.Env),
+		VolumeMounts: mounts,
+		// papermill reports a failed cell on stderr only: the log's tail becomes the
+		// termination message, and so the job's message.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext:          restricted(),
+	}
+	if r := spec.PodConfig.Resources; r != nil {
+		nb.Resources = *r.DeepCopy()
+	}
+	for _, e := range spec.PodConfig.EnvFrom {
+		nb.EnvFrom = append(nb.EnvFrom, *e.DeepCopy())
+	}
+	return nb
+}
+
+// helperResources are the resources of the controller's own containers.
+func helperResources(spec *v1alpha1.NotebookValidationJobSpec) corev1.ResourceRequirements {
+	if r := spec.PodConfig.HelperResources; r != nil {
+		return *r.DeepCopy()
+	}
+	return *defaultHelperResources.DeepCopy()
+}
+
+// helperSecurity is the securityContext of the controller's own containers.
+func helperSecurity() *corev1.SecurityContext {
+	sc := restricted()
+	sc.RunAsUser = ptr.To[int64](helperUser)
+	return sc
+}
+
+// cloneContainer clones the notebook's (and the golden notebook's) repository into the
+// workspace; gitEnv names the notebook's repository. It also returns the volumes of the git
+// credentials, which only this container mounts: each repository gets its own Secret's, so the
+// golden repository's host never sees the notebook repository's.
+func cloneContainer(spec *v1alpha1.NotebookValidationJobSpec, images Images, gitEnv []corev1.EnvVar) (corev1.Container, []corev1.Volume) {
+	clone := corev1.Container{
+		Name:         GitCloneContainer,
+		Image:        images.Git,
+		Command:      []string{"/bin/sh", "-c", cloneScript},
+		Env:          append(slices.Clone(gitEnv), corev1.EnvVar{Name: "HOME", Value: WorkspacePath}),
+		VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
+		// So is git's "fatal: ..." when the clone fails; on success the script writes the commits.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		Resources:                helperResources(spec),
+		SecurityContext:          helperSecurity(),
+	}
+	credentials := []struct{ secret, volume, path string }{{spec.Notebook.Git.CredentialsSecret, GitCredentialsVolume, CredentialsPath}}
+	if g := spec.GoldenNotebook; g != nil && g.Git != nil {
+		clone.Env = append(clone.Env, corev1.EnvVar{Name: EnvGoldenGitURL, Value: g.Git.URL}, corev1.EnvVar{Name: EnvGoldenGitRef, Value: g.Git.Ref})
+		credentials = append(credentials, struct{ secret, volume, path string }{g.Git.CredentialsSecret, GoldenCredentialsVolume, GoldenCredentialsPath})
+	}
+	var volumes []corev1.Volume
+	for _, c := range credentials {
+		if c.secret == "" {
+			continue
+		}
+		volumes = append(volumes, corev1.Volume{Name: c.volume, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: c.secret, DefaultMode: ptr.To[int32](0o400)}}})
+		clone.VolumeMounts = append(clone.VolumeMounts, corev1.VolumeMount{Name: c.volume, MountPath: c.path, ReadOnly: true})
+	}
+	if len(volumes) > 0 {
+		clone.Env = append(clone.Env, credentialsEnv...)
+	}
+	return clone, volumes
+}
+
+// compareContainer compares the executed notebook's outputs with the golden notebook's, leaving
+// out the output types and matches the golden notebook says to ignore.
+func compareContainer(job *v1alpha1.NotebookValidationJob, g *v1alpha1.GoldenNotebook, images Images) corev1.Container {
+	tol := g.NumericTolerance
+	if tol == "" {
+		tol = "0"
+	}
+	args := []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol}
+	for _, t := range g.IgnoreOutputTypes {
+		args = append(args, "--ignore-output-type", string(t))
+	}
+	for _, p := range g.IgnorePatterns {
+		args = append(args, "--ignore-pattern", p)
+	}
+	return corev1.Container{
+		Name:            CompareContainer,
+		Image:           images.Compare,
+		Command:         []string{compareBinary, compare.Command},
+		Args:            args,
+		Resources:       helperResources(&job.Spec),
+		SecurityContext: helperSecurity(),
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: GitCloneVolume, MountPath: WorkspacePath, ReadOnly: true},
+			{Name: NotebookDataVolume, MountPath: OutputPath, ReadOnly: true},
+		},
+		// The first differing cell is on stderr.
+		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+	}
 }
 
 // MergeEnv returns the controller's variables followed by the user's, leaving out user variables

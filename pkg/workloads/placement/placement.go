@@ -1,6 +1,8 @@
 // Package placement steers pods toward the nodes that already hold their data. The
-// workload-controller's pod webhook (Webhook) finds the Cistern datasets a pod's claims and
-// inline volumes name, looks up which nodes' StoragePools carry the dataset label (the node's
+// workload-controller's pod webhook (Webhook) finds the Cistern datasets a pod's claims name
+// (of the administrator's classes and volumes: never an inline volume's or a VolumeManager's,
+// whose sources a tenant names, so that the webhook tells no pod author where a guessed
+// dataset is cached), looks up which nodes' StoragePools carry the dataset label (the node's
 // cache holds it Ready), and appends a preferred node affinity term per dataset. It only ever
 // prefers: a pod whose data is nowhere, or whose warm nodes are full or excluded, schedules as
 // it would without Cistern. See docs/datasets.md ("Pods go where their data is").

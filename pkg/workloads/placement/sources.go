@@ -10,7 +10,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 )
 
 // Volumes restored from a snapshot or cloned from a claim. Cistern's snapshots and volumes are
@@ -84,7 +84,7 @@ func (w *Webhook) snapshotNode(ctx context.Context, ns, name string) (string, er
 	if handle == "" {
 		handle = deref(c.Spec.Source.SnapshotHandle)
 	}
-	if node := volume.NodeOfSnapshotID(handle); node != "" {
+	if node := ids.NodeOfSnapshotID(handle); node != "" {
 		return node, nil
 	}
 	// An ID too long to name its node: the snapshot-controller labelled the content with the

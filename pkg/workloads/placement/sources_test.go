@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 )
 
 // snapshot returns a VolumeSnapshot in ns and its content: bound (status) when bound, else
@@ -69,16 +69,16 @@ func onNodes(nodes ...string) corev1.NodeSelectorTerm {
 
 func TestWebhookSources(t *testing.T) {
 	id := datasetID(t, datasetParams)
-	snapB, contentB := snapshot("snap-b", consts.DriverName, volume.NewSnapshotID("fast", "node-b"), true)
-	preB, preContentB := snapshot("pre-b", consts.DriverName, volume.NewSnapshotID("fast", "node-b"), false)
-	snapA, contentA := snapshot("snap-a", consts.DriverName, volume.NewSnapshotID("fast", "node-a"), true)
+	snapB, contentB := snapshot("snap-b", consts.DriverName, ids.NewSnapshotID("fast", "node-b"), true)
+	preB, preContentB := snapshot("pre-b", consts.DriverName, ids.NewSnapshotID("fast", "node-b"), false)
+	snapA, contentA := snapshot("snap-a", consts.DriverName, ids.NewSnapshotID("fast", "node-a"), true)
 	labelled, labelledContent := snapshot("labelled", consts.DriverName, "fast-snap-0123456789abcdef0123456789abcdef", true)
 	labelledContent.Labels = map[string]string{consts.LabelSnapshotManagedBy: "node-c"}
-	foreign, foreignContent := snapshot("foreign", "other.csi.dev", volume.NewSnapshotID("fast", "node-b"), true)
+	foreign, foreignContent := snapshot("foreign", "other.csi.dev", ids.NewSnapshotID("fast", "node-b"), true)
 	stolen, _ := snapshot("stolen", consts.DriverName, "", true)
 	stolen.Status.BoundVolumeSnapshotContentName = ptr.To(contentB.Name) // a content bound to another snapshot
 	unbound := &snapv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "unbound"}}
-	elsewhere, elsewhereContent := snapshot("elsewhere", consts.DriverName, volume.NewSnapshotID("fast", "node-b"), true)
+	elsewhere, elsewhereContent := snapshot("elsewhere", consts.DriverName, ids.NewSnapshotID("fast", "node-b"), true)
 	elsewhere.Namespace, elsewhereContent.Spec.VolumeSnapshotRef.Namespace = "other", "other"
 	legacy := restoreClaim("legacy", "plain", "VolumeSnapshot", "snap-b")
 	legacy.Spec.DataSource = &corev1.TypedLocalObjectReference{APIGroup: ptr.To(snapv1.GroupName), Kind: "VolumeSnapshot", Name: "snap-b"}
@@ -186,7 +186,7 @@ func TestWebhookSources(t *testing.T) {
 // (no CRDs, no RBAC, the API server failing) leaves the pod as it was.
 func TestWebhookSourcesReadOnlyForTheDriver(t *testing.T) {
 	id := datasetID(t, datasetParams)
-	snapB, contentB := snapshot("snap-b", consts.DriverName, volume.NewSnapshotID("fast", "node-b"), true)
+	snapB, contentB := snapshot("snap-b", consts.DriverName, ids.NewSnapshotID("fast", "node-b"), true)
 	build := func(t *testing.T) *Webhook {
 		c := fake.NewClientBuilder().WithScheme(scheme(t)).WithObjects(
 			class("data", consts.DriverName, datasetParams), class("plain", consts.DriverName, nil), class("foreign", "other.csi.dev", nil),

@@ -3,6 +3,7 @@ package placement
 import (
 	"context"
 	"maps"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -41,7 +42,8 @@ func Register(srv webhook.Server, scheme *runtime.Scheme, reader client.Reader, 
 	srv.Register(Path, admission.WithDefaulter[*corev1.Pod](scheme, &Webhook{Reader: reader, DriverName: driverName}))
 }
 
-// Webhook adds a preferred node affinity toward the nodes that hold a pod's datasets, and a
+// Webhook adds a preferred node affinity toward the nodes that hold a pod's datasets (those of
+// the administrator's StorageClasses and PersistentVolumes only: see needs), and a
 // required one toward the node that holds the snapshot or volume a new claim of the pod is made
 // from. It never refuses a pod: on any error it admits the pod unchanged.
 type Webhook struct {
@@ -129,10 +131,10 @@ func (w *Webhook) needs(ctx context.Context, pod *corev1.Pod) (needs, error) {
 			// The claim is made from the template after the pod: to be provisioned, by definition.
 			v, ok, nodes, err = w.unboundClaim(ctx, pod.Namespace, &vol.Ephemeral.VolumeClaimTemplate.Spec)
 		case vol.CSI != nil && vol.CSI.Driver == w.DriverName:
-			// Parsed as the driver will; a volume it would refuse names no dataset here.
-			v, err = params.Parse(vol.CSI.VolumeAttributes, params.Inline)
-			ok = err == nil
-			err = nil
+			// An inline volume's dataset is the pod author's to name, with any bucket and prefix:
+			// preferring the nodes that cache it would tell them, even on a dry run, whether a
+			// guess is cached and where (the webhook cannot tell whether they may read it). Only
+			// datasets of the administrator's classes and volumes are placed.
 		}
 		if err != nil {
 			return needs{}, err
@@ -164,6 +166,11 @@ func (w *Webhook) claim(ctx context.Context, ns, name string) (params.Volume, bo
 		return params.Volume{}, false, nil, ignoreNotFound(err)
 	}
 	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != w.DriverName {
+		return params.Volume{}, false, nil, nil
+	}
+	if strings.HasPrefix(pv.Spec.CSI.VolumeHandle, consts.VolumeManagerHandlePrefix) {
+		// A VolumeManager's volume: a namespace user named its source. Its PV already confines
+		// the pod to the nodes the VolumeManager staged on with its own credentials.
 		return params.Volume{}, false, nil, nil
 	}
 	// The attributes also hold keys the provisioner adds: read the placement and dataset keys,

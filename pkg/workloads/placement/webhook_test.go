@@ -98,6 +98,11 @@ func TestWebhook(t *testing.T) {
 				Driver: consts.DriverName, VolumeHandle: "fast-1",
 				VolumeAttributes: map[string]string{"pool": "fast", "source": "s3://datasets/sample/", "endpoint": "http://127.0.0.1:9000",
 					"pathStyle": "true", "storage.kubernetes.io/csiProvisionerIdentity": "123-node-b"}}}}},
+		claim("vm", "", "cistern-vm-pv"),
+		&corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: "cistern-vm-pv"}, Spec: corev1.PersistentVolumeSpec{
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: consts.DriverName, VolumeHandle: consts.VolumeManagerHandlePrefix + "0123456789abcdef",
+				VolumeAttributes: map[string]string{"source": "s3://datasets/other/", "capacity": "1073741824"}}}}},
 		pool("fast", "node-b", []string{id}, metav1.ConditionTrue, nil),
 		pool("fast", "node-c", []string{id}, metav1.ConditionTrue, nil),
 		pool("bulk", "node-a", []string{id, other}, metav1.ConditionTrue, map[string]string{"media": "hdd"}),
@@ -116,10 +121,13 @@ func TestWebhook(t *testing.T) {
 		{"class with a pool selector: pools matching it", claimPod("wffc-ssd"), preferred(Term([]string{"node-e"}))},
 		{"two datasets: one term each; a claim used twice counts once", claimPod("wffc", "wffc-any", "bound"),
 			preferred(warm, Term([]string{"node-a", "node-e"}))},
-		{"inline volume of the driver", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}, Spec: corev1.PodSpec{
+		// A pod author's own source: the webhook is no oracle of where a guessed dataset is
+		// cached, on a real or a dry-run create.
+		{"failure case - inline volume of the driver: unchanged", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}, Spec: corev1.PodSpec{
 			Volumes: []corev1.Volume{{Name: "d", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
 				Driver: consts.DriverName, VolumeAttributes: map[string]string{"source": "s3://datasets/other/", "size": "1Gi"}}}}}}},
-			preferred(Term([]string{"node-a", "node-e"}))},
+			nil},
+		{"failure case - a VolumeManager's claim: unchanged", claimPod("vm"), nil},
 		{"generic ephemeral volume: its class", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}, Spec: corev1.PodSpec{
 			Volumes: []corev1.Volume{{Name: "d", VolumeSource: corev1.VolumeSource{Ephemeral: &corev1.EphemeralVolumeSource{
 				VolumeClaimTemplate: &corev1.PersistentVolumeClaimTemplate{Spec: corev1.PersistentVolumeClaimSpec{StorageClassName: ptr.To("data")}}}}}}}},

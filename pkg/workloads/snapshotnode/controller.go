@@ -5,7 +5,7 @@
 // the contents it creates for a VolumeSnapshot of a volume, but a content made by hand for an
 // existing snapshot (spec.source.snapshotHandle) has none, and no sidecar would ever make it
 // ready. The Reconciler labels such a content with the node its snapshot ID names
-// (volume.NodeOfSnapshotID), or, when the ID names none, records a Warning Event saying what to
+// (ids.NodeOfSnapshotID), or, when the ID names none, records a Warning Event saying what to
 // do. See docs/driver.md, "Snapshots in Kubernetes".
 package snapshotnode
 
@@ -26,7 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 )
 
 // The permissions (get, list, watch and patch volumesnapshotcontents) are not kubebuilder markers:
@@ -58,7 +58,7 @@ func NodeFor(c *snapv1.VolumeSnapshotContent, driverName string) (node string, h
 	if _, ok := c.Labels[consts.LabelSnapshotManagedBy]; ok {
 		return "", false
 	}
-	return volume.NodeOfSnapshotID(*c.Spec.Source.SnapshotHandle), true
+	return ids.NodeOfSnapshotID(*c.Spec.Source.SnapshotHandle), true
 }
 
 // CacheByObject keeps only unlabelled contents in the cache: every content the snapshot-controller

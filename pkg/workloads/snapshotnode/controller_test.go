@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 )
 
 func content(name, driver string, source snapv1.VolumeSnapshotContentSource, labels map[string]string) *snapv1.VolumeSnapshotContent {
@@ -34,7 +34,7 @@ func handle(id string) snapv1.VolumeSnapshotContentSource {
 }
 
 func TestReconcile(t *testing.T) {
-	onB := volume.NewSnapshotID("fast", "node-b")
+	onB := ids.NewSnapshotID("fast", "node-b")
 	for _, tc := range []struct {
 		name      string
 		content   *snapv1.VolumeSnapshotContent

@@ -58,6 +58,10 @@ type Config struct {
 	// zero). Any namespace user writes a VolumeManager, and with a writer access mode every pod
 	// of it gets a writable copy of this size on its node: the administrator bounds it.
 	MaxCapacity resource.Quantity
+	// AllowControlPlane lets a VolumeManager whose tolerations allow it use control-plane nodes.
+	// Off (the default), a control-plane node is never eligible, whatever a namespace user
+	// tolerates: stager pods and tenants' cached data stay off the nodes of the API server.
+	AllowControlPlane bool
 }
 
 func (c Config) maxCapacity() resource.Quantity {

@@ -105,8 +105,11 @@ func TestSelectNodes(t *testing.T) {
 	}
 	gpuAffinity := &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: "In", Values: []string{"true"}}}}}}}
-	// n5 and n6 report StoragePools: n6 has the most room, n5 already holds the dataset, n7 has
-	// too little room for the capacity.
+	// n5 and n6 report StoragePools: n6 has the most room, n5 already holds the dataset (which
+	// counts for nothing: the namespace has not proved it may read that copy), n7 has too little
+	// room for the capacity. cp is a control-plane node.
+	cp := node("cp", gpu, corev1.Taint{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule})
+	nodes = append(nodes, cp)
 	nodes = append(nodes, node("n5", gpu), node("n6", gpu), node("n7", gpu))
 	inv := map[string]*NodeInventory{
 		"n5": {Free: 1 << 30, Ready: map[string]bool{"ds": true}},
@@ -117,10 +120,13 @@ func TestSelectNodes(t *testing.T) {
 		name    string
 		vc      datav1alpha1.VolumeConfig
 		current []string
+		allowCP bool
 		want    []string
 	}{
-		{name: "a node holding the dataset first, then the most room, never one without room", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+		{name: "the most room first, never one without room", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
 			want: []string{"n5", "n6"}},
+		{name: "failure case - a cache holding the dataset is no reason to choose a node", vc: datav1alpha1.VolumeConfig{Replicas: 1, NodeAffinity: gpuAffinity},
+			want: []string{"n6"}},
 		{name: "nodes without a StoragePool come after those with room", vc: datav1alpha1.VolumeConfig{Replicas: 4, NodeAffinity: gpuAffinity},
 			want: []string{"n2", "n4", "n5", "n6"}},
 		{name: "current nodes are kept over warmer ones", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
@@ -129,17 +135,23 @@ func TestSelectNodes(t *testing.T) {
 		{name: "toleration admits the tainted node", vc: datav1alpha1.VolumeConfig{Replicas: 6, NodeAffinity: gpuAffinity,
 			Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: "Equal", Value: "ml", Effect: "NoSchedule"}}}, want: []string{"n2", "n3", "n4", "n5", "n6"}},
 		{name: "current nodes are kept", vc: datav1alpha1.VolumeConfig{Replicas: 2}, current: []string{"n4", "n1"}, want: []string{"n1", "n4"}},
-		{name: "a current node that is no longer eligible is replaced by the warmest", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
-			current: []string{"n1", "n4"}, want: []string{"n4", "n5"}},
+		{name: "a current node that is no longer eligible is replaced by the roomiest", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+			current: []string{"n1", "n4"}, want: []string{"n4", "n6"}},
 		{name: "a drained node is replaced", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
-			current: []string{"n2", "drained"}, want: []string{"n2", "n5"}},
+			current: []string{"n2", "drained"}, want: []string{"n2", "n6"}},
+		{name: "failure case - tolerating everything does not reach a control-plane node", vc: datav1alpha1.VolumeConfig{Replicas: 8, NodeAffinity: gpuAffinity,
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}, want: []string{"n2", "n3", "n4", "n5", "n6"}},
+		{name: "failure case - a current control-plane node is left", vc: datav1alpha1.VolumeConfig{Replicas: 1, NodeAffinity: gpuAffinity,
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}, current: []string{"cp"}, want: []string{"n6"}},
+		{name: "the administrator allows control-plane nodes", vc: datav1alpha1.VolumeConfig{Replicas: 8, NodeAffinity: gpuAffinity,
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}, allowCP: true, want: []string{"cp", "n2", "n3", "n4", "n5", "n6"}},
 	}
 	drained := node("drained", gpu)
 	drained.Spec.Unschedulable = true
 	nodes = append(nodes, drained)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := Placement{Nodes: nodes, Inventories: inv, DatasetID: "ds", Capacity: 1 << 30}
+			p := Placement{Nodes: nodes, Inventories: inv, DatasetID: "ds", Capacity: 1 << 30, AllowControlPlane: tc.allowCP}
 			if d := cmp.Diff(tc.want, SelectNodes(&tc.vc, p, tc.current)); d != "" {
 				t.Errorf("nodes (-want +got):\n%s", d)
 			}

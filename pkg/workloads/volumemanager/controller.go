@@ -190,6 +190,38 @@ func (r *Reconciler) read(ctx context.Context, vm *datav1alpha1.VolumeManager) (
 	return w, nil
 }
 
+// servingVolume is the claim users were given and its nodes: it keeps serving until a new node set
+// is Ready. Without one in the status (never written), the live volume on current, the eligible
+// nodes that hold the volume now.
+func servingVolume(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig, w *world, current []string) (string, []string) {
+	claim, nodes := "", []string(nil)
+	for i := range w.pvs {
+		pv := &w.pvs[i]
+		if ref := pv.Spec.ClaimRef; ref != nil && ref.Name == w.serving[vc.ID] && pv.Labels[LabelVolumeID] == vc.ID && pv.DeletionTimestamp == nil {
+			claim, nodes = ref.Name, NodesOf(pv)
+		}
+	}
+	if claim == "" && current != nil {
+		claim, nodes = objectName(vm, vc.ID, current), current
+	}
+	return claim, nodes
+}
+
+// createMissing creates those of objs (for the node set chosen) that do not exist yet.
+func (r *Reconciler) createMissing(ctx context.Context, chosen []string, objs ...client.Object) error {
+	for _, obj := range objs {
+		err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
+		if apierrors.IsNotFound(err) {
+			klog.FromContext(ctx).V(3).Info("creating", "kind", obj.GetObjectKind().GroupVersionKind().Kind, "name", obj.GetName(), "nodes", chosen)
+			err = r.Create(ctx, obj)
+		}
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	return nil
+}
+
 func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig,
 	w *world, keep, keepPods map[string]bool,
 ) (datav1alpha1.Volume, volumeOutcome, bool, error) {
@@ -204,21 +236,11 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 	}
 	datasetID := pl.Dataset.ID()
 	c := capacity(vc)
-	current := currentPlacement(vc, w.pvs, w.nodes)
-	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value()}, current)
+	current := currentPlacement(vc, w.pvs, w.nodes, r.Config.AllowControlPlane)
+	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value(),
+		AllowControlPlane: r.Config.AllowControlPlane}, current)
 
-	// The claim users were given keeps serving until a new node set is Ready; without one in the
-	// status (never written), the live volume with the most eligible nodes.
-	servingClaim, servingNodes := "", []string(nil)
-	for i := range w.pvs {
-		pv := &w.pvs[i]
-		if ref := pv.Spec.ClaimRef; ref != nil && ref.Name == w.serving[vc.ID] && pv.Labels[LabelVolumeID] == vc.ID && pv.DeletionTimestamp == nil {
-			servingClaim, servingNodes = ref.Name, NodesOf(pv)
-		}
-	}
-	if servingClaim == "" && current != nil {
-		servingClaim, servingNodes = objectName(vm, vc.ID, current), current
-	}
+	servingClaim, servingNodes := servingVolume(vm, vc, w, current)
 	if len(chosen) < int(vc.Replicas) {
 		// Too few nodes: make nothing new (each node set is its own claim, so growing one node at
 		// a time would churn claims), and keep what an earlier node set already placed.
@@ -239,15 +261,8 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 		return datav1alpha1.Volume{}, volumeOutcome{}, false, err
 	}
 	keep[pv.Name], keep[pvc.Name] = true, true
-	for _, obj := range []client.Object{pv, pvc} {
-		err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj.DeepCopyObject().(client.Object))
-		if apierrors.IsNotFound(err) {
-			klog.FromContext(ctx).V(3).Info("creating", "kind", obj.GetObjectKind().GroupVersionKind().Kind, "name", obj.GetName(), "nodes", chosen)
-			err = r.Create(ctx, obj)
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			return datav1alpha1.Volume{}, volumeOutcome{}, false, err
-		}
+	if err := r.createMissing(ctx, chosen, pv, pvc); err != nil {
+		return datav1alpha1.Volume{}, volumeOutcome{}, false, err
 	}
 	nodes, mounting := r.observe(ctx, vm, vc, pvc.Name, chosen, datasetID, w, keepPods)
 	o := volumeOutcome{placed: true}
@@ -412,10 +427,10 @@ func (r *Reconciler) recordChanges(vm *datav1alpha1.VolumeManager, old, cur []me
 
 // currentPlacement is the node set of the live PersistentVolume of vc that has the most nodes still
 // eligible (nil when there is none).
-func currentPlacement(vc *datav1alpha1.VolumeConfig, pvs []corev1.PersistentVolume, nodes []corev1.Node) []string {
+func currentPlacement(vc *datav1alpha1.VolumeConfig, pvs []corev1.PersistentVolume, nodes []corev1.Node, allowControlPlane bool) []string {
 	eligible := map[string]bool{}
 	for i := range nodes {
-		if EligibleNode(vc, &nodes[i]) {
+		if EligibleNode(vc, &nodes[i], allowControlPlane) {
 			eligible[nodes[i].Labels[consts.TopologyKey]] = true
 		}
 	}

@@ -246,16 +246,20 @@ func TestNodeStatusOf(t *testing.T) {
 	}{
 		{name: "nothing yet", o: NodeObservation{}, want: datav1alpha1.NodePending},
 		{name: "stager mounting", o: NodeObservation{Stager: scheduled}, want: datav1alpha1.NodeStaging, wantInMsg: "mounting"},
-		{name: "staging with progress", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetStaging)}, want: datav1alpha1.NodeStaging, wantInMsg: "5 of 10"},
+		// Before its stager ran, nothing of the node's cache shows: another tenant may be
+		// staging or holding the same source there.
+		{name: "failure case - another staging's progress not shown", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetStaging)}, want: datav1alpha1.NodeStaging, wantInMsg: "mounting"},
+		{name: "re-staging with progress once proved", o: NodeObservation{Proved: true, Inventory: inv(spapi.DatasetStaging)}, want: datav1alpha1.NodeStaging, wantInMsg: "5 of 10"},
 		{name: "progress is not failure", o: NodeObservation{Stager: scheduled, MountMessage: "rpc error: code = Unavailable desc = staging; retry later"}, want: datav1alpha1.NodeStaging},
-		{name: "cached for someone else: not Ready before the stager ran", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetReady)}, want: datav1alpha1.NodeStaging, wantInMsg: "credentials"},
+		{name: "failure case - cached for someone else: neither Ready nor said before the stager ran", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetReady)}, want: datav1alpha1.NodeStaging, wantInMsg: "mounting"},
 		{name: "stager ran and data cached", o: NodeObservation{Stager: done, Inventory: inv(spapi.DatasetReady)}, want: datav1alpha1.NodeReady},
 		{name: "proved earlier", o: NodeObservation{Proved: true, Inventory: inv(spapi.DatasetReady)}, want: datav1alpha1.NodeReady},
 		{name: "evicted since", o: NodeObservation{Proved: true}, want: datav1alpha1.NodePending},
 		{name: "stager ran, inventory behind", o: NodeObservation{Stager: done}, want: datav1alpha1.NodeStaging, wantInMsg: "inventory"},
 		{name: "failure case - too large, with kubelet's message", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetFailed), MountMessage: tooLarge},
 			want: datav1alpha1.NodeFailed, wantInMsg: "more than the 1 GiB"},
-		{name: "failure case - inventory reason alone", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetFailed)}, want: datav1alpha1.NodeFailed, wantInMsg: "TooLarge"},
+		{name: "failure case - inventory reason alone, once proved", o: NodeObservation{Proved: true, Inventory: inv(spapi.DatasetFailed)}, want: datav1alpha1.NodeFailed, wantInMsg: "TooLarge"},
+		{name: "failure case - another staging's failure not shown", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetFailed)}, want: datav1alpha1.NodeStaging, wantInMsg: "mounting"},
 		{name: "failure case - secret missing", o: NodeObservation{Stager: scheduled, MountMessage: `MountVolume.MountDevice failed: fetching NodeStageSecretRef ns/creds failed: secrets "creds" not found`},
 			want: datav1alpha1.NodeFailed, wantInMsg: "not found"},
 	} {

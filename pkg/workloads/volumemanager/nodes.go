@@ -16,10 +16,14 @@ import (
 )
 
 // EligibleNode says whether a node may hold a volume's data: the driver runs there (the node
-// carries the driver's topology label), it is not being drained (unschedulable), it matches the
-// volume's nodeAffinity, and the volume tolerates its NoSchedule/NoExecute taints.
-func EligibleNode(vc *datav1alpha1.VolumeConfig, node *corev1.Node) bool {
+// carries the driver's topology label), it is not being drained (unschedulable), it is no
+// control-plane node unless allowControlPlane (Config.AllowControlPlane), it matches the volume's
+// nodeAffinity, and the volume tolerates its NoSchedule/NoExecute taints.
+func EligibleNode(vc *datav1alpha1.VolumeConfig, node *corev1.Node, allowControlPlane bool) bool {
 	if node.DeletionTimestamp != nil || node.Spec.Unschedulable || node.Labels[consts.TopologyKey] == "" {
+		return false
+	}
+	if !allowControlPlane && ControlPlaneNode(node) {
 		return false
 	}
 	if vc.NodeAffinity != nil && vc.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
@@ -32,6 +36,24 @@ func EligibleNode(vc *datav1alpha1.VolumeConfig, node *corev1.Node) bool {
 		return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
 	}, false)
 	return !untolerated
+}
+
+// controlPlaneKeys are the label and taint keys kubeadm and most installers put on control-plane
+// nodes.
+var controlPlaneKeys = []string{"node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master"}
+
+// ControlPlaneNode says whether node is a control-plane node: labelled or tainted with a
+// control-plane role key. A namespace user's tolerations do not make it eligible.
+func ControlPlaneNode(node *corev1.Node) bool {
+	for _, k := range controlPlaneKeys {
+		if _, ok := node.Labels[k]; ok {
+			return true
+		}
+		if slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == k }) {
+			return true
+		}
+	}
+	return false
 }
 
 // NodeInventory is what one node's StoragePools say: the free space of its best node-local pool
@@ -96,15 +118,6 @@ func stateRank(s spapi.DatasetState) int {
 	return map[spapi.DatasetState]int{spapi.DatasetFailed: 1, spapi.DatasetIncomplete: 2, spapi.DatasetStaging: 3, spapi.DatasetReady: 4}[s]
 }
 
-// holds says whether the node's cache has the dataset, or is fetching it.
-func (inv *NodeInventory) holds(id string) bool {
-	if inv == nil {
-		return false
-	}
-	d, listed := inv.Datasets[id]
-	return inv.Ready[id] || listed && (d.State == spapi.DatasetStaging || d.State == spapi.DatasetIncomplete)
-}
-
 // Placement is what SelectNodes weighs: the nodes, their inventories (by node name), the dataset
 // and the room each node must have for it.
 type Placement struct {
@@ -112,46 +125,42 @@ type Placement struct {
 	Inventories map[string]*NodeInventory
 	DatasetID   string
 	Capacity    int64
+	// AllowControlPlane is Config.AllowControlPlane.
+	AllowControlPlane bool
 }
 
 // SelectNodes picks replicas eligible nodes, by the driver's node id (topology value). Nodes
 // already chosen stay while they are eligible, so data is not moved without need. New ones are
-// taken first among nodes whose cache already holds the dataset Ready, then by the most free
-// space in a pool, then by name; a node whose pools report less room than the capacity is never
-// taken unless its cache already holds the dataset (a node with no StoragePool yet is taken
-// last). It returns fewer than replicas when not enough nodes qualify.
+// taken by the most free space in a pool, then by name; a node whose pools report less room than
+// the capacity is never taken (a node with no StoragePool yet is taken last). Whether a node's
+// cache already holds the dataset plays no part: the VolumeManager's namespace has not proved it
+// may read that copy (its stager pods do that, on the nodes chosen), and a choice that followed
+// the caches would tell a namespace user where a guessed bucket and prefix are cached. It returns
+// fewer than replicas when not enough nodes qualify.
 func SelectNodes(vc *datav1alpha1.VolumeConfig, p Placement, current []string) []string {
 	type candidate struct {
-		id    string
-		ready bool
-		free  int64
+		id   string
+		free int64
 	}
 	eligible := map[string]bool{}
 	var cands []candidate
 	for i := range p.Nodes {
 		n := &p.Nodes[i]
-		if !EligibleNode(vc, n) {
+		if !EligibleNode(vc, n, p.AllowControlPlane) {
 			continue
 		}
 		id := n.Labels[consts.TopologyKey]
 		eligible[id] = true
-		inv := p.Inventories[n.Name]
 		c := candidate{id: id, free: -1}
-		if inv != nil {
-			c.ready, c.free = inv.Ready[p.DatasetID], inv.Free
-			if c.free >= 0 && c.free < p.Capacity && !inv.holds(p.DatasetID) {
+		if inv := p.Inventories[n.Name]; inv != nil {
+			c.free = inv.Free
+			if c.free >= 0 && c.free < p.Capacity {
 				continue // no room, now
 			}
 		}
 		cands = append(cands, c)
 	}
 	slices.SortFunc(cands, func(a, b candidate) int {
-		if a.ready != b.ready {
-			if a.ready {
-				return -1
-			}
-			return 1
-		}
 		if c := cmp.Compare(b.free, a.free); c != 0 {
 			return c
 		}

@@ -30,31 +30,32 @@ type NodeObservation struct {
 
 // NodeStatusOf says where datasetID stands on a node. Ready needs both the node's inventory and a
 // stager pod that ran there (now or before): the cache may hold the dataset for someone else,
-// and only a mount with the VolumeManager's own credentials proves they may read it.
+// and only a mount with the VolumeManager's own credentials proves they may read it. Until then
+// the node's inventory is not read at all: what another tenant's staging of the same source did
+// (held, staging, its progress, failed) is no business of this VolumeManager's namespace, which
+// could otherwise learn whether a guessed bucket and prefix are cached there.
 func NodeStatusOf(datasetID string, o NodeObservation) datav1alpha1.NodeStatus {
 	ns := datav1alpha1.NodeStatus{Name: o.ID}
+	ran := o.Stager != nil && o.Stager.Status.Phase == corev1.PodSucceeded
 	var d spapi.CachedDataset
 	listed, ready := false, false
-	if o.Inventory != nil {
+	if o.Inventory != nil && (o.Proved || ran) {
 		d, listed = o.Inventory.Datasets[datasetID]
 		ready = o.Inventory.Ready[datasetID]
 	}
 	if listed {
 		ns.BytesDone, ns.BytesTotal = d.BytesDone, d.BytesTotal
 	}
-	ran := o.Stager != nil && o.Stager.Status.Phase == corev1.PodSucceeded
 	switch {
-	case ready && (o.Proved || ran):
+	case ready:
 		ns.State = datav1alpha1.NodeReady
-	case listed && d.State == spapi.DatasetFailed && !ready:
+	case listed && d.State == spapi.DatasetFailed:
 		ns.State, ns.Message = datav1alpha1.NodeFailed, o.MountMessage
 		if ns.Message == "" {
 			ns.Message = "staging failed on the node: " + d.Reason
 		}
 	case o.MountMessage != "" && permanentMountFailure(o.MountMessage):
 		ns.State, ns.Message = datav1alpha1.NodeFailed, o.MountMessage
-	case ready:
-		ns.State, ns.Message = datav1alpha1.NodeStaging, "the node's cache holds the data; its stager pod checks the credentials"
 	case listed:
 		ns.State, ns.Message = datav1alpha1.NodeStaging, "staging: "+progress(d.BytesDone, d.BytesTotal)
 	case ran:

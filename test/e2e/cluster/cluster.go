@@ -13,7 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
-	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 
@@ -64,7 +64,7 @@ func Install(t framework.TB, cp *framework.ControlPlane) {
 // Start installs deploy/csi and starts the nodes and the controller.
 func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	t.Helper()
-	forgetWebhooks(t, cp)
+	ForgetWebhooks(t, cp)
 	Install(t, cp)
 	c := &Cluster{CP: cp, Nodes: map[string]*Node{}}
 	for _, spec := range opts.Nodes {
@@ -82,17 +82,17 @@ func Start(t framework.TB, cp *framework.ControlPlane, opts Options) *Cluster {
 	return c
 }
 
-// forgetWebhooks deletes the webhook configurations a previous cluster's controller registered
+// ForgetWebhooks deletes the webhook configurations a previous cluster's controller registered
 // by URL on this control plane: applied over them, deploy/csi's Service-based ones would name
 // both a URL and a Service. This cluster's controller registers its own.
-func forgetWebhooks(t framework.TB, cp *framework.ControlPlane) {
+func ForgetWebhooks(t framework.TB, cp *framework.ControlPlane) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	api := cp.Client.AdmissionregistrationV1()
 	for _, err := range []error{
-		api.MutatingWebhookConfigurations().Delete(ctx, whcerts.ConfigurationName, metav1.DeleteOptions{}),
-		api.ValidatingWebhookConfigurations().Delete(ctx, whcerts.ConfigurationName, metav1.DeleteOptions{}),
+		api.MutatingWebhookConfigurations().Delete(ctx, webhookcert.ConfigurationName, metav1.DeleteOptions{}),
+		api.ValidatingWebhookConfigurations().Delete(ctx, webhookcert.ConfigurationName, metav1.DeleteOptions{}),
 	} {
 		if err != nil && !apierrors.IsNotFound(err) {
 			t.Fatalf("deleting the webhook configurations of an earlier cluster: %v", err)

@@ -11,6 +11,7 @@ import (
 	"k8s.io/mount-utils"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // MakePool creates a filesystem of size bytes in an image file under dir and mounts it, through a
@@ -20,21 +21,8 @@ func MakePool(t framework.TB, dir, name string, size int64) string {
 	t.Helper()
 	img := filepath.Join(dir, name+".img")
 	mnt := filepath.Join(dir, name)
-	if err := os.MkdirAll(mnt, 0o755); err != nil {
-		t.Fatalf("pool %s: %v", name, err)
-	}
-	f, err := os.Create(img)
-	if err == nil {
-		err = f.Truncate(size)
-		f.Close()
-	}
-	if err != nil {
-		t.Fatalf("pool %s: image: %v", name, err)
-	}
-	// No reserved blocks: the pool's free space is what statfs reports to everyone.
-	run(t, "mkfs.ext4", "-q", "-F", "-m", "0", img)
-	// The loop device is freed by the kernel when the filesystem is unmounted (autoclear).
-	run(t, "mount", "-o", "loop", img, mnt)
+	testutil.FSImage(t, img, "ext4", size)
+	testutil.LoopMount(t, img, mnt)
 	t.Cleanup(func() {
 		if err := ReleaseUnder(mnt); err != nil {
 			t.Logf("pool %s: %v", name, err)
@@ -45,13 +33,6 @@ func MakePool(t framework.TB, dir, name string, size int64) string {
 		_ = os.Remove(img)
 	})
 	return mnt
-}
-
-func run(t framework.TB, name string, args ...string) {
-	t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-	}
 }
 
 // ReleaseUnder unmounts every mount point under dir (deepest first) and detaches every loop

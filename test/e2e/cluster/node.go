@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"context"
-	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,10 +112,10 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 	if err := os.WriteFile(peerToken, []byte(framework.PodServiceAccountToken(t, cp, pod, peer.Audience)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n.PeerAddress, n.MetricsAddress = freeLoopback(t), freeLoopback(t)
-	n.Driver = framework.StartProcess(t, spec.Name+"-csi-driver", opts.Bins.Driver,
-		"--endpoint=unix://"+n.Socket,
+	n.PeerAddress, n.MetricsAddress = framework.FreeAddr(t), framework.FreeAddr(t)
+	n.Driver = framework.StartCSIDriver(t, spec.Name+"-csi-driver", opts.Bins.Driver, n.Socket,
 		"--node-id="+spec.Name,
+		"--tenant-s3-endpoints=*", // test S3 servers are in test namespaces; the closed default has its own test
 		"--mode=all",
 		"--pools-config="+n.PoolsConfig,
 		"--state-dir="+filepath.Join(dir, "state"),
@@ -137,7 +135,6 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 			_ = ReleaseUnder(mnt)
 		}
 	})
-	waitSocket(t, n.Driver, n.Socket)
 
 	prov := exec.Command(opts.Bins.Provisioner,
 		"--kubeconfig="+kubeconfig,
@@ -165,43 +162,11 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 	return n
 }
 
-// freeLoopback returns a loopback address with a port free at the time.
-func freeLoopback(t framework.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func orDefault(d, def time.Duration) time.Duration {
 	if d == 0 {
 		return def
 	}
 	return d
-}
-
-// waitSocket waits until the driver accepts connections on its socket.
-func waitSocket(t framework.TB, p *framework.Process, socket string) {
-	t.Helper()
-	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
-		select {
-		case <-p.Done():
-			return false, fmt.Errorf("%s exited: %v (log %s)", p.Name, p.Err(), p.LogPath)
-		default:
-		}
-		c, err := net.Dial("unix", socket)
-		if err != nil {
-			return false, nil
-		}
-		c.Close()
-		return true, nil
-	})
-	if err != nil {
-		t.Fatalf("driver socket %s: %v", socket, err)
-	}
 }
 
 // DaemonSetPod waits for the node DaemonSet's pod on node (created by kube-controller-manager,

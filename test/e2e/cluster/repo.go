@@ -3,7 +3,6 @@ package cluster
 import (
 	"fmt"
 	"path/filepath"
-	"runtime"
 
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil"
@@ -18,14 +17,8 @@ const (
 	ControllerServiceAccount = "cistern-workload-controller"
 )
 
-// RepoRoot is the repository this package was built from.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
-}
-
 // DeployDir is deploy/csi.
-func DeployDir() string { return filepath.Join(RepoRoot(), "deploy", "csi") }
+func DeployDir() string { return filepath.Join(framework.RepoRoot(), "deploy", "csi") }
 
 // Binaries are Cistern's commands built by BuildBinaries.
 type Binaries struct {
@@ -36,13 +29,13 @@ type Binaries struct {
 
 // BinDir is where BuildBinaries puts the commands: a directory that outlives a run, so that an
 // unchanged tree is not linked again (the go command leaves an up-to-date output alone).
-func BinDir() string { return filepath.Join(RepoRoot(), "_output", "bin") }
+func BinDir() string { return filepath.Join(framework.RepoRoot(), "_output", "bin") }
 
 // BuildBinaries builds Cistern's commands into dir with the go command, and finds the
 // external-provisioner from $CISTERN_CSI_BIN or the cache.
 func BuildBinaries(dir string) (Binaries, error) {
 	cmd := testutil.GoBuild(dir+"/", "./cmd/...")
-	cmd.Dir = RepoRoot()
+	cmd.Dir = framework.RepoRoot()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return Binaries{}, fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
 	}

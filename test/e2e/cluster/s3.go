@@ -8,77 +8,26 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path"
 	"path/filepath"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
-// VersitygwVersion is what the datasource area's `make s3-tools` builds.
-const VersitygwVersion = "v1.8.0"
+// S3 is a running versitygw (testpeers.StartVersitygw) with the datasets the e2e suite and the demo
+// upload.
+type S3 struct{ *testpeers.S3 }
 
-// S3 is a running versitygw serving a directory (posix backend: <Dir>/<bucket>/<key>).
-type S3 struct {
-	Endpoint             string
-	AccessKey, SecretKey string
-	Dir                  string
-}
-
-// VersitygwBinary finds versitygw from $CISTERN_VERSITYGW or the cache; "" if it is not built.
-func VersitygwBinary() string {
-	if p := os.Getenv("CISTERN_VERSITYGW"); p != "" {
-		return p
-	}
-	cache := os.Getenv("CISTERN_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "cistern")
-	}
-	p := filepath.Join(cache, "versitygw-"+VersitygwVersion, "bin", "versitygw")
-	if _, err := os.Stat(p); err != nil {
-		return ""
-	}
-	return p
-}
-
-// StartS3 serves dir over S3 on a loopback port with static credentials.
+// StartS3 serves dir over S3 with the versitygw binary bin (testpeers.VersitygwBinary).
 func StartS3(t framework.TB, bin, dir string) *S3 {
 	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-demo", SecretKey: "cistern-demo-secret", Dir: dir}
-	p := framework.StartProcess(t, "versitygw", bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey, "--quiet", "posix", dir)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return s
-		}
-		select {
-		case <-p.Done():
-			t.Fatalf("versitygw exited: %v (log %s)", p.Err(), p.LogPath)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("versitygw not listening on %s (log %s)", addr, p.LogPath)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return &S3{testpeers.StartVersitygw(t, bin, dir)}
 }
 
 // SampleDataset uploads a small dataset to bucket (created) under prefix through the S3 API and
@@ -113,12 +62,7 @@ func (s *S3) RandomDataset(ctx context.Context, bucket, prefix string, count, si
 }
 
 func (s *S3) upload(ctx context.Context, bucket, prefix string, files map[string][]byte) (map[string]string, error) {
-	client := s3.New(s3.Options{
-		Region:       "us-east-1",
-		BaseEndpoint: aws.String(s.Endpoint),
-		UsePathStyle: true,
-		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
-	})
+	client := s.Client
 	_, err := client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(bucket)})
 	var owned *types.BucketAlreadyOwnedByYou
 	if err != nil && !errors.As(err, &owned) {

@@ -8,7 +8,6 @@ package dropin_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -41,9 +40,7 @@ func TestMain(m *testing.M) {
 const poolKey = "test.cistern.dev/pool"
 
 var (
-	installOnce sync.Once
-	installErr  error
-	rendered    testutil.Rendered // the rendered base + component
+	rendered testutil.Rendered // the rendered base + component
 	// cl is an admin client whose scheme serves LeaderWorkerSet as leaderworkerset.x-k8s.io/v1.
 	cl client.Client
 )
@@ -53,41 +50,27 @@ var (
 // self-registered), once per binary.
 func install(t *testing.T) *framework.ControlPlane {
 	t.Helper()
-	cp := framework.Shared(t)
-	installOnce.Do(func() {
-		installErr = errors.New("install did not finish")
-		rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "lws-upstream")
-		if installErr != nil {
-			return
+	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
+		var err error
+		if rendered, err = testutil.RenderWithRBAC(t, cp, "lws-upstream"); err != nil {
+			return err
 		}
 		crdDir := t.TempDir()
 		for i, crd := range rendered["CustomResourceDefinition"] {
 			b, err := yaml.Marshal(crd)
 			if err != nil {
-				installErr = err
-				return
+				return err
 			}
 			if err := os.WriteFile(filepath.Join(crdDir, fmt.Sprintf("crd-%d.yaml", i)), b, 0o644); err != nil {
-				installErr = err
-				return
+				return err
 			}
 		}
-		if installErr = testutil.InstallCRDs(cp.Config, crdDir); installErr != nil {
-			return
+		if err := testutil.InstallCRDs(cp.Config, crdDir); err != nil {
+			return err
 		}
-		rbac, err := rendered.YAML(testutil.RBACKinds...)
-		if err != nil {
-			installErr = err
-			return
-		}
-		framework.ApplyYAML(t, cp, rbac)
-		framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
-		cl, installErr = client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
+		cl, err = client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
+		return err
 	})
-	if installErr != nil {
-		t.Fatalf("install: %v", installErr)
-	}
-	return cp
 }
 
 func kubectl(t *testing.T, cp *framework.ControlPlane, stdin string, args ...string) (string, error) {

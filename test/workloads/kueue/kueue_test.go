@@ -30,7 +30,7 @@ import (
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads"
-	whcerts "github.com/cistern-csi/cistern/pkg/workloads/webhook"
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
@@ -112,7 +112,7 @@ func startKueue(t *testing.T, cp *framework.ControlPlane, c client.Client) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := whcerts.Renew(whcerts.Bundle{}, []string{"127.0.0.1"}, time.Now())
+	certs, err := webhookcert.Renew(webhookcert.Bundle{}, []string{"127.0.0.1"}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

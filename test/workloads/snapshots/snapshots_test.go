@@ -9,13 +9,11 @@ package snapshots_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,7 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/pkg/workloads/snapshotnode"
@@ -43,9 +41,7 @@ func TestMain(m *testing.M) {
 }
 
 var (
-	installOnce sync.Once
-	installErr  error
-	rendered    testutil.Rendered
+	rendered testutil.Rendered
 	// cl is an admin client with the controller's scheme.
 	cl client.Client
 )
@@ -55,45 +51,31 @@ var (
 // when the rendered Deployment has it; once per binary.
 func install(t *testing.T) *framework.ControlPlane {
 	t.Helper()
-	cp := framework.Shared(t)
-	installOnce.Do(func() {
-		installErr = errors.New("install did not finish")
-		if rendered, installErr = testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "snapshots"); installErr != nil {
-			return
+	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
+		var err error
+		if rendered, err = testutil.RenderWithRBAC(t, cp, "snapshots"); err != nil {
+			return err
 		}
 		snapshotCRDs, err := testutil.SnapshotCRDs(testutil.RepoRoot())
 		if err != nil {
-			installErr = err
-			return
+			return err
 		}
 		for _, dir := range []string{filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds"), snapshotCRDs} {
-			if installErr = testutil.InstallCRDs(cp.Config, dir); installErr != nil {
-				return
+			if err := testutil.InstallCRDs(cp.Config, dir); err != nil {
+				return err
 			}
 		}
-		rbac, err := rendered.YAML(testutil.RBACKinds...)
-		if err != nil {
-			installErr = err
-			return
-		}
-		framework.ApplyYAML(t, cp, rbac)
-		framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
-		if cl, installErr = client.New(cp.Config, client.Options{Scheme: workloads.Scheme()}); installErr != nil {
-			return
+		if cl, err = client.New(cp.Config, client.Options{Scheme: workloads.Scheme()}); err != nil {
+			return err
 		}
 		wc, err := testutil.ControllerConfig(func(wc *workloads.Config) {
 			wc.SnapshotContents = slices.Contains(controllerArgs(), "--snapshot-contents")
 		})
 		if err != nil {
-			installErr = err
-			return
+			return err
 		}
-		installErr = testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
+		return testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
 	})
-	if installErr != nil {
-		t.Fatalf("install: %v", installErr)
-	}
-	return cp
 }
 
 // controllerArgs are the args of the rendered workload-controller Deployment.
@@ -162,9 +144,9 @@ func create(t *testing.T, o client.Object) {
 // Warning Event saying what to do.
 func TestHandMadeContentsGetTheirNode(t *testing.T) {
 	install(t)
-	foreign := handMade("foreign-content", "other.csi.dev", volume.NewSnapshotID("fast", "node-b"))
-	nameless := handMade("nameless-content", consts.DriverName, "fast-snap-"+volume.RandomHex())
-	ours := handMade("our-content", consts.DriverName, volume.NewSnapshotID("fast", "node-b"))
+	foreign := handMade("foreign-content", "other.csi.dev", ids.NewSnapshotID("fast", "node-b"))
+	nameless := handMade("nameless-content", consts.DriverName, "fast-snap-"+ids.RandomHex())
+	ours := handMade("our-content", consts.DriverName, ids.NewSnapshotID("fast", "node-b"))
 	for _, c := range []client.Object{foreign, nameless, ours} {
 		create(t, c)
 	}
@@ -216,7 +198,7 @@ func TestRestoresLandOnTheSourceNode(t *testing.T) {
 
 	// A pre-provisioned snapshot on node B (no snapshot-controller runs: the snapshot names its
 	// content, as a user writes it)...
-	content := handMade("restore-content", consts.DriverName, volume.NewSnapshotID("fast", nodeB))
+	content := handMade("restore-content", consts.DriverName, ids.NewSnapshotID("fast", nodeB))
 	content.Spec.VolumeSnapshotRef = corev1.ObjectReference{Namespace: ns, Name: "snap"}
 	create(t, content)
 	create(t, &snapv1.VolumeSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "snap"},
@@ -228,7 +210,7 @@ func TestRestoresLandOnTheSourceNode(t *testing.T) {
 		PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
 		StorageClassName:              "cistern-restore",
 		ClaimRef:                      &corev1.ObjectReference{Namespace: ns, Name: "source"},
-		PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: consts.DriverName, VolumeHandle: volume.NewVolumeID("fast")}},
+		PersistentVolumeSource:        corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: consts.DriverName, VolumeHandle: ids.NewVolumeID("fast")}},
 		NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 			MatchExpressions: []corev1.NodeSelectorRequirement{placement.Requirement([]string{nodeA})}}}}},
 	}})

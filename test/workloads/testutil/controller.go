@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
 // ControllerNamespace and ControllerSA are where the controller's ServiceAccount lives, as in
@@ -40,7 +41,7 @@ subjects: [{kind: ServiceAccount, name: cistern-workload-controller, namespace: 
 // ControllerConfig is the controller's configuration for a test: webhooks self-registered on a
 // free loopback port, no metrics or probes. mod adjusts it.
 func ControllerConfig(mod func(*workloads.Config)) (workloads.Config, error) {
-	port, err := freePort()
+	port, err := framework.FreePort()
 	if err != nil {
 		return workloads.Config{}, err
 	}
@@ -89,13 +90,4 @@ func StartController(cfg *rest.Config, wc workloads.Config) error {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return fmt.Errorf("webhook server did not start on port %d", wc.WebhookPort)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

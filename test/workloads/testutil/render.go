@@ -6,10 +6,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
 // Rendered is a rendered install: kind -> objects.
@@ -73,8 +74,23 @@ func (r Rendered) YAML(kinds ...string) (string, error) {
 // ServiceAccount: everything but the workloads and the Service-mode webhook configurations.
 var RBACKinds = []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
-// RepoRoot is the repository's root directory, found from this file's place in it.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+// RepoRoot is framework.RepoRoot (the suites' call sites predate it).
+func RepoRoot() string { return framework.RepoRoot() }
+
+// RenderWithRBAC renders deploy/csi with component (Render) and applies the result's RBACKinds and
+// SelfRegisterRBAC to cp: what a suite needs to run the controller in this process as its
+// ServiceAccount, besides the CRDs.
+func RenderWithRBAC(t framework.TB, cp *framework.ControlPlane, component string) (Rendered, error) {
+	t.Helper()
+	rendered, err := Render(framework.Binary(t, "kubectl"), RepoRoot(), component)
+	if err != nil {
+		return nil, err
+	}
+	rbac, err := rendered.YAML(RBACKinds...)
+	if err != nil {
+		return nil, err
+	}
+	framework.ApplyYAML(t, cp, rbac)
+	framework.ApplyYAML(t, cp, SelfRegisterRBAC)
+	return rendered, nil
 }

@@ -4,21 +4,14 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/cistern-csi/cistern/test/framework"
 )
 
-// Eventually polls cond every 200ms until it returns nil, and fails the test with cond's last
-// error once timeout has passed.
+// Eventually is framework.Eventually for a condition that needs no context.
 func Eventually(t *testing.T, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s: %v", what, timeout, err)
+	framework.Eventually(t, timeout, what, func(context.Context) error { return cond() })
 }
 
 // Context is a context for one test's API calls, cancelled when it ends and after 5 minutes.

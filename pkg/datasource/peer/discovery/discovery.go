@@ -25,7 +25,7 @@ import (
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
-	"github.com/cistern-csi/cistern/pkg/storagepool"
+	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 )
 
 // fieldManager owns the peer annotations.
@@ -33,7 +33,7 @@ const fieldManager = "cistern-peer"
 
 // Inventory is a peer.Directory over the StoragePool objects.
 type Inventory struct {
-	client   *storagepool.Client
+	client   *poolpublisher.Client
 	informer cache.SharedIndexInformer
 	node     string // this node's label value
 	self     peer.Peer
@@ -42,11 +42,11 @@ type Inventory struct {
 
 // New returns an Inventory for node (its name), which publishes self's endpoint and certificate
 // hash; Run starts it.
-func New(client *storagepool.Client, node string, self peer.Peer) *Inventory {
+func New(client *poolpublisher.Client, node string, self peer.Peer) *Inventory {
 	return &Inventory{
 		client:   client,
-		informer: storagepool.NewInformer(client, labels.Everything()),
-		node:     storagepool.LabelValue(node),
+		informer: poolpublisher.NewInformer(client, labels.Everything()),
+		node:     poolpublisher.LabelValue(node),
 		self:     self,
 		interval: 30 * time.Second,
 	}

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/egress"
+	"github.com/cistern-csi/cistern/pkg/driver"
+)
+
+// options are the flags that are not driver.Config fields as they stand.
+type options struct {
+	mode, httpEndpoint                                         string
+	defaultSize                                                int64
+	inlinePools, localSourceRoots, tenantEndpoints, nfsServers string
+	nfsUID, nfsGID                                             uint
+	peerAdvertise, peerTokenFile, peerAccounts                 string
+	events, showVersion                                        bool
+	kubeconfig                                                 string
+}
+
+// bindFlags registers every flag: the driver's straight into cfg, the others into o.
+func bindFlags(cfg *driver.Config, o *options) {
+	bindDriverFlags(cfg, o)
+	bindDatasetFlags(&cfg.Datasets, o)
+	bindLimitFlags(&cfg.Datasets.Limits)
+	bindPeerFlags(&cfg.Peers, o)
+}
+
+func bindDriverFlags(cfg *driver.Config, o *options) {
+	flag.StringVar(&cfg.DriverName, "driver-name", consts.DriverName, "CSI driver name.")
+	flag.StringVar(&cfg.Endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint (unix:///path/to/csi.sock).")
+	flag.StringVar(&cfg.NodeID, "node-id", "", "Node ID reported in NodeGetInfo and topology (the Kubernetes node name).")
+	flag.StringVar(&o.mode, "mode", string(driver.ModeAll), "Services to serve: all, controller or node.")
+	flag.StringVar(&cfg.PoolsConfig, "pools-config", "/etc/cistern/pools.yaml", "Pools config file (YAML); re-read when it changes.")
+	flag.StringVar(&cfg.StateDir, "state-dir", "/var/lib/cistern", "Directory for persisted volume and snapshot state.")
+	flag.Int64Var(&o.defaultSize, "default-volume-size", 1<<30, "Size in bytes of a volume created without a capacity request.")
+	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
+	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
+	flag.StringVar(&o.httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
+	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
+	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
+	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --peer-listen; empty uses the in-cluster configuration.")
+	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
+}
+
+func bindDatasetFlags(cfg *datasource.Config, o *options) {
+	flag.StringVar(&o.localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
+	flag.StringVar(&o.tenantEndpoints, "tenant-s3-endpoints", "", "Comma-separated S3 endpoints that inline volumes and VolumeManagers may name: host names, *.domain suffixes, CIDR blocks (AWS without an endpoint counts as s3.amazonaws.com). Empty refuses every tenant endpoint; \"*\" allows any; link-local and cloud metadata addresses are refused always.")
+	flag.IntVar(&cfg.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
+	flag.Int64Var(&cfg.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
+	flag.Float64Var(&cfg.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
+	flag.Float64Var(&cfg.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
+	flag.DurationVar(&cfg.ProgressInterval, "dataset-progress-interval", 5*time.Second, "How often a dataset being staged reports its progress to the StoragePool publisher (each report of a changed progress is one status write per staging pool).")
+	flag.DurationVar(&cfg.AccessProofTTL, "dataset-access-ttl", datasource.DefaultAccessProofTTL, "How long a caller's full proof of access to a cached dataset (its own listing matching the cache) is remembered; within it a cache hit costs one pinned read. 0 lists on every hit.")
+	flag.StringVar(&o.nfsServers, "nfs-servers", "", "Comma-separated NFS servers (host or host:port, as written in nfs:// URLs) that inline volumes may name; empty refuses nfs:// in inline volumes.")
+	flag.UintVar(&o.nfsUID, "nfs-uid", datasource.NobodyID, "AUTH_UNIX uid the NFS client presents.")
+	flag.UintVar(&o.nfsGID, "nfs-gid", datasource.NobodyID, "AUTH_UNIX gid the NFS client presents.")
+}
+
+func bindLimitFlags(lim *datasource.Limits) {
+	def := datasource.DefaultLimits
+	flag.Int64Var(&lim.MaxBytes, "max-dataset-bytes", def.MaxBytes, "Largest dataset (bytes) a volume may name.")
+	flag.Int64Var(&lim.MaxObjects, "max-dataset-objects", def.MaxObjects, "Most entries (files, directories, links; empty files too) a dataset may have; also the most keys and common prefixes its listing may go through, those its patterns drop included.")
+	flag.IntVar(&lim.MaxKeyLength, "max-dataset-key-length", def.MaxKeyLength, "Longest key (bytes) of a dataset entry.")
+	flag.IntVar(&lim.MaxKeyDepth, "max-dataset-key-depth", def.MaxKeyDepth, "Most path segments of a dataset entry's key.")
+	flag.Int64Var(&lim.MaxManifestBytes, "max-dataset-manifest-bytes", def.MaxManifestBytes, "Largest manifest (bytes) a dataset may write to its pool.")
+	flag.Int64Var(&lim.MinThroughput, "staging-min-throughput", def.MinThroughput, "Bytes per second below which a read of an object is cancelled and retried (after --staging-read-grace).")
+	flag.DurationVar(&lim.ReadGrace, "staging-read-grace", def.ReadGrace, "Time a read of an object may take on top of its size at --staging-min-throughput.")
+	flag.DurationVar(&lim.JobDeadline, "staging-deadline", def.JobDeadline, "Longest one staging attempt may take.")
+	flag.DurationVar(&lim.AbandonAfter, "staging-abandon-after", def.AbandonAfter, "A staging no volume asked for in this long is cancelled and its partial data deleted.")
+	flag.IntVar(&lim.PerSource, "staging-concurrency-per-source", 0, "Parallel reads from one source endpoint (S3 endpoint, NFS server); 0 is a quarter of --staging-concurrency.")
+	flag.IntVar(&lim.Listings, "max-concurrent-listings", def.Listings, "Dataset listings (of stagings and access proofs) under way on the node at once; more wait.")
+	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once; more wait.")
+	flag.Int64Var(&lim.MaxGlobWork, "max-dataset-glob-work", def.MaxGlobWork, "Include/exclude matching one listing may do, in pattern bytes times key bytes; past it the dataset is refused.")
+}
+
+func bindPeerFlags(cfg *driver.PeerConfig, o *options) {
+	flag.StringVar(&cfg.Listen, "peer-listen", "", "Address (host:port) of the peer port, which serves this node's S3 datasets to other node plugins (docs/datasets.md); empty: no peer fan-out. Needs API access (in-cluster, or --kubeconfig).")
+	flag.StringVar(&o.peerAdvertise, "peer-advertise", "", "host:port at which other nodes reach the peer port (the pod IP and the port); published on this node's StoragePools.")
+	flag.StringVar(&o.peerTokenFile, "peer-token-file", "/var/run/secrets/cistern-peer/token", "This node plugin's ServiceAccount token for the audience cistern-peer (a projected token kubelet keeps fresh).")
+	flag.StringVar(&o.peerAccounts, "peer-service-accounts", "cistern-system/cistern-node", "Comma-separated namespace/name of the ServiceAccounts whose pod-bound tokens the peer port serves.")
+	flag.Int64Var(&cfg.Server.BandwidthBytesPerSec, "peer-upload-bandwidth", 256<<20, "Bytes per second the peer port may send, across peers; 0 is unlimited.")
+	flag.IntVar(&cfg.Server.MaxUploads, "peer-max-uploads", 8, "Requests for pieces the peer port answers at once (a batch of small entries counts as one); more wait briefly, then go to other peers or the source.")
+}
+
+// complete moves the parsed options into cfg.
+func (o *options) complete(cfg *driver.Config) error {
+	if o.inlinePools != "" {
+		cfg.Inline.Pools = strings.Split(o.inlinePools, ",")
+	}
+	if o.localSourceRoots != "" {
+		cfg.Datasets.LocalSourceRoots = strings.Split(o.localSourceRoots, ",")
+	}
+	allow, err := egress.ParseAllow(strings.Split(o.tenantEndpoints, ","))
+	if err != nil {
+		return fmt.Errorf("invalid --tenant-s3-endpoints: %w", err)
+	}
+	cfg.Datasets.TenantEndpoints = allow
+	if o.nfsServers != "" {
+		cfg.Datasets.NFSServers = strings.Split(o.nfsServers, ",")
+	}
+	uid, gid := uint32(o.nfsUID), uint32(o.nfsGID)
+	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
+	cfg.Mode = driver.Mode(o.mode)
+	cfg.DefaultVolumeSize = o.defaultSize
+	return nil
+}

@@ -1,0 +1,288 @@
+package stage
+
+// Fetching: every entry of the manifest becomes a task (a whole entry, a batch of small ones
+// from a peer, or a range of a large one) that the node's workers run within its limits.
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"math"
+	"os"
+	"path"
+	"strconv"
+	"sync"
+
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+type task struct {
+	i   int64
+	obj source.Object
+	big *bigFile
+	off int64
+	n   int64
+	idx int
+	// deferred is set on a second turn: the piece was put off because a peer was reading it.
+	deferred bool
+	// batch, when set, are small entries read from a peer in one request (batch.go); the
+	// other fields are then empty.
+	batch []task
+}
+
+func (j *Job) fetchAll(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg, againWG sync.WaitGroup
+	tasks := j.workers(ctx, cancel, &wg)
+	// Pieces put off while peers read them from the source are taken from those peers as soon
+	// as they hold them, while this node reads its own share (batch.go).
+	again := j.workers(ctx, cancel, &againWG)
+	stopTaking := func() {}
+	if j.peers.swarm != nil {
+		tctx, stop := context.WithCancel(ctx)
+		taken := make(chan struct{})
+		go func() { defer close(taken); j.takeHeld(tctx, ctx, again) }()
+		stopTaking = func() { stop(); <-taken }
+	}
+	err := j.sendEntries(ctx, tasks)
+	close(tasks)
+	wg.Wait()
+	stopTaking()
+	// Pieces a peer was reading from the source when their turn came, and still is.
+	if deferred := j.peers.takeDeferred(); err == nil && ctx.Err() == nil && len(deferred) > 0 {
+		err = j.sendDeferred(ctx, again, deferred)
+	}
+	close(again)
+	againWG.Wait()
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	if err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// workers starts the node's concurrency of workers on a new task channel; the first failure
+// cancels ctx, and the rest of the tasks are drained.
+func (j *Job) workers(ctx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup) chan<- task {
+	tasks := make(chan task, 2*j.e.cfg.Concurrency)
+	for range j.e.cfg.Concurrency {
+		wg.Go(func() {
+			for t := range tasks {
+				if ctx.Err() != nil {
+					continue
+				}
+				if err := j.runTask(ctx, t); err != nil {
+					cancel(err)
+				}
+			}
+		})
+	}
+	return tasks
+}
+
+// sendEntries sends a task for every entry of the manifest, from this node's place in the
+// reading order (peers.go) round to it.
+func (j *Job) sendEntries(ctx context.Context, tasks chan<- task) error {
+	batches := &batcher{tasks: tasks}
+	sendEntry := func(i int64, o source.Object) error { return j.sendEntry(ctx, tasks, batches, i, o) }
+	each := func(from, to int64) error {
+		return cache.EachObject(j.dir, func(i int64, o source.Object) error {
+			if i < from || i >= to {
+				return nil
+			}
+			return sendEntry(i, o)
+		})
+	}
+	if j.peers.swarm != nil {
+		// With peers, entries go in the order peers name them, each node from its own share
+		// (peers.go).
+		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
+	}
+	start := j.peers.readOrder(j.objsTotal.Load(), "entries")
+	err := each(start, math.MaxInt64)
+	if err == nil && start > 0 {
+		err = each(0, start)
+	}
+	if err == nil {
+		err = batches.flush(ctx)
+	}
+	return err
+}
+
+// sendEntry makes entry i's directory, or sends the task that fetches it: whole, in a batch
+// from a peer, or in ranges. A file already staged (a resume) is counted, and links wait for
+// every file.
+func (j *Job) sendEntry(ctx context.Context, tasks chan<- task, batches *batcher, i int64, o source.Object) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	switch o.Type {
+	case source.Dir:
+		j.objsDone.Add(1)
+		return j.mkdirs(path.Join(cache.StagingDir, o.Key))
+	case source.Symlink:
+		return nil // after every file: no write may pass through a link
+	}
+	if j.resuming && j.staged(o) {
+		j.bytesDone.Add(o.Size)
+		j.objsDone.Add(1)
+		j.peers.holding.Commit(j.peers.rank(i))
+		return nil
+	}
+	if o.Size <= 2*j.e.cfg.ChunkSize {
+		t := task{i: i, obj: o, n: o.Size}
+		if j.peers.batchable(t) {
+			return batches.add(ctx, t)
+		}
+		return send(ctx, tasks, t)
+	}
+	return j.sendRanges(ctx, tasks, i, o)
+}
+
+func send(ctx context.Context, tasks chan<- task, t task) error {
+	select {
+	case tasks <- t:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// staged reports whether a verified copy of o is already in staging/ (resume after a restart).
+func (j *Job) staged(o source.Object) bool {
+	name := path.Join(cache.StagingDir, o.Key)
+	fi, err := j.root.Lstat(name)
+	if err != nil {
+		return false
+	}
+	if fi.Mode().IsRegular() && fi.Size() == o.Size {
+		return true
+	}
+	_ = j.root.RemoveAll(name)
+	return false
+}
+
+// runTask runs t within the object's stream limit, its source's limit, then the node's
+// concurrency limit, in that order, so a task waiting for its object or a slow source never holds
+// a node slot.
+func (j *Job) runTask(ctx context.Context, t task) error {
+	if t.batch != nil {
+		return j.runBatch(ctx, t.batch)
+	}
+	// A piece a peer is reading from the source now, or that is another node's share to read,
+	// is put off until every other piece had its turn: meanwhile this node reads its own share.
+	if !t.deferred && (j.peers.busy(t) || j.peers.othersShare(t)) {
+		j.peers.deferTask(t)
+		return nil
+	}
+	// A piece a peer holds does not load the source: it takes no stream of the object's (they
+	// bound the ranges read from the source at once) and no slot of the source's.
+	held := j.peers.holds(t)
+	if t.big != nil && !held {
+		select {
+		case t.big.streams <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		defer func() { <-t.big.streams }()
+	}
+	if !held {
+		select {
+		case j.sourceSlots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		defer func() { <-j.sourceSlots }()
+	}
+	select {
+	case j.e.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil
+	}
+	defer func() { <-j.e.slots }()
+	return j.do(ctx, t)
+}
+
+// tmpDirOf and tmpBase place the temporary file of manifest entry i.
+func (j *Job) tmpDirOf(i int64) *dir { return j.tmp[i%cache.TmpShards] }
+func tmpBase(i int64) string         { return strconv.FormatInt(i, 10) }
+
+func (j *Job) do(ctx context.Context, t task) error {
+	if t.big != nil {
+		return j.fetchRange(ctx, t)
+	}
+	var err error
+	for attempt := 0; attempt < 3; {
+		pr := &pieceRead{i: j.peers.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag), owner: j.peers.owner(t)}
+		if err = j.fetchWhole(ctx, t.i, t.obj, pr); source.KindOf(err) != source.Corrupt {
+			break
+		}
+		if len(pr.peers) > 0 {
+			// A peer served a wrong byte: it is dropped, and the entry read again elsewhere.
+			for _, p := range pr.peers {
+				j.peers.swarm.Wrong(p)
+				j.e.cfg.Metrics.WrongPieces.Inc()
+			}
+			klog.FromContext(ctx).Info("a peer served bytes that fail verification; dropped it, fetching again",
+				"key", t.obj.Key, "peers", peerNodes(pr.peers), "err", err)
+			continue
+		}
+		if attempt++; attempt < 3 {
+			klog.FromContext(ctx).Info("verification failed, fetching again", "key", t.obj.Key, "err", err)
+		}
+	}
+	return err
+}
+
+func peerNodes(ps []peer.Peer) []string {
+	out := make([]string, len(ps))
+	for k, p := range ps {
+		out[k] = p.Node
+	}
+	return out
+}
+
+func (j *Job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *pieceRead) error {
+	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_WRONLY, fileMode(o))
+	if err != nil {
+		return err
+	}
+	var newHash func() hash.Hash
+	if md5ETag.MatchString(o.ETag) {
+		newHash = md5.New
+	}
+	out := newOutput(f, o.Size, o.Size >= directMinSize)
+	verified, sum, err := j.readInto(ctx, o, out, 0, o.Size, newHash, pr)
+	if err == nil {
+		err = out.finish()
+	}
+	if err != nil {
+		f.Close()
+		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
+		return err
+	}
+	if !verified && newHash != nil && hex.EncodeToString(sum) != o.ETag {
+		err = source.Errorf(source.Corrupt, "%q: MD5 %x does not match ETag %s", o.Key, sum, o.ETag)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = j.src.Verify(ctx, o)
+	}
+	if err != nil {
+		j.bytesDone.Add(-o.Size) // readInto counted what it wrote; it will be fetched again
+		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
+		return err
+	}
+	return j.commit(i, o)
+}

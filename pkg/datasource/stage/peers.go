@@ -1,0 +1,130 @@
+package stage
+
+// Peer fan-out, the fetching side (package peer, docs/datasets.md): a staging job reads pieces
+// from peers before the source, nodes staging together share the pieces out, and what comes from
+// a peer is checked as what comes from the source.
+//
+// What a fetcher takes from a peer it checks against what the source said, with the caller's own
+// credentials: a whole entry against its MD5 ETag from the listing; a large entry, read in
+// ranges, against the S3 full-object CRC (HEAD), its multipart ETag (parts aligned with the
+// part size HEAD gave) or its MD5 ETag, over the whole entry before it leaves tmp/. S3 has no
+// usable checksum per range of an object uploaded without part checksums, so a range is not
+// checked alone: when a large entry fails, every range a peer served is read again from the
+// source, and each peer whose bytes differ is dropped. An entry with none of these checksums
+// (an SSE-KMS ETag, a SHA-256 full-object checksum only) is read from the source alone.
+
+import (
+	"context"
+	"hash/crc32"
+	"io"
+	"path/filepath"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+// pieceRead is one read of a piece (an entry, or a range of one) in a job that fetches from
+// peers: which entry, whether peers may serve it, and which did.
+type pieceRead struct {
+	i        int64
+	eligible bool
+	// owner is the node whose share the piece is (peer.Swarm.Owner).
+	owner string
+	peers []peer.Peer
+	waits int
+}
+
+// maxWaits bounds the poll rounds a fetcher waits for a piece that a peer is reading from the
+// source before it reads the piece from the source itself.
+const maxWaits = 120
+
+// open opens [off, off+n) of o: from a peer that holds it, after waiting for one that is reading
+// it, or from the source. via is the peer, nil for the source.
+func (j *Job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n int64) (rc io.ReadCloser, via *peer.Peer, err error) {
+	if j.peers.swarm != nil && pr != nil && pr.eligible {
+		for {
+			p, choice := j.peers.swarm.Pick(pr.i, off, n)
+			if choice == peer.FromPeer {
+				rc, err := j.peers.swarm.Open(ctx, p, pr.i, off, n)
+				if err == nil {
+					pr.peers = append(pr.peers, p)
+					return rc, &p, nil
+				}
+				if !peer.IsBusy(err) {
+					j.peers.swarm.Done(p, true)
+					continue
+				}
+				// The peer sends all it may at once: ask it, or another, again after a poll
+				// rather than read the piece from the source.
+				j.peers.swarm.Refused(p)
+				choice = peer.Wait
+			}
+			// Another node's share, which it is still reading from the source: wait for it.
+			if choice == peer.FromSource && pr.owner != j.peers.self && j.peers.swarm.Fetching(pr.owner) {
+				choice = peer.Wait
+			}
+			if choice == peer.Wait && pr.waits < maxWaits {
+				pr.waits++
+				select {
+				case <-j.peers.swarm.Polled():
+					continue
+				case <-ctx.Done():
+					return nil, nil, context.Cause(ctx)
+				}
+			}
+			break
+		}
+	}
+	rc, err = j.src.Open(ctx, o, off, n)
+	return rc, nil, err
+}
+
+// eachShared calls fn for the manifest's entries of ranks [from, to) in rank order.
+func (j *Job) eachShared(from, to int64, fn func(int64, source.Object) error) error {
+	return j.peers.names.Load().Each(filepath.Join(j.dir, cache.ObjectsFile), from, to, fn)
+}
+
+// blame reads the ranges of a large entry that peers served again from the source, drops each
+// peer whose bytes differ, and reports whether any did. The ranges' digests are updated from what
+// the source sent.
+func (j *Job) blame(ctx context.Context, t task) (bool, error) {
+	b := t.big
+	// A descriptor of its own: the object's may be open for direct I/O, which needs aligned reads.
+	f, err := j.root.Open(cache.TmpName(t.i))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	blamed := false
+	for k, from := range b.from {
+		if len(from) == 0 {
+			continue
+		}
+		off := int64(k) * b.chunk
+		n := min(b.chunk, t.obj.Size-off)
+		before := crc32.New(castagnoli)
+		if _, err := io.Copy(before, io.NewSectionReader(f, off, n)); err != nil {
+			return false, err
+		}
+		_, sum, err := j.readInto(ctx, t.obj, b.out, off, n, b.rangeHash(), nil)
+		if err != nil {
+			return false, err
+		}
+		j.bytesDone.Add(-n) // counted once already
+		b.setSum(k, sum)
+		after := crc32.New(castagnoli)
+		if _, err := io.Copy(after, io.NewSectionReader(f, off, n)); err != nil {
+			return false, err
+		}
+		if before.Sum32() != after.Sum32() {
+			for _, p := range from {
+				j.peers.swarm.Wrong(p)
+				j.e.cfg.Metrics.WrongPieces.Inc()
+			}
+			blamed = true
+		}
+		b.from[k] = nil
+	}
+	return blamed, nil
+}

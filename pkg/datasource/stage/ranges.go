@@ -1,0 +1,238 @@
+package stage
+
+// Large entries, read in parallel ranges and verified once the last range is in: against the
+// S3 full-object CRC (one CRC per range, combined), the MD5s of the multipart parts, or the MD5
+// ETag.
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+// rangesPerObject bounds the parallel ranged reads of one large object: more streams of the
+// same object add contention, not throughput (rclone's multi-thread default is 4 too).
+const rangesPerObject = 4
+
+// bigFile is a large object read in parallel ranges; the last range to finish verifies it.
+type bigFile struct {
+	out      *output
+	streams  chan struct{}
+	left     atomic.Int64
+	partSize int64 // >0: ranges are the object's multipart parts, each MD5-checked
+	partSums [][]byte
+	// crc, when set, checks the object's full-object CRC: one CRC per range, combined.
+	crc       *crcAlgo
+	crcWant   string
+	rangeSums []uint64
+	chunk     int64
+	closeOnce sync.Once
+	// from names, per range, the peers that served it (peers.go).
+	from [][]peer.Peer
+	// eligible is set when the entry has a checksum from the source that peers' bytes are
+	// checked against.
+	eligible bool
+}
+
+// rangeHash is the digest each range needs for the object's check (nil: none per range).
+func (b *bigFile) rangeHash() func() hash.Hash {
+	switch {
+	case b.crc != nil:
+		return b.crc.new
+	case b.partSize > 0:
+		return md5.New
+	}
+	return nil
+}
+
+func (b *bigFile) setSum(k int, sum []byte) {
+	switch {
+	case b.crc != nil:
+		b.rangeSums[k] = b.crc.sumBytes(sum)
+	case b.partSize > 0:
+		b.partSums[k] = sum
+	}
+}
+
+func (j *Job) closeBig() {
+	j.bigMu.Lock()
+	defer j.bigMu.Unlock()
+	for _, b := range j.big {
+		b.closeOnce.Do(func() { b.out.f.Close() })
+	}
+}
+
+// streamsPerObject bounds the ranges of one object read from the source at once: rangesPerObject
+// for a node alone. In a swarm of N nodes each reads its share with rangesPerObject/N streams (at
+// least one): the source still sees about rangesPerObject streams for the object, and each node's
+// pieces complete one after another, so the others take them while the source is still being
+// read rather than all at its end.
+func (j *Job) streamsPerObject() int {
+	if j.peers.swarm == nil {
+		return rangesPerObject
+	}
+	return max(1, rangesPerObject/j.peers.swarm.Members())
+}
+
+func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
+	chunk := j.e.cfg.ChunkSize
+	b := &bigFile{streams: make(chan struct{}, j.streamsPerObject())}
+	if p, ok := j.src.(source.Planner); ok {
+		plan, err := p.Plan(ctx, o)
+		if err != nil {
+			return err
+		}
+		if a, ok := crcAlgos[plan.Checksum.Algorithm]; ok {
+			// A few long parallel ranges (one per stream, as rclone does): each request has a
+			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
+			// Ranges start on MiB boundaries, as direct I/O needs.
+			// With peers, ranges stay small: they are what nodes serve each other.
+			if j.peers.swarm == nil {
+				chunk = max(chunk, ((o.Size+rangesPerObject-1)/rangesPerObject+1<<20-1)&^(1<<20-1))
+			}
+			b.crc, b.crcWant = &a, plan.Checksum.Value
+			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
+		} else if checksumHash(plan.Checksum.Algorithm) != nil {
+			// A checksum that cannot be combined (SHA): one read, checked as it streams.
+			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
+		}
+		if m := multipartETag.FindStringSubmatch(o.ETag); m != nil && plan.PartSize > 0 && b.crc == nil {
+			parts, _ := strconv.ParseInt(m[1], 10, 64)
+			if (o.Size+plan.PartSize-1)/plan.PartSize == parts {
+				chunk, b.partSize = plan.PartSize, plan.PartSize
+				b.partSums = make([][]byte, parts)
+			}
+		}
+	}
+	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_RDWR, fileMode(o))
+	if err != nil {
+		return err
+	}
+	// Allocate the whole file first: parallel ranges written into a sparse file fragment it and
+	// make writeback slower, and a full pool shows here rather than halfway through.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, o.Size); err != nil {
+		if errors.Is(err, syscall.ENOSPC) {
+			f.Close()
+			return cache.WriteErr(err)
+		}
+		if err := f.Truncate(o.Size); err != nil { // filesystems without fallocate
+			f.Close()
+			return err
+		}
+	}
+	// Direct I/O when the ranges are block-aligned and verified as they stream (not by reading
+	// the file again).
+	b.out = newOutput(f, o.Size, o.Size >= directMinSize && chunk%directAlign == 0 && (b.crc != nil || b.partSize > 0))
+	j.bigMu.Lock()
+	j.big = append(j.big, b)
+	j.bigMu.Unlock()
+	n := (o.Size + chunk - 1) / chunk
+	b.left.Store(n)
+	b.chunk = chunk
+	b.from = make([][]peer.Peer, n)
+	b.eligible = b.crc != nil || b.partSize > 0 || md5ETag.MatchString(o.ETag)
+	start := j.peers.readOrder(n, o.Key)
+	for r := range n {
+		k := (start + r) % n
+		off := k * chunk
+		if err := send(ctx, tasks, task{i: i, obj: o, big: b, off: off, n: min(chunk, o.Size-off), idx: int(k)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (j *Job) fetchRange(ctx context.Context, t task) error {
+	b := t.big
+	pr := &pieceRead{i: j.peers.rank(t.i), eligible: b.eligible, owner: j.peers.owner(t)}
+	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, b.rangeHash(), pr)
+	if err != nil {
+		return err
+	}
+	b.setSum(t.idx, sum)
+	b.from[t.idx] = pr.peers
+	if len(pr.peers) == 0 && j.peers.swarm != nil {
+		// Read from the source itself: served to peers before the whole entry is checked (they
+		// check it themselves); ranges from peers are served only once it is.
+		j.peers.holding.AddRange(peer.Range{Index: j.peers.rank(t.i), Off: t.off, N: t.n})
+	}
+	if b.left.Add(-1) > 0 {
+		return nil
+	}
+	// Last range: verify the whole object. When it fails and peers served ranges of it, those
+	// ranges are read again from the source, the peers whose bytes differ dropped, and the
+	// object checked again.
+	err = j.verifyBig(ctx, t)
+	if source.KindOf(err) == source.Corrupt && slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
+		klog.FromContext(ctx).Info("an entry with ranges from peers fails verification; reading them again from the source",
+			"key", t.obj.Key, "err", err)
+		if _, err := j.blame(ctx, t); err != nil {
+			return err
+		}
+		err = j.verifyBig(ctx, t)
+	}
+	if err != nil {
+		return err
+	}
+	if err := b.out.finish(); err != nil {
+		return err
+	}
+	var cerr error
+	b.closeOnce.Do(func() { cerr = b.out.f.Close() })
+	if cerr != nil {
+		return cerr
+	}
+	if err := j.src.Verify(ctx, t.obj); err != nil {
+		return err
+	}
+	return j.commit(t.i, t.obj)
+}
+
+// verifyBig checks a large object read in ranges against the checksum the source gave for it.
+func (j *Job) verifyBig(ctx context.Context, t task) error {
+	b, o := t.big, t.obj
+	switch {
+	case b.crc != nil:
+		crc := b.rangeSums[0]
+		for k := 1; k < len(b.rangeSums); k++ {
+			crc = b.crc.combine(crc, b.rangeSums[k], min(b.chunk, o.Size-int64(k)*b.chunk))
+		}
+		if got := b.crc.encode(crc); got != b.crcWant {
+			return source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
+		}
+	case b.partSize > 0:
+		h := md5.New()
+		for _, s := range b.partSums {
+			h.Write(s)
+		}
+		if got := fmt.Sprintf("%x-%d", h.Sum(nil), len(b.partSums)); got != o.ETag {
+			return source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+		}
+	case md5ETag.MatchString(o.ETag):
+		h := md5.New()
+		if _, err := io.Copy(h, io.NewSectionReader(b.out.f, 0, o.Size)); err != nil {
+			return err
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != o.ETag {
+			return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,260 @@
+package realnode
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/ptr"
+
+	"github.com/cistern-csi/cistern/hack/standins/registration"
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testutil"
+)
+
+const PoolName = "fast"
+
+// CisternNode is the driver's side of the node: its pool, state and process.
+type CisternNode struct {
+	bins        *Binaries
+	nodeName    string
+	kubeletRoot string
+	Socket      string // the CSI socket, where kubelet expects a plugin's
+	poolsConfig string
+	stateDir    string
+	driver      *framework.Process
+	starts      int
+	// registrar registers the driver with kubelet, as the registrar container would; it
+	// outlives driver restarts.
+	registrar   *framework.Process
+	provisioner *framework.Process
+	cp          *framework.ControlPlane
+	provStarts  int
+	// suite is the top-level test: processes restarted from a subtest must outlive it.
+	suite *testing.T
+	// metricsAddr serves the driver's /metrics.
+	metricsAddr string
+}
+
+// createPool makes a 2 GiB ext4 filesystem in a file and loop-mounts it at dir/pool: the pool
+// has a filesystem of its own, as on a real node, and its capacity is independent of the disk.
+func createPool(t *testing.T, dir string) string {
+	t.Helper()
+	img := filepath.Join(dir, "pool.img")
+	mnt := filepath.Join(dir, "pool")
+	testutil.FSImage(t, img, "ext4", 2<<30)
+	testutil.LoopMount(t, img, mnt)
+	// The suite's final cleanup unmounts it and detaches the loop device with everything else.
+	return mnt
+}
+
+// Run runs a command and fails the test with its output when it fails (testutil.Run).
+func Run(t *testing.T, name string, args ...string) {
+	t.Helper()
+	testutil.Run(t, append([]string{name}, args...)...)
+}
+
+// NewCisternNode prepares Cistern's driver for the node nodeName: a pool under dir, its pools
+// config and state directory, kubelet's root kubeletRoot; StartDriver runs it.
+func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName string) *CisternNode {
+	t.Helper()
+	pool := createPool(t, dir)
+	n := &CisternNode{
+		suite:       t,
+		bins:        bins,
+		nodeName:    nodeName,
+		kubeletRoot: kubeletRoot,
+		Socket:      filepath.Join(kubeletRoot, "plugins", consts.DriverName, "csi.sock"),
+		poolsConfig: filepath.Join(dir, "pools.yaml"),
+		stateDir:    filepath.Join(dir, "cistern-state"),
+	}
+	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", PoolName, pool)
+	if err := os.WriteFile(n.poolsConfig, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(n.Socket), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// StartDriver starts the driver in mode all and, the first time, the registrar next to it.
+func (n *CisternNode) StartDriver(t *testing.T) {
+	t.Helper()
+	n.starts++
+	if n.metricsAddr == "" {
+		ports, err := FreePorts(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.metricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+	}
+	n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket,
+		"--node-id="+n.nodeName,
+		"--tenant-s3-endpoints=*", // test S3 servers are on loopback; the closed default has its own test
+		"--pools-config="+n.poolsConfig,
+		"--state-dir="+n.stateDir,
+		"--kubelet-root="+n.kubeletRoot,
+		"--pool-check-interval=2s",
+		"--http-endpoint="+n.metricsAddr,
+		"--v=3",
+	)
+	if n.registrar == nil {
+		n.registrar = framework.StartProcess(n.suite, "node-driver-registrar", n.bins.registrar,
+			"--csi-address="+n.Socket,
+			"--kubelet-registration-path="+n.Socket,
+			"--plugin-registration-path="+filepath.Join(n.kubeletRoot, "plugins_registry"),
+			"--v=3",
+		)
+	}
+}
+
+// RestartDriver stops the driver (SIGTERM, as a pod deletion would) and starts a new one.
+// external-provisioner exits when it loses the driver's socket and its container is restarted;
+// so is it here.
+func (n *CisternNode) RestartDriver() {
+	n.driver.Stop()
+	n.StartDriver(n.suite)
+	if n.provisioner != nil {
+		select {
+		case <-n.provisioner.Done():
+		case <-time.After(10 * time.Second):
+		}
+		n.provisioner.Stop() // expected to have exited; marks it stopped
+		n.StartProvisioner(n.suite, n.cp)
+	}
+}
+
+// StartProvisioner runs external-provisioner next to the driver in node-deployment mode: it
+// provisions only claims whose selected node is this one, as a DaemonSet would.
+func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane) {
+	t.Helper()
+	cmd := exec.Command(n.bins.provisioner,
+		"--csi-address="+n.Socket,
+		"--kubeconfig="+cp.Kubeconfig,
+		"--node-deployment=true",
+		"--node-deployment-immediate-binding=false",
+		"--strict-topology=true",
+		"--extra-create-metadata=true",
+		"--leader-election=false",
+		"--timeout=60s",
+		"--v=3",
+	)
+	cmd.Env = append(os.Environ(), "NODE_NAME="+n.nodeName)
+	n.cp = cp
+	n.provStarts++
+	n.provisioner = framework.StartCommand(t, fmt.Sprintf("csi-provisioner-%d", n.provStarts), cmd)
+}
+
+// WaitRegistered waits until kubelet has registered the driver: the CSINode lists it with our
+// topology key, which kubelet writes only after NodeGetInfo through the registration socket.
+func (n *CisternNode) WaitRegistered(t *testing.T, cp *framework.ControlPlane) *storagev1.CSINode {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var csiNode *storagev1.CSINode
+	err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		cn, err := cp.Client.StorageV1().CSINodes().Get(ctx, n.nodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, d := range cn.Spec.Drivers {
+			if d.Name == consts.DriverName && d.NodeID == n.nodeName {
+				csiNode = cn
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("driver not registered with kubelet (socket %s): %v; registrar log: %s, driver log: %s",
+			registration.SocketPath(filepath.Join(n.kubeletRoot, "plugins_registry"), consts.DriverName), err, n.registrar.LogPath, n.driver.LogPath)
+	}
+	return csiNode
+}
+
+// CreateStorageObjects creates the CSIDriver (no attach, pod info and both lifecycle modes) and
+// a WaitForFirstConsumer StorageClass targeting the pool.
+func CreateStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClass string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	fsGroupPolicy := storagev1.FileFSGroupPolicy
+	driver := &storagev1.CSIDriver{
+		ObjectMeta: metav1.ObjectMeta{Name: consts.DriverName},
+		Spec: storagev1.CSIDriverSpec{
+			AttachRequired: ptr.To(false),
+			PodInfoOnMount: ptr.To(true),
+			FSGroupPolicy:  &fsGroupPolicy,
+			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{
+				storagev1.VolumeLifecyclePersistent, storagev1.VolumeLifecycleEphemeral,
+			},
+		},
+	}
+	if _, err := cp.Client.StorageV1().CSIDrivers().Create(ctx, driver, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating CSIDriver: %v", err)
+	}
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	sc := &storagev1.StorageClass{
+		ObjectMeta:           metav1.ObjectMeta{Name: "cistern-" + PoolName},
+		Provisioner:          consts.DriverName,
+		Parameters:           map[string]string{"pool": PoolName},
+		VolumeBindingMode:    &wffc,
+		AllowVolumeExpansion: ptr.To(true),
+	}
+	if _, err := cp.Client.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("creating StorageClass: %v", err)
+	}
+	return sc.Name
+}
+
+// FreePorts is framework.FreePorts as the kubelet configuration's int32.
+func FreePorts(n int) ([]int32, error) {
+	ports, err := framework.FreePorts(n)
+	out := make([]int32, len(ports))
+	for i, p := range ports {
+		out[i] = int32(p)
+	}
+	return out, err
+}
+
+// ErrExited says that p exited, and where its log is.
+func ErrExited(p *framework.Process) error {
+	return fmt.Errorf("%s exited: %v (log: %s)", p.Name, p.Err(), p.LogPath)
+}
+
+// Metric returns the value of an unlabelled counter or gauge from the driver's /metrics.
+func (n *CisternNode) Metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + n.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("driver metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 2 && fields[0] == name {
+			v, err := strconv.ParseFloat(fields[1], 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", name, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("driver metrics have no %s", name)
+	return 0
+}
