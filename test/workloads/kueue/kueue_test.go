@@ -140,7 +140,8 @@ integrations:
 		t.Fatal(err)
 	}
 	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: kueue-system}\n")
-	cmd := exec.Command(bin, "--config", cfgPath, "--kubeconfig", cp.Kubeconfig,
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", metricsCertsScript, "kueue",
+		certDir, t.TempDir(), bin, "--config", cfgPath, "--kubeconfig", cp.Kubeconfig,
 		"--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2")
 	p := framework.StartCommand(t, "kueue", cmd)
 	// Ready once the webhook server answers: Kueue starts it after its certificates and before its
@@ -153,6 +154,19 @@ integrations:
 		return conn.Close()
 	})
 }
+
+// metricsCertsScript runs Kueue ($3 and on) with its certificates ($1) at the metrics
+// certificate path it reads without internal certificate management (/etc/kueue/metrics/certs,
+// not a setting in v0.17.0): in a mount namespace of its own, /etc is an overlay whose upper
+// layer is in $2, so the host's /etc is never written.
+const metricsCertsScript = `set -eu
+certs=$1 scratch=$2
+shift 2
+mkdir -p "$scratch/upper" "$scratch/work"
+mount -t overlay overlay -o "lowerdir=/etc,upperdir=$scratch/upper,workdir=$scratch/work" /etc
+mkdir -p /etc/kueue/metrics/certs
+cp "$certs/tls.crt" "$certs/tls.key" /etc/kueue/metrics/certs/
+exec "$@"`
 
 // installKueueWebhooks creates Kueue's generated webhook configurations, named and scoped as its
 // install names and scopes them (the kueue- prefix; kube-system and kueue-system left out of the
