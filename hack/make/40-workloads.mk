@@ -4,14 +4,23 @@ WORKLOAD_APIS := ./pkg/apis/workloads/... ./pkg/apis/data/...
 TEST_TARGETS += test-workloads
 BENCH_TARGETS += bench-workloads
 
-.PHONY: generate-workloads test-workloads bench-workloads
+.PHONY: generate-workloads test-workloads bench-workloads kueue-tools
+
+# Kueue's controller manager and manifests, from hack/tools/kueue (its go.mod pins the version).
+KUEUE_VERSION := v0.17.0
+KUEUE_DIR := $(CISTERN_CACHE)/kueue-$(KUEUE_VERSION)
+export CISTERN_KUEUE_BIN := $(KUEUE_DIR)/bin
+## Builds Kueue's controller manager and manifests into the tools cache
+kueue-tools:
+	@hack/tools/kueue/build.sh $(KUEUE_DIR)
+
 generate: generate-workloads
 
 # CRDs and deepcopy come from the Go types; the output is committed.
 ## Generates the workload APIs: CRDs, deepcopy, RBAC, webhook manifest
 generate-workloads: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object paths=./pkg/apis/workloads/... paths=./pkg/apis/data/...
-	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true,maxDescLen=0 \
+	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true \
 	  paths=./pkg/apis/workloads/... paths=./pkg/apis/data/... output:crd:artifacts:config=deploy/csi/crds
 	$(CONTROLLER_GEN) rbac:roleName=cistern-workload-controller paths=./pkg/workloads/... \
 	  output:rbac:artifacts:config=deploy/csi/workload-controller/rbac
@@ -21,10 +30,11 @@ generate-workloads: $(CONTROLLER_GEN)
 # Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,
 # kube-controller-manager, kube-scheduler built by k8s-tools).
 ## workload-controller unit tests, then its suites on a real control plane
-test-workloads: k8s-tools
+test-workloads: k8s-tools kueue-tools
 	$(GO_TEST) -count=1 ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
 	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
+	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/kueue/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/snapshots/
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.

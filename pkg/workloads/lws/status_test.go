@@ -88,3 +88,27 @@ func TestComputeStatus(t *testing.T) {
 		})
 	}
 }
+
+// Conditions appear when they first become True, as upstream writes them, and then follow.
+func TestConditionsAppearWhenTrue(t *testing.T) {
+	l := testLWS()
+	var st v1alpha1.LeaderWorkerSetStatus
+	statuses := func() map[string]metav1.ConditionStatus {
+		m := map[string]metav1.ConditionStatus{}
+		for _, c := range st.Conditions {
+			m[c.Type] = c.Status
+		}
+		return m
+	}
+	// Created, nothing ready: only Progressing.
+	setConditions(&st, GroupCounts{Partitioned: 2, Updated: 2}, l, 1)
+	if d := cmp.Diff(map[string]metav1.ConditionStatus{v1alpha1.LeaderWorkerSetProgressing: metav1.ConditionTrue}, statuses()); d != "" {
+		t.Errorf("new set (-want +got):\n%s", d)
+	}
+	// Ready: Available True, Progressing False; UpdateInProgress was never True, so absent.
+	setConditions(&st, GroupCounts{Partitioned: 2, Updated: 2, Ready: 2, UpdatedReady: 2}, l, 1)
+	if d := cmp.Diff(map[string]metav1.ConditionStatus{v1alpha1.LeaderWorkerSetProgressing: metav1.ConditionFalse,
+		v1alpha1.LeaderWorkerSetAvailable: metav1.ConditionTrue}, statuses()); d != "" {
+		t.Errorf("ready set (-want +got):\n%s", d)
+	}
+}
