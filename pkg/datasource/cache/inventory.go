@@ -222,9 +222,11 @@ func LaterOf(a, b time.Time) time.Time {
 	return a
 }
 
-// ReadyTotals sums the ready datasets of pool's cache: their bytes, and how many there are.
+// ReadyTotals sums the ready datasets of pool's cache: their bytes (every version's), and how
+// many datasets there are.
 func ReadyTotals(pool string) (bytes int64, n int) {
 	ents, _ := os.ReadDir(Dir(pool))
+	ids := map[string]bool{}
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), TrashPrefix) {
 			continue
@@ -232,8 +234,8 @@ func ReadyTotals(pool string) (bytes int64, n int) {
 		dir := filepath.Join(Dir(pool), e.Name())
 		if md, err := ReadMeta(dir); err == nil && IsReady(dir) {
 			bytes += md.Bytes
-			n++
+			ids[IDOf(e.Name())] = true
 		}
 	}
-	return bytes, n
+	return bytes, len(ids)
 }
