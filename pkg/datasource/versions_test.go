@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -167,5 +168,63 @@ func alternateTenants(t *testing.T, ttl time.Duration) {
 		if n := tn.gets.Load() - afterFirst[i]; n != 0 {
 			t.Errorf("tenant %s: %d object GETs after its first staging, want 0", tn.name, n)
 		}
+	}
+}
+
+// TestVersionsBounded: a source that changes five times leaves at most --max-dataset-versions
+// (here 2) ready versions of it on the pool; the least recently used unused one goes first, and
+// a version a volume uses is never deleted: past the limit it is retired (no caller is served it)
+// and goes with its last reference. The inventory shows one dataset, all its versions' bytes.
+func TestVersionsBounded(t *testing.T) {
+	ctx := testCtx(t)
+	src := t.TempDir()
+	m := newManager(t, datasource.Config{LocalSourceRoots: []string{src}, Limits: datasource.Limits{MaxVersions: 2}})
+	pool := t.TempDir()
+	spec := mustSpec(t, map[string]string{"source": "file://" + filepath.Join(src, "set")})
+	req := datasource.Request{Spec: spec, Pool: pool}
+	edition := func(i int) dataset {
+		return dataset{"a.txt": []byte(fmt.Sprintf("edition %d", i)), "b/c.txt": randBytes(uint64(i), 100+i)}
+	}
+	versions := func() (kept, retired []string) {
+		kept, _ = filepath.Glob(filepath.Join(pool, datasource.CacheDirName, spec.ID()+".version-*"))
+		retired, _ = filepath.Glob(filepath.Join(pool, datasource.CacheDirName, spec.ID()+".retired-*"))
+		return kept, retired
+	}
+	for i := range 5 {
+		edition(i).writeDir(t, filepath.Join(src, "set"))
+		st, err := stage(ctx, t, m, req)
+		if err != nil || st.CacheHit {
+			t.Fatalf("edition %d: %+v %v, want a staging", i, st, err)
+		}
+		if _, err := m.Acquire(pool, spec, st.Version, fmt.Sprintf("vol-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		if i != 0 { // vol-0 stays in use throughout
+			if err := m.ReleaseID(pool, spec.ID(), fmt.Sprintf("vol-%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if kept, _ := versions(); len(kept) > 1 {
+			t.Fatalf("edition %d: %d kept versions besides the current one, want at most 1: %v", i, len(kept), kept)
+		}
+	}
+	_, retired := versions()
+	if len(retired) != 1 {
+		t.Fatalf("retired versions %v, want vol-0's", retired)
+	}
+	tree, err := m.Served(pool, spec.ID(), "vol-0")
+	if err != nil || tree != filepath.Join(retired[0], "tree") {
+		t.Fatalf("vol-0's tree %s %v", tree, err)
+	}
+	checkTree(t, tree, edition(0))
+	inv, err := m.Inventory(pool, 0)
+	if err != nil || inv.Total != 1 || inv.Datasets[0].References != 1 {
+		t.Fatalf("inventory %+v %v, want one dataset with one reference", inv, err)
+	}
+	if err := m.ReleaseID(pool, spec.ID(), "vol-0"); err != nil {
+		t.Fatal(err)
+	}
+	if exists(retired[0]) {
+		t.Fatal("the retired version outlived its last reference")
 	}
 }
