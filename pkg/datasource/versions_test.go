@@ -31,6 +31,7 @@ type perCredentialEndpoint struct {
 	a, b           *httputil.ReverseProxy
 	getsA, getsB   atomic.Int64
 	probeA, probeB atomic.Int64
+	lists, heads   atomic.Int64
 }
 
 func startPerCredentialEndpoint(t *testing.T, a, b *testpeers.S3) (*perCredentialEndpoint, string) {
@@ -54,6 +55,12 @@ func (e *perCredentialEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request
 	signed := r.Header.Get("Authorization") != "" || r.URL.Query().Get("X-Amz-Credential") != ""
 	objectGet := r.Method == http.MethodGet && !r.URL.Query().Has("list-type") && strings.Count(strings.Trim(r.URL.Path, "/"), "/") >= 1
 	probe := r.Header.Get("Range") == "bytes=0-0"
+	switch {
+	case r.Method == http.MethodGet && r.URL.Query().Has("list-type"):
+		e.lists.Add(1)
+	case r.Method == http.MethodHead:
+		e.heads.Add(1)
+	}
 	switch {
 	case signed && objectGet && probe:
 		e.probeA.Add(1)
@@ -116,6 +123,7 @@ func alternateTenants(t *testing.T, ttl time.Duration) {
 	}
 	const firstA = "vol-A-0" // A's first volume, in use for the whole test
 	var afterFirst [2]int64
+	var listsAfterFirst, headsAfterFirst int64
 	stagings := 0
 	for round := range alternations {
 		for i := range tenants {
@@ -135,6 +143,9 @@ func alternateTenants(t *testing.T, ttl time.Duration) {
 				t.Fatalf("round %d: tenant %s was served version %s, not its own %s", round+1, tn.name, st.Version, tn.version)
 			case !st.CacheHit:
 				t.Errorf("round %d: tenant %s's own version was staged again", round+1, tn.name)
+			}
+			if round == 0 && i == 1 {
+				listsAfterFirst, headsAfterFirst = e.lists.Load(), e.heads.Load()
 			}
 			vol := fmt.Sprintf("vol-%s-%d", tn.name, round)
 			tree, err := m.Acquire(pool, spec, st.Version, vol)
@@ -159,8 +170,9 @@ func alternateTenants(t *testing.T, ttl time.Duration) {
 		t.Fatal(err)
 	}
 	checkTree(t, tree, wantA)
-	t.Logf("%d alternations: %d stagings; object GETs A %d (after its first staging %d), B %d (after %d); pinned one-byte reads A %d, B %d",
-		alternations, stagings, e.getsA.Load(), afterFirst[0], e.getsB.Load(), afterFirst[1], e.probeA.Load(), e.probeB.Load())
+	t.Logf("%d alternations: %d stagings; object GETs A %d (after its first staging %d), B %d (after %d); pinned one-byte reads A %d, B %d; after both first stagings, %d list requests and %d HEADs for %d hits",
+		alternations, stagings, e.getsA.Load(), afterFirst[0], e.getsB.Load(), afterFirst[1], e.probeA.Load(), e.probeB.Load(),
+		e.lists.Load()-listsAfterFirst, e.heads.Load()-headsAfterFirst, 2*(alternations-1))
 	if stagings != 2 {
 		t.Errorf("%d stagings in %d alternations of two tenants, want 2 (one each)", stagings, alternations)
 	}

@@ -29,8 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -80,6 +78,7 @@ type Prover struct {
 	proofs  map[string]time.Time // digest/principal -> proof valid until
 	proving map[string]*proof    // digest/principal -> proof under way
 	denials map[string]denial    // digest/principal -> refused proof, remembered
+	picks   map[string]*pick     // versions/principal -> which version its listing is (versions.go)
 	// slots bounds the full proofs under way.
 	slots chan struct{}
 }
@@ -145,111 +144,69 @@ func readOne(ctx context.Context, src source.Source, obj source.Object) error {
 	return src.Verify(ctx, obj)
 }
 
-// proof is a check of one caller against a set of dataset versions, shared by the callers that
-// wait for it; digest is the version the caller proved.
+// proof is a check of one caller against one dataset version, shared by the callers that wait
+// for it.
 type proof struct {
-	done   chan struct{}
-	digest string
-	err    error
+	done chan struct{}
+	err  error
 }
 
-// Prove shows that the caller who (with its source opened by open) reads the data of the dataset
-// version in dir (whose manifest has the given digest): ProveAny with that one version.
+// Prove shows that the caller who (with its source opened by open) reads the data of the dataset version in dir (whose manifest has
+// the given digest): from a remembered proof plus one pinned read, or a full listing plus one
+// pinned read. A proof outlives the caller's ctx (a retry finds it finished); ctx only bounds the
+// wait. ErrListingDiffers (wrapped) says the caller sees other data.
 func (p *Prover) Prove(ctx context.Context, who string, open Opener, spec *dataset.Spec, dir string, md *cache.Meta, digest string) error {
-	_, err := p.ProveAny(ctx, who, open, spec, []cache.Version{{Dir: dir, Meta: md, Digest: digest}})
-	return err
-}
-
-// ProveAny shows which of the ready versions of a dataset the caller who reads, and returns it:
-// the version of a remembered proof plus one pinned read, or the one version its own listing
-// equals, every file of it checked. A refusal remembered for any of them is the answer. A proof
-// outlives the caller's ctx (a retry finds it finished); ctx only bounds the wait.
-// ErrListingDiffers (wrapped) says the caller sees none of them.
-func (p *Prover) ProveAny(ctx context.Context, who string, open Opener, spec *dataset.Spec, versions []cache.Version) (cache.Version, error) {
-	now := time.Now()
+	key := digest + "\x00" + who
 	p.mu.Lock()
-	for _, v := range versions {
-		if d, ok := p.denials[v.Digest+"\x00"+who]; ok && now.Before(d.until) {
-			p.mu.Unlock()
-			return cache.Version{}, d.err
-		}
+	if d, ok := p.denials[key]; ok && time.Now().Before(d.until) {
+		p.mu.Unlock()
+		return d.err
 	}
-	known := -1
-	for i, v := range versions {
-		if until, ok := p.proofs[v.Digest+"\x00"+who]; ok && now.Before(until) {
-			known = i
-			break
+	until, known := p.proofs[key]
+	pr := p.proving[key]
+	if !known || time.Now().After(until) {
+		known = false
+		if pr == nil {
+			pr = &proof{done: make(chan struct{})}
+			p.proving[key] = pr
+			go p.runProof(open, spec, dir, md, digest, key, pr)
 		}
 	}
 	p.mu.Unlock()
-	if known >= 0 {
-		v := versions[known]
-		err := p.rememberedRead(ctx, who, open, v)
-		if source.KindOf(err) != source.Changed {
-			return v, err
+	if known {
+		src, err := open()
+		if err != nil {
+			return err
 		}
-		// The caller's data changed since: its listing says which version it sees now.
-	}
-	return p.fullProofShared(ctx, who, open, spec, versions)
-}
-
-// rememberedRead is a hit within a remembered proof: one file read pinned, which notices revoked
-// credentials and changed data.
-func (p *Prover) rememberedRead(ctx context.Context, who string, open Opener, v cache.Version) error {
-	key := v.Digest + "\x00" + who
-	src, err := open()
-	if err != nil {
+		defer src.Close()
+		err = PinnedRead(ctx, src, dir, md)
+		switch source.KindOf(err) {
+		case source.Changed:
+			p.forget(key)
+			return fmt.Errorf("%w: %w", ErrListingDiffers, err)
+		case source.Denied:
+			// Revoked since: the next attempt proves afresh after the denial expires.
+			p.forget(key)
+			p.mu.Lock()
+			p.rememberDenialLocked(key, err)
+			p.mu.Unlock()
+		}
 		return err
 	}
-	defer src.Close()
-	err = PinnedRead(ctx, src, v.Dir, v.Meta)
-	switch source.KindOf(err) {
-	case source.Changed:
-		p.forget(key)
-	case source.Denied:
-		// Revoked since: the next attempt proves afresh after the denial expires.
-		p.forget(key)
-		p.mu.Lock()
-		p.rememberDenialLocked(key, err)
-		p.mu.Unlock()
-	}
-	return err
-}
-
-// fullProofShared runs, or waits for, the caller's full proof against versions.
-func (p *Prover) fullProofShared(ctx context.Context, who string, open Opener, spec *dataset.Spec, versions []cache.Version) (cache.Version, error) {
-	digests := make([]string, len(versions))
-	for i, v := range versions {
-		digests[i] = v.Digest
-	}
-	key := strings.Join(digests, ",") + "\x00" + who
-	p.mu.Lock()
-	pr := p.proving[key]
-	if pr == nil {
-		pr = &proof{done: make(chan struct{})}
-		p.proving[key] = pr
-		go p.runProof(open, spec, versions, who, key, pr)
-	}
-	p.mu.Unlock()
 	select {
 	case <-pr.done:
-		for _, v := range versions {
-			if v.Digest == pr.digest && pr.err == nil {
-				return v, nil
-			}
-		}
-		return cache.Version{}, pr.err
+		return pr.err
 	case <-ctx.Done():
-		return cache.Version{}, ctx.Err()
+		return ctx.Err()
 	}
 }
 
-func (p *Prover) runProof(open Opener, spec *dataset.Spec, versions []cache.Version, who, key string, pr *proof) {
+func (p *Prover) runProof(open Opener, spec *dataset.Spec, dir string, md *cache.Meta, digest, key string, pr *proof) {
 	ctx, cancel := context.WithTimeout(context.Background(), proofTimeout)
 	defer cancel()
 	select {
 	case p.slots <- struct{}{}:
-		pr.digest, pr.err = p.fullProof(ctx, open, spec, versions)
+		pr.err = p.fullProof(ctx, open, spec, dir, md, digest)
 		<-p.slots
 	case <-ctx.Done():
 		pr.err = source.Wrap(source.Retryable, ctx.Err(), "waiting to check access")
@@ -258,45 +215,37 @@ func (p *Prover) runProof(open Opener, spec *dataset.Spec, versions []cache.Vers
 	delete(p.proving, key)
 	switch {
 	case pr.err == nil:
-		p.rememberLocked(pr.digest + "\x00" + who)
-	case source.KindOf(pr.err) == source.Denied && pr.digest != "":
-		p.rememberDenialLocked(pr.digest+"\x00"+who, pr.err)
+		p.rememberLocked(key)
 	case source.KindOf(pr.err) == source.Denied:
-		// Refused its listing: refused whichever version it asks for.
-		for _, v := range versions {
-			p.rememberDenialLocked(v.Digest+"\x00"+who, pr.err)
-		}
+		p.rememberDenialLocked(key, pr.err)
 	}
 	p.mu.Unlock()
 	close(pr.done)
 }
 
-// fullProof lists the source with the caller's credentials and checks every file of the version
-// whose digest the listing has; it returns that digest (empty when the listing itself failed).
-func (p *Prover) fullProof(ctx context.Context, open Opener, spec *dataset.Spec, versions []cache.Version) (string, error) {
+func (p *Prover) fullProof(ctx context.Context, open Opener, spec *dataset.Spec, dir string, md *cache.Meta, digest string) error {
 	src, err := open()
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer src.Close()
 	release, err := p.cfg.Listings.Acquire(ctx, spec)
 	if err != nil {
-		return "", err
+		return err
 	}
 	got, err := cache.ListingDigest(ctx, src, spec, p.cfg.Limits)
 	release()
 	if err != nil {
-		return "", err
+		return err
 	}
-	i := slices.IndexFunc(versions, func(v cache.Version) bool { return v.Digest == got })
-	if i < 0 {
-		return "", ErrListingDiffers
+	if got != digest {
+		return ErrListingDiffers
 	}
-	err = p.ReadsEvery(ctx, src, versions[i].Dir, versions[i].Meta)
+	err = p.ReadsEvery(ctx, src, dir, md)
 	if source.KindOf(err) == source.Changed {
-		return got, fmt.Errorf("%w: %w", ErrListingDiffers, err)
+		return fmt.Errorf("%w: %w", ErrListingDiffers, err)
 	}
-	return got, err
+	return err
 }
 
 // PinnedRead reads one byte of a file of the manifest in dir, chosen at random, pinned to its
