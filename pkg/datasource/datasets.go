@@ -74,6 +74,17 @@ func (d *Datasets) Serve(pool string, spec *Spec, version, volumeID string) (str
 	return d.m.Acquire(p, spec, version, volumeID)
 }
 
+// Served returns the tree of the dataset version Serve handed volumeID, wherever it is now: the
+// path Serve returned names whatever version is current, and another may have been staged in
+// its place since.
+func (d *Datasets) Served(pool, datasetID, volumeID string) (string, error) {
+	p, err := d.path(pool)
+	if err != nil {
+		return "", err
+	}
+	return d.m.Served(p, datasetID, volumeID)
+}
+
 // Unserve drops volumeID's reference to the dataset datasetID on pool. A pool no longer
 // configured holds nothing of ours to release.
 func (d *Datasets) Unserve(pool, datasetID, volumeID string) error {

@@ -72,9 +72,15 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 			return tv.publishCopy(ctx, r, pl.Capacity)
 		}
 	}
-	source := tv.rec.Tree
-	if source == "" {
-		source = tv.rec.Path // staged by an older version: a bind mount of the tree
+	source := tv.rec.Path // staged by an older version: a bind mount of the tree
+	if tv.rec.Tree != "" {
+		// The version this volume was served, where it is now: rec.Tree named the current
+		// version's directory, which another version may hold by now.
+		tree, err := tv.s.datasets.Served(tv.rec.Pool, tv.rec.DatasetID, tv.id)
+		if err != nil {
+			return status.Error(datasource.Code(err), err.Error())
+		}
+		source = tree
 	}
 	return tv.s.bindMount(source, r.Target, false, true, r.MountFlags)
 }

@@ -121,8 +121,11 @@ nodePVPolicy: {secretNamespaces: "default,datasets"}
 	if got["NetworkPolicy cistern-system/cistern-node-peers"] != nil {
 		t.Error("peer.networkPolicy.enabled=false rendered the NetworkPolicy")
 	}
-	if d := nested(got["ConfigMap cistern-system/cistern-node-pv-policy"], "data", "secretNamespaces"); d != "default,datasets" {
-		t.Errorf("node PV policy's secretNamespaces = %v, want default,datasets", d)
+	for _, ns := range []string{"default", "datasets"} {
+		// The grant the node PersistentVolume policy checks for Secrets outside a claim's namespace.
+		if got["Role "+ns+"/cistern-node-secret-references"] == nil || got["RoleBinding "+ns+"/cistern-node-secret-references"] == nil {
+			t.Errorf("nodePVPolicy.secretNamespaces rendered no Role and RoleBinding in %s", ns)
+		}
 	}
 	b, _ = yaml.Marshal(got["CSIDriver /cistern.csi.dev"])
 	if !strings.Contains(string(b), "audience: sts.example.com") || !strings.Contains(string(b), "audience: vault") {

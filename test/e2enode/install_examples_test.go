@@ -97,9 +97,15 @@ func (in *install) runExamples(t *testing.T, nb *v1alpha1.NotebookValidationJob)
 	out := framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.examples)
 	t.Logf("kubectl apply --server-side -k examples overlay:\n%s", out)
 
-	// A claim of the dataset class, read by a checker pod.
+	// A claim of the dataset class, read by a checker pod. The class reads its Secret from the
+	// claim's namespace, as the example says: a copy of the example's Secret goes there.
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: exampleS3Secret, Namespace: in.ns},
+		StringData: map[string]string{"accessKeyID": installS3Access, "secretAccessKey": installS3Secret}}
+	if _, err := in.cp.Client.CoreV1().Secrets(in.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := in.cp.Client.CoreV1().PersistentVolumeClaims(in.ns).Create(ctx, pvc(exampleS3Claim, exampleS3Class, "64Mi"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -284,16 +290,6 @@ patches:
     metadata: {name: %s, namespace: default}
     spec: {notebook: {git: {url: %q}}}
 `, strings.Join(installExamples, "\n- "), exampleS3Secret, installS3Access, installS3Secret, exampleS3Class, s3Endpoint, job, gitURL)
-	if in.helm != nil {
-		// With Helm the policy's ConfigMap is the release's (value nodePVPolicy.secretNamespaces,
-		// which the install sets as the example says); the example's own copy is left out.
-		k += `- patch: |-
-    $patch: delete
-    apiVersion: v1
-    kind: ConfigMap
-    metadata: {name: cistern-node-pv-policy, namespace: cistern-system}
-`
-	}
 	if err := os.WriteFile(filepath.Join(in.examples, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -304,26 +300,10 @@ patches:
 func (in *install) deleteExamples(t *testing.T) {
 	t.Helper()
 	if in.examples != "" {
-		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=false", "-k", in.examples)
-	}
-	if in.examples != "" && in.helm == nil {
-		// The dataset example's ConfigMap is the node PersistentVolume policy's parameter: without
-		// it node plugins may write no PersistentVolume, so the examples' volumes could not be
-		// released. An administrator keeps it until the volumes are gone; so does this test.
-		// (With Helm it is the release's, which the examples leave alone.)
-		kubectlStdin(in.cp, examplePVPolicy, "apply", "-f", "-")
+		// Deleting the examples deletes nothing of the install: the node plugins still release
+		// the examples' volumes below (TestKustomizationsBuild checks the two share no object).
+		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=3m", "-k", in.examples)
 	}
 	kubectlOutput(in.cp, "delete", "pod", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 	kubectlOutput(in.cp, "delete", "pvc", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 }
-
-// examplePVPolicy is deploy/csi/examples' cistern-node-pv-policy: the dataset class's Secret is in
-// default.
-const examplePVPolicy = `apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: cistern-node-pv-policy
-  namespace: cistern-system
-data:
-  secretNamespaces: default
-`

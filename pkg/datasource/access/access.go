@@ -78,6 +78,7 @@ type Prover struct {
 	proofs  map[string]time.Time // digest/principal -> proof valid until
 	proving map[string]*proof    // digest/principal -> proof under way
 	denials map[string]denial    // digest/principal -> refused proof, remembered
+	picks   map[string]*pick     // versions/principal -> which version its listing is (versions.go)
 	// slots bounds the full proofs under way.
 	slots chan struct{}
 }
