@@ -59,14 +59,14 @@ e2e-node:
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
-# --server-side -k` (an overlay changing only image references and the pools ConfigMap), and
-# again with charts/cistern through the helm command (TestInstallHelm), on a
+# --server-side -k` (an overlay changing only image references and the pools ConfigMap), then
+# charts/cistern installed with the helm command, one after the other on one
 # kubelet node whose containerd pulls every image from a registry on loopback
 # (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node; the
 # notebook example clones from the host's git (host-packages).
 REGISTRY_BIN := $(CURDIR)/_output/bin/registry
-# One of the two runs alone: make e2e-install E2E_INSTALL_RUN='TestInstallHelm$$'
-E2E_INSTALL_RUN ?= TestInstall$$|TestInstallHelm$$
+# One of the two installs alone: make e2e-install E2E_INSTALL_RUN='TestInstall/helm'
+E2E_INSTALL_RUN ?= TestInstall$$
 TEST_TARGETS += e2e-install
 .PHONY: e2e-install
 ## Installs deploy/csi (kustomize, then the Helm chart) on a kubelet node from a loopback registry and runs the examples
@@ -75,5 +75,5 @@ e2e-install:
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images host-packages images helm && \
 	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO_TEST) -count=1 -timeout 45m -v -run '$(E2E_INSTALL_RUN)' ./test/e2enode/... | \
+	  $(GO_TEST) -count=1 -timeout 35m -v -run '$(E2E_INSTALL_RUN)' ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

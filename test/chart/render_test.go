@@ -193,25 +193,8 @@ func renderKustomizeDir(t *testing.T, dir string) objects {
 
 func renderChart(t *testing.T, ns, values string) objects {
 	t.Helper()
-	chrt, err := loader.Load(filepath.Join(repoRoot(), "charts", "cistern"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	vals, err := chartutil.ReadValues([]byte(values))
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := chartutil.ReleaseOptions{Name: "cistern", Namespace: ns, Revision: 1, IsInstall: true}
-	renderVals, err := chartutil.ToRenderValues(chrt, vals, opts, chartutil.DefaultCapabilities)
-	if err != nil {
-		t.Fatal(err)
-	}
-	files, err := engine.Render(chrt, renderVals)
-	if err != nil {
-		t.Fatal(err)
-	}
 	all := objects{}
-	for name, content := range files {
+	for name, content := range renderFiles(t, ns, values) {
 		if !strings.HasSuffix(name, ".yaml") {
 			continue
 		}
@@ -230,6 +213,47 @@ func renderChart(t *testing.T, ns, values string) objects {
 		}
 	}
 	return all
+}
+
+// TestChartNotes: the notes after an install say what the defaults still refuse.
+func TestChartNotes(t *testing.T) {
+	for _, tc := range []struct {
+		values string
+		want   bool
+	}{
+		{values: "", want: true},
+		{values: "node: {tenantS3Endpoints: s3.example.com}\nnodePVPolicy: {secretNamespaces: datasets}", want: false},
+	} {
+		notes := renderFiles(t, namespace, tc.values)["cistern/templates/NOTES.txt"]
+		for _, s := range []string{"node.tenantS3Endpoints", "nodePVPolicy.secretNamespaces"} {
+			if strings.Contains(notes, s) != tc.want {
+				t.Errorf("values %q: notes mention %s: %v, want %v:\n%s", tc.values, s, !tc.want, tc.want, notes)
+			}
+		}
+	}
+}
+
+// renderFiles renders every file of the chart, as helm install does, by name.
+func renderFiles(t *testing.T, ns, values string) map[string]string {
+	t.Helper()
+	chrt, err := loader.Load(filepath.Join(repoRoot(), "charts", "cistern"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartutil.ReadValues([]byte(values))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := chartutil.ReleaseOptions{Name: "cistern", Namespace: ns, Revision: 1, IsInstall: true}
+	renderVals, err := chartutil.ToRenderValues(chrt, vals, opts, chartutil.DefaultCapabilities)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Render(chrt, renderVals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
 }
 
 // parse reads multi-document YAML into objects. The pools ConfigMap's values are YAML files the

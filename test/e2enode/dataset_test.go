@@ -42,7 +42,22 @@ func startDataset(t *testing.T, c *cluster) *dataset {
 	t.Helper()
 	s3 := testpeers.StartS3(t, "")
 	s3.Bucket(t, datasetBucket)
-	d := &dataset{s3: s3, source: "s3://" + datasetBucket + "/" + datasetPrefix, files: map[string]string{}}
+	d := &dataset{s3: s3, source: "s3://" + datasetBucket + "/" + datasetPrefix, files: uploadDataset(t, s3)}
+	secret := &corev1.Secret{
+		ObjectMeta: apimetav1.ObjectMeta{Name: datasetSecret},
+		StringData: map[string]string{"accessKeyID": s3.AccessKey, "secretAccessKey": s3.SecretKey},
+	}
+	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(context.Background(), secret, apimetav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// uploadDataset uploads a small dataset with nested keys to the bucket datasetBucket and returns
+// the sha256 of each file.
+func uploadDataset(t *testing.T, s3 *testpeers.S3) map[string]string {
+	t.Helper()
+	files := map[string]string{}
 	for key, size := range map[string]int{
 		"config.json":                 512,
 		"weights/part-000.bin":        3 << 20,
@@ -54,16 +69,9 @@ func startDataset(t *testing.T, c *cluster) *dataset {
 		_, _ = rand.Read(data)
 		s3.Put(t, datasetBucket, datasetPrefix+"/"+key, data)
 		sum := sha256.Sum256(data)
-		d.files[key] = hex.EncodeToString(sum[:])
+		files[key] = hex.EncodeToString(sum[:])
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: apimetav1.ObjectMeta{Name: datasetSecret},
-		StringData: map[string]string{"accessKeyID": s3.AccessKey, "secretAccessKey": s3.SecretKey},
-	}
-	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(context.Background(), secret, apimetav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return d
+	return files
 }
 
 // attributes are the dataset's volume parameters, as in a StorageClass or inline volume.

@@ -20,16 +20,16 @@ const HelmEnv = "CISTERN_HELM"
 // The release the Helm install suite installs.
 const helmRelease = "cistern"
 
-// TestInstallHelm runs the install suite with charts/cistern as the README's Install section
-// shows it: the namespace created and labelled for privileged pods, `helm install` with the
-// loopback registry's images and this node's pool, `helm upgrade` to the next image tag, `helm
-// uninstall`; everything the kustomize run checks is checked the same way.
-func TestInstallHelm(t *testing.T) {
+// newHelmInstall is the helm command of TestInstall's second install, as the README's Install
+// section shows it: the namespace created and labelled for privileged pods, `helm install` with
+// the loopback registry's images and this node's pool, `helm upgrade` to the next image tag,
+// `helm uninstall`; everything the kustomize install checks is checked the same way.
+func newHelmInstall(t *testing.T) *helmInstall {
 	bin := os.Getenv(HelmEnv)
 	if _, err := os.Stat(bin); bin == "" || err != nil {
 		realnode.Unavailable(t, "%s=%q: helm is not built; run `make e2e-install`", HelmEnv, bin)
 	}
-	runInstall(t, &helmInstall{bin: bin})
+	return &helmInstall{bin: bin}
 }
 
 // helmInstall runs the helm command against the suite's control plane.

@@ -71,17 +71,26 @@ type install struct {
 	helm *helmInstall
 }
 
-// TestInstall applies deploy/csi, as the README tells users, on a real kubelet node whose
-// containerd pulls every image from a registry on loopback; see docs/testing.md ("Install suite").
-func TestInstall(t *testing.T) { runInstall(t, nil) }
+// TestInstall installs Cistern as the README tells users, twice on one real kubelet node whose
+// containerd pulls every image from a registry on loopback: deploy/csi with kustomize, then, once
+// that is uninstalled, charts/cistern with helm (install_helm_test.go). The node, its control
+// plane, containerd and the registry are shared; each install runs every scenario and must
+// leave nothing behind. See docs/testing.md ("Install suite").
+func TestInstall(t *testing.T) {
+	in, cd, nb := startInstallNode(t)
+	t.Run("kustomize", func(t *testing.T) { in.scenarios(t, cd, nb, nil) })
+	t.Run("helm", func(t *testing.T) { in.scenarios(t, cd, nb, newHelmInstall(t)) })
+}
 
-// runInstall runs the install suite with kustomize, or with helm when h is set.
-func runInstall(t *testing.T, h *helmInstall) {
+// startInstallNode starts the node the install suite installs on: a control plane, containerd
+// pulling from the loopback registry (which also serves the node image under a second tag for
+// the upgrade), kubelet.
+func startInstallNode(t *testing.T) (*install, *realnode.Containerd, *v1alpha1.NotebookValidationJob) {
 	requireMachine(t)
 	lockHost(t)
 	bins := realnode.FindBinaries(t)
 	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "versitygw")
-	in := &install{bins: bins, release: releaseImages(t), podUIDs: map[string]bool{}, helm: h}
+	in := &install{bins: bins, release: releaseImages(t)}
 	registryBin := os.Getenv(RegistryBinEnv)
 	if _, err := os.Stat(registryBin); registryBin == "" || err != nil {
 		realnode.Unavailable(t, "%s=%q: the registry is not built; run `make e2e-install`", RegistryBinEnv, registryBin)
@@ -92,9 +101,7 @@ func runInstall(t *testing.T, h *helmInstall) {
 		t.Fatal(err)
 	}
 	in.dir = dir
-	in.resultsDir = filepath.Join(dir, "results")
 	prepareInstallHost(t, dir)
-	logs := framework.LogDir(t)
 
 	// The node image also under a second tag, for the upgrade; the notebook example's image and
 	// the controller's git image are the stand-ins (hack/images/papermill, hack/images/git).
@@ -127,13 +134,22 @@ func runInstall(t *testing.T, h *helmInstall) {
 	// orphans, and node suites of older checkouts do not take the node lock.
 	k := realnode.StartKubelet(t, in.cp, ca, bins.Kubelet, nodeName, realnode.KubeletRootDir, cd.Socket, realnode.OwnCgroupRoot(t, installCgroupRoot))
 	realnode.WaitNodeReady(t, in.cp, k, nodeName, 2*time.Minute)
+	in.overlay = filepath.Join(dir, "overlay")
+	return in, cd, nb
+}
+
+// scenarios installs with kustomize, or with helm when h is set, runs every scenario and
+// uninstalls. Each install has its own results directory and namespace.
+func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1.NotebookValidationJob, h *helmInstall) {
+	in.helm, in.podUIDs, in.examples = h, map[string]bool{}, ""
+	in.resultsDir = filepath.Join(in.dir, "results-"+filepath.Base(t.Name()))
 	if err := os.Mkdir(in.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(in.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
 	}
-	in.overlay = filepath.Join(dir, "overlay")
+	logs := framework.LogDir(t)
 
 	t.Run("apply", func(t *testing.T) {
 		if in.helm != nil {
