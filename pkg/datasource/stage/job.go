@@ -363,7 +363,27 @@ func (j *Job) join(ctx, jobCtx context.Context, md *cache.Meta) error {
 	}
 	j.peers.swarm.Store(sw)
 	close(j.peers.joined)
+	j.narrowStreams(jobCtx)
 	return nil
+}
+
+// narrowStreams takes for good, from each large entry whose ranges were sent before the job
+// joined its swarm, the streams a node of the swarm leaves unused (streamsPerObject), so that
+// each node's ranges finish one after another ("The large object's tail", docs/benchmarks.md).
+// The takers wait for streams in use to end, or for the job.
+func (j *Job) narrowStreams(jobCtx context.Context) {
+	j.bigMu.Lock()
+	defer j.bigMu.Unlock()
+	for _, b := range j.big {
+		for range cap(b.streams) - j.streamsPerObject() {
+			go func() {
+				select {
+				case b.streams <- struct{}{}:
+				case <-jobCtx.Done():
+				}
+			}()
+		}
+	}
 }
 
 func (j *Job) logProgress(ctx context.Context, logger klog.Logger) func() {
