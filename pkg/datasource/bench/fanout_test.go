@@ -245,6 +245,8 @@ type child struct {
 	stdin   io.WriteCloser
 	results chan [2]float64
 	done    func()
+	// log is the node's output other than its result lines; read only once results is closed.
+	log *strings.Builder
 }
 
 // startNode starts a node process with a fresh pool filesystem.
@@ -267,9 +269,9 @@ func startNode(b *testing.B, s *testpeers.S3, work, name, dir string, peers bool
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	c := &child{cmd: cmd, stdin: stdin, results: make(chan [2]float64, 1)}
+	c := &child{cmd: cmd, stdin: stdin, results: make(chan [2]float64, 1), log: &strings.Builder{}}
 	listening := make(chan struct{})
-	var log strings.Builder
+	log := c.log
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
@@ -320,7 +322,8 @@ func (c *child) start(b *testing.B) {
 func (c *child) wait(b *testing.B, name string) (float64, float64) {
 	r, ok := <-c.results
 	if !ok {
-		b.Fatalf("node %s failed (run with -v for its log)", name)
+		out := c.log.String()
+		b.Fatalf("node %s failed; the end of its log:\n%s", name, out[max(0, len(out)-8000):])
 	}
 	return r[0], r[1]
 }
