@@ -4,7 +4,7 @@ WORKLOAD_APIS := ./pkg/apis/workloads/... ./pkg/apis/data/...
 TEST_TARGETS += test-workloads
 BENCH_TARGETS += bench-workloads
 
-.PHONY: generate-workloads test-workloads bench-workloads kueue-tools
+.PHONY: generate-workloads test-workloads bench-workloads kueue-tools lws-tools
 
 # Kueue's controller manager and manifests, from hack/tools/kueue (its go.mod pins the version).
 KUEUE_VERSION := v0.17.0
@@ -13,6 +13,15 @@ export CISTERN_KUEUE_BIN := $(KUEUE_DIR)/bin
 ## Builds Kueue's controller manager and manifests into the tools cache
 kueue-tools:
 	@hack/tools/kueue/build.sh $(KUEUE_DIR)
+
+# Upstream LeaderWorkerSet's controller manager, CRD, webhooks and samples, from hack/tools/lws
+# (its go.mod pins the version), for the differential test.
+LWS_VERSION := v0.8.0
+LWS_DIR := $(CISTERN_CACHE)/lws-$(LWS_VERSION)
+export CISTERN_LWS_BIN := $(LWS_DIR)/bin
+## Builds upstream LeaderWorkerSet's controller manager and manifests into the tools cache
+lws-tools:
+	@hack/tools/lws/build.sh $(LWS_DIR)
 
 generate: generate-workloads
 
