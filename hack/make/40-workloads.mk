@@ -4,7 +4,7 @@ WORKLOAD_APIS := ./pkg/apis/workloads/... ./pkg/apis/data/...
 TEST_TARGETS += test-workloads
 BENCH_TARGETS += bench-workloads
 
-.PHONY: generate-workloads test-workloads bench-workloads kueue-tools lws-tools
+.PHONY: generate-workloads test-workloads bench-workloads kueue-tools lws-tools test-lws-upstream
 
 # Kueue's controller manager and manifests, from hack/tools/kueue (its go.mod pins the version).
 KUEUE_VERSION := v0.17.0
@@ -45,6 +45,14 @@ test-workloads: k8s-tools kueue-tools
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/kueue/
 	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/snapshots/
+
+# The differential test against upstream LeaderWorkerSet: two control planes, upstream's samples
+# and e2e cases on each; not part of make test (two control planes and seven cases take 8 to 12
+# minutes on a loaded 2-core machine).
+## Upstream LeaderWorkerSet and the drop-in on two control planes, compared field by field
+test-lws-upstream: k8s-tools lws-tools
+	$(GO_TEST) -count=1 -timeout 30m -v ./test/workloads/upstreamdiff/ 2>&1 | \
+	  grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+|^\s+[0-9]+ [A-Z]' ; exit $${PIPESTATUS[0]}
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 ## LeaderWorkerSet of 500 groups x 8 pods on a real control plane

@@ -49,7 +49,19 @@ var volatile = []*regexp.Regexp{
 var knownDifferences = []struct {
 	path   *regexp.Regexp
 	reason string
-}{}
+}{
+	{regexp.MustCompile(`leaderworkerset\.sigs\.k8s\.io/template-revision-hash$|\.metadata\.labels\.controller-revision-hash$|` +
+		`^StatefulSet/[^.]+\.status\.(currentRevision|updateRevision)$|^ControllerRevision/`),
+		"the template revision hash: Cistern's is a SHA-256 of its own template encoding (which covers the exclusive-placement " +
+			"annotations and the claim retention policy), upstream's an FNV-32 of a strategic-merge patch; so the revision-named " +
+			"objects (ControllerRevisions, the StatefulSets' revisions) differ by name"},
+	{regexp.MustCompile(`^LeaderWorkerSet/[^.]+\.spec\.leaderWorkerTemplate\.persistentVolumeClaimRetentionPolicy\.`),
+		"Cistern's CRD defaults persistentVolumeClaimRetentionPolicy to Retain/Retain (what the StatefulSets get from upstream too)"},
+	{regexp.MustCompile(`^LeaderWorkerSet/[^.]+\.status\.(observedGeneration|conditions\[\d+\]\.(observedGeneration|message))$`),
+		"Cistern writes status.observedGeneration and each condition's observedGeneration, and its own condition messages (counts of groups)"},
+	{regexp.MustCompile(`^StatefulSet/[^.]+\.metadata\.annotations\.(workloads\.cistern\.dev/spec-hash|leaderworkerset\.sigs\.k8s\.io/(subgroup-)?exclusive-topology)$`),
+		"Cistern annotates the StatefulSets it builds with the hash of their spec (it writes only when it changed) and the placement annotations it built them with"},
+}
 
 // accessToken is the name of the token volume the API server adds to each pod; its suffix is
 // random.
