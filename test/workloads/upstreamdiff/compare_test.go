@@ -61,6 +61,15 @@ var knownDifferences = []struct {
 		"Cistern writes status.observedGeneration and each condition's observedGeneration, and its own condition messages (counts of groups)"},
 	{regexp.MustCompile(`^StatefulSet/[^.]+\.metadata\.annotations\.(workloads\.cistern\.dev/spec-hash|leaderworkerset\.sigs\.k8s\.io/(subgroup-)?exclusive-topology)$`),
 		"Cistern annotates the StatefulSets it builds with the hash of their spec (it writes only when it changed) and the placement annotations it built them with"},
+	{regexp.MustCompile(`^StatefulSet/[^.]+\.spec\.updateStrategy\.rollingUpdate\.maxUnavailable$`),
+		"the leader StatefulSet's own maxUnavailable: upstream copies the LeaderWorkerSet's; Cistern sets maxUnavailable+maxSurge, " +
+			"since its partition is what keeps an update within the budget (docs/workloads.md, Rolling update)"},
+	{regexp.MustCompile(`^(Pod/[^.]+\.metadata|StatefulSet/[^.]+\.spec\.template\.metadata)\.annotations\.leaderworkerset\.sigs\.k8s\.io/subgroup-policy-type$`),
+		"Cistern puts the subgroup policy type on the workers too (upstream only on leaders, the only pods whose labels it changes); " +
+			"taking it off would change the worker StatefulSets' template and roll the workers of every existing group with subgroups"},
+	{regexp.MustCompile(`^StatefulSet/[^.]+\.spec\.volumeClaimTemplates\[\d+\]\.metadata\.namespace$`),
+		"upstream writes the namespace into the StatefulSets' claim templates, Cistern does not (the StatefulSet controller " +
+			"ignores it); claim templates of an existing StatefulSet cannot be changed"},
 }
 
 // accessToken is the name of the token volume the API server adds to each pod; its suffix is
