@@ -96,6 +96,11 @@ func snapshot(ctx context.Context, s *side, ns string) (map[string]string, error
 		if slices.ContainsFunc(volatile, func(re *regexp.Regexp) bool { return re.MatchString(k) }) {
 			delete(out, k)
 		}
+		// Exclusive placement pins the workers to the domain the scheduler chose for their
+		// leader: that the selector is there is compared, not which pool it names.
+		if strings.HasSuffix(k, ".spec.nodeSelector."+nodePool) {
+			out[k] = "(the leader's " + nodePool + ")"
+		}
 	}
 	return out, nil
 }
