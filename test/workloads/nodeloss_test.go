@@ -32,7 +32,7 @@ func TestLeaderWorkerSetNodeLoss(t *testing.T) {
 	framework.FakeKubelet(t, cp.Client, fields.OneTermEqualSelector("metadata.namespace", ns), lost, spare)
 
 	// Node-local volumes: required node affinity on one hostname. The lost node's are bound to
-	// the group's claims by name; the spare node's come later, unbound.
+	// the group's claims by name; the spare node's come later.
 	volume := func(name, node, claim string) *corev1.PersistentVolume {
 		pv := &corev1.PersistentVolume{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -96,8 +96,11 @@ func TestLeaderWorkerSetNodeLoss(t *testing.T) {
 	}
 	testutil.Eventually(t, 2*time.Minute, "group Ready on the node of its volumes", onNode(lost))
 
+	// The spare node's volumes wait for the group's claims by name (a claim made again gets a new
+	// UID, which the lost node's volumes no longer match): an unbound volume of an earlier test of
+	// the suite could otherwise take the new claims.
 	for _, c := range claims {
-		volume(ns+"-spare-"+c, spare, "")
+		volume(ns+"-spare-"+c, spare, c)
 	}
 	if err := cp.Client.CoreV1().Nodes().Delete(ctx, lost, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

@@ -278,7 +278,9 @@ func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []cor
 		if g.ready {
 			c.Ready++
 		}
-		if int32(ord) >= partition {
+		// As upstream: a group whose worker StatefulSet is not there yet (being created) is no
+		// group an update waits for, so creating a LeaderWorkerSet is no UpdateInProgress.
+		if int32(ord) >= partition && !awaitingWorkers(p, workers[p.Name]) {
 			c.Partitioned++
 			if g.updated {
 				c.Updated++
@@ -289,6 +291,11 @@ func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []cor
 		}
 	}
 	return st, c
+}
+
+// awaitingWorkers: the group of leader has workers and their StatefulSet does not exist yet.
+func awaitingWorkers(leader *corev1.Pod, workers *appsv1.StatefulSet) bool {
+	return leader.Annotations[v1alpha1.SizeAnnotationKey] != "1" && (workers == nil || !metav1.IsControlledBy(workers, leader))
 }
 
 // setConditions: UpdateInProgress while a group at or above the partition is not at the current

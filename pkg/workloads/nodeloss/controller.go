@@ -70,17 +70,30 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.List(ctx, &pvs); err != nil {
 		return ctrl.Result{}, err
 	}
+	pending := false
 	for i := range pvs.Items {
 		pv := &pvs.Items[i]
 		if PinnedNode(pv) != req.Name || pv.Spec.ClaimRef == nil {
 			continue
 		}
-		if err := r.release(ctx, pv, req.Name, why); err != nil {
+		held, err := r.release(ctx, pv, req.Name, why)
+		if err != nil {
 			return ctrl.Result{}, err
 		}
+		pending = pending || held
+	}
+	if pending {
+		// A claim being deleted stays while a pod uses it, and the StatefulSet controller may
+		// have made the group's pod again, Pending on that claim, before it went: look again
+		// (nothing else brings back a deleted Node) until every released claim is gone.
+		return ctrl.Result{RequeueAfter: releaseRecheck}, nil
 	}
 	return ctrl.Result{}, nil
 }
+
+// releaseRecheck is how soon a lost node is looked at again while a claim it released is still
+// there.
+const releaseRecheck = 2 * time.Second
 
 // lost says whether the node is lost, and if not yet but it may become so, when to look again.
 func (r *Reconciler) lost(ctx context.Context, name string) (bool, time.Duration, string, error) {
@@ -107,21 +120,21 @@ func (r *Reconciler) lost(ctx context.Context, name string) (bool, time.Duration
 
 // release deletes a LeaderWorkerSet claim bound to pv, and the pods of its group that hold it and
 // do not run on a live node (bound to the lost node, or Pending unscheduled), so the StatefulSet
-// controller makes both again.
-func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, node, why string) error {
+// controller makes both again. It says whether the claim is still there.
+func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, node, why string) (bool, error) {
 	ref := pv.Spec.ClaimRef
 	var pvc corev1.PersistentVolumeClaim
 	if err := r.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, &pvc); err != nil {
-		return client.IgnoreNotFound(err)
+		return false, client.IgnoreNotFound(err)
 	}
 	lws, ok := pvc.Labels[v1alpha1.SetNameLabelKey]
 	if !ok || pvc.UID != ref.UID && ref.UID != "" || pvc.Annotations[KeepAnnotation] == "true" {
-		return nil
+		return false, nil
 	}
 	logger := klog.FromContext(ctx).WithValues("node", node, "claim", klog.KObj(&pvc), "leaderworkerset", lws)
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(pvc.Namespace), client.MatchingLabels{v1alpha1.SetNameLabelKey: lws}); err != nil {
-		return err
+		return false, err
 	}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
@@ -129,15 +142,15 @@ func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, n
 			continue
 		}
 		if err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) {
-			return err
+			return false, err
 		}
 		logger.Info("deleted pod holding a claim pinned to a lost node", "pod", klog.KObj(pod))
 	}
 	if pvc.DeletionTimestamp != nil {
-		return nil
+		return true, nil
 	}
 	if err := r.Delete(ctx, &pvc, client.Preconditions{UID: &pvc.UID}); err != nil && !apierrors.IsNotFound(err) {
-		return err
+		return false, err
 	}
 	logger.Info("released claim pinned to a lost node", "volume", pv.Name, "why", why)
 	if r.Recorder != nil {
@@ -145,7 +158,7 @@ func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, n
 			"node %s is lost (%s): claim released so that group of LeaderWorkerSet %s starts again on another node with a new claim; the data on volume %s stays with that node",
 			node, why, lws, pv.Name)
 	}
-	return nil
+	return true, nil
 }
 
 func usesClaim(pod *corev1.Pod, claim string) bool {

@@ -81,8 +81,9 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 		released bool
 		requeue  bool
 	}{
-		{name: "deleted node", released: true},
-		{name: "unreachable past the grace period", node: notReady(10 * time.Minute), grace: 5 * time.Minute, released: true},
+		// Released: looked at again until the claims are gone.
+		{name: "deleted node", released: true, requeue: true},
+		{name: "unreachable past the grace period", node: notReady(10 * time.Minute), grace: 5 * time.Minute, released: true, requeue: true},
 		{name: "unreachable within the grace period", node: notReady(time.Minute), grace: 5 * time.Minute, requeue: true},
 		{name: "unreachable, no grace period set: only deletion counts", node: notReady(time.Hour)},
 	} {
@@ -113,6 +114,12 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 			}
 			if tc.requeue != (res.RequeueAfter > 0) {
 				t.Errorf("requeue after %v", res.RequeueAfter)
+			}
+			if tc.released {
+				// The claims are gone (the fake client has no pvc-protection finalizer): done.
+				if res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: "a"}}); err != nil || res.RequeueAfter != 0 {
+					t.Errorf("second pass: requeue after %v, error %v", res.RequeueAfter, err)
+				}
 			}
 			gone := func(obj client.Object, name string) bool {
 				return apierrors.IsNotFound(c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, obj))
