@@ -397,29 +397,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 			}
 			continue
 		}
-		src, err := m.openSource(req)
-		if err != nil {
-			pl.Unlock()
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-		}
-		// The staging is a version too: the kept ones leave it room under the limit.
-		if err := m.cache.TrimLocked(req.Pool, id, m.limits.MaxVersions-1); err != nil {
-			pl.Unlock()
-			src.Close()
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-		}
-		acc := &callerAccess{m: m, req: req, who: who}
-		j = &staging{Job: m.engine.New(req.Spec, req.Capacity, req.Pool, dir, src, acc), principal: who, done: make(chan struct{})}
-		m.mu.Lock()
-		m.jobs[key] = j
-		delete(m.lastFail, key)
-		m.mu.Unlock()
-		j.unpin = m.cache.PinStaging(req.Pool, id)
-		pl.Unlock()
-		m.cache.Changed()
-		logger.Info("staging dataset", "credentials", req.Creds.String())
-		go m.runJob(logger, key, j)
-		return j.Status(), j, nil
+		return m.startStaging(logger, req, pl, key, who)
 	}
 }
 
