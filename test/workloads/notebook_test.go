@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/client-go/util/retry"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -397,27 +399,22 @@ func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 
 	// papermill runs (an init container): the job is Running.
 	now := metav1.Now()
-	pod.Status.Phase = corev1.PodPending
-	pod.Status.InitContainerStatuses = []corev1.ContainerStatus{
-		{Name: notebook.GitCloneContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
-		{Name: notebook.NotebookContainer, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}},
-	}
-	if err := cl.Status().Update(ctx, &pod); err != nil {
-		t.Fatal(err)
-	}
+	changePodStatus(t, &pod, func(pod *corev1.Pod) {
+		pod.Status.Phase = corev1.PodPending
+		pod.Status.InitContainerStatuses = []corev1.ContainerStatus{
+			{Name: notebook.GitCloneContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
+			{Name: notebook.NotebookContainer, State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}},
+		}
+	})
 	waitPhase(t, job, v1alpha1.NotebookPhaseRunning)
 
 	msg := `output differs from the golden notebook: cell 2: stream stdout differs: got "accuracy 0.85\n", golden "accuracy 0.91\n" (numeric tolerance 0.001)`
-	if err := cl.Get(ctx, client.ObjectKeyFromObject(&pod), &pod); err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Phase = corev1.PodFailed
-	pod.Status.InitContainerStatuses[1].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}
-	pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: notebook.CompareContainer, State: corev1.ContainerState{
-		Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: msg, StartedAt: now, FinishedAt: now}}}}
-	if err := cl.Status().Update(ctx, &pod); err != nil {
-		t.Fatal(err)
-	}
+	changePodStatus(t, &pod, func(pod *corev1.Pod) {
+		pod.Status.Phase = corev1.PodFailed
+		pod.Status.InitContainerStatuses[1].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: notebook.CompareContainer, State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Reason: "Error", Message: msg, StartedAt: now, FinishedAt: now}}}}
+	})
 	got := waitPhase(t, job, v1alpha1.NotebookPhaseFailed)
 	c := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete)
 	if c == nil || c.Reason != v1alpha1.ReasonGoldenMismatch || !strings.Contains(got.Status.Message, "cell 2: stream stdout differs") {
@@ -434,5 +431,21 @@ func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v, want %s", err, want)
 		}
+	}
+}
+
+// changePodStatus writes the status change of a pod as kubelet would, read afresh on each conflict:
+// the scheduler writes the same pod's conditions meanwhile.
+func changePodStatus(t *testing.T, pod *corev1.Pod, change func(*corev1.Pod)) {
+	t.Helper()
+	ctx := testutil.Context(t)
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
+			return err
+		}
+		change(pod)
+		return cl.Status().Update(ctx, pod)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -293,11 +293,8 @@ func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
 // would.
 func setPodStatus(t *testing.T, ns, name string, ready bool, restarts int32) {
 	t.Helper()
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		var p corev1.Pod
-		if err := cl.Get(testutil.Context(t), types.NamespacedName{Namespace: ns, Name: name}, &p); err != nil {
-			return err
-		}
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	changePodStatus(t, p, func(p *corev1.Pod) {
 		status := corev1.ConditionFalse
 		if ready {
 			status = corev1.ConditionTrue
@@ -306,10 +303,7 @@ func setPodStatus(t *testing.T, ns, name string, ready bool, restarts int32) {
 		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}}
 		p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: p.Spec.Containers[0].Image, RestartCount: restarts, Ready: ready,
 			State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
-		return cl.Status().Update(testutil.Context(t), &p)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	})
 }
 
 // statusReplicasWatch records the largest status.replicas a LeaderWorkerSet reported.
