@@ -541,6 +541,18 @@ func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	return m.cache.Release(pool, id, volumeID)
 }
 
+// Referenced returns the tree of the version of dataset id on pool that holder references; see
+// cache.Cache.Referenced.
+func (m *Manager) Referenced(pool, id, holder string) (string, error) {
+	return m.cache.Referenced(pool, id, holder)
+}
+
+// Share references, for to, the version of dataset id on pool that from references; see
+// cache.Cache.Share.
+func (m *Manager) Share(pool, id, from, to string) (string, error) {
+	return m.cache.Share(pool, id, from, to)
+}
+
 // Populate copies the ready dataset version on pool, which the caller proved it may read, into
 // target, once; see cache.Cache.Populate.
 func (m *Manager) Populate(ctx context.Context, pool string, spec *Spec, version, target string) error {
