@@ -373,6 +373,16 @@ func (s *Service) Expand(ctx context.Context, id, mountPath string, block bool) 
 	if v.AccessType == state.Block || block {
 		return size, nil
 	}
+	if v.DatasetLayer != "" {
+		// The overlay stacked on the path hides the volume's own filesystem, which xfs_growfs
+		// needs by a mount point: a second mount of the device, the same filesystem.
+		dir, unmount, err := s.mountAside(dev, v.FSType)
+		if err != nil {
+			return 0, Internal("mounting the layered volume's filesystem to grow it", err)
+		}
+		defer unmount()
+		mountPath = dir
+	}
 	if _, err := s.resizer.Resize(dev, mountPath); err != nil {
 		if strings.Contains(err.Error(), "Permission denied") {
 			return 0, status.Errorf(codes.Internal, "growing filesystem online was refused (an ext4 online resize needs CAP_SYS_RESOURCE in the node plugin): %v", err)
