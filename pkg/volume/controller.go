@@ -47,7 +47,7 @@ func (s *Service) Create(v state.Volume, chosen pool.Status, source string) (sta
 	}
 	if err != nil {
 		_ = s.images.Remove(img)
-		_ = s.datasets.Unserve(v.Pool, v.DatasetLayer, v.ID)
+		_ = s.releaseLayer(v.Pool, v.DatasetLayer, v.ID)
 		_ = s.store.DeleteVolume(v.ID)
 		if !errors.Is(err, unix.ENOSPC) {
 			s.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
@@ -57,7 +57,7 @@ func (s *Service) Create(v state.Volume, chosen pool.Status, source string) (sta
 	v.Ready = true
 	if err := s.store.PutVolume(v); err != nil {
 		_ = s.images.Remove(img)
-		_ = s.datasets.Unserve(v.Pool, v.DatasetLayer, v.ID)
+		_ = s.releaseLayer(v.Pool, v.DatasetLayer, v.ID)
 		_ = s.store.DeleteVolume(v.ID)
 		return state.Volume{}, Internal("saving volume state", err)
 	}
@@ -137,14 +137,14 @@ func (s *Service) Snapshot(v state.Volume, name, groupID string) (state.Snapshot
 	img := image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)
 	if err := s.images.CreateFrom(img, image.VolumePath(p.Path, pool.MetaDir, v.ID), 0); err != nil {
 		_ = s.images.Remove(img)
-		_ = s.datasets.Unserve(sn.Pool, sn.DatasetLayer, sn.ID)
+		_ = s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID)
 		_ = s.store.DeleteSnapshot(sn.ID)
 		return state.Snapshot{}, s.ImageError("copying volume image", v.Pool, err)
 	}
 	sn.Ready = true
 	if err := s.store.PutSnapshot(sn); err != nil {
 		_ = s.images.Remove(img)
-		_ = s.datasets.Unserve(sn.Pool, sn.DatasetLayer, sn.ID)
+		_ = s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID)
 		_ = s.store.DeleteSnapshot(sn.ID)
 		return state.Snapshot{}, Internal("saving snapshot state", err)
 	}
@@ -159,7 +159,7 @@ func (s *Service) deleteSnapshot(sn state.Snapshot) error {
 			return Internal("removing snapshot image", err)
 		}
 	}
-	if err := s.datasets.Unserve(sn.Pool, sn.DatasetLayer, sn.ID); err != nil {
+	if err := s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID); err != nil {
 		return Internal("releasing the snapshot's dataset layer", err)
 	}
 	if err := s.store.DeleteSnapshot(sn.ID); err != nil {

@@ -105,7 +105,7 @@ func (s *Service) layerDataset(ctx context.Context, v *state.Volume, spec *datas
 func (s *Service) unlayer(v *state.Volume, target string) error {
 	_ = os.RemoveAll(filepath.Join(target, LayerUpperDir))
 	_ = os.RemoveAll(filepath.Join(target, layerWorkDir))
-	if err := s.datasets.Unserve(v.Pool, v.DatasetLayer, v.ID); err != nil {
+	if err := s.releaseLayer(v.Pool, v.DatasetLayer, v.ID); err != nil {
 		return Internal("releasing dataset", err)
 	}
 	v.DatasetLayer = ""
@@ -180,4 +180,12 @@ func (s *Service) mountAside(dev, fsType string) (string, func(), error) {
 		_ = unix.Unmount(dir, 0)
 		_ = os.Remove(dir)
 	}, nil
+}
+
+// releaseLayer drops holder's reference on its dataset layer; no layer, nothing to drop.
+func (s *Service) releaseLayer(poolName, layer, holder string) error {
+	if layer == "" {
+		return nil
+	}
+	return s.datasets.Unserve(poolName, layer, holder)
 }

@@ -278,7 +278,7 @@ func (s *Service) Delete(v state.Volume) error {
 		}
 	}
 	// A layered volume's reference goes with it; the cached version may then be evicted.
-	if err := s.datasets.Unserve(v.Pool, v.DatasetLayer, v.ID); err != nil {
+	if err := s.releaseLayer(v.Pool, v.DatasetLayer, v.ID); err != nil {
 		return Internal("releasing the volume's dataset layer", err)
 	}
 	if err := s.store.DeleteVolume(v.ID); err != nil {
