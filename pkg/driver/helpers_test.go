@@ -77,6 +77,9 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 	t.Helper()
 	dir := t.TempDir()
 	for i := range pools {
+		if pools[i].path != "" {
+			continue // made by the test (a benchmark's pool on disk)
+		}
 		if pools[i].size > 0 {
 			fs := pools[i].fs
 			if fs == "" {
