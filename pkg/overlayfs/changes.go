@@ -19,11 +19,11 @@ const (
 	// Written: a file or symlink written whole in the upper layer (new, or changed and copied
 	// up); its content is the upper entry's.
 	Written Kind = "written"
-	// Dir: a directory of the upper layer, made by the pod or holding changes below it; its
-	// lower contents still show, merged.
+	// Dir: a directory of the lower layer that holds changes below it (copied up), or that was
+	// renamed (From); its lower contents still show, merged.
 	Dir Kind = "dir"
-	// Opaque: a directory that replaces the lower one of the same path (deleted and made
-	// again): nothing of the lower directory shows through it.
+	// Opaque: a directory through which nothing of a lower one of the same path shows: made by
+	// the pod (the kernel marks the directories it makes so), or deleted and made again.
 	Opaque Kind = "opaque"
 	// Deleted: a whiteout; the lower entry of the path is gone.
 	Deleted Kind = "deleted"
