@@ -28,9 +28,10 @@ bench-driver:
 
 # A new writable volume of a cached dataset (2 GiB and 20 GiB, one file each) made ready layered
 # on the cache vs. copied from it (--writable-datasets=copy) and vs. an empty volume, on ext4 and
-# xfs pools under BENCH_DIR (pkg/driver/writable_bench_test.go); about 15 minutes and 21 GiB of
-# free disk. The last lines (`writable: ...`) go to docs/benchmarks.md by hand; the full log is
-# kept in _output/bench-writable.txt.
+# xfs pools (pkg/driver/writable_bench_test.go): the 2 GiB case on a pool image under BENCH_DIR
+# (about 6 GiB of disk), the 20 GiB one on a zram device (its zeros cost no memory). About 10
+# minutes. The last lines (`writable: ...`) go to docs/benchmarks.md by hand; the full log is kept
+# in _output/bench-writable.txt.
 ## Writable dataset volumes: ready layered on the cache vs. copied, ext4 and xfs pools
 bench-writable:
 	@mkdir -p _output
