@@ -515,3 +515,33 @@ func isOverlayMount(t *testing.T, p string) bool {
 	}
 	return st.Type == 0x794c7630
 }
+
+// TestWritableLayerInterrupted: a volume whose layer was recorded but never mounted (the node
+// plugin died between the two) is layered again from the start, its access proof first, at the
+// next staging: Aborted once, then layered, with one reference.
+func TestWritableLayerInterrupted(t *testing.T) {
+	env, src := layeredEnv(t, "ext4", volume.WritableDatasets{})
+	vol := env.writableVolume("interrupted", src, "ext4", 96<<20)
+	v, _ := env.driver.volumes.Store().GetVolume(vol.VolumeId)
+	v.DatasetLayer = "not-referenced"
+	if err := env.driver.volumes.Store().PutVolume(v); err != nil {
+		t.Fatal(err)
+	}
+	staging := filepath.Join(env.dir, "staging", vol.VolumeId)
+	_, err := env.node.NodeStageVolume(context.Background(), &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+		StagingTargetPath: staging, VolumeCapability: mountCap("ext4"), VolumeContext: vol.VolumeContext})
+	if status.Code(err) != codes.Aborted || mounted(t, staging) {
+		t.Fatalf("first staging: %v (mounted %v), want Aborted and nothing mounted", err, mounted(t, staging))
+	}
+	target := env.stagePublish(vol, "ext4")
+	checkFiles(t, target, want)
+	if !isOverlayMount(t, target) {
+		t.Error("not layered after the retry")
+	}
+	trees, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*", cache.TreeDir))
+	env.unpublishAndUnstage(vol.VolumeId)
+	if _, err := env.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.VolumeId}); err != nil {
+		t.Fatal(err)
+	}
+	checkNothingLeft(t, env, filepath.Dir(trees[0]))
+}

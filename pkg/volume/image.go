@@ -316,6 +316,12 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 		}
 	}
 	switch {
+	case v.DatasetLayer != "" && !hasLayer(target):
+		// Recorded, then interrupted before its first overlay: start it again, proof first.
+		if err := s.unlayer(v, target); err != nil {
+			return undo(err)
+		}
+		return undo(status.Errorf(codes.Aborted, "the layering of volume %s on its dataset was interrupted; retry", v.ID))
 	case v.DatasetLayer != "":
 		if err := s.remountLayer(*v, target); err != nil {
 			return undo(err)

@@ -58,6 +58,13 @@ type WritableDatasets struct {
 	OverlayMount func(options, target string) error
 }
 
+// hasLayer says whether the filesystem mounted at target holds a layer's upper directory: made
+// with the first overlay, after the reference was taken.
+func hasLayer(target string) bool {
+	_, err := os.Stat(filepath.Join(target, LayerUpperDir))
+	return err == nil
+}
+
 // isOverlay says whether the top mount at path is an overlay (a layered volume mounted there).
 func isOverlay(path string) bool {
 	var st unix.Statfs_t
