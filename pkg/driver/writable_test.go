@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -543,5 +544,37 @@ func TestWritableLayerInterrupted(t *testing.T) {
 	if _, err := env.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.VolumeId}); err != nil {
 		t.Fatal(err)
 	}
+	checkNothingLeft(t, env, filepath.Dir(trees[0]))
+}
+
+// TestWritableLayerKeepsItsVersion: a layered volume keeps the dataset version it was made on.
+// When the source changes, a new volume gets the new version (the old one is retired, not
+// deleted: the first volume references it), and the first volume, unstaged and staged again,
+// still shows the old bytes; the retired version goes with its last reference.
+func TestWritableLayerKeepsItsVersion(t *testing.T) {
+	env, src := layeredEnv(t, "ext4", volume.WritableDatasets{})
+	ctx := context.Background()
+	oldVol := env.writableVolume("old", src, "ext4", 96<<20)
+	env.stagePublish(oldVol, "ext4")
+	time.Sleep(10 * time.Millisecond) // a new mtime
+	writeTree(t, filepath.Join(src, "set"), map[string]string{"a.txt": "alpha, version 2"})
+	newVol := env.writableVolume("new", src, "ext4", 96<<20)
+	checkFiles(t, env.stagePublish(newVol, "ext4"), map[string]string{"a.txt": "alpha, version 2"})
+	retired, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*"+cache.RetiredSep+"*"))
+	if len(retired) != 1 {
+		t.Fatalf("retired versions: %v, want the old volume's", retired)
+	}
+	env.unpublishAndUnstage(oldVol.VolumeId)
+	checkFiles(t, env.stagePublish(oldVol, "ext4"), map[string]string{"a.txt": "alpha", "d/b.txt": "beta"})
+	for _, v := range []*csi.Volume{oldVol, newVol} {
+		env.unpublishAndUnstage(v.VolumeId)
+		if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.VolumeId}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if left, _ := filepath.Glob(retired[0]); len(left) != 0 {
+		t.Errorf("the retired version outlived its last volume: %v", left)
+	}
+	trees, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*", cache.TreeDir))
 	checkNothingLeft(t, env, filepath.Dir(trees[0]))
 }
