@@ -80,13 +80,13 @@ help:
 clean:
 	rm -rf $(BIN)
 
+# Every package with tests runs under the race detector (`RACE=` turns it off; see
+# docs/testing.md for what it costs).
+RACE ?= -race
+
 # go test for the targets: `go test -json` shown as go test shows it, the events kept in
 # _output/test-results/<target>.jsonl for the summary of `make test` (hack/make/gotest.sh).
-GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@
-
-# Unit packages (no root, no peers) also run under the race detector: a few seconds more once the
-# race-instrumented dependencies are in the build cache (see docs/testing.md).
-RACE ?= -race
+GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@ $(RACE)
 
 # Static checks first: go vet and staticcheck over every package of the main module and of
 # hack/images, gofmt over every Go file of the tree, and the size limits of product files (700

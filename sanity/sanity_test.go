@@ -4,6 +4,7 @@ package sanity
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,8 +14,11 @@ import (
 	"time"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/ginkgo/v2/types"
 
 	"github.com/cistern-csi/cistern/pkg/driver"
+	"github.com/cistern-csi/cistern/test/specgate"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -111,5 +115,18 @@ func runSanity(t *testing.T, dataset func(*driver.Config, map[string]string)) {
 	cfg.IdempotentCount = 3
 	cfg.TestVolumeParameters = params
 	cfg.TestVolumeMutableParameters = map[string]string{"readAheadKiB": "1024"}
+	// The suite must pass as many specs as test/specgate/expected.txt says; the specs that
+	// skip themselves are listed as skipped subtests.
+	var report types.Report
+	ginkgo.ReportAfterSuite("spec count", func(r types.Report) { report = r })
 	sanity.Test(t, cfg)
+	data, err := json.Marshal([]types.Report{report})
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := specgate.Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	specgate.Check(t, "sanity", specs)
 }

@@ -54,6 +54,10 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 func bindDatasetFlags(cfg *datasource.Config, o *options) {
 	flag.StringVar(&o.localSourceRoots, "local-source-roots", "", "Comma-separated node directories that file:// dataset sources may read; empty disables file:// sources.")
 	flag.StringVar(&o.tenantEndpoints, "tenant-s3-endpoints", "", "Comma-separated S3 endpoints that inline volumes and VolumeManagers may name: host names, *.domain suffixes, CIDR blocks (AWS without an endpoint counts as s3.amazonaws.com). Empty refuses every tenant endpoint; \"*\" allows any; link-local and cloud metadata addresses are refused always.")
+	flag.StringVar(&cfg.S3CABundleDir, "s3-ca-bundles", "", "Directory of CA bundles (PEM) that S3 datasets may name with the caBundle parameter to verify an https endpoint: a ConfigMap or Secret of the administrator's, mounted; empty: datasets may name none.")
+	flag.StringVar(&cfg.STSEndpoint, "sts-endpoint", "", "STS that S3 datasets with credentials=webIdentity exchange the pod's ServiceAccount token at (AssumeRoleWithWebIdentity); empty: AWS STS of the dataset's region.")
+	flag.StringVar(&cfg.WebIdentityAudience, "web-identity-audience", datasource.DefaultWebIdentityAudience, "Audience of the pod ServiceAccount tokens exchanged for web-identity credentials; the CSIDriver's tokenRequests must name it.")
+	flag.BoolVar(&cfg.S3AllowPlainHTTP, "s3-allow-plain-http", false, "Allow plain http:// S3 endpoints other than loopback; without it they are refused.")
 	flag.IntVar(&cfg.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
 	flag.Int64Var(&cfg.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
 	flag.Float64Var(&cfg.LowWatermark, "cache-low-watermark", 0.10, "Fraction of a pool kept free: below it, unused cached datasets are evicted, least recently used first.")
@@ -81,6 +85,7 @@ func bindLimitFlags(lim *datasource.Limits) {
 	flag.IntVar(&lim.Listings, "max-concurrent-listings", def.Listings, "Dataset listings (of stagings and access proofs) under way on the node at once; more wait.")
 	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once; more wait.")
 	flag.Int64Var(&lim.MaxGlobWork, "max-dataset-glob-work", def.MaxGlobWork, "Include/exclude matching one listing may do, in pattern bytes times key bytes; past it the dataset is refused.")
+	flag.IntVar(&lim.MaxVersions, "max-dataset-versions", def.MaxVersions, "Ready versions of one dataset a pool keeps side by side, for callers whose listings of the source differ; past it the least recently used unused one is deleted (never one in use).")
 }
 
 func bindPeerFlags(cfg *driver.PeerConfig, o *options) {

@@ -49,6 +49,10 @@ func bindFlags(cfg *workloads.Config, o *options) {
 		"label the driver's hand-made VolumeSnapshotContents with the node their snapshot handle names, so that node's csi-snapshotter takes them; "+
 			"needs the VolumeSnapshot CRDs (deploy/csi/snapshots turns it on)")
 	flag.IntVar(&cfg.GroupWorkers, "group-workers", 8, "LeaderWorkerSet groups worked on at once")
+	flag.BoolVar(&cfg.NodeLoss.Enabled, "release-claims-on-node-loss", true,
+		"delete the claims of LeaderWorkerSet groups bound to volumes pinned to a lost node, so the groups start again elsewhere (docs/workloads.md, Node loss)")
+	flag.DurationVar(&cfg.NodeLoss.GracePeriod, "node-loss-grace-period", 0,
+		"how long a node may be not Ready before it counts as lost; 0 counts only a deleted Node")
 	flag.StringVar(&o.lwsAPI, "leaderworkerset-api", "workloads.cistern.dev/v1alpha1",
 		"group/version LeaderWorkerSet is served under; leaderworkerset.x-k8s.io/v1 runs this as the cluster's LeaderWorkerSet controller "+
 			"(install deploy/csi/lws-upstream; refused when another controller serves that group)")

@@ -13,7 +13,7 @@ generate-storagepool: $(CONTROLLER_GEN)
 # Unit tests, then the real driver + real sidecar + real API server suite.
 ## storagepool-sidecar unit tests, then real driver + sidecar + API server
 test-sidecar: k8s-tools
-	$(GO_TEST) -count=1 $(RACE) ./pkg/poolpublisher/... ./cmd/storagepool-sidecar/...
+	$(GO_TEST) -count=1 ./pkg/poolpublisher/... ./cmd/storagepool-sidecar/...
 	$(GO_TEST) -count=1 -v -run 'Test' ./test/storagepool/... | tail -n 200; exit $${PIPESTATUS[0]}
 
 # 1,000 simulated nodes x 4 pools on a real API server; prints its table (figures go to

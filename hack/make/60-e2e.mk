@@ -28,7 +28,7 @@ E2E_ENV := CISTERN_VERSITYGW=$(VERSITYGW)
 # hack/demo's own tests (its harness session) are unit tests.
 ## The end-to-end suite on a real control plane with simulated nodes (root)
 e2e: $(E2E_TOOLS)
-	$(GO_TEST) -count=1 $(RACE) ./hack/demo/
+	$(GO_TEST) -count=1 ./hack/demo/
 	$(E2E_ENV) $(GO_TEST) -count=1 -timeout 20m ./test/e2e/...
 
 # A local cluster doing real work; see docs/demo.md. `make demo-down` removes it.

@@ -16,7 +16,7 @@ TEST_TARGETS += test-registration test-node-images e2e-node
 # over its real socket.
 ## The kubelet plugin registration over its real socket
 test-registration:
-	$(GO_TEST) -count=1 $(RACE) ./hack/standins/registration/... ./hack/standins/node-driver-registrar/...
+	$(GO_TEST) -count=1 ./hack/standins/registration/... ./hack/standins/node-driver-registrar/...
 
 # The images' programs (the papermill and git stand-ins) as functions; seconds. The release
 # images are tested by test-images, which builds them first.
@@ -59,18 +59,21 @@ e2e-node:
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
-# --server-side -k` (an overlay changing only image references and the pools ConfigMap) on a
+# --server-side -k` (an overlay changing only image references and the pools ConfigMap), then
+# charts/cistern installed with the helm command, one after the other on one
 # kubelet node whose containerd pulls every image from a registry on loopback
 # (hack/images/registry); see docs/testing.md. Same machine requirements as e2e-node; the
 # notebook example clones from the host's git (host-packages).
 REGISTRY_BIN := $(CURDIR)/_output/bin/registry
+# One of the two installs alone: make e2e-install E2E_INSTALL_RUN='TestInstall/helm'
+E2E_INSTALL_RUN ?= TestInstall$$
 TEST_TARGETS += e2e-install
 .PHONY: e2e-install
-## Installs deploy/csi on a kubelet node from a loopback registry and runs the examples
+## Installs deploy/csi (kustomize, then the Helm chart) on a kubelet node from a loopback registry and runs the examples
 e2e-install:
 	@$(REQUIRE_NODE); \
-	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images host-packages images && \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images host-packages images helm && \
 	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO_TEST) -count=1 -timeout 25m -v -run TestInstall ./test/e2enode/... | \
+	  $(GO_TEST) -count=1 -timeout 35m -v -run '$(E2E_INSTALL_RUN)' ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

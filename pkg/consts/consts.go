@@ -37,6 +37,22 @@ const (
 	ParamPathStyle = "pathStyle"
 	ParamInclude   = "include"
 	ParamExclude   = "exclude"
+	// ParamCABundle names the CA bundle (a file of the driver's --s3-ca-bundles directory, a key
+	// of the ConfigMap or Secret mounted there) that verifies an https endpoint.
+	ParamCABundle = "caBundle"
+	// ParamCredentials selects where an S3 dataset's keys come from: "secret" (the default: the
+	// CSI secret, or anonymous without one) or "webIdentity" (the pod's ServiceAccount token
+	// exchanged for a role's keys; ParamRoleARN names the role).
+	ParamCredentials = "credentials"
+	ParamRoleARN     = "roleARN"
+	// CredentialsWebIdentity is ParamCredentials' value for web-identity credentials.
+	CredentialsWebIdentity = "webIdentity"
+	// DefaultWebIdentityAudience is the audience of the ServiceAccount tokens exchanged for a
+	// role's keys: AWS STS's (IRSA's), which most other STS implementations accept too.
+	DefaultWebIdentityAudience = "sts.amazonaws.com"
+	// VolumeContextSATokens is where kubelet puts the pod's ServiceAccount tokens for the
+	// CSIDriver's tokenRequests (NodePublishVolume's volume context, JSON by audience).
+	VolumeContextSATokens = "csi.storage.k8s.io/serviceAccount.tokens"
 
 	// VolumeManagerHandlePrefix starts the volume handle of every static PV the VolumeManager
 	// controller makes. Only holders of PV create permission can name a handle, so the driver

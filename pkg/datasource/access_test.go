@@ -167,8 +167,8 @@ func TestFailureNotReportedToOthers(t *testing.T) {
 }
 
 // TestSourceChangedRestages: a caller whose listing differs from the cache (the source changed)
-// gets a fresh staging of what it sees, in a new version; a volume on the old version keeps it
-// until it releases it.
+// gets a fresh staging of what it sees, in a new version; the old version is kept beside it, and
+// a volume on it keeps it.
 func TestSourceChangedRestages(t *testing.T) {
 	ctx := testCtx(t)
 	s := testpeers.StartS3(t, "")
@@ -204,25 +204,26 @@ func TestSourceChangedRestages(t *testing.T) {
 	if st2.CacheHit || st2.Version == st1.Version {
 		t.Fatalf("changed source served from the cache: %+v", st2)
 	}
-	if _, err := m.Acquire(pool, spec, st1.Version, "vol-new"); datasource.Code(err) != codes.Unavailable {
-		t.Fatalf("acquiring the replaced version: %v", err)
-	}
 	newTree, err := m.Acquire(pool, spec, st2.Version, "vol-new")
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkTree(t, newTree, cur)
-	entries, _ := filepath.Glob(filepath.Join(pool, datasource.CacheDirName, "*.retired-*"))
+	// The old version moved aside, kept under its digest, with vol-old's reference.
+	entries, _ := filepath.Glob(filepath.Join(pool, datasource.CacheDirName, spec.ID()+".version-"+st1.Version))
 	if len(entries) != 1 {
-		t.Fatalf("retired versions: %v", entries)
+		t.Fatalf("kept versions: %v", entries)
+	}
+	if tree, err := m.Referenced(pool, spec.ID(), "vol-old"); err != nil || tree != filepath.Join(entries[0], "tree") {
+		t.Fatalf("vol-old's tree: %s %v, want the kept version's", tree, err)
 	}
 	checkTree(t, filepath.Join(entries[0], "tree"), old) // what vol-old's bind mount shows
 	_ = oldTree
 	if err := m.ReleaseID(pool, spec.ID(), "vol-old"); err != nil {
 		t.Fatal(err)
 	}
-	if exists(entries[0]) {
-		t.Fatal("the retired version outlived its last reference")
+	if !exists(entries[0]) {
+		t.Fatal("the kept version went with its last reference; it stays cached for callers who see it")
 	}
 	if st3, err := stage(ctx, t, m, req); err != nil || !st3.CacheHit || st3.Version != st2.Version {
 		t.Fatalf("unchanged source: %+v %v", st3, err)

@@ -87,6 +87,13 @@ func (d *Datasets) Layer(pool, datasetID, volumeID string) (string, error) {
 	return d.m.Referenced(p, datasetID, volumeID)
 }
 
+// Served returns the tree of the dataset version Serve handed volumeID, wherever it is now: the
+// path Serve returned names whatever version is current, and another may have been staged in
+// its place since. It is the version Layer finds.
+func (d *Datasets) Served(pool, datasetID, volumeID string) (string, error) {
+	return d.Layer(pool, datasetID, volumeID)
+}
+
 // ShareLayer references, for to (a snapshot, or a volume restored or cloned), the dataset
 // version that from references on pool, and returns its tree. See Manager.Share.
 func (d *Datasets) ShareLayer(pool, datasetID, from, to string) (string, error) {

@@ -67,6 +67,16 @@ type Config struct {
 	// --tenant-s3-endpoints); empty refuses every tenant endpoint, "*" allows any that is not link-local or a metadata
 	// service.
 	TenantEndpoints egress.Allow
+	// S3CABundleDir holds the CA bundles datasets may name (parameter caBundle; flag
+	// --s3-ca-bundles): a ConfigMap or Secret of the administrator's, one bundle per key.
+	S3CABundleDir string
+	// S3AllowPlainHTTP lets S3 endpoints off the node be plain http:// (flag
+	// --s3-allow-plain-http); without it they are refused.
+	S3AllowPlainHTTP bool
+	// STSEndpoint is the STS web-identity datasets exchange pods' tokens at (flag
+	// --sts-endpoint); empty: AWS STS of the dataset's region. WebIdentityAudience is the
+	// audience of those tokens (flag --web-identity-audience; DefaultWebIdentityAudience).
+	STSEndpoint, WebIdentityAudience string
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
 	// the same version (stage/peers.go); nil reads everything from the source.
 	Peers *peer.Network
@@ -344,7 +354,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 	logger := klog.FromContext(ctx).WithValues("dataset", req.Spec.String(), "datasetID", id, "pool", req.Pool)
 
 	pl := m.cache.Lock(req.Pool)
-	for retired := false; ; retired = true {
+	for kept := 0; ; {
 		pl.Lock()
 		m.mu.Lock()
 		j := m.jobs[key]
@@ -356,6 +366,9 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 
 		if j != nil {
 			pl.Unlock()
+			if st, ok, err := m.keptHit(ctx, req, j, who); ok {
+				return st, nil, err
+			}
 			return m.join(ctx, req, j, who)
 		}
 		if failed {
@@ -363,64 +376,67 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 			m.cache.Changed()
 			return Status{Dataset: req.Spec.Source, Phase: PhaseFailed}, nil, ferr
 		}
-		if cache.IsReady(dir) {
-			cache.Touch(dir)
+		// Every ready version is the caller's to be served if it proves it reads it; after a
+		// version was moved aside for this caller, only a current one staged meanwhile is new.
+		if vs := cache.ReadyVersions(req.Pool, id); len(vs) > 0 && (kept == 0 || cache.IsReady(dir)) {
 			pl.Unlock()
 			m.cache.Changed()
-			st, digest, err := m.hit(ctx, req, dir)
-			if !errors.Is(err, access.ErrListingDiffers) || retired {
+			st, err := m.hit(ctx, req, vs)
+			if !errors.Is(err, access.ErrListingDiffers) {
 				return st, nil, err
 			}
-			// The caller sees other data than the cache holds: the source changed, or the caller's
-			// credentials resolve to other data. It gets a staging of what it sees.
-			logger.Info("cached dataset differs from the caller's listing; staging a new version")
-			if err := m.cache.Retire(req.Pool, id, digest); err != nil {
+			if kept++; kept > 2 {
+				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), source.Wrap(source.Retryable, err, "other versions are being staged meanwhile; retry"))
+			}
+			// The caller sees other data than every version here: the source changed, or the
+			// caller's credentials resolve to other data. It gets a staging of what it sees, beside
+			// the versions here, which stay for the callers who see them.
+			logger.Info("cached versions differ from the caller's listing; staging a new version", "versions", len(vs))
+			if err := m.cache.Keep(req.Pool, id, vs[0].Digest, m.limits.MaxVersions); err != nil {
 				return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 			}
 			continue
 		}
-		src, err := m.openSource(req)
-		if err != nil {
-			pl.Unlock()
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-		}
-		acc := &callerAccess{m: m, req: req, who: who}
-		j = &staging{Job: m.engine.New(req.Spec, req.Capacity, req.Pool, dir, src, acc), principal: who, done: make(chan struct{})}
-		m.mu.Lock()
-		m.jobs[key] = j
-		delete(m.lastFail, key)
-		m.mu.Unlock()
-		j.unpin = m.cache.PinStaging(req.Pool, id)
-		pl.Unlock()
-		m.cache.Changed()
-		logger.Info("staging dataset", "credentials", req.Creds.String())
-		go m.runJob(logger, key, j)
-		return j.Status(), j, nil
+		return m.startStaging(logger, req, pl, key, who)
 	}
 }
 
-// hit serves a ready cached dataset to a caller that proves it reads the same data.
-func (m *Manager) hit(ctx context.Context, req Request, dir string) (Status, string, error) {
-	md, err := cache.ReadMeta(dir)
+// hit serves a ready cached version to a caller that proves it reads that version's data: the
+// one its remembered proof names, or the one its own listing equals (access.Prover.ProveAny).
+func (m *Manager) hit(ctx context.Context, req Request, vs []cache.Version) (Status, error) {
+	open := func() (source.Source, error) { return m.openSource(req) }
+	v, err := m.access.ProveAny(ctx, m.principal(req), open, req.Spec, vs)
 	if err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-	}
-	if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-	}
-	digest, err := cache.ManifestDigest(dir, md)
-	if err != nil {
-		return Status{}, "", fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-	}
-	if err := m.prove(ctx, req, dir, md, digest); err != nil {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-			return checking(req.Spec), digest, nil
+			return checking(req.Spec), nil
 		}
-		return Status{}, digest, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
+		return Status{}, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
 	}
+	md := v.Meta
+	if err := checkCapacity(req, md.Bytes, md.Alloc, true); err != nil {
+		return Status{}, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
+	}
+	cache.Touch(v.Dir)
 	m.metrics.cacheHits.Inc()
 	return Status{Dataset: req.Spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
-		ObjectsDone: md.Objects, ObjectsTotal: md.Objects, CacheHit: true, Version: digest}, digest, nil
+		ObjectsDone: md.Objects, ObjectsTotal: md.Objects, CacheHit: true, Version: v.Digest}, nil
+}
+
+// keptHit serves a caller other than a staging's own a kept version it proves it reads, rather
+// than making it wait for a staging of other data; ok is false when there is none.
+func (m *Manager) keptHit(ctx context.Context, req Request, j *staging, who string) (Status, bool, error) {
+	if j.principal == who {
+		return Status{}, false, nil
+	}
+	vs := cache.ReadyVersions(req.Pool, req.Spec.ID())
+	if len(vs) == 0 {
+		return Status{}, false, nil
+	}
+	st, err := m.hit(ctx, req, vs)
+	if errors.Is(err, access.ErrListingDiffers) {
+		return Status{}, false, nil
+	}
+	return st, true, err
 }
 
 // join hands a staging under way to a caller: at once to the caller that started it; to any
@@ -507,11 +523,15 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 		if err != nil {
 			return nil, err
 		}
+		tlsCfg, err := m.s3TLS(s)
+		if err != nil {
+			return nil, err
+		}
 		return s3source.New(s3source.Config{
 			Bucket: s.Bucket, Prefix: s.Prefix, Endpoint: s.Endpoint, Region: s.Region, PathStyle: s.PathStyle,
 			AccessKeyID: req.Creds.AccessKeyID, SecretAccessKey: req.Creds.SecretAccessKey,
-			SessionToken: req.Creds.SessionToken, MaxConns: m.cfg.Concurrency, Egress: policy,
-			MaxListed: m.limits.MaxObjects,
+			SessionToken: req.Creds.SessionToken, WebIdentity: m.webIdentity(req.Creds),
+			MaxConns: m.cfg.Concurrency, Egress: policy, TLS: tlsCfg, MaxListed: m.limits.MaxObjects,
 		})
 	case SchemeNFS:
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)
@@ -611,14 +631,11 @@ func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
 	if j != nil {
 		return j.Status(), true, nil
 	}
-	dir := cache.DatasetDir(pool, id)
-	if !cache.IsReady(dir) {
+	vs := cache.ReadyVersions(pool, id)
+	if len(vs) == 0 {
 		return Status{}, false, nil
 	}
-	md, err := cache.ReadMeta(dir)
-	if err != nil {
-		return Status{}, true, err
-	}
+	md := vs[0].Meta
 	return Status{Dataset: spec.Source, Phase: PhaseReady, BytesDone: md.Bytes, BytesTotal: md.Bytes,
 		ObjectsDone: md.Objects, ObjectsTotal: md.Objects}, true, nil
 }

@@ -209,6 +209,7 @@ func counter(t *testing.T, m *datasource.Manager, name string) float64 {
 			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
+	t.Fatalf("the manager exports no %s", name)
 	return 0
 }
 
@@ -414,7 +415,17 @@ func TestPeerFanout(t *testing.T) {
 						t.Fatal(err)
 					}
 					checkTree(t, tree, want)
-					t.Logf("node %d: %v bytes from S3, %v from its peer", k, fetched(t, ms[k], "source"), fetched(t, ms[k], "peer"))
+				}
+				// They must have exchanged data: a swarm whose nodes each read everything from
+				// S3 would pass the check above.
+				var fromS3, fromPeers float64
+				for k := range ms {
+					s3, p := fetched(t, ms[k], "source"), fetched(t, ms[k], "peer")
+					t.Logf("node %d: %v bytes from S3, %v from its peer", k, s3, p)
+					fromS3, fromPeers = fromS3+s3, fromPeers+p
+				}
+				if fromPeers == 0 || fromS3 >= 2*float64(sumSizes(want)) {
+					t.Errorf("the nodes exchanged nothing: %v bytes from peers, %v from S3 for two copies of %d", fromPeers, fromS3, sumSizes(want))
 				}
 			})
 

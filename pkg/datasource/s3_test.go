@@ -289,7 +289,7 @@ func TestStageS3PermanentErrors(t *testing.T) {
 		{"failure case - wrong secret", s3Params(s, "", "s3://data"), datasource.Credentials{AccessKeyID: s.AccessKey, SecretAccessKey: "wrong"}, codes.PermissionDenied, "access denied"},
 		{"failure case - anonymous on a private bucket", s3Params(s, "", "s3://data"), datasource.Credentials{}, codes.PermissionDenied, "access denied"},
 		{"failure case - no such bucket", s3Params(s, "", "s3://nope"), creds(s), codes.FailedPrecondition, "not found"},
-		{"failure case - unknown host", s3Params(s, "http://no-such-host.invalid:9000", "s3://data"), creds(s), codes.InvalidArgument, "bad endpoint"},
+		{"failure case - unknown host", s3Params(s, "https://no-such-host.invalid:9000", "s3://data"), creds(s), codes.InvalidArgument, "bad endpoint"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pool := t.TempDir()

@@ -613,3 +613,47 @@ func TestInlineDatasetTenants(t *testing.T) {
 		VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "nfs://" + addr + "/export/data"}})
 	wantCode(t, err, codes.PermissionDenied, "--nfs-servers")
 }
+
+// TestStaticPVKeepsItsVersion: a static PV's publications bind the dataset version its staging
+// was served, even after another version was staged in its place (the source changed, or
+// another tenant sees other data): the publication finds the version by the volume's reference,
+// not by the path of the dataset's current version, which by then holds the other version.
+func TestStaticPVKeepsItsVersion(t *testing.T) {
+	env, src := datasetEnv(t)
+	ctx := context.Background()
+	roMany := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+	}
+	vc := map[string]string{"source": "file://" + src + "/set"}
+	stage := func(id string) (staging, target string) {
+		staging, target = filepath.Join(env.dir, "staging", id), filepath.Join(env.dir, "target", id)
+		if err := retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: roMany, VolumeContext: vc})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return staging, target
+	}
+	publish := func(id, staging, target string) {
+		if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			TargetPath: target, VolumeCapability: roMany, VolumeContext: vc, Readonly: true}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = env.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+		})
+	}
+	stagingA, targetA := stage("dataset-a")
+	// The source changes; the next volume gets the new version, staged where the first was.
+	newer := map[string]string{"a.txt": "alpha, second edition", "d/b.txt": "beta", "d/e/c.txt": "gamma"}
+	writeTree(t, filepath.Join(src, "set"), newer)
+	stagingB, targetB := stage("dataset-b")
+	publish("dataset-b", stagingB, targetB)
+	checkFiles(t, targetB, newer)
+	// A's first publication comes now, as kubelet's may, long after A's staging.
+	publish("dataset-a", stagingA, targetA)
+	checkFiles(t, targetA, want)
+}

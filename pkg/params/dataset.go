@@ -23,13 +23,21 @@ const (
 
 // Dataset is a validated dataset description. It never holds credentials.
 type Dataset struct {
-	Source    string   `json:"source"`
-	Scheme    Scheme   `json:"scheme"`
-	Endpoint  string   `json:"endpoint,omitempty"`
-	Region    string   `json:"region,omitempty"`
-	PathStyle bool     `json:"pathStyle,omitempty"`
-	Include   []string `json:"include,omitempty"`
-	Exclude   []string `json:"exclude,omitempty"`
+	Source    string `json:"source"`
+	Scheme    Scheme `json:"scheme"`
+	Endpoint  string `json:"endpoint,omitempty"`
+	Region    string `json:"region,omitempty"`
+	PathStyle bool   `json:"pathStyle,omitempty"`
+	// CABundle names the administrator's CA bundle that verifies an https endpoint. It is not
+	// part of the dataset's identity: the data is the same whoever vouches for the server.
+	CABundle string `json:"caBundle,omitempty"`
+	// Credentials is "webIdentity" when the keys come from the pod's ServiceAccount token
+	// exchanged for RoleARN's (the STS decides whether the pod's ServiceAccount may take the
+	// role); empty: from the CSI secret. Neither is part of the dataset's identity.
+	Credentials string   `json:"credentials,omitempty"`
+	RoleARN     string   `json:"roleARN,omitempty"`
+	Include     []string `json:"include,omitempty"`
+	Exclude     []string `json:"exclude,omitempty"`
 
 	// Parsed source location.
 	Bucket string `json:"-"` // s3
@@ -79,9 +87,15 @@ func (s *Dataset) parseSource(inline bool) error {
 				return source.Errorf(source.Invalid, "endpoint must not embed credentials")
 			}
 		}
+		if s.CABundle != "" && !strings.HasPrefix(s.Endpoint, "https://") {
+			return source.Errorf(source.Invalid, "caBundle needs an https:// endpoint")
+		}
+		if (s.Credentials == "webIdentity") != (s.RoleARN != "") {
+			return source.Errorf(source.Invalid, "credentials=webIdentity and roleARN go together")
+		}
 	case SchemeNFS, SchemeLocal:
-		if s.Endpoint != "" || s.Region != "" || s.PathStyle {
-			return source.Errorf(source.Invalid, "endpoint, region and pathStyle apply to s3:// sources only")
+		if s.Endpoint != "" || s.Region != "" || s.PathStyle || s.CABundle != "" || s.Credentials != "" || s.RoleARN != "" {
+			return source.Errorf(source.Invalid, "endpoint, region, pathStyle, caBundle, credentials and roleARN apply to s3:// sources only")
 		}
 		if s.Scheme == SchemeNFS {
 			if u.Host == "" {

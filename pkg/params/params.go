@@ -10,6 +10,7 @@ package params
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -83,6 +84,9 @@ var keys = []key{
 	{consts.ParamEndpoint, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Endpoint = s; return nil }},
 	{consts.ParamRegion, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Region = s; return nil }},
 	{consts.ParamPathStyle, everywhere, true, parsePathStyle},
+	{consts.ParamCABundle, everywhere, true, parseCABundle},
+	{consts.ParamCredentials, everywhere, true, parseCredentials},
+	{consts.ParamRoleARN, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.RoleARN = s; return nil }},
 	{consts.ParamInclude, everywhere, true, func(_ *Volume, d *Dataset, s string) (err error) {
 		d.Include, err = source.ParsePatterns(s)
 		return err
@@ -178,6 +182,29 @@ func parseCapacity(v *Volume, _ *Dataset, s string) error {
 		return source.Errorf(source.Invalid, "invalid %s %q for a static volume", consts.ParamCapacity, s)
 	}
 	v.Capacity = q.Value()
+	return nil
+}
+
+// caBundleName is a ConfigMap or Secret key: the file the bundle is mounted as.
+var caBundleName = regexp.MustCompile(`^[-._a-zA-Z0-9]+$`)
+
+func parseCABundle(_ *Volume, d *Dataset, s string) error {
+	if !caBundleName.MatchString(s) || s == "." || s == ".." {
+		return source.Errorf(source.Invalid, "parameter %s=%q is not a ConfigMap or Secret key", consts.ParamCABundle, s)
+	}
+	d.CABundle = s
+	return nil
+}
+
+func parseCredentials(_ *Volume, d *Dataset, s string) error {
+	switch s {
+	case "", "secret":
+		d.Credentials = ""
+	case consts.CredentialsWebIdentity:
+		d.Credentials = s
+	default:
+		return source.Errorf(source.Invalid, "parameter %s=%q is not secret or %s", consts.ParamCredentials, s, consts.CredentialsWebIdentity)
+	}
 	return nil
 }
 

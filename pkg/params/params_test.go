@@ -57,7 +57,28 @@ func TestParseDataset(t *testing.T) {
 				t.Fatalf("bad spec %+v", s)
 			}
 		}},
-		{name: "failure case - unknown key", params: map[string]string{"source": "s3://b", "bucket": "x"}, wantKind: source.Invalid},
+		{name: "caBundle", params: map[string]string{"source": "s3://b", "endpoint": "https://minio:9000", "caBundle": "minio-ca.pem"}, check: func(t *testing.T, s *Dataset) {
+			plain := *s
+			plain.CABundle = ""
+			if s.CABundle != "minio-ca.pem" || s.ID() != plain.ID() {
+				t.Fatalf("bad spec %+v (the bundle must not change the dataset's identity)", s)
+			}
+		}},
+		{name: "failure case - caBundle with a path", params: map[string]string{"source": "s3://b", "endpoint": "https://minio:9000", "caBundle": "../etc/ca.pem"}, wantKind: source.Invalid},
+		{name: "failure case - caBundle dot-dot", params: map[string]string{"source": "s3://b", "endpoint": "https://minio:9000", "caBundle": ".."}, wantKind: source.Invalid},
+		{name: "failure case - caBundle on plain http", params: map[string]string{"source": "s3://b", "endpoint": "http://minio:9000", "caBundle": "ca.pem"}, wantKind: source.Invalid},
+		{name: "failure case - caBundle on nfs", params: map[string]string{"source": "nfs://h/x", "caBundle": "ca.pem"}, wantKind: source.Invalid},
+		{name: "web identity", params: map[string]string{"source": "s3://b", "credentials": "webIdentity", "roleARN": "arn:aws:iam::1:role/r"}, ephemeral: true, check: func(t *testing.T, s *Dataset) {
+			plain := *s
+			plain.Credentials, plain.RoleARN = "", ""
+			if s.Credentials != "webIdentity" || s.RoleARN != "arn:aws:iam::1:role/r" || s.ID() != plain.ID() {
+				t.Fatalf("bad spec %+v (credentials must not change the dataset's identity)", s)
+			}
+		}},
+		{name: "failure case - webIdentity without roleARN", params: map[string]string{"source": "s3://b", "credentials": "webIdentity"}, wantKind: source.Invalid},
+		{name: "failure case - roleARN without webIdentity", params: map[string]string{"source": "s3://b", "roleARN": "arn:aws:iam::1:role/r"}, wantKind: source.Invalid},
+		{name: "failure case - unknown credentials", params: map[string]string{"source": "s3://b", "credentials": "instanceProfile"}, wantKind: source.Invalid},
+		{name: "failure case - webIdentity on nfs", params: map[string]string{"source": "nfs://h/x", "credentials": "webIdentity", "roleARN": "r"}, wantKind: source.Invalid},
 		{name: "failure case - endpoint without source", params: map[string]string{"endpoint": "http://x"}, wantKind: source.Invalid},
 		{name: "failure case - bad scheme", params: map[string]string{"source": "http://x/y"}, wantKind: source.Invalid},
 		{name: "failure case - credentials in URL", params: map[string]string{"source": "s3://AKIA:secret@bucket/x"}, wantKind: source.Invalid},

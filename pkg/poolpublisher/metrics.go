@@ -45,6 +45,14 @@ func NewMetrics(reg metrics.KubeRegistry) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.writes, m.syncs, m.syncDuration, m.pools)
+		// Every label value is exported from the start, at 0: a reader tells "no writes" from
+		// "no such metric".
+		for _, op := range []string{"apply", "apply_status", "delete"} {
+			m.writes.WithLabelValues(op)
+		}
+		for _, result := range []string{"success", "error"} {
+			m.syncs.WithLabelValues(result)
+		}
 	}
 	return m
 }

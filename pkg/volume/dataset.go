@@ -2,12 +2,14 @@ package volume
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -65,6 +67,18 @@ func volumeDataset(v state.Volume, volumeContext map[string]string) (*datasource
 	return datasource.SpecOf(p.Dataset), nil
 }
 
+// recordedAttrs is what a volume's record keeps of its volume context: everything but the keys
+// dropped and the pod's ServiceAccount tokens, which are credentials and never written to disk.
+func recordedAttrs(volumeContext map[string]string, drop ...string) map[string]string {
+	attrs := make(map[string]string, len(volumeContext))
+	for k, v := range volumeContext {
+		if k != consts.VolumeContextSATokens && !slices.Contains(drop, k) {
+			attrs[k] = v
+		}
+	}
+	return attrs
+}
+
 // usableBytes is what a dataset may take of a volume: the filesystem keeps some for itself.
 func usableBytes(capacity int64) int64 { return capacity - capacity/20 }
 
@@ -117,11 +131,11 @@ func budget(ctx context.Context, def time.Duration) (context.Context, context.Ca
 // with the secrets it brings, that it may read it. It returns the version proved, Unavailable with
 // the progress while staging goes on (kubelet retries), and the staging error with its own code
 // when staging failed.
-func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets map[string]string) (string, error) {
+func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets, volumeContext map[string]string) (string, error) {
 	if err := s.datasets.CheckEndpoint(spec); err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())
 	}
-	creds, err := datasource.CredentialsFromSecrets(secrets)
+	creds, err := s.datasets.Credentials(spec, secrets, volumeContext)
 	if err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())
 	}

@@ -162,12 +162,7 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 			return err
 		}
 		// The record keeps the attributes without the size, which is the image's.
-		attrs := make(map[string]string, len(r.VolumeContext))
-		for k, val := range r.VolumeContext {
-			if k != consts.ParamSize {
-				attrs[k] = val
-			}
-		}
+		attrs := recordedAttrs(r.VolumeContext, consts.ParamSize)
 		v = state.Volume{ID: id, Name: id, Pool: chosen.Name, CapacityBytes: r.Inline.Size, Parameters: attrs}
 		if err := s.createEphemeral(&v, chosen.Path, r.FSType); err != nil {
 			return err
@@ -287,7 +282,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	fill := spec != nil && !v.DatasetFilled && v.DatasetLayer == ""
 	var version string // of the dataset, which the caller proved it may read
 	if fill {
-		if version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets); err != nil {
+		if version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets, volumeContext); err != nil {
 			return "", false, err
 		}
 	}

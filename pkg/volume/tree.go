@@ -72,9 +72,15 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 			return tv.publishCopy(ctx, r, pl.Capacity)
 		}
 	}
-	source := tv.rec.Tree
-	if source == "" {
-		source = tv.rec.Path // staged by an older version: a bind mount of the tree
+	source := tv.rec.Path // staged by an older version: a bind mount of the tree
+	if tv.rec.Tree != "" {
+		// The version this volume was served, where it is now: rec.Tree named the current
+		// version's directory, which another version may hold by now.
+		tree, err := tv.s.datasets.Served(tv.rec.Pool, tv.rec.DatasetID, tv.id)
+		if err != nil {
+			return status.Error(datasource.Code(err), err.Error())
+		}
+		source = tree
 	}
 	return tv.s.bindMount(source, r.Target, false, true, r.MountFlags)
 }
@@ -168,11 +174,11 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		}
 		poolName = chosen.Name
 	}
-	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets)
+	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs)
 	if err != nil {
 		return err
 	}
-	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: attrs, Path: path, Inline: tv.inline}
+	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
 	// Reference first: from here eviction leaves the tree alone, even across a restart.
 	if err := s.store.PutTreeVolume(rec); err != nil {
 		return Internal("saving dataset volume state", err)

@@ -36,79 +36,134 @@ func ParseLeaderWorkerSetAPI(s string) (schema.GroupVersion, error) {
 	return gv, nil
 }
 
+// PeerWebhookLabel, set to "true" on a mutating or validating webhook configuration by the
+// administrator, declares its LeaderWorkerSet webhooks to be a peer's admission checks (a policy
+// or queueing system that runs no LeaderWorkerSet controller), so the drop-in starts beside them.
+const PeerWebhookLabel = "workloads.cistern.dev/leaderworkerset-peer"
+
+// kueueGroup is Kueue's own API group. Kueue's LeaderWorkerSet integration registers
+// mleaderworkerset.kb.io and vleaderworkerset.kb.io (the names upstream LWS's controller uses too)
+// in the same two configurations as the webhooks of its own objects (ClusterQueues, Workloads), in
+// its kustomize manifests and Helm chart alike; an LWS controller has no reason to admit them.
+const kueueGroup = "kueue.x-k8s.io"
+
 // checkSoleLeaderWorkerSetController refuses drop-in mode when another controller serves the
 // group. Two signs, either enough:
 //
 //   - the group's LeaderWorkerSet CRD is not the drop-in component's (it lacks DropInLabel): it was
 //     installed by upstream LWS's manifests, Helm chart or another project, whose controller runs
 //     with it; a missing CRD is refused too, with the way to install it;
-//   - an admission webhook of another configuration covers leaderworkersets of the group: every
+//   - an admission webhook of another configuration names leaderworkersets of the group: every
 //     LeaderWorkerSet controller serves defaulting and validation for its objects (upstream's
 //     lws-mutating-webhook-configuration and lws-validating-webhook-configuration do).
 //
-// ours names our own webhook configurations, which are skipped.
-func checkSoleLeaderWorkerSetController(ctx context.Context, c client.Reader, gv schema.GroupVersion, ours string) error {
+// Webhooks that admit LeaderWorkerSets without serving them are not rivals: those of ours (the
+// configurations named ours), of Kueue (peerOf), of a configuration labelled PeerWebhookLabel, and
+// wildcard rules (policy engines such as Gatekeeper and Kyverno match every resource). It returns
+// the peers it found, for the log.
+func checkSoleLeaderWorkerSetController(ctx context.Context, c client.Reader, gv schema.GroupVersion, ours string) ([]string, error) {
 	name := "leaderworkersets." + gv.Group
 	var crd apiextensionsv1.CustomResourceDefinition
 	if err := c.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
 		if apierrors.IsNotFound(err) {
-			return fmt.Errorf("CustomResourceDefinition %s not found: install it with the kustomize component deploy/csi/lws-upstream", name)
+			return nil, fmt.Errorf("CustomResourceDefinition %s not found: install it with the kustomize component deploy/csi/lws-upstream", name)
 		}
-		return fmt.Errorf("CustomResourceDefinition %s: %w", name, err)
+		return nil, fmt.Errorf("CustomResourceDefinition %s: %w", name, err)
 	}
 	if crd.Labels[DropInLabel] != "cistern" {
-		return fmt.Errorf("CustomResourceDefinition %s is not the drop-in component's (no label %s=cistern): "+
+		return nil, fmt.Errorf("CustomResourceDefinition %s is not the drop-in component's (no label %s=cistern): "+
 			"another LeaderWorkerSet controller owns %s; uninstall it first, or run without --leaderworkerset-api", name, DropInLabel, gv.Group)
 	}
 	if !slices.ContainsFunc(crd.Spec.Versions, func(v apiextensionsv1.CustomResourceDefinitionVersion) bool { return v.Name == gv.Version && v.Served }) {
-		return fmt.Errorf("CustomResourceDefinition %s does not serve version %s", name, gv.Version)
+		return nil, fmt.Errorf("CustomResourceDefinition %s does not serve version %s", name, gv.Version)
 	}
 
 	var mutating admissionregistrationv1.MutatingWebhookConfigurationList
 	if err := c.List(ctx, &mutating); err != nil {
-		return fmt.Errorf("listing mutating webhook configurations: %w", err)
+		return nil, fmt.Errorf("listing mutating webhook configurations: %w", err)
 	}
 	var validating admissionregistrationv1.ValidatingWebhookConfigurationList
 	if err := c.List(ctx, &validating); err != nil {
-		return fmt.Errorf("listing validating webhook configurations: %w", err)
+		return nil, fmt.Errorf("listing validating webhook configurations: %w", err)
 	}
-	type hook struct {
-		config, name string
-		rules        []admissionregistrationv1.RuleWithOperations
-	}
-	var hooks []hook
+	var configs []webhookConfig
 	for _, m := range mutating.Items {
+		wc := webhookConfig{kind: "MutatingWebhookConfiguration", name: m.Name, labels: m.Labels}
 		for _, w := range m.Webhooks {
-			if m.Name != ours {
-				hooks = append(hooks, hook{"MutatingWebhookConfiguration " + m.Name, w.Name, w.Rules})
-			}
+			wc.hooks = append(wc.hooks, namedRules{w.Name, w.Rules})
 		}
+		configs = append(configs, wc)
 	}
 	for _, v := range validating.Items {
+		wc := webhookConfig{kind: "ValidatingWebhookConfiguration", name: v.Name, labels: v.Labels}
 		for _, w := range v.Webhooks {
-			if v.Name != ours {
-				hooks = append(hooks, hook{"ValidatingWebhookConfiguration " + v.Name, w.Name, w.Rules})
-			}
+			wc.hooks = append(wc.hooks, namedRules{w.Name, w.Rules})
 		}
+		configs = append(configs, wc)
 	}
-	for _, h := range hooks {
-		for _, r := range h.rules {
-			if coversLeaderWorkerSets(r.Rule, gv.Group) {
-				return fmt.Errorf("%s (webhook %s) admits %s LeaderWorkerSets: another LeaderWorkerSet controller serves the group; "+
-					"uninstall it first, or run without --leaderworkerset-api", h.config, h.name, gv.Group)
-			}
+	var peers []string
+	for _, wc := range configs {
+		if wc.name == ours {
+			continue
 		}
+		hook := wc.leaderWorkerSetHook(gv.Group)
+		if hook == "" {
+			continue
+		}
+		if peer := wc.peerOf(); peer != "" {
+			peers = append(peers, fmt.Sprintf("%s %s (webhook %s): %s", wc.kind, wc.name, hook, peer))
+			continue
+		}
+		return nil, fmt.Errorf("%s %s (webhook %s) admits %s LeaderWorkerSets: another LeaderWorkerSet controller serves the group; "+
+			"uninstall it first, run without --leaderworkerset-api, or, if it runs no LeaderWorkerSet controller, label it %s=true",
+			wc.kind, wc.name, hook, gv.Group, PeerWebhookLabel)
 	}
-	return nil
+	return peers, nil
 }
 
-// coversLeaderWorkerSets says whether an admission rule applies to leaderworkersets of group.
-func coversLeaderWorkerSets(r admissionregistrationv1.Rule, group string) bool {
-	groupOK := slices.Contains(r.APIGroups, group) || slices.Contains(r.APIGroups, "*")
-	resOK := slices.ContainsFunc(r.Resources, func(res string) bool {
-		return res == "leaderworkersets" || res == "*" || res == "*/*" || res == "leaderworkersets/*"
-	})
-	return groupOK && resOK
+type namedRules struct {
+	name  string
+	rules []admissionregistrationv1.RuleWithOperations
+}
+
+// webhookConfig is what the check reads of a mutating or validating webhook configuration.
+type webhookConfig struct {
+	kind, name string
+	labels     map[string]string
+	hooks      []namedRules
+}
+
+// leaderWorkerSetHook names the first webhook whose rules name leaderworkersets of group.
+func (wc webhookConfig) leaderWorkerSetHook(group string) string {
+	for _, h := range wc.hooks {
+		if slices.ContainsFunc(h.rules, func(r admissionregistrationv1.RuleWithOperations) bool { return namesLeaderWorkerSets(r.Rule, group) }) {
+			return h.name
+		}
+	}
+	return ""
+}
+
+// peerOf says why a configuration belongs to a peer rather than to a LeaderWorkerSet controller,
+// or "".
+func (wc webhookConfig) peerOf() string {
+	if wc.labels[PeerWebhookLabel] == "true" {
+		return "labelled " + PeerWebhookLabel + "=true"
+	}
+	for _, h := range wc.hooks {
+		for _, r := range h.rules {
+			if slices.Contains(r.APIGroups, kueueGroup) {
+				return "Kueue (webhook " + h.name + " admits " + kueueGroup + " objects)"
+			}
+		}
+	}
+	return ""
+}
+
+// namesLeaderWorkerSets says whether an admission rule names leaderworkersets of group itself.
+// Wildcards do not count: a controller's webhook names its own resource, and "*" is how policy
+// engines (Gatekeeper, Kyverno) ask to see everything.
+func namesLeaderWorkerSets(r admissionregistrationv1.Rule, group string) bool {
+	return slices.Contains(r.APIGroups, group) && slices.Contains(r.Resources, "leaderworkersets")
 }
 
 // DropInCRD derives the drop-in LeaderWorkerSet CRD (leaderworkerset.x-k8s.io/v1) from the

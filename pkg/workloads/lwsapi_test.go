@@ -114,23 +114,62 @@ func TestCheckSoleLeaderWorkerSetController(t *testing.T) {
 	}
 	m, v := webhookcert.Configurations(webhookcert.URLClientConfig("127.0.0.1:1"), nil, gv, nil)
 	m.Name, v.Name = webhookcert.ConfigurationName, webhookcert.ConfigurationName
+	rule := func(group, resource string) []admissionregistrationv1.RuleWithOperations {
+		return []admissionregistrationv1.RuleWithOperations{{Rule: admissionregistrationv1.Rule{
+			APIGroups: []string{group}, APIVersions: []string{"*"}, Resources: []string{resource}}}}
+	}
+	// Kueue's configurations, as its manifests and Helm chart install them: the LeaderWorkerSet
+	// webhooks carry upstream LWS's names, beside those of Kueue's own objects.
+	kueueMutating := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "kueue-mutating-webhook-configuration"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{
+			{Name: "mclusterqueue.kb.io", Rules: rule("kueue.x-k8s.io", "clusterqueues")},
+			{Name: "mleaderworkerset.kb.io", Rules: rule(gv.Group, "leaderworkersets")},
+		},
+	}
+	kueueValidating := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "kueue-validating-webhook-configuration"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{
+			{Name: "vleaderworkerset.kb.io", Rules: rule(gv.Group, "leaderworkersets")},
+			{Name: "vworkload.kb.io", Rules: rule("kueue.x-k8s.io", "workloads")},
+		},
+	}
+	gatekeeper := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "gatekeeper-validating-webhook-configuration"},
+		Webhooks:   []admissionregistrationv1.ValidatingWebhook{{Name: "validation.gatekeeper.sh", Rules: rule("*", "*")}},
+	}
+	policy := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "team-policy", Labels: map[string]string{PeerWebhookLabel: "true"}},
+		Webhooks:   []admissionregistrationv1.ValidatingWebhook{{Name: "lws.policy.example.com", Rules: rule(gv.Group, "leaderworkersets")}},
+	}
+	unlabelledPolicy := policy.DeepCopy()
+	unlabelledPolicy.Labels = nil
 	for _, tc := range []struct {
-		name string
-		objs []client.Object
-		want string
+		name  string
+		objs  []client.Object
+		want  string
+		peers int
 	}{
 		{name: "our CRD and our own webhooks", objs: []client.Object{ours, m, v}},
+		{name: "Kueue's webhooks are a peer's", objs: []client.Object{ours, m, v, kueueMutating, kueueValidating}, peers: 2},
+		{name: "a policy engine's wildcard rules name no LeaderWorkerSet", objs: []client.Object{ours, m, v, gatekeeper}},
+		{name: "a configuration the administrator labelled a peer", objs: []client.Object{ours, policy}, peers: 1},
 		{name: "failure case - no CRD", want: "CustomResourceDefinition leaderworkersets.leaderworkerset.x-k8s.io not found: install it with the kustomize component deploy/csi/lws-upstream"},
 		{name: "failure case - upstream's CRD", objs: []client.Object{crd(map[string]string{"app.kubernetes.io/name": "lws"})},
 			want: "is not the drop-in component's (no label workloads.cistern.dev/leaderworkerset-controller=cistern): another LeaderWorkerSet controller owns leaderworkerset.x-k8s.io"},
-		{name: "failure case - another controller's webhook", objs: []client.Object{ours, m, v, upstreamHook},
+		{name: "failure case - another controller's webhook", objs: []client.Object{ours, m, v, upstreamHook, kueueMutating},
 			want: "MutatingWebhookConfiguration lws-mutating-webhook-configuration (webhook mleaderworkerset.kb.io) admits leaderworkerset.x-k8s.io LeaderWorkerSets"},
+		{name: "failure case - an unlabelled webhook of unknown origin", objs: []client.Object{ours, unlabelledPolicy},
+			want: "label it workloads.cistern.dev/leaderworkerset-peer=true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := fake.NewClientBuilder().WithScheme(SchemeFor(gv)).WithObjects(tc.objs...).Build()
-			err := checkSoleLeaderWorkerSetController(context.Background(), c, gv, webhookcert.ConfigurationName)
+			peers, err := checkSoleLeaderWorkerSetController(context.Background(), c, gv, webhookcert.ConfigurationName)
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 				t.Errorf("error %v, want %q", err, tc.want)
+			}
+			if len(peers) != tc.peers {
+				t.Errorf("peers %q, want %d", peers, tc.peers)
 			}
 		})
 	}

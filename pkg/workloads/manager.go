@@ -32,6 +32,7 @@ import (
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
+	"github.com/cistern-csi/cistern/pkg/workloads/nodeloss"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/pkg/workloads/snapshotnode"
@@ -97,6 +98,10 @@ type Config struct {
 	// GroupWorkers is how many groups are worked on at once (worker StatefulSets, restarts).
 	GroupWorkers int
 
+	// NodeLoss says when LeaderWorkerSet claims pinned to a lost node are released
+	// (pkg/workloads/nodeloss).
+	NodeLoss NodeLossConfig
+
 	// LeaderWorkerSetAPI is the group/version LeaderWorkerSet is served under:
 	// workloads.cistern.dev/v1alpha1 (empty), or leaderworkerset.x-k8s.io/v1 to run as the drop-in
 	// LeaderWorkerSet controller of the cluster (deploy/csi/lws-upstream), which refuses to start
@@ -110,6 +115,15 @@ type Config struct {
 	CompareImage string
 	// VolumeManager settings.
 	VolumeManager volumemanager.Config
+}
+
+// NodeLossConfig says what counts as a lost node.
+type NodeLossConfig struct {
+	// Enabled releases the claims; off, groups pinned to a lost node wait for it.
+	Enabled bool
+	// GracePeriod is how long a node may be not Ready before it counts as lost; 0 counts only a
+	// deleted Node.
+	GracePeriod time.Duration
 }
 
 // Scheme holds every type the controller reads or writes, with LeaderWorkerSet under
@@ -214,8 +228,12 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := checkSoleLeaderWorkerSetController(ctx, direct, lwsAPI, webhookcert.ConfigurationName); err != nil {
+		peers, err := checkSoleLeaderWorkerSetController(ctx, direct, lwsAPI, webhookcert.ConfigurationName)
+		if err != nil {
 			return fmt.Errorf("refusing to serve LeaderWorkerSet as %s: %w", lwsAPI, err)
+		}
+		for _, p := range peers {
+			logger.Info("LeaderWorkerSet admission webhook of a peer, not a controller", "webhook", p)
 		}
 		logger.Info("serving LeaderWorkerSet as the cluster's LeaderWorkerSet controller", "api", lwsAPI.String())
 	}
@@ -313,6 +331,12 @@ func (c *Controller) setupReconcilers(mgr ctrl.Manager) error {
 	if err := (&volumemanager.Reconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(),
 		Recorder: mgr.GetEventRecorder("volumemanager"), Config: vmCfg}).SetupWithManager(mgr); err != nil {
 		return err
+	}
+	if cfg.NodeLoss.Enabled {
+		if err := (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("nodeloss"),
+			GracePeriod: cfg.NodeLoss.GracePeriod}).SetupWithManager(mgr); err != nil {
+			return err
+		}
 	}
 	if cfg.SnapshotContents {
 		if err := (&snapshotnode.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("snapshotnode"),

@@ -104,7 +104,8 @@ func (s *scenario) datasetFanOut(t *testing.T) {
 	}
 }
 
-// metric reads one sample from a driver's /metrics (0 when absent).
+// metric reads one sample from a driver's /metrics; a series the driver does not export fails
+// the test (never 0: a renamed counter must not pass a check for 0).
 func metric(t *testing.T, addr, series string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
@@ -125,6 +126,7 @@ func metric(t *testing.T, addr, series string) float64 {
 			return f
 		}
 	}
+	t.Fatalf("the driver's /metrics at %s has no %s", addr, series)
 	return 0
 }
 

@@ -12,11 +12,13 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	kindv1alpha4 "sigs.k8s.io/kind/pkg/apis/config/v1alpha4"
 	"sigs.k8s.io/yaml"
 
@@ -77,7 +79,10 @@ func TestKustomizationsBuild(t *testing.T) {
 	if len(dirs) < 8 {
 		t.Fatalf("only %d kustomizations under deploy/: %v", len(dirs), dirs)
 	}
-	peerPolicy := peerNetworkPolicy(t, framework.Kubectl(t, cp, "kustomize", cluster.DeployDir()))
+	base := framework.Kubectl(t, cp, "kustomize", cluster.DeployDir())
+	peerPolicy := peerNetworkPolicy(t, base)
+	installed := objectKeys(t, base)
+	noDenyWithoutParameter(t, base)
 	for _, dir := range dirs {
 		rel, _ := filepath.Rel(deploy, dir)
 		t.Run(rel, func(t *testing.T) {
@@ -88,6 +93,15 @@ func TestKustomizationsBuild(t *testing.T) {
 			out := framework.Kubectl(t, cp, "kustomize", target)
 			if !strings.Contains(out, "kind:") {
 				t.Fatalf("kubectl kustomize deploy/%s: no objects", rel)
+			}
+			// `kubectl delete -k` of an example deletes what it renders: never an object of the
+			// install (the node PersistentVolume policy's ConfigMap was one).
+			if strings.HasPrefix(rel, "csi/examples") {
+				for k := range objectKeys(t, out) {
+					if installed[k] {
+						t.Errorf("deploy/%s renders %s, which deploy/csi installs: deleting the example would delete it", rel, k)
+					}
+				}
 			}
 			// Every image has a tag, never latest: an upgrade is a new tag, and a kustomize
 			// images: entry is how a user picks registry and version.
@@ -159,6 +173,45 @@ func peerNetworkPolicy(t *testing.T, manifests string) labels.Selector {
 	}
 	t.Fatal("deploy/csi renders no NetworkPolicy cistern-node-peers")
 	return nil
+}
+
+// noDenyWithoutParameter: no admission policy binding of the install refuses requests when its
+// parameter object is missing. The API server resolves a binding's parameter before it evaluates
+// the policy's match conditions, so such a binding refuses every request its policy matches, of
+// every user, once the parameter is deleted: the node PersistentVolume policy did, and deleting
+// the examples that carried its ConfigMap left no PersistentVolume releasable.
+func noDenyWithoutParameter(t *testing.T, manifests string) {
+	t.Helper()
+	for _, doc := range strings.Split(manifests, "\n---\n") {
+		var b admissionregistrationv1.ValidatingAdmissionPolicyBinding
+		if err := yaml.Unmarshal([]byte(doc), &b); err != nil {
+			t.Fatal(err)
+		}
+		if b.Kind != "ValidatingAdmissionPolicyBinding" || b.Spec.ParamRef == nil {
+			continue
+		}
+		if a := b.Spec.ParamRef.ParameterNotFoundAction; a == nil || *a != admissionregistrationv1.AllowAction {
+			t.Errorf("ValidatingAdmissionPolicyBinding %s refuses every request its policy matches when its parameter is missing (parameterNotFoundAction %v)", b.Name, a)
+		}
+	}
+}
+
+// objectKeys names the objects of rendered manifests: group/kind namespace/name.
+func objectKeys(t *testing.T, manifests string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, doc := range strings.Split(manifests, "\n---\n") {
+		var obj metav1.PartialObjectMetadata
+		if err := yaml.Unmarshal([]byte(doc), &obj); err != nil {
+			t.Fatal(err)
+		}
+		if obj.Kind == "" {
+			continue
+		}
+		gv, _ := schema.ParseGroupVersion(obj.APIVersion)
+		out[gv.Group+"/"+obj.Kind+" "+obj.Namespace+"/"+obj.Name] = true
+	}
+	return out
 }
 
 // daemonSets returns the DaemonSets in rendered manifests whose pods serve the peer port.

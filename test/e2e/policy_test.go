@@ -2,12 +2,15 @@ package e2e_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -56,6 +59,7 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	})
 	t.Run("PersistentVolumesOfOwnNode", p.pvNode)
 	t.Run("PersistentVolumeSecretsAndClaims", p.pvSecrets)
+	t.Run("ReleaseAfterSecretGrantRevoked", p.releaseAfterRevocation)
 	t.Run("StoragePoolsOfOwnNode", p.storagePools)
 	t.Run("WorkloadControllerWrites", p.controllerWrites)
 }
@@ -208,31 +212,121 @@ func (p *policyScenario) pvSecrets(t *testing.T) {
 	vm.Spec.CSI.VolumeHandle = consts.VolumeManagerHandlePrefix + "0123456789abcdef"
 	refused(t, create(vm), "VolumeManager")
 
-	// The administrator's list: a class whose Secret lives in one namespace for every claim.
+	// The administrator's grant: a class whose Secret lives in one namespace for every claim.
 	const adminNS = "policy-admin-secrets"
 	admin := p.policyPV("policy-secrets-admin-ns", p.nodeA)
 	admin.Spec.CSI.NodeStageSecretRef = ref(adminNS)
 	refused(t, create(admin), "may only name Secrets of the claim namespace")
-	cms := p.cp.Client.CoreV1().ConfigMaps(cluster.Namespace)
-	cm, err := cms.Get(c, "cistern-node-pv-policy", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	before := cm.Data["secretNamespaces"]
-	cm.Data = map[string]string{"secretNamespaces": "elsewhere, " + adminNS}
-	if _, err := cms.Update(c, cm, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cm, err := cms.Get(context.Background(), cm.Name, metav1.GetOptions{})
-		if err == nil {
-			cm.Data = map[string]string{"secretNamespaces": before}
-			_, _ = cms.Update(context.Background(), cm, metav1.UpdateOptions{})
-		}
-	})
-	eventually(t, time.Minute, "a Secret of a listed namespace accepted", func(context.Context) error {
+	p.grantSecretReferences(t, adminNS)
+	eventually(t, time.Minute, "a Secret of a granted namespace accepted", func(context.Context) error {
 		return create(admin)
 	})
+}
+
+// grantSecretReferences lets the node ServiceAccount name Secrets of ns in its volumes, as an
+// administrator does (deploy/csi/driver/node-pv-policy.yaml), and returns the revocation.
+func (p *policyScenario) grantSecretReferences(t *testing.T, ns string) (revoke func()) {
+	t.Helper()
+	c := ctx(t)
+	if _, err := p.cp.Client.CoreV1().Namespaces().Create(c, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "cistern-node-secret-references", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"cistern.csi.dev"}, Resources: []string{"secretreferences"}, Verbs: []string{"use"}}}}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: role.Name, Namespace: ns},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: cluster.Namespace, Name: cluster.NodeServiceAccount}}}
+	rbac := p.cp.Client.RbacV1()
+	if _, err := rbac.Roles(ns).Create(c, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := rbac.RoleBindings(ns).Create(c, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	revoke = func() {
+		_ = rbac.RoleBindings(ns).Delete(context.Background(), binding.Name, metav1.DeleteOptions{})
+		_ = rbac.Roles(ns).Delete(context.Background(), role.Name, metav1.DeleteOptions{})
+	}
+	t.Cleanup(revoke)
+	return revoke
+}
+
+// releaseAfterRevocation: Secret references are checked when a volume is created (or its claim
+// moves), never when it is released. With the administrator's grant revoked (or with nothing the
+// policy reads at all: it has no parameter, whose absence would refuse every request it matches),
+// a node still deletes its volumes and removes their finalizers, even a volume naming a Secret
+// of the once-granted namespace; only new volumes naming such Secrets are refused.
+func (p *policyScenario) releaseAfterRevocation(t *testing.T) {
+	c := ctx(t)
+	const adminNS = "policy-release-secrets"
+	ref := func(ns string) *corev1.SecretReference { return &corev1.SecretReference{Name: "s3", Namespace: ns} }
+	revoke := p.grantSecretReferences(t, adminNS)
+	// A volume as the provisioner leaves it: a Secret of the granted namespace, its finalizer.
+	pv := p.policyPV("policy-release-admin-ns", p.nodeA)
+	pv.Finalizers = []string{"external-provisioner.volume.kubernetes.io/finalizer"}
+	pv.Spec.CSI.NodeStageSecretRef = ref(adminNS)
+	eventually(t, time.Minute, "a Secret of a granted namespace accepted", func(ctx context.Context) error {
+		_, err := p.pvs(p.asNode).Create(ctx, pv, metav1.CreateOptions{})
+		return err
+	})
+	t.Cleanup(func() {
+		_, _ = p.pvs(p.cp.Client).Patch(context.Background(), pv.Name, types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`), metav1.PatchOptions{})
+		_ = p.pvs(p.cp.Client).Delete(context.Background(), pv.Name, metav1.DeleteOptions{})
+	})
+
+	revoke()
+	refusedElsewhere := p.policyPV("policy-release-refused", p.nodeA)
+	refusedElsewhere.Spec.CSI.NodeStageSecretRef = ref(adminNS)
+	eventually(t, time.Minute, "a Secret of a no longer granted namespace refused", func(ctx context.Context) error {
+		created, err := p.pvs(p.asNode).Create(ctx, refusedElsewhere, metav1.CreateOptions{})
+		if err == nil {
+			_ = p.pvs(p.cp.Client).Delete(ctx, created.Name, metav1.DeleteOptions{})
+			return errorf("created")
+		}
+		refused(t, err, "may only name Secrets of the claim namespace")
+		return nil
+	})
+	// Release: delete (the finalizer holds it), then the finalizer removed, as the provisioner does.
+	if err := p.pvs(p.asNode).Delete(c, pv.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("node %s deleting its volume after the grant was revoked: %v", p.nodeA, err)
+	}
+	// RBAC grants the node patch, as the provisioner removes its finalizer; the controller
+	// manager removes its own meanwhile, so the patch is made against a fresh read.
+	eventually(t, time.Minute, "the finalizer removed by the node", func(ctx context.Context) error {
+		current, err := p.pvs(p.cp.Client).Get(ctx, pv.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		rest, err := json.Marshal(slices.DeleteFunc(current.Finalizers, func(f string) bool { return f == pv.Finalizers[0] }))
+		if err != nil {
+			return err
+		}
+		_, err = p.pvs(p.asNode).Patch(ctx, pv.Name, types.MergePatchType,
+			[]byte(`{"metadata":{"resourceVersion":"`+current.ResourceVersion+`","finalizers":`+string(rest)+`}}`), metav1.PatchOptions{})
+		if apierrors.IsForbidden(err) {
+			t.Fatalf("node %s removing its volume's finalizer after the grant was revoked: %v", p.nodeA, err)
+		}
+		return err
+	})
+	eventually(t, time.Minute, "the released volume gone", func(ctx context.Context) error {
+		if _, err := p.pvs(p.cp.Client).Get(ctx, pv.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return errorf("still there (%v)", err)
+		}
+		return nil
+	})
+	// Its claim still may not move to another namespace.
+	moved := p.policyPV("policy-release-moved", p.nodeA)
+	moved.Spec.CSI.NodeStageSecretRef = ref(p.ns)
+	if _, err := p.pvs(p.cp.Client).Create(c, moved, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.pvs(p.cp.Client).Delete(context.Background(), moved.Name, metav1.DeleteOptions{}) })
+	_, err := p.pvs(p.asNode).Patch(c, moved.Name, types.MergePatchType,
+		[]byte(`{"spec":{"claimRef":{"namespace":"kube-system"}}}`), metav1.PatchOptions{})
+	refused(t, err, "may only name Secrets of the claim namespace kube-system")
+	if err := p.pvs(p.asNode).Delete(c, moved.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("node %s deleting a volume: %v", p.nodeA, err)
+	}
 }
 
 // policyPV is a Cistern PersistentVolume pinned to node and bound to a claim of the Cistern

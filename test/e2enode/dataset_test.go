@@ -45,7 +45,22 @@ func startDataset(t *testing.T, c *cluster) *dataset {
 	t.Helper()
 	s3 := testpeers.StartS3(t, "")
 	s3.Bucket(t, datasetBucket)
-	d := &dataset{s3: s3, source: "s3://" + datasetBucket + "/" + datasetPrefix, files: map[string]string{}}
+	d := &dataset{s3: s3, source: "s3://" + datasetBucket + "/" + datasetPrefix, files: uploadDataset(t, s3)}
+	secret := &corev1.Secret{
+		ObjectMeta: apimetav1.ObjectMeta{Name: datasetSecret},
+		StringData: map[string]string{"accessKeyID": s3.AccessKey, "secretAccessKey": s3.SecretKey},
+	}
+	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(context.Background(), secret, apimetav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// uploadDataset uploads a small dataset with nested keys to the bucket datasetBucket and returns
+// the sha256 of each file.
+func uploadDataset(t *testing.T, s3 *testpeers.S3) map[string]string {
+	t.Helper()
+	files := map[string]string{}
 	for key, size := range map[string]int{
 		"config.json":                 512,
 		"weights/part-000.bin":        3 << 20,
@@ -57,16 +72,9 @@ func startDataset(t *testing.T, c *cluster) *dataset {
 		_, _ = rand.Read(data)
 		s3.Put(t, datasetBucket, datasetPrefix+"/"+key, data)
 		sum := sha256.Sum256(data)
-		d.files[key] = hex.EncodeToString(sum[:])
+		files[key] = hex.EncodeToString(sum[:])
 	}
-	secret := &corev1.Secret{
-		ObjectMeta: apimetav1.ObjectMeta{Name: datasetSecret},
-		StringData: map[string]string{"accessKeyID": s3.AccessKey, "secretAccessKey": s3.SecretKey},
-	}
-	if _, err := c.cp.Client.CoreV1().Secrets(c.ns).Create(context.Background(), secret, apimetav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return d
+	return files
 }
 
 // attributes are the dataset's volume parameters, as in a StorageClass or inline volume.
@@ -180,26 +188,7 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 		[]corev1.VolumeMount{{Name: "model", MountPath: "/model", ReadOnly: true}},
 		"-dir", "/model", "-hash")
 	createPod(t, c.cp, c.ns, intruder)
-	err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
-		events, err := c.cp.Client.CoreV1().Events(c.ns).List(ctx, apimetav1.ListOptions{
-			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": "dataset-no-secret", "reason": "FailedMount"}.String()})
-		if err != nil {
-			return false, err
-		}
-		for _, e := range events.Items {
-			if strings.Contains(e.Message, "PermissionDenied") {
-				t.Logf("event on the pod: %s", e.Message)
-				return true, nil
-			}
-		}
-		return false, nil
-	})
-	if err != nil {
-		t.Fatalf("no FailedMount event with PermissionDenied: %v\n%s", err, describe(c.cp, c.ns, "Pod", "dataset-no-secret", nil))
-	}
-	if p, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, "dataset-no-secret", apimetav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
-		t.Fatalf("the pod without a secret: %v %v", p.Status.Phase, err)
-	}
+	waitFailedMount(t, c, "dataset-no-secret", "PermissionDenied")
 
 	for _, name := range []string{"dataset-1", "dataset-2", "dataset-inline", "dataset-no-secret"} {
 		deletePodAndWait(t, c.cp, c.ns, name)
@@ -228,4 +217,31 @@ func overlayMounts(t *testing.T, dir string) int {
 		}
 	}
 	return n
+}
+
+// waitFailedMount waits for kubelet's FailedMount event on the pod carrying want (the driver's
+// gRPC code), and checks the pod is still Pending: it never ran with the data.
+func waitFailedMount(t *testing.T, c *cluster, pod, want string) {
+	t.Helper()
+	ctx := context.Background()
+	err := wait.PollUntilContextTimeout(ctx, time.Second, podTimeout, true, func(ctx context.Context) (bool, error) {
+		events, err := c.cp.Client.CoreV1().Events(c.ns).List(ctx, apimetav1.ListOptions{
+			FieldSelector: fields.Set{"involvedObject.kind": "Pod", "involvedObject.name": pod, "reason": "FailedMount"}.String()})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range events.Items {
+			if strings.Contains(e.Message, want) {
+				t.Logf("event on pod %s: %s", pod, e.Message)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no FailedMount event with %s on pod %s: %v\n%s", want, pod, err, describe(c.cp, c.ns, "Pod", pod, nil))
+	}
+	if p, err := c.cp.Client.CoreV1().Pods(c.ns).Get(ctx, pod, apimetav1.GetOptions{}); err != nil || p.Status.Phase != corev1.PodPending {
+		t.Fatalf("pod %s: %v %v, want Pending", pod, p.Status.Phase, err)
+	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 const nodeName = "cistern-e2e-node"
@@ -36,6 +37,10 @@ type cluster struct {
 	ns           string
 	resultsDir   string
 	checkerImage string
+	// sts exchanges pods' ServiceAccount tokens for S3 keys (webidentity_test.go).
+	sts *testpeers.STS
+	// caBundles is the driver's --s3-ca-bundles directory (private_ca_test.go).
+	caBundles string
 }
 
 // requireMachine skips the suite where this machine cannot run a node.
@@ -138,6 +143,12 @@ func startCluster(t *testing.T) *cluster {
 	}
 	c.node = realnode.NewCisternNode(t, bins, dir, kubeletRoot, nodeName)
 	c.storageClass = realnode.CreateStorageObjects(t, c.cp)
+	c.sts = startSTS(t, c.cp)
+	c.caBundles = filepath.Join(dir, "s3-ca-bundles")
+	if err := os.Mkdir(c.caBundles, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c.node.DriverArgs = []string{"--sts-endpoint=" + c.sts.URL, "--s3-ca-bundles=" + c.caBundles}
 	c.node.StartDriver(t)
 	c.node.StartProvisioner(t, c.cp)
 	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")
@@ -259,6 +270,8 @@ func TestNode(t *testing.T) {
 
 	d := startDataset(t, c)
 	t.Run("datasets", func(t *testing.T) { testDatasets(t, c, d) })
+	t.Run("web-identity", func(t *testing.T) { testWebIdentity(t, c, d) })
+	t.Run("private-ca", func(t *testing.T) { testPrivateCA(t, c) })
 
 	// The leaderworkerset and notebooks scenarios share one workload-controller.
 	workloadsErr := startWorkloadController(t, c)

@@ -97,9 +97,15 @@ func (in *install) runExamples(t *testing.T, nb *v1alpha1.NotebookValidationJob)
 	out := framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.examples)
 	t.Logf("kubectl apply --server-side -k examples overlay:\n%s", out)
 
-	// A claim of the dataset class, read by a checker pod.
+	// A claim of the dataset class, read by a checker pod. The class reads its Secret from the
+	// claim's namespace, as the example says: a copy of the example's Secret goes there.
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: exampleS3Secret, Namespace: in.ns},
+		StringData: map[string]string{"accessKeyID": installS3Access, "secretAccessKey": installS3Secret}}
+	if _, err := in.cp.Client.CoreV1().Secrets(in.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := in.cp.Client.CoreV1().PersistentVolumeClaims(in.ns).Create(ctx, pvc(exampleS3Claim, exampleS3Class, "64Mi"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -294,23 +300,10 @@ patches:
 func (in *install) deleteExamples(t *testing.T) {
 	t.Helper()
 	if in.examples != "" {
-		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=false", "-k", in.examples)
-		// The dataset example's ConfigMap is the node PersistentVolume policy's parameter: without
-		// it node plugins may write no PersistentVolume, so the examples' volumes could not be
-		// released. An administrator keeps it until the volumes are gone; so does this test.
-		kubectlStdin(in.cp, examplePVPolicy, "apply", "-f", "-")
+		// Deleting the examples deletes nothing of the install: the node plugins still release
+		// the examples' volumes below (TestKustomizationsBuild checks the two share no object).
+		kubectlOutput(in.cp, "delete", "--ignore-not-found", "--wait=true", "--timeout=3m", "-k", in.examples)
 	}
 	kubectlOutput(in.cp, "delete", "pod", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 	kubectlOutput(in.cp, "delete", "pvc", "--all", "-n", "default", "--wait=true", "--timeout=3m")
 }
-
-// examplePVPolicy is deploy/csi/examples' cistern-node-pv-policy: the dataset class's Secret is in
-// default.
-const examplePVPolicy = `apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: cistern-node-pv-policy
-  namespace: cistern-system
-data:
-  secretNamespaces: default
-`

@@ -66,16 +66,31 @@ type install struct {
 	ns         string
 	// podUIDs are the pods of the install seen running, whose cgroups must go with them.
 	podUIDs map[string]bool
+	// helm installs charts/cistern with the helm command instead of applying the kustomize
+	// overlay (install_helm_test.go).
+	helm *helmInstall
 }
 
-// TestInstall applies deploy/csi, as the README tells users, on a real kubelet node whose
-// containerd pulls every image from a registry on loopback; see docs/testing.md ("Install suite").
+// TestInstall installs Cistern as the README tells users, twice on one real kubelet node whose
+// containerd pulls every image from a registry on loopback: deploy/csi with kustomize, then, once
+// that is uninstalled, charts/cistern with helm (install_helm_test.go). The node, its control
+// plane, containerd and the registry are shared; each install runs every scenario and must
+// leave nothing behind. See docs/testing.md ("Install suite").
 func TestInstall(t *testing.T) {
+	in, cd, nb := startInstallNode(t)
+	t.Run("kustomize", func(t *testing.T) { in.scenarios(t, cd, nb, nil) })
+	t.Run("helm", func(t *testing.T) { in.scenarios(t, cd, nb, newHelmInstall(t)) })
+}
+
+// startInstallNode starts the node the install suite installs on: a control plane, containerd
+// pulling from the loopback registry (which also serves the node image under a second tag for
+// the upgrade), kubelet.
+func startInstallNode(t *testing.T) (*install, *realnode.Containerd, *v1alpha1.NotebookValidationJob) {
 	requireMachine(t)
 	lockHost(t)
 	bins := realnode.FindBinaries(t)
 	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "versitygw")
-	in := &install{bins: bins, release: releaseImages(t), podUIDs: map[string]bool{}}
+	in := &install{bins: bins, release: releaseImages(t)}
 	registryBin := os.Getenv(RegistryBinEnv)
 	if _, err := os.Stat(registryBin); registryBin == "" || err != nil {
 		realnode.Unavailable(t, "%s=%q: the registry is not built; run `make e2e-install`", RegistryBinEnv, registryBin)
@@ -86,15 +101,14 @@ func TestInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	in.dir = dir
-	in.resultsDir = filepath.Join(dir, "results")
 	prepareInstallHost(t, dir)
-	logs := framework.LogDir(t)
 
 	// The node image also under a second tag, for the upgrade; the notebook example's image and
 	// the controller's git image are the stand-ins (hack/images/papermill, hack/images/git).
 	nb := exampleNotebook(t)
 	in.registry = startRegistry(t, registryBin, []string{
 		in.nodeRef() + "=" + in.nodeRef() + "-next",
+		in.release["workload-controller"].Ref + "=" + in.release["workload-controller"].Ref + "-next",
 		bins.Images["papermill"].Ref + "=" + nb.Spec.PodConfig.ContainerImage,
 		bins.Images["git"].Ref + "=" + installGitImage,
 	}, filepath.Join(filepath.Dir(bins.Images["pause"].Tarball), "images.json"), os.Getenv(ReleaseImagesEnv))
@@ -120,16 +134,29 @@ func TestInstall(t *testing.T) {
 	// orphans, and node suites of older checkouts do not take the node lock.
 	k := realnode.StartKubelet(t, in.cp, ca, bins.Kubelet, nodeName, realnode.KubeletRootDir, cd.Socket, realnode.OwnCgroupRoot(t, installCgroupRoot))
 	realnode.WaitNodeReady(t, in.cp, k, nodeName, 2*time.Minute)
+	in.overlay = filepath.Join(dir, "overlay")
+	return in, cd, nb
+}
+
+// scenarios installs with kustomize, or with helm when h is set, runs every scenario and
+// uninstalls. Each install has its own results directory and namespace.
+func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1.NotebookValidationJob, h *helmInstall) {
+	in.helm, in.podUIDs, in.examples = h, map[string]bool{}, ""
+	in.resultsDir = filepath.Join(in.dir, "results-"+filepath.Base(t.Name()))
 	if err := os.Mkdir(in.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chmod(in.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
 	}
-	in.overlay = filepath.Join(dir, "overlay")
-	in.writeOverlay(t, in.nodeRef())
+	logs := framework.LogDir(t)
 
 	t.Run("apply", func(t *testing.T) {
+		if in.helm != nil {
+			in.helm.install(t, in)
+			return
+		}
+		in.writeOverlay(t, in.nodeRef())
 		out := framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.overlay)
 		t.Logf("kubectl apply --server-side -k overlay:\n%s", out)
 	})
@@ -383,13 +410,14 @@ func relay(t *testing.T, listen string, target func(context.Context) (string, er
 // Nothing else changes.
 func (in *install) writeOverlay(t *testing.T, nodeRef string) {
 	t.Helper()
-	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir)
+	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir, true)
 }
 
 // writeInstallOverlay writes into dir an overlay of deploy/csi as a user writes one: images:
 // entries pointing refs (repository:tag) at registry, a pools ConfigMap with the pool fast at
-// poolDir, and the given components of deploy/csi (e.g. "snapshots").
-func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, components ...string) {
+// poolDir, with plainHTTP the driver flag --s3-allow-plain-http (the examples' S3 server is a pod
+// behind a Service, on plain HTTP), and the given components of deploy/csi (e.g. "snapshots").
+func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, plainHTTP bool, components ...string) {
 	t.Helper()
 	root, err := realnode.RepoRoot()
 	if err != nil {
@@ -414,13 +442,27 @@ func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, pool
 			fmt.Fprintf(&comps, "- %s/%s\n", base, c)
 		}
 	}
+	var driverFlags string
+	if plainHTTP {
+		// The driver is the first container of the base (a component's container goes first,
+		// which the test op would catch).
+		driverFlags = `- target: {kind: DaemonSet, name: cistern-node}
+  patch: |-
+    - op: test
+      path: /spec/template/spec/containers/0/name
+      value: driver
+    - op: add
+      path: /spec/template/spec/containers/0/args/-
+      value: --s3-allow-plain-http
+`
+	}
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
 - %s
 %simages:
 %spatches:
-- patch: |-
+%s- patch: |-
     apiVersion: v1
     kind: ConfigMap
     metadata:
@@ -432,7 +474,7 @@ resources:
         - name: fast
           path: %s
           labels: {media: ssd}
-`, base, comps.String(), images.String(), poolDir)
+`, base, comps.String(), images.String(), driverFlags, poolDir)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -639,7 +681,11 @@ func (in *install) checkPulled(t *testing.T, cd *realnode.Containerd, nb *v1alph
 // uninstall deletes what apply created and checks the node is left with nothing of Cistern.
 func (in *install) uninstall(t *testing.T) {
 	t.Helper()
-	kubectlOutput(in.cp, "delete", "-k", in.overlay, "--wait=true", "--timeout=3m", "--ignore-not-found")
+	if in.helm != nil {
+		in.helm.uninstall(t, in)
+	} else {
+		kubectlOutput(in.cp, "delete", "-k", in.overlay, "--wait=true", "--timeout=3m", "--ignore-not-found")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
@@ -672,6 +718,17 @@ func (in *install) uninstall(t *testing.T) {
 	}
 	if pids := driverPIDs(t); len(pids) > 0 {
 		t.Errorf("driver processes left: %v", pids)
+	}
+	// Nothing of the install outside its namespace: CRDs, cluster roles, the CSIDriver, webhook
+	// configurations, admission policies, the Role for Events in "default".
+	for _, get := range [][]string{
+		{"get", "crd,clusterrole,clusterrolebinding,csidriver,mutatingwebhookconfiguration,validatingwebhookconfiguration,validatingadmissionpolicy,validatingadmissionpolicybinding"},
+		{"get", "role,rolebinding", "-n", "default"},
+	} {
+		out := kubectlOutput(in.cp, append(get, "-l", "app.kubernetes.io/part-of=cistern", "-o", "name")...)
+		if strings.TrimSpace(out) != "" && !strings.Contains(out, "No resources found") {
+			t.Errorf("left after uninstall:\n%s", out)
+		}
 	}
 }
 
@@ -782,8 +839,12 @@ func (in *install) upgrade(t *testing.T, hb *heartbeatPod) {
 	t.Helper()
 	before := csiMounts(t)
 	next := in.nodeRef() + "-next"
-	in.writeOverlay(t, next)
-	framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.overlay)
+	if in.helm != nil {
+		in.helm.upgrade(t, in, "-next")
+	} else {
+		in.writeOverlay(t, next)
+		framework.Kubectl(t, in.cp, "apply", "--server-side", "-k", in.overlay)
+	}
 	start := time.Now()
 	in.waitNodePodReady(t, strings.TrimPrefix(next, "cistern/node"), 0)
 	t.Logf("node pod rolled to %s in %s", next, time.Since(start).Round(time.Second))

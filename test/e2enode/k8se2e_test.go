@@ -2,7 +2,6 @@ package e2enode
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/specgate"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -322,7 +322,7 @@ patches:
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", sc)
 
 	overlay := filepath.Join(dir, "overlay")
-	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, "snapshots")
+	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, false, "snapshots")
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", overlay)
 
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
@@ -400,7 +400,7 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // runGinkgo runs e2e.test under ginkgo with the run's focus and skip, in parallel processes,
-// keeps its output and JSON report in the logs, and reports the counts and every failure.
+// keeps its output and JSON report in the logs, and holds the run to its expected spec count.
 func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, logs string, r k8sE2ERun) {
 	procs := 4
 	if v := os.Getenv(K8sE2EProcsEnv); v != "" {
@@ -414,7 +414,7 @@ func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, lo
 	// ginkgo runs e2e.test in the binary's directory and puts reports under --output-dir.
 	args := []string{
 		"--procs=" + strconv.Itoa(procs), "--no-color", "--timeout=3h",
-		"--focus=" + r.focus, "--skip=" + r.skip,
+		"--focus=" + r.focus, "--skip=" + r.skip, "--fail-on-empty",
 		"--output-dir=" + logs, "--json-report=" + filepath.Base(report),
 		filepath.Join(bin, "e2e.test"), "--",
 		"--kubeconfig=" + cp.Kubeconfig,
@@ -438,75 +438,15 @@ func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, lo
 	t.Logf("running e2e.test (%s): output in %s", r.name, out)
 	runErr := cmd.Run()
 	t.Logf("e2e.test (%s) took %s", r.name, time.Since(start).Round(time.Second))
-	summarizeGinkgo(t, report)
+	// The run must pass as many specs as test/specgate/expected.txt says ("k8s-e2e/<run>"), or
+	// at least one for the "focus" run; the specs that skip themselves are listed as skipped
+	// subtests.
+	if specs, err := specgate.ParseFile(report); err != nil {
+		t.Errorf("no ginkgo report: %v", err)
+	} else {
+		specgate.Check(t, "k8s-e2e/"+r.name, specs)
+	}
 	if runErr != nil {
 		t.Errorf("ginkgo: %v (output: %s, last lines:\n%s)", runErr, out, framework.Tail(out, 30))
 	}
-}
-
-// ginkgoReport is the part of ginkgo's JSON report read here.
-type ginkgoReport []struct {
-	SpecReports []struct {
-		LeafNodeText  string   `json:"LeafNodeText"`
-		ContainerText []string `json:"ContainerHierarchyTexts"`
-		State         string   `json:"State"`
-		RunTime       int64    `json:"RunTime"`
-		LeafNodeType  string   `json:"LeafNodeType"`
-		Failure       *struct {
-			Message string `json:"Message"`
-		} `json:"Failure"`
-	} `json:"SpecReports"`
-}
-
-// summarizeGinkgo logs the counts of the report, every failed spec with its message, and the
-// reasons the skipped ones gave, with how many gave each.
-func summarizeGinkgo(t *testing.T, path string) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Errorf("no ginkgo report: %v", err)
-		return
-	}
-	var rep ginkgoReport
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Errorf("ginkgo report %s: %v", path, err)
-		return
-	}
-	counts := map[string]int{}
-	reasons := map[string]int{}
-	for _, suite := range rep {
-		for _, s := range suite.SpecReports {
-			if s.LeafNodeType != "It" {
-				continue
-			}
-			name := strings.Join(append(s.ContainerText, s.LeafNodeText), " ")
-			counts[s.State]++
-			switch s.State {
-			case "passed", "pending":
-			case "skipped":
-				// Specs the focus left out are skipped without a message; the others
-				// skipped themselves at run time and say why.
-				if s.Failure == nil || s.Failure.Message == "" {
-					counts[s.State]--
-					counts["not selected"]++
-					continue
-				}
-				reasons[firstLine(s.Failure.Message)]++
-			default:
-				msg := ""
-				if s.Failure != nil {
-					msg = s.Failure.Message
-				}
-				t.Errorf("%s: %s: %s", s.State, name, msg)
-			}
-		}
-	}
-	t.Logf("ginkgo: %v", counts)
-	for r, n := range reasons {
-		t.Logf("skipped %d×: %s", n, r)
-	}
-}
-
-func firstLine(s string) string {
-	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
-	return s
 }

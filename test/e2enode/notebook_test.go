@@ -77,8 +77,10 @@ func newNotebookJob(ns, name, url, ref, path, image string) *v1alpha1.NotebookVa
 	return &v1alpha1.NotebookValidationJob{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.NotebookValidationJobSpec{
-			Notebook:  v1alpha1.NotebookSource{Git: v1alpha1.GitSource{URL: url, Ref: ref}, Path: path},
-			PodConfig: v1alpha1.PodConfig{ContainerImage: image},
+			Notebook: v1alpha1.NotebookSource{Git: v1alpha1.GitSource{URL: url, Ref: ref}, Path: path},
+			// The papermill image runs as user 1000, so kubelet gives the volumes its group
+			// (Cistern's CSIDriver has fsGroupPolicy File).
+			PodConfig: v1alpha1.PodConfig{ContainerImage: image, SecurityContext: &corev1.PodSecurityContext{FSGroup: ptr.To[int64](1000)}},
 			Timeout:   &metav1.Duration{Duration: 3 * time.Minute},
 		},
 	}
@@ -194,6 +196,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 	})
 
 	t.Run("private-repository-golden", func(t *testing.T) { testPrivateGolden(t, c, cl, git) })
+	t.Run("restricted-sha-timestamps", func(t *testing.T) { testRestrictedTimestamps(t, c, cl, git) })
 
 	if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, notebookClaim, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)

@@ -214,7 +214,8 @@ func apiserverWrites(b *testing.B, cp *framework.ControlPlane) float64 {
 			continue
 		}
 		if writeVerb.MatchString(line) && successCode.MatchString(line) {
-			sum += sumMetric(line, "apiserver_request_total", "")
+			v, _ := sumMetric(line, "apiserver_request_total", "")
+			sum += v
 		}
 	}
 	return sum
@@ -340,7 +341,7 @@ func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *poolpublis
 		"--resync-period="+benchResync.String(), "--kube-api-qps=100000", "--kube-api-burst=100000",
 		"--leader-election", "--leader-election-namespace="+sidecarNamespace, "-v=2")
 	defer proc.Stop()
-	sc := &sidecar{proc: proc, metricsAddr: addr}
+	sc := &sidecar{t: b, proc: proc, metricsAddr: addr}
 	successes := func() float64 { return sc.metric("storagepool_sidecar_syncs_total", `result="success"`) }
 	waitB(b, 15*time.Minute, "all pools published", func() bool {
 		return sc.metric("storagepool_sidecar_api_writes_total", `operation="apply_status"`) >= float64(total) && successes() >= 1

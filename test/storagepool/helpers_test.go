@@ -155,6 +155,7 @@ func (d *driver) setPools(pools ...poolConfig) { writePoolsConfig(d.t, d.config,
 
 // sidecar is a running storagepool-sidecar binary.
 type sidecar struct {
+	t           testing.TB // fails on a series the sidecar does not export
 	proc        *framework.Process
 	metricsAddr string
 }
@@ -170,11 +171,12 @@ func startSidecar(t *testing.T, cp *framework.ControlPlane, d *driver, extra ...
 		"--http-endpoint=" + addr, "--resync-period=2s", "-v=4",
 	}, extra...)
 	p := framework.StartProcess(t, "storagepool-sidecar-"+d.node, filepath.Join(binDir, "storagepool-sidecar"), args...)
-	return &sidecar{proc: p, metricsAddr: addr}
+	return &sidecar{t: t, proc: p, metricsAddr: addr}
 }
 
 // metric returns the sum of a metric's samples whose labels contain match, from the sidecar's
-// /metrics; -1 when the endpoint does not answer.
+// /metrics; -1 when the endpoint does not answer. A series the sidecar does not export is a
+// failure, never 0: the sidecar exports every label value from its start.
 func (s *sidecar) metric(name, match string) float64 {
 	resp, err := http.Get("http://" + s.metricsAddr + "/metrics")
 	if err != nil {
@@ -185,11 +187,18 @@ func (s *sidecar) metric(name, match string) float64 {
 	if err != nil {
 		return -1
 	}
-	return sumMetric(string(body), name, match)
+	v, ok := sumMetric(string(body), name, match)
+	if !ok {
+		s.t.Errorf("the sidecar's /metrics has no %s{%s}", name, match)
+		return -1
+	}
+	return v
 }
 
-func sumMetric(text, name, match string) float64 {
+// sumMetric sums the samples of name whose labels contain match; false when there is none.
+func sumMetric(text, name, match string) (float64, bool) {
 	var sum float64
+	found := false
 	for _, line := range strings.Split(text, "\n") {
 		if !strings.HasPrefix(line, name) || !strings.Contains(line, match) {
 			continue
@@ -202,9 +211,10 @@ func sumMetric(text, name, match string) float64 {
 		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
 		if err == nil {
 			sum += v
+			found = true
 		}
 	}
-	return sum
+	return sum, found
 }
 
 // waitFor is framework.Eventually for a condition that holds or not.

@@ -155,8 +155,8 @@ func TestSharedPool(t *testing.T) {
 	na, nb := uniqueNode(t, "a"), uniqueNode(t, "b")
 	da := startDriver(t, na, shared, poolConfig{name: "local", path: poolDir(t, 16)})
 	db := startDriver(t, nb, shared)
-	startSidecar(t, cp, da)
-	startSidecar(t, cp, db)
+	sa := startSidecar(t, cp, da)
+	sb := startSidecar(t, cp, db)
 
 	want := []string{na, nb}
 	slices.Sort(want)
@@ -169,9 +169,15 @@ func TestSharedPool(t *testing.T) {
 	}
 	waitPool(t, c, "local."+na, "the node-local pool next to it", func(*spapi.StoragePool) bool { return true })
 
-	// Both sidecars resync every 2s: the object must not flap between their views.
+	// Both sidecars resync every 2s: the object must not flap between their views. Counted, not
+	// slept: three more successful syncs of each sidecar.
 	rv := obj.ResourceVersion
-	time.Sleep(5 * time.Second)
+	syncsA := sa.metric("storagepool_sidecar_syncs_total", `result="success"`)
+	syncsB := sb.metric("storagepool_sidecar_syncs_total", `result="success"`)
+	waitFor(t, "three more syncs of each sidecar", func() bool {
+		return sa.metric("storagepool_sidecar_syncs_total", `result="success"`) >= syncsA+3 &&
+			sb.metric("storagepool_sidecar_syncs_total", `result="success"`) >= syncsB+3
+	})
 	if now, err := c.Get(context.Background(), poolName, metav1.GetOptions{}); err != nil || now.ResourceVersion != rv {
 		t.Errorf("the shared pool was rewritten while nothing changed (resourceVersion %s -> %s, err %v)", rv, now.ResourceVersion, err)
 	}

@@ -25,6 +25,9 @@ type Fault struct {
 	ResetAfter int64
 	// Stall forwards, then stops sending after ResetAfter bytes without closing, for Stall.
 	Stall time.Duration
+	// Truncate forwards, then ends the response cleanly after ResetAfter body bytes (short of
+	// its Content-Length), with no reset.
+	Truncate bool
 	// StripChecksums hides the object's S3 checksums, as servers without them would.
 	StripChecksums bool
 	// Flip corrupts the first byte of a successful response's body, headers untouched.
@@ -131,6 +134,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	io.CopyN(w, resp.Body, f.ResetAfter)
 	w.(http.Flusher).Flush()
+	if f.Truncate {
+		return // short of the Content-Length: the server closes the connection
+	}
 	if f.Stall > 0 {
 		select {
 		case <-time.After(f.Stall):

@@ -74,11 +74,17 @@ func Binary(t testing.TB, env string) string {
 // static root credentials, and stops it when the test ends.
 func StartS3(t testing.TB, dir string) *S3 {
 	t.Helper()
+	return startS3(t, dir, nil)
+}
+
+// startS3 starts versitygw; with tlsFiles (certificate, key) it serves HTTPS.
+func startS3(t testing.TB, dir string, tlsFiles []string) *S3 {
+	t.Helper()
 	bin := Binary(t, "CISTERN_VERSITYGW")
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	return StartVersitygw(t, bin, dir)
+	return startVersitygw(t, bin, dir, tlsFiles)
 }
 
 // StartVersitygw serves dir over S3 with the versitygw binary bin on a free loopback port, static
@@ -86,13 +92,23 @@ func StartS3(t testing.TB, dir string) *S3 {
 // starts an S3 server. It takes a kit.TB, so that it links no Kubernetes client.
 func StartVersitygw(t kit.TB, bin, dir string) *S3 {
 	t.Helper()
+	return startVersitygw(t, bin, dir, nil)
+}
+
+// startVersitygw is StartVersitygw; with tlsFiles (certificate, key) it serves HTTPS.
+func startVersitygw(t kit.TB, bin, dir string, tlsFiles []string) *S3 {
+	t.Helper()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	addr := kit.FreeAddr(t)
 	s := &S3{Endpoint: "http://" + addr, AccessKey: "cistern-test", SecretKey: "cistern-test-secret", Dir: dir}
-	s.cmd = exec.Command(bin, "--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey,
-		"--keep-alive", "--quiet", "posix", dir)
+	args := []string{"--port", addr, "--access", s.AccessKey, "--secret", s.SecretKey, "--keep-alive", "--quiet"}
+	if tlsFiles != nil {
+		s.Endpoint = "https://" + addr
+		args = append(args, "--cert", tlsFiles[0], "--key", tlsFiles[1])
+	}
+	s.cmd = exec.Command(bin, append(args, "posix", dir)...)
 	var out bytes.Buffer
 	s.cmd.Stdout, s.cmd.Stderr = &out, &out
 	if err := s.cmd.Start(); err != nil {
@@ -114,7 +130,9 @@ func StartVersitygw(t kit.TB, bin, dir string) *S3 {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	s.Client = s.NewClient(s.Endpoint)
+	if tlsFiles == nil {
+		s.Client = s.NewClient(s.Endpoint)
+	}
 	return s
 }
 
@@ -123,12 +141,16 @@ func (s *S3) Pid() int { return s.cmd.Process.Pid }
 
 // NewClient returns a client for endpoint with the root credentials.
 func (s *S3) NewClient(endpoint string) *s3.Client {
+	return s.newClient(endpoint, &http.Transport{MaxIdleConnsPerHost: 64})
+}
+
+func (s *S3) newClient(endpoint string, tr *http.Transport) *s3.Client {
 	return s3.New(s3.Options{
 		Region:       "us-east-1",
 		BaseEndpoint: aws.String(endpoint),
 		UsePathStyle: true,
 		Credentials:  credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, ""),
-		HTTPClient:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}},
+		HTTPClient:   &http.Client{Transport: tr},
 	})
 }
 

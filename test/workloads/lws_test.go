@@ -303,6 +303,7 @@ func TestLeaderWorkerSetDeletion(t *testing.T) {
 			testutil.Eventually(t, time.Minute, "claims", func() error {
 				return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), slices.Clone(allClaims))
 			})
+			mark := markReconciles(t, "leaderworkerset")
 			if err := cl.Delete(ctx, lws); err != nil {
 				t.Fatal(err)
 			}
@@ -323,10 +324,18 @@ func TestLeaderWorkerSetDeletion(t *testing.T) {
 				return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), want)
 			})
 			if policy == "Retain" {
-				// Stable for a while: nothing deletes them later.
-				time.Sleep(2 * time.Second)
-				if err := wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), allClaims); err != nil {
+				// Nothing deletes them later: the controller handled the deletion, the
+				// StatefulSets are gone, and no claim is being deleted or has an owner the
+				// garbage collector would delete it with.
+				mark.wait(t, "the LeaderWorkerSet's deletion")
+				claims := list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items
+				if err := wantNames(names(ptrs(claims)), allClaims); err != nil {
 					t.Error(err)
+				}
+				for _, c := range claims {
+					if c.DeletionTimestamp != nil || len(c.OwnerReferences) > 0 {
+						t.Errorf("claim %s: deletionTimestamp %v, owners %v: would not stay", c.Name, c.DeletionTimestamp, c.OwnerReferences)
+					}
 				}
 			}
 		})

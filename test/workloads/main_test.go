@@ -77,6 +77,7 @@ func installRBAC(t *testing.T, cp *framework.ControlPlane) error {
 func startController(cfg *rest.Config) error {
 	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) {
 		wc.VolumeManager.LocalSourceRoots = []string{"/srv/datasets"}
+		wc.NodeLoss.Enabled = true
 	})
 	if err != nil {
 		return err

@@ -257,6 +257,7 @@ func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
 		l.Spec.StartupPolicy = v1alpha1.LeaderReadyStartupPolicy
 		l.Spec.LeaderWorkerTemplate.RestartPolicy = v1alpha1.NoneRestartPolicy
 	})
+	mark := markReconciles(t, "leaderworkerset", "leaderworkerset-pod")
 	if err := cl.Create(ctx, l); err != nil {
 		t.Fatal(err)
 	}
@@ -264,8 +265,9 @@ func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
 	testutil.Eventually(t, time.Minute, "leader pod", func() error {
 		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-0"}, &leader)
 	})
-	// No node runs the pods here: the leader stays Pending, so no workers.
-	time.Sleep(3 * time.Second)
+	// No node runs the pods here: the leader stays Pending, so no workers, once the controllers
+	// have handled the leader pod.
+	mark.wait(t, "the leader pod")
 	var sts appsv1.StatefulSet
 	if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-0"}, &sts); err == nil {
 		t.Fatal("worker StatefulSet created before the leader was ready")
@@ -278,8 +280,9 @@ func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
 	testutil.Eventually(t, time.Minute, "worker pod", func() error {
 		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-0-1"}, &worker)
 	})
+	mark = markReconciles(t, "leaderworkerset-pod")
 	setPodStatus(t, ns, name+"-0-1", true, 1)
-	time.Sleep(3 * time.Second)
+	mark.wait(t, "the worker's restart")
 	var after corev1.Pod
 	if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: name + "-0"}, &after); err != nil || after.UID != leader.UID || after.DeletionTimestamp != nil {
 		t.Errorf("restartPolicy None: leader replaced or deleted after a worker restart (%v)", err)

@@ -290,8 +290,9 @@ func TestVolumeManager(t *testing.T) {
 	// it does not use: publishInventory replaces a node's inventory, and on a chosen node that
 	// would take the dataset away.
 	rv := got.ResourceVersion
+	mark := markReconciles(t, "volumemanager")
 	publishInventory(t, third, "other", spapi.DatasetReady, "")
-	time.Sleep(3 * time.Second)
+	mark.wait(t, "a StoragePool change")
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 		t.Fatal(err)
 	}

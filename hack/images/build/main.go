@@ -47,6 +47,8 @@ type image struct {
 	path       string
 	// busybox adds a link per applet of the busybox at /bin/busybox, as the busybox image has.
 	busybox bool
+	// user the image runs as (the config's User); root when empty.
+	user string
 }
 
 // file is one file of an image: a static binary built from a package of this module (pkg) or of
@@ -94,8 +96,9 @@ func images(busybox, provisioner, versitygw string) []image {
 		// (its compare-notebook subcommand), built from the repository's main module.
 		{Name: "controller", Ref: "localhost/cistern/workload-controller:v1", entrypoint: "/usr/local/bin/workload-controller", path: "/usr/local/bin",
 			files: []file{{path: "/usr/local/bin/workload-controller", rootPkg: "./cmd/workload-controller"}}},
-		// The notebook container runs `papermill INPUT OUTPUT --log-output`.
-		{Name: "papermill", Ref: "localhost/cistern/papermill:v1", entrypoint: "/usr/local/bin/papermill", path: "/usr/local/bin:/usr/bin:/bin",
+		// The notebook container runs `papermill INPUT OUTPUT --log-output`, as a user of its own
+		// as notebook images do (Jupyter's run as 1000): the notebook pods are runAsNonRoot.
+		{Name: "papermill", Ref: "localhost/cistern/papermill:v1", entrypoint: "/usr/local/bin/papermill", path: "/usr/local/bin:/usr/bin:/bin", user: "1000:1000",
 			files: []file{{path: "/usr/local/bin/papermill", pkg: "./papermill"}}},
 	}
 	if versitygw != "" {
@@ -251,6 +254,7 @@ func run(out, root string, ims []image) error {
 				c.Cmd = []string{"sh"}
 			}
 			c.Env = []string{"PATH=" + im.path}
+			c.User = im.user
 		})
 		if err != nil {
 			return fmt.Errorf("%s: %w", im.Name, err)

@@ -1,8 +1,10 @@
 // Command git stands in for git in the node-level tests' git image, where the notebook jobs'
-// git-clone init container runs `/bin/sh -c 'git clone ...'` (busybox is the shell). It knows one
-// command, the one that script uses:
+// git-clone init container runs `/bin/sh -c 'git clone ...'` (busybox is the shell). It knows the
+// commands that script uses:
 //
-//	git clone [--depth N] [--branch REF | -b REF] [--] URL DIR
+//	git clone [--depth N] [--branch REF | -b REF] [--no-checkout] [--] URL DIR
+//	git -C DIR checkout --detach COMMIT
+//	git -C DIR rev-parse HEAD
 //
 // and clones with go-git over the transports go-git speaks (the tests serve smart HTTP). REF is a
 // branch or a tag, as for git. Anything else is refused with git's exit code for usage errors,
@@ -39,10 +41,11 @@ const (
 
 // cloneArgs are the parsed arguments of `git clone`.
 type cloneArgs struct {
-	depth  int
-	branch string
-	url    string
-	dir    string
+	depth      int
+	branch     string
+	noCheckout bool
+	url        string
+	dir        string
 }
 
 type usageError struct{ msg string }
@@ -50,6 +53,18 @@ type usageError struct{ msg string }
 func (e usageError) Error() string { return e.msg }
 
 func main() {
+	if len(os.Args) > 2 && os.Args[1] == "-C" {
+		if err := inRepo(os.Args[2], os.Args[3:]); err != nil {
+			var u usageError
+			if errors.As(err, &u) {
+				fmt.Fprintf(os.Stderr, "error: %v\n", err)
+				os.Exit(exitUsage)
+			}
+			fmt.Fprintf(os.Stderr, "fatal: %v\n", err)
+			os.Exit(exitFatal)
+		}
+		return
+	}
 	args, err := parse(os.Args[1:])
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "error: %v\nusage: git clone [--depth N] [--branch REF] [--] URL DIR (git stand-in of the Cistern node tests)\n", err)
@@ -78,6 +93,10 @@ func parse(argv []string) (cloneArgs, error) {
 		}
 		if !strings.HasPrefix(arg, "-") || arg == "-" {
 			pos = append(pos, arg)
+			continue
+		}
+		if arg == "--no-checkout" {
+			a.noCheckout = true
 			continue
 		}
 		name, value, hasValue := strings.Cut(arg, "=")
@@ -124,12 +143,42 @@ func clone(a cloneArgs) error {
 		SingleBranch:  a.depth > 0 || a.branch != "",
 		Depth:         a.depth,
 		Tags:          git.NoTags,
+		NoCheckout:    a.noCheckout,
 		Progress:      os.Stderr,
 	})
 	if err != nil {
 		return fmt.Errorf("cloning %s: %w", a.url, err)
 	}
 	return nil
+}
+
+// inRepo runs the commands the clone script runs in a cloned repository: checkout --detach COMMIT
+// and rev-parse HEAD.
+func inRepo(dir string, argv []string) error {
+	repo, err := git.PlainOpen(dir)
+	if err != nil {
+		return fmt.Errorf("not a git repository: %s: %w", dir, err)
+	}
+	switch {
+	case len(argv) == 3 && argv[0] == "checkout" && argv[1] == "--detach":
+		hash, err := repo.ResolveRevision(plumbing.Revision(argv[2]))
+		if err != nil {
+			return fmt.Errorf("reference is not a tree: %s", argv[2])
+		}
+		wt, err := repo.Worktree()
+		if err != nil {
+			return err
+		}
+		return wt.Checkout(&git.CheckoutOptions{Hash: *hash, Force: true})
+	case len(argv) == 2 && argv[0] == "rev-parse" && argv[1] == "HEAD":
+		head, err := repo.Head()
+		if err != nil {
+			return err
+		}
+		fmt.Println(head.Hash().String())
+		return nil
+	}
+	return usageError{fmt.Sprintf("only `checkout --detach COMMIT` and `rev-parse HEAD` are implemented with -C, not %q", argv)}
 }
 
 // resolveRef finds the branch or tag a --branch value names on the remote, as git does; empty

@@ -20,6 +20,8 @@ import (
 // notebook's directory in the clone).
 //
 //	print TEXT        TEXT to the cell's stdout
+//	date TEXT         TEXT followed by the current time (RFC 3339, nanoseconds), as a notebook
+//	                  that logs timestamps prints them
 //	cat PATH          the file's content to stdout
 //	ls DIR            the entries of DIR, sorted, directories with a trailing /
 //	sha256 DIR        "<sha256>  <path relative to DIR>" for every regular file below DIR
@@ -96,6 +98,8 @@ func runStatement(stmt string, stdout io.Writer) error {
 	switch verb {
 	case "print":
 		_, err = fmt.Fprintln(stdout, arg)
+	case "date":
+		_, err = fmt.Fprintln(stdout, strings.TrimSpace(arg+" "+time.Now().UTC().Format(time.RFC3339Nano)))
 	case "cat":
 		var data []byte
 		if data, err = os.ReadFile(arg); err == nil {

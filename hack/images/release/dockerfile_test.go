@@ -430,7 +430,8 @@ func volatile(p string) bool {
 // (same type, same link targets) but for volatilePaths; every path of the controller image
 // built here must be in the Dockerfile's, whose distroless base also brings files the controller
 // does not use (listed). It needs both builds, so it runs only where a Docker engine answers
-// `docker info`; elsewhere it says so and passes, TestImagesAsDockerfileDeclares having checked
+// `docker info`; elsewhere it skips, by design (also under CI=true: no engine can run here), so
+// that `make test` lists it as skipped, never as passed. TestImagesAsDockerfileDeclares checks
 // the images built here against the Dockerfile.
 func TestDockerfileBuildSameFiles(t *testing.T) {
 	dockerIndex := os.Getenv(DockerImagesEnv)
@@ -438,9 +439,8 @@ func TestDockerfileBuildSameFiles(t *testing.T) {
 		if err := exec.Command("docker", "info").Run(); err == nil {
 			t.Fatalf("a Docker engine answers `docker info` but %s is not set: run `make test-images`, which builds the images both ways", DockerImagesEnv)
 		}
-		t.Logf("NOT COMPARED, by design: no Docker engine answers `docker info` here, so the Dockerfile's images cannot be built; "+
-			"this comparison runs where one does (make test-images sets %s). TestImagesAsDockerfileDeclares checked the images built here against the Dockerfile.", DockerImagesEnv)
-		return
+		t.Skipf("NOT COMPARED, by design: no Docker engine answers `docker info` here, so the Dockerfile's images cannot be built; "+
+			"this comparison runs where one does (make test-images sets %s). TestImagesAsDockerfileDeclares checks the images built here against the Dockerfile.", DockerImagesEnv)
 	}
 	data, err := os.ReadFile(dockerIndex)
 	if err != nil {

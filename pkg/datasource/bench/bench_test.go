@@ -5,10 +5,12 @@
 package bench
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,9 +53,16 @@ var shapes = []shape{
 
 // childResult is what a child process reports: the staging child, or the transfer manager's
 // (which fills only StageSeconds, CPUSeconds and MaxRSSBytes).
+// stagedLine is what a child prints once its copy is on disk: the parent times every copier
+// from before it starts the process to that point (rclone's and awscli's exit, this line for
+// the Go children), so process start counts for all alike.
+const stagedLine = "STAGED"
+
 type childResult struct {
-	StageSeconds float64 `json:"stage"`
-	HitSeconds   float64 `json:"hit"`
+	// OutsideSeconds is the parent's time from before the child's start to its stagedLine.
+	OutsideSeconds float64 `json:"-"`
+	StageSeconds   float64 `json:"stage"`
+	HitSeconds     float64 `json:"hit"`
 	// FullHitSeconds is a cache hit for a caller whose access proof is not remembered: it lists
 	// the dataset and reads one file.
 	FullHitSeconds  float64 `json:"fullHit"`
@@ -90,6 +99,7 @@ func TestStagingChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	res.StageSeconds = time.Since(start).Seconds()
+	fmt.Println(stagedLine) // the parent's clock stops here, as it does at rclone's exit
 	res.CPUSeconds = cpuSeconds()
 	pprof.StopCPUProfile()
 	// A second volume of the same dataset: Ensure is a cache hit, then the read-only tree is
@@ -164,6 +174,7 @@ func TestTransferManagerChild(t *testing.T) {
 		t.Fatalf("transfer manager: %d objects failed", out.ObjectsFailed)
 	}
 	syncfs(t, p.Dest)
+	fmt.Println(stagedLine)
 	pprof.StopCPUProfile()
 	res := childResult{StageSeconds: time.Since(start).Seconds(), CPUSeconds: cpuSeconds(), MaxRSSBytes: peakRSS(os.Getpid())}
 	b, _ := json.Marshal(res)
@@ -190,6 +201,13 @@ func startProfile(t *testing.T) {
 //	CISTERN_BENCH_PROFILE=dir  write the staging and transfer manager children's CPU profiles
 //	                           there, one per dataset
 func BenchmarkStaging(b *testing.B) {
+	// The copiers' order in each round: drawn from CISTERN_BENCH_SEED, or from the clock (logged).
+	seed := uint64(time.Now().UnixNano())
+	if v, err := strconv.ParseUint(os.Getenv("CISTERN_BENCH_SEED"), 10, 64); err == nil {
+		seed = v
+	}
+	b.Logf("copier order seed %d (CISTERN_BENCH_SEED)", seed)
+	order := rand.New(rand.NewPCG(seed, 0))
 	base := os.Getenv("CISTERN_BENCH_DIR")
 	if base == "" {
 		base = b.TempDir()
@@ -239,7 +257,7 @@ func BenchmarkStaging(b *testing.B) {
 		fsSize := 3*int64(sh.objects)*sh.size + 1<<30
 		fresh := func(name string) (string, func()) { return freshFS(b, work, name, fsSize) }
 
-		// The copiers take turns, so a burst of other load hits them alike.
+		// The copiers take turns in a random order, so a burst of other load hits them alike.
 		var cps, rcs, tms, awss, stages []time.Duration
 		var ress []childResult
 		var rcRSS, tmRSS, awsRSS int64
@@ -251,61 +269,87 @@ func BenchmarkStaging(b *testing.B) {
 				profile = filepath.Join(dir, bucket+".cpu.pprof")
 				tmProfile = filepath.Join(dir, bucket+".transfermanager.cpu.pprof")
 			}
-			// cp -r: the disk's limit for the same files (plus one sync, as staging does).
-			dst, done := fresh("cp")
-			dropCaches(b)
-			start := time.Now()
-			_, _ = run(b, nil, "cp", "-r", filepath.Join(s.Dir, bucket), filepath.Join(dst, "copy"))
-			syncfs(b, dst)
-			cps = append(cps, time.Since(start))
-			done()
-
-			dst, done = fresh("rclone")
-			env := []string{"RCLONE_CONFIG=/dev/null", "RCLONE_CONFIG_SRC_TYPE=s3", "RCLONE_CONFIG_SRC_PROVIDER=Other",
-				"RCLONE_CONFIG_SRC_ENDPOINT=" + s.Endpoint, "RCLONE_CONFIG_SRC_ACCESS_KEY_ID=" + s.AccessKey,
-				"RCLONE_CONFIG_SRC_SECRET_ACCESS_KEY=" + s.SecretKey, "RCLONE_CONFIG_SRC_FORCE_PATH_STYLE=true",
-				"RCLONE_CONFIG_SRC_REGION=us-east-1"}
-			dropCaches(b)
-			start = time.Now()
-			rss, cpu := run(b, env, rclone, "copy", "--transfers", "16", "src:"+bucket, filepath.Join(dst, "copy"))
-			syncfs(b, dst)
-			rcs = append(rcs, time.Since(start))
-			rcRSS, rcCPUs = max(rcRSS, rss), append(rcCPUs, cpu)
-			checkCopy(b, "rclone", filepath.Join(dst, "copy"), sh)
-			done()
-
-			// The transfer manager times itself (from its first request to its syncfs), as
-			// the staging child does.
-			dst, done = fresh("transfermanager")
-			tm := copyChild(b, "TestTransferManagerChild", s, map[string]string{
-				"endpoint": s.Endpoint, "bucket": bucket, "dest": filepath.Join(dst, "copy")}, "CISTERN_BENCH_CPUPROFILE="+tmProfile)
-			tms = append(tms, seconds(tm.StageSeconds))
-			tmRSS, tmCPUs = max(tmRSS, tm.MaxRSSBytes), append(tmCPUs, tm.CPUSeconds)
-			checkCopy(b, "transfer manager", filepath.Join(dst, "copy"), sh)
-			done()
-
-			// awscli: its own config file, the test credentials in the environment, no
-			// instance metadata lookups, and the endpoint given on the command line: it talks
-			// to the local server only. Its time includes the Python interpreter's start.
-			dst, done = fresh("awscli")
-			env = []string{"AWS_CONFIG_FILE=" + awsConfig, "AWS_SHARED_CREDENTIALS_FILE=/dev/null", "AWS_PROFILE=default",
-				"AWS_ACCESS_KEY_ID=" + s.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s.SecretKey, "AWS_DEFAULT_REGION=us-east-1",
-				"AWS_EC2_METADATA_DISABLED=true", "AWS_PAGER="}
-			dropCaches(b)
-			start = time.Now()
-			rss, cpu = run(b, env, awscli, "s3", "cp", "--recursive", "--only-show-errors", "--no-progress",
-				"--endpoint-url", s.Endpoint, "s3://"+bucket, filepath.Join(dst, "copy"))
-			syncfs(b, dst)
-			awss = append(awss, time.Since(start))
-			awsRSS, awsCPUs = max(awsRSS, rss), append(awsCPUs, cpu)
-			checkCopy(b, "awscli", filepath.Join(dst, "copy"), sh)
-			done()
-
-			dst, done = fresh("cistern")
-			res := stageChild(b, s, bucket, dst, profile)
-			done()
-			ress = append(ress, res)
-			stages = append(stages, time.Duration(res.StageSeconds*float64(time.Second)))
+			// Every copier is a process timed from before its start until its copy is on disk
+			// (its exit, or a Go child's stagedLine), and every output is checked; they run in
+			// an order drawn anew each round (seeded, logged), so neither a warmer cache nor a
+			// burst of other load favours one.
+			var res childResult
+			copiers := []struct {
+				name string
+				run  func()
+			}{
+				{"cp -r", func() {
+					// The disk's limit for the same files (plus one sync, as staging does).
+					dst, done := fresh("cp")
+					defer done()
+					dropCaches(b)
+					start := time.Now()
+					_, _ = run(b, nil, "cp", "-r", filepath.Join(s.Dir, bucket), filepath.Join(dst, "copy"))
+					syncfs(b, dst)
+					cps = append(cps, time.Since(start))
+				}},
+				{"rclone", func() {
+					dst, done := fresh("rclone")
+					defer done()
+					env := []string{"RCLONE_CONFIG=/dev/null", "RCLONE_CONFIG_SRC_TYPE=s3", "RCLONE_CONFIG_SRC_PROVIDER=Other",
+						"RCLONE_CONFIG_SRC_ENDPOINT=" + s.Endpoint, "RCLONE_CONFIG_SRC_ACCESS_KEY_ID=" + s.AccessKey,
+						"RCLONE_CONFIG_SRC_SECRET_ACCESS_KEY=" + s.SecretKey, "RCLONE_CONFIG_SRC_FORCE_PATH_STYLE=true",
+						"RCLONE_CONFIG_SRC_REGION=us-east-1"}
+					dropCaches(b)
+					start := time.Now()
+					rss, cpu := run(b, env, rclone, "copy", "--transfers", "16", "src:"+bucket, filepath.Join(dst, "copy"))
+					syncfs(b, dst)
+					rcs = append(rcs, time.Since(start))
+					rcRSS, rcCPUs = max(rcRSS, rss), append(rcCPUs, cpu)
+					checkCopy(b, "rclone", filepath.Join(dst, "copy"), sh)
+				}},
+				{"transfer manager", func() {
+					dst, done := fresh("transfermanager")
+					defer done()
+					tm := copyChild(b, "TestTransferManagerChild", s, map[string]string{
+						"endpoint": s.Endpoint, "bucket": bucket, "dest": filepath.Join(dst, "copy")}, "CISTERN_BENCH_CPUPROFILE="+tmProfile)
+					tms = append(tms, seconds(tm.OutsideSeconds))
+					tmRSS, tmCPUs = max(tmRSS, tm.MaxRSSBytes), append(tmCPUs, tm.CPUSeconds)
+					checkCopy(b, "transfer manager", filepath.Join(dst, "copy"), sh)
+				}},
+				{"awscli", func() {
+					// Its own config file, the test credentials in the environment, no instance
+					// metadata lookups, and the endpoint given on the command line: it talks to
+					// the local server only.
+					dst, done := fresh("awscli")
+					defer done()
+					env := []string{"AWS_CONFIG_FILE=" + awsConfig, "AWS_SHARED_CREDENTIALS_FILE=/dev/null", "AWS_PROFILE=default",
+						"AWS_ACCESS_KEY_ID=" + s.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s.SecretKey, "AWS_DEFAULT_REGION=us-east-1",
+						"AWS_EC2_METADATA_DISABLED=true", "AWS_PAGER="}
+					dropCaches(b)
+					start := time.Now()
+					rss, cpu := run(b, env, awscli, "s3", "cp", "--recursive", "--only-show-errors", "--no-progress",
+						"--endpoint-url", s.Endpoint, "s3://"+bucket, filepath.Join(dst, "copy"))
+					syncfs(b, dst)
+					awss = append(awss, time.Since(start))
+					awsRSS, awsCPUs = max(awsRSS, rss), append(awsCPUs, cpu)
+					checkCopy(b, "awscli", filepath.Join(dst, "copy"), sh)
+				}},
+				{"Cistern", func() {
+					dst, done := fresh("cistern")
+					defer done()
+					res = stageChild(b, s, bucket, dst, profile)
+					trees, _ := filepath.Glob(filepath.Join(dst, "pool", datasource.CacheDirName, "*", "tree"))
+					if len(trees) != 1 {
+						b.Fatalf("Cistern: %d staged trees in its pool, want 1", len(trees))
+					}
+					checkCopy(b, "Cistern", trees[0], sh)
+					ress = append(ress, res)
+					stages = append(stages, seconds(res.OutsideSeconds))
+				}},
+			}
+			order.Shuffle(len(copiers), func(i, j int) { copiers[i], copiers[j] = copiers[j], copiers[i] })
+			var names []string
+			for _, c := range copiers {
+				c.run()
+				names = append(names, c.name)
+			}
+			b.Logf("%s, run %d: order %s", sh.name, r+1, strings.Join(names, ", "))
 			b.Logf("%s, run %d: cp -r %s, rclone %s, transfer manager %s, awscli %s, Cistern %s", sh.name, r+1,
 				round(cps[r]), round(rcs[r]), round(tms[r]), round(awss[r]), round(stages[r]))
 		}
@@ -382,19 +426,41 @@ func copyChild(b *testing.B, test string, s *testpeers.S3, params map[string]str
 	cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(p),
 		"CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey)
 	cmd.Env = append(cmd.Env, env...)
-	out, err := cmd.CombinedOutput()
+	pr, pw, err := os.Pipe()
 	if err != nil {
-		b.Fatalf("%s: %v\n%s", test, err, tail(out))
+		b.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = pw, pw
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	pw.Close()
+	var out bytes.Buffer
+	var outside time.Duration
+	sc := bufio.NewScanner(pr)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		if sc.Text() == stagedLine && outside == 0 {
+			outside = time.Since(start)
+		}
+		out.Write(sc.Bytes())
+		out.WriteByte('\n')
+	}
+	pr.Close()
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("%s: %v\n%s", test, err, tail(out.Bytes()))
 	}
 	var res childResult
-	for _, line := range strings.Split(string(out), "\n") {
+	for _, line := range strings.Split(out.String(), "\n") {
 		if strings.HasPrefix(line, "RESULT ") {
 			json.Unmarshal([]byte(strings.TrimPrefix(line, "RESULT ")), &res)
 		}
 	}
-	if res.StageSeconds == 0 {
-		b.Fatalf("no result from %s:\n%s", test, tail(out))
+	if res.StageSeconds == 0 || outside == 0 {
+		b.Fatalf("no result from %s:\n%s", test, tail(out.Bytes()))
 	}
+	res.OutsideSeconds = outside.Seconds()
 	return res
 }
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -84,8 +85,9 @@ func (c *Cache) Pools() []string {
 	return out
 }
 
-// PinReader records a reader of dataset id's tree on pool that holds no reference file (a copy
-// into a volume); the returned func drops it. Readers count as the dataset's references.
+// PinReader records a reader of the tree in cache directory id (a dataset ID, or a kept
+// version's name) on pool that holds no reference file (a copy into a volume); the returned func
+// drops it. Readers count as the dataset's references.
 func (c *Cache) PinReader(pool, id string) (unpin func()) {
 	return c.pin(pool, id, func(p *pins, d int) { p.readers += d })
 }
@@ -159,14 +161,15 @@ func (c *Cache) TreePath(pool string, spec *dataset.Spec) (string, error) {
 
 // Acquire records that volumeID uses the dataset's tree on pool (a read-only bind mount) and
 // returns the tree's path. version is the manifest digest the caller proved it may read (empty:
-// any); a dataset replaced since is refused as changed, and the caller asks again. The reference
-// is a file, so it survives driver restarts; Release removes it. Both are idempotent.
+// the current one); it is found where it is, current or kept (versions.go), and one gone since is
+// refused as changed, and the caller asks again. The reference is a file, so it survives driver
+// restarts; Release removes it. Both are idempotent.
 func (c *Cache) Acquire(pool string, spec *dataset.Spec, version, volumeID string) (string, error) {
-	dir := DatasetDir(pool, spec.ID())
 	pl := c.Lock(pool)
 	pl.Lock()
 	defer pl.Unlock()
-	if err := CheckVersion(dir, spec, version); err != nil {
+	dir, err := versionDir(pool, spec, version)
+	if err != nil {
 		return "", err
 	}
 	if err := os.MkdirAll(filepath.Join(dir, RefsDir), 0o755); err != nil {
@@ -198,42 +201,6 @@ func CheckVersion(dir string, spec *dataset.Spec, version string) error {
 	return nil
 }
 
-// RetiredSep separates a dataset ID from the suffix of a version that a newer one replaced.
-const RetiredSep = ".retired-"
-
-// Retire moves the ready version of dataset id on pool aside when it still has the given
-// digest, so that a new version can be staged in its place: volumes that use it keep it (their
-// bind mounts follow the directory), new callers never see it, and it is deleted with its last
-// reference. A version nobody uses is deleted at once.
-func (c *Cache) Retire(pool, id, digest string) error {
-	pl := c.Lock(pool)
-	pl.Lock()
-	defer pl.Unlock()
-	dir := DatasetDir(pool, id)
-	if c.Busy(pool, id) {
-		return source.Errorf(source.Retryable, "the cached version is being copied into a volume; retry")
-	}
-	if !IsReady(dir) {
-		return nil // replaced meanwhile
-	}
-	md, err := ReadMeta(dir)
-	if err != nil {
-		return err
-	}
-	if d, err := ManifestDigest(dir, md); err != nil || d != digest {
-		return err // replaced meanwhile
-	}
-	defer c.Changed()
-	if RefCount(dir) == 0 {
-		return RemoveDataset(pool, id)
-	}
-	to := dir + RetiredSep + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := os.Rename(dir, to); err != nil {
-		return err
-	}
-	return SyncDir(Dir(pool))
-}
-
 // RemoveDataset deletes a dataset directory: renamed to trash first, so a crash leaves nothing
 // that looks like a dataset.
 func RemoveDataset(pool, name string) error {
@@ -244,8 +211,8 @@ func RemoveDataset(pool, name string) error {
 	return RemoveAllQuick(trash)
 }
 
-// Release drops volumeID's reference to the dataset id on pool. The reference may be in a
-// retired version, which goes with its last reference.
+// Release drops volumeID's reference to the dataset id on pool. The reference may be in a kept
+// version, which stays cached, or a retired one, which goes with its last reference.
 func (c *Cache) Release(pool, id, volumeID string) error {
 	dir := DatasetDir(pool, id)
 	err := os.Remove(filepath.Join(dir, RefsDir, refName(volumeID)))
@@ -254,8 +221,8 @@ func (c *Cache) Release(pool, id, volumeID string) error {
 		c.Changed()
 		return err
 	}
-	retired, _ := filepath.Glob(dir + RetiredSep + "*")
-	for _, r := range retired {
+	others, _ := filepath.Glob(dir + ".*")
+	for _, r := range others {
 		err := os.Remove(filepath.Join(r, RefsDir, refName(volumeID)))
 		if IsNotExist(err) {
 			continue
@@ -264,6 +231,10 @@ func (c *Cache) Release(pool, id, volumeID string) error {
 			return err
 		}
 		c.Changed()
+		if !strings.Contains(filepath.Base(r), RetiredSep) {
+			Touch(r)
+			return nil
+		}
 		pl := c.Lock(pool)
 		pl.Lock()
 		defer pl.Unlock()

@@ -77,7 +77,8 @@ func (c *Cache) MakeRoom(ctx context.Context, pool, dir string, alloc int64) err
 }
 
 type candidate struct {
-	id       string
+	// id is the dataset's, name its directory's (a version of id: kept ones are evicted alike).
+	id, name string
 	dir      string
 	lastUsed time.Time
 	bytes    int64
@@ -127,9 +128,9 @@ func (c *Cache) Evict(ctx context.Context, pool string, need int64) {
 		if free >= target {
 			break
 		}
-		trash := filepath.Join(Dir(pool), TrashPrefix+v.id)
+		trash := filepath.Join(Dir(pool), TrashPrefix+v.name)
 		if err := os.Rename(v.dir, trash); err != nil {
-			logger.Error(err, "evicting dataset", "datasetID", v.id)
+			logger.Error(err, "evicting dataset", "datasetID", v.id, "version", v.name)
 			continue
 		}
 		v.dir = trash
@@ -173,7 +174,7 @@ func (c *Cache) candidates(pool string) ([]candidate, error) {
 		if c.Busy(pool, e.Name()) || RefCount(dir) > 0 {
 			continue
 		}
-		v := candidate{id: e.Name(), dir: dir, lastUsed: LastUsed(dir), bytes: diskUsage(dir)}
+		v := candidate{id: IDOf(e.Name()), name: e.Name(), dir: dir, lastUsed: LastUsed(dir), bytes: diskUsage(dir)}
 		if md, err := ReadMeta(dir); err == nil && md.Spec != nil {
 			v.source = md.Spec.Source
 		}

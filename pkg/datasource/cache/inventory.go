@@ -59,7 +59,8 @@ type Inventory struct {
 	Datasets []CachedDataset
 	// Total, Ready, Staging and Failed count every dataset, listed or not.
 	Total, Ready, Staging, Failed int
-	// Bytes is what every dataset has staged (retired versions still in use included).
+	// Bytes is what every dataset has staged (kept versions, and retired ones still in use,
+	// included).
 	Bytes int64
 }
 
@@ -107,7 +108,7 @@ func (c *Cache) Inventory(pool string, limit int, overlay func(byID map[string]*
 	pl := c.Lock(pool)
 	pl.Lock()
 	defer pl.Unlock()
-	byID, retired, err := scan(pool)
+	byID, others, err := scan(pool)
 	if err != nil {
 		return Inventory{}, err
 	}
@@ -119,24 +120,25 @@ func (c *Cache) Inventory(pool string, limit int, overlay func(byID map[string]*
 			byID[id].References += n
 		}
 	}
-	return total(pool, byID, retired, limit), nil
+	return total(pool, byID, others, limit), nil
 }
 
-// scan reads the datasets of pool's cache directory, and names the retired versions.
+// scan reads the datasets of pool's cache directory, and names the other versions (kept and
+// retired) of each.
 func scan(pool string) (map[string]*CachedDataset, []string, error) {
 	ents, err := os.ReadDir(Dir(pool))
 	if err != nil && !IsNotExist(err) {
 		return nil, nil, err
 	}
 	byID := map[string]*CachedDataset{}
-	var retired []string
+	var others []string
 	for _, e := range ents {
 		name := e.Name()
 		switch {
 		case !e.IsDir() || strings.HasPrefix(name, TrashPrefix):
 			continue
-		case strings.Contains(name, RetiredSep):
-			retired = append(retired, name)
+		case IDOf(name) != name:
+			others = append(others, name)
 			continue
 		}
 		dir := DatasetDir(pool, name)
@@ -152,20 +154,31 @@ func scan(pool string) (map[string]*CachedDataset, []string, error) {
 		}
 		byID[name] = d
 	}
-	return byID, retired, nil
+	return byID, others, nil
 }
 
-// total counts the datasets and retired versions, and lists the most recently used limit.
-func total(pool string, byID map[string]*CachedDataset, retired []string, limit int) Inventory {
+// total counts the datasets and their other versions, and lists the most recently used limit. A
+// dataset whose only ready version is a kept one is Ready.
+func total(pool string, byID map[string]*CachedDataset, others []string, limit int) Inventory {
 	inv := Inventory{}
-	for _, name := range retired {
+	for _, name := range others {
 		dir := DatasetDir(pool, name)
-		if md, err := ReadMeta(dir); err == nil {
+		md, err := ReadMeta(dir)
+		if err == nil {
 			inv.Bytes += md.Bytes
 		}
-		id, _, _ := strings.Cut(name, RetiredSep)
-		if d := byID[id]; d != nil {
+		id := IDOf(name)
+		d := byID[id]
+		kept := strings.Contains(name, VersionSep) && IsReady(dir) && err == nil && md.Spec != nil
+		if d == nil && kept {
+			d = &CachedDataset{ID: id, State: DatasetReady, BytesDone: md.Bytes, BytesTotal: md.Bytes}
+			d.Describe(md.Spec)
+			inv.Bytes -= md.Bytes // counted below as the dataset's
+			byID[id] = d
+		}
+		if d != nil {
 			d.References += RefCount(dir)
+			d.LastUsed = LaterOf(d.LastUsed, LastUsed(dir))
 		}
 	}
 	for _, d := range byID {
@@ -209,9 +222,11 @@ func LaterOf(a, b time.Time) time.Time {
 	return a
 }
 
-// ReadyTotals sums the ready datasets of pool's cache: their bytes, and how many there are.
+// ReadyTotals sums the ready datasets of pool's cache: their bytes (every version's), and how
+// many datasets there are.
 func ReadyTotals(pool string) (bytes int64, n int) {
 	ents, _ := os.ReadDir(Dir(pool))
+	ids := map[string]bool{}
 	for _, e := range ents {
 		if !e.IsDir() || strings.HasPrefix(e.Name(), TrashPrefix) {
 			continue
@@ -219,8 +234,8 @@ func ReadyTotals(pool string) (bytes int64, n int) {
 		dir := filepath.Join(Dir(pool), e.Name())
 		if md, err := ReadMeta(dir); err == nil && IsReady(dir) {
 			bytes += md.Bytes
-			n++
+			ids[IDOf(e.Name())] = true
 		}
 	}
-	return bytes, n
+	return bytes, len(ids)
 }

@@ -15,7 +15,7 @@ import (
 // the very bytes the first caller proved it may read, never a newer version it did not.
 
 // Referenced returns the tree of the version of dataset id on pool that holder references: the
-// ready one or a retired one. NotFound when holder references none.
+// current one, a kept one or a retired one. NotFound when holder references none.
 func (c *Cache) Referenced(pool, id, holder string) (string, error) {
 	pl := c.Lock(pool)
 	pl.Lock()
@@ -49,9 +49,11 @@ func (c *Cache) Share(pool, id, from, to string) (string, error) {
 
 // referencing returns the directory of the version of dataset id that holds holder's reference.
 func referencing(pool, id, holder string) (string, error) {
-	dirs := []string{DatasetDir(pool, id)}
-	retired, _ := filepath.Glob(DatasetDir(pool, id) + RetiredSep + "*")
-	for _, dir := range append(dirs, retired...) {
+	// The current version, then the kept (VersionSep) and retired (RetiredSep) ones: a version
+	// moves aside when another is staged in its place, so a path recorded earlier may name
+	// another version's tree.
+	others, _ := filepath.Glob(DatasetDir(pool, id) + ".*")
+	for _, dir := range append([]string{DatasetDir(pool, id)}, others...) {
 		if _, err := os.Stat(filepath.Join(dir, RefsDir, refName(holder))); err == nil {
 			return dir, nil
 		}

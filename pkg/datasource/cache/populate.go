@@ -42,11 +42,17 @@ func (c *Cache) Populate(ctx context.Context, pool string, spec *dataset.Spec, v
 	if Populated(target, spec) {
 		return nil
 	}
-	defer c.PinReader(pool, id)()
-	dir := DatasetDir(pool, id)
-	if err := CheckVersion(dir, spec, version); err != nil {
+	// The version is found and pinned under the pool's lock, which keeping and trimming versions
+	// hold: it stays where it is while it is copied.
+	pl := c.Lock(pool)
+	pl.Lock()
+	dir, err := versionDir(pool, spec, version)
+	if err != nil {
+		pl.Unlock()
 		return err
 	}
+	defer c.PinReader(pool, filepath.Base(dir))()
+	pl.Unlock()
 	Touch(dir)
 	tree := filepath.Join(dir, TreeDir)
 	logger := klog.FromContext(ctx).WithValues("dataset", spec.String(), "target", target)

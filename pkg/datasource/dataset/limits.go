@@ -42,6 +42,10 @@ type Limits struct {
 	// MaxGlobWork bounds the include/exclude matching one listing may do, in units of pattern
 	// bytes times key bytes (source.Work).
 	MaxGlobWork int64
+	// MaxVersions bounds the ready versions of one dataset a pool keeps side by side (callers
+	// whose listings differ each get the version they see); past it the least recently used
+	// unused version goes. Versions in use are never deleted.
+	MaxVersions int
 }
 
 // DefaultLimits are the limits a zero Config field gets, and the driver flags' defaults.
@@ -58,6 +62,7 @@ var DefaultLimits = Limits{
 	Listings:          8,
 	ListingsPerSource: 2,
 	MaxGlobWork:       1 << 36,
+	MaxVersions:       4,
 }
 
 // WithDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
@@ -97,6 +102,9 @@ func (l Limits) WithDefaults(concurrency int) Limits {
 		l.ListingsPerSource = d.ListingsPerSource
 	}
 	set(&l.MaxGlobWork, d.MaxGlobWork)
+	if l.MaxVersions <= 0 {
+		l.MaxVersions = d.MaxVersions
+	}
 	return l
 }
 

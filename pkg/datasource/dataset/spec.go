@@ -38,11 +38,17 @@ func SpecOf(d *params.Dataset) *Spec {
 	return &Spec{Dataset: *d}
 }
 
-// Credentials come from a CSI secret; empty means anonymous access.
+// Credentials come from a CSI secret, or are a pod's web identity (RoleARN set: its
+// ServiceAccount token, exchanged at the STS for the role's keys; webidentity.go); empty means
+// anonymous access.
 type Credentials struct {
 	AccessKeyID     string
 	SecretAccessKey string
 	SessionToken    string
+
+	RoleARN, WebIdentityToken string
+	// SessionName names the web identity's session (the pod) in the STS's logs.
+	SessionName string
 }
 
 // Secret keys read by CredentialsFromSecrets.
@@ -69,6 +75,9 @@ func CredentialsFromSecrets(secrets map[string]string) (Credentials, error) {
 
 // String is safe to log.
 func (c Credentials) String() string {
+	if c.RoleARN != "" {
+		return "web identity for " + c.RoleARN
+	}
 	if c.AccessKeyID == "" {
 		return "anonymous"
 	}

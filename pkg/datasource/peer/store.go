@@ -137,19 +137,16 @@ func (s *CacheStore) Versions(id string) []string {
 }
 
 // eachReadyS3 calls f with the directory and manifest digest of each ready S3 version of dataset
-// id on this node's pools, until f returns false.
+// id on this node's pools (current and kept), until f returns false.
 func (s *CacheStore) eachReadyS3(id string, f func(dir, digest string) bool) {
 	for _, pool := range s.Pools() {
-		dir := cache.DatasetDir(pool, id)
-		if !cache.IsReady(dir) {
-			continue
-		}
-		md, err := cache.ReadMeta(dir)
-		if err != nil || md.Spec == nil || md.Spec.Scheme != dataset.SchemeS3 {
-			continue
-		}
-		if d, err := cache.ManifestDigest(dir, md); err == nil && !f(dir, d) {
-			return
+		for _, v := range cache.ReadyVersions(pool, id) {
+			if v.Meta.Spec == nil || v.Meta.Spec.Scheme != dataset.SchemeS3 {
+				continue
+			}
+			if !f(v.Dir, v.Digest) {
+				return
+			}
 		}
 	}
 }

@@ -67,7 +67,8 @@ func FuzzResponses(f *testing.F) {
 		if status < 100 || status > 599 {
 			status = 200 + (status%400+400)%400
 		}
-		s, err := New(Config{Bucket: "b", Prefix: "p/", Endpoint: "http://s3.fuzz.invalid", PathStyle: true, AccessKeyID: "k", SecretAccessKey: "s"})
+		s, err := New(Config{Bucket: "b", Prefix: "p/", Endpoint: "http://s3.fuzz.invalid", PathStyle: true, AccessKeyID: "k", SecretAccessKey: "s",
+			TLS: TLS{AllowPlainHTTP: true}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -38,6 +38,8 @@ type Config struct {
 	PathStyle bool
 
 	AccessKeyID, SecretAccessKey, SessionToken string
+	// WebIdentity, when set, is where the keys come from instead (webidentity.go).
+	WebIdentity *WebIdentity
 
 	// MaxConns bounds idle connections kept to the server (the engine bounds concurrency).
 	MaxConns int
@@ -46,6 +48,8 @@ type Config struct {
 	// Egress is what the client may connect to; the zero value refuses link-local and cloud
 	// metadata addresses only.
 	Egress egress.Policy
+	// TLS is how the endpoint is trusted, and whether a plain-HTTP one off the node is allowed.
+	TLS TLS
 	// MaxListed bounds the keys and common prefixes one listing may go through, whether the
 	// engine's filters keep them or not (0: unbounded); past it the listing fails TooLarge.
 	MaxListed int64
@@ -74,7 +78,11 @@ func New(cfg Config) (*Source, error) {
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = time.Minute
 	}
+	if err := cfg.TLS.checkEndpoint(cfg.Endpoint); err != nil {
+		return nil, err
+	}
 	tr := &http.Transport{
+		TLSClientConfig:       cfg.TLS.clientConfig(),
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           cfg.Egress.DialContext(net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}),
 		MaxIdleConns:          cfg.MaxConns,
@@ -92,7 +100,10 @@ func New(cfg Config) (*Source, error) {
 		return http.ErrUseLastResponse
 	}}
 	var creds aws.CredentialsProvider = aws.AnonymousCredentials{}
-	if cfg.AccessKeyID != "" {
+	switch {
+	case cfg.WebIdentity != nil:
+		creds = cfg.WebIdentity.credentials(cfg.Region, hc)
+	case cfg.AccessKeyID != "":
 		creds = credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken)
 	}
 	opts := s3.Options{
@@ -431,7 +442,9 @@ func classify(err error, format string, args ...any) error {
 	if errors.As(err, &api) {
 		switch api.ErrorCode() {
 		case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled",
-			"InvalidToken", "ExpiredToken", "AccountProblem", "Forbidden":
+			"InvalidToken", "ExpiredToken", "AccountProblem", "Forbidden",
+			// The STS refusing a web identity (webidentity.go).
+			"InvalidIdentityToken", "ExpiredTokenException", "IDPRejectedClaim":
 			return source.Wrap(source.Denied, errors.New(api.ErrorCode()), "%s: access denied", msg)
 		case "NoSuchBucket", "NoSuchKey", "NotFound":
 			return source.Wrap(source.NotFound, errors.New(api.ErrorCode()), "%s: not found", msg)
@@ -455,6 +468,9 @@ func classify(err error, format string, args ...any) error {
 		case code >= 300 && code < 400:
 			return source.Wrap(source.Invalid, fmt.Errorf("HTTP %d", code), "%s: the server answered with a redirect, which is not followed", msg)
 		}
+	}
+	if e, ok := untrusted(err, msg); ok {
+		return e
 	}
 	var dns *net.DNSError
 	if errors.As(err, &dns) && dns.IsNotFound {

@@ -64,7 +64,7 @@ func (b *batcher) flush(ctx context.Context) error {
 func (j *Job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 	for {
 		select {
-		case <-j.peers.swarm.Polled():
+		case <-j.peers.sw().Polled():
 		case <-ctx.Done():
 			return
 		}
@@ -115,7 +115,7 @@ func (j *Job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) er
 		}
 		if ts = later; len(ts) > 0 {
 			select {
-			case <-j.peers.swarm.Polled():
+			case <-j.peers.sw().Polled():
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			}
@@ -186,12 +186,12 @@ func (j *Job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 			continue
 		}
 		if ctx.Err() != nil {
-			j.peers.swarm.Done(p, true)
+			j.peers.sw().Done(p, true)
 			return nil, context.Cause(ctx)
 		}
 		if source.KindOf(err) == source.Corrupt {
 			// A peer served a wrong byte: it is dropped, and the rest read elsewhere.
-			j.peers.swarm.Wrong(p)
+			j.peers.sw().Wrong(p)
 			j.e.cfg.Metrics.WrongPieces.Inc()
 			logger.Info("a peer served bytes that fail verification; dropped it, fetching again",
 				"key", t.obj.Key, "peers", []string{p.Node}, "err", err)
@@ -202,7 +202,7 @@ func (j *Job) fetchBatch(ctx context.Context, ts []task) ([]task, error) {
 		}
 		break
 	}
-	j.peers.swarm.Done(p, failed)
+	j.peers.sw().Done(p, failed)
 	// From the entry that failed on, the batch is read another way.
 	return append(left, ob.asked[next:]...), nil
 }
@@ -229,12 +229,12 @@ func (j *Job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 		pieces[k] = peer.Range{Index: j.peers.rank(t.i), N: t.obj.Size}
 	}
 	for waits := 0; ; {
-		p, held, choice := j.peers.swarm.PickBatch(pieces)
+		p, held, choice := j.peers.sw().PickBatch(pieces)
 		if choice == peer.Wait && waits < maxWaits {
 			// The peers that hold them send all they may at once: ask again after a poll.
 			waits++
 			select {
-			case <-j.peers.swarm.Polled():
+			case <-j.peers.sw().Polled():
 				continue
 			case <-ctx.Done():
 				return nil, context.Cause(ctx)
@@ -257,20 +257,20 @@ func (j *Job) openBatch(ctx context.Context, ts []task) (*openedBatch, error) {
 		}
 		ob.ctx, ob.cancel = context.WithTimeoutCause(ctx, j.e.cfg.Limits.ReadTimeout(total), errTooSlow)
 		var err error
-		if ob.Batch, err = j.peers.swarm.OpenBatch(ob.ctx, p, ask); err == nil {
+		if ob.Batch, err = j.peers.sw().OpenBatch(ob.ctx, p, ask); err == nil {
 			return ob, nil
 		}
 		ob.cancel()
 		switch {
 		case ctx.Err() != nil:
-			j.peers.swarm.Done(p, true)
+			j.peers.sw().Done(p, true)
 			return nil, context.Cause(ctx)
 		case peer.IsBusy(err):
-			j.peers.swarm.Refused(p)
+			j.peers.sw().Refused(p)
 		default:
 			// Left alone a while: the next pick is another peer, or none.
 			klog.FromContext(ctx).V(2).Info("peer batch failed", "peer", p.Node, "err", err)
-			j.peers.swarm.Done(p, true)
+			j.peers.sw().Done(p, true)
 		}
 	}
 }

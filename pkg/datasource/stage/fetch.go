@@ -45,10 +45,17 @@ func (j *Job) fetchAll(ctx context.Context) error {
 	// as they hold them, while this node reads its own share (batch.go).
 	again := j.workers(ctx, cancel, &againWG)
 	stopTaking := func() {}
-	if j.peers.swarm != nil {
+	if j.peers.joined != nil {
 		tctx, stop := context.WithCancel(ctx)
 		taken := make(chan struct{})
-		go func() { defer close(taken); j.takeHeld(tctx, ctx, again) }()
+		go func() {
+			defer close(taken)
+			select { // the swarm may be joined while the job fetches (watchPeers)
+			case <-j.peers.joined:
+				j.takeHeld(tctx, ctx, again)
+			case <-tctx.Done():
+			}
+		}()
 		stopTaking = func() { stop(); <-taken }
 	}
 	err := j.sendEntries(ctx, tasks)
@@ -102,7 +109,7 @@ func (j *Job) sendEntries(ctx context.Context, tasks chan<- task) error {
 			return sendEntry(i, o)
 		})
 	}
-	if j.peers.swarm != nil {
+	if j.peers.sw() != nil {
 		// With peers, entries go in the order peers name them, each node from its own share
 		// (peers.go).
 		each = func(from, to int64) error { return j.eachShared(from, to, sendEntry) }
@@ -229,7 +236,7 @@ func (j *Job) do(ctx context.Context, t task) error {
 		if len(pr.peers) > 0 {
 			// A peer served a wrong byte: it is dropped, and the entry read again elsewhere.
 			for _, p := range pr.peers {
-				j.peers.swarm.Wrong(p)
+				j.peers.sw().Wrong(p)
 				j.e.cfg.Metrics.WrongPieces.Inc()
 			}
 			klog.FromContext(ctx).Info("a peer served bytes that fail verification; dropped it, fetching again",

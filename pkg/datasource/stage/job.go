@@ -182,6 +182,7 @@ func (j *Job) Run(ctx context.Context) (err error) {
 	j.phase.Store(PhaseFetching)
 	stop := j.logProgress(ctx, klog.FromContext(ctx))
 	err = j.fetchAll(ctx)
+	j.peers.fetched.Store(true)
 	stop()
 	if err != nil {
 		return err
@@ -285,7 +286,8 @@ func (j *Job) list(ctx context.Context) (*cache.Meta, error) {
 }
 
 // joinPeers names the manifest's entries for peers, so that the staging is served to them as it
-// goes (peer.CacheStore), and, when another node holds or stages the dataset, joins their swarm.
+// goes (peer.CacheStore), and joins the swarm of the nodes that hold or stage the dataset: at
+// once when the inventory lists one, or as soon as it does while the job fetches (watchPeers).
 // The returned func leaves it.
 func (j *Job) joinPeers(ctx context.Context, md *cache.Meta) (leave func(), err error) {
 	c, err := peer.BuildNames(filepath.Join(j.dir, cache.ObjectsFile))
@@ -294,24 +296,93 @@ func (j *Job) joinPeers(ctx context.Context, md *cache.Meta) (leave func(), err 
 	}
 	j.peers.names.Store(c)
 	j.peers.self, j.peers.entries = j.e.cfg.Peers.Self(), md.Objects
-	if !j.e.cfg.Peers.HasPeers(j.id) {
-		return func() {}, nil
+	j.peers.joined = make(chan struct{})
+	if j.e.cfg.Peers.HasPeers(j.id) {
+		if err := j.join(ctx, ctx, md); err != nil {
+			return nil, err
+		}
+		return j.peers.sw().Close, nil
 	}
-	// The caller's own credentials read the data before any peer is asked: its listing gave the
-	// manifest, and it may read every file of it, as a cache hit proves access (package access).
-	// A caller that may list but not read, or read only some files, gets nothing from peers.
+	wctx, stop := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() { defer close(watched); j.watchPeers(wctx, ctx, md) }()
+	return func() {
+		stop()
+		<-watched
+		if sw := j.peers.sw(); sw != nil {
+			sw.Close()
+		}
+	}, nil
+}
+
+// peerWatchInterval is how often a job that knows no peer asks the inventory again while it
+// fetches. Nodes that start together learn of each other only once their StoragePools report the
+// dataset (about a second later): checked once, at listing, they never fanned out (2 GiB × 4
+// nodes all Ready in 3.49 the time of one node, docs/benchmarks.md, "Peer fan-out").
+const peerWatchInterval = 250 * time.Millisecond
+
+// watchPeers joins the swarm once the inventory lists a peer of the dataset, until the job has
+// fetched everything or ctx ends. A failed join leaves the job reading from the source alone.
+func (j *Job) watchPeers(ctx, jobCtx context.Context, md *cache.Meta) {
+	t := time.NewTicker(peerWatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if j.peers.fetched.Load() {
+			return
+		}
+		if !j.e.cfg.Peers.HasPeers(j.id) {
+			continue
+		}
+		if err := j.join(ctx, jobCtx, md); err != nil && ctx.Err() == nil {
+			klog.FromContext(ctx).V(2).Info("staging without peers: joining them failed", "err", err)
+		}
+		return
+	}
+}
+
+// join joins the swarm of the dataset's peers, which polls them until jobCtx ends, once one
+// round of asking them what they hold is over (bounded by the network's timeout). The caller's
+// own credentials read the data before any peer is asked: its listing gave the manifest, and it
+// may read every file of it, as a cache hit proves access (package access). A caller that may
+// list but not read, or read only some files, gets nothing from peers.
+func (j *Job) join(ctx, jobCtx context.Context, md *cache.Meta) error {
 	if err := j.access.ProveFiles(ctx, j.src, j.dir, md); err != nil {
-		return nil, err
+		return err
 	}
-	j.peers.swarm = j.e.cfg.Peers.Swarm(ctx, j.id, md.Digest)
-	// One round of asking the peers what they hold (bounded by the network's timeout) before
-	// the first piece is read.
+	sw := j.e.cfg.Peers.Swarm(jobCtx, j.id, md.Digest)
 	select {
-	case <-j.peers.swarm.Polled():
-		return j.peers.swarm.Close, nil
+	case <-sw.Polled():
 	case <-ctx.Done():
-		j.peers.swarm.Close()
-		return nil, context.Cause(ctx)
+		sw.Close()
+		return context.Cause(ctx)
+	}
+	j.peers.swarm.Store(sw)
+	close(j.peers.joined)
+	j.narrowStreams(jobCtx)
+	return nil
+}
+
+// narrowStreams takes for good, from each large entry whose ranges were sent before the job
+// joined its swarm, the streams a node of the swarm leaves unused (streamsPerObject), so that
+// each node's ranges finish one after another ("The large object's tail", docs/benchmarks.md).
+// The takers wait for streams in use to end, or for the job.
+func (j *Job) narrowStreams(jobCtx context.Context) {
+	j.bigMu.Lock()
+	defer j.bigMu.Unlock()
+	for _, b := range j.big {
+		for range cap(b.streams) - j.streamsPerObject() {
+			go func() {
+				select {
+				case b.streams <- struct{}{}:
+				case <-jobCtx.Done():
+				}
+			}()
+		}
 	}
 }
 

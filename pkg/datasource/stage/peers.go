@@ -42,32 +42,32 @@ const maxWaits = 120
 // open opens [off, off+n) of o: from a peer that holds it, after waiting for one that is reading
 // it, or from the source. via is the peer, nil for the source.
 func (j *Job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n int64) (rc io.ReadCloser, via *peer.Peer, err error) {
-	if j.peers.swarm != nil && pr != nil && pr.eligible {
+	if j.peers.sw() != nil && pr != nil && pr.eligible {
 		for {
-			p, choice := j.peers.swarm.Pick(pr.i, off, n)
+			p, choice := j.peers.sw().Pick(pr.i, off, n)
 			if choice == peer.FromPeer {
-				rc, err := j.peers.swarm.Open(ctx, p, pr.i, off, n)
+				rc, err := j.peers.sw().Open(ctx, p, pr.i, off, n)
 				if err == nil {
 					pr.peers = append(pr.peers, p)
 					return rc, &p, nil
 				}
 				if !peer.IsBusy(err) {
-					j.peers.swarm.Done(p, true)
+					j.peers.sw().Done(p, true)
 					continue
 				}
 				// The peer sends all it may at once: ask it, or another, again after a poll
 				// rather than read the piece from the source.
-				j.peers.swarm.Refused(p)
+				j.peers.sw().Refused(p)
 				choice = peer.Wait
 			}
 			// Another node's share, which it is still reading from the source: wait for it.
-			if choice == peer.FromSource && pr.owner != j.peers.self && j.peers.swarm.Fetching(pr.owner) {
+			if choice == peer.FromSource && pr.owner != j.peers.self && j.peers.sw().Fetching(pr.owner) {
 				choice = peer.Wait
 			}
 			if choice == peer.Wait && pr.waits < maxWaits {
 				pr.waits++
 				select {
-				case <-j.peers.swarm.Polled():
+				case <-j.peers.sw().Polled():
 					continue
 				case <-ctx.Done():
 					return nil, nil, context.Cause(ctx)
@@ -119,7 +119,7 @@ func (j *Job) blame(ctx context.Context, t task) (bool, error) {
 		}
 		if before.Sum32() != after.Sum32() {
 			for _, p := range from {
-				j.peers.swarm.Wrong(p)
+				j.peers.sw().Wrong(p)
 				j.e.cfg.Metrics.WrongPieces.Inc()
 			}
 			blamed = true

@@ -85,10 +85,10 @@ func (j *Job) closeBig() {
 // pieces complete one after another, so the others take them while the source is still being
 // read rather than all at its end.
 func (j *Job) streamsPerObject() int {
-	if j.peers.swarm == nil {
+	if j.peers.sw() == nil {
 		return rangesPerObject
 	}
-	return max(1, rangesPerObject/j.peers.swarm.Members())
+	return max(1, rangesPerObject/j.peers.sw().Members())
 }
 
 func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
@@ -103,8 +103,9 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
 			// Ranges start on MiB boundaries, as direct I/O needs.
-			// With peers, ranges stay small: they are what nodes serve each other.
-			if j.peers.swarm == nil {
+			// Shared with peers, ranges stay small: they are what nodes serve each other, also
+			// to nodes that learn of this one while it fetches.
+			if !j.peers.shared() {
 				chunk = max(chunk, ((o.Size+rangesPerObject-1)/rangesPerObject+1<<20-1)&^(1<<20-1))
 			}
 			b.crc, b.crcWant = &a, plan.Checksum.Value
@@ -168,7 +169,7 @@ func (j *Job) fetchRange(ctx context.Context, t task) error {
 	}
 	b.setSum(t.idx, sum)
 	b.from[t.idx] = pr.peers
-	if len(pr.peers) == 0 && j.peers.swarm != nil {
+	if len(pr.peers) == 0 && j.peers.shared() {
 		// Read from the source itself: served to peers before the whole entry is checked (they
 		// check it themselves); ranges from peers are served only once it is.
 		j.peers.holding.AddRange(peer.Range{Index: j.peers.rank(t.i), Off: t.off, N: t.n})

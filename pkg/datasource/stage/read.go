@@ -82,7 +82,7 @@ func (j *Job) readOnce(ctx context.Context, r *rangeRead) (via *peer.Peer, err e
 		return via, err
 	}
 	piece := peer.Range{Index: -1}
-	if via == nil && j.peers.swarm != nil && r.pr != nil {
+	if via == nil && j.peers.shared() && r.pr != nil {
 		// Peers that need this piece wait for it rather than read it from the source too.
 		piece = peer.Range{Index: r.pr.i, Off: r.off + r.written, N: r.n - r.written}
 		j.peers.holding.SetBusy(piece, true)
@@ -109,7 +109,7 @@ func (j *Job) readOnce(ctx context.Context, r *rangeRead) (via *peer.Peer, err e
 	origin := OriginSource
 	if via != nil {
 		origin = OriginPeer
-		j.peers.swarm.Done(*via, err != nil || k < r.n-(r.written-k))
+		j.peers.sw().Done(*via, err != nil || k < r.n-(r.written-k))
 	}
 	j.e.cfg.Metrics.Fetched.WithLabelValues(j.id, origin).Add(float64(k))
 	if err == nil && r.written < r.n {

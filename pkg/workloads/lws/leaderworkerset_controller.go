@@ -278,7 +278,9 @@ func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []cor
 		if g.ready {
 			c.Ready++
 		}
-		if int32(ord) >= partition {
+		// As upstream: a group whose worker StatefulSet is not there yet (being created) is no
+		// group an update waits for, so creating a LeaderWorkerSet is no UpdateInProgress.
+		if int32(ord) >= partition && !awaitingWorkers(p, workers[p.Name]) {
 			c.Partitioned++
 			if g.updated {
 				c.Updated++
@@ -291,15 +293,24 @@ func ComputeStatus(lws *v1alpha1.LeaderWorkerSet, revision string, leaders []cor
 	return st, c
 }
 
+// awaitingWorkers: the group of leader has workers and their StatefulSet does not exist yet.
+func awaitingWorkers(leader *corev1.Pod, workers *appsv1.StatefulSet) bool {
+	return leader.Annotations[v1alpha1.SizeAnnotationKey] != "1" && (workers == nil || !metav1.IsControlledBy(workers, leader))
+}
+
 // setConditions: UpdateInProgress while a group at or above the partition is not at the current
 // revision; Available once every group below spec.replicas is ready and those the update moves are
-// updated; Progressing otherwise.
+// updated; Progressing otherwise. A condition is first written when it becomes True.
 func setConditions(st *v1alpha1.LeaderWorkerSetStatus, c GroupCounts, lws *v1alpha1.LeaderWorkerSet, gen int64) {
 	replicas := ptr.Deref(lws.Spec.Replicas, 1)
+	// As upstream: a condition appears once it is True; after that it follows (False when its
+	// state has passed), so a new LeaderWorkerSet does not list conditions it never had.
 	set := func(t string, ok bool, reason, msg string) {
 		s := metav1.ConditionFalse
 		if ok {
 			s = metav1.ConditionTrue
+		} else if meta.FindStatusCondition(st.Conditions, t) == nil {
+			return
 		}
 		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
 	}

@@ -171,8 +171,8 @@ func (r *PodReconciler) applyRestartPolicy(ctx context.Context, pod *corev1.Pod,
 	if leader.DeletionTimestamp != nil {
 		return true, nil
 	}
-	if policy == v1alpha1.RecreateGroupAfterStart {
-		pending, err := r.groupHasPendingPods(ctx, leader)
+	if afterStart(lws) {
+		pending, err := r.groupNotStarted(ctx, leader, ptr.Deref(lws.Spec.LeaderWorkerTemplate.Size, 1))
 		if err != nil || pending {
 			return false, err
 		}
@@ -200,12 +200,25 @@ func ownedByLeader(ctx context.Context, c client.Client, pod, leader *corev1.Pod
 	return sts.UID == owner.UID && metav1.IsControlledBy(&sts, leader)
 }
 
-func (r *PodReconciler) groupHasPendingPods(ctx context.Context, leader *corev1.Pod) (bool, error) {
+// afterStart says whether a group restarts only once started: RecreateGroupAfterStart, or
+// RecreateGroupOnPodRestart with upstream's experimental annotation.
+func afterStart(lws *v1alpha1.LeaderWorkerSet) bool {
+	_, annotated := lws.Annotations[v1alpha1.RecreateGroupAfterStartAnnotationKey]
+	policy := lws.Spec.LeaderWorkerTemplate.RestartPolicy
+	return policy == v1alpha1.RecreateGroupAfterStart || policy == v1alpha1.RecreateGroupOnPodRestart && annotated
+}
+
+// groupNotStarted says whether a group has not started yet: fewer pods than its size (one not
+// created yet counts, as upstream counts it), or one of them Pending.
+func (r *PodReconciler) groupNotStarted(ctx context.Context, leader *corev1.Pod, size int32) (bool, error) {
 	var pods corev1.PodList
 	if err := r.List(ctx, &pods, client.InNamespace(leader.Namespace), client.MatchingLabels{
 		v1alpha1.GroupUniqueHashLabelKey: leader.Labels[v1alpha1.GroupUniqueHashLabelKey],
 	}); err != nil {
 		return false, err
+	}
+	if len(pods.Items) != int(size) {
+		return true, nil
 	}
 	for _, p := range pods.Items {
 		if p.Status.Phase == corev1.PodPending {

@@ -61,6 +61,10 @@ func TestComputeStatus(t *testing.T) {
 			leaders: []corev1.Pod{leader("lws-0", "old", true, false), leader("lws-1", "r", true, false)},
 			sets:    []appsv1.StatefulSet{workers("lws-0", "old", 2), workers("lws-1", "r", 2)},
 			want:    [3]int32{2, 2, 1}},
+		{name: "being created: a leader whose worker StatefulSet is not there yet is no update in progress (as upstream)",
+			leaders: []corev1.Pod{leader("lws-0", "r", false, false), leader("lws-1", "r", false, false)},
+			sets:    []appsv1.StatefulSet{workers("lws-0", "r", 0)},
+			want:    [3]int32{2, 0, 1}},
 		{name: "partition 0: the same groups are an update in progress",
 			leaders: []corev1.Pod{leader("lws-0", "old", true, false), leader("lws-1", "r", true, false)},
 			sets:    []appsv1.StatefulSet{workers("lws-0", "old", 2), workers("lws-1", "r", 2)},
@@ -86,5 +90,29 @@ func TestComputeStatus(t *testing.T) {
 				t.Errorf("UpdateInProgress = %v, want %v", got, tc.updating)
 			}
 		})
+	}
+}
+
+// Conditions appear when they first become True, as upstream writes them, and then follow.
+func TestConditionsAppearWhenTrue(t *testing.T) {
+	l := testLWS()
+	var st v1alpha1.LeaderWorkerSetStatus
+	statuses := func() map[string]metav1.ConditionStatus {
+		m := map[string]metav1.ConditionStatus{}
+		for _, c := range st.Conditions {
+			m[c.Type] = c.Status
+		}
+		return m
+	}
+	// Created, nothing ready: only Progressing.
+	setConditions(&st, GroupCounts{Partitioned: 2, Updated: 2}, l, 1)
+	if d := cmp.Diff(map[string]metav1.ConditionStatus{v1alpha1.LeaderWorkerSetProgressing: metav1.ConditionTrue}, statuses()); d != "" {
+		t.Errorf("new set (-want +got):\n%s", d)
+	}
+	// Ready: Available True, Progressing False; UpdateInProgress was never True, so absent.
+	setConditions(&st, GroupCounts{Partitioned: 2, Updated: 2, Ready: 2, UpdatedReady: 2}, l, 1)
+	if d := cmp.Diff(map[string]metav1.ConditionStatus{v1alpha1.LeaderWorkerSetProgressing: metav1.ConditionFalse,
+		v1alpha1.LeaderWorkerSetAvailable: metav1.ConditionTrue}, statuses()); d != "" {
+		t.Errorf("ready set (-want +got):\n%s", d)
 	}
 }

@@ -2,6 +2,7 @@ package lws
 
 import (
 	"fmt"
+	"math"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,24 +16,30 @@ import (
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 )
 
-// maxNameLength keeps "<name>-<group>-<worker>" plus the StatefulSet controller's
-// controller-revision-hash suffix within a 63-character label value.
-const maxNameLength = 40
+// revisionHashLength is the longest hash the StatefulSet controller appends to a StatefulSet's name
+// for its pods' controller-revision-hash label (the decimal FNV-32 hash, safe-encoded).
+const revisionHashLength = 10
 
 // ValidateCreate checks a defaulted LeaderWorkerSet.
 func ValidateCreate(lws *v1alpha1.LeaderWorkerSet) field.ErrorList {
 	var errs field.ErrorList
-	if len(lws.Name) > maxNameLength {
-		errs = append(errs, field.TooLong(field.NewPath("metadata", "name"), lws.Name, maxNameLength))
-	}
 	spec := field.NewPath("spec")
-	if r := ptr.Deref(lws.Spec.Replicas, 1); r < 0 {
-		errs = append(errs, field.Invalid(spec.Child("replicas"), r, "must be >= 0"))
+	replicas, size := ptr.Deref(lws.Spec.Replicas, 1), ptr.Deref(lws.Spec.LeaderWorkerTemplate.Size, 1)
+	if replicas < 0 {
+		errs = append(errs, field.Invalid(spec.Child("replicas"), replicas, "must be >= 0"))
 	}
 	tplPath := spec.Child("leaderWorkerTemplate")
 	tpl := &lws.Spec.LeaderWorkerTemplate
-	if s := ptr.Deref(tpl.Size, 1); s < 1 {
-		errs = append(errs, field.Invalid(tplPath.Child("size"), s, "must be >= 1"))
+	if size < 1 {
+		errs = append(errs, field.Invalid(tplPath.Child("size"), size, "must be >= 1"))
+	}
+	// As upstream: the pods of the set are numbered in int32.
+	if int64(replicas)*int64(size) > math.MaxInt32 {
+		errs = append(errs, field.Invalid(spec.Child("replicas"), replicas,
+			fmt.Sprintf("the product of replicas and worker replicas must not exceed %d", math.MaxInt32)))
+	}
+	if len(errs) == 0 {
+		errs = append(errs, validateName(lws)...)
 	}
 	errs = append(errs, validateRollout(lws)...)
 	errs = append(errs, validateClaims(tpl, tplPath)...)
@@ -40,6 +47,58 @@ func ValidateCreate(lws *v1alpha1.LeaderWorkerSet) field.ErrorList {
 	errs = append(errs, validateSubGroupPolicy(tpl, tplPath.Child("subGroupPolicy"))...)
 	errs = append(errs, validatePlacementAnnotations(lws)...)
 	return errs
+}
+
+// validateName checks the name as upstream does — a DNS-1035 label, since it names the headless
+// Service — and, unlike upstream, against what the StatefulSet controller derives from it: it
+// labels every pod with its own name (statefulset.kubernetes.io/pod-name, <name>-<group>-<worker>
+// for workers) and with its StatefulSet's revision (controller-revision-hash,
+// <statefulset>-<hash>), and label values are at most 63 characters. Upstream accepts names up to
+// 63 whose pods can then never be created; here the name may be as long as the groups it will
+// have (replicas plus the surge) allow: 50 for up to 10 groups of more than one pod, 52 for
+// groups of one.
+func validateName(lws *v1alpha1.LeaderWorkerSet) field.ErrorList {
+	p := field.NewPath("metadata", "name")
+	var errs field.ErrorList
+	for _, msg := range validation.IsDNS1035Label(lws.Name) {
+		errs = append(errs, field.Invalid(p, lws.Name, msg))
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	replicas, size := ptr.Deref(lws.Spec.Replicas, 1), ptr.Deref(lws.Spec.LeaderWorkerTemplate.Size, 1)
+	groups := replicas + surgeOf(lws)
+	lastGroup := len(fmt.Sprint(max(groups-1, 0)))
+	// The leader StatefulSet <name> labels its pods <name>-<hash>.
+	limit := validation.LabelValueMaxLength - 1 - revisionHashLength
+	if size > 1 {
+		// A worker StatefulSet <name>-<group> labels its pods <name>-<group>-<hash>, and names
+		// them <name>-<group>-<worker>.
+		limit = min(limit,
+			validation.LabelValueMaxLength-1-lastGroup-1-revisionHashLength,
+			validation.LabelValueMaxLength-1-lastGroup-1-len(fmt.Sprint(size-1)))
+	}
+	if len(lws.Name) > limit {
+		errs = append(errs, field.Invalid(p, lws.Name, fmt.Sprintf("must be no more than %d characters for %d groups of %d pods: "+
+			"the StatefulSet controller labels each pod with its name and its StatefulSet's revision (<name>-<group>-<%d-character hash>), "+
+			"and label values are at most %d characters", limit, groups, size, revisionHashLength, validation.LabelValueMaxLength)))
+	}
+	return errs
+}
+
+// surgeOf is the most groups a rolling update adds: maxSurge rounded up against replicas, at most
+// replicas (as the rollout takes it).
+func surgeOf(lws *v1alpha1.LeaderWorkerSet) int32 {
+	ru := lws.Spec.RolloutStrategy.RollingUpdateConfiguration
+	if ru == nil {
+		return 0
+	}
+	replicas := ptr.Deref(lws.Spec.Replicas, 1)
+	n, err := intstr.GetScaledValueFromIntOrPercent(&ru.MaxSurge, int(replicas), true)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return min(int32(n), replicas)
 }
 
 // validateSubGroupPolicy checks subGroupSize against size as upstream does: at least 1, at most

@@ -35,8 +35,26 @@ func TestValidateCreate(t *testing.T) {
 				ReplicaUniqueNodeSelector: "cistern.dev/replica",
 				ReplicaUniqueToleration:   &v1alpha1.ReplicaUniqueToleration{Key: "cistern.dev/replica", Effect: corev1.TaintEffectPreferNoSchedule}}
 		}},
-		{name: "failure case - name too long", mod: func(l *v1alpha1.LeaderWorkerSet) { l.Name = strings.Repeat("a", 41) },
-			want: []string{"metadata.name: Too long"}},
+		{name: "a 50-character name, as long as 10 groups of more than one pod allow", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Name, l.Spec.Replicas = strings.Repeat("a", 50), ptr.To[int32](10)
+		}},
+		{name: "a 52-character name for groups of one pod", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Name, l.Spec.LeaderWorkerTemplate.Size = strings.Repeat("a", 52), ptr.To[int32](1)
+		}},
+		{name: "failure case - name too long for its pods' labels", mod: func(l *v1alpha1.LeaderWorkerSet) { l.Name = strings.Repeat("a", 51) },
+			want: []string{"metadata.name: Invalid value", "must be no more than 50 characters for 2 groups of 3 pods"}},
+		{name: "failure case - 11 groups with the surge leave 49 characters", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Name, l.Spec.Replicas = strings.Repeat("a", 50), ptr.To[int32](10)
+			l.Spec.RolloutStrategy.RollingUpdateConfiguration = &v1alpha1.RollingUpdateConfiguration{MaxUnavailable: intstr.FromInt32(1), MaxSurge: intstr.FromInt32(1)}
+		}, want: []string{"must be no more than 49 characters for 11 groups of 3 pods"}},
+		{name: "failure case - upstream's 63-character maximum", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Name, l.Spec.LeaderWorkerTemplate.Size = strings.Repeat("a", 63), ptr.To[int32](1)
+		}, want: []string{"must be no more than 52 characters for 2 groups of 1 pods"}},
+		{name: "failure case - not a DNS-1035 label", mod: func(l *v1alpha1.LeaderWorkerSet) { l.Name = "1st-model" },
+			want: []string{`metadata.name: Invalid value: "1st-model": a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character`}},
+		{name: "failure case - replicas x size above int32", mod: func(l *v1alpha1.LeaderWorkerSet) {
+			l.Spec.Replicas, l.Spec.LeaderWorkerTemplate.Size = ptr.To[int32](65536), ptr.To[int32](32768)
+		}, want: []string{"spec.replicas: Invalid value: 65536: the product of replicas and worker replicas must not exceed 2147483647"}},
 		{name: "failure case - size 0", mod: func(l *v1alpha1.LeaderWorkerSet) { l.Spec.LeaderWorkerTemplate.Size = ptr.To[int32](0) },
 			want: []string{"spec.leaderWorkerTemplate.size: Invalid value: 0: must be >= 1"}},
 		{name: "failure case - maxUnavailable and maxSurge both 0", mod: func(l *v1alpha1.LeaderWorkerSet) {

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -111,6 +112,11 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 		return ctrl.Result{}, nil
 	}
 	st.PodName = pod.Name
+	recordCommits(&pod, st)
+	if r.retry(ctx, job, &pod, st) {
+		// The status update (Retries) brings the job back, to create the next pod.
+		return ctrl.Result{}, nil
+	}
 	if r.observe(job, &pod, st) {
 		return ctrl.Result{}, nil
 	}
@@ -128,14 +134,7 @@ func (r *Reconciler) observe(job *v1alpha1.NotebookValidationJob, pod *corev1.Po
 		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, msg)
 		return true
 	case corev1.PodFailed:
-		reason, msg := v1alpha1.ReasonFailed, failureMessage(pod)
-		switch {
-		case pod.Status.Reason == "DeadlineExceeded":
-			reason = v1alpha1.ReasonTimedOut
-		case containerFailed(pod.Status.ContainerStatuses, CompareContainer):
-			reason = v1alpha1.ReasonGoldenMismatch
-		}
-		r.finish(st, v1alpha1.NotebookPhaseFailed, reason, msg)
+		r.finish(st, v1alpha1.NotebookPhaseFailed, failureReason(pod), failureMessage(pod))
 		return true
 	case corev1.PodRunning, corev1.PodPending:
 		if pod.Status.Phase == corev1.PodPending && !notebookStarted(pod) {
@@ -157,6 +156,32 @@ func (r *Reconciler) observe(job *v1alpha1.NotebookValidationJob, pod *corev1.Po
 		st.StartTime = &t
 	}
 	return false
+}
+
+// failureReason tells a timeout and a golden mismatch from any other failure of a pod.
+func failureReason(pod *corev1.Pod) string {
+	switch {
+	case pod.Status.Reason == "DeadlineExceeded":
+		return v1alpha1.ReasonTimedOut
+	case containerFailed(pod.Status.ContainerStatuses, CompareContainer):
+		return v1alpha1.ReasonGoldenMismatch
+	}
+	return v1alpha1.ReasonFailed
+}
+
+// retry moves a job whose pod failed, within its retry limit, back to Pending for a new pod
+// (PodName numbers it by st.Retries); true when it did. A failed clone or notebook run is tried
+// again; a timeout or a mismatch would only repeat itself.
+func (r *Reconciler) retry(ctx context.Context, job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) bool {
+	limit := ptr.Deref(job.Spec.Retries, 0)
+	if pod.Status.Phase != corev1.PodFailed || failureReason(pod) != v1alpha1.ReasonFailed || st.Retries >= limit {
+		return false
+	}
+	st.Retries++
+	st.Phase, st.PodName, st.StartTime = v1alpha1.NotebookPhasePending, "", nil
+	st.Message = fmt.Sprintf("run failed, retrying (%d of %d): %s", st.Retries, limit, failureMessage(pod))
+	klog.FromContext(ctx).Info("retrying", "pod", klog.KObj(pod), "retry", st.Retries, "of", limit)
+	return true
 }
 
 // enforceTimeout requeues the job for its deadline, or, past it, deletes the pod and fails it.
@@ -264,6 +289,37 @@ func (r *Reconciler) finish(st *v1alpha1.NotebookValidationJobStatus, phase v1al
 	status := metav1.ConditionTrue
 	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1alpha1.NotebookConditionComplete,
 		Status: status, Reason: reason, Message: msg, ObservedGeneration: st.ObservedGeneration})
+}
+
+// recordCommits copies the commits the clone used (its termination message, "commit=<sha>
+// [golden-commit=<sha>]") into the status once it has succeeded.
+func recordCommits(pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) {
+	for _, cs := range pod.Status.InitContainerStatuses {
+		t := cs.State.Terminated
+		if cs.Name != GitCloneContainer || t == nil || t.ExitCode != 0 {
+			continue
+		}
+		for _, f := range strings.Fields(t.Message) {
+			k, v, _ := strings.Cut(f, "=")
+			if !isCommit(v) {
+				continue
+			}
+			switch k {
+			case "commit":
+				st.Commit = v
+			case "golden-commit":
+				st.GoldenCommit = v
+			}
+		}
+	}
+}
+
+// isCommit says whether s is a full SHA-1 or SHA-256 commit name.
+func isCommit(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	return strings.Trim(s, "0123456789abcdef") == ""
 }
 
 // notebookStarted says whether the notebook runs, or ran: with a golden notebook papermill is an

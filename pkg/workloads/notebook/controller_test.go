@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
@@ -180,5 +181,70 @@ func TestReconcilerPodCreateRefused(t *testing.T) {
 				t.Fatalf("after the quota freed: %+v", got.Status)
 			}
 		})
+	}
+}
+
+// A failed run is retried in a new pod up to spec.retries; the commit the clone resolved is
+// recorded; the last failure fails the job.
+func TestReconcilerRetriesAndCommits(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	sha := strings.Repeat("ab", 20)
+	job := testJob(func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.Notebook.Git.Ref = sha
+		j.Spec.Retries = ptr.To[int32](1)
+	})
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(job).WithStatusSubresource(job).Build()
+	r := &Reconciler{Client: c, APIReader: c, Images: Images{Git: "git"}}
+	ctx := context.Background()
+	key := types.NamespacedName{Namespace: "ns", Name: "nb"}
+	reconcile := func() *v1alpha1.NotebookValidationJob {
+		t.Helper()
+		if _, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key}); err != nil {
+			t.Fatal(err)
+		}
+		var got v1alpha1.NotebookValidationJob
+		if err := c.Get(ctx, key, &got); err != nil {
+			t.Fatal(err)
+		}
+		return &got
+	}
+	fail := func(name string) {
+		t.Helper()
+		var pod corev1.Pod
+		if err := c.Get(ctx, types.NamespacedName{Namespace: "ns", Name: name}, &pod); err != nil {
+			t.Fatal(err)
+		}
+		pod.Status.Phase = corev1.PodFailed
+		pod.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: GitCloneContainer,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Message: "commit=" + sha + "\n"}}}}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: NotebookContainer,
+			State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 1, Message: "PapermillExecutionError"}}}}
+		if err := c.Status().Update(ctx, &pod); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := reconcile(); got.Status.PodName != "nb-validation" {
+		t.Fatalf("first run: %+v", got.Status)
+	}
+	fail("nb-validation")
+	got := reconcile()
+	if got.Status.Phase != v1alpha1.NotebookPhasePending || got.Status.Retries != 1 || got.Status.Commit != sha ||
+		!strings.Contains(got.Status.Message, "run failed, retrying (1 of 1): container notebook exited with code 1") {
+		t.Fatalf("after the first failure: %+v", got.Status)
+	}
+	if got := reconcile(); got.Status.PodName != "nb-validation-1" {
+		t.Fatalf("retry: %+v", got.Status)
+	}
+	fail("nb-validation-1")
+	got = reconcile()
+	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || got.Status.Retries != 1 {
+		t.Fatalf("after the last failure: %+v", got.Status)
+	}
+	// Both pods stay, with their logs, until the job goes.
+	var pods corev1.PodList
+	if err := c.List(ctx, &pods); err != nil || len(pods.Items) != 2 {
+		t.Errorf("pods %d %v", len(pods.Items), err)
 	}
 }

@@ -13,7 +13,8 @@ import (
 
 // The clone script with the credentials environment, run by the host's git against a smart-HTTP
 // server on loopback that wants basic auth: the clone succeeds with the Secret's files and fails
-// without them, and the password never shows in git's output.
+// without them, and the password never shows in git's output; a branch and a commit SHA that no
+// branch points at are both cloned, and the commit used is the termination message.
 func TestCloneWithCredentialsRealGit(t *testing.T) {
 	gitBin, err := exec.LookPath("git")
 	if err != nil {
@@ -23,14 +24,16 @@ func TestCloneWithCredentialsRealGit(t *testing.T) {
 		t.Skipf("git not found: %v", err)
 	}
 	root := t.TempDir()
-	run := func(dir string, args ...string) {
+	run := func(dir string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(gitBin, args...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
-		if out, err := cmd.CombinedOutput(); err != nil {
+		out, err := cmd.CombinedOutput()
+		if err != nil {
 			t.Fatalf("git %v: %v\n%s", args, err, out)
 		}
+		return strings.TrimSpace(string(out))
 	}
 	work := filepath.Join(root, "work")
 	if err := os.MkdirAll(work, 0o755); err != nil {
@@ -42,6 +45,13 @@ func TestCloneWithCredentialsRealGit(t *testing.T) {
 	}
 	run(work, "add", ".")
 	run(work, "commit", "-q", "-m", "nb")
+	first := run(work, "rev-parse", "HEAD")
+	// A second commit, so that the first is reachable only by its SHA.
+	if err := os.WriteFile(filepath.Join(work, "nb.ipynb"), []byte(`{"cells": []}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run(work, "commit", "-q", "-am", "nb 2")
+	head := run(work, "rev-parse", "HEAD")
 	run(root, "clone", "-q", "--bare", work, filepath.Join(root, "repo.git"))
 
 	const user, password = "alice", "tok-3f9a1c"
@@ -63,36 +73,41 @@ func TestCloneWithCredentialsRealGit(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Close() })
 	url := "http://" + l.Addr().String() + "/repo.git"
 
-	clone := func(files map[string]string) (string, error) {
+	clone := func(ref string, files map[string]string) (string, error) {
 		creds, dest := t.TempDir(), t.TempDir()
 		for name, content := range files {
 			if err := os.WriteFile(filepath.Join(creds, name), []byte(content), 0o400); err != nil {
 				t.Fatal(err)
 			}
 		}
-		script := strings.ReplaceAll(cloneScript, WorkspacePath, dest)
+		script := strings.ReplaceAll(strings.ReplaceAll(cloneScript, WorkspacePath, dest), CredentialsPath, creds)
+		termination := filepath.Join(dest, "termination-log")
 		cmd := exec.Command("/bin/sh", "-c", script)
-		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dest, EnvGitURL + "=" + url, EnvGitRef + "=main"}
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dest, EnvGitURL + "=" + url, EnvGitRef + "=" + ref, "TERMINATION_LOG=" + termination}
 		for _, e := range credentialsEnv {
-			cmd.Env = append(cmd.Env, e.Name+"="+strings.ReplaceAll(e.Value, CredentialsPath, creds))
+			cmd.Env = append(cmd.Env, e.Name+"="+e.Value)
 		}
 		out, err := cmd.CombinedOutput()
 		if err == nil {
-			if _, statErr := os.Stat(filepath.Join(dest, "repo", "nb.ipynb")); statErr != nil {
-				t.Errorf("clone has no notebook: %v", statErr)
+			nb, statErr := os.ReadFile(filepath.Join(dest, "repo", "nb.ipynb"))
+			msg, _ := os.ReadFile(termination)
+			want := map[string]string{"main": head, first: first}[ref]
+			if statErr != nil || (ref == first) != (string(nb) == "{}") || string(msg) != "commit="+want+"\n" {
+				t.Errorf("ref %s: notebook %q %v, termination message %q, want commit %s", ref, nb, statErr, msg, want)
 			}
 		}
 		return string(out), err
 	}
-	for _, files := range []map[string]string{{"username": user, "password": password}} {
-		if out, err := clone(files); err != nil || strings.Contains(out, password) {
-			t.Errorf("clone with credentials: %v\n%s", err, out)
+	creds := map[string]string{"username": user, "password": password}
+	for _, ref := range []string{"main", first} {
+		if out, err := clone(ref, creds); err != nil || strings.Contains(out, password) {
+			t.Errorf("clone of %s with credentials: %v\n%s", ref, err, out)
 		}
 	}
-	if out, err := clone(map[string]string{"username": user, "password": "wrong"}); err == nil || strings.Contains(out, "wrong") {
+	if out, err := clone("main", map[string]string{"username": user, "password": "wrong"}); err == nil || strings.Contains(out, "wrong") {
 		t.Errorf("clone with a wrong password: %v\n%s", err, out)
 	}
-	if out, err := clone(nil); err == nil || !strings.Contains(out, "Authentication failed") && !strings.Contains(out, "could not read Password") {
+	if out, err := clone("main", nil); err == nil || !strings.Contains(out, "Authentication failed") && !strings.Contains(out, "could not read Password") {
 		t.Errorf("clone without credentials: %v\n%s", err, out)
 	}
 }

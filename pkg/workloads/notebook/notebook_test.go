@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,8 @@ func TestBuildPod(t *testing.T) {
 		j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{
 			{Name: "models", MountPath: "/models"}, {Name: "dataset", MountPath: "/data", ReadOnly: true},
 		}
+		j.Spec.PodConfig.SecurityContext = &corev1.PodSecurityContext{FSGroup: ptr.To[int64](1000)}
+		j.Spec.PodConfig.ImagePullSecrets = []corev1.LocalObjectReference{{Name: "registry"}}
 	})
 	own := []corev1.EnvVar{
 		{Name: EnvGitURL, Value: "https://example.com/repo.git"},
@@ -56,17 +59,29 @@ func TestBuildPod(t *testing.T) {
 		{Name: EnvNotebookInput, Value: "/workspace/repo/notebooks/train.ipynb"},
 		{Name: EnvNotebookOutput, Value: "/output/train.output.ipynb"},
 	}
+	// Every container as Pod Security "restricted" wants it; the controller's own run as a fixed
+	// user, with requests and limits.
+	restrictedContainer := &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}
+	helper := restrictedContainer.DeepCopy()
+	helper.RunAsUser = ptr.To[int64](65532)
 	want := &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Name: "nb-validation", Namespace: "ns", Labels: map[string]string{JobLabel: "nb"}},
 		Spec: corev1.PodSpec{
 			RestartPolicy:         corev1.RestartPolicyNever,
 			ActiveDeadlineSeconds: ptr.To[int64](300),
+			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr.To(true), FSGroup: ptr.To[int64](1000),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "registry"}},
 			InitContainers: []corev1.Container{{
 				Name: "git-clone", Image: "git:1", Command: []string{"/bin/sh", "-c", cloneScript},
-				Env:                      own[:2],
+				Env:                      append(append([]corev1.EnvVar{}, own[:2]...), corev1.EnvVar{Name: "HOME", Value: "/workspace"}),
 				VolumeMounts:             []corev1.VolumeMount{{Name: "git-clone", MountPath: "/workspace"}},
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("512Mi")}},
+				SecurityContext: helper,
 			}},
 			Containers: []corev1.Container{{
 				Name: "notebook", Image: "jupyter/papermill:1",
@@ -80,6 +95,7 @@ func TestBuildPod(t *testing.T) {
 					{Name: "models", MountPath: "/models"}, {Name: "dataset", MountPath: "/data", ReadOnly: true},
 				},
 				TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+				SecurityContext:          restrictedContainer,
 			}},
 			Volumes: []corev1.Volume{
 				{Name: "git-clone", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
@@ -264,7 +280,14 @@ func TestValidateWarnsOnReservedEnv(t *testing.T) {
 	_, warnings := Validate(testJob(func(j *v1alpha1.NotebookValidationJob) {
 		j.Spec.PodConfig.Env = []corev1.EnvVar{{Name: "GIT_URL", Value: "x"}}
 	}), nil)
-	if len(warnings) != 1 || !strings.Contains(warnings[0], "spec.podConfig.env[0].name: GIT_URL is set by the controller") {
+	if len(warnings) != 2 || !strings.Contains(warnings[0], "spec.podConfig.resources is unset") ||
+		!strings.Contains(warnings[1], "spec.podConfig.env[0].name: GIT_URL is set by the controller") {
+		t.Errorf("warnings = %q", warnings)
+	}
+	_, warnings = Validate(testJob(func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.PodConfig.Resources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}}
+	}), nil)
+	if len(warnings) != 0 {
 		t.Errorf("warnings = %q", warnings)
 	}
 }
@@ -285,8 +308,10 @@ func TestBuildPodPrivateRepoPlacementGolden(t *testing.T) {
 		j.Spec.PodConfig.Tolerations = []corev1.Toleration{{Key: "nvidia.com/gpu", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}
 		j.Spec.PodConfig.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
 			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: corev1.NodeSelectorOpIn, Values: []string{"a100"}}}}}}}}
-		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Git: &v1alpha1.GitSource{URL: "https://example.com/golden.git", Ref: "v1"},
-			Path: "golden/train.ipynb", NumericTolerance: "1e-3"}
+		j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Git: &v1alpha1.GitSource{URL: "https://example.com/golden.git", Ref: "v1", CredentialsSecret: "golden-creds"},
+			Path: "golden/train.ipynb", NumericTolerance: "1e-3",
+			IgnoreOutputTypes: []v1alpha1.OutputType{"stderr"}, IgnorePatterns: []string{`\d\d:\d\d:\d\d`}}
+		j.Spec.PodConfig.HelperResources = &corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}}
 	})
 	pod := BuildPod(job, Images{Git: "git:1", Compare: "controller:1"})
 
@@ -301,10 +326,14 @@ func TestBuildPodPrivateRepoPlacementGolden(t *testing.T) {
 	want := corev1.Container{
 		Name: CompareContainer, Image: "controller:1",
 		Command: []string{"/usr/local/bin/workload-controller", "compare-notebook"},
-		Args:    []string{"--golden", "/workspace/golden/golden/train.ipynb", "--executed", "/output/train.output.ipynb", "--tolerance", "1e-3"},
+		Args: []string{"--golden", "/workspace/golden/golden/train.ipynb", "--executed", "/output/train.output.ipynb", "--tolerance", "1e-3",
+			"--ignore-output-type", "stderr", "--ignore-pattern", `\d\d:\d\d:\d\d`},
 		VolumeMounts: []corev1.VolumeMount{{Name: "git-clone", MountPath: "/workspace", ReadOnly: true},
 			{Name: "notebook-data", MountPath: "/output", ReadOnly: true}},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		Resources:                corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
+		SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false), RunAsUser: ptr.To[int64](65532),
+			Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
 	}
 	if len(pod.Spec.Containers) != 1 {
 		t.Fatalf("containers %v", pod.Spec.Containers)
@@ -325,23 +354,31 @@ func TestBuildPodPrivateRepoPlacementGolden(t *testing.T) {
 	if vol == nil || vol.Secret == nil || vol.Secret.SecretName != "git-creds" || *vol.Secret.DefaultMode != 0o400 {
 		t.Fatalf("credentials volume %+v", vol)
 	}
-	mounted := func(c corev1.Container) bool {
+	mounted := func(c corev1.Container, volume, path string) bool {
 		for _, m := range c.VolumeMounts {
-			if m.Name == GitCredentialsVolume {
+			if m.Name == volume && m.MountPath == path {
 				return true
 			}
 		}
 		return false
 	}
-	if !mounted(clone) || mounted(nb) || mounted(pod.Spec.Containers[0]) {
-		t.Error("the credentials must be mounted in git-clone and nowhere else")
+	// The golden repository's own credentials, beside the notebook repository's, in the clone only.
+	for _, v := range []struct{ volume, path string }{{GitCredentialsVolume, CredentialsPath}, {GoldenCredentialsVolume, GoldenCredentialsPath}} {
+		if !mounted(clone, v.volume, v.path) || mounted(nb, v.volume, v.path) || mounted(pod.Spec.Containers[0], v.volume, v.path) {
+			t.Errorf("%s must be mounted in git-clone at %s and nowhere else", v.volume, v.path)
+		}
+	}
+	if !slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool {
+		return v.Name == GoldenCredentialsVolume && v.Secret != nil && v.Secret.SecretName == "golden-creds"
+	}) {
+		t.Errorf("no golden credentials volume: %v", pod.Spec.Volumes)
 	}
 	env := map[string]string{}
 	for _, e := range clone.Env {
 		env[e.Name] = e.Value
 	}
-	if env["GIT_CONFIG_KEY_0"] != "credential.helper" || !strings.Contains(env["GIT_CONFIG_VALUE_0"], "d=/etc/git-credentials; ") || !strings.Contains(env["GIT_CONFIG_VALUE_0"], "cat $d/password") ||
-		!strings.Contains(env["GIT_SSH_COMMAND"], "-i /etc/git-credentials/ssh-privatekey") || env["GIT_TERMINAL_PROMPT"] != "0" ||
+	if env["GIT_CONFIG_KEY_0"] != "credential.helper" || !strings.Contains(env["GIT_CONFIG_VALUE_0"], "d=$GIT_CREDENTIALS_DIR; ") || !strings.Contains(env["GIT_CONFIG_VALUE_0"], "cat $d/password") ||
+		!strings.Contains(env["GIT_SSH_COMMAND"], `-i "$GIT_CREDENTIALS_DIR/ssh-privatekey"`) || env["GIT_TERMINAL_PROMPT"] != "0" ||
 		env[EnvGoldenGitURL] != "https://example.com/golden.git" || env[EnvGoldenGitRef] != "v1" {
 		t.Errorf("git-clone env %v", env)
 	}
@@ -380,7 +417,8 @@ func TestValidateRealNotebookFields(t *testing.T) {
 			j.Spec.PodConfig.NodeSelector = map[string]string{"bad key!": "v"}
 			j.Spec.PodConfig.Tolerations = []corev1.Toleration{{Key: "k", Operator: corev1.TolerationOpExists, Value: "v"}, {Key: "k", Effect: "Sometimes"}}
 			j.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "../golden.ipynb", NumericTolerance: "-1",
-				Git: &v1alpha1.GitSource{URL: "--upload-pack=x", CredentialsSecret: "other"}}
+				Git:               &v1alpha1.GitSource{URL: "--upload-pack=x", CredentialsSecret: "Other_Secret"},
+				IgnoreOutputTypes: []v1alpha1.OutputType{"html"}, IgnorePatterns: []string{"\\d+", "(unclosed"}}
 		}, want: []string{
 			`spec.notebook.git.credentialsSecret: Invalid value: "Bad_Secret"`,
 			`spec.podConfig.serviceAccountName: Invalid value: "Bad SA"`,
@@ -391,7 +429,9 @@ func TestValidateRealNotebookFields(t *testing.T) {
 			`spec.goldenNotebook.path: Invalid value: "../golden.ipynb": must not contain '..'`,
 			`spec.goldenNotebook.numericTolerance: Invalid value: "-1"`,
 			`spec.goldenNotebook.git.url: Invalid value: "--upload-pack=x"`,
-			`spec.goldenNotebook.git.credentialsSecret: Forbidden`,
+			`spec.goldenNotebook.git.credentialsSecret: Invalid value: "Other_Secret"`,
+			`spec.goldenNotebook.ignoreOutputTypes[0]: Unsupported value: "html"`,
+			"spec.goldenNotebook.ignorePatterns[1]: Invalid value: \"(unclosed\": not a regular expression (RE2 syntax)",
 		}},
 		{name: "failure case - reserved credentials volume name", mod: func(j *v1alpha1.NotebookValidationJob) {
 			j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "git-credentials", EmptyDir: &v1alpha1.EmptyDirVolumeSource{}}}
@@ -434,12 +474,17 @@ func TestCredentialHelper(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			helper := strings.Replace(strings.TrimPrefix(credentialHelper, "!"), CredentialsPath, dir, 1)
-			out, err := exec.Command("/bin/sh", "-c", helper+` "$@"`, helper, "get").Output()
+			helper := strings.TrimPrefix(credentialHelper, "!")
+			run := func(op string) *exec.Cmd {
+				cmd := exec.Command("/bin/sh", "-c", helper+` "$@"`, helper, op)
+				cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GIT_CREDENTIALS_DIR=" + dir}
+				return cmd
+			}
+			out, err := run("get").Output()
 			if err != nil || string(out) != tc.want {
 				t.Errorf("helper get: %q %v, want %q", out, err, tc.want)
 			}
-			if out, _ := exec.Command("/bin/sh", "-c", helper+` "$@"`, helper, "store").Output(); len(out) != 0 {
+			if out, _ := run("store").Output(); len(out) != 0 {
 				t.Errorf("helper store printed %q", out)
 			}
 		})

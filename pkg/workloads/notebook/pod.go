@@ -4,11 +4,14 @@
 package notebook
 
 import (
+	"fmt"
 	"maps"
 	"path"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
@@ -21,6 +24,8 @@ const (
 	GitCloneVolume       = "git-clone"
 	NotebookDataVolume   = "notebook-data"
 	GitCredentialsVolume = "git-credentials"
+	// GoldenCredentialsVolume holds the golden repository's own credentials.
+	GoldenCredentialsVolume = "golden-git-credentials"
 	// ServiceAccountVolumePrefix is the prefix of the token volume the API server adds to pods.
 	ServiceAccountVolumePrefix = "kube-api-access-"
 
@@ -28,8 +33,10 @@ const (
 	OutputPath    = "/output"
 	repoDir       = WorkspacePath + "/repo"
 	goldenDir     = WorkspacePath + "/golden"
-	// CredentialsPath is where the git-clone container, and only it, sees the credentials Secret.
-	CredentialsPath = "/etc/git-credentials"
+	// CredentialsPath is where the git-clone container, and only it, sees the credentials Secret;
+	// GoldenCredentialsPath the golden repository's.
+	CredentialsPath       = "/etc/git-credentials"
+	GoldenCredentialsPath = "/etc/golden-git-credentials"
 
 	GitCloneContainer = "git-clone"
 	NotebookContainer = "notebook"
@@ -66,8 +73,13 @@ type Images struct {
 // compareBinary is the workload-controller binary in its image (Dockerfile).
 const compareBinary = "/usr/local/bin/workload-controller"
 
-// PodName is the name of a job's pod.
+// PodName is the name of a job's pod for its current run: <job>-validation, then
+// <job>-validation-<n> for the n-th retry. A failed run's pod stays, with its log, until the job
+// is deleted.
 func PodName(job *v1alpha1.NotebookValidationJob) string {
+	if n := job.Status.Retries; n > 0 {
+		return fmt.Sprintf("%s-validation-%d", job.Name, n)
+	}
 	return job.Name + "-validation"
 }
 
@@ -78,31 +90,82 @@ func OutputFile(job *v1alpha1.NotebookValidationJob) string {
 }
 
 // cloneScript clones $GIT_URL at $GIT_REF, and the golden notebook's repository when it is
-// another one; the values come from the environment so nothing from the spec is ever parsed by
-// the shell.
+// another one (with its own credentials directory); the values come from the environment so
+// nothing from the spec is ever parsed by the shell. A branch or tag is cloned shallow; a commit
+// SHA (which git clone --branch does not take, and not every server lets a client fetch by
+// itself) is checked out of a full clone. The commits used are the termination message, from
+// which the controller records them in the status.
 const cloneScript = `set -eu
 clone() {
-  if [ -n "$2" ]; then
-    git clone --depth 1 --branch "$2" -- "$1" "$3"
-  else
-    git clone --depth 1 -- "$1" "$3"
-  fi
+  case "$2" in
+  "") git clone --depth 1 -- "$1" "$3" ;;
+  *[!0-9a-f]*) git clone --depth 1 --branch "$2" -- "$1" "$3" ;;
+  *)
+    if [ ${#2} -ne 40 ] && [ ${#2} -ne 64 ]; then
+      git clone --depth 1 --branch "$2" -- "$1" "$3"
+    else
+      git clone --no-checkout -- "$1" "$3"
+      git -C "$3" checkout --detach "$2"
+    fi ;;
+  esac
 }
+export GIT_CREDENTIALS_DIR=` + CredentialsPath + `
 clone "$GIT_URL" "${GIT_REF:-}" ` + repoDir + `
+commits="commit=$(git -C ` + repoDir + ` rev-parse HEAD)"
 if [ -n "${GOLDEN_GIT_URL:-}" ]; then
+  GIT_CREDENTIALS_DIR=` + GoldenCredentialsPath + `
   clone "$GOLDEN_GIT_URL" "${GOLDEN_GIT_REF:-}" ` + goldenDir + `
-fi`
+  commits="$commits golden-commit=$(git -C ` + goldenDir + ` rev-parse HEAD)"
+fi
+echo "$commits" >"${TERMINATION_LOG:-` + terminationLog + `}"`
+
+// terminationLog is the git-clone container's terminationMessagePath.
+const terminationLog = "/dev/termination-log"
 
 // credentialHelper hands git the HTTPS credentials from the mounted Secret when a server asks
 // (git runs it with "get"): username (default "git") and password, or token. They are read from
-// the files at that moment: never in the pod spec, the environment or a log.
-const credentialHelper = `!f() { test "$1" = get || exit 0; d=` + CredentialsPath + `; ` +
+// the files at that moment: never in the pod spec, the environment or a log. The clone script
+// points GIT_CREDENTIALS_DIR at the Secret of the repository being cloned; without one mounted
+// there, the helper answers nothing.
+const credentialHelper = `!f() { test "$1" = get || exit 0; d=$GIT_CREDENTIALS_DIR; test -d "$d" || exit 0; ` +
 	`if [ -f $d/username ]; then echo "username=$(cat $d/username)"; else echo username=git; fi; ` +
 	`if [ -f $d/password ]; then echo "password=$(cat $d/password)"; elif [ -f $d/token ]; then echo "password=$(cat $d/token)"; fi; }; f`
 
-// sshCommand uses the Secret's key and known hosts for SSH URLs; an unknown host is refused.
-const sshCommand = "ssh -i " + CredentialsPath + "/ssh-privatekey -o IdentitiesOnly=yes -o UserKnownHostsFile=" +
-	CredentialsPath + "/known_hosts -o StrictHostKeyChecking=yes"
+// sshCommand uses the Secret's key and known hosts for SSH URLs; an unknown host is refused. git
+// runs it through the shell, which expands GIT_CREDENTIALS_DIR.
+const sshCommand = `ssh -i "$GIT_CREDENTIALS_DIR/ssh-privatekey" -o IdentitiesOnly=yes -o UserKnownHostsFile="$GIT_CREDENTIALS_DIR/known_hosts" -o StrictHostKeyChecking=yes`
+
+// Resources of the controller's own containers when podConfig.helperResources is unset.
+var defaultHelperResources = corev1.ResourceRequirements{
+	Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("128Mi")},
+	Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1"), corev1.ResourceMemory: resource.MustParse("512Mi")},
+}
+
+// helperUser runs the controller's own containers (its images need no user of their own).
+const helperUser = 65532
+
+// restricted is what every container needs under the Pod Security "restricted" profile.
+func restricted() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+	}
+}
+
+// podSecurityContext is the user's, with what "restricted" needs filled where unset.
+func podSecurityContext(user *corev1.PodSecurityContext) *corev1.PodSecurityContext {
+	sc := user.DeepCopy()
+	if sc == nil {
+		sc = &corev1.PodSecurityContext{}
+	}
+	if sc.RunAsNonRoot == nil {
+		sc.RunAsNonRoot = ptr.To(true)
+	}
+	if sc.SeccompProfile == nil {
+		sc.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	}
+	return sc
+}
 
 // credentialsEnv configures git in the git-clone container to use the mounted credentials
 // (GIT_CONFIG_* is git's configuration from the environment).
@@ -128,7 +191,8 @@ func GoldenFile(job *v1alpha1.NotebookValidationJob) string {
 
 // BuildPod builds the validation pod of a job whose spec passed Validate: a git-clone init
 // container filling the workspace volume, and a notebook container running papermill with the
-// user's volumes mounted only where asked.
+// user's volumes mounted only where asked. Every container passes the Pod Security "restricted"
+// profile and has resources.
 func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	spec := &job.Spec
 	own := []corev1.EnvVar{
@@ -147,9 +211,7 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	}
 	nb := notebookContainer(spec, own)
 	clone, credentials := cloneContainer(spec, images, own[:2])
-	if credentials != nil {
-		volumes = append(volumes, *credentials)
-	}
+	volumes = append(volumes, credentials...)
 	pod := &corev1.Pod{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -165,6 +227,8 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 			ServiceAccountName: spec.PodConfig.ServiceAccountName,
 			NodeSelector:       maps.Clone(spec.PodConfig.NodeSelector),
 			Affinity:           spec.PodConfig.Affinity.DeepCopy(),
+			SecurityContext:    podSecurityContext(spec.PodConfig.SecurityContext),
+			ImagePullSecrets:   slices.Clone(spec.PodConfig.ImagePullSecrets),
 		},
 	}
 	for _, t := range spec.PodConfig.Tolerations {
@@ -204,6 +268,7 @@ func notebookContainer(spec *v1alpha1.NotebookValidationJobSpec, own []corev1.En
 		// papermill reports a failed cell on stderr only: the log's tail becomes the
 		// termination message, and so the job's message.
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		SecurityContext:          restricted(),
 	}
 	if r := spec.PodConfig.Resources; r != nil {
 		nb.Resources = *r.DeepCopy()
@@ -214,43 +279,78 @@ func notebookContainer(spec *v1alpha1.NotebookValidationJobSpec, own []corev1.En
 	return nb
 }
 
+// helperResources are the resources of the controller's own containers.
+func helperResources(spec *v1alpha1.NotebookValidationJobSpec) corev1.ResourceRequirements {
+	if r := spec.PodConfig.HelperResources; r != nil {
+		return *r.DeepCopy()
+	}
+	return *defaultHelperResources.DeepCopy()
+}
+
+// helperSecurity is the securityContext of the controller's own containers.
+func helperSecurity() *corev1.SecurityContext {
+	sc := restricted()
+	sc.RunAsUser = ptr.To[int64](helperUser)
+	return sc
+}
+
 // cloneContainer clones the notebook's (and the golden notebook's) repository into the
-// workspace; gitEnv names the notebook's repository. With git credentials it also returns their
-// volume, which only this container mounts.
-func cloneContainer(spec *v1alpha1.NotebookValidationJobSpec, images Images, gitEnv []corev1.EnvVar) (corev1.Container, *corev1.Volume) {
+// workspace; gitEnv names the notebook's repository. It also returns the volumes of the git
+// credentials, which only this container mounts: each repository gets its own Secret's, so the
+// golden repository's host never sees the notebook repository's.
+func cloneContainer(spec *v1alpha1.NotebookValidationJobSpec, images Images, gitEnv []corev1.EnvVar) (corev1.Container, []corev1.Volume) {
 	clone := corev1.Container{
 		Name:         GitCloneContainer,
 		Image:        images.Git,
 		Command:      []string{"/bin/sh", "-c", cloneScript},
-		Env:          gitEnv,
+		Env:          append(slices.Clone(gitEnv), corev1.EnvVar{Name: "HOME", Value: WorkspacePath}),
 		VolumeMounts: []corev1.VolumeMount{{Name: GitCloneVolume, MountPath: WorkspacePath}},
-		// So is git's "fatal: ..." when the clone fails.
+		// So is git's "fatal: ..." when the clone fails; on success the script writes the commits.
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+		Resources:                helperResources(spec),
+		SecurityContext:          helperSecurity(),
 	}
+	credentials := []struct{ secret, volume, path string }{{spec.Notebook.Git.CredentialsSecret, GitCredentialsVolume, CredentialsPath}}
 	if g := spec.GoldenNotebook; g != nil && g.Git != nil {
 		clone.Env = append(clone.Env, corev1.EnvVar{Name: EnvGoldenGitURL, Value: g.Git.URL}, corev1.EnvVar{Name: EnvGoldenGitRef, Value: g.Git.Ref})
+		credentials = append(credentials, struct{ secret, volume, path string }{g.Git.CredentialsSecret, GoldenCredentialsVolume, GoldenCredentialsPath})
 	}
-	secret := spec.Notebook.Git.CredentialsSecret
-	if secret == "" {
-		return clone, nil
+	var volumes []corev1.Volume
+	for _, c := range credentials {
+		if c.secret == "" {
+			continue
+		}
+		volumes = append(volumes, corev1.Volume{Name: c.volume, VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: c.secret, DefaultMode: ptr.To[int32](0o400)}}})
+		clone.VolumeMounts = append(clone.VolumeMounts, corev1.VolumeMount{Name: c.volume, MountPath: c.path, ReadOnly: true})
 	}
-	clone.VolumeMounts = append(clone.VolumeMounts, corev1.VolumeMount{Name: GitCredentialsVolume, MountPath: CredentialsPath, ReadOnly: true})
-	clone.Env = append(clone.Env, credentialsEnv...)
-	return clone, &corev1.Volume{Name: GitCredentialsVolume, VolumeSource: corev1.VolumeSource{
-		Secret: &corev1.SecretVolumeSource{SecretName: secret, DefaultMode: ptr.To[int32](0o400)}}}
+	if len(volumes) > 0 {
+		clone.Env = append(clone.Env, credentialsEnv...)
+	}
+	return clone, volumes
 }
 
-// compareContainer compares the executed notebook's outputs with the golden notebook's.
+// compareContainer compares the executed notebook's outputs with the golden notebook's, leaving
+// out the output types and matches the golden notebook says to ignore.
 func compareContainer(job *v1alpha1.NotebookValidationJob, g *v1alpha1.GoldenNotebook, images Images) corev1.Container {
 	tol := g.NumericTolerance
 	if tol == "" {
 		tol = "0"
 	}
+	args := []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol}
+	for _, t := range g.IgnoreOutputTypes {
+		args = append(args, "--ignore-output-type", string(t))
+	}
+	for _, p := range g.IgnorePatterns {
+		args = append(args, "--ignore-pattern", p)
+	}
 	return corev1.Container{
-		Name:    CompareContainer,
-		Image:   images.Compare,
-		Command: []string{compareBinary, compare.Command},
-		Args:    []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol},
+		Name:            CompareContainer,
+		Image:           images.Compare,
+		Command:         []string{compareBinary, compare.Command},
+		Args:            args,
+		Resources:       helperResources(&job.Spec),
+		SecurityContext: helperSecurity(),
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: GitCloneVolume, MountPath: WorkspacePath, ReadOnly: true},
 			{Name: NotebookDataVolume, MountPath: OutputPath, ReadOnly: true},

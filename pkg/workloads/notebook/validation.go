@@ -3,6 +3,7 @@ package notebook
 import (
 	"fmt"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -76,7 +77,15 @@ func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) 
 		errs = append(errs, validateObjectName(pc.Child("serviceAccountName"), sa)...)
 	}
 	errs = append(errs, validateResources(pc.Child("resources"), job.Spec.PodConfig.Resources)...)
+	errs = append(errs, validateResources(pc.Child("helperResources"), job.Spec.PodConfig.HelperResources)...)
+	for i, s := range job.Spec.PodConfig.ImagePullSecrets {
+		errs = append(errs, validateObjectName(pc.Child("imagePullSecrets").Index(i).Child("name"), s.Name)...)
+	}
 	var warnings []string
+	if job.Spec.PodConfig.Resources == nil {
+		warnings = append(warnings, pc.Child("resources").String()+" is unset: in a namespace whose ResourceQuota counts requests or limits, "+
+			"and that has no LimitRange, the pod will be refused")
+	}
 	for i, e := range job.Spec.PodConfig.Env {
 		if slices.Contains(ReservedEnv, e.Name) {
 			warnings = append(warnings, fmt.Sprintf("%s: %s is set by the controller; this value is ignored",
@@ -92,9 +101,11 @@ func validateVolume(p *field.Path, v v1alpha1.PodVolume, raw map[string]any, see
 		errs = append(errs, field.Invalid(p.Child("name"), v.Name, msg))
 	}
 	switch {
-	case v.Name == GitCloneVolume || v.Name == NotebookDataVolume || v.Name == GitCredentialsVolume || strings.HasPrefix(v.Name, ServiceAccountVolumePrefix):
+	case v.Name == GitCloneVolume || v.Name == NotebookDataVolume || v.Name == GitCredentialsVolume || v.Name == GoldenCredentialsVolume ||
+		strings.HasPrefix(v.Name, ServiceAccountVolumePrefix):
 		errs = append(errs, field.Invalid(p.Child("name"), v.Name,
-			fmt.Sprintf("is used by the controller (reserved: %s, %s, %s, %s*)", GitCloneVolume, NotebookDataVolume, GitCredentialsVolume, ServiceAccountVolumePrefix)))
+			fmt.Sprintf("is used by the controller (reserved: %s, %s, %s, %s, %s*)", GitCloneVolume, NotebookDataVolume, GitCredentialsVolume,
+				GoldenCredentialsVolume, ServiceAccountVolumePrefix)))
 	case seen.Has(v.Name):
 		errs = append(errs, field.Duplicate(p.Child("name"), v.Name))
 	}
@@ -166,7 +177,7 @@ func validateGolden(p *field.Path, g *v1alpha1.GoldenNotebook) field.ErrorList {
 			errs = append(errs, field.Invalid(gp.Child("ref"), gs.Ref, "must not start with '-'"))
 		}
 		if gs.CredentialsSecret != "" {
-			errs = append(errs, field.Forbidden(gp.Child("credentialsSecret"), "the golden repository is cloned with spec.notebook.git.credentialsSecret"))
+			errs = append(errs, validateObjectName(gp.Child("credentialsSecret"), gs.CredentialsSecret)...)
 		}
 	}
 	errs = append(errs, validateRelPath(p.Child("path"), g.Path, true)...)
@@ -175,6 +186,16 @@ func validateGolden(p *field.Path, g *v1alpha1.GoldenNotebook) field.ErrorList {
 	}
 	if _, err := compare.ParseTolerance(g.NumericTolerance); err != nil {
 		errs = append(errs, field.Invalid(p.Child("numericTolerance"), g.NumericTolerance, "must be a non-negative decimal number"))
+	}
+	for i, t := range g.IgnoreOutputTypes {
+		if !slices.Contains(compare.OutputTypes, string(t)) {
+			errs = append(errs, field.NotSupported(p.Child("ignoreOutputTypes").Index(i), t, compare.OutputTypes))
+		}
+	}
+	for i, pat := range g.IgnorePatterns {
+		if _, err := regexp.Compile(pat); err != nil {
+			errs = append(errs, field.Invalid(p.Child("ignorePatterns").Index(i), pat, "not a regular expression (RE2 syntax): "+err.Error()))
+		}
 	}
 	return errs
 }

@@ -47,6 +47,8 @@ type CisternNode struct {
 	suite *testing.T
 	// metricsAddr serves the driver's /metrics.
 	metricsAddr string
+	// DriverArgs are more flags for the driver (e.g. --sts-endpoint), set before StartDriver.
+	DriverArgs []string
 }
 
 // createPool makes a 2 GiB ext4 filesystem in a file and loop-mounts it at dir/pool: the pool
@@ -102,16 +104,17 @@ func (n *CisternNode) StartDriver(t *testing.T) {
 		}
 		n.metricsAddr = fmt.Sprintf("127.0.0.1:%d", ports[0])
 	}
-	n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket,
-		"--node-id="+n.nodeName,
+	args := []string{
+		"--node-id=" + n.nodeName,
 		"--tenant-s3-endpoints=*", // test S3 servers are on loopback; the closed default has its own test
-		"--pools-config="+n.poolsConfig,
-		"--state-dir="+n.stateDir,
-		"--kubelet-root="+n.kubeletRoot,
+		"--pools-config=" + n.poolsConfig,
+		"--state-dir=" + n.stateDir,
+		"--kubelet-root=" + n.kubeletRoot,
 		"--pool-check-interval=2s",
-		"--http-endpoint="+n.metricsAddr,
+		"--http-endpoint=" + n.metricsAddr,
 		"--v=3",
-	)
+	}
+	n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket, append(args, n.DriverArgs...)...)
 	if n.registrar == nil {
 		n.registrar = framework.StartProcess(n.suite, "node-driver-registrar", n.bins.registrar,
 			"--csi-address="+n.Socket,
@@ -186,8 +189,9 @@ func (n *CisternNode) WaitRegistered(t *testing.T, cp *framework.ControlPlane) *
 	return csiNode
 }
 
-// CreateStorageObjects creates the CSIDriver (no attach, pod info and both lifecycle modes) and
-// a WaitForFirstConsumer StorageClass targeting the pool.
+// CreateStorageObjects creates the CSIDriver (no attach, pod info, both lifecycle modes, and the
+// pod's ServiceAccount token for web-identity S3 credentials, as deploy/csi's) and a
+// WaitForFirstConsumer StorageClass targeting the pool.
 func CreateStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClass string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -202,6 +206,7 @@ func CreateStorageObjects(t *testing.T, cp *framework.ControlPlane) (storageClas
 			VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{
 				storagev1.VolumeLifecyclePersistent, storagev1.VolumeLifecycleEphemeral,
 			},
+			TokenRequests: []storagev1.TokenRequest{{Audience: consts.DefaultWebIdentityAudience}},
 		},
 	}
 	if _, err := cp.Client.StorageV1().CSIDrivers().Create(ctx, driver, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

@@ -149,3 +149,13 @@ func (g *GitServer) CreateRepo(t *testing.T, name string, files map[string]strin
 	}
 	return fmt.Sprintf("http://%s:%d/%s.git", g.gateway, g.port, name)
 }
+
+// Head returns the commit SHA of the main branch of the repository CreateRepo served as name.
+func (g *GitServer) Head(t *testing.T, name string) string {
+	t.Helper()
+	out, err := exec.Command(g.git, "--git-dir", filepath.Join(g.root, name+".git"), "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD of %s: %v", name, err)
+	}
+	return strings.TrimSpace(string(out))
+}

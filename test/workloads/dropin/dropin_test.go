@@ -148,6 +148,59 @@ func TestDropInRefusesWhenGroupServed(t *testing.T) {
 	}
 }
 
+// TestDropInBesideKueueWebhooks: Kueue's LeaderWorkerSet integration registers webhooks named as
+// upstream LWS's (mleaderworkerset.kb.io, vleaderworkerset.kb.io) in the configurations of its own
+// objects; the drop-in starts beside them. (TestKueueAdmitsGroups runs real Kueue.)
+func TestDropInBesideKueueWebhooks(t *testing.T) {
+	cp := install(t)
+	ctx := testutil.Context(t)
+	rule := func(group, resource string) []admissionregistrationv1.RuleWithOperations {
+		return []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+			Rule:       admissionregistrationv1.Rule{APIGroups: []string{group}, APIVersions: []string{"*"}, Resources: []string{resource}}}}
+	}
+	// Nothing serves them: Ignore, and a namespace selector no namespace matches, keep them out of
+	// the other tests' way.
+	hook := func(name, path string, rules []admissionregistrationv1.RuleWithOperations) admissionregistrationv1.MutatingWebhook {
+		return admissionregistrationv1.MutatingWebhook{
+			Name: name, ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: ptr.To("https://127.0.0.1:1" + path)},
+			Rules: rules, FailurePolicy: ptr.To(admissionregistrationv1.Ignore), SideEffects: ptr.To(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"test.cistern.dev/never": "true"}},
+		}
+	}
+	mutating := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "kueue-mutating-webhook-configuration"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{
+			hook("mclusterqueue.kb.io", "/mutate-kueue-x-k8s-io-v1beta2-clusterqueue", rule("kueue.x-k8s.io", "clusterqueues")),
+			hook("mleaderworkerset.kb.io", "/mutate-leaderworkerset-x-k8s-io-v1-leaderworkerset", rule("leaderworkerset.x-k8s.io", "leaderworkersets")),
+		},
+	}
+	vh := hook("vleaderworkerset.kb.io", "/validate-leaderworkerset-x-k8s-io-v1-leaderworkerset", rule("leaderworkerset.x-k8s.io", "leaderworkersets"))
+	wh := hook("vworkload.kb.io", "/validate-kueue-x-k8s-io-v1beta2-workload", rule("kueue.x-k8s.io", "workloads"))
+	validating := &admissionregistrationv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "kueue-validating-webhook-configuration"},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{
+			{Name: vh.Name, ClientConfig: vh.ClientConfig, Rules: vh.Rules, FailurePolicy: vh.FailurePolicy, SideEffects: vh.SideEffects,
+				AdmissionReviewVersions: vh.AdmissionReviewVersions, NamespaceSelector: vh.NamespaceSelector},
+			{Name: wh.Name, ClientConfig: wh.ClientConfig, Rules: wh.Rules, FailurePolicy: wh.FailurePolicy, SideEffects: wh.SideEffects,
+				AdmissionReviewVersions: wh.AdmissionReviewVersions, NamespaceSelector: wh.NamespaceSelector},
+		},
+	}
+	for _, o := range []client.Object{mutating, validating} {
+		if err := cl.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := cl.Delete(context.Background(), o); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	// The suite's one drop-in controller starts here (tests run in source order), beside them.
+	startDropIn(t, cp)
+}
+
 var startOnce sync.Once
 
 // startDropIn starts the controller in drop-in mode as its ServiceAccount, once.

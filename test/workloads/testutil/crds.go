@@ -30,7 +30,9 @@ func InstallCRDs(cfg *rest.Config, dir string) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// Three minutes: each LeaderWorkerSet CRD is megabytes of schema, and on a loaded machine
+	// (two control planes in one test, other suites beside) one took over a minute.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	for _, f := range files {
 		b, err := os.ReadFile(f)

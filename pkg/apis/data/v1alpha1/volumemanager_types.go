@@ -171,9 +171,10 @@ type NodeStatus struct {
 	Name string `json:"name"`
 	// state of the data on the node.
 	State NodeState `json:"state"`
-	// bytesDone is what is staged; bytesTotal the dataset's size once listed (0 before).
+	// bytesDone is how much of the dataset is staged on the node.
 	// +optional
 	BytesDone int64 `json:"bytesDone,omitempty"`
+	// bytesTotal is the dataset's size once listed (0 before).
 	// +optional
 	BytesTotal int64 `json:"bytesTotal,omitempty"`
 	// message says what is under way or what failed.
@@ -183,14 +184,19 @@ type NodeStatus struct {
 
 // VolumeManagerStatus is the observed state.
 type VolumeManagerStatus struct {
+	// volumes are, per volume of the spec, its nodes and the claim pods use.
 	// +optional
 	// +listType=map
 	// +listMapKey=id
 	Volumes []Volume `json:"volumes,omitempty"`
+	// state is Ready when every volume's data is Ready on its nodes, Failed when a volume is
+	// invalid or a node failed, Pending otherwise.
 	// +optional
 	State State `json:"state,omitempty"`
+	// message explains the state.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// observedGeneration is the generation this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// conditions: Placed (nodes chosen for every volume) and DataReady (the data is on them).
@@ -213,7 +219,9 @@ type VolumeManager struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   VolumeManagerSpec   `json:"spec,omitempty"`
+	// spec is the datasets to make present and on how many nodes each.
+	Spec VolumeManagerSpec `json:"spec,omitempty"`
+	// status is where each dataset is, per node, and the claim pods use to read it.
 	Status VolumeManagerStatus `json:"status,omitempty"`
 }
 
@@ -223,5 +231,6 @@ type VolumeManager struct {
 type VolumeManagerList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []VolumeManager `json:"items"`
+	// items are the VolumeManagers.
+	Items []VolumeManager `json:"items"`
 }

@@ -39,6 +39,10 @@ const (
 	// ExclusiveKeyAnnotationKey, on a LeaderWorkerSet, is a node label (topology) key: each group
 	// gets a topology domain of its own (pod affinity and anti-affinity on the group key).
 	ExclusiveKeyAnnotationKey = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+	// RecreateGroupAfterStartAnnotationKey, on a LeaderWorkerSet with restartPolicy
+	// RecreateGroupOnPodRestart, makes it RecreateGroupAfterStart (upstream's experimental form of
+	// that policy; any value).
+	RecreateGroupAfterStartAnnotationKey = "leaderworkerset.sigs.k8s.io/experimental-recreate-group-after-start"
 	// SubGroupExclusiveKeyAnnotationKey is the same per subgroup; it needs subGroupPolicy.
 	SubGroupExclusiveKeyAnnotationKey = "leaderworkerset.sigs.k8s.io/subgroup-exclusive-topology"
 	// SubGroupIndexLabelKey is the index of a pod's subgroup in its group.
@@ -245,7 +249,8 @@ const (
 	// RecreateGroupOnPodRestart recreates the whole group when any of its pods is deleted or any
 	// container restarts.
 	RecreateGroupOnPodRestart RestartPolicyType = "RecreateGroupOnPodRestart"
-	// RecreateGroupAfterStart is RecreateGroupOnPodRestart once no pod of the group is Pending.
+	// RecreateGroupAfterStart is RecreateGroupOnPodRestart once the group has started: all its pods
+	// exist and none is Pending (as upstream's experimental-recreate-group-after-start annotation).
 	RecreateGroupAfterStart RestartPolicyType = "RecreateGroupAfterStart"
 	// DeprecatedDefaultRestartPolicy is the old name of NoneRestartPolicy.
 	DeprecatedDefaultRestartPolicy RestartPolicyType = "Default"
@@ -316,7 +321,9 @@ type LeaderWorkerSet struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   LeaderWorkerSetSpec   `json:"spec,omitempty"`
+	// spec is the groups wanted: how many, their size, pod templates, claims, restart and rollout policies.
+	Spec LeaderWorkerSetSpec `json:"spec,omitempty"`
+	// status is the groups as the controller last observed them, and the conditions Available, Progressing and UpdateInProgress.
 	Status LeaderWorkerSetStatus `json:"status,omitempty"`
 }
 
@@ -326,5 +333,6 @@ type LeaderWorkerSet struct {
 type LeaderWorkerSetList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []LeaderWorkerSet `json:"items"`
+	// items are the LeaderWorkerSets.
+	Items []LeaderWorkerSet `json:"items"`
 }

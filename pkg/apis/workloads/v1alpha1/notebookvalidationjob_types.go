@@ -22,12 +22,19 @@ type NotebookValidationJobSpec struct {
 	// compared with its, cell by cell, and the job fails at the first cell that differs.
 	// +optional
 	GoldenNotebook *GoldenNotebook `json:"goldenNotebook,omitempty"`
+
+	// retries is how many times a failed run (the clone or the notebook failed) is run again, in a
+	// new pod, before the job fails. A timeout or a golden mismatch is not retried. Default 0.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=10
+	// +optional
+	Retries *int32 `json:"retries,omitempty"`
 }
 
 // GoldenNotebook is a notebook with the expected outputs.
 type GoldenNotebook struct {
-	// git is the repository holding it; the notebook's own repository (same credentials) when
-	// unset.
+	// git is the repository holding it, with its own credentialsSecret (none when unset); the
+	// notebook's own repository when unset.
 	// +optional
 	Git *GitSource `json:"git,omitempty"`
 	// path is the golden notebook's path inside that repository.
@@ -37,7 +44,25 @@ type GoldenNotebook struct {
 	// tolerance * max(1, |a|, |b|). A decimal number such as "1e-6"; 0 (exact) when unset.
 	// +optional
 	NumericTolerance string `json:"numericTolerance,omitempty"`
+	// ignoreOutputTypes leaves outputs of these types out of the comparison, in both notebooks:
+	// stream (both streams), stdout, stderr, execute_result, display_data or error.
+	// +kubebuilder:validation:MaxItems=6
+	// +listType=set
+	// +optional
+	IgnoreOutputTypes []OutputType `json:"ignoreOutputTypes,omitempty"`
+	// ignorePatterns are regular expressions (RE2 syntax) whose matches in output text are
+	// ignored: every match is taken as equal to any other, in both notebooks, so that timestamps,
+	// durations, addresses or random identifiers do not fail the comparison.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=1024
+	// +listType=atomic
+	// +optional
+	IgnorePatterns []string `json:"ignorePatterns,omitempty"`
 }
+
+// OutputType is a kind of notebook output a comparison can leave out.
+// +kubebuilder:validation:Enum={stream,stdout,stderr,execute_result,display_data,error}
+type OutputType string
 
 // NotebookSource is a notebook inside a git repository.
 type NotebookSource struct {
@@ -53,10 +78,12 @@ type GitSource struct {
 	// url is the clone URL.
 	// +kubebuilder:validation:MinLength=1
 	URL string `json:"url"`
-	// ref is a branch or tag; the repository's default branch when empty.
+	// ref is a branch, a tag, or a full commit SHA (40 or 64 hexadecimal digits); the
+	// repository's default branch when empty. The commit it resolved to is recorded in the status.
 	// +optional
 	Ref string `json:"ref,omitempty"`
-	// credentialsSecret names a Secret of the job's namespace holding the clone credentials:
+	// credentialsSecret names a Secret of the job's namespace holding this repository's clone
+	// credentials:
 	// username and password (a token) for HTTPS, as in a kubernetes.io/basic-auth Secret, or
 	// ssh-privatekey (kubernetes.io/ssh-auth) and known_hosts for SSH. Only the git-clone
 	// container sees them; the controller never reads them.
@@ -70,9 +97,26 @@ type PodConfig struct {
 	// +kubebuilder:validation:MinLength=1
 	ContainerImage string `json:"containerImage"`
 
-	// resources of the notebook container.
+	// resources of the notebook container. Under a ResourceQuota without a LimitRange, set them.
 	// +optional
 	Resources *corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// helperResources of the controller's own containers (git-clone, golden-compare); requests
+	// of 100m CPU and 128Mi of memory, limits of 1 CPU and 512Mi, when unset.
+	// +optional
+	HelperResources *corev1.ResourceRequirements `json:"helperResources,omitempty"`
+
+	// securityContext of the pod. What is unset is filled so that the pod passes the Pod
+	// Security "restricted" profile: runAsNonRoot and the RuntimeDefault seccomp profile (every
+	// container also drops all capabilities and may not escalate privileges). An image that runs
+	// as root needs runAsUser here.
+	// +optional
+	SecurityContext *corev1.PodSecurityContext `json:"securityContext,omitempty"`
+
+	// imagePullSecrets name Secrets of the job's namespace for pulling the images.
+	// +listType=atomic
+	// +optional
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
 
 	// env is added to the notebook container; the controller's own variables win on a clash.
 	// +optional
@@ -90,8 +134,10 @@ type PodConfig struct {
 	// nodeSelector, tolerations and affinity place the pod, e.g. on GPU nodes.
 	// +optional
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// tolerations of the pod.
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// affinity of the pod.
 	// +optional
 	Affinity *corev1.Affinity `json:"affinity,omitempty"`
 
@@ -135,65 +181,84 @@ type PodVolume struct {
 
 // PersistentVolumeClaimVolumeSource names a claim.
 type PersistentVolumeClaimVolumeSource struct {
+	// claimName is the claim, in the job's namespace.
 	// +kubebuilder:validation:MinLength=1
 	ClaimName string `json:"claimName"`
+	// readOnly mounts it read-only.
 	// +optional
 	ReadOnly bool `json:"readOnly,omitempty"`
 }
 
 // ConfigMapVolumeSource names a ConfigMap.
 type ConfigMapVolumeSource struct {
+	// name of the ConfigMap, in the job's namespace.
 	// +kubebuilder:validation:MinLength=1
 	Name string `json:"name"`
+	// items project chosen keys to chosen paths; every key when unset.
 	// +optional
 	Items []corev1.KeyToPath `json:"items,omitempty"`
+	// defaultMode of the files, 0-0777.
 	// +optional
 	DefaultMode *int32 `json:"defaultMode,omitempty"`
+	// optional lets the pod start without the ConfigMap.
 	// +optional
 	Optional *bool `json:"optional,omitempty"`
 }
 
 // SecretVolumeSource names a Secret.
 type SecretVolumeSource struct {
+	// secretName of the Secret, in the job's namespace.
 	// +kubebuilder:validation:MinLength=1
 	SecretName string `json:"secretName"`
+	// items project chosen keys to chosen paths; every key when unset.
 	// +optional
 	Items []corev1.KeyToPath `json:"items,omitempty"`
+	// defaultMode of the files, 0-0777.
 	// +optional
 	DefaultMode *int32 `json:"defaultMode,omitempty"`
+	// optional lets the pod start without the Secret.
 	// +optional
 	Optional *bool `json:"optional,omitempty"`
 }
 
 // EmptyDirVolumeSource is scratch space.
 type EmptyDirVolumeSource struct {
+	// medium is "" (the node's disk), Memory, or HugePages[-<size>].
 	// +optional
 	Medium corev1.StorageMedium `json:"medium,omitempty"`
+	// sizeLimit bounds the space it may take.
 	// +optional
 	SizeLimit *resource.Quantity `json:"sizeLimit,omitempty"`
 }
 
 // CSIVolumeSource is an inline CSI volume; only the Cistern driver is accepted.
 type CSIVolumeSource struct {
+	// driver must be the Cistern driver, cistern.csi.dev.
 	// +kubebuilder:validation:MinLength=1
 	Driver string `json:"driver"`
+	// readOnly mounts it read-only.
 	// +optional
 	ReadOnly *bool `json:"readOnly,omitempty"`
+	// volumeAttributes are the driver's inline volume parameters (docs/datasets.md).
 	// +optional
 	VolumeAttributes map[string]string `json:"volumeAttributes,omitempty"`
+	// nodePublishSecretRef names a Secret of the job's namespace with the source's credentials.
 	// +optional
 	NodePublishSecretRef *corev1.LocalObjectReference `json:"nodePublishSecretRef,omitempty"`
 }
 
 // VolumeMount mounts a volume of podConfig.volumes into the notebook container.
 type VolumeMount struct {
+	// name of a volume of podConfig.volumes.
 	// +kubebuilder:validation:MinLength=1
 	Name string `json:"name"`
 	// mountPath is absolute.
 	// +kubebuilder:validation:MinLength=1
 	MountPath string `json:"mountPath"`
+	// subPath mounts this relative path of the volume instead of its root.
 	// +optional
 	SubPath string `json:"subPath,omitempty"`
+	// readOnly mounts it read-only.
 	// +optional
 	ReadOnly bool `json:"readOnly,omitempty"`
 }
@@ -256,6 +321,15 @@ type NotebookValidationJobStatus struct {
 	// observedGeneration is the generation this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// commit is the commit of the notebook's repository the run used (what ref resolved to).
+	// +optional
+	Commit string `json:"commit,omitempty"`
+	// goldenCommit is the commit of the golden notebook's repository, when it has its own.
+	// +optional
+	GoldenCommit string `json:"goldenCommit,omitempty"`
+	// retries is how many failed runs were run again so far.
+	// +optional
+	Retries int32 `json:"retries,omitempty"`
 }
 
 // NotebookValidationJob clones a repository, runs one notebook with papermill and records the result.
@@ -270,7 +344,9 @@ type NotebookValidationJob struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`
 
-	Spec   NotebookValidationJobSpec   `json:"spec,omitempty"`
+	// spec is the notebook to run, where to get it, the pod that runs it and the golden notebook its outputs are compared with.
+	Spec NotebookValidationJobSpec `json:"spec,omitempty"`
+	// status is the phase of the run, its pod, and the conditions the controller reports.
 	Status NotebookValidationJobStatus `json:"status,omitempty"`
 }
 
@@ -280,5 +356,6 @@ type NotebookValidationJob struct {
 type NotebookValidationJobList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
-	Items           []NotebookValidationJob `json:"items"`
+	// items are the NotebookValidationJobs.
+	Items []NotebookValidationJob `json:"items"`
 }

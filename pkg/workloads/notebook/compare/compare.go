@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -92,13 +93,32 @@ func (m *Mismatch) Error() string {
 	return fmt.Sprintf("cell %d: %s", m.Cell, m.What)
 }
 
+// Options say how loosely outputs are compared.
+type Options struct {
+	// Tolerance is how far numbers may be apart: |a-b| <= Tolerance * max(1, |a|, |b|).
+	Tolerance float64
+	// IgnoreTypes are output types left out of the comparison: an output_type (stream,
+	// execute_result, display_data, error) or a stream's name (stdout, stderr).
+	IgnoreTypes []string
+	// IgnorePatterns match text taken as equal wherever it is (timestamps, durations, ids).
+	IgnorePatterns []*regexp.Regexp
+}
+
+// OutputTypes are the values IgnoreTypes may hold.
+var OutputTypes = []string{"stream", "stdout", "stderr", "execute_result", "display_data", "error"}
+
+// ignored stands for every match of an ignore pattern; it holds no digit, so numbers in it are
+// not compared either.
+const ignored = "\x00ignored\x00"
+
 // Compare compares the code cells of got with golden's, in order, and returns the first mismatch
 // (nil when they match). Execution counts, metadata and images are not compared; stream, result
-// and error outputs are, text for text with numbers within tol.
-func Compare(golden, got *Notebook, tol float64) *Mismatch {
+// and error outputs are (less those opt leaves out), text for text with numbers within the
+// tolerance and the matches of the ignore patterns taken as equal.
+func Compare(golden, got *Notebook, opt Options) *Mismatch {
 	gc, oc := codeCells(golden), codeCells(got)
 	for i := 0; i < min(len(gc), len(oc)); i++ {
-		if what := compareOutputs(golden.Cells[gc[i]].Outputs, got.Cells[oc[i]].Outputs, tol); what != "" {
+		if what := compareOutputs(golden.Cells[gc[i]].Outputs, got.Cells[oc[i]].Outputs, opt); what != "" {
 			return &Mismatch{Cell: oc[i], What: what}
 		}
 	}
@@ -118,10 +138,14 @@ func codeCells(nb *Notebook) []int {
 	return out
 }
 
-// compared are the outputs a comparison looks at; display_data of images and widgets are left out.
-func compared(outs []Output) []Output {
+// compared are the outputs a comparison looks at; display_data of images and widgets are left out,
+// and so are the types ignore names.
+func compared(outs []Output, ignore []string) []Output {
 	var keep []Output
 	for _, o := range outs {
+		if slices.Contains(ignore, o.OutputType) || o.OutputType == "stream" && slices.Contains(ignore, o.Name) {
+			continue
+		}
 		switch o.OutputType {
 		case "stream", "error":
 			keep = append(keep, o)
@@ -134,8 +158,8 @@ func compared(outs []Output) []Output {
 	return keep
 }
 
-func compareOutputs(golden, got []Output, tol float64) string {
-	g, o := compared(golden), compared(got)
+func compareOutputs(golden, got []Output, opt Options) string {
+	g, o := compared(golden, opt.IgnoreTypes), compared(got, opt.IgnoreTypes)
 	for i := 0; i < min(len(g), len(o)); i++ {
 		want, have := g[i], o[i]
 		if want.OutputType != have.OutputType || want.Name != have.Name {
@@ -150,8 +174,8 @@ func compareOutputs(golden, got []Output, tol float64) string {
 		default:
 			a, b = string(want.Data["text/plain"]), string(have.Data["text/plain"])
 		}
-		if !TextMatches(a, b, tol) {
-			return fmt.Sprintf("%s differs: got %q, golden %q%s", describe(have), clip(b), clip(a), tolNote(tol))
+		if !TextMatches(mask(a, opt.IgnorePatterns), mask(b, opt.IgnorePatterns), opt.Tolerance) {
+			return fmt.Sprintf("%s differs: got %q, golden %q%s", describe(have), clip(b), clip(a), note(opt))
 		}
 	}
 	if len(g) != len(o) {
@@ -167,11 +191,26 @@ func describe(o Output) string {
 	return o.OutputType
 }
 
-func tolNote(tol float64) string {
-	if tol == 0 {
+// mask replaces every match of the patterns by the same placeholder.
+func mask(s string, patterns []*regexp.Regexp) string {
+	for _, p := range patterns {
+		s = p.ReplaceAllLiteralString(s, ignored)
+	}
+	return s
+}
+
+func note(opt Options) string {
+	var parts []string
+	if opt.Tolerance != 0 {
+		parts = append(parts, fmt.Sprintf("numeric tolerance %g", opt.Tolerance))
+	}
+	if len(opt.IgnorePatterns) > 0 {
+		parts = append(parts, fmt.Sprintf("%d ignore patterns", len(opt.IgnorePatterns)))
+	}
+	if len(parts) == 0 {
 		return ""
 	}
-	return fmt.Sprintf(" (numeric tolerance %g)", tol)
+	return " (" + strings.Join(parts, ", ") + ")"
 }
 
 func clip(s string) string {

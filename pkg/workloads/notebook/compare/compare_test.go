@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -71,7 +72,7 @@ func TestCompare(t *testing.T) {
 			got:    nb(t, code(map[string]any{"output_type": "display_data", "data": map[string]any{"image/png": "BBB"}}, result("1")))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := Compare(tc.golden, tc.got, tc.tol)
+			m := Compare(tc.golden, tc.got, Options{Tolerance: tc.tol})
 			got := ""
 			if m != nil {
 				got = m.Error()
@@ -80,6 +81,47 @@ func TestCompare(t *testing.T) {
 				t.Errorf("mismatch %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// Volatile output — timestamps, durations, a stream of warnings — is left out by pattern and by
+// type, as the notebook validator's comparison settings allow.
+func TestCompareIgnoring(t *testing.T) {
+	stamp := regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z?`)
+	took := regexp.MustCompile(`took [0-9.]+s`)
+	stderr := func(text string) map[string]any {
+		return map[string]any{"output_type": "stream", "name": "stderr", "text": text}
+	}
+	golden := nb(t, code(stream("started 2024-01-02T03:04:05Z\n", "loss 0.25 took 1.5s\n"), stderr("warning: slow\n"), result("42")))
+	got := nb(t, code(stream("started 2026-11-26T16:40:01.123Z\n", "loss 0.25 took 73.02s\n"), result("42")))
+	for _, tc := range []struct {
+		name string
+		opt  Options
+		want string
+	}{
+		{name: "timestamps, durations and stderr ignored", opt: Options{IgnoreTypes: []string{"stderr"}, IgnorePatterns: []*regexp.Regexp{stamp, took}}},
+		{name: "failure case - stderr still compared", opt: Options{IgnorePatterns: []*regexp.Regexp{stamp, took}},
+			want: "cell 0: output 1 is execute_result, the golden notebook has stream stderr"},
+		{name: "failure case - the timestamp compared", opt: Options{IgnoreTypes: []string{"stderr"}, IgnorePatterns: []*regexp.Regexp{took}},
+			want: "cell 0: stream stdout differs"},
+		{name: "every stream ignored",
+			opt: Options{IgnoreTypes: []string{"stream"}}, want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := Compare(golden, got, tc.opt)
+			have := ""
+			if m != nil {
+				have = m.Error()
+			}
+			if tc.want == "" && have != "" || tc.want != "" && !strings.Contains(have, tc.want) {
+				t.Errorf("mismatch %q, want %q", have, tc.want)
+			}
+		})
+	}
+	// The loss is still compared with the pattern in place.
+	worse := nb(t, code(stream("started 2026-11-26T16:40:01Z\n", "loss 0.75 took 2s\n"), result("42")))
+	if m := Compare(golden, worse, Options{IgnoreTypes: []string{"stderr"}, IgnorePatterns: []*regexp.Regexp{stamp, took}}); m == nil {
+		t.Error("a different loss matched")
 	}
 }
 
@@ -128,5 +170,17 @@ func TestCommand(t *testing.T) {
 	}
 	if rc := Main([]string{"--golden", g, "--executed", same, "--tolerance", "-1"}, &out, &errb); rc != 2 {
 		t.Errorf("negative tolerance: rc %d", rc)
+	}
+	stamped := write("t.ipynb", map[string]any{"cells": []any{code(stream("at 12:00:01 0.5\n"), map[string]any{"output_type": "stream", "name": "stderr", "text": "w"})}})
+	stampedGolden := write("tg.ipynb", map[string]any{"cells": []any{code(stream("at 09:30:00 0.5\n"))}})
+	if rc := Main([]string{"--golden", stampedGolden, "--executed", stamped, "--ignore-output-type", "stderr",
+		"--ignore-pattern", `\d\d:\d\d:\d\d`}, &out, &errb); rc != 0 {
+		t.Errorf("ignoring: rc %d: %s", rc, errb.String())
+	}
+	if rc := Main([]string{"--golden", g, "--executed", same, "--ignore-output-type", "html"}, &out, &errb); rc != 2 {
+		t.Errorf("unknown output type: rc %d", rc)
+	}
+	if rc := Main([]string{"--golden", g, "--executed", same, "--ignore-pattern", "("}, &out, &errb); rc != 2 {
+		t.Errorf("bad pattern: rc %d", rc)
 	}
 }

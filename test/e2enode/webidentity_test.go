@@ -1,0 +1,90 @@
+package e2enode
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apimetav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
+)
+
+// datasetRole is the role the STS stand-in hands the dataset's keys for.
+const datasetRole = "arn:aws:iam::000000000000:role/dataset-reader"
+
+// startSTS starts the STS stand-in for the control plane's ServiceAccount issuer. It reads the
+// API server's OIDC discovery document and JWKS as an outside STS reads a cluster's issuer:
+// anonymously, trusting only the API server's CA, allowed by the ClusterRoleBinding that
+// self-hosted IRSA setups create. It hands out no role until one is added.
+func startSTS(t *testing.T, cp *framework.ControlPlane) *testpeers.STS {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: apimetav1.ObjectMeta{Name: "service-account-issuer-discovery-public"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:service-account-issuer-discovery"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.GroupKind, Name: "system:unauthenticated"}},
+	}
+	if _, err := cp.Client.RbacV1().ClusterRoleBindings().Create(ctx, crb, apimetav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hc, err := rest.HTTPClientFor(rest.AnonymousClientConfig(cp.Config))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return testpeers.StartSTSFor(t, testpeers.Discovery{URL: cp.URL, Client: hc}, consts.DefaultWebIdentityAudience, nil)
+}
+
+// testWebIdentity: a pod with no Secret, only its ServiceAccount, mounts the private dataset
+// inline with web-identity credentials (kubelet hands NodePublishVolume the pod's token for the
+// CSIDriver's tokenRequests audience, the driver exchanges it at the STS, which verifies it
+// against the API server's issuer and trusts the ServiceAccount dataset-reader only); a pod of
+// another ServiceAccount naming the same role is refused.
+func testWebIdentity(t *testing.T, c *cluster, d *dataset) {
+	ctx := context.Background()
+	c.sts.AddRole(datasetRole, testpeers.Role{
+		Trusts:    []string{"system:serviceaccount:" + c.ns + ":dataset-reader"},
+		AccessKey: d.s3.AccessKey, SecretKey: d.s3.SecretKey,
+	})
+	for _, sa := range []string{"dataset-reader", "other-team"} {
+		if _, err := c.cp.Client.CoreV1().ServiceAccounts(c.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: apimetav1.ObjectMeta{Name: sa}}, apimetav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attrs := d.attributes()
+	attrs["size"] = "64Mi"
+	attrs[consts.ParamCredentials] = consts.CredentialsWebIdentity
+	attrs[consts.ParamRoleARN] = datasetRole
+	pod := func(name, sa string) *corev1.Pod {
+		p := checkerPod(c.checkerImage, c.resultsDir, name,
+			[]corev1.Volume{{Name: "model", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{
+				Driver: consts.DriverName, ReadOnly: ptr.To(true), VolumeAttributes: attrs,
+			}}}},
+			[]corev1.VolumeMount{{Name: "model", MountPath: "/model", ReadOnly: true}},
+			"-dir", "/model", "-hash")
+		p.Spec.ServiceAccountName = sa
+		return p
+	}
+
+	exchanges := c.sts.Exchanges()
+	createPod(t, c.cp, c.ns, pod("web-identity", "dataset-reader"))
+	waitPodRunning(t, c.cp, c.ns, "web-identity")
+	d.checkFiles(t, "web-identity", readResult(t, c.resultsDir, "web-identity").Dirs[0])
+	if c.sts.Exchanges() <= exchanges {
+		t.Errorf("the STS exchanged no token for the pod (%d exchanges before, %d after)", exchanges, c.sts.Exchanges())
+	}
+
+	createPod(t, c.cp, c.ns, pod("web-identity-other", "other-team"))
+	waitFailedMount(t, c, "web-identity-other", "PermissionDenied")
+
+	for _, name := range []string{"web-identity", "web-identity-other"} {
+		deletePodAndWait(t, c.cp, c.ns, name)
+	}
+}

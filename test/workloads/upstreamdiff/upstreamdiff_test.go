@@ -1,0 +1,287 @@
+// Package upstreamdiff_test is the differential test against upstream LeaderWorkerSet: upstream's
+// controller manager (sigs.k8s.io/lws, built by make lws-tools, with its admission webhooks) on one
+// control plane and Cistern's drop-in (--leaderworkerset-api=leaderworkerset.x-k8s.io/v1) on
+// another, the same manifests applied to both (upstream's samples and testdata/e2e-cases.yaml),
+// and the LeaderWorkerSets, StatefulSets, Services, pods, claims and ControllerRevisions they
+// lead to compared field by field. Every difference must be one of knownDifferences, whose
+// reasons docs/workloads.md lists.
+package upstreamdiff_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/workloads"
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
+	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/workloads/testutil"
+)
+
+const (
+	// lwsVersion is what hack/tools/lws builds; keep it in step with hack/make/40-workloads.mk.
+	lwsVersion = "v0.8.0"
+	lwsBinEnv  = "CISTERN_LWS_BIN"
+	nodePool   = "cloud.google.com/gke-nodepool" // the exclusive-placement sample's topology
+)
+
+// side is one control plane and the controller serving LeaderWorkerSet on it.
+type side struct {
+	name string
+	cp   *framework.ControlPlane
+	cl   client.Client
+}
+
+// lwsTools returns upstream's controller binary and the directory of its manifests.
+func lwsTools(t *testing.T) (bin, config string) {
+	t.Helper()
+	binDir, err := framework.ToolDir(lwsBinEnv, "lws-"+lwsVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = filepath.Join(binDir, "manager")
+	if _, err := os.Stat(bin); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%v (run `make lws-tools`)", err)
+		}
+		t.Skipf("%v (run `make lws-tools`)", err)
+	}
+	return bin, filepath.Join(binDir, "..", "config")
+}
+
+func newSide(t *testing.T, name string) *side {
+	t.Helper()
+	cp := framework.StartControlPlane(t, framework.Options{ControllerManager: true, Scheduler: true})
+	cl, err := client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &side{name: name, cp: cp, cl: cl}
+}
+
+// startUpstream installs upstream's CRD and webhook configurations (pointed at a loopback port,
+// with a CA of the test's) and runs its controller manager.
+func startUpstream(t *testing.T, s *side, bin, config string) {
+	t.Helper()
+	if err := testutil.InstallCRDs(s.cp.Config, filepath.Join(config, "crd")); err != nil {
+		t.Fatal(err)
+	}
+	port, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := webhookcert.Renew(webhookcert.Bundle{}, []string{"127.0.0.1"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	certDir := t.TempDir()
+	for name, b := range map[string][]byte{"tls.crt": certs.Cert, "tls.key": certs.Key} {
+		if err := os.WriteFile(filepath.Join(certDir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	installWebhooks(t, s.cl, filepath.Join(config, "webhooks.yaml"), fmt.Sprintf("https://127.0.0.1:%d", port), certs.CACert)
+	cfg := fmt.Sprintf(`apiVersion: config.lws.x-k8s.io/v1alpha1
+kind: Configuration
+health: {healthProbeBindAddress: "0"}
+metrics: {bindAddress: "0"}
+webhook: {host: 127.0.0.1, port: %d, certDir: %s}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+`, port, certDir)
+	cfgPath := filepath.Join(t.TempDir(), "lws.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := framework.StartCommand(t, "lws-upstream", exec.Command(bin, "--config", cfgPath, "--kubeconfig", s.cp.Kubeconfig, "--zap-log-level=2"))
+	testutil.Eventually(t, 2*time.Minute, "upstream LeaderWorkerSet webhook server", func() error {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+		if err != nil {
+			return fmt.Errorf("%w (log %s:\n%s)", err, p.LogPath, framework.Tail(p.LogPath, 20))
+		}
+		return conn.Close()
+	})
+}
+
+// installWebhooks creates upstream's generated webhook configurations with the Service replaced
+// by a URL.
+func installWebhooks(t *testing.T, c client.Client, path, base string, caBundle []byte) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientConfig := func(cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.WebhookClientConfig {
+		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To(base + *cc.Service.Path), CABundle: caBundle}
+	}
+	for doc := range strings.SplitSeq(string(b), "\n---\n") {
+		var obj client.Object
+		switch {
+		case strings.Contains(doc, "kind: MutatingWebhookConfiguration"):
+			m := &admissionregistrationv1.MutatingWebhookConfiguration{}
+			if err := yaml.Unmarshal([]byte(doc), m); err != nil {
+				t.Fatal(err)
+			}
+			for i, w := range m.Webhooks {
+				m.Webhooks[i].ClientConfig = clientConfig(w.ClientConfig)
+			}
+			obj = m
+		case strings.Contains(doc, "kind: ValidatingWebhookConfiguration"):
+			v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
+			if err := yaml.Unmarshal([]byte(doc), v); err != nil {
+				t.Fatal(err)
+			}
+			for i, w := range v.Webhooks {
+				v.Webhooks[i].ClientConfig = clientConfig(w.ClientConfig)
+			}
+			obj = v
+		default:
+			continue
+		}
+		obj.SetName("lws-" + obj.GetName())
+		if err := c.Create(context.Background(), obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// startDropIn installs deploy/csi with the lws-upstream component and runs the drop-in as its
+// ServiceAccount.
+func startDropIn(t *testing.T, s *side) {
+	t.Helper()
+	rendered, err := testutil.RenderWithRBAC(t, s.cp, "lws-upstream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crdDir := t.TempDir()
+	for i, crd := range rendered["CustomResourceDefinition"] {
+		b, err := yaml.Marshal(crd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(crdDir, fmt.Sprintf("crd-%d.yaml", i)), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := testutil.InstallCRDs(s.cp.Config, crdDir); err != nil {
+		t.Fatal(err)
+	}
+	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.StartController(framework.ServiceAccountConfig(t, s.cp, testutil.ControllerNamespace, testutil.ControllerSA), wc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// addNodes registers the same nodes on a side, three pools of four (the exclusive-placement
+// sample puts each of its three groups of four in a pool of its own), run by a fake kubelet.
+func addNodes(t *testing.T, s *side) {
+	t.Helper()
+	var nodes []string
+	for _, pool := range []string{"a", "b", "c", "d"} {
+		for i := range 4 {
+			n := fmt.Sprintf("node-%s-%d", pool, i)
+			framework.CreateNode(t, s.cp, n, map[string]string{nodePool: "pool-" + pool})
+			nodes = append(nodes, n)
+		}
+	}
+	framework.FakeKubelet(t, s.cp.Client, fields.Everything(), nodes...)
+}
+
+// manifests are the cases: upstream's samples, then testdata's.
+func manifests(t *testing.T, config string) []string {
+	t.Helper()
+	samples, err := filepath.Glob(filepath.Join(config, "samples", "lws*.yaml"))
+	if err != nil || len(samples) == 0 {
+		t.Fatalf("no upstream samples in %s: %v", config, err)
+	}
+	return append(samples, filepath.Join("testdata", "e2e-cases.yaml"))
+}
+
+// apply creates namespace ns on s and applies the manifest there with kubectl.
+func apply(t *testing.T, s *side, ns, path string) {
+	t.Helper()
+	framework.ApplyYAML(t, s.cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+ns+"}\n")
+	out, err := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", s.cp.Kubeconfig, "apply", "-n", ns, "-f", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: kubectl apply %s: %v\n%s", s.name, path, err, out)
+	}
+}
+
+var lwsGVK = schema.GroupVersionKind{Group: "leaderworkerset.x-k8s.io", Version: "v1", Kind: "LeaderWorkerSet"}
+
+// settled is nil once every LeaderWorkerSet in ns has all its groups Ready, or, for one whose
+// groups cannot start (claims of a class no provisioner serves), all its pods.
+func settled(ctx context.Context, s *side, ns string) func() error {
+	return func() error {
+		var list unstructured.UnstructuredList
+		list.SetGroupVersionKind(lwsGVK.GroupVersion().WithKind("LeaderWorkerSetList"))
+		if err := s.cl.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		for _, l := range list.Items {
+			replicas, _, _ := unstructured.NestedInt64(l.Object, "spec", "replicas")
+			ready, _, _ := unstructured.NestedInt64(l.Object, "status", "readyReplicas")
+			if ready == replicas {
+				continue
+			}
+			if vct, _, _ := unstructured.NestedSlice(l.Object, "spec", "leaderWorkerTemplate", "volumeClaimTemplates"); len(vct) == 0 {
+				return fmt.Errorf("%s: %s/%s has %d of %d groups ready", s.name, ns, l.GetName(), ready, replicas)
+			}
+			size, _, _ := unstructured.NestedInt64(l.Object, "spec", "leaderWorkerTemplate", "size")
+			var pods unstructured.UnstructuredList
+			pods.SetGroupVersionKind(schema.GroupVersionKind{Version: "v1", Kind: "PodList"})
+			if err := s.cl.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.SetNameLabelKey: l.GetName()}); err != nil {
+				return err
+			}
+			if int64(len(pods.Items)) != replicas*size {
+				return fmt.Errorf("%s: %s/%s has %d of %d pods", s.name, ns, l.GetName(), len(pods.Items), replicas*size)
+			}
+		}
+		return nil
+	}
+}
+
+// TestUpstreamDifferential applies each manifest to both sides, waits until both settle, and
+// compares what each made.
+func TestUpstreamDifferential(t *testing.T) {
+	bin, config := lwsTools(t)
+	up, cis := newSide(t, "upstream"), newSide(t, "cistern")
+	startUpstream(t, up, bin, config)
+	startDropIn(t, cis)
+	for _, s := range []*side{up, cis} {
+		addNodes(t, s)
+	}
+	counts := map[string]int{}
+	for i, path := range manifests(t, config) {
+		ns := fmt.Sprintf("case-%d", i)
+		t.Run(strings.TrimSuffix(filepath.Base(path), ".yaml"), func(t *testing.T) {
+			ctx := testutil.Context(t)
+			for _, s := range []*side{up, cis} {
+				apply(t, s, ns, path)
+			}
+			for _, s := range []*side{up, cis} {
+				testutil.Eventually(t, 3*time.Minute, s.name+" settled", settled(ctx, s, ns))
+			}
+			counts[filepath.Base(path)] = compareSides(t, ctx, up, cis, ns)
+		})
+	}
+	t.Logf("fields compared per case: %v", counts)
+}
