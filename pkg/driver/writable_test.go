@@ -548,9 +548,9 @@ func TestWritableLayerInterrupted(t *testing.T) {
 }
 
 // TestWritableLayerKeepsItsVersion: a layered volume keeps the dataset version it was made on.
-// When the source changes, a new volume gets the new version (the old one is retired, not
-// deleted: the first volume references it), and the first volume, unstaged and staged again,
-// still shows the old bytes; the retired version goes with its last reference.
+// When the source changes, a new volume gets the new version (the old one moves aside, kept or
+// retired, never deleted: the first volume references it), and the first volume, unstaged and
+// staged again, still shows the old bytes; no reference outlives the volumes.
 func TestWritableLayerKeepsItsVersion(t *testing.T) {
 	env, src := layeredEnv(t, "ext4", volume.WritableDatasets{})
 	ctx := context.Background()
@@ -560,9 +560,11 @@ func TestWritableLayerKeepsItsVersion(t *testing.T) {
 	writeTree(t, filepath.Join(src, "set"), map[string]string{"a.txt": "alpha, version 2"})
 	newVol := env.writableVolume("new", src, "ext4", 96<<20)
 	checkFiles(t, env.stagePublish(newVol, "ext4"), map[string]string{"a.txt": "alpha, version 2"})
+	kept, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*"+cache.VersionSep+"*"))
 	retired, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*"+cache.RetiredSep+"*"))
-	if len(retired) != 1 {
-		t.Fatalf("retired versions: %v, want the old volume's", retired)
+	aside := append(kept, retired...)
+	if len(aside) != 1 {
+		t.Fatalf("versions moved aside: %v, want the old volume's", aside)
 	}
 	env.unpublishAndUnstage(oldVol.VolumeId)
 	checkFiles(t, env.stagePublish(oldVol, "ext4"), map[string]string{"a.txt": "alpha", "d/b.txt": "beta"})
@@ -572,8 +574,14 @@ func TestWritableLayerKeepsItsVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if left, _ := filepath.Glob(retired[0]); len(left) != 0 {
-		t.Errorf("the retired version outlived its last volume: %v", left)
+	// A retired version goes with its last reference; a kept one stays cached, unreferenced.
+	if refs, _ := filepath.Glob(filepath.Join(aside[0], cache.RefsDir, "*")); len(refs) != 0 {
+		t.Errorf("references outlived their volumes: %v", refs)
+	}
+	if len(retired) == 1 {
+		if left, _ := filepath.Glob(retired[0]); len(left) != 0 {
+			t.Errorf("the retired version outlived its last volume: %v", left)
+		}
 	}
 	trees, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*", cache.TreeDir))
 	checkNothingLeft(t, env, filepath.Dir(trees[0]))
