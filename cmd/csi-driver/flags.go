@@ -17,6 +17,7 @@ type options struct {
 	mode, httpEndpoint                                         string
 	defaultSize                                                int64
 	inlinePools, localSourceRoots, tenantEndpoints, nfsServers string
+	writableDatasets                                           string
 	nfsUID, nfsGID                                             uint
 	peerAdvertise, peerTokenFile, peerAccounts                 string
 	events, showVersion                                        bool
@@ -45,7 +46,7 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
-	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
+	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, and writable dataset volumes copied for want of overlayfs, as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --peer-listen; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 }
@@ -63,6 +64,7 @@ func bindDatasetFlags(cfg *datasource.Config, o *options) {
 	flag.Float64Var(&cfg.HighWatermark, "cache-high-watermark", 0.20, "Fraction of a pool that eviction frees up to.")
 	flag.DurationVar(&cfg.ProgressInterval, "dataset-progress-interval", 5*time.Second, "How often a dataset being staged reports its progress to the StoragePool publisher (each report of a changed progress is one status write per staging pool).")
 	flag.DurationVar(&cfg.AccessProofTTL, "dataset-access-ttl", datasource.DefaultAccessProofTTL, "How long a caller's full proof of access to a cached dataset (its own listing matching the cache) is remembered; within it a cache hit costs one pinned read. 0 lists on every hit.")
+	flag.StringVar(&o.writableDatasets, "writable-datasets", "layer", "How a writable volume of a cached dataset gets its data: layer (an overlay on the cached tree, ready at once; a copy where overlayfs cannot be mounted) or copy (a full copy, as before).")
 	flag.StringVar(&o.nfsServers, "nfs-servers", "", "Comma-separated NFS servers (host or host:port, as written in nfs:// URLs) that inline volumes may name; empty refuses nfs:// in inline volumes.")
 	flag.UintVar(&o.nfsUID, "nfs-uid", datasource.NobodyID, "AUTH_UNIX uid the NFS client presents.")
 	flag.UintVar(&o.nfsGID, "nfs-gid", datasource.NobodyID, "AUTH_UNIX gid the NFS client presents.")
@@ -113,6 +115,13 @@ func (o *options) complete(cfg *driver.Config) error {
 	}
 	uid, gid := uint32(o.nfsUID), uint32(o.nfsGID)
 	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
+	switch o.writableDatasets {
+	case "layer":
+	case "copy":
+		cfg.Writable.Copy = true
+	default:
+		return fmt.Errorf("invalid --writable-datasets %q: layer or copy", o.writableDatasets)
+	}
 	cfg.Mode = driver.Mode(o.mode)
 	cfg.DefaultVolumeSize = o.defaultSize
 	return nil

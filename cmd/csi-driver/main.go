@@ -48,6 +48,7 @@ func main() {
 		}
 		defer rec.Stop()
 		cfg.Datasets.OnEvict = rec.Evicted
+		cfg.Writable.OnCopy = rec.WritableCopied
 	}
 	var inventory *discovery.Inventory
 	if cfg.Peers.Listen != "" {

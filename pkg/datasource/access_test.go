@@ -214,7 +214,7 @@ func TestSourceChangedRestages(t *testing.T) {
 	if len(entries) != 1 {
 		t.Fatalf("kept versions: %v", entries)
 	}
-	if tree, err := m.Served(pool, spec.ID(), "vol-old"); err != nil || tree != filepath.Join(entries[0], "tree") {
+	if tree, err := m.Referenced(pool, spec.ID(), "vol-old"); err != nil || tree != filepath.Join(entries[0], "tree") {
 		t.Fatalf("vol-old's tree: %s %v, want the kept version's", tree, err)
 	}
 	checkTree(t, filepath.Join(entries[0], "tree"), old) // what vol-old's bind mount shows

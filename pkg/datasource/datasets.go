@@ -12,9 +12,10 @@ type PoolPaths interface {
 }
 
 // Datasets is the Manager as the volume service sees it: pools by name, datasets by their
-// parsed spec, and four verbs (and the pools' inventory, for the StoragePool publisher). Prepare stages a dataset on a pool (or joins the staging under
-// way), Fill copies a staged dataset into a volume, Serve hands out the cached tree for a
-// read-only bind mount, and Unserve gives it back.
+// parsed spec, and a few verbs (and the pools' inventory, for the StoragePool publisher).
+// Prepare stages a dataset on a pool (or joins the staging under way), Fill copies a staged
+// dataset into a volume, Serve hands out the cached tree for a read-only bind mount or as a
+// writable volume's lower layer, Layer finds that layer again, and Unserve gives it back.
 type Datasets struct {
 	m     *Manager
 	pools PoolPaths
@@ -74,22 +75,40 @@ func (d *Datasets) Serve(pool string, spec *Spec, version, volumeID string) (str
 	return d.m.Acquire(p, spec, version, volumeID)
 }
 
-// Served returns the tree of the dataset version Serve handed volumeID, wherever it is now: the
-// path Serve returned names whatever version is current, and another may have been staged in
-// its place since.
-func (d *Datasets) Served(pool, datasetID, volumeID string) (string, error) {
+// Layer returns the tree of the dataset version volumeID references on pool (Serve took the
+// reference when the volume was first layered on it): the lower layer of a writable volume,
+// found again at each mount, even when a newer version was staged since. See
+// Manager.Referenced.
+func (d *Datasets) Layer(pool, datasetID, volumeID string) (string, error) {
 	p, err := d.path(pool)
 	if err != nil {
 		return "", err
 	}
-	return d.m.Served(p, datasetID, volumeID)
+	return d.m.Referenced(p, datasetID, volumeID)
+}
+
+// Served returns the tree of the dataset version Serve handed volumeID, wherever it is now: the
+// path Serve returned names whatever version is current, and another may have been staged in
+// its place since. It is the version Layer finds.
+func (d *Datasets) Served(pool, datasetID, volumeID string) (string, error) {
+	return d.Layer(pool, datasetID, volumeID)
+}
+
+// ShareLayer references, for to (a snapshot, or a volume restored or cloned), the dataset
+// version that from references on pool, and returns its tree. See Manager.Share.
+func (d *Datasets) ShareLayer(pool, datasetID, from, to string) (string, error) {
+	p, err := d.path(pool)
+	if err != nil {
+		return "", err
+	}
+	return d.m.Share(p, datasetID, from, to)
 }
 
 // Unserve drops volumeID's reference to the dataset datasetID on pool. A pool no longer
-// configured holds nothing of ours to release.
+// configured, or no dataset (""), holds nothing of ours to release.
 func (d *Datasets) Unserve(pool, datasetID, volumeID string) error {
 	p, ok := d.pools.PoolPath(pool)
-	if !ok {
+	if !ok || datasetID == "" {
 		return nil
 	}
 	return d.m.ReleaseID(p, datasetID, volumeID)

@@ -555,16 +555,22 @@ func (m *Manager) Acquire(pool string, spec *Spec, version, volumeID string) (st
 	return m.cache.Acquire(pool, spec, version, volumeID)
 }
 
-// Served returns the tree of the dataset version volumeID references on pool, wherever it is now
-// (cache.Cache.Served).
-func (m *Manager) Served(pool, id, volumeID string) (string, error) {
-	return m.cache.Served(pool, id, volumeID)
-}
-
 // ReleaseID drops volumeID's reference to the dataset id on pool. The reference may be in a
 // retired version, which goes with its last reference.
 func (m *Manager) ReleaseID(pool, id, volumeID string) error {
 	return m.cache.Release(pool, id, volumeID)
+}
+
+// Referenced returns the tree of the version of dataset id on pool that holder references; see
+// cache.Cache.Referenced.
+func (m *Manager) Referenced(pool, id, holder string) (string, error) {
+	return m.cache.Referenced(pool, id, holder)
+}
+
+// Share references, for to, the version of dataset id on pool that from references; see
+// cache.Cache.Share.
+func (m *Manager) Share(pool, id, from, to string) (string, error) {
+	return m.cache.Share(pool, id, from, to)
 }
 
 // Populate copies the ready dataset version on pool, which the caller proved it may read, into

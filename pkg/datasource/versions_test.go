@@ -165,7 +165,7 @@ func alternateTenants(t *testing.T, ttl time.Duration) {
 		t.Fatalf("both tenants were served version %s", tenants[0].version)
 	}
 	// Where a publication of A's first volume finds its tree now (the version moved aside).
-	tree, err := m.Served(pool, spec.ID(), firstA)
+	tree, err := m.Referenced(pool, spec.ID(), firstA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestVersionsBounded(t *testing.T) {
 	if len(retired) != 1 {
 		t.Fatalf("retired versions %v, want vol-0's", retired)
 	}
-	tree, err := m.Served(pool, spec.ID(), "vol-0")
+	tree, err := m.Referenced(pool, spec.ID(), "vol-0")
 	if err != nil || tree != filepath.Join(retired[0], "tree") {
 		t.Fatalf("vol-0's tree %s %v", tree, err)
 	}

@@ -248,8 +248,8 @@ func TestDatasetStaticPV(t *testing.T) {
 
 // TestDatasetStaticPVCapacity: a VolumeManager's static PV carries its capacity. A dataset
 // larger than it fails staging with OutOfRange naming both sizes; within it, each writable
-// publication gets its own copy of the cached dataset, deleted at unpublish, while read-only
-// ones share the cached tree.
+// publication gets its own volume layered on the cached dataset, deleted at unpublish, while
+// read-only ones share the cached tree.
 func TestDatasetStaticPVCapacity(t *testing.T) {
 	env, src := datasetEnv(t)
 	ctx := context.Background()
@@ -292,6 +292,11 @@ func TestDatasetStaticPVCapacity(t *testing.T) {
 	publish(ro, true)
 	for _, dir := range []string{podA, podB, ro} {
 		checkFiles(t, dir, want)
+	}
+	for _, dir := range []string{podA, podB} {
+		if !isOverlayMount(t, dir) {
+			t.Errorf("the writable publication %s is not layered on the cache", dir)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(podA, "a.txt"), []byte("changed"), 0o644); err != nil {
 		t.Fatalf("write to a writable copy: %v", err)
@@ -397,6 +402,9 @@ func TestDatasetInline(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkFiles(t, target, want)
+			if !tc.readOnly && !isOverlayMount(t, target) {
+				t.Error("the writable inline volume is not layered on the cache")
+			}
 			err := os.WriteFile(filepath.Join(target, "new"), []byte("x"), 0o644)
 			if tc.readOnly != errors.Is(err, unix.EROFS) {
 				t.Fatalf("write: %v (read-only %v)", err, tc.readOnly)

@@ -57,6 +57,8 @@ type Config struct {
 	KubeletRoot string
 	// Inline bounds inline ephemeral volumes (a pod author's): their size and pools.
 	Inline volume.InlineLimits
+	// Writable says how writable volumes of a dataset get its data (layered or copied).
+	Writable volume.WritableDatasets
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
 	Datasets datasource.Config
 	// Peers serves this node's datasets to other node plugins (docs/datasets.md, "Peer fan-out");
@@ -180,7 +182,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 		reg.MustRegister(d.peers.Collectors()...)
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
-		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline})
+		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable})
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()
 	return d, nil

@@ -21,9 +21,11 @@ import (
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// testPool is one pool of a test driver: a directory, or a real filesystem when size > 0.
+// testPool is one pool of a test driver: a directory, or a real filesystem (fs, ext4 when empty)
+// when size > 0.
 type testPool struct {
 	name   string
+	fs     string
 	labels map[string]string
 	size   int64
 	path   string
@@ -75,8 +77,15 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 	t.Helper()
 	dir := t.TempDir()
 	for i := range pools {
+		if pools[i].path != "" {
+			continue // made by the test (a benchmark's pool on disk)
+		}
 		if pools[i].size > 0 {
-			pools[i].path = testutil.LoopFS(t, "ext4", pools[i].size)
+			fs := pools[i].fs
+			if fs == "" {
+				fs = "ext4"
+			}
+			pools[i].path = testutil.LoopFS(t, fs, pools[i].size)
 		} else {
 			pools[i].path = filepath.Join(dir, "pools", pools[i].name)
 			if err := os.MkdirAll(pools[i].path, 0o755); err != nil {

@@ -58,6 +58,11 @@ type Volume struct {
 	// DatasetFilled is set once the volume's filesystem holds the dataset its parameters name,
 	// so a later staging neither waits for the dataset nor copies it again.
 	DatasetFilled bool `json:"datasetFilled,omitempty"`
+	// DatasetLayer is the ID of the cached dataset whose tree is this writable volume's lower
+	// layer (an overlay, docs/datasets.md): the volume's filesystem holds only what its pods
+	// changed, and the volume holds a reference on that cached version until it is deleted.
+	// Empty for a volume that was filled with a copy.
+	DatasetLayer string `json:"datasetLayer,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
 	// finds such records and removes their half-made images.
 	Ready     bool      `json:"ready"`
@@ -83,6 +88,9 @@ type Snapshot struct {
 	Ready          bool      `json:"ready"`
 	// GroupSnapshotID is set when the snapshot was taken as part of a volume group snapshot.
 	GroupSnapshotID string `json:"groupSnapshotID,omitempty"`
+	// DatasetLayer is the source volume's DatasetLayer: the snapshot holds a reference on the
+	// same cached version, which a restored volume shares.
+	DatasetLayer string `json:"datasetLayer,omitempty"`
 }
 
 // GroupSnapshot is one volume group snapshot's record: the snapshots taken together.

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -34,6 +35,10 @@ func (s *Service) Create(v state.Volume, chosen pool.Status, source string) (sta
 		return state.Volume{}, Internal("saving volume state", err)
 	}
 	img := image.VolumePath(chosen.Path, pool.MetaDir, v.ID)
+	if err := s.shareLayer(v.Pool, v.DatasetLayer, v.SourceSnapshotID+v.SourceVolumeID, v.ID); err != nil {
+		_ = s.store.DeleteVolume(v.ID)
+		return state.Volume{}, err
+	}
 	var err error
 	if source != "" {
 		err = s.images.CreateFrom(img, source, v.CapacityBytes)
@@ -42,6 +47,7 @@ func (s *Service) Create(v state.Volume, chosen pool.Status, source string) (sta
 	}
 	if err != nil {
 		_ = s.images.Remove(img)
+		_ = s.releaseLayer(v.Pool, v.DatasetLayer, v.ID)
 		_ = s.store.DeleteVolume(v.ID)
 		if !errors.Is(err, unix.ENOSPC) {
 			s.pools.RecordError(chosen.Name, "creating volume image: "+err.Error())
@@ -51,6 +57,7 @@ func (s *Service) Create(v state.Volume, chosen pool.Status, source string) (sta
 	v.Ready = true
 	if err := s.store.PutVolume(v); err != nil {
 		_ = s.images.Remove(img)
+		_ = s.releaseLayer(v.Pool, v.DatasetLayer, v.ID)
 		_ = s.store.DeleteVolume(v.ID)
 		return state.Volume{}, Internal("saving volume state", err)
 	}
@@ -118,19 +125,26 @@ func (s *Service) Snapshot(v state.Volume, name, groupID string) (state.Snapshot
 		SizeBytes:       v.CapacityBytes,
 		CreatedAt:       time.Now().UTC(),
 		GroupSnapshotID: groupID,
+		DatasetLayer:    v.DatasetLayer,
 	}
 	if err := s.store.PutSnapshot(sn); err != nil {
 		return state.Snapshot{}, Internal("saving snapshot state", err)
 	}
+	if err := s.shareLayer(v.Pool, v.DatasetLayer, v.ID, sn.ID); err != nil {
+		_ = s.store.DeleteSnapshot(sn.ID)
+		return state.Snapshot{}, err
+	}
 	img := image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)
 	if err := s.images.CreateFrom(img, image.VolumePath(p.Path, pool.MetaDir, v.ID), 0); err != nil {
 		_ = s.images.Remove(img)
+		_ = s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID)
 		_ = s.store.DeleteSnapshot(sn.ID)
 		return state.Snapshot{}, s.ImageError("copying volume image", v.Pool, err)
 	}
 	sn.Ready = true
 	if err := s.store.PutSnapshot(sn); err != nil {
 		_ = s.images.Remove(img)
+		_ = s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID)
 		_ = s.store.DeleteSnapshot(sn.ID)
 		return state.Snapshot{}, Internal("saving snapshot state", err)
 	}
@@ -144,6 +158,9 @@ func (s *Service) deleteSnapshot(sn state.Snapshot) error {
 		if err := s.images.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID)); err != nil {
 			return Internal("removing snapshot image", err)
 		}
+	}
+	if err := s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID); err != nil {
+		return Internal("releasing the snapshot's dataset layer", err)
 	}
 	if err := s.store.DeleteSnapshot(sn.ID); err != nil {
 		return Internal("removing snapshot state", err)
@@ -173,4 +190,18 @@ func Freeze(ctx context.Context, v state.Volume) func() {
 		_ = unix.IoctlSetInt(fd, ioctlFITHAW, 0)
 		unix.Close(fd)
 	}
+}
+
+// shareLayer gives holder (a snapshot, or a volume restored or cloned) a reference on the
+// cached dataset version that from, its source, is layered on: the source's image holds only
+// what its pods changed, so the copy needs the same lower layer. A source that is not layered
+// (layer empty) needs nothing.
+func (s *Service) shareLayer(poolName, layer, from, holder string) error {
+	if layer == "" {
+		return nil
+	}
+	if _, err := s.datasets.ShareLayer(poolName, layer, from, holder); err != nil {
+		return status.Errorf(datasource.Code(err), "sharing the dataset layer of %s: %v", from, err)
+	}
+	return nil
 }

@@ -126,7 +126,7 @@ func (s *Service) resolveSource(v *state.Volume, r CreateRequest) (string, error
 		if sn.SizeBytes > r.Size {
 			return "", status.Errorf(codes.OutOfRange, "snapshot %s holds %d bytes, more than the requested %d", sn.ID, sn.SizeBytes, r.Size)
 		}
-		v.Pool = sn.Pool
+		v.Pool, v.DatasetLayer = sn.Pool, sn.DatasetLayer
 		v.Formatted, v.NeedsGrow = true, sn.SizeBytes < r.Size
 		return s.SnapshotPath(sn)
 	default:
@@ -141,7 +141,7 @@ func (s *Service) resolveSource(v *state.Volume, r CreateRequest) (string, error
 		if src.AccessType != r.Access {
 			return "", status.Errorf(codes.InvalidArgument, "source volume %s is a %s volume", src.ID, src.AccessType)
 		}
-		v.Pool = src.Pool
+		v.Pool, v.DatasetLayer = src.Pool, src.DatasetLayer
 		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < r.Size
 		return s.ImagePath(src)
 	}

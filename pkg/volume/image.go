@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
-	mount "k8s.io/mount-utils"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/ids"
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
@@ -264,11 +264,13 @@ func (s *Service) attach(v state.Volume) (string, error) {
 // mountImage makes an image-backed mount volume (staged or inline) usable at target and returns
 // its loop device. The order keeps kubelet's retries cheap and the volume safe:
 //
-//  1. the dataset, if any, is staged first: while it downloads, a retry touches nothing on the
-//     node (no attach, mkfs, mount, umount, detach);
+//  1. the dataset, if any, is staged first and the caller proves it may read it: while it
+//     downloads, a retry touches nothing on the node (no attach, mkfs, mount, umount, detach);
 //  2. attach, format on first use, mount; a new filesystem is recorded durably before anything
 //     else can fail, so no later attempt formats it again;
-//  3. the dataset is copied in once and that is recorded too.
+//  3. the volume is layered on the cached dataset (an overlay on the same path, layer.go), or,
+//     where it cannot be or the administrator asks for copies, the dataset is copied in once;
+//     either is recorded too, and a layered volume gets its overlay again at each later mount.
 //
 // On failure nothing stays mounted or attached. v is updated; unsaved says it holds a change the
 // caller must write durably (a new filesystem with no fill after it: one write instead of two).
@@ -277,7 +279,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	if err != nil {
 		return "", false, err
 	}
-	fill := spec != nil && !v.DatasetFilled
+	fill := spec != nil && !v.DatasetFilled && v.DatasetLayer == ""
 	var version string // of the dataset, which the caller proved it may read
 	if fill {
 		if version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets, volumeContext); err != nil {
@@ -287,8 +289,11 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	if dev, err = s.attach(*v); err != nil {
 		return "", false, err
 	}
+	if v.DatasetLayer != "" && isOverlay(target) {
+		return dev, false, nil // mounted by an earlier attempt
+	}
 	undo := func(err error) (string, bool, error) {
-		_ = mount.CleanupMountPoint(target, s.mounter, true)
+		_ = unmountTarget(s.mounter, target) // the overlay too, when it was stacked
 		_ = s.images.Detach(dev)
 		return "", false, err
 	}
@@ -298,23 +303,47 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	if !v.Formatted || v.NeedsGrow {
 		// A lost Formatted flag would let a later stage format over data.
 		v.Formatted, v.NeedsGrow = true, false
-		if !fill {
+		if !fill && v.DatasetLayer == "" {
 			return dev, true, nil
 		}
 		if err := s.store.PutVolume(*v); err != nil {
 			return undo(Internal("saving volume state", err))
 		}
 	}
-	if fill {
-		if err := s.fillDataset(ctx, spec, version, v.Pool, target); err != nil {
+	switch {
+	case v.DatasetLayer != "" && !hasLayer(target):
+		// Recorded, then interrupted before its first overlay: start it again, proof first.
+		if err := s.unlayer(v, target); err != nil {
 			return undo(err)
 		}
-		v.DatasetFilled = true
-		if err := s.store.PutVolume(*v); err != nil {
-			return undo(Internal("saving volume state", err))
+		return undo(status.Errorf(codes.Aborted, "the layering of volume %s on its dataset was interrupted; retry", v.ID))
+	case v.DatasetLayer != "":
+		if err := s.remountLayer(*v, target); err != nil {
+			return undo(err)
+		}
+	case fill:
+		if err := s.fillOrLayer(ctx, v, spec, version, target); err != nil {
+			return undo(err)
 		}
 	}
 	return dev, false, nil
+}
+
+// fillOrLayer gives a new writable volume, whose filesystem is mounted at target, the dataset
+// version the caller proved it may read: layered on the cache, or copied in. Either is recorded.
+func (s *Service) fillOrLayer(ctx context.Context, v *state.Volume, spec *datasource.Spec, version, target string) error {
+	layered, err := s.layerDataset(ctx, v, spec, version, target)
+	if err != nil || layered {
+		return err
+	}
+	if err := s.fillDataset(ctx, spec, version, v.Pool, target); err != nil {
+		return err
+	}
+	v.DatasetFilled = true
+	if err := s.store.PutVolume(*v); err != nil {
+		return Internal("saving volume state", err)
+	}
+	return nil
 }
 
 // Expand makes the loop device of a staged volume see its grown image and grows the filesystem
@@ -344,6 +373,16 @@ func (s *Service) Expand(ctx context.Context, id, mountPath string, block bool) 
 	}
 	if v.AccessType == state.Block || block {
 		return size, nil
+	}
+	if v.DatasetLayer != "" {
+		// The overlay stacked on the path hides the volume's own filesystem, which xfs_growfs
+		// needs by a mount point: a second mount of the device, the same filesystem.
+		dir, unmount, err := s.mountAside(dev, v.FSType)
+		if err != nil {
+			return 0, Internal("mounting the layered volume's filesystem to grow it", err)
+		}
+		defer unmount()
+		mountPath = dir
 	}
 	if _, err := s.resizer.Resize(dev, mountPath); err != nil {
 		if strings.Contains(err.Error(), "Permission denied") {

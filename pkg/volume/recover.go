@@ -13,8 +13,8 @@ import (
 )
 
 // Recover finishes what a crash interrupted: a CreateVolume, CreateSnapshot or group snapshot
-// that never completed leaves a record that is not Ready; it and its image are removed so the
-// retried call starts clean. Staged and published marks whose mounts are gone are dropped.
+// that never completed leaves a record that is not Ready; it, its image and its reference on a
+// dataset layer are removed so the retried call starts clean. Staged and published marks whose mounts are gone are dropped.
 func (s *Service) Recover() {
 	logger := klog.Background()
 	pools, _ := s.pools.List()
@@ -30,6 +30,9 @@ func (s *Service) Recover() {
 		logger.Info("Removing volume whose creation was interrupted", "volumeID", v.ID, "name", v.Name)
 		if path, err := s.ImagePath(v); err == nil {
 			_ = s.images.Remove(path)
+		}
+		if err := s.releaseLayer(v.Pool, v.DatasetLayer, v.ID); err != nil {
+			logger.Error(err, "Releasing interrupted volume's dataset layer", "volumeID", v.ID)
 		}
 		if err := s.store.DeleteVolume(v.ID); err != nil {
 			logger.Error(err, "Removing interrupted volume record", "volumeID", v.ID)
@@ -50,6 +53,7 @@ func (s *Service) Recover() {
 		if p, ok := s.pools.Get(sn.Pool); ok {
 			_ = s.images.Remove(image.SnapshotPath(p.Path, pool.MetaDir, sn.ID))
 		}
+		_ = s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID)
 		_ = s.store.DeleteSnapshot(sn.ID)
 	}
 }

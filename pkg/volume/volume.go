@@ -51,6 +51,8 @@ type Config struct {
 	Datasets *datasource.Datasets
 	// Inline bounds what a pod author's inline volumes may take.
 	Inline InlineLimits
+	// Writable configures writable volumes of a dataset (layer.go); the zero value layers them.
+	Writable WritableDatasets
 }
 
 // InlineLimits bound inline ephemeral volumes, which any pod author writes: their size (a
@@ -73,12 +75,20 @@ type Service struct {
 	resizer  *mount.ResizeFs
 	datasets *datasource.Datasets
 	inline   InlineLimits
+	writable WritableDatasets
+	// overlayMount mounts an overlay with the given options: mountOverlay but in tests.
+	overlayMount func(options, target string) error
 }
 
 // New returns a Service over cfg.
 func New(cfg Config) *Service {
-	return &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
-		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline}
+	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
+		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
+		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount}
+	if s.overlayMount == nil {
+		s.overlayMount = mountOverlay
+	}
+	return s
 }
 
 // Store returns the records; tests read and plant them through it.
@@ -254,7 +264,8 @@ func (s *Service) selectFrom(pools []pool.Status, pl params.Volume, size int64) 
 	return chosen, nil
 }
 
-// Delete detaches and removes a volume's image, then its record.
+// Delete detaches and removes a volume's image, releases its dataset layer, then removes its
+// record.
 func (s *Service) Delete(v state.Volume) error {
 	if img, err := s.ImagePath(v); err == nil {
 		if dev, _ := s.images.Find(img); dev != "" {
@@ -265,6 +276,10 @@ func (s *Service) Delete(v state.Volume) error {
 		if err := s.images.Remove(img); err != nil {
 			return Internal("removing volume image", err)
 		}
+	}
+	// A layered volume's reference goes with it; the cached version may then be evicted.
+	if err := s.releaseLayer(v.Pool, v.DatasetLayer, v.ID); err != nil {
+		return Internal("releasing the volume's dataset layer", err)
 	}
 	if err := s.store.DeleteVolume(v.ID); err != nil {
 		return Internal("removing volume state", err)

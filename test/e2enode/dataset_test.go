@@ -6,6 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"maps"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -150,6 +153,12 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 		}
 	}
 
+	// Both claims are layered on the cache (docs/datasets.md, "Writable volumes"): an overlay
+	// on each staging path, nothing copied.
+	if n := overlayMounts(t, filepath.Join(c.kubelet.RootDir, "plugins", "kubernetes.io", "csi")); n != 2 {
+		t.Errorf("%d staging paths are overlays, want 2 (both writable dataset claims layered on the cache)", n)
+	}
+
 	// An inline ephemeral volume of the same dataset, read-only: the cached tree itself.
 	attrs := d.attributes()
 	attrs["size"] = "64Mi"
@@ -189,6 +198,25 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// overlayMounts counts the overlay mounts below dir.
+func overlayMounts(t *testing.T, dir string) int {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID parent major:minor root mountpoint options [optional...] - fstype source super
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if sep > 4 && sep+1 < len(f) && f[sep+1] == "overlay" && strings.HasPrefix(f[4], dir+"/") {
+			n++
+		}
+	}
+	return n
 }
 
 // waitFailedMount waits for kubelet's FailedMount event on the pod carrying want (the driver's

@@ -211,20 +211,6 @@ func RemoveDataset(pool, name string) error {
 	return RemoveAllQuick(trash)
 }
 
-// Served returns the tree of the version of dataset id on pool that volumeID references, wherever
-// it is now: a version moves aside (kept or retired) when another is staged in its place, and a
-// path recorded earlier would then name that other version's tree.
-func (c *Cache) Served(pool, id, volumeID string) (string, error) {
-	dir := DatasetDir(pool, id)
-	others, _ := filepath.Glob(dir + ".*")
-	for _, d := range append([]string{dir}, others...) {
-		if _, err := os.Stat(filepath.Join(d, RefsDir, refName(volumeID))); err == nil {
-			return filepath.Join(d, TreeDir), nil
-		}
-	}
-	return "", source.Errorf(source.NotFound, "volume %s references no version of dataset %s on pool %s", volumeID, id, pool)
-}
-
 // Release drops volumeID's reference to the dataset id on pool. The reference may be in a kept
 // version, which stays cached, or a retired one, which goes with its last reference.
 func (c *Cache) Release(pool, id, volumeID string) error {

@@ -1,5 +1,6 @@
 // Package nodeevents records what dataset staging does to a node's disks as Events on its Node
-// object, where `kubectl describe node` shows them: today, evictions from the dataset cache.
+// object, where `kubectl describe node` shows them: evictions from the dataset cache, and writable
+// dataset volumes copied because they could not be layered on it.
 package nodeevents
 
 import (
@@ -17,6 +18,10 @@ import (
 
 // ReasonEvicted is the reason of an eviction's Event.
 const ReasonEvicted = "DatasetEvicted"
+
+// ReasonWritableCopied is the reason of the Event of a writable dataset volume that could not be
+// layered on the cache and got a full copy instead.
+const ReasonWritableCopied = "WritableDatasetCopied"
 
 // Recorder records Events about one node.
 type Recorder struct {
@@ -43,6 +48,13 @@ func (r *Recorder) Evicted(e datasource.EvictEvent) {
 	r.recorder.Eventf(r.node, corev1.EventTypeNormal, ReasonEvicted,
 		"Evicted cached dataset %s (%d bytes, last used %s) from pool %s: %s",
 		e.Source, e.Bytes, e.LastUsed.UTC().Format(time.RFC3339), e.Pool, e.Reason)
+}
+
+// WritableCopied records a writable volume of a dataset filled with a copy because it could not
+// be layered on the cached tree; it is the volume service's WritableDatasets.OnCopy.
+func (r *Recorder) WritableCopied(volumeID, dataset, reason string) {
+	r.recorder.Eventf(r.node, corev1.EventTypeWarning, ReasonWritableCopied,
+		"Volume %s of dataset %s was filled with a full copy, not layered on the cached dataset: %s", volumeID, dataset, reason)
 }
 
 // Stop flushes pending Events (as far as the broadcaster does) and stops recording.
