@@ -221,8 +221,7 @@ func (c *Cache) Release(pool, id, volumeID string) error {
 		c.Changed()
 		return err
 	}
-	others, _ := filepath.Glob(dir + ".*")
-	for _, r := range others {
+	for _, r := range versionDirs(pool, id)[1:] {
 		err := os.Remove(filepath.Join(r, RefsDir, refName(volumeID)))
 		if IsNotExist(err) {
 			continue

@@ -49,14 +49,19 @@ func (c *Cache) Share(pool, id, from, to string) (string, error) {
 
 // referencing returns the directory of the version of dataset id that holds holder's reference.
 func referencing(pool, id, holder string) (string, error) {
-	// The current version, then the kept (VersionSep) and retired (RetiredSep) ones: a version
-	// moves aside when another is staged in its place, so a path recorded earlier may name
-	// another version's tree.
-	others, _ := filepath.Glob(DatasetDir(pool, id) + ".*")
-	for _, dir := range append([]string{DatasetDir(pool, id)}, others...) {
+	// A version moves aside when another is staged in its place, so a path recorded earlier may
+	// name another version's tree.
+	for _, dir := range versionDirs(pool, id) {
 		if _, err := os.Stat(filepath.Join(dir, RefsDir, refName(holder))); err == nil {
 			return dir, nil
 		}
 	}
 	return "", source.Errorf(source.NotFound, "no cached version of dataset %s on pool %s is referenced by %s", id, pool, holder)
+}
+
+// versionDirs returns the directories of every version of dataset id on pool: the current one
+// first, then the kept (VersionSep) and retired (RetiredSep) ones.
+func versionDirs(pool, id string) []string {
+	others, _ := filepath.Glob(DatasetDir(pool, id) + ".*")
+	return append([]string{DatasetDir(pool, id)}, others...)
 }
