@@ -31,6 +31,8 @@ generate-workloads: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object paths=./pkg/apis/workloads/... paths=./pkg/apis/data/...
 	$(CONTROLLER_GEN) crd:generateEmbeddedObjectMeta=true \
 	  paths=./pkg/apis/workloads/... paths=./pkg/apis/data/... output:crd:artifacts:config=deploy/csi/crds
+	$(GO) run ./hack/crddocs deploy/csi/crds/workloads.cistern.dev_leaderworkersets.yaml \
+	  spec.leaderWorkerTemplate.leaderTemplate spec.leaderWorkerTemplate.workerTemplate
 	$(CONTROLLER_GEN) rbac:roleName=cistern-workload-controller paths=./pkg/workloads/... \
 	  output:rbac:artifacts:config=deploy/csi/workload-controller/rbac
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhookcert/
