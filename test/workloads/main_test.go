@@ -6,6 +6,7 @@
 package workloads_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -45,6 +46,15 @@ func setup(t *testing.T) *framework.ControlPlane {
 		}
 		return startController(framework.ServiceAccountConfig(t, cp, controllerNamespace, controllerSA))
 	})
+}
+
+// setupNamespace is how a test of the suite begins: the shared control plane with the controller
+// (setup), a namespace of the test's own whose name begins with prefix, and a context for its API
+// calls that ends with the test.
+func setupNamespace(t *testing.T, prefix string) (*framework.ControlPlane, string, context.Context) {
+	t.Helper()
+	cp := setup(t)
+	return cp, framework.CreateNamespace(t, cp, prefix), testutil.Context(t)
 }
 
 const (
