@@ -34,7 +34,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
+	os.Exit(framework.RunShared(m, testutil.ControlPlane))
 }
 
 const poolKey = "test.cistern.dev/pool"
@@ -52,20 +52,7 @@ func install(t *testing.T) *framework.ControlPlane {
 	t.Helper()
 	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
 		var err error
-		if rendered, err = testutil.RenderWithRBAC(t, cp, "lws-upstream"); err != nil {
-			return err
-		}
-		crdDir := t.TempDir()
-		for i, crd := range rendered["CustomResourceDefinition"] {
-			b, err := yaml.Marshal(crd)
-			if err != nil {
-				return err
-			}
-			if err := os.WriteFile(filepath.Join(crdDir, fmt.Sprintf("crd-%d.yaml", i)), b, 0o644); err != nil {
-				return err
-			}
-		}
-		if err := testutil.InstallCRDs(cp.Config, crdDir); err != nil {
+		if rendered, err = testutil.InstallDropIn(t, cp); err != nil {
 			return err
 		}
 		cl, err = client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
@@ -136,11 +123,7 @@ func TestDropInRefusesWhenGroupServed(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
+	err := testutil.StartDropIn(t, cp)
 	want := "refusing to serve LeaderWorkerSet as leaderworkerset.x-k8s.io/v1: MutatingWebhookConfiguration lws-mutating-webhook-configuration " +
 		"(webhook mleaderworkerset.kb.io) admits leaderworkerset.x-k8s.io LeaderWorkerSets"
 	if err == nil || !strings.Contains(err.Error(), want) {
@@ -207,13 +190,7 @@ var startOnce sync.Once
 func startDropIn(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	var err error
-	startOnce.Do(func() {
-		var wc workloads.Config
-		wc, err = testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
-		if err == nil {
-			err = testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
-		}
-	})
+	startOnce.Do(func() { err = testutil.StartDropIn(t, cp) })
 	if err != nil {
 		t.Fatal(err)
 	}
