@@ -234,7 +234,7 @@ spec:
     volumes: [{name: etc, hostPath: {path: /etc}}]
     volumeMounts: [{name: etc, mountPath: /host-etc}]
 `, ns)
-	out, err := kubectlApply(t, cp, hostPath)
+	out, err := framework.KubectlOutput(cp, hostPath, "apply", "-f", "-")
 	if err == nil || !strings.Contains(out, "spec.podConfig.volumes[0].hostPath: Forbidden: volume type hostPath is not allowed") {
 		t.Errorf("hostPath accepted or wrong message: %v\n%s", err, out)
 	}

@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -58,14 +57,6 @@ func install(t *testing.T) *framework.ControlPlane {
 		cl, err = client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
 		return err
 	})
-}
-
-func kubectl(t *testing.T, cp *framework.ControlPlane, stdin string, args ...string) (string, error) {
-	t.Helper()
-	cmd := exec.Command(framework.Binary(t, "kubectl"), append([]string{"--kubeconfig", cp.Kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
 }
 
 // TestComponentRendersDropIn: the component sets the flag and points the LeaderWorkerSet webhooks
@@ -218,7 +209,7 @@ func TestDropInUpstreamManifests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if out, err := kubectl(t, cp, string(b), "apply", "-n", ns, "-f", "-"); err != nil {
+		if out, err := framework.KubectlOutput(cp, string(b), "apply", "-n", ns, "-f", "-"); err != nil {
 			t.Fatalf("kubectl apply %s: %v\n%s", f, err, out)
 		}
 	}
@@ -305,18 +296,18 @@ func TestDropInUpstreamManifests(t *testing.T) {
 	}
 
 	// kubectl speaks the upstream API: scale through the scale subresource, as an HPA would.
-	if out, err := kubectl(t, cp, "", "-n", ns, "scale", "leaderworkersets.leaderworkerset.x-k8s.io/sample", "--replicas=3"); err != nil {
+	if out, err := framework.KubectlOutput(cp, "", "-n", ns, "scale", "leaderworkersets.leaderworkerset.x-k8s.io/sample", "--replicas=3"); err != nil {
 		t.Fatalf("kubectl scale: %v\n%s", err, out)
 	}
 	testutil.Eventually(t, 3*time.Minute, "sample scaled to 3", ready("sample", 3))
-	out, err := kubectl(t, cp, "", "-n", ns, "get", "leaderworkersets.leaderworkerset.x-k8s.io", "sample", "-o", "jsonpath={.status.readyReplicas}/{.spec.replicas}")
+	out, err := framework.KubectlOutput(cp, "", "-n", ns, "get", "leaderworkersets.leaderworkerset.x-k8s.io", "sample", "-o", "jsonpath={.status.readyReplicas}/{.spec.replicas}")
 	if err != nil || out != "3/3" {
 		t.Errorf("kubectl get: %q %v", out, err)
 	}
 
 	// Admission runs under the upstream group too.
 	bad := strings.Replace(mustRead(t, "testdata/features.yaml"), "subGroupSize: 3", "subGroupSize: 2", 1)
-	if out, err := kubectl(t, cp, bad, "apply", "-n", ns, "-f", "-"); err == nil ||
+	if out, err := framework.KubectlOutput(cp, bad, "apply", "-n", ns, "-f", "-"); err == nil ||
 		!strings.Contains(out, "spec.leaderWorkerTemplate.subGroupPolicy.subGroupSize: Invalid value: 2: field is immutable") {
 		t.Errorf("subGroupSize change accepted or wrong message: %v\n%s", err, out)
 	}

@@ -158,9 +158,8 @@ spec: {clusterQueue: %[1]s}
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", cp.Kubeconfig, "apply", "-n", ns, "-f", "-")
-		cmd.Stdin = strings.NewReader(strings.Replace(string(b), "name: NAME", "name: "+name, 1))
-		if out, err := cmd.CombinedOutput(); err != nil {
+		manifest := strings.Replace(string(b), "name: NAME", "name: "+name, 1)
+		if out, err := framework.KubectlOutput(cp, manifest, "apply", "-n", ns, "-f", "-"); err != nil {
 			t.Fatalf("kubectl apply %s: %v\n%s", name, err, out)
 		}
 	}

@@ -118,7 +118,7 @@ func manifests(t *testing.T, config string) []string {
 func apply(t *testing.T, s *side, ns, path string) {
 	t.Helper()
 	framework.ApplyYAML(t, s.cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+ns+"}\n")
-	out, err := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", s.cp.Kubeconfig, "apply", "-n", ns, "-f", path).CombinedOutput()
+	out, err := framework.KubectlOutput(s.cp, "", "apply", "-n", ns, "-f", path)
 	if err != nil {
 		t.Fatalf("%s: kubectl apply %s: %v\n%s", s.name, path, err, out)
 	}
