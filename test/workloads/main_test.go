@@ -35,7 +35,7 @@ func setup(t *testing.T) *framework.ControlPlane {
 		if err != nil {
 			return err
 		}
-		if err := testutil.InstallCRDs(cp.Config, filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds")); err != nil {
+		if err := testutil.InstallCRDs(cp.Config, filepath.Join(framework.RepoRoot(), "deploy", "csi", "crds")); err != nil {
 			return err
 		}
 		cl = c
@@ -65,7 +65,7 @@ const (
 // installRBAC applies deploy/csi/workload-controller's RBAC and ServiceAccount (everything but
 // the Deployment) into cistern-system.
 func installRBAC(t *testing.T, cp *framework.ControlPlane) error {
-	dir := filepath.Join(testutil.RepoRoot(), "deploy", "csi", "workload-controller")
+	dir := filepath.Join(framework.RepoRoot(), "deploy", "csi", "workload-controller")
 	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+controllerNamespace+"}\n")
 	framework.ApplyManifests(t, cp, filepath.Join(dir, "rbac", "role.yaml"))
 	b, err := os.ReadFile(filepath.Join(dir, "deployment.yaml"))
