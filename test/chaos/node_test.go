@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/cistern-csi/cistern/test/framework/kit"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -51,21 +52,13 @@ func (n *node) ctrlC() csi.ControllerClient {
 	return n.ctrl
 }
 
-func repoRoot(t *testing.T) string {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return filepath.Dir(filepath.Dir(wd)) // test/chaos
-}
-
 func startNode(t *testing.T, poolBytes int64) *node {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	n := &node{t: t, dir: dir, bin: filepath.Join(dir, "csi-driver"), sock: filepath.Join(dir, "csi.sock"),
 		logPath: filepath.Join(dir, "driver.log")}
 	build := testutil.GoBuild(n.bin, "./cmd/csi-driver")
-	build.Dir = repoRoot(t)
+	build.Dir = kit.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the driver: %v\n%s", err, out)
 	}

@@ -115,9 +115,8 @@ func TestKustomizationsBuild(t *testing.T) {
 			if err := os.WriteFile(rendered, []byte(out), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command(filepath.Join(cp.BinDir, "kubectl"), "--kubeconfig="+cp.Kubeconfig, "apply", "--server-side",
-				"--dry-run=server", "--force-conflicts", "--field-manager=cistern-deploy-check", "-f", rendered)
-			if b, err := cmd.CombinedOutput(); err != nil {
+			if b, err := framework.KubectlOutput(cp, "", "apply", "--server-side",
+				"--dry-run=server", "--force-conflicts", "--field-manager=cistern-deploy-check", "-f", rendered); err != nil {
 				t.Errorf("kubectl apply --server-side --dry-run=server of deploy/%s: %v\n%s", rel, err, b)
 			}
 			for _, ds := range daemonSets(t, out) {

@@ -488,10 +488,8 @@ resources:
 // both tags of the upgrade are one image.
 func (in *install) waitNodePodReady(t *testing.T, image string, minRestarts int32) *corev1.Pod {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
-	defer cancel()
 	var last *corev1.Pod
-	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+	err := pollInstall(time.Second, func(ctx context.Context) (bool, error) {
 		pods, err := in.cp.Client.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=cistern-node"})
 		if err != nil || len(pods.Items) != 1 {
 			return false, nil
@@ -525,6 +523,13 @@ func (in *install) waitNodePodReady(t *testing.T, image string, minRestarts int3
 	return last
 }
 
+// pollInstall checks cond every interval until it holds, fails or installTimeout has passed.
+func pollInstall(interval time.Duration, cond wait.ConditionWithContextFunc) error {
+	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
+	defer cancel()
+	return wait.PollUntilContextCancel(ctx, interval, true, cond)
+}
+
 func containerStates(p *corev1.Pod) string {
 	if p == nil {
 		return ""
@@ -538,9 +543,7 @@ func containerStates(p *corev1.Pod) string {
 
 func (in *install) waitCSINode(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
-	defer cancel()
-	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+	err := pollInstall(time.Second, func(ctx context.Context) (bool, error) {
 		cn, err := in.cp.Client.StorageV1().CSINodes().Get(ctx, nodeName, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -560,10 +563,8 @@ func (in *install) waitCSINode(t *testing.T) {
 // waitStoragePools waits for the sidecar container's StoragePool of the pool.
 func (in *install) waitStoragePools(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
-	defer cancel()
 	var out string
-	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := pollInstall(2*time.Second, func(ctx context.Context) (bool, error) {
 		out = kubectlOutput(in.cp, "get", "storagepools", "-o", "jsonpath={range .items[*]}{.metadata.name}{\" \"}{end}")
 		return strings.Contains(out, "fast"), nil
 	})
@@ -575,9 +576,7 @@ func (in *install) waitStoragePools(t *testing.T) {
 // waitCapacity waits for the provisioner container's CSIStorageCapacity of this node's pool.
 func (in *install) waitCapacity(t *testing.T) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
-	defer cancel()
-	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := pollInstall(2*time.Second, func(ctx context.Context) (bool, error) {
 		list, err := in.cp.Client.StorageV1().CSIStorageCapacities(installNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, nil

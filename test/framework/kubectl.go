@@ -21,19 +21,35 @@ func Kubectl(t TB, cp *ControlPlane, args ...string) string {
 
 func kubectl(t TB, cp *ControlPlane, stdin []byte, args ...string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), kubectlTimeout)
+	cmd, cancel := kubectlCommand(cp, string(stdin), args...)
 	defer cancel()
-	args = append([]string{"--kubeconfig=" + cp.Kubeconfig, "--cache-dir=" + filepath.Join(cp.Dir, "kubectl-cache")}, args...)
-	cmd := exec.CommandContext(ctx, filepath.Join(cp.BinDir, "kubectl"), args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("kubectl %s: %v\n%s%s", strings.Join(args[2:], " "), err, stdout.String(), stderr.String())
+		t.Fatalf("kubectl %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
 	return stdout.String()
+}
+
+// KubectlOutput runs kubectl as Kubectl does, with stdin (none if empty), and returns its stdout
+// and stderr and its error instead of failing the test: for tests that expect a refusal or look
+// at what kubectl says.
+func KubectlOutput(cp *ControlPlane, stdin string, args ...string) (string, error) {
+	cmd, cancel := kubectlCommand(cp, stdin, args...)
+	defer cancel()
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// kubectlCommand is kubectl as admin against cp, bounded by kubectlTimeout (cancel releases it).
+func kubectlCommand(cp *ControlPlane, stdin string, args ...string) (*exec.Cmd, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), kubectlTimeout)
+	args = append([]string{"--kubeconfig=" + cp.Kubeconfig, "--cache-dir=" + filepath.Join(cp.Dir, "kubectl-cache")}, args...)
+	cmd := exec.CommandContext(ctx, filepath.Join(cp.BinDir, "kubectl"), args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	return cmd, cancel
 }
 
 // ApplyManifests applies files or directories with server-side apply, as admin. A directory with

@@ -349,21 +349,7 @@ func benchControllerMode(b *testing.B, cp *framework.ControlPlane, c *poolpublis
 	var r scaleResult
 	r.publish = time.Since(start)
 	r.publishWrites = apiserverWrites(b, cp) - writes0
-
-	syncs, w0 := successes(), apiserverWrites(b, cp)
-	waitB(b, time.Minute, "two resyncs", func() bool { return successes() >= syncs+2 })
-	r.idleWrites = (apiserverWrites(b, cp) - w0) / 2
-
-	w1 := apiserverWrites(b, cp)
-	d.shrink(1234)
-	name := poolpublisher.ObjectName("pool2", "bench-node-0308", false)
-	waitB(b, time.Minute, "the capacity change", func() bool {
-		obj, err := c.Get(context.Background(), name, metav1.GetOptions{})
-		return err == nil && obj.Status.Capacity.Available.Value() == 3<<40-1<<30
-	})
-	syncs = successes()
-	waitB(b, time.Minute, "one more resync", func() bool { return successes() >= syncs+1 })
-	r.changeWrites = apiserverWrites(b, cp) - w1
+	r.idleWrites, r.changeWrites = steadyWrites(b, cp, c, d, successes, 1, time.Minute)
 	return r
 }
 
@@ -479,22 +465,31 @@ func benchPerNode(b *testing.B, cp *framework.ControlPlane, c *poolpublisher.Cli
 	})
 	r.publish = time.Since(start)
 	r.publishWrites = apiserverWrites(b, cp) - writes0
+	r.idleWrites, r.changeWrites = steadyWrites(b, cp, c, d, successes, benchNodes, 2*time.Minute)
+	return r
+}
 
+// steadyWrites measures the API server writes once every pool is published: idle, per resync
+// with nothing changed (the mean of two), and change, for one capacity change (d shrinks; pool2
+// of node 0308 shows it) up to the resync after it. successes counts the publishers' successful
+// syncs, perResync of which make one resync; idleTimeout bounds the wait for the two.
+func steadyWrites(b *testing.B, cp *framework.ControlPlane, c *poolpublisher.Client, d *manyNodesDriver,
+	successes func() float64, perResync float64, idleTimeout time.Duration) (idle, change float64) {
+	b.Helper()
 	syncs, w0 := successes(), apiserverWrites(b, cp)
-	waitB(b, 2*time.Minute, "two resyncs of every node", func() bool { return successes() >= syncs+2*benchNodes })
-	r.idleWrites = (apiserverWrites(b, cp) - w0) / 2
+	waitB(b, idleTimeout, "two resyncs", func() bool { return successes() >= syncs+2*perResync })
+	idle = (apiserverWrites(b, cp) - w0) / 2
 
 	w1 := apiserverWrites(b, cp)
 	d.shrink(1234)
-	name := poolpublisher.ObjectName("pool2", "pernode-node-0308", false)
+	name := poolpublisher.ObjectName("pool2", d.prefix+"-node-0308", false)
 	waitB(b, time.Minute, "the capacity change", func() bool {
 		obj, err := c.Get(context.Background(), name, metav1.GetOptions{})
 		return err == nil && obj.Status.Capacity.Available.Value() == 3<<40-1<<30
 	})
 	syncs = successes()
-	waitB(b, time.Minute, "one more resync of every node", func() bool { return successes() >= syncs+benchNodes })
-	r.changeWrites = apiserverWrites(b, cp) - w1
-	return r
+	waitB(b, time.Minute, "one more resync", func() bool { return successes() >= syncs+perResync })
+	return idle, apiserverWrites(b, cp) - w1
 }
 
 func restConfigUnlimited(cp *framework.ControlPlane) *rest.Config {

@@ -16,7 +16,6 @@ import (
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
-	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
@@ -25,9 +24,7 @@ import (
 // serving certificate is reissued under the same CA, a lost CA replaced and re-injected, and a
 // second replica reuses what the first stored.
 func TestWebhookCertificates(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "certs")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "certs")
 	name := "cert-test-" + ns
 
 	// The configurations as deploy/ installs them (no caBundle), matching nothing, so they cannot

@@ -1,7 +1,6 @@
 package workloads_test
 
 import (
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -20,8 +19,7 @@ func TestExplainShowsFieldDocs(t *testing.T) {
 		{"notebookvalidationjobs.spec.notebook.git.ref", "workloads.cistern.dev/v1alpha1", "commit SHA"},
 		{"volumemanagers.spec.volumes.replicas", "data.cistern.dev/v1alpha1", ""},
 	} {
-		out, err := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", cp.Kubeconfig, "explain", tc.field,
-			"--api-version", tc.apiVersion).CombinedOutput()
+		out, err := framework.KubectlOutput(cp, "", "explain", tc.field, "--api-version", tc.apiVersion)
 		if err != nil {
 			t.Errorf("kubectl explain %s: %v\n%s", tc.field, err, out)
 			continue

@@ -1,6 +1,7 @@
 package workloads_test
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -98,9 +99,7 @@ func wantNames(got, want []string) error {
 // TestLeaderWorkerSetPinnedGroups: replicas 2, size 3, a claim template and a schedulingPolicy give
 // three StatefulSets, six bound claims and six pods, each on a node set aside for its group.
 func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-pin")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "lws-pin")
 	name := "pin"
 
 	groupNodes := map[int][]string{}
@@ -232,9 +231,7 @@ func TestLeaderWorkerSetPinnedGroups(t *testing.T) {
 // follow whenScaled, and the removed groups' worker claims follow whenDeleted, since their
 // StatefulSets are deleted whole.
 func TestLeaderWorkerSetScale(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-scale")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "lws-scale")
 	lws := newLWS(ns, "scale", 2, 2, withClaim(appsv1.RetainPersistentVolumeClaimRetentionPolicyType, appsv1.DeletePersistentVolumeClaimRetentionPolicyType))
 	if err := cl.Create(ctx, lws); err != nil {
 		t.Fatal(err)
@@ -290,149 +287,149 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 // TestLeaderWorkerSetDeletion: deleting the LeaderWorkerSet removes every StatefulSet and pod;
 // the claims stay under whenDeleted=Retain and go under Delete.
 func TestLeaderWorkerSetDeletion(t *testing.T) {
-	cp := setup(t)
-	for _, policy := range []appsv1.PersistentVolumeClaimRetentionPolicyType{"Retain", "Delete"} {
-		t.Run(string(policy), func(t *testing.T) {
-			ns := framework.CreateNamespace(t, cp, "lws-del")
-			ctx := testutil.Context(t)
-			lws := newLWS(ns, "del", 1, 3, withClaim(policy, "Retain"))
-			if err := cl.Create(ctx, lws); err != nil {
-				t.Fatal(err)
-			}
-			allClaims := []string{"data-del-0", "data-del-0-1", "data-del-0-2"}
-			testutil.Eventually(t, time.Minute, "claims", func() error {
-				return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), slices.Clone(allClaims))
-			})
-			mark := markReconciles(t, "leaderworkerset")
-			if err := cl.Delete(ctx, lws); err != nil {
-				t.Fatal(err)
-			}
-			testutil.Eventually(t, time.Minute, "StatefulSets and pods gone", func() error {
-				if n := len(list(t, &appsv1.StatefulSetList{}, ns, nil).Items); n > 0 {
-					return fmt.Errorf("%d StatefulSets", n)
-				}
-				if n := len(list(t, &corev1.PodList{}, ns, nil).Items); n > 0 {
-					return fmt.Errorf("%d pods", n)
-				}
-				return nil
-			})
-			want := allClaims
-			if policy == "Delete" {
-				want = nil
-			}
-			testutil.Eventually(t, time.Minute, "claims after deletion", func() error {
-				return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), want)
-			})
-			if policy == "Retain" {
-				// Nothing deletes them later: the controller handled the deletion, the
-				// StatefulSets are gone, and no claim is being deleted or has an owner the
-				// garbage collector would delete it with.
-				mark.wait(t, "the LeaderWorkerSet's deletion")
-				claims := list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items
-				if err := wantNames(names(ptrs(claims)), allClaims); err != nil {
-					t.Error(err)
-				}
-				for _, c := range claims {
-					if c.DeletionTimestamp != nil || len(c.OwnerReferences) > 0 {
-						t.Errorf("claim %s: deletionTimestamp %v, owners %v: would not stay", c.Name, c.DeletionTimestamp, c.OwnerReferences)
-					}
-				}
-			}
+	forEachWhenDeleted(t, "lws-del", "del", func(t *testing.T, ctx context.Context, policy appsv1.PersistentVolumeClaimRetentionPolicyType, lws *v1alpha1.LeaderWorkerSet) {
+		ns := lws.Namespace
+		allClaims := []string{"data-del-0", "data-del-0-1", "data-del-0-2"}
+		testutil.Eventually(t, time.Minute, "claims", func() error {
+			return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), slices.Clone(allClaims))
 		})
-	}
+		mark := markReconciles(t, "leaderworkerset")
+		if err := cl.Delete(ctx, lws); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, time.Minute, "StatefulSets and pods gone", func() error {
+			if n := len(list(t, &appsv1.StatefulSetList{}, ns, nil).Items); n > 0 {
+				return fmt.Errorf("%d StatefulSets", n)
+			}
+			if n := len(list(t, &corev1.PodList{}, ns, nil).Items); n > 0 {
+				return fmt.Errorf("%d pods", n)
+			}
+			return nil
+		})
+		want := allClaims
+		if policy == "Delete" {
+			want = nil
+		}
+		testutil.Eventually(t, time.Minute, "claims after deletion", func() error {
+			return wantNames(names(ptrs(list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items)), want)
+		})
+		if policy == "Retain" {
+			// Nothing deletes them later: the controller handled the deletion, the
+			// StatefulSets are gone, and no claim is being deleted or has an owner the
+			// garbage collector would delete it with.
+			mark.wait(t, "the LeaderWorkerSet's deletion")
+			claims := list(t, &corev1.PersistentVolumeClaimList{}, ns, nil).Items
+			if err := wantNames(names(ptrs(claims)), allClaims); err != nil {
+				t.Error(err)
+			}
+			for _, c := range claims {
+				if c.DeletionTimestamp != nil || len(c.OwnerReferences) > 0 {
+					t.Errorf("claim %s: deletionTimestamp %v, owners %v: would not stay", c.Name, c.DeletionTimestamp, c.OwnerReferences)
+				}
+			}
+		}
+	})
 }
 
 // TestLeaderWorkerSetGroupRestart: a container restart in a worker recreates the whole group
 // (RecreateGroupOnPodRestart). The leader's claim always survives (its StatefulSet stays); the
 // workers' claims survive under whenDeleted=Retain and are replaced under Delete.
 func TestLeaderWorkerSetGroupRestart(t *testing.T) {
-	cp := setup(t)
+	forEachWhenDeleted(t, "lws-restart", "rs", func(t *testing.T, ctx context.Context, policy appsv1.PersistentVolumeClaimRetentionPolicyType, lws *v1alpha1.LeaderWorkerSet) {
+		ns := lws.Namespace
+		uids := func() (map[string]types.UID, error) {
+			out := map[string]types.UID{}
+			var pvcs corev1.PersistentVolumeClaimList
+			var pods corev1.PodList
+			var sets appsv1.StatefulSetList
+			for _, l := range []client.ObjectList{&pvcs, &pods, &sets} {
+				if err := cl.List(ctx, l, client.InNamespace(ns)); err != nil {
+					return nil, err
+				}
+			}
+			for _, o := range pvcs.Items {
+				if o.DeletionTimestamp == nil {
+					out["pvc/"+o.Name] = o.UID
+				}
+			}
+			for _, o := range pods.Items {
+				out["pod/"+o.Name] = o.UID
+			}
+			for _, o := range sets.Items {
+				out["sts/"+o.Name] = o.UID
+			}
+			return out, nil
+		}
+		keys := []string{"pvc/data-rs-0", "pvc/data-rs-0-1", "pvc/data-rs-0-2", "pod/rs-0", "pod/rs-0-1", "pod/rs-0-2", "sts/rs", "sts/rs-0"}
+		var before map[string]types.UID
+		testutil.Eventually(t, time.Minute, "group up", func() error {
+			var err error
+			if before, err = uids(); err != nil {
+				return err
+			}
+			for _, k := range keys {
+				if before[k] == "" {
+					return fmt.Errorf("%s missing", k)
+				}
+			}
+			return nil
+		})
+
+		// Report a container restart in worker rs-0-1, as its kubelet would.
+		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var w corev1.Pod
+			if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rs-0-1"}, &w); err != nil {
+				return err
+			}
+			w.Status.Phase = corev1.PodRunning
+			w.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "registry.invalid/app:1", RestartCount: 1,
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
+			return cl.Status().Update(ctx, &w)
+		}); err != nil {
+			t.Fatal(err)
+		}
+
+		testutil.Eventually(t, 2*time.Minute, "group recreated", func() error {
+			after, err := uids()
+			if err != nil {
+				return err
+			}
+			for _, k := range keys {
+				if after[k] == "" {
+					return fmt.Errorf("%s missing", k)
+				}
+			}
+			for _, k := range []string{"pod/rs-0", "pod/rs-0-1", "pod/rs-0-2", "sts/rs-0"} {
+				if after[k] == before[k] {
+					return fmt.Errorf("%s not recreated", k)
+				}
+			}
+			if after["sts/rs"] != before["sts/rs"] || after["pvc/data-rs-0"] != before["pvc/data-rs-0"] {
+				return fmt.Errorf("leader StatefulSet or claim replaced")
+			}
+			for _, k := range []string{"pvc/data-rs-0-1", "pvc/data-rs-0-2"} {
+				kept := after[k] == before[k]
+				if kept != (policy == "Retain") {
+					return fmt.Errorf("%s kept=%v under whenDeleted=%s", k, kept, policy)
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// forEachWhenDeleted runs test once for each whenDeleted policy (Retain, Delete), each time in a
+// namespace of its own (named from prefix) with a LeaderWorkerSet called name, one group of three,
+// whose claims have that policy (and whenScaled: Retain), created.
+func forEachWhenDeleted(t *testing.T, prefix, name string, test func(t *testing.T, ctx context.Context, policy appsv1.PersistentVolumeClaimRetentionPolicyType, lws *v1alpha1.LeaderWorkerSet)) {
 	for _, policy := range []appsv1.PersistentVolumeClaimRetentionPolicyType{"Retain", "Delete"} {
 		t.Run(string(policy), func(t *testing.T) {
-			ns := framework.CreateNamespace(t, cp, "lws-restart")
-			ctx := testutil.Context(t)
-			lws := newLWS(ns, "rs", 1, 3, withClaim(policy, "Retain"))
+			_, ns, ctx := setupNamespace(t, prefix)
+			lws := newLWS(ns, name, 1, 3, withClaim(policy, "Retain"))
 			if err := cl.Create(ctx, lws); err != nil {
 				t.Fatal(err)
 			}
-			uids := func() (map[string]types.UID, error) {
-				out := map[string]types.UID{}
-				var pvcs corev1.PersistentVolumeClaimList
-				var pods corev1.PodList
-				var sets appsv1.StatefulSetList
-				for _, l := range []client.ObjectList{&pvcs, &pods, &sets} {
-					if err := cl.List(ctx, l, client.InNamespace(ns)); err != nil {
-						return nil, err
-					}
-				}
-				for _, o := range pvcs.Items {
-					if o.DeletionTimestamp == nil {
-						out["pvc/"+o.Name] = o.UID
-					}
-				}
-				for _, o := range pods.Items {
-					out["pod/"+o.Name] = o.UID
-				}
-				for _, o := range sets.Items {
-					out["sts/"+o.Name] = o.UID
-				}
-				return out, nil
-			}
-			keys := []string{"pvc/data-rs-0", "pvc/data-rs-0-1", "pvc/data-rs-0-2", "pod/rs-0", "pod/rs-0-1", "pod/rs-0-2", "sts/rs", "sts/rs-0"}
-			var before map[string]types.UID
-			testutil.Eventually(t, time.Minute, "group up", func() error {
-				var err error
-				if before, err = uids(); err != nil {
-					return err
-				}
-				for _, k := range keys {
-					if before[k] == "" {
-						return fmt.Errorf("%s missing", k)
-					}
-				}
-				return nil
-			})
-
-			// Report a container restart in worker rs-0-1, as its kubelet would.
-			if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-				var w corev1.Pod
-				if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rs-0-1"}, &w); err != nil {
-					return err
-				}
-				w.Status.Phase = corev1.PodRunning
-				w.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "main", Image: "registry.invalid/app:1", RestartCount: 1,
-					State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.Now()}}}}
-				return cl.Status().Update(ctx, &w)
-			}); err != nil {
-				t.Fatal(err)
-			}
-
-			testutil.Eventually(t, 2*time.Minute, "group recreated", func() error {
-				after, err := uids()
-				if err != nil {
-					return err
-				}
-				for _, k := range keys {
-					if after[k] == "" {
-						return fmt.Errorf("%s missing", k)
-					}
-				}
-				for _, k := range []string{"pod/rs-0", "pod/rs-0-1", "pod/rs-0-2", "sts/rs-0"} {
-					if after[k] == before[k] {
-						return fmt.Errorf("%s not recreated", k)
-					}
-				}
-				if after["sts/rs"] != before["sts/rs"] || after["pvc/data-rs-0"] != before["pvc/data-rs-0"] {
-					return fmt.Errorf("leader StatefulSet or claim replaced")
-				}
-				for _, k := range []string{"pvc/data-rs-0-1", "pvc/data-rs-0-2"} {
-					kept := after[k] == before[k]
-					if kept != (policy == "Retain") {
-						return fmt.Errorf("%s kept=%v under whenDeleted=%s", k, kept, policy)
-					}
-				}
-				return nil
-			})
+			test(t, ctx, policy, lws)
 		})
 	}
 }
@@ -440,9 +437,7 @@ func TestLeaderWorkerSetGroupRestart(t *testing.T) {
 // TestLeaderWorkerSetAdmission: the webhooks and the schema refuse what cannot work, with
 // messages naming the field.
 func TestLeaderWorkerSetAdmission(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-adm")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "lws-adm")
 
 	lws := newLWS(ns, "adm", 1, 1, withClaim("", ""))
 	if err := cl.Create(ctx, lws); err != nil {

@@ -6,6 +6,7 @@
 package workloads_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +21,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
+	os.Exit(framework.RunShared(m, testutil.ControlPlane))
 }
 
 // cl is an admin client with the controller's scheme.
@@ -34,7 +35,7 @@ func setup(t *testing.T) *framework.ControlPlane {
 		if err != nil {
 			return err
 		}
-		if err := testutil.InstallCRDs(cp.Config, filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds")); err != nil {
+		if err := testutil.InstallCRDs(cp.Config, filepath.Join(framework.RepoRoot(), "deploy", "csi", "crds")); err != nil {
 			return err
 		}
 		cl = c
@@ -47,6 +48,15 @@ func setup(t *testing.T) *framework.ControlPlane {
 	})
 }
 
+// setupNamespace is how a test of the suite begins: the shared control plane with the controller
+// (setup), a namespace of the test's own whose name begins with prefix, and a context for its API
+// calls that ends with the test.
+func setupNamespace(t *testing.T, prefix string) (*framework.ControlPlane, string, context.Context) {
+	t.Helper()
+	cp := setup(t)
+	return cp, framework.CreateNamespace(t, cp, prefix), testutil.Context(t)
+}
+
 const (
 	controllerNamespace = testutil.ControllerNamespace
 	controllerSA        = testutil.ControllerSA
@@ -55,7 +65,7 @@ const (
 // installRBAC applies deploy/csi/workload-controller's RBAC and ServiceAccount (everything but
 // the Deployment) into cistern-system.
 func installRBAC(t *testing.T, cp *framework.ControlPlane) error {
-	dir := filepath.Join(testutil.RepoRoot(), "deploy", "csi", "workload-controller")
+	dir := filepath.Join(framework.RepoRoot(), "deploy", "csi", "workload-controller")
 	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+controllerNamespace+"}\n")
 	framework.ApplyManifests(t, cp, filepath.Join(dir, "rbac", "role.yaml"))
 	b, err := os.ReadFile(filepath.Join(dir, "deployment.yaml"))

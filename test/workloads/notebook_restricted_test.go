@@ -16,7 +16,6 @@ import (
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
-	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
@@ -27,9 +26,7 @@ import (
 // once after a failed run, and Succeeds with the commit the clone used in its status. (The pods
 // run for real, on a kubelet, in test/e2enode.)
 func TestNotebookJobRestrictedNamespace(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "nb-restricted")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "nb-restricted")
 	var nsObj corev1.Namespace
 	if err := cl.Get(ctx, client.ObjectKey{Name: ns}, &nsObj); err != nil {
 		t.Fatal(err)

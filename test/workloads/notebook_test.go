@@ -85,9 +85,7 @@ func waitPhase(t *testing.T, j *v1alpha1.NotebookValidationJob, phase v1alpha1.N
 // TestNotebookJobRuns: a valid job gets its pod (git-clone init container, papermill, the user's
 // volumes where asked, env merged) and follows the pod to Succeeded or Failed.
 func TestNotebookJobRuns(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "nb-run")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "nb-run")
 	if err := cl.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "params"}, Data: map[string]string{"a": "1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -158,9 +156,7 @@ func TestNotebookJobRuns(t *testing.T) {
 // TestNotebookJobMissingVolume: a job whose PVC does not exist says so in a condition and starts
 // once the claim appears.
 func TestNotebookJobMissingVolume(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "nb-missing")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "nb-missing")
 	job := newJob(ns, "waits", func(j *v1alpha1.NotebookValidationJob) {
 		j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "models",
 			PersistentVolumeClaim: &v1alpha1.PersistentVolumeClaimVolumeSource{ClaimName: "models"}}}
@@ -226,9 +222,7 @@ func TestNotebookJobTimeout(t *testing.T) {
 
 // TestNotebookJobAdmission: invalid volumes are refused at admission with the field named.
 func TestNotebookJobAdmission(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "nb-adm")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "nb-adm")
 	// hostPath is not a field of the API: send it raw, as kubectl would.
 	hostPath := fmt.Sprintf(`apiVersion: workloads.cistern.dev/v1alpha1
 kind: NotebookValidationJob
@@ -240,7 +234,7 @@ spec:
     volumes: [{name: etc, hostPath: {path: /etc}}]
     volumeMounts: [{name: etc, mountPath: /host-etc}]
 `, ns)
-	out, err := kubectlApply(t, cp, hostPath)
+	out, err := framework.KubectlOutput(cp, hostPath, "apply", "-f", "-")
 	if err == nil || !strings.Contains(out, "spec.podConfig.volumes[0].hostPath: Forbidden: volume type hostPath is not allowed") {
 		t.Errorf("hostPath accepted or wrong message: %v\n%s", err, out)
 	}
@@ -325,9 +319,7 @@ spec:
 // exceeded quota, naming the quota); once the quota is gone
 // the pod is created and the condition cleared.
 func TestNotebookJobPodRefused(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "nb-quota")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "nb-quota")
 	quota := &corev1.ResourceQuota{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "no-pods"},
 		Spec:       corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourcePods: resource.MustParse("0")}},
@@ -365,9 +357,7 @@ func TestNotebookJobPodRefused(t *testing.T) {
 // before the comparison; the job is Running while papermill runs, and a failed comparison fails it
 // with reason GoldenMismatch and the first differing cell.
 func TestNotebookJobPrivateRepoGolden(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "nb-golden")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "nb-golden")
 	job := newJob(ns, "golden", func(j *v1alpha1.NotebookValidationJob) {
 		j.Spec.Notebook.Git.CredentialsSecret = "git-creds"
 		j.Spec.PodConfig.NodeSelector = map[string]string{"nvidia.com/gpu.present": "true"}

@@ -13,7 +13,6 @@ import (
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
-	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
@@ -22,9 +21,7 @@ import (
 // headless Service and subdomain. The update waits for each replaced group to be ready before
 // the next, so the pods run on nodes with a fake kubelet.
 func TestLeaderWorkerSetRollout(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-roll")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "lws-roll")
 	readyNodes(t, cp, ns)
 	l := newLWS(ns, "roll", 2, 2, onReadyNodes(ns), func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.NetworkConfig = &v1alpha1.NetworkConfig{SubdomainPolicy: ptr.To(v1alpha1.SubdomainUniquePerReplica)}

@@ -270,9 +270,7 @@ func allUpdated(t *testing.T, ns, name string, replicas int32, rev, image string
 // ones, and ends with 3 groups, all at the new revision, and only the new ControllerRevision.
 // The status counts the surge group while it exists.
 func TestLeaderWorkerSetMaxSurge(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-surge")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "lws-surge")
 	readyNodes(t, cp, ns)
 	const name = "surge"
 	l := newLWS(ns, name, 3, 2, onReadyNodes(ns), func(l *v1alpha1.LeaderWorkerSet) {
@@ -333,9 +331,7 @@ func TestLeaderWorkerSetMaxSurge(t *testing.T) {
 // ControllerRevision); rolling back to the old template reuses that revision, finishes the update
 // and leaves only it.
 func TestLeaderWorkerSetRevisions(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-rev")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "lws-rev")
 	readyNodes(t, cp, ns)
 	const name = "rev"
 	l := newLWS(ns, name, 3, 2, onReadyNodes(ns))

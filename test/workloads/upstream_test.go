@@ -33,9 +33,7 @@ import (
 // TestLeaderWorkerSetSubGroups: size 5 by subGroupSize 2 puts the leader as the extra pod of
 // subgroup 0 (LeaderWorker), or in none (LeaderExcluded); the subgroup size cannot change.
 func TestLeaderWorkerSetSubGroups(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-sub")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "lws-sub")
 	for _, tc := range []struct {
 		name string
 		typ  v1alpha1.SubGroupPolicyType
@@ -96,9 +94,7 @@ func TestLeaderWorkerSetSubGroups(t *testing.T) {
 // the two groups to different zones, and each group's worker follows its leader into its zone,
 // on its group's node.
 func TestLeaderWorkerSetExclusivePlacement(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-excl")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "lws-excl")
 	const name, zoneKey = "ex", "test.cistern.dev/zone"
 	zoneOf := map[string]string{}
 	groupOf := map[string]string{}
@@ -249,9 +245,7 @@ func groupsAt(t *testing.T, ns, name string, want map[string]string) error {
 // once the leader is Ready; under restartPolicy None a worker's container restart leaves the
 // group alone (RecreateGroupOnPodRestart is TestLeaderWorkerSetGroupRestart).
 func TestLeaderWorkerSetLeaderReadyAndRestartNone(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "lws-ready")
-	ctx := testutil.Context(t)
+	_, ns, ctx := setupNamespace(t, "lws-ready")
 	const name = "lr"
 	l := newLWS(ns, name, 1, 2, func(l *v1alpha1.LeaderWorkerSet) {
 		l.Spec.StartupPolicy = v1alpha1.LeaderReadyStartupPolicy

@@ -131,9 +131,7 @@ func nodeStates(v datav1alpha1.Volume) map[string]datav1alpha1.NodeState {
 // VolumeManager releases everything. (kubelet and the node's inventory are played by the test;
 // test/e2enode runs the real ones.)
 func TestVolumeManager(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "vm")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "vm")
 	// The taint keeps LeaderWorkerSet pods of other tests off these nodes.
 	vmTaint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
 	var gpuNodes []string
@@ -362,9 +360,7 @@ func TestVolumeManager(t *testing.T) {
 // VolumeManager turns Failed with kubelet's message, which carries both sizes, a DataReady
 // condition saying StagingFailed, and a Warning Event.
 func TestVolumeManagerTooLarge(t *testing.T) {
-	cp := setup(t)
-	ns := framework.CreateNamespace(t, cp, "vmbig")
-	ctx := testutil.Context(t)
+	cp, ns, ctx := setupNamespace(t, "vmbig")
 	taint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
 	node := ns + "-node"
 	framework.CreateNode(t, cp, node, map[string]string{"test.cistern.dev/big": "true"}, taint)

@@ -2,13 +2,8 @@ package realnode
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -28,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/framework/kit"
 )
 
 // NodeCA signs kubelet's client certificate; kube-apiserver trusts it through --client-ca-file,
@@ -35,36 +31,14 @@ import (
 // a real cluster.
 type NodeCA struct {
 	CertFile string
-	cert     *x509.Certificate
-	key      *ecdsa.PrivateKey
+	*kit.CA
 }
 
 // NewNodeCA makes a CA under dir for the node's certificates.
 func NewNodeCA(t *testing.T, dir string) *NodeCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "cistern-e2e-node-ca"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca := &NodeCA{CertFile: filepath.Join(dir, "node-ca.crt"), cert: cert, key: key}
-	if err := os.WriteFile(ca.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+	ca := &NodeCA{CertFile: filepath.Join(dir, "node-ca.crt"), CA: kit.NewCA(t, "cistern-e2e-node-ca")}
+	if err := os.WriteFile(ca.CertFile, ca.CertPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return ca
@@ -74,65 +48,29 @@ func NewNodeCA(t *testing.T, dir string) *NodeCA {
 // its key into dir, and returns their paths.
 func (ca *NodeCA) servingCert(t *testing.T, dir, name, host, ip string) (certFile, keyFile string) {
 	t.Helper()
-	certPEM, keyPEM := ca.issue(t, &x509.Certificate{
+	certPEM, keyPEM := ca.Issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: host},
 		DNSNames:    []string{host},
 		IPAddresses: []net.IP{net.ParseIP(ip)},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
-	return writePair(t, dir, name, certPEM, keyPEM)
+	return kit.WritePair(t, dir, name, certPEM, keyPEM)
 }
 
 // ClientCertFiles writes clientCert's certificate and key into dir and returns their paths.
 func (ca *NodeCA) ClientCertFiles(t *testing.T, dir, name, user string, groups ...string) (certFile, keyFile string) {
 	t.Helper()
 	certPEM, keyPEM := ca.clientCert(t, user, groups...)
-	return writePair(t, dir, name, certPEM, keyPEM)
+	return kit.WritePair(t, dir, name, certPEM, keyPEM)
 }
 
 // clientCert returns a PEM certificate and key for user in groups.
 func (ca *NodeCA) clientCert(t *testing.T, user string, groups ...string) (certPEM, keyPEM []byte) {
 	t.Helper()
-	return ca.issue(t, &x509.Certificate{
+	return ca.Issue(t, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: user, Organization: groups},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
-}
-
-// issue signs tmpl (its names and usage) with a new key, valid from an hour ago for a day, and
-// returns the certificate and key as PEM.
-func (ca *NodeCA) issue(t *testing.T, tmpl *x509.Certificate) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl.SerialNumber = big.NewInt(time.Now().UnixNano())
-	tmpl.NotBefore, tmpl.NotAfter = time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour)
-	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-}
-
-// writePair writes a certificate and its key into dir as name.crt and name.key.
-func writePair(t *testing.T, dir, name string, certPEM, keyPEM []byte) (certFile, keyFile string) {
-	t.Helper()
-	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
 }
 
 // Kubelet is a running kubelet.

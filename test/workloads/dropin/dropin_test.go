@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -34,7 +33,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
+	os.Exit(framework.RunShared(m, testutil.ControlPlane))
 }
 
 const poolKey = "test.cistern.dev/pool"
@@ -52,33 +51,12 @@ func install(t *testing.T) *framework.ControlPlane {
 	t.Helper()
 	return framework.SharedSetup(t, func(cp *framework.ControlPlane) error {
 		var err error
-		if rendered, err = testutil.RenderWithRBAC(t, cp, "lws-upstream"); err != nil {
-			return err
-		}
-		crdDir := t.TempDir()
-		for i, crd := range rendered["CustomResourceDefinition"] {
-			b, err := yaml.Marshal(crd)
-			if err != nil {
-				return err
-			}
-			if err := os.WriteFile(filepath.Join(crdDir, fmt.Sprintf("crd-%d.yaml", i)), b, 0o644); err != nil {
-				return err
-			}
-		}
-		if err := testutil.InstallCRDs(cp.Config, crdDir); err != nil {
+		if rendered, err = testutil.InstallDropIn(t, cp); err != nil {
 			return err
 		}
 		cl, err = client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
 		return err
 	})
-}
-
-func kubectl(t *testing.T, cp *framework.ControlPlane, stdin string, args ...string) (string, error) {
-	t.Helper()
-	cmd := exec.Command(framework.Binary(t, "kubectl"), append([]string{"--kubeconfig", cp.Kubeconfig}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
 }
 
 // TestComponentRendersDropIn: the component sets the flag and points the LeaderWorkerSet webhooks
@@ -136,11 +114,7 @@ func TestDropInRefusesWhenGroupServed(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
+	err := testutil.StartDropIn(t, cp)
 	want := "refusing to serve LeaderWorkerSet as leaderworkerset.x-k8s.io/v1: MutatingWebhookConfiguration lws-mutating-webhook-configuration " +
 		"(webhook mleaderworkerset.kb.io) admits leaderworkerset.x-k8s.io LeaderWorkerSets"
 	if err == nil || !strings.Contains(err.Error(), want) {
@@ -207,13 +181,7 @@ var startOnce sync.Once
 func startDropIn(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	var err error
-	startOnce.Do(func() {
-		var wc workloads.Config
-		wc, err = testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
-		if err == nil {
-			err = testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc)
-		}
-	})
+	startOnce.Do(func() { err = testutil.StartDropIn(t, cp) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +209,7 @@ func TestDropInUpstreamManifests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if out, err := kubectl(t, cp, string(b), "apply", "-n", ns, "-f", "-"); err != nil {
+		if out, err := framework.KubectlOutput(cp, string(b), "apply", "-n", ns, "-f", "-"); err != nil {
 			t.Fatalf("kubectl apply %s: %v\n%s", f, err, out)
 		}
 	}
@@ -328,18 +296,18 @@ func TestDropInUpstreamManifests(t *testing.T) {
 	}
 
 	// kubectl speaks the upstream API: scale through the scale subresource, as an HPA would.
-	if out, err := kubectl(t, cp, "", "-n", ns, "scale", "leaderworkersets.leaderworkerset.x-k8s.io/sample", "--replicas=3"); err != nil {
+	if out, err := framework.KubectlOutput(cp, "", "-n", ns, "scale", "leaderworkersets.leaderworkerset.x-k8s.io/sample", "--replicas=3"); err != nil {
 		t.Fatalf("kubectl scale: %v\n%s", err, out)
 	}
 	testutil.Eventually(t, 3*time.Minute, "sample scaled to 3", ready("sample", 3))
-	out, err := kubectl(t, cp, "", "-n", ns, "get", "leaderworkersets.leaderworkerset.x-k8s.io", "sample", "-o", "jsonpath={.status.readyReplicas}/{.spec.replicas}")
+	out, err := framework.KubectlOutput(cp, "", "-n", ns, "get", "leaderworkersets.leaderworkerset.x-k8s.io", "sample", "-o", "jsonpath={.status.readyReplicas}/{.spec.replicas}")
 	if err != nil || out != "3/3" {
 		t.Errorf("kubectl get: %q %v", out, err)
 	}
 
 	// Admission runs under the upstream group too.
 	bad := strings.Replace(mustRead(t, "testdata/features.yaml"), "subGroupSize: 3", "subGroupSize: 2", 1)
-	if out, err := kubectl(t, cp, bad, "apply", "-n", ns, "-f", "-"); err == nil ||
+	if out, err := framework.KubectlOutput(cp, bad, "apply", "-n", ns, "-f", "-"); err == nil ||
 		!strings.Contains(out, "spec.leaderWorkerTemplate.subGroupPolicy.subGroupSize: Invalid value: 2: field is immutable") {
 		t.Errorf("subGroupSize change accepted or wrong message: %v\n%s", err, out)
 	}

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,26 +16,23 @@ import (
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads"
-	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
+	os.Exit(framework.RunShared(m, testutil.ControlPlane))
 }
 
 const (
@@ -47,82 +43,25 @@ const (
 
 var workloadGVK = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "Workload"}
 
-// installDropIn installs deploy/csi with the lws-upstream component (CRDs, namespace,
-// ServiceAccount, RBAC).
-func installDropIn(t *testing.T, cp *framework.ControlPlane) {
-	t.Helper()
-	rendered, err := testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot(), "lws-upstream")
-	if err != nil {
-		t.Fatal(err)
-	}
-	crdDir := t.TempDir()
-	for i, crd := range rendered["CustomResourceDefinition"] {
-		b, err := yaml.Marshal(crd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(crdDir, fmt.Sprintf("crd-%d.yaml", i)), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := testutil.InstallCRDs(cp.Config, crdDir); err != nil {
-		t.Fatal(err)
-	}
-	rbac, err := rendered.YAML(testutil.RBACKinds...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	framework.ApplyYAML(t, cp, rbac)
-	framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
-}
-
-// startDropIn starts the controller in drop-in mode as its ServiceAccount.
-func startDropIn(t *testing.T, cp *framework.ControlPlane) {
-	t.Helper()
-	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := testutil.StartController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA), wc); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // startKueue installs Kueue's CRDs and webhook configurations (pointed at a loopback port, with a
 // CA of the test's) and runs its controller manager with the LeaderWorkerSet integration.
 func startKueue(t *testing.T, cp *framework.ControlPlane, c client.Client) {
 	t.Helper()
-	binDir, err := framework.ToolDir(kueueBinEnv, "kueue-"+kueueVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(binDir, "kueue")
-	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%v (run `make kueue-tools`)", err)
-		}
-		t.Skipf("%v (run `make kueue-tools`)", err)
-	}
-	config := filepath.Join(binDir, "..", "config")
+	bin, config := testutil.PeerTool(t, kueueBinEnv, "kueue-"+kueueVersion, "kueue", "kueue-tools")
 	if err := testutil.InstallCRDs(cp.Config, filepath.Join(config, "crd")); err != nil {
 		t.Fatal(err)
 	}
-
-	port, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := webhookcert.Renew(webhookcert.Bundle{}, []string{"127.0.0.1"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	certDir := t.TempDir()
-	for name, b := range map[string][]byte{"tls.crt": certs.Cert, "tls.key": certs.Key} {
-		if err := os.WriteFile(filepath.Join(certDir, name), b, 0o600); err != nil {
-			t.Fatal(err)
+	hooks := testutil.NewPeerWebhooks(t)
+	// Named and scoped as Kueue's install names and scopes them: the kueue- prefix; kube-system
+	// and kueue-system left out of the pod, Deployment and StatefulSet hooks.
+	notSystem := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", "kueue-system"}}}}
+	hooks.Install(t, c, filepath.Join(config, "webhooks.yaml"), "kueue-", func(webhook string) *metav1.LabelSelector {
+		if strings.HasSuffix(webhook, "pod.kb.io") || strings.HasSuffix(webhook, "deployment.kb.io") || strings.HasSuffix(webhook, "statefulset.kb.io") {
+			return notSystem
 		}
-	}
-	installKueueWebhooks(t, c, filepath.Join(config, "webhooks.yaml"), fmt.Sprintf("https://127.0.0.1:%d", port), certs.CACert)
+		return nil
+	})
 
 	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
 kind: Configuration
@@ -134,25 +73,19 @@ leaderElection: {leaderElect: false}
 internalCertManagement: {enable: false}
 integrations:
   frameworks: [leaderworkerset.x-k8s.io/leaderworkerset, pod]
-`, port, certDir)
+`, hooks.Port, hooks.CertDir)
 	cfgPath := filepath.Join(t.TempDir(), "kueue.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: kueue-system}\n")
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", metricsCertsScript, "kueue",
-		certDir, t.TempDir(), bin, "--config", cfgPath, "--kubeconfig", cp.Kubeconfig,
+		hooks.CertDir, t.TempDir(), bin, "--config", cfgPath, "--kubeconfig", cp.Kubeconfig,
 		"--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2")
 	p := framework.StartCommand(t, "kueue", cmd)
 	// Ready once the webhook server answers: Kueue starts it after its certificates and before its
 	// controllers need it.
-	testutil.Eventually(t, 2*time.Minute, "Kueue webhook server", func() error {
-		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
-		if err != nil {
-			return fmt.Errorf("%w (log %s:\n%s)", err, p.LogPath, framework.Tail(p.LogPath, 20))
-		}
-		return conn.Close()
-	})
+	hooks.WaitServing(t, "Kueue webhook server", p)
 }
 
 // metricsCertsScript runs Kueue ($3 and on) with its certificates ($1) at the metrics
@@ -168,73 +101,6 @@ mkdir -p /etc/kueue/metrics/certs
 cp "$certs/tls.crt" "$certs/tls.key" /etc/kueue/metrics/certs/
 exec "$@"`
 
-// installKueueWebhooks creates Kueue's generated webhook configurations, named and scoped as its
-// install names and scopes them (the kueue- prefix; kube-system and kueue-system left out of the
-// pod, Deployment and StatefulSet hooks), with the Service replaced by a URL.
-func installKueueWebhooks(t *testing.T, c client.Client, path, base string, caBundle []byte) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	notSystem := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
-		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", "kueue-system"}}}}
-	clientConfig := func(cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.WebhookClientConfig {
-		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To(base + *cc.Service.Path), CABundle: caBundle}
-	}
-	scoped := func(name string) bool {
-		return strings.HasSuffix(name, "pod.kb.io") || strings.HasSuffix(name, "deployment.kb.io") || strings.HasSuffix(name, "statefulset.kb.io")
-	}
-	for doc := range strings.SplitSeq(string(b), "\n---\n") {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatal(err)
-		}
-		var obj client.Object
-		switch meta.Kind {
-		case "MutatingWebhookConfiguration":
-			m := &admissionregistrationv1.MutatingWebhookConfiguration{}
-			if err := yaml.Unmarshal([]byte(doc), m); err != nil {
-				t.Fatal(err)
-			}
-			for i, w := range m.Webhooks {
-				m.Webhooks[i].ClientConfig = clientConfig(w.ClientConfig)
-				if scoped(w.Name) {
-					m.Webhooks[i].NamespaceSelector = notSystem
-				}
-			}
-			obj = m
-		case "ValidatingWebhookConfiguration":
-			v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-			if err := yaml.Unmarshal([]byte(doc), v); err != nil {
-				t.Fatal(err)
-			}
-			for i, w := range v.Webhooks {
-				v.Webhooks[i].ClientConfig = clientConfig(w.ClientConfig)
-				if scoped(w.Name) {
-					v.Webhooks[i].NamespaceSelector = notSystem
-				}
-			}
-			obj = v
-		default:
-			continue
-		}
-		obj.SetName("kueue-" + obj.GetName())
-		if err := c.Create(context.Background(), obj); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // TestKueueAdmitsGroups: with Kueue's webhooks in place the drop-in starts (they are a peer's, not
 // a rival controller's); an upstream LeaderWorkerSet labelled with a queue is held, all its pods
 // gated, while its ClusterQueue cannot fit the whole group, runs once the quota can, and a second
@@ -248,9 +114,13 @@ func TestKueueAdmitsGroups(t *testing.T) {
 	// The LeaderWorkerSet CRD before Kueue, which sets up its integration for the APIs it finds;
 	// Kueue before the drop-in, so that its LeaderWorkerSet webhooks are there when the drop-in
 	// looks for rival controllers.
-	installDropIn(t, cp)
+	if _, err := testutil.InstallDropIn(t, cp); err != nil {
+		t.Fatal(err)
+	}
 	startKueue(t, cp, c)
-	startDropIn(t, cp)
+	if err := testutil.StartDropIn(t, cp); err != nil {
+		t.Fatal(err)
+	}
 
 	ns := framework.CreateNamespace(t, cp, "kueue")
 	ctx := testutil.Context(t)
@@ -288,9 +158,8 @@ spec: {clusterQueue: %[1]s}
 		if err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", cp.Kubeconfig, "apply", "-n", ns, "-f", "-")
-		cmd.Stdin = strings.NewReader(strings.Replace(string(b), "name: NAME", "name: "+name, 1))
-		if out, err := cmd.CombinedOutput(); err != nil {
+		manifest := strings.Replace(string(b), "name: NAME", "name: "+name, 1)
+		if out, err := framework.KubectlOutput(cp, manifest, "apply", "-n", ns, "-f", "-"); err != nil {
 			t.Fatalf("kubectl apply %s: %v\n%s", name, err, out)
 		}
 	}
@@ -365,10 +234,17 @@ func workloadCondition(wl *unstructured.Unstructured, typ string) *metav1.Condit
 	return meta.FindStatusCondition(conds, typ)
 }
 
+// groupPods returns the pods of the group (a LeaderWorkerSet of one group of 3), an error unless
+// all 3 exist.
 func groupPods(ctx context.Context, c client.Client, ns, name string) ([]corev1.Pod, error) {
 	var pods corev1.PodList
-	err := c.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.SetNameLabelKey: name})
-	return pods.Items, err
+	if err := c.List(ctx, &pods, client.InNamespace(ns), client.MatchingLabels{v1alpha1.SetNameLabelKey: name}); err != nil {
+		return nil, err
+	}
+	if len(pods.Items) != 3 {
+		return nil, fmt.Errorf("%d pods of %s, want 3", len(pods.Items), name)
+	}
+	return pods.Items, nil
 }
 
 // held: the group's Workload has no quota and Kueue says why (want in its message), and all 3
@@ -386,9 +262,6 @@ func held(ctx context.Context, c client.Client, ns, name, want string) func() er
 		pods, err := groupPods(ctx, c, ns, name)
 		if err != nil {
 			return err
-		}
-		if len(pods) != 3 {
-			return fmt.Errorf("%d pods of %s, want 3", len(pods), name)
 		}
 		for _, p := range pods {
 			gated := false
@@ -417,9 +290,6 @@ func running(ctx context.Context, c client.Client, ns, name string) func() error
 		pods, err := groupPods(ctx, c, ns, name)
 		if err != nil {
 			return err
-		}
-		if len(pods) != 3 {
-			return fmt.Errorf("%d pods of %s, want 3", len(pods), name)
 		}
 		for _, p := range pods {
 			if len(p.Spec.SchedulingGates) != 0 || p.Spec.NodeName == "" {

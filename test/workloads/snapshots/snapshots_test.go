@@ -37,7 +37,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(framework.RunShared(m, framework.Options{ControllerManager: true, Scheduler: true}))
+	os.Exit(framework.RunShared(m, testutil.ControlPlane))
 }
 
 var (
@@ -56,11 +56,11 @@ func install(t *testing.T) *framework.ControlPlane {
 		if rendered, err = testutil.RenderWithRBAC(t, cp, "snapshots"); err != nil {
 			return err
 		}
-		snapshotCRDs, err := testutil.SnapshotCRDs(testutil.RepoRoot())
+		snapshotCRDs, err := testutil.SnapshotCRDs(framework.RepoRoot())
 		if err != nil {
 			return err
 		}
-		for _, dir := range []string{filepath.Join(testutil.RepoRoot(), "deploy", "csi", "crds"), snapshotCRDs} {
+		for _, dir := range []string{filepath.Join(framework.RepoRoot(), "deploy", "csi", "crds"), snapshotCRDs} {
 			if err := testutil.InstallCRDs(cp.Config, dir); err != nil {
 				return err
 			}
@@ -101,7 +101,7 @@ func TestComponentTurnsOnSnapshotContents(t *testing.T) {
 	if !slices.Contains(controllerArgs(), "--snapshot-contents") {
 		t.Errorf("rendered workload-controller args %v lack --snapshot-contents", controllerArgs())
 	}
-	base, err := testutil.Render(framework.Binary(t, "kubectl"), testutil.RepoRoot())
+	base, err := testutil.Render(framework.Binary(t, "kubectl"), framework.RepoRoot())
 	if err != nil {
 		t.Fatal(err)
 	}

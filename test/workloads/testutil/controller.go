@@ -91,3 +91,8 @@ func StartController(cfg *rest.Config, wc workloads.Config) error {
 	}
 	return fmt.Errorf("webhook server did not start on port %d", wc.WebhookPort)
 }
+
+// ControlPlane is the control plane the workload suites run on (framework.RunShared): the
+// controller needs kube-controller-manager (StatefulSets, garbage collection, the PV binder) and
+// kube-scheduler beside the API server.
+var ControlPlane = framework.Options{ControllerManager: true, Scheduler: true}

@@ -10,7 +10,6 @@ package upstreamdiff_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,17 +17,13 @@ import (
 	"testing"
 	"time"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads"
-	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
@@ -47,26 +42,9 @@ type side struct {
 	cl   client.Client
 }
 
-// lwsTools returns upstream's controller binary and the directory of its manifests.
-func lwsTools(t *testing.T) (bin, config string) {
-	t.Helper()
-	binDir, err := framework.ToolDir(lwsBinEnv, "lws-"+lwsVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin = filepath.Join(binDir, "manager")
-	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%v (run `make lws-tools`)", err)
-		}
-		t.Skipf("%v (run `make lws-tools`)", err)
-	}
-	return bin, filepath.Join(binDir, "..", "config")
-}
-
 func newSide(t *testing.T, name string) *side {
 	t.Helper()
-	cp := framework.StartControlPlane(t, framework.Options{ControllerManager: true, Scheduler: true})
+	cp := framework.StartControlPlane(t, testutil.ControlPlane)
 	cl, err := client.New(cp.Config, client.Options{Scheme: workloads.SchemeFor(v1alpha1.UpstreamGroupVersion)})
 	if err != nil {
 		t.Fatal(err)
@@ -81,21 +59,8 @@ func startUpstream(t *testing.T, s *side, bin, config string) {
 	if err := testutil.InstallCRDs(s.cp.Config, filepath.Join(config, "crd")); err != nil {
 		t.Fatal(err)
 	}
-	port, err := framework.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := webhookcert.Renew(webhookcert.Bundle{}, []string{"127.0.0.1"}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	certDir := t.TempDir()
-	for name, b := range map[string][]byte{"tls.crt": certs.Cert, "tls.key": certs.Key} {
-		if err := os.WriteFile(filepath.Join(certDir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	installWebhooks(t, s.cl, filepath.Join(config, "webhooks.yaml"), fmt.Sprintf("https://127.0.0.1:%d", port), certs.CACert)
+	hooks := testutil.NewPeerWebhooks(t)
+	hooks.Install(t, s.cl, filepath.Join(config, "webhooks.yaml"), "lws-", nil)
 	cfg := fmt.Sprintf(`apiVersion: config.lws.x-k8s.io/v1alpha1
 kind: Configuration
 health: {healthProbeBindAddress: "0"}
@@ -103,89 +68,23 @@ metrics: {bindAddress: "0"}
 webhook: {host: 127.0.0.1, port: %d, certDir: %s}
 leaderElection: {leaderElect: false}
 internalCertManagement: {enable: false}
-`, port, certDir)
+`, hooks.Port, hooks.CertDir)
 	cfgPath := filepath.Join(t.TempDir(), "lws.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p := framework.StartCommand(t, "lws-upstream", exec.Command(bin, "--config", cfgPath, "--kubeconfig", s.cp.Kubeconfig, "--zap-log-level=2"))
-	testutil.Eventually(t, 2*time.Minute, "upstream LeaderWorkerSet webhook server", func() error {
-		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
-		if err != nil {
-			return fmt.Errorf("%w (log %s:\n%s)", err, p.LogPath, framework.Tail(p.LogPath, 20))
-		}
-		return conn.Close()
-	})
-}
-
-// installWebhooks creates upstream's generated webhook configurations with the Service replaced
-// by a URL.
-func installWebhooks(t *testing.T, c client.Client, path, base string, caBundle []byte) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	clientConfig := func(cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.WebhookClientConfig {
-		return admissionregistrationv1.WebhookClientConfig{URL: ptr.To(base + *cc.Service.Path), CABundle: caBundle}
-	}
-	for doc := range strings.SplitSeq(string(b), "\n---\n") {
-		var obj client.Object
-		switch {
-		case strings.Contains(doc, "kind: MutatingWebhookConfiguration"):
-			m := &admissionregistrationv1.MutatingWebhookConfiguration{}
-			if err := yaml.Unmarshal([]byte(doc), m); err != nil {
-				t.Fatal(err)
-			}
-			for i, w := range m.Webhooks {
-				m.Webhooks[i].ClientConfig = clientConfig(w.ClientConfig)
-			}
-			obj = m
-		case strings.Contains(doc, "kind: ValidatingWebhookConfiguration"):
-			v := &admissionregistrationv1.ValidatingWebhookConfiguration{}
-			if err := yaml.Unmarshal([]byte(doc), v); err != nil {
-				t.Fatal(err)
-			}
-			for i, w := range v.Webhooks {
-				v.Webhooks[i].ClientConfig = clientConfig(w.ClientConfig)
-			}
-			obj = v
-		default:
-			continue
-		}
-		obj.SetName("lws-" + obj.GetName())
-		if err := c.Create(context.Background(), obj); err != nil {
-			t.Fatal(err)
-		}
-	}
+	hooks.WaitServing(t, "upstream LeaderWorkerSet webhook server", p)
 }
 
 // startDropIn installs deploy/csi with the lws-upstream component and runs the drop-in as its
 // ServiceAccount.
 func startDropIn(t *testing.T, s *side) {
 	t.Helper()
-	rendered, err := testutil.RenderWithRBAC(t, s.cp, "lws-upstream")
-	if err != nil {
+	if _, err := testutil.InstallDropIn(t, s.cp); err != nil {
 		t.Fatal(err)
 	}
-	crdDir := t.TempDir()
-	for i, crd := range rendered["CustomResourceDefinition"] {
-		b, err := yaml.Marshal(crd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(crdDir, fmt.Sprintf("crd-%d.yaml", i)), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := testutil.InstallCRDs(s.cp.Config, crdDir); err != nil {
-		t.Fatal(err)
-	}
-	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) { wc.LeaderWorkerSetAPI = v1alpha1.UpstreamGroupVersion })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := testutil.StartController(framework.ServiceAccountConfig(t, s.cp, testutil.ControllerNamespace, testutil.ControllerSA), wc); err != nil {
+	if err := testutil.StartDropIn(t, s.cp); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -219,7 +118,7 @@ func manifests(t *testing.T, config string) []string {
 func apply(t *testing.T, s *side, ns, path string) {
 	t.Helper()
 	framework.ApplyYAML(t, s.cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+ns+"}\n")
-	out, err := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", s.cp.Kubeconfig, "apply", "-n", ns, "-f", path).CombinedOutput()
+	out, err := framework.KubectlOutput(s.cp, "", "apply", "-n", ns, "-f", path)
 	if err != nil {
 		t.Fatalf("%s: kubectl apply %s: %v\n%s", s.name, path, err, out)
 	}
@@ -262,7 +161,7 @@ func settled(ctx context.Context, s *side, ns string) func() error {
 // TestUpstreamDifferential applies each manifest to both sides, waits until both settle, and
 // compares what each made.
 func TestUpstreamDifferential(t *testing.T) {
-	bin, config := lwsTools(t)
+	bin, config := testutil.PeerTool(t, lwsBinEnv, "lws-"+lwsVersion, "manager", "lws-tools")
 	up, cis := newSide(t, "upstream"), newSide(t, "cistern")
 	startUpstream(t, up, bin, config)
 	startDropIn(t, cis)

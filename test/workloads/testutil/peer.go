@@ -1,0 +1,150 @@
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
+	"github.com/cistern-csi/cistern/test/framework"
+)
+
+// PeerTool returns the binary bin of a controller the suites run beside Cistern's (upstream
+// LeaderWorkerSet, Kueue), which `make <target>` builds into framework.ToolDir(env, name), and the
+// directory of that release's manifests. Without the binary the test is skipped, or fails under
+// CI=true.
+func PeerTool(t *testing.T, env, name, bin, target string) (path, config string) {
+	t.Helper()
+	binDir, err := framework.ToolDir(env, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(binDir, bin)
+	if _, err := os.Stat(path); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%v (run `make %s`)", err, target)
+		}
+		t.Skipf("%v (run `make %s`)", err, target)
+	}
+	return path, filepath.Join(binDir, "..", "config")
+}
+
+// PeerWebhooks is the webhook server of such a controller, on a loopback port: its serving
+// certificate, issued by a CA of the test's for 127.0.0.1, is in CertDir as tls.crt and tls.key.
+type PeerWebhooks struct {
+	Port    int
+	CertDir string
+	CACert  []byte
+}
+
+// NewPeerWebhooks takes a free port and writes a serving certificate for it.
+func NewPeerWebhooks(t *testing.T) *PeerWebhooks {
+	t.Helper()
+	port, err := framework.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := webhookcert.Renew(webhookcert.Bundle{}, []string{"127.0.0.1"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	certDir := t.TempDir()
+	for name, b := range map[string][]byte{"tls.crt": certs.Cert, "tls.key": certs.Key} {
+		if err := os.WriteFile(filepath.Join(certDir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &PeerWebhooks{Port: port, CertDir: certDir, CACert: certs.CACert}
+}
+
+// Install creates the webhook configurations of the controller's generated manifest at path, each
+// named prefix+its name, with each webhook's Service replaced by this server's URL and the test's
+// CA. scope, if not nil, gives the namespaceSelector of the webhook it is named; nil from it keeps
+// the manifest's.
+func (w *PeerWebhooks) Install(t *testing.T, c client.Client, path, prefix string, scope func(webhook string) *metav1.LabelSelector) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("https://127.0.0.1:%d", w.Port)
+	for doc := range strings.SplitSeq(string(b), "\n---\n") {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
+			t.Fatal(err)
+		}
+		var obj client.Object
+		switch meta.Kind {
+		case "MutatingWebhookConfiguration":
+			obj = &admissionregistrationv1.MutatingWebhookConfiguration{}
+		case "ValidatingWebhookConfiguration":
+			obj = &admissionregistrationv1.ValidatingWebhookConfiguration{}
+		default:
+			continue
+		}
+		if err := yaml.Unmarshal([]byte(doc), obj); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range webhooksOf(obj) {
+			*h.clientConfig = admissionregistrationv1.WebhookClientConfig{URL: ptr.To(base + *h.clientConfig.Service.Path), CABundle: w.CACert}
+			if scope == nil {
+				continue
+			}
+			if sel := scope(h.name); sel != nil {
+				*h.namespaceSelector = sel
+			}
+		}
+		obj.SetName(prefix + obj.GetName())
+		if err := c.Create(context.Background(), obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// webhook is what Install rewrites in one webhook of a configuration, mutating or validating.
+type webhook struct {
+	name              string
+	clientConfig      *admissionregistrationv1.WebhookClientConfig
+	namespaceSelector **metav1.LabelSelector
+}
+
+func webhooksOf(obj client.Object) []webhook {
+	var hooks []webhook
+	switch o := obj.(type) {
+	case *admissionregistrationv1.MutatingWebhookConfiguration:
+		for i := range o.Webhooks {
+			w := &o.Webhooks[i]
+			hooks = append(hooks, webhook{w.Name, &w.ClientConfig, &w.NamespaceSelector})
+		}
+	case *admissionregistrationv1.ValidatingWebhookConfiguration:
+		for i := range o.Webhooks {
+			w := &o.Webhooks[i]
+			hooks = append(hooks, webhook{w.Name, &w.ClientConfig, &w.NamespaceSelector})
+		}
+	}
+	return hooks
+}
+
+// WaitServing waits until the server answers on its port; what names it in the failure, which
+// carries the end of p's log.
+func (w *PeerWebhooks) WaitServing(t *testing.T, what string, p *framework.Process) {
+	t.Helper()
+	Eventually(t, 2*time.Minute, what, func() error {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", w.Port), time.Second)
+		if err != nil {
+			return fmt.Errorf("%w (log %s:\n%s)", err, p.LogPath, framework.Tail(p.LogPath, 20))
+		}
+		return conn.Close()
+	})
+}
