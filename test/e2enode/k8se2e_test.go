@@ -327,9 +327,9 @@ patches:
 
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
 	defer cancel()
-	var last string
+	var last string // what the last complete round found not ready
 	err := wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
-		last = ""
+		var round string
 		for _, ns := range []string{installNamespace, "kube-system"} {
 			pods, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
@@ -337,26 +337,27 @@ patches:
 			}
 			for _, p := range pods.Items {
 				if !podReady(&p) {
-					last += fmt.Sprintf(" %s/%s(%s)", ns, p.Name, p.Status.Phase)
+					round += fmt.Sprintf(" %s/%s(%s on %s%s)", ns, p.Name, p.Status.Phase, p.Spec.NodeName, podWaiting(&p))
 				}
 			}
 		}
 		ds, err := cp.Client.AppsV1().DaemonSets(installNamespace).Get(ctx, "cistern-node", metav1.GetOptions{})
 		if err != nil || ds.Status.NumberReady != int32(len(nodes)) {
-			last += " cistern-node not ready on every node"
+			last = round + " cistern-node not ready on every node"
 			return false, nil
 		}
 		for _, n := range nodes {
 			cn, err := cp.Client.StorageV1().CSINodes().Get(ctx, n, metav1.GetOptions{})
 			if err != nil || len(cn.Spec.Drivers) == 0 || cn.Spec.Drivers[0].Name != consts.DriverName {
-				last += " no CSINode driver on " + n
+				last = round + " no CSINode driver on " + n
 				return false, nil
 			}
 		}
-		return last == "", nil
+		last = round
+		return round == "", nil
 	})
 	if err != nil {
-		t.Fatalf("install not ready: %v; not ready:%s", err, last)
+		t.Fatalf("install not ready after %s: %v; not ready:%s", installTimeout, err, last)
 	}
 }
 
@@ -449,4 +450,20 @@ func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, lo
 	if runErr != nil {
 		t.Errorf("ginkgo: %v (output: %s, last lines:\n%s)", runErr, out, framework.Tail(out, 30))
 	}
+}
+
+// podWaiting says why a pod's containers are not ready: each one's waiting reason or last
+// termination, for a failure message.
+func podWaiting(p *corev1.Pod) string {
+	var why string
+	for _, c := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		switch {
+		case c.State.Waiting != nil:
+			why += fmt.Sprintf(", %s waiting: %s %s", c.Name, c.State.Waiting.Reason, c.State.Waiting.Message)
+		case c.LastTerminationState.Terminated != nil:
+			why += fmt.Sprintf(", %s restarted %d times, last exit %d: %s", c.Name, c.RestartCount,
+				c.LastTerminationState.Terminated.ExitCode, c.LastTerminationState.Terminated.Message)
+		}
+	}
+	return why
 }
