@@ -21,7 +21,8 @@ type saToken struct {
 // a dataset with credentials=webIdentity, the pod's ServiceAccount token for the configured
 // audience (kubelet puts it in NodePublishVolume's volume context when the CSIDriver requests
 // it), to be exchanged for the role's keys. NodeStageVolume has no pod and so no token: a
-// web-identity dataset is refused there with InvalidArgument.
+// claim's volume waits for its first publish (pkg/volume, webidentity.go), and a static PV's
+// dataset, which is staged there, is refused with InvalidArgument.
 func (d *Datasets) Credentials(spec *Spec, secrets, volumeContext map[string]string) (Credentials, error) {
 	if spec == nil || spec.Credentials != consts.CredentialsWebIdentity {
 		return CredentialsFromSecrets(secrets)
@@ -32,7 +33,7 @@ func (d *Datasets) Credentials(spec *Spec, secrets, volumeContext map[string]str
 	}
 	raw, ok := volumeContext[consts.VolumeContextSATokens]
 	if !ok {
-		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, which need the pod's ServiceAccount token: kubelet passes none here (the CSIDriver's tokenRequests must name audience %q; a claim's dataset is staged before any pod, so use an inline volume)", spec.Describe(), audience)
+		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, which need the pod's ServiceAccount token: kubelet passes none here (the CSIDriver's tokenRequests must name audience %q; a static PV's dataset is staged before any pod: use a StorageClass or an inline volume)", spec.Describe(), audience)
 	}
 	var tokens map[string]saToken
 	if err := json.Unmarshal([]byte(raw), &tokens); err != nil {

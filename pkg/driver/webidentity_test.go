@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	mount "k8s.io/mount-utils"
 
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
@@ -87,5 +89,122 @@ func TestInlineWebIdentity(t *testing.T) {
 		if _, err := env.node.NodeUnpublishVolume(context.Background(), &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(env.dir, "target", id)}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// saTokens is the volume context kubelet adds to NodePublishVolume for a pod of serviceAccount
+// (namespace/name) under the CSIDriver's tokenRequests and podInfoOnMount.
+func saTokens(t *testing.T, issuer *testpeers.OIDCIssuer, serviceAccount, pod string) map[string]string {
+	t.Helper()
+	const audience = "sts.amazonaws.com"
+	ns, name, _ := strings.Cut(serviceAccount, "/")
+	b, _ := json.Marshal(map[string]map[string]string{audience: {"token": issuer.Token(t, serviceAccount, audience), "expirationTimestamp": "2030-01-01T00:00:00Z"}})
+	return map[string]string{"csi.storage.k8s.io/serviceAccount.tokens": string(b), "csi.storage.k8s.io/pod.namespace": ns,
+		"csi.storage.k8s.io/pod.name": pod, "csi.storage.k8s.io/serviceAccount.name": name}
+}
+
+// TestClaimWebIdentity: a claim of a StorageClass with credentials=webIdentity, through the CSI
+// socket against versitygw and the STS stand-in. NodeStageVolume brings no pod token: it stages
+// the volume pending, touching no data (nothing mounted, no exchange), also across a driver
+// restart. The first publish of a pod the role trusts exchanges its token, fills the volume at
+// the staging path and binds it; a pod of another ServiceAccount is refused, before and after
+// that, at every publish of the same claim; a publish without a token is a configuration error.
+// Unstage leaves nothing mounted, and a later stage of the filled volume needs no token.
+func TestClaimWebIdentity(t *testing.T) {
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "private")
+	s.Put(t, "private", "set/model.bin", []byte("weights of team a"))
+	const role = "arn:aws:iam::000000000000:role/team-a"
+	issuer := testpeers.StartOIDCIssuer(t)
+	sts := testpeers.StartSTS(t, issuer.URL, "sts.amazonaws.com", map[string]testpeers.Role{
+		role: {Trusts: []string{"system:serviceaccount:team-a:trainer"}, AccessKey: s.AccessKey, SecretKey: s.SecretKey},
+	})
+	env := startDriver(t, testPool{name: "fast"})
+	env.stop()
+	env.cfg.Datasets.STSEndpoint = sts.URL
+	env.start()
+	ctx := context.Background()
+	vol := env.create("claim-wi", 64<<20, map[string]string{"source": "s3://private/set", "endpoint": s.Endpoint,
+		"pathStyle": "true", "credentials": "webIdentity", "roleARN": role, "pool": "fast"})
+	staging := filepath.Join(env.dir, "staging", vol.VolumeId)
+	stage := func() error {
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+			StagingTargetPath: staging, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext})
+		return err
+	}
+	publish := func(pod, serviceAccount string) error {
+		vc := maps.Clone(vol.VolumeContext)
+		if serviceAccount != "" {
+			maps.Copy(vc, saTokens(t, issuer, serviceAccount, pod))
+		}
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging,
+			TargetPath: filepath.Join(env.dir, "target", pod), VolumeCapability: mountCap(""), VolumeContext: vc, Readonly: true})
+		return err
+	}
+	mounted := func(p string) bool {
+		notMnt, err := mount.New("").IsLikelyNotMountPoint(p)
+		return err == nil && !notMnt
+	}
+
+	for range 2 { // idempotent
+		if err := stage(); err != nil {
+			t.Fatalf("NodeStageVolume without a pod token: %v", err)
+		}
+	}
+	if mounted(staging) || sts.Exchanges() != 0 {
+		t.Fatalf("staging pending mounted something (%v) or exchanged a token (%d)", mounted(staging), sts.Exchanges())
+	}
+	env.restart() // a pending stage survives the driver's restart (nothing is mounted to find)
+	wantCode(t, publish("other-pod", "team-b/trainer"), codes.PermissionDenied, "access denied")
+	wantCode(t, publish("no-token-pod", ""), codes.InvalidArgument, "tokenRequests")
+	if mounted(staging) {
+		t.Fatal("a refused first publish left the staging path mounted")
+	}
+	if err := retryUnavailable(t, func() error { return publish("trainer-pod", "team-a/trainer") }); err != nil {
+		t.Fatalf("first publish of a trusted pod: %v", err)
+	}
+	checkFiles(t, filepath.Join(env.dir, "target", "trainer-pod"), map[string]string{"model.bin": "weights of team a"})
+	if !mounted(staging) || sts.Exchanges() == 0 {
+		t.Fatalf("the first publish did not stage the volume (mounted %v) with an exchange (%d)", mounted(staging), sts.Exchanges())
+	}
+	if err := publish("trainer-pod", "team-a/trainer"); err != nil {
+		t.Fatalf("publish again: %v", err)
+	}
+	if err := publish("second-trainer", "team-a/trainer"); err != nil {
+		t.Fatalf("a second pod of the trusted ServiceAccount: %v", err)
+	}
+	wantCode(t, publish("other-pod", "team-b/trainer"), codes.PermissionDenied, "access denied")
+	if mounted(filepath.Join(env.dir, "target", "other-pod")) {
+		t.Fatal("the refused pod's target is mounted")
+	}
+	for _, pod := range []string{"trainer-pod", "second-trainer", "other-pod"} {
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: filepath.Join(env.dir, "target", pod)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(staging) {
+		t.Fatal("unstage left the staging path mounted")
+	}
+
+	// Filled now: staging mounts it without a token; each publish still proves its pod's right.
+	if err := stage(); err != nil {
+		t.Fatal(err)
+	}
+	if !mounted(staging) {
+		t.Fatal("staging the filled volume mounted nothing")
+	}
+	wantCode(t, publish("other-pod", "team-b/trainer"), codes.PermissionDenied, "access denied")
+	if err := publish("trainer-pod", "team-a/trainer"); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, filepath.Join(env.dir, "target", "trainer-pod"), map[string]string{"model.bin": "weights of team a"})
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: filepath.Join(env.dir, "target", "trainer-pod")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -71,6 +71,10 @@ type Volume struct {
 	// Node side.
 	StagingPath string `json:"stagingPath,omitempty"`
 	Device      string `json:"device,omitempty"`
+	// StagePending marks a volume staged at StagingPath with nothing mounted yet: its dataset is
+	// still to be filled with a pod's web identity, which only NodePublishVolume brings (kubelet
+	// passes no pod token at staging). The first publish mounts and fills it.
+	StagePending bool `json:"stagePending,omitempty"`
 	// Published maps target paths to whether they were published read-only.
 	Published map[string]bool `json:"published,omitempty"`
 	// ExclusiveTarget is the one target of a SINGLE_NODE_SINGLE_WRITER publication.
