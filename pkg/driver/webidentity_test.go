@@ -11,8 +11,12 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 	mount "k8s.io/mount-utils"
 
+	"github.com/cistern-csi/cistern/pkg/sarole"
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
@@ -203,6 +207,83 @@ func TestClaimWebIdentity(t *testing.T) {
 	checkFiles(t, filepath.Join(env.dir, "target", "trainer-pod"), map[string]string{"model.bin": "weights of team a"})
 	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: filepath.Join(env.dir, "target", "trainer-pod")}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestServiceAccountRoleWebIdentity: a claim of a StorageClass with roleFrom=serviceAccount takes
+// the role its publishing pod's ServiceAccount names (Cistern's annotation, or IRSA's), against
+// versitygw and the STS stand-in, whose roles trust named ServiceAccounts only. A pod author who
+// annotates their own ServiceAccount with the role is refused by the STS (the trust decision is
+// the role's, never the annotation's); a role outside the administrator's --web-identity-roles is
+// refused before any exchange; a ServiceAccount naming no role is a configuration error.
+func TestServiceAccountRoleWebIdentity(t *testing.T) {
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "private")
+	s.Put(t, "private", "set/model.bin", []byte("weights of team a"))
+	const role, admin = "arn:aws:iam::000000000000:role/team-a", "arn:aws:iam::000000000000:role/admin"
+	issuer := testpeers.StartOIDCIssuer(t)
+	sts := testpeers.StartSTS(t, issuer.URL, "sts.amazonaws.com", map[string]testpeers.Role{
+		role:  {Trusts: []string{"system:serviceaccount:team-a:trainer", "system:serviceaccount:team-a:irsa"}, AccessKey: s.AccessKey, SecretKey: s.SecretKey},
+		admin: {Trusts: []string{"system:serviceaccount:team-a:outsider"}, AccessKey: s.AccessKey, SecretKey: s.SecretKey},
+	})
+	sa := func(name string, annotations map[string]string) *corev1.ServiceAccount {
+		return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name, Annotations: annotations}}
+	}
+	client := fake.NewClientset(
+		sa("trainer", map[string]string{"cistern.csi.dev/role-arn": role}),
+		sa("irsa", map[string]string{"eks.amazonaws.com/role-arn": role}),
+		sa("intruder", map[string]string{"cistern.csi.dev/role-arn": role}), // annotated by a pod author
+		sa("outsider", map[string]string{"cistern.csi.dev/role-arn": admin}),
+		sa("plain", nil),
+	)
+	env := startDriver(t, testPool{name: "fast"})
+	env.stop()
+	env.cfg.Datasets.STSEndpoint = sts.URL
+	env.cfg.Datasets.ServiceAccountRoles = sarole.Reader{Client: client.CoreV1()}
+	env.cfg.Datasets.WebIdentityRoles = []string{"arn:aws:iam::000000000000:role/team-*"}
+	env.start()
+	ctx := context.Background()
+	vol := env.create("claim-sa", 64<<20, map[string]string{"source": "s3://private/set", "endpoint": s.Endpoint,
+		"pathStyle": "true", "credentials": "webIdentity", "roleFrom": "serviceAccount", "pool": "fast"})
+	staging := filepath.Join(env.dir, "staging", vol.VolumeId)
+	if _, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId,
+		StagingTargetPath: staging, VolumeCapability: mountCap(""), VolumeContext: vol.VolumeContext}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(serviceAccount string) error {
+		vc := maps.Clone(vol.VolumeContext)
+		pod := strings.ReplaceAll(serviceAccount, "/", "-")
+		maps.Copy(vc, saTokens(t, issuer, serviceAccount, pod))
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging,
+			TargetPath: filepath.Join(env.dir, "target", pod), VolumeCapability: mountCap(""), VolumeContext: vc, Readonly: true})
+		return err
+	}
+
+	wantCode(t, publish("team-a/intruder"), codes.PermissionDenied, "access denied")
+	exchanges := sts.Exchanges()
+	wantCode(t, publish("team-a/outsider"), codes.PermissionDenied, "--web-identity-roles")
+	wantCode(t, publish("team-a/plain"), codes.InvalidArgument, "cistern.csi.dev/role-arn")
+	wantCode(t, publish("team-a/ghost"), codes.InvalidArgument, "does not exist")
+	if sts.Exchanges() != exchanges {
+		t.Fatalf("refused before any exchange, yet the STS exchanged %d tokens", sts.Exchanges()-exchanges)
+	}
+	for _, sa := range []string{"team-a/trainer", "team-a/irsa"} {
+		if err := retryUnavailable(t, func() error { return publish(sa) }); err != nil {
+			t.Fatalf("%s: %v", sa, err)
+		}
+		checkFiles(t, filepath.Join(env.dir, "target", strings.ReplaceAll(sa, "/", "-")), map[string]string{"model.bin": "weights of team a"})
+	}
+	wantCode(t, publish("team-a/intruder"), codes.PermissionDenied, "access denied") // after the volume is filled too
+	if sts.Exchanges() <= exchanges {
+		t.Fatal("the trusted pods' tokens were not exchanged")
+	}
+	for _, pod := range []string{"team-a-trainer", "team-a-irsa", "team-a-intruder", "team-a-outsider", "team-a-plain", "team-a-ghost"} {
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: filepath.Join(env.dir, "target", pod)}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
