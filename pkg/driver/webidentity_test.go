@@ -159,6 +159,10 @@ func TestClaimWebIdentity(t *testing.T) {
 		t.Fatalf("staging pending mounted something (%v) or exchanged a token (%d)", mounted(staging), sts.Exchanges())
 	}
 	env.restart() // a pending stage survives the driver's restart (nothing is mounted to find)
+	health, err := env.node.NodeGetVolumeHealth(ctx, &csi.NodeGetVolumeHealthRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging})
+	if err != nil || len(health.GetVolumeHealth().GetHealthStatuses()) != 0 {
+		t.Fatalf("health of a pending stage: %v %v, want healthy", health, err)
+	}
 	wantCode(t, publish("other-pod", "team-b/trainer"), codes.PermissionDenied, "access denied")
 	wantCode(t, publish("no-token-pod", ""), codes.InvalidArgument, "tokenRequests")
 	if mounted(staging) {
