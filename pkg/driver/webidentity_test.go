@@ -209,8 +209,14 @@ func TestClaimWebIdentity(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFiles(t, filepath.Join(env.dir, "target", "trainer-pod"), map[string]string{"model.bin": "weights of team a"})
-	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: filepath.Join(env.dir, "target", "trainer-pod")}); err != nil {
-		t.Fatal(err)
+	// The source changes: a new pod proves it reads the new version, which is not the claim's.
+	s.Put(t, "private", "set/model.bin", []byte("weights of team a, retrained"))
+	err = retryUnavailable(t, func() error { return publish("late-pod", "team-a/trainer") })
+	wantCode(t, err, codes.PermissionDenied, "holds another version")
+	for _, pod := range []string{"trainer-pod", "late-pod"} {
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: filepath.Join(env.dir, "target", pod)}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)

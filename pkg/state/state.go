@@ -63,6 +63,9 @@ type Volume struct {
 	// changed, and the volume holds a reference on that cached version until it is deleted.
 	// Empty for a volume that was filled with a copy.
 	DatasetLayer string `json:"datasetLayer,omitempty"`
+	// DatasetVersion is the digest of the dataset version the volume was filled with or layered
+	// on: a later publish of a web-identity claim must prove its pod reads that very version.
+	DatasetVersion string `json:"datasetVersion,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
 	// finds such records and removes their half-made images.
 	Ready     bool      `json:"ready"`

@@ -350,6 +350,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 // fillOrLayer gives a new writable volume, whose filesystem is mounted at target, the dataset
 // version the caller proved it may read: layered on the cache, or copied in. Either is recorded.
 func (s *Service) fillOrLayer(ctx context.Context, v *state.Volume, spec *datasource.Spec, version, target string) error {
+	v.DatasetVersion = version
 	layered, err := s.layerDataset(ctx, v, spec, version, target)
 	if err != nil || layered {
 		return err

@@ -13,6 +13,8 @@ import (
 	"context"
 	"os"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
@@ -42,12 +44,22 @@ func (s *Service) stagePending(ctx context.Context, v state.Volume, path string)
 // publishPodIdentity proves that the publishing pod may read v's dataset, with its own web
 // identity, before its bind mount. A volume staged pending is mounted and filled at its staging
 // path with that proof (mountImage); v is updated and written. Otherwise the proof is a caller's
-// ordinary one (awaitDataset: a remembered proof, or a listing equal to a cached version's), and
-// a refusal (the STS's, or the S3 server's) is the caller's error.
+// ordinary one (awaitDataset: a remembered proof, or a listing equal to a cached version's), of
+// the very version the claim was filled with; a refusal (the STS's, the S3 server's, or another
+// version) is the caller's error.
 func (s *Service) publishPodIdentity(ctx context.Context, v *state.Volume, spec *datasource.Spec, r PublishRequest) error {
 	if !v.StagePending {
-		_, err := s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), r.Secrets, r.VolumeContext)
-		return err
+		version, err := s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), r.Secrets, r.VolumeContext)
+		if err != nil {
+			return err
+		}
+		// The pod proved it reads the version it sees; the claim holds the one it was filled
+		// with. Another (the source changed since, or these credentials resolve to other data)
+		// proves nothing of the claim's bytes.
+		if v.DatasetVersion != "" && version != v.DatasetVersion {
+			return status.Errorf(codes.PermissionDenied, "volume %s holds another version of %s than this pod's credentials read (the source changed since the claim was filled, or they resolve to other data): not published", v.ID, spec.Describe())
+		}
+		return nil
 	}
 	dev, _, err := s.mountImage(ctx, v, r.StagingPath, r.MountFlags, r.VolumeContext, r.Secrets)
 	if err != nil {
