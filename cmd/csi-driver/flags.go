@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"path"
 	"strings"
 	"time"
 
@@ -17,7 +18,7 @@ type options struct {
 	mode, httpEndpoint                                         string
 	defaultSize                                                int64
 	inlinePools, localSourceRoots, tenantEndpoints, nfsServers string
-	writableDatasets                                           string
+	writableDatasets, webIdentityRoles                         string
 	nfsUID, nfsGID                                             uint
 	peerAdvertise, peerTokenFile, peerAccounts                 string
 	events, showVersion                                        bool
@@ -47,7 +48,7 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
 	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, and writable dataset volumes copied for want of overlayfs, as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
-	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events and --peer-listen; empty uses the in-cluster configuration.")
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events, --peer-listen and the ServiceAccounts of datasets with roleFrom=serviceAccount; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 }
 
@@ -57,6 +58,7 @@ func bindDatasetFlags(cfg *datasource.Config, o *options) {
 	flag.StringVar(&cfg.S3CABundleDir, "s3-ca-bundles", "", "Directory of CA bundles (PEM) that S3 datasets may name with the caBundle parameter to verify an https endpoint: a ConfigMap or Secret of the administrator's, mounted; empty: datasets may name none.")
 	flag.StringVar(&cfg.STSEndpoint, "sts-endpoint", "", "STS that S3 datasets with credentials=webIdentity exchange the pod's ServiceAccount token at (AssumeRoleWithWebIdentity); empty: AWS STS of the dataset's region.")
 	flag.StringVar(&cfg.WebIdentityAudience, "web-identity-audience", datasource.DefaultWebIdentityAudience, "Audience of the pod ServiceAccount tokens exchanged for web-identity credentials; the CSIDriver's tokenRequests must name it.")
+	flag.StringVar(&o.webIdentityRoles, "web-identity-roles", "", "Comma-separated patterns (path.Match: * stops at /) of the role ARNs web-identity datasets may take, named by a volume's roleARN or a ServiceAccount's annotation; empty allows any, and the STS alone decides.")
 	flag.BoolVar(&cfg.S3AllowPlainHTTP, "s3-allow-plain-http", false, "Allow plain http:// S3 endpoints other than loopback; without it they are refused.")
 	flag.IntVar(&cfg.Concurrency, "staging-concurrency", 16, "Parallel reads from dataset sources, across all datasets staging on the node.")
 	flag.Int64Var(&cfg.BandwidthBytesPerSec, "staging-bandwidth", 0, "Bytes per second that dataset staging on the node may use; 0 is unlimited.")
@@ -115,6 +117,14 @@ func (o *options) complete(cfg *driver.Config) error {
 	}
 	uid, gid := uint32(o.nfsUID), uint32(o.nfsGID)
 	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
+	if o.webIdentityRoles != "" {
+		cfg.Datasets.WebIdentityRoles = strings.Split(o.webIdentityRoles, ",")
+		for _, p := range cfg.Datasets.WebIdentityRoles {
+			if _, err := path.Match(p, ""); err != nil || p == "" {
+				return fmt.Errorf("invalid --web-identity-roles pattern %q", p)
+			}
+		}
+	}
 	switch o.writableDatasets {
 	case "layer":
 	case "copy":

@@ -23,6 +23,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
+	"github.com/cistern-csi/cistern/pkg/sarole"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -49,6 +50,9 @@ func main() {
 		defer rec.Stop()
 		cfg.Datasets.OnEvict = rec.Evicted
 		cfg.Writable.OnCopy = rec.WritableCopied
+	}
+	if cfg.Mode != driver.ModeController {
+		serviceAccountRoles(&cfg, o.kubeconfig)
 	}
 	var inventory *discovery.Inventory
 	if cfg.Peers.Listen != "" {
@@ -80,6 +84,17 @@ func main() {
 func exit(err error, msg string) {
 	klog.ErrorS(err, msg)
 	klog.FlushAndExit(klog.ExitFlushTimeout, 1)
+}
+
+// serviceAccountRoles lets datasets with roleFrom=serviceAccount read their pod's ServiceAccount
+// through the API; a node plugin without API access refuses them with a message that says so.
+func serviceAccountRoles(cfg *driver.Config, kubeconfig string) {
+	_, client, err := kubeClient(kubeconfig)
+	if err != nil {
+		klog.InfoS("No API access: datasets that take their role from a ServiceAccount are refused", "err", err)
+		return
+	}
+	cfg.Datasets.ServiceAccountRoles = sarole.Reader{Client: client.CoreV1()}
 }
 
 // eventRecorder records Events on the node through the in-cluster configuration or kubeconfig.

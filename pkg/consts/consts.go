@@ -45,6 +45,19 @@ const (
 	// exchanged for a role's keys; ParamRoleARN names the role).
 	ParamCredentials = "credentials"
 	ParamRoleARN     = "roleARN"
+	// ParamRoleFrom, instead of ParamRoleARN, takes the role from the pod's ServiceAccount:
+	// RoleFromServiceAccount reads its AnnotationRoleARN, or else AnnotationEKSRoleARN.
+	ParamRoleFrom          = "roleFrom"
+	RoleFromServiceAccount = "serviceAccount"
+	// AnnotationRoleARN is the ServiceAccount annotation naming the role its pods' web-identity
+	// datasets take (roleFrom=serviceAccount); AnnotationEKSRoleARN, IRSA's, is read when it is
+	// absent, so a ServiceAccount set up for IRSA needs nothing more.
+	AnnotationRoleARN    = "cistern.csi.dev/role-arn"
+	AnnotationEKSRoleARN = "eks.amazonaws.com/role-arn"
+	// VolumeContextSAName and VolumeContextPodNamespace are where kubelet names the pod's
+	// ServiceAccount and namespace in NodePublishVolume's volume context (podInfoOnMount).
+	VolumeContextSAName       = "csi.storage.k8s.io/serviceAccount.name"
+	VolumeContextPodNamespace = "csi.storage.k8s.io/pod.namespace"
 	// CredentialsWebIdentity is ParamCredentials' value for web-identity credentials.
 	CredentialsWebIdentity = "webIdentity"
 	// DefaultWebIdentityAudience is the audience of the ServiceAccount tokens exchanged for a

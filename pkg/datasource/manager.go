@@ -77,6 +77,12 @@ type Config struct {
 	// --sts-endpoint); empty: AWS STS of the dataset's region. WebIdentityAudience is the
 	// audience of those tokens (flag --web-identity-audience; DefaultWebIdentityAudience).
 	STSEndpoint, WebIdentityAudience string
+	// ServiceAccountRoles reads the role a pod's ServiceAccount names, for datasets with
+	// roleFrom=serviceAccount; nil (a node plugin without API access) refuses them.
+	ServiceAccountRoles ServiceAccountRoles
+	// WebIdentityRoles are the roles web-identity datasets may take (flag --web-identity-roles):
+	// path.Match patterns of role ARNs; empty allows any, and the STS alone decides.
+	WebIdentityRoles []string
 	// Peers, when set, lets staging read S3 datasets from other nodes that hold or are staging
 	// the same version (stage/peers.go); nil reads everything from the source.
 	Peers *peer.Network

@@ -1,7 +1,12 @@
 package datasource
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
@@ -21,8 +26,9 @@ type saToken struct {
 // a dataset with credentials=webIdentity, the pod's ServiceAccount token for the configured
 // audience (kubelet puts it in NodePublishVolume's volume context when the CSIDriver requests
 // it), to be exchanged for the role's keys. NodeStageVolume has no pod and so no token: a
-// web-identity dataset is refused there with InvalidArgument.
-func (d *Datasets) Credentials(spec *Spec, secrets, volumeContext map[string]string) (Credentials, error) {
+// claim's volume waits for its first publish (pkg/volume, webidentity.go), and a static PV's
+// dataset, which is staged there, is refused with InvalidArgument.
+func (d *Datasets) Credentials(ctx context.Context, spec *Spec, secrets, volumeContext map[string]string) (Credentials, error) {
 	if spec == nil || spec.Credentials != consts.CredentialsWebIdentity {
 		return CredentialsFromSecrets(secrets)
 	}
@@ -32,7 +38,7 @@ func (d *Datasets) Credentials(spec *Spec, secrets, volumeContext map[string]str
 	}
 	raw, ok := volumeContext[consts.VolumeContextSATokens]
 	if !ok {
-		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, which need the pod's ServiceAccount token: kubelet passes none here (the CSIDriver's tokenRequests must name audience %q; a claim's dataset is staged before any pod, so use an inline volume)", spec.Describe(), audience)
+		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, which need the pod's ServiceAccount token: kubelet passes none here (the CSIDriver's tokenRequests must name audience %q; a static PV's dataset is staged before any pod: use a StorageClass or an inline volume)", spec.Describe(), audience)
 	}
 	var tokens map[string]saToken
 	if err := json.Unmarshal([]byte(raw), &tokens); err != nil {
@@ -42,8 +48,56 @@ func (d *Datasets) Credentials(spec *Spec, secrets, volumeContext map[string]str
 	if !ok || t.Token == "" {
 		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, but kubelet passed no token for audience %q: add it to the CSIDriver's tokenRequests", spec.Describe(), audience)
 	}
-	return Credentials{RoleARN: spec.RoleARN, WebIdentityToken: t.Token,
-		SessionName: volumeContext["csi.storage.k8s.io/pod.namespace"] + "." + volumeContext["csi.storage.k8s.io/pod.name"]}, nil
+	role, err := d.m.webIdentityRole(ctx, spec, volumeContext)
+	if err != nil {
+		return Credentials{}, err
+	}
+	return Credentials{RoleARN: role, WebIdentityToken: t.Token,
+		SessionName: volumeContext[consts.VolumeContextPodNamespace] + "." + volumeContext["csi.storage.k8s.io/pod.name"]}, nil
+}
+
+// ServiceAccountRoles reads the role a ServiceAccount names for its pods' web-identity datasets
+// (consts.AnnotationRoleARN, else consts.AnnotationEKSRoleARN); "" when it names none. Errors are
+// source errors (pkg/sarole reads them from the API server).
+type ServiceAccountRoles interface {
+	RoleARN(ctx context.Context, namespace, name string) (string, error)
+}
+
+// webIdentityRole is the role a web-identity dataset takes: its roleARN, or with
+// roleFrom=serviceAccount the one the publishing pod's ServiceAccount names (kubelet names the
+// ServiceAccount, podInfoOnMount). Which role is asked for is not the trust decision: the STS
+// gives its keys only to the ServiceAccounts the role's trust policy names, so a pod author who
+// annotates their ServiceAccount with another team's role is refused there. The administrator
+// may also bound the roles asked for (WebIdentityRoles); a role outside them is Denied.
+func (m *Manager) webIdentityRole(ctx context.Context, spec *Spec, volumeContext map[string]string) (string, error) {
+	role := spec.RoleARN
+	if spec.RoleFrom == consts.RoleFromServiceAccount {
+		ns, sa := volumeContext[consts.VolumeContextPodNamespace], volumeContext[consts.VolumeContextSAName]
+		switch {
+		case ns == "" || sa == "":
+			return "", source.Errorf(source.Invalid, "%s takes its role from the pod's ServiceAccount, but kubelet named none: the CSIDriver needs podInfoOnMount", spec.Describe())
+		case m.cfg.ServiceAccountRoles == nil:
+			return "", source.Errorf(source.Invalid, "%s takes its role from the pod's ServiceAccount, which this node plugin cannot read: it has no API access (in-cluster, or --kubeconfig)", spec.Describe())
+		}
+		r, err := m.cfg.ServiceAccountRoles.RoleARN(ctx, ns, sa)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", spec.Describe(), err)
+		}
+		if r == "" {
+			return "", source.Errorf(source.Invalid, "%s takes its role from the pod's ServiceAccount %s/%s, which has no annotation %s (or %s)",
+				spec.Describe(), ns, sa, consts.AnnotationRoleARN, consts.AnnotationEKSRoleARN)
+		}
+		role = r
+	}
+	allowed := len(m.cfg.WebIdentityRoles) == 0 || slices.ContainsFunc(m.cfg.WebIdentityRoles, func(p string) bool {
+		ok, _ := path.Match(p, role)
+		return ok
+	})
+	if !allowed {
+		return "", source.Errorf(source.Denied, "%s: role %s is not one web-identity datasets may take on this node (the administrator allows %s with --web-identity-roles)",
+			spec.Describe(), role, strings.Join(m.cfg.WebIdentityRoles, ", "))
+	}
+	return role, nil
 }
 
 // webIdentity is the s3source configuration of web-identity credentials; nil for others.

@@ -1,6 +1,7 @@
 package datasource_test
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -50,7 +51,7 @@ func TestWebIdentityTenants(t *testing.T) {
 		params["credentials"], params["roleARN"] = "webIdentity", role
 		spec := mustSpec(t, params)
 		vc := podContext(t, sa+"-pod", audience, issuer.Token(t, sa, audience))
-		creds, err := ds.Credentials(spec, nil, vc)
+		creds, err := ds.Credentials(context.Background(), spec, nil, vc)
 		if err != nil {
 			return err
 		}
@@ -97,7 +98,7 @@ func TestWebIdentityTenants(t *testing.T) {
 			nil, // NodeStageVolume: no pod
 			podContext(t, "team-a/trainer-pod", "cistern-peer", issuer.Token(t, "team-a/trainer", "cistern-peer")),
 		} {
-			_, err := ds.Credentials(spec, nil, vc)
+			_, err := ds.Credentials(context.Background(), spec, nil, vc)
 			if datasource.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "tokenRequests") {
 				t.Fatalf("got %v (%v), want InvalidArgument naming tokenRequests", datasource.Code(err), err)
 			}

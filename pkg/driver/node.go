@@ -211,7 +211,7 @@ func (s *nodeServer) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVo
 		if _, err := os.Stat(path); err != nil {
 			return nil, status.Errorf(codes.NotFound, "volume path %s: %v", path, err)
 		}
-		if v.AccessType == state.Mount {
+		if v.AccessType == state.Mount && !(v.StagePending && path == req.GetStagingTargetPath()) { // pending: mounted at first publish
 			if notMnt, err := d.mounter.IsLikelyNotMountPoint(path); err == nil && notMnt {
 				health = append(health, &csi.VolumeHealth_VolumeHealthEntry{Status: csi.VolumeHealthErrorType_INACCESSIBLE,
 					Reason: "NotMounted", Message: "volume path " + path + " is not mounted"})

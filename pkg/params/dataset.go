@@ -34,10 +34,14 @@ type Dataset struct {
 	// Credentials is "webIdentity" when the keys come from the pod's ServiceAccount token
 	// exchanged for RoleARN's (the STS decides whether the pod's ServiceAccount may take the
 	// role); empty: from the CSI secret. Neither is part of the dataset's identity.
-	Credentials string   `json:"credentials,omitempty"`
-	RoleARN     string   `json:"roleARN,omitempty"`
-	Include     []string `json:"include,omitempty"`
-	Exclude     []string `json:"exclude,omitempty"`
+	Credentials string `json:"credentials,omitempty"`
+	RoleARN     string `json:"roleARN,omitempty"`
+	// RoleFrom "serviceAccount" takes the role from the publishing pod's ServiceAccount
+	// annotation instead of RoleARN (the STS still decides whether that ServiceAccount may
+	// take it).
+	RoleFrom string   `json:"roleFrom,omitempty"`
+	Include  []string `json:"include,omitempty"`
+	Exclude  []string `json:"exclude,omitempty"`
 
 	// Parsed source location.
 	Bucket string `json:"-"` // s3
@@ -90,12 +94,15 @@ func (s *Dataset) parseSource(inline bool) error {
 		if s.CABundle != "" && !strings.HasPrefix(s.Endpoint, "https://") {
 			return source.Errorf(source.Invalid, "caBundle needs an https:// endpoint")
 		}
-		if (s.Credentials == "webIdentity") != (s.RoleARN != "") {
-			return source.Errorf(source.Invalid, "credentials=webIdentity and roleARN go together")
+		if (s.Credentials == "webIdentity") != (s.RoleARN != "" || s.RoleFrom != "") {
+			return source.Errorf(source.Invalid, "credentials=webIdentity goes with roleARN or roleFrom=serviceAccount, and they with it")
+		}
+		if s.RoleARN != "" && s.RoleFrom != "" {
+			return source.Errorf(source.Invalid, "roleARN and roleFrom name the role twice: give one")
 		}
 	case SchemeNFS, SchemeLocal:
-		if s.Endpoint != "" || s.Region != "" || s.PathStyle || s.CABundle != "" || s.Credentials != "" || s.RoleARN != "" {
-			return source.Errorf(source.Invalid, "endpoint, region, pathStyle, caBundle, credentials and roleARN apply to s3:// sources only")
+		if s.Endpoint != "" || s.Region != "" || s.PathStyle || s.CABundle != "" || s.Credentials != "" || s.RoleARN != "" || s.RoleFrom != "" {
+			return source.Errorf(source.Invalid, "endpoint, region, pathStyle, caBundle, credentials, roleARN and roleFrom apply to s3:// sources only")
 		}
 		if s.Scheme == SchemeNFS {
 			if u.Host == "" {

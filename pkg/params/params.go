@@ -87,6 +87,7 @@ var keys = []key{
 	{consts.ParamCABundle, everywhere, true, parseCABundle},
 	{consts.ParamCredentials, everywhere, true, parseCredentials},
 	{consts.ParamRoleARN, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.RoleARN = s; return nil }},
+	{consts.ParamRoleFrom, everywhere, true, parseRoleFrom},
 	{consts.ParamInclude, everywhere, true, func(_ *Volume, d *Dataset, s string) (err error) {
 		d.Include, err = source.ParsePatterns(s)
 		return err
@@ -220,4 +221,12 @@ func parsePathStyle(_ *Volume, d *Dataset, s string) error {
 // String names the parameters for logs.
 func (v Volume) String() string {
 	return fmt.Sprintf("pool=%q poolSelector=%v dataset=%v", v.Pool, v.PoolSelector, v.Dataset)
+}
+
+func parseRoleFrom(_ *Volume, d *Dataset, s string) error {
+	if s != consts.RoleFromServiceAccount {
+		return source.Errorf(source.Invalid, "parameter %s=%q is not %s", consts.ParamRoleFrom, s, consts.RoleFromServiceAccount)
+	}
+	d.RoleFrom = s
+	return nil
 }

@@ -75,6 +75,14 @@ func TestParseDataset(t *testing.T) {
 				t.Fatalf("bad spec %+v (credentials must not change the dataset's identity)", s)
 			}
 		}},
+		{name: "web identity, role from the ServiceAccount", params: map[string]string{"source": "s3://b", "credentials": "webIdentity", "roleFrom": "serviceAccount"}, ephemeral: true, check: func(t *testing.T, s *Dataset) {
+			if s.Credentials != "webIdentity" || s.RoleFrom != "serviceAccount" || s.RoleARN != "" {
+				t.Fatalf("bad spec %+v", s)
+			}
+		}},
+		{name: "failure case - roleARN and roleFrom", params: map[string]string{"source": "s3://b", "credentials": "webIdentity", "roleARN": "arn:aws:iam::1:role/r", "roleFrom": "serviceAccount"}, wantKind: source.Invalid},
+		{name: "failure case - roleFrom without webIdentity", params: map[string]string{"source": "s3://b", "roleFrom": "serviceAccount"}, wantKind: source.Invalid},
+		{name: "failure case - unknown roleFrom", params: map[string]string{"source": "s3://b", "credentials": "webIdentity", "roleFrom": "node"}, wantKind: source.Invalid},
 		{name: "failure case - webIdentity without roleARN", params: map[string]string{"source": "s3://b", "credentials": "webIdentity"}, wantKind: source.Invalid},
 		{name: "failure case - roleARN without webIdentity", params: map[string]string{"source": "s3://b", "roleARN": "arn:aws:iam::1:role/r"}, wantKind: source.Invalid},
 		{name: "failure case - unknown credentials", params: map[string]string{"source": "s3://b", "credentials": "instanceProfile"}, wantKind: source.Invalid},

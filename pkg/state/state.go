@@ -63,6 +63,9 @@ type Volume struct {
 	// changed, and the volume holds a reference on that cached version until it is deleted.
 	// Empty for a volume that was filled with a copy.
 	DatasetLayer string `json:"datasetLayer,omitempty"`
+	// DatasetVersion is the digest of the dataset version the volume was filled with or layered
+	// on: a later publish of a web-identity claim must prove its pod reads that very version.
+	DatasetVersion string `json:"datasetVersion,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
 	// finds such records and removes their half-made images.
 	Ready     bool      `json:"ready"`
@@ -71,6 +74,10 @@ type Volume struct {
 	// Node side.
 	StagingPath string `json:"stagingPath,omitempty"`
 	Device      string `json:"device,omitempty"`
+	// StagePending marks a volume staged at StagingPath with nothing mounted yet: its dataset is
+	// still to be filled with a pod's web identity, which only NodePublishVolume brings (kubelet
+	// passes no pod token at staging). The first publish mounts and fills it.
+	StagePending bool `json:"stagePending,omitempty"`
 	// Published maps target paths to whether they were published read-only.
 	Published map[string]bool `json:"published,omitempty"`
 	// ExclusiveTarget is the one target of a SINGLE_NODE_SINGLE_WRITER publication.

@@ -135,7 +135,7 @@ func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolN
 	if err := s.datasets.CheckEndpoint(spec); err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())
 	}
-	creds, err := s.datasets.Credentials(spec, secrets, volumeContext)
+	creds, err := s.datasets.Credentials(ctx, spec, secrets, volumeContext)
 	if err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())
 	}

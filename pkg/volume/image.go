@@ -51,6 +51,13 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 	var dev string
 	unsaved := false // a change that must be written durably
 	if v.AccessType == state.Mount {
+		spec, serr := volumeDataset(v, r.VolumeContext)
+		if serr != nil {
+			return serr
+		}
+		if podIdentity(spec) && !v.DatasetFilled && v.DatasetLayer == "" {
+			return s.stagePending(ctx, v, r.Path) // no pod token yet: webidentity.go
+		}
 		dev, unsaved, err = s.mountImage(ctx, &v, r.Path, r.MountFlags, r.VolumeContext, r.Secrets)
 	} else {
 		dev, err = s.attach(v)
@@ -93,7 +100,7 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 		return Internal("detaching loop device", err)
 	}
 	if ok {
-		v.StagingPath, v.Device = "", ""
+		v.StagingPath, v.Device, v.StagePending = "", "", false
 		if err := s.store.PutVolumeNodeState(v); err != nil {
 			return Internal("saving volume state", err)
 		}
@@ -119,12 +126,23 @@ func (iv *imageVolume) Publish(ctx context.Context, r PublishRequest) error {
 	if err := Fits(v, r.Block, r.FSType); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	if v.StagingPath != r.StagingPath || v.Device == "" {
+	if v.StagingPath != r.StagingPath || v.Device == "" && !v.StagePending {
 		return status.Errorf(codes.FailedPrecondition, "volume %s is not staged at %s", iv.id, r.StagingPath)
 	}
 	for other := range v.Published {
 		if other != r.Target && (r.SingleWriter || v.ExclusiveTarget != "") {
 			return status.Errorf(codes.FailedPrecondition, "volume %s is published at %s for a single writer", iv.id, other)
+		}
+	}
+	if v.AccessType == state.Mount {
+		spec, err := volumeDataset(v, r.VolumeContext)
+		if err != nil {
+			return err
+		}
+		if podIdentity(spec) { // each publishing pod proves its own right: webidentity.go
+			if err := s.publishPodIdentity(ctx, &v, spec, r); err != nil {
+				return err
+			}
 		}
 	}
 	source := r.StagingPath
@@ -332,6 +350,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 // fillOrLayer gives a new writable volume, whose filesystem is mounted at target, the dataset
 // version the caller proved it may read: layered on the cache, or copied in. Either is recorded.
 func (s *Service) fillOrLayer(ctx context.Context, v *state.Volume, spec *datasource.Spec, version, target string) error {
+	v.DatasetVersion = version
 	layered, err := s.layerDataset(ctx, v, spec, version, target)
 	if err != nil || layered {
 		return err

@@ -96,7 +96,7 @@ func (s *Service) forgetLost(v *state.Volume, mounted map[string]bool) bool {
 		}
 	}
 	if v.StagingPath != "" {
-		lost := !mounted[v.StagingPath]
+		lost := !mounted[v.StagingPath] && !v.StagePending // pending: nothing mounted yet
 		if v.AccessType == state.Block {
 			img, err := s.ImagePath(*v)
 			dev := ""

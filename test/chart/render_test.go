@@ -95,7 +95,7 @@ func TestChartValues(t *testing.T) {
 	got := renderChart(t, namespace, `
 image: {registry: registry.example.com/storage/, tag: v1.2.3}
 node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--v=5], s3: {caBundles: {secret: minio-ca}, allowPlainHTTP: true},
-  webIdentity: {audience: sts.example.com, stsEndpoint: "https://sts.example.com"}}
+  webIdentity: {audience: sts.example.com, stsEndpoint: "https://sts.example.com", roles: "arn:aws:iam::1:role/team-*"}}
 peer: {port: 7000, networkPolicy: {enabled: false}}
 csiDriver: {tokenRequests: [{audience: vault, expirationSeconds: 600}]}
 nodePVPolicy: {secretNamespaces: "default,datasets"}
@@ -113,6 +113,7 @@ nodePVPolicy: {secretNamespaces: "default,datasets"}
 		"secretName: minio-ca",
 		"--web-identity-audience=sts.example.com",
 		"--sts-endpoint=https://sts.example.com",
+		"--web-identity-roles=arn:aws:iam::1:role/team-*",
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("DaemonSet has no %q:\n%s", want, b)

@@ -148,7 +148,8 @@ func startCluster(t *testing.T) *cluster {
 	if err := os.Mkdir(c.caBundles, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	c.node.DriverArgs = []string{"--sts-endpoint=" + c.sts.URL, "--s3-ca-bundles=" + c.caBundles}
+	// --kubeconfig: the driver reads the ServiceAccounts of web-identity claims (webidentity_test.go).
+	c.node.DriverArgs = []string{"--sts-endpoint=" + c.sts.URL, "--s3-ca-bundles=" + c.caBundles, "--kubeconfig=" + c.cp.Kubeconfig}
 	c.node.StartDriver(t)
 	c.node.StartProvisioner(t, c.cp)
 	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")

@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apimetav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -54,7 +55,10 @@ func testWebIdentity(t *testing.T, c *cluster, d *dataset) {
 		AccessKey: d.s3.AccessKey, SecretKey: d.s3.SecretKey,
 	})
 	for _, sa := range []string{"dataset-reader", "other-team"} {
-		if _, err := c.cp.Client.CoreV1().ServiceAccounts(c.ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: apimetav1.ObjectMeta{Name: sa}}, apimetav1.CreateOptions{}); err != nil {
+		// Both name the role: other-team's author annotated their own ServiceAccount with it,
+		// which the STS, trusting dataset-reader only, refuses (testWebIdentityClaim).
+		obj := &corev1.ServiceAccount{ObjectMeta: apimetav1.ObjectMeta{Name: sa, Annotations: map[string]string{consts.AnnotationRoleARN: datasetRole}}}
+		if _, err := c.cp.Client.CoreV1().ServiceAccounts(c.ns).Create(ctx, obj, apimetav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -87,4 +91,50 @@ func testWebIdentity(t *testing.T, c *cluster, d *dataset) {
 	for _, name := range []string{"web-identity", "web-identity-other"} {
 		deletePodAndWait(t, c.cp, c.ns, name)
 	}
+	testWebIdentityClaim(t, c, d)
+}
+
+// testWebIdentityClaim: a claim of a StorageClass with web-identity credentials whose role comes
+// from the pod's ServiceAccount annotation (roleFrom=serviceAccount; the driver reads the
+// ServiceAccount kubelet names). kubelet stages it with no pod token, so the driver stages it
+// pending; the first publish, for a pod of dataset-reader, exchanges that pod's token and fills
+// the volume: every file byte-identical. A pod of other-team using the same claim, whose
+// ServiceAccount names the same role, is refused at its own publish by the STS.
+func testWebIdentityClaim(t *testing.T, c *cluster, d *dataset) {
+	ctx := context.Background()
+	params := d.attributes()
+	params[consts.ParamCredentials] = consts.CredentialsWebIdentity
+	params[consts.ParamRoleFrom] = consts.RoleFromServiceAccount
+	wffc := storagev1.VolumeBindingWaitForFirstConsumer
+	sc := &storagev1.StorageClass{ObjectMeta: apimetav1.ObjectMeta{Name: "cistern-web-identity"},
+		Provisioner: consts.DriverName, Parameters: params, VolumeBindingMode: &wffc}
+	if _, err := c.cp.Client.StorageV1().StorageClasses().Create(ctx, sc, apimetav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Create(ctx, pvc("web-identity", sc.Name, "64Mi"), apimetav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, sa string) *corev1.Pod {
+		p := checkerPod(c.checkerImage, c.resultsDir, name, []corev1.Volume{pvcVolume("data", "web-identity")},
+			[]corev1.VolumeMount{{Name: "data", MountPath: "/data", ReadOnly: true}}, "-dir", "/data", "-hash")
+		p.Spec.ServiceAccountName = sa
+		return p
+	}
+	exchanges := c.sts.Exchanges()
+	createPod(t, c.cp, c.ns, pod("web-identity-claim", "dataset-reader"))
+	waitPodRunning(t, c.cp, c.ns, "web-identity-claim")
+	d.checkFiles(t, "web-identity-claim", readResult(t, c.resultsDir, "web-identity-claim").Dirs[0])
+	if c.sts.Exchanges() <= exchanges {
+		t.Errorf("the STS exchanged no token for the claim's pod (%d exchanges before, %d after)", exchanges, c.sts.Exchanges())
+	}
+	createPod(t, c.cp, c.ns, pod("web-identity-claim-other", "other-team"))
+	waitFailedMount(t, c, "web-identity-claim-other", "PermissionDenied")
+
+	for _, name := range []string{"web-identity-claim", "web-identity-claim-other"} {
+		deletePodAndWait(t, c.cp, c.ns, name)
+	}
+	if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, "web-identity", apimetav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cp.Client.StorageV1().StorageClasses().Delete(ctx, sc.Name, apimetav1.DeleteOptions{})
 }
