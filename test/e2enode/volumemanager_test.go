@@ -127,12 +127,12 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return false, err
 		}
-		return got.Status.State == datav1alpha1.StateReady, nil
+		return got.Status.State == datav1alpha1.StateRunning, nil
 	})
 	if err != nil {
-		t.Fatalf("VolumeManager not Ready: %v; status %+v", err, got.Status)
+		t.Fatalf("VolumeManager not Running: %v; status %+v", err, got.Status)
 	}
-	t.Logf("VolumeManager Ready %s after creation", time.Since(start).Round(time.Millisecond))
+	t.Logf("VolumeManager Running %s after creation", time.Since(start).Round(time.Millisecond))
 
 	// Ready only once a stager ran, and the data is in the node's cache, as the source.
 	mu.Lock()

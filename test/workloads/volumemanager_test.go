@@ -268,7 +268,7 @@ func TestVolumeManager(t *testing.T) {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
-		if got.Status.State != datav1alpha1.StateReady {
+		if got.Status.State != datav1alpha1.StateRunning {
 			return fmt.Errorf("%s: %s", got.Status.State, got.Status.Message)
 		}
 		if c := meta.FindStatusCondition(got.Status.Conditions, datav1alpha1.ConditionDataReady); c == nil || c.Status != metav1.ConditionTrue {
@@ -329,7 +329,7 @@ func TestVolumeManager(t *testing.T) {
 		}
 		v := got.Status.Volumes[0]
 		st := nodeStates(v)
-		if v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || len(st) != 2 || st[third] != datav1alpha1.NodeReady || got.Status.State != datav1alpha1.StateReady {
+		if v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || len(st) != 2 || st[third] != datav1alpha1.NodeReady || got.Status.State != datav1alpha1.StateRunning {
 			return fmt.Errorf("%s %+v", got.Status.State, v)
 		}
 		var c corev1.PersistentVolumeClaim
