@@ -376,3 +376,22 @@ func TestReconcilerLifecycle(t *testing.T) {
 		t.Errorf("a Completed VolumeManager made objects again: %d PVs, %d claims, %d stager pods", pv, pvc, len(stagers))
 	}
 }
+
+// TestClaimUsersMessage: the InUse message names at most five pods and counts the rest.
+func TestClaimUsersMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		users claimUsers
+		want  string
+	}{
+		{"one pod", claimUsers{"c": {"a"}}, "used: claim c by pod a"},
+		{"two claims, sorted", claimUsers{"d": {"x"}, "c": {"a", "b"}}, "used: claim c by pod a, b; claim d by pod x"},
+		{"more than five pods", claimUsers{"c": {"p1", "p2", "p3", "p4", "p5", "p6", "p7"}}, "used: claim c by pod p1, p2, p3, p4, p5 and 2 more pods"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.users.String(); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
