@@ -384,7 +384,7 @@ func vmStagesAhead(b *testing.B, s *scenario) bool {
 }
 
 // volumeManagerReady creates a VolumeManager of a fresh 256 MiB dataset with replicas nodes and
-// returns the time until its status.state is Ready (the data staged on every chosen node).
+// returns the time until its status.state is Running (the data staged on every chosen node).
 func (s *scenario) volumeManagerReady(b *testing.B, s3 *cluster.S3, name string, replicas int) time.Duration {
 	b.Helper()
 	prefix := "bench/" + s.ns + "-" + name
@@ -411,12 +411,12 @@ spec:
 	for {
 		obj, err := s.dynamic(b).Resource(volumeManagerGVR).Namespace(s.ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err == nil {
-			if state, _, _ = unstructured.NestedString(obj.Object, "status", "state"); state == "Ready" {
+			if state, _, _ = unstructured.NestedString(obj.Object, "status", "state"); state == "Running" {
 				return time.Since(start)
 			}
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("VolumeManager %s not Ready after 10 minutes: state %q (%v)", name, state, err)
+			b.Fatalf("VolumeManager %s not Running after 10 minutes: state %q (%v)", name, state, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/cistern-csi/cistern/test/framework/realnode"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -50,10 +51,11 @@ func startStoragePoolSidecar(t *testing.T, c *cluster) {
 	)
 }
 
-// testVolumeManager: a VolumeManager with replicas 1 over a fresh S3 dataset reaches Ready only
+// testVolumeManager: a VolumeManager with replicas 1 over a fresh S3 dataset reaches Running only
 // after its stager pod ran on the node and the node's cache holds the data, byte-identical to
 // the source; then the stager is gone, a ReadOnlyMany volume gives pods the cached tree
 // read-only and a ReadWriteOnce volume gives each pod a writable copy, the cache untouched.
+// spec.state Completed then releases the volumes: Completed, and kubelet unstages everything.
 func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 	c.node.WaitRegistered(t, c.cp)
 	startStoragePoolSidecar(t, c)
@@ -127,12 +129,12 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return false, err
 		}
-		return got.Status.State == datav1alpha1.StateReady, nil
+		return got.Status.State == datav1alpha1.StateRunning, nil
 	})
 	if err != nil {
-		t.Fatalf("VolumeManager not Ready: %v; status %+v", err, got.Status)
+		t.Fatalf("VolumeManager not Running: %v; status %+v", err, got.Status)
 	}
-	t.Logf("VolumeManager Ready %s after creation", time.Since(start).Round(time.Millisecond))
+	t.Logf("VolumeManager Running %s after creation", time.Since(start).Round(time.Millisecond))
 
 	// Ready only once a stager ran, and the data is in the node's cache, as the source.
 	mu.Lock()
@@ -197,11 +199,16 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 		t.Errorf("a writable copy changed the node's cache: %v", cached)
 	}
 
-	if err := cl.Delete(ctx, vm); err != nil {
+	// spec.state Completed releases the claims and volumes: Completed, and kubelet unstages.
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
+		t.Fatal(err)
+	}
+	got.Spec.State = datav1alpha1.RequestCompleted
+	if err := cl.Update(ctx, &got); err != nil {
 		t.Fatal(err)
 	}
 	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
-		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err == nil {
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil || got.Status.State != datav1alpha1.StateCompleted {
 			return false, nil
 		}
 		var pvs corev1.PersistentVolumeList
@@ -209,7 +216,7 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 		return err == nil && len(pvs.Items) == 0, nil
 	})
 	if err != nil {
-		t.Fatalf("VolumeManager and its volumes not released: %v", err)
+		t.Fatalf("VolumeManager not Completed with its volumes released: %v; status %+v", err, got.Status)
 	}
 	// kubelet unpublishes and unstages through the driver once the pods are gone.
 	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(context.Context) (bool, error) {
@@ -220,6 +227,15 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 	}
 	if loops := volumeLoopDevices(t, c); !maps.Equal(loops, loopsBefore) {
 		t.Errorf("loop devices left for writable copies: %v, before the VolumeManager %v", loops, loopsBefore)
+	}
+	if err := cl.Delete(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		return apierrors.IsNotFound(cl.Get(ctx, client.ObjectKeyFromObject(vm), &got)), nil
+	})
+	if err != nil {
+		t.Errorf("a Completed VolumeManager not deleted: %v (finalizers %v)", err, got.Finalizers)
 	}
 }
 

@@ -2,6 +2,7 @@ package workloads_test
 
 import (
 	"fmt"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -266,7 +267,7 @@ func TestVolumeManager(t *testing.T) {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
-		if got.Status.State != datav1alpha1.StateReady {
+		if got.Status.State != datav1alpha1.StateRunning {
 			return fmt.Errorf("%s: %s", got.Status.State, got.Status.Message)
 		}
 		if c := meta.FindStatusCondition(got.Status.Conditions, datav1alpha1.ConditionDataReady); c == nil || c.Status != metav1.ConditionTrue {
@@ -327,7 +328,7 @@ func TestVolumeManager(t *testing.T) {
 		}
 		v := got.Status.Volumes[0]
 		st := nodeStates(v)
-		if v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || len(st) != 2 || st[third] != datav1alpha1.NodeReady || got.Status.State != datav1alpha1.StateReady {
+		if v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || len(st) != 2 || st[third] != datav1alpha1.NodeReady || got.Status.State != datav1alpha1.StateRunning {
 			return fmt.Errorf("%s %+v", got.Status.State, v)
 		}
 		var c corev1.PersistentVolumeClaim
@@ -421,6 +422,145 @@ func TestVolumeManagerTooLarge(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("no StagingFailed event among %d", len(evs.Items))
+	})
+	if err := cl.Delete(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kubectlWait runs kubectl wait on a VolumeManager, as a client written against the KVC API would.
+func kubectlWait(t *testing.T, cp *framework.ControlPlane, ns, name, condition string) {
+	t.Helper()
+	out, err := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", cp.Kubeconfig, "-n", ns, "wait",
+		"volumemanager/"+name, "--for="+condition, "--timeout=60s").CombinedOutput()
+	if err != nil {
+		var got datav1alpha1.VolumeManager
+		_ = cl.Get(testutil.Context(t), client.ObjectKey{Namespace: ns, Name: name}, &got)
+		t.Fatalf("kubectl wait --for=%s: %v\n%s\nstatus %+v", condition, err, out, got.Status)
+	}
+}
+
+// TestVolumeManagerLifecycle: a VolumeManager goes Pending -> Running -> Completed, each step
+// awaited with kubectl wait on status.state. Running once its data is on its node (condition
+// Ready too); InUse while a pod uses its claim; spec.state Completed keeps the claim while that
+// pod runs (the API server's claim protection) and the state Running, then releases the claim and
+// the volume once the pod is gone: Completed, which is final. Each step is an Event.
+func TestVolumeManagerLifecycle(t *testing.T) {
+	cp := setup(t)
+	ns := framework.CreateNamespace(t, cp, "vmlife")
+	ctx := testutil.Context(t)
+	taint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
+	node := ns + "-node"
+	framework.CreateNode(t, cp, node, map[string]string{"test.cistern.dev/life": "true"}, taint)
+	vc := datav1alpha1.VolumeConfig{ID: "ckpt", Replicas: 1, SourceType: datav1alpha1.SourceS3, SourceURL: "s3://datasets/ckpt",
+		NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+				Key: "test.cistern.dev/life", Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}}}}}}},
+		Tolerations: []corev1.Toleration{{Key: "test.cistern.dev/vm", Operator: corev1.TolerationOpExists}}}
+	vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "life"},
+		Spec: datav1alpha1.VolumeManagerSpec{VolumeConfigs: []datav1alpha1.VolumeConfig{vc}}}
+	if err := cl.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	kubectlWait(t, cp, ns, "life", "jsonpath={.status.state}=Pending")
+
+	publishInventory(t, node, datasetID(t, &vc), spapi.DatasetReady, "")
+	stagerRan(t, ns, node)
+	kubectlWait(t, cp, ns, "life", "jsonpath={.status.state}=Running")
+	kubectlWait(t, cp, ns, "life", "condition=Ready")
+
+	// A pod uses the claim (kubelet played: bound to the node and running).
+	var got datav1alpha1.VolumeManager
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
+		t.Fatal(err)
+	}
+	claim := got.Status.Volumes[0].VolumeSource.PersistentVolumeClaim.ClaimName
+	user := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "train"}, Spec: corev1.PodSpec{
+		NodeName:   node,
+		Containers: []corev1.Container{{Name: "train", Image: "train:1"}},
+		Volumes: []corev1.Volume{{Name: "ckpt", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}}}
+	if err := cl.Create(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	user.Status.Phase = corev1.PodRunning
+	if err := cl.Status().Update(ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	kubectlWait(t, cp, ns, "life", "condition=InUse")
+
+	// Completed asked while the pod runs: the claim stays (protected), the state Running.
+	patch := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", cp.Kubeconfig, "-n", ns, "patch", "volumemanager/life",
+		"--type=merge", "-p", `{"spec":{"state":"Completed"}}`)
+	if out, err := patch.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl patch spec.state Completed: %v\n%s", err, out)
+	}
+	testutil.Eventually(t, time.Minute, "completing: claim kept while the pod uses it", func() error {
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
+			return err
+		}
+		c := meta.FindStatusCondition(got.Status.Conditions, datav1alpha1.ConditionCompleted)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != datav1alpha1.ReasonCompleting ||
+			got.Status.State != datav1alpha1.StateRunning || !strings.Contains(got.Status.Message, "pod train") {
+			return fmt.Errorf("%s: %s (%+v)", got.Status.State, got.Status.Message, c)
+		}
+		var pvc corev1.PersistentVolumeClaim
+		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: claim}, &pvc); err != nil {
+			return fmt.Errorf("claim: %v", err)
+		}
+		if pvc.DeletionTimestamp == nil {
+			return fmt.Errorf("claim %s not being deleted", claim)
+		}
+		return nil
+	})
+	if c := meta.FindStatusCondition(got.Status.Conditions, datav1alpha1.ConditionReady); c == nil || c.Status != metav1.ConditionFalse {
+		t.Errorf("Ready while completing: %+v", c)
+	}
+
+	// The pod ends (kubelet played: it confirms the deletion at once): everything is released.
+	if err := cl.Delete(ctx, user, client.GracePeriodSeconds(0)); err != nil {
+		t.Fatal(err)
+	}
+	kubectlWait(t, cp, ns, "life", "jsonpath={.status.state}=Completed")
+	kubectlWait(t, cp, ns, "life", "condition=Completed")
+	var pvs corev1.PersistentVolumeList
+	var pvcs corev1.PersistentVolumeClaimList
+	if err := cl.List(ctx, &pvs, client.MatchingLabels{volumemanager.LabelManager: "life", volumemanager.LabelNamespace: ns}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.List(ctx, &pvcs, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(pvs.Items)+len(pvcs.Items)+len(stagers(t, ns)) != 0 {
+		t.Errorf("left once Completed: %d PVs, %d claims, %d stager pods", len(pvs.Items), len(pvcs.Items), len(stagers(t, ns)))
+	}
+
+	// Completed is final.
+	back := exec.Command(framework.Binary(t, "kubectl"), "--kubeconfig", cp.Kubeconfig, "-n", ns, "patch", "volumemanager/life",
+		"--type=merge", "-p", `{"spec":{"state":"Running"}}`)
+	if out, err := back.CombinedOutput(); err == nil || !strings.Contains(string(out), "Completed is final") {
+		t.Errorf("spec.state Completed -> Running: %v\n%s", err, out)
+	}
+
+	// Each step an Event, reason the state (condition Ready) or the release (condition Completed).
+	testutil.Eventually(t, time.Minute, "an Event per step", func() error {
+		var evs corev1.EventList
+		if err := cl.List(ctx, &evs, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, e := range evs.Items {
+			if e.InvolvedObject.Name == "life" {
+				seen[e.Reason+"/"+e.Action] = true
+			}
+		}
+		for _, want := range []string{"Pending/Ready", "Running/Ready", "PodsUsing/InUse", "Completing/Ready", "Completing/Completed",
+			"Released/Completed", "Completed/Ready"} {
+			if !seen[want] {
+				return fmt.Errorf("no %s Event among %v", want, seen)
+			}
+		}
+		return nil
 	})
 	if err := cl.Delete(ctx, vm); err != nil {
 		t.Fatal(err)

@@ -65,6 +65,9 @@ type world struct {
 	previous map[string]map[string]datav1alpha1.NodeStatus
 	// serving is the claim the last status gave users, by volume ID.
 	serving map[string]string
+	// users are the pods of the namespace, other than stager pods, using the VolumeManager's
+	// claims and not finished, by claim.
+	users claimUsers
 }
 
 // Reconcile brings one VolumeManager's volumes, claims and stager pods to its spec, and its status
@@ -88,8 +91,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, err
 		}
 	}
+	if vm.Spec.State == datav1alpha1.RequestCompleted {
+		return ctrl.Result{}, r.complete(ctx, &vm, w)
+	}
 
-	status := datav1alpha1.VolumeManagerStatus{ObservedGeneration: vm.Generation, State: datav1alpha1.StateReady}
+	status := datav1alpha1.VolumeManagerStatus{ObservedGeneration: vm.Generation, State: datav1alpha1.StateRunning}
 	keep := map[string]bool{}     // names of PVs and PVCs still wanted
 	keepPods := map[string]bool{} // stager pods still wanted
 	outcomes := map[string]volumeOutcome{}
@@ -104,7 +110,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		poll = poll || mounting
 		status.Volumes = append(status.Volumes, v)
 		outcomes[vc.ID], ids = o, append(ids, vc.ID)
-		if o.state != datav1alpha1.StateReady {
+		if o.state != datav1alpha1.StateRunning {
 			problems = append(problems, fmt.Sprintf("%s: %s", vc.ID, o.message))
 			if status.State != datav1alpha1.StateFailed {
 				status.State = o.state
@@ -116,7 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	} else {
 		status.Message = fmt.Sprintf("%d volumes ready", len(status.Volumes))
 	}
-	status.Conditions = conditions(vm.Status.Conditions, vm.Generation, outcomes, ids)
+	status.Conditions = conditions(vm.Status.Conditions, vm.Generation, outcomes, ids, status.State, status.Message, w.users)
 	if err := r.deleteStagers(ctx, w, keepPods); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -127,20 +133,40 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if poll {
 		result.RequeueAfter = stagingPoll
 	}
+	return result, r.writeStatus(ctx, &vm, status)
+}
+
+// complete honours spec.state Completed: it deletes the stager pods and the claims (the API server
+// keeps a claim while a pod uses it), then the volumes once their claims are gone, and reports
+// Completed when nothing is left. Their deletions requeue it. Nothing new is made.
+func (r *Reconciler) complete(ctx context.Context, vm *datav1alpha1.VolumeManager, w *world) error {
+	if err := r.deleteStagers(ctx, w, nil); err != nil {
+		return err
+	}
+	if err := r.deleteUnwanted(ctx, w.pvs, w.pvcs, nil); err != nil {
+		return err
+	}
+	left := leftovers{stagers: len(w.stagers), claims: len(w.pvcs), volumes: len(w.pvs), users: w.users}
+	return r.writeStatus(ctx, vm, completionStatus(vm, left))
+}
+
+// writeStatus writes status when it differs from vm's, and records an Event for each condition
+// that changed.
+func (r *Reconciler) writeStatus(ctx context.Context, vm *datav1alpha1.VolumeManager, status datav1alpha1.VolumeManagerStatus) error {
 	if apiequality.Semantic.DeepEqual(status, vm.Status) {
-		return result, nil
+		return nil
 	}
 	old := vm.Status.Conditions
 	vm.Status = status
-	if err := r.Status().Update(ctx, &vm); apierrors.IsConflict(err) {
-		return result, nil // the cache was behind; the newer object requeues us
+	if err := r.Status().Update(ctx, vm); apierrors.IsConflict(err) {
+		return nil // the cache was behind; the newer object requeues us
 	} else if err != nil {
-		return ctrl.Result{}, err
+		return err
 	}
 	// Only once written: a reconcile from a stale cache records nothing twice.
-	r.recordChanges(&vm, old, status.Conditions)
-	logger.V(4).Info("status", "state", status.State, "message", status.Message)
-	return result, nil
+	r.recordChanges(vm, old, status.Conditions)
+	klog.FromContext(ctx).V(4).Info("status", "state", status.State, "message", status.Message)
+	return nil
 }
 
 // read lists what a reconcile of vm needs, from the cache.
@@ -151,13 +177,8 @@ func (r *Reconciler) read(ctx context.Context, vm *datav1alpha1.VolumeManager) (
 	if w.pvs, w.pvcs, err = r.owned(ctx, vm); err != nil {
 		return nil, err
 	}
-	var pods corev1.PodList
-	if err := r.List(ctx, &pods, client.InNamespace(vm.Namespace),
-		client.MatchingLabels{LabelManager: vm.Name, LabelNamespace: vm.Namespace, LabelStager: "true"}); err != nil {
+	if err := r.readPods(ctx, vm, w); err != nil {
 		return nil, err
-	}
-	for i := range pods.Items {
-		w.stagers[pods.Items[i].Name] = &pods.Items[i]
 	}
 	if vm.DeletionTimestamp != nil {
 		return w, nil
@@ -188,6 +209,38 @@ func (r *Reconciler) read(ctx context.Context, vm *datav1alpha1.VolumeManager) (
 		}
 	}
 	return w, nil
+}
+
+// readPods sorts the namespace's pods into vm's stager pods and the pods using its claims.
+func (r *Reconciler) readPods(ctx context.Context, vm *datav1alpha1.VolumeManager, w *world) error {
+	var pods corev1.PodList
+	if err := r.List(ctx, &pods, client.InNamespace(vm.Namespace)); err != nil {
+		return err
+	}
+	claims := map[string]bool{}
+	for _, c := range w.pvcs {
+		claims[c.Name] = true
+	}
+	w.users = claimUsers{}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if l := p.Labels; l[LabelManager] == vm.Name && l[LabelNamespace] == vm.Namespace && l[LabelStager] == "true" {
+			w.stagers[p.Name] = p
+			continue
+		}
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue // a finished pod holds no claim (the API server's claim protection agrees)
+		}
+		for _, v := range p.Spec.Volumes {
+			if c := v.PersistentVolumeClaim; c != nil && claims[c.ClaimName] && !slices.Contains(w.users[c.ClaimName], p.Name) {
+				w.users[c.ClaimName] = append(w.users[c.ClaimName], p.Name)
+			}
+		}
+	}
+	for c := range w.users {
+		slices.Sort(w.users[c])
+	}
+	return nil
 }
 
 // servingVolume is the claim users were given and its nodes: it keeps serving until a new node set
@@ -268,7 +321,7 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 	o := volumeOutcome{placed: true}
 	claim, serving := pvc.Name, chosen
 	if servingClaim != "" && servingClaim != pvc.Name {
-		if st, _ := volumeState(vc.Replicas, chosen, nodes); st == datav1alpha1.StateReady {
+		if st, _ := volumeState(vc.Replicas, chosen, nodes); st == datav1alpha1.StateRunning {
 			klog.FromContext(ctx).V(2).Info("new nodes ready; releasing the old ones", "volume", vc.ID, "old", servingNodes, "new", chosen)
 		} else {
 			// Stage on the new node set first; the old claim serves until it is Ready.
@@ -418,7 +471,8 @@ func (r *Reconciler) recordChanges(vm *datav1alpha1.VolumeManager, old, cur []me
 			continue
 		}
 		typ := corev1.EventTypeNormal
-		if c.Reason == datav1alpha1.ReasonStagingFailed || c.Reason == datav1alpha1.ReasonInvalid || c.Reason == datav1alpha1.ReasonTooFewNodes {
+		if c.Reason == datav1alpha1.ReasonStagingFailed || c.Reason == datav1alpha1.ReasonInvalid || c.Reason == datav1alpha1.ReasonTooFewNodes ||
+			c.Reason == string(datav1alpha1.StateFailed) {
 			typ = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(vm, nil, typ, c.Reason, c.Type, "%s", c.Message)
@@ -568,12 +622,34 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		}
 		return reqs
 	})
+	// A pod using a VolumeManager's claim changes its InUse condition (and what a release waits for).
+	claimUsers := handler.EnqueueRequestsFromMapFunc(func(ctx context.Context, o client.Object) []reconcile.Request {
+		pod, ok := o.(*corev1.Pod)
+		if !ok {
+			return nil
+		}
+		var reqs []reconcile.Request
+		for _, v := range pod.Spec.Volumes {
+			if v.PersistentVolumeClaim == nil {
+				continue
+			}
+			var c corev1.PersistentVolumeClaim
+			if err := mgr.GetClient().Get(ctx, types.NamespacedName{Namespace: pod.Namespace, Name: v.PersistentVolumeClaim.ClaimName}, &c); err != nil {
+				continue
+			}
+			if l := c.Labels; l[LabelManager] != "" && l[LabelNamespace] == pod.Namespace {
+				reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: pod.Namespace, Name: l[LabelManager]}})
+			}
+		}
+		return reqs
+	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("volumemanager").
 		For(&datav1alpha1.VolumeManager{}).
 		Watches(&corev1.PersistentVolumeClaim{}, byLabels).
 		Watches(&corev1.PersistentVolume{}, byLabels).
 		Owns(&corev1.Pod{}).
+		Watches(&corev1.Pod{}, claimUsers).
 		Watches(&corev1.Node{}, allManagers).
 		Watches(&spapi.StoragePool{}, allManagers).
 		Complete(r)

@@ -168,7 +168,7 @@ func TestReconcilerStagesAhead(t *testing.T) {
 	}
 	f.nodeDone("n2")
 	got = f.reconcile()
-	if nodeStates(got.Status.Volumes[0]) != "n1=Ready,n2=Ready" || got.Status.State != datav1alpha1.StateReady {
+	if nodeStates(got.Status.Volumes[0]) != "n1=Ready,n2=Ready" || got.Status.State != datav1alpha1.StateRunning {
 		t.Fatalf("both staged: %+v", got.Status)
 	}
 	if c := meta.FindStatusCondition(got.Status.Conditions, datav1alpha1.ConditionDataReady); c == nil || c.Status != metav1.ConditionTrue {
@@ -179,7 +179,7 @@ func TestReconcilerStagesAhead(t *testing.T) {
 		t.Errorf("stager pods left once Ready: %d", len(stagers))
 	}
 	rv := got.ResourceVersion
-	if got = f.reconcile(); got.ResourceVersion != rv || got.Status.State != datav1alpha1.StateReady {
+	if got = f.reconcile(); got.ResourceVersion != rv || got.Status.State != datav1alpha1.StateRunning {
 		t.Errorf("a reconcile at rest wrote the VolumeManager (%s -> %s) or changed its state %s", rv, got.ResourceVersion, got.Status.State)
 	}
 
@@ -209,7 +209,7 @@ func TestReconcilerStagesAhead(t *testing.T) {
 	f.nodeDone("n3")
 	got = f.reconcile()
 	v = got.Status.Volumes[0]
-	if v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || nodeStates(v) != "n1=Ready,n3=Ready" || got.Status.State != datav1alpha1.StateReady {
+	if v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || nodeStates(v) != "n1=Ready,n3=Ready" || got.Status.State != datav1alpha1.StateRunning {
 		t.Fatalf("n3 ready: %+v", got.Status)
 	}
 	f.reconcile() // the old claim went with the switch; its PV goes once the claim is gone
@@ -283,7 +283,7 @@ func TestReconcilerNodeDeleted(t *testing.T) {
 	f.reconcile()
 	got := f.reconcile()
 	oldClaim := got.Status.Volumes[0].VolumeSource.PersistentVolumeClaim.ClaimName
-	if got.Status.State != datav1alpha1.StateReady {
+	if got.Status.State != datav1alpha1.StateRunning {
 		t.Fatalf("status %+v", got.Status)
 	}
 	n2 := node("n2", nil)
@@ -301,7 +301,97 @@ func TestReconcilerNodeDeleted(t *testing.T) {
 	}
 	f.nodeDone("n2")
 	got = f.reconcile()
-	if v := got.Status.Volumes[0]; v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || nodeStates(v) != "n2=Ready" || got.Status.State != datav1alpha1.StateReady {
+	if v := got.Status.Volumes[0]; v.VolumeSource.PersistentVolumeClaim.ClaimName == oldClaim || nodeStates(v) != "n2=Ready" || got.Status.State != datav1alpha1.StateRunning {
 		t.Fatalf("moved to n2: %+v", got.Status)
+	}
+}
+
+// TestReconcilerLifecycle: Pending while staging, Running once the data is on its node (condition
+// Ready true), InUse while a pod uses the claim; spec.state Completed makes nothing new, deletes
+// the claim and then the volume, and turns Completed once nothing is left. The fake client has no
+// claim protection: test/workloads shows a claim kept while its pod runs.
+func TestReconcilerLifecycle(t *testing.T) {
+	n1 := node("n1", nil)
+	f := newFixture(t, datav1alpha1.VolumeConfig{ID: "d", Replicas: 1, SourceType: "S3", SourceURL: "s3://b/p"}, &n1)
+	condition := func(vm *datav1alpha1.VolumeManager, typ string) string {
+		c := meta.FindStatusCondition(vm.Status.Conditions, typ)
+		if c == nil {
+			return "none"
+		}
+		return string(c.Status) + "/" + c.Reason
+	}
+	got := f.reconcile()
+	if got.Status.State != datav1alpha1.StatePending || condition(got, datav1alpha1.ConditionReady) != "False/Pending" {
+		t.Fatalf("staging: %s, Ready %s", got.Status.State, condition(got, datav1alpha1.ConditionReady))
+	}
+	f.nodeDone("n1")
+	got = f.reconcile()
+	if got.Status.State != datav1alpha1.StateRunning || condition(got, datav1alpha1.ConditionReady) != "True/Running" ||
+		condition(got, datav1alpha1.ConditionInUse) != "False/NotInUse" {
+		t.Fatalf("staged: %s, Ready %s, InUse %s", got.Status.State, condition(got, datav1alpha1.ConditionReady), condition(got, datav1alpha1.ConditionInUse))
+	}
+	claim := got.Status.Volumes[0].VolumeSource.PersistentVolumeClaim.ClaimName
+	user := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "train"}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "c", Image: "i"}},
+		Volumes:    []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}}}
+	if err := f.c.Create(f.ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	got = f.reconcile()
+	if c := meta.FindStatusCondition(got.Status.Conditions, datav1alpha1.ConditionInUse); c == nil || c.Status != metav1.ConditionTrue ||
+		!strings.Contains(c.Message, "claim "+claim+" by pod train") || got.Status.State != datav1alpha1.StateRunning {
+		t.Fatalf("in use: %s %+v", got.Status.State, c)
+	}
+
+	got.Spec.State = datav1alpha1.RequestCompleted
+	if err := f.c.Update(f.ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	got = f.reconcile()
+	if got.Status.State != datav1alpha1.StateRunning || condition(got, datav1alpha1.ConditionReady) != "False/Completing" ||
+		condition(got, datav1alpha1.ConditionCompleted) != "False/Completing" || !strings.Contains(got.Status.Message, "pod train") {
+		t.Fatalf("completing: %s (%s), Ready %s, Completed %s", got.Status.State, got.Status.Message,
+			condition(got, datav1alpha1.ConditionReady), condition(got, datav1alpha1.ConditionCompleted))
+	}
+	if err := f.c.Delete(f.ctx, user); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // the claim, then its volume (once the claim is gone), then the status
+		got = f.reconcile()
+	}
+	pv, pvc, stagers := f.count()
+	if pv != 0 || pvc != 0 || len(stagers) != 0 {
+		t.Fatalf("left: %d PVs, %d claims, %d stager pods", pv, pvc, len(stagers))
+	}
+	if got.Status.State != datav1alpha1.StateCompleted || condition(got, datav1alpha1.ConditionCompleted) != "True/Released" ||
+		condition(got, datav1alpha1.ConditionReady) != "False/Completed" || condition(got, datav1alpha1.ConditionDataReady) != "False/Released" ||
+		len(got.Status.Volumes) != 1 || got.Status.Volumes[0].VolumeSource.PersistentVolumeClaim != nil {
+		t.Fatalf("completed: %+v", got.Status)
+	}
+	rv := got.ResourceVersion
+	if got = f.reconcile(); got.ResourceVersion != rv {
+		t.Errorf("a Completed VolumeManager written again: %s -> %s", rv, got.ResourceVersion)
+	}
+	if pv, pvc, stagers := f.count(); pv+pvc+len(stagers) != 0 {
+		t.Errorf("a Completed VolumeManager made objects again: %d PVs, %d claims, %d stager pods", pv, pvc, len(stagers))
+	}
+}
+
+// TestClaimUsersMessage: the InUse message names at most five pods and counts the rest.
+func TestClaimUsersMessage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		users claimUsers
+		want  string
+	}{
+		{"one pod", claimUsers{"c": {"a"}}, "used: claim c by pod a"},
+		{"two claims, sorted", claimUsers{"d": {"x"}, "c": {"a", "b"}}, "used: claim c by pod a, b; claim d by pod x"},
+		{"more than five pods", claimUsers{"c": {"p1", "p2", "p3", "p4", "p5", "p6", "p7"}}, "used: claim c by pod p1, p2, p3, p4, p5 and 2 more pods"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.users.String(); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -2,6 +2,8 @@ package volumemanager
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -129,7 +131,7 @@ type volumeOutcome struct {
 	failedReason string
 }
 
-// volumeState reads a volume's state from its nodes: Ready when replicas of the nodes its claim
+// volumeState reads a volume's state from its nodes: Running when replicas of the nodes its claim
 // serves are Ready, Failed when a chosen node failed, Pending otherwise.
 func volumeState(replicas int32, serving []string, nodes []datav1alpha1.NodeStatus) (datav1alpha1.State, string) {
 	byName := map[string]datav1alpha1.NodeStatus{}
@@ -143,7 +145,7 @@ func volumeState(replicas int32, serving []string, nodes []datav1alpha1.NodeStat
 		}
 	}
 	if ready >= int(replicas) {
-		return datav1alpha1.StateReady, ""
+		return datav1alpha1.StateRunning, ""
 	}
 	var failed, waiting []string
 	for _, n := range nodes {
@@ -161,10 +163,14 @@ func volumeState(replicas int32, serving []string, nodes []datav1alpha1.NodeStat
 	return datav1alpha1.StatePending, fmt.Sprintf("%d of %d nodes ready (%s)", ready, replicas, strings.Join(waiting, ", "))
 }
 
-// conditions sets Placed and DataReady on a copy of old, keeping transition times of unchanged
-// conditions.
-func conditions(old []metav1.Condition, generation int64, outcomes map[string]volumeOutcome, ids []string) []metav1.Condition {
+// conditions sets Ready, Placed, DataReady and InUse on a copy of old, keeping transition times of
+// unchanged conditions. state and message are the VolumeManager's; users the pods using its claims.
+func conditions(old []metav1.Condition, generation int64, outcomes map[string]volumeOutcome, ids []string,
+	state datav1alpha1.State, message string, users claimUsers,
+) []metav1.Condition {
 	out := append([]metav1.Condition(nil), old...)
+	meta.SetStatusCondition(&out, readyCondition(generation, state, message))
+	meta.SetStatusCondition(&out, inUseCondition(generation, users))
 	placed := metav1.Condition{Type: datav1alpha1.ConditionPlaced, Status: metav1.ConditionTrue, Reason: datav1alpha1.ReasonPlaced,
 		Message: "every volume has its nodes", ObservedGeneration: generation}
 	ready := metav1.Condition{Type: datav1alpha1.ConditionDataReady, Status: metav1.ConditionTrue, Reason: datav1alpha1.ReasonDataReady,
@@ -208,4 +214,110 @@ func conditions(old []metav1.Condition, generation int64, outcomes map[string]vo
 	meta.SetStatusCondition(&out, placed)
 	meta.SetStatusCondition(&out, ready)
 	return out
+}
+
+// readyCondition is Ready for a VolumeManager whose spec.state is not Completed: true while
+// Running; its reason is the state.
+func readyCondition(generation int64, state datav1alpha1.State, message string) metav1.Condition {
+	c := metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: string(state),
+		Message: message, ObservedGeneration: generation}
+	if state == datav1alpha1.StateRunning {
+		c.Status = metav1.ConditionTrue
+	}
+	return c
+}
+
+// claimUsers are the pods (not stager pods, not finished) using a VolumeManager's claims, by claim.
+type claimUsers map[string][]string
+
+// maxNamedPods bounds the pod names a message lists.
+const maxNamedPods = 5
+
+// String says which pods use which claims, naming at most maxNamedPods pods.
+func (u claimUsers) String() string {
+	claims := slices.Sorted(maps.Keys(u))
+	var parts []string
+	named, total := 0, 0
+	for _, c := range claims {
+		total += len(u[c])
+		var names []string
+		for _, p := range u[c] {
+			if named < maxNamedPods {
+				names = append(names, p)
+				named++
+			}
+		}
+		if len(names) > 0 {
+			parts = append(parts, fmt.Sprintf("claim %s by pod %s", c, strings.Join(names, ", ")))
+		}
+	}
+	msg := "used: " + strings.Join(parts, "; ")
+	if total > named {
+		msg += fmt.Sprintf(" and %d more pods", total-named)
+	}
+	return msg
+}
+
+func inUseCondition(generation int64, users claimUsers) metav1.Condition {
+	if len(users) == 0 {
+		return metav1.Condition{Type: datav1alpha1.ConditionInUse, Status: metav1.ConditionFalse, Reason: datav1alpha1.ReasonNotInUse,
+			Message: "no pod uses the volumes", ObservedGeneration: generation}
+	}
+	return metav1.Condition{Type: datav1alpha1.ConditionInUse, Status: metav1.ConditionTrue, Reason: datav1alpha1.ReasonPodsUsing,
+		Message: users.String(), ObservedGeneration: generation}
+}
+
+// leftovers is what is still there of a VolumeManager whose spec.state is Completed.
+type leftovers struct {
+	stagers, claims, volumes int
+	users                    claimUsers
+}
+
+func (l leftovers) empty() bool { return l.stagers == 0 && l.claims == 0 && l.volumes == 0 }
+
+// completionStatus is the status of a VolumeManager whose spec.state is Completed. While anything
+// made for it is left, status.state keeps its last value (Running while pods still use the
+// volumes) and conditions Ready=False and Completed=False say the release is under way; once
+// nothing is left it is Completed.
+func completionStatus(vm *datav1alpha1.VolumeManager, left leftovers) datav1alpha1.VolumeManagerStatus {
+	gen := vm.Generation
+	status := datav1alpha1.VolumeManagerStatus{ObservedGeneration: gen, State: vm.Status.State, Volumes: vm.Status.Volumes}
+	conds := append([]metav1.Condition(nil), vm.Status.Conditions...)
+	meta.SetStatusCondition(&conds, inUseCondition(gen, left.users))
+	if left.empty() {
+		// The seam for write-back (issue 26): once a volume can name an output target, its
+		// uploads are confirmed before the volumes count as released. Today nothing is pending
+		// here: writable copies are deleted when their pod's volume is unpublished.
+		status.State, status.Message = datav1alpha1.StateCompleted, "spec.state is Completed: the volumes are released"
+		status.Volumes = nil
+		for _, vc := range vm.Spec.VolumeConfigs {
+			status.Volumes = append(status.Volumes, datav1alpha1.Volume{ID: vc.ID, Message: "released"})
+		}
+		for _, t := range []string{datav1alpha1.ConditionPlaced, datav1alpha1.ConditionDataReady} {
+			meta.SetStatusCondition(&conds, metav1.Condition{Type: t, Status: metav1.ConditionFalse, Reason: datav1alpha1.ReasonReleased,
+				Message: "the volumes are released", ObservedGeneration: gen})
+		}
+		meta.SetStatusCondition(&conds, metav1.Condition{Type: datav1alpha1.ConditionCompleted, Status: metav1.ConditionTrue,
+			Reason: datav1alpha1.ReasonReleased, Message: status.Message, ObservedGeneration: gen})
+		meta.SetStatusCondition(&conds, metav1.Condition{Type: datav1alpha1.ConditionReady, Status: metav1.ConditionFalse,
+			Reason: string(datav1alpha1.StateCompleted), Message: status.Message, ObservedGeneration: gen})
+		status.Conditions = conds
+		return status
+	}
+	switch status.State {
+	case "":
+		status.State = datav1alpha1.StatePending
+	case datav1alpha1.StateReady:
+		status.State = datav1alpha1.StateRunning
+	}
+	status.Message = fmt.Sprintf("spec.state is Completed: releasing %d stager pods, %d claims, %d volumes", left.stagers, left.claims, left.volumes)
+	if len(left.users) > 0 {
+		status.Message += "; waiting for the pods using them to end: " + left.users.String()
+	}
+	for _, t := range []string{datav1alpha1.ConditionReady, datav1alpha1.ConditionCompleted} {
+		meta.SetStatusCondition(&conds, metav1.Condition{Type: t, Status: metav1.ConditionFalse, Reason: datav1alpha1.ReasonCompleting,
+			Message: status.Message, ObservedGeneration: gen})
+	}
+	status.Conditions = conds
+	return status
 }

@@ -107,3 +107,40 @@ func TestVolumeManagerValidation(t *testing.T) {
 		})
 	}
 }
+
+// TestVolumeManagerCompletedIsFinal: spec.state Completed, once set, cannot be changed or removed
+// (the transition rule the API server runs on updates).
+func TestVolumeManagerCompletedIsFinal(t *testing.T) {
+	s := volumeManagerSchema(t)
+	validator := cel.NewValidator(s, true, celconfig.PerCallLimit)
+	obj := func(state string) map[string]any {
+		spec := map[string]any{"volumes": []any{map[string]any{
+			"id": "llama", "replicas": int64(1), "sourceType": "S3", "sourceURL": "s3://models/llama"}}}
+		if state != "" {
+			spec["state"] = state
+		}
+		return runtime.DeepCopyJSON(map[string]any{"apiVersion": "data.cistern.dev/v1alpha1", "kind": "VolumeManager",
+			"metadata": map[string]any{"name": "models", "namespace": "ml"}, "spec": spec})
+	}
+	for _, tc := range []struct {
+		name, from, to string
+		refused        bool
+	}{
+		{"unset to Completed", "", "Completed", false},
+		{"Running to Completed", "Running", "Completed", false},
+		{"Completed stays", "Completed", "Completed", false},
+		{"Running to unset", "Running", "", false},
+		{"failure case - Completed to Running", "Completed", "Running", true},
+		{"failure case - Completed removed", "Completed", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs, _ := validator.Validate(context.Background(), nil, s, obj(tc.to), obj(tc.from), celconfig.RuntimeCELCostBudget)
+			switch {
+			case !tc.refused && len(errs) > 0:
+				t.Fatalf("refused: %v", errs.ToAggregate())
+			case tc.refused && (len(errs) == 0 || !strings.Contains(errs.ToAggregate().Error(), "Completed is final")):
+				t.Fatalf("errors %v, want the Completed rule", errs.ToAggregate())
+			}
+		})
+	}
+}

@@ -16,20 +16,39 @@ const (
 	SourceLocal SourceType = "Local"
 )
 
-// State is the lifecycle state of a VolumeManager.
+// State is the lifecycle state of a VolumeManager (status.state), as the KVC API names them:
+// Pending -> Running -> Completed, and Failed. docs/workloads.md has the transitions.
 // +kubebuilder:validation:Enum={Pending,Ready,Running,Failed,Completed}
 type State string
 
 const (
-	// StatePending: the data is not yet on replicas nodes of every volume.
+	// StatePending: the data is not yet on replicas nodes of every volume (placing, staging, a
+	// node being restaged after its cache evicted the data).
 	StatePending State = "Pending"
-	// StateReady: every volume's data is staged on replicas nodes (status.state only).
-	StateReady State = "Ready"
-	// StateRunning is kept for spec.state (informational, as in the KVC API); the controller no
-	// longer reports it.
-	StateRunning   State = "Running"
-	StateFailed    State = "Failed"
+	// StateRunning: every volume's data is Ready on replicas nodes and its claim is there for
+	// pods to use (condition InUse says whether any do). KVC's "ready" state.
+	StateRunning State = "Running"
+	// StateFailed: a volume is invalid or staging failed on one of its nodes; not final: the
+	// controller keeps trying and the state follows once the cause is fixed.
+	StateFailed State = "Failed"
+	// StateCompleted: spec.state Completed was asked and everything made for the VolumeManager
+	// (stager pods, claims, volumes) is gone, so no node holds its data in use. Final.
 	StateCompleted State = "Completed"
+	// StateReady was status.state's name for Running before the KVC lifecycle; the controller no
+	// longer writes it (condition Ready says the same) and rewrites it on its next reconcile.
+	StateReady State = "Ready"
+)
+
+// RequestedState is what spec.state asks for.
+// +kubebuilder:validation:Enum={Running,Completed}
+type RequestedState string
+
+const (
+	// RequestRunning (or no spec.state): stage the data and keep it on its nodes.
+	RequestRunning RequestedState = "Running"
+	// RequestCompleted: release the volumes once no pod uses them; then status.state is
+	// Completed. Final: a Completed VolumeManager is not started again.
+	RequestCompleted RequestedState = "Completed"
 )
 
 // NodeState is the state of one volume's data on one node.
@@ -50,10 +69,19 @@ const (
 
 // Condition types of a VolumeManager.
 const (
+	// ConditionReady is true while status.state is Running and spec.state does not ask
+	// Completed: pods may start using the volumes. Its reason is the state (Pending, Running,
+	// Failed, Completing, Completed), so each change of state is an Event.
+	ConditionReady = "Ready"
 	// ConditionPlaced is true when every volume has replicas eligible nodes chosen.
 	ConditionPlaced = "Placed"
 	// ConditionDataReady is true when every volume's data is Ready on replicas nodes.
 	ConditionDataReady = "DataReady"
+	// ConditionInUse is true while pods other than the stager pods use a volume's claim.
+	ConditionInUse = "InUse"
+	// ConditionCompleted is set once spec.state Completed is asked: false while the volumes are
+	// being released, true once they are.
+	ConditionCompleted = "Completed"
 )
 
 // Reasons of the conditions (and of the Events that go with them).
@@ -66,6 +94,12 @@ const (
 	ReasonStagingFailed  = "StagingFailed"
 	ReasonReplacingNodes = "ReplacingNodes"
 	ReasonNodesReplaced  = "NodesReplaced"
+	ReasonPodsUsing      = "PodsUsing"
+	ReasonNotInUse       = "NotInUse"
+	// ReasonCompleting: spec.state is Completed and the volumes are being released.
+	ReasonCompleting = "Completing"
+	// ReasonReleased: spec.state is Completed and nothing made for the VolumeManager is left.
+	ReasonReleased = "Released"
 )
 
 // Keys of VolumeConfig.options.
@@ -134,15 +168,18 @@ type VolumeConfig struct {
 }
 
 // VolumeManagerSpec lists datasets.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.state) || oldSelf.state != 'Completed' || (has(self.state) && self.state == 'Completed')",message="spec.state Completed is final: create a new VolumeManager to stage the data again"
 type VolumeManagerSpec struct {
 	// volumes are the datasets to make present.
 	// +listType=map
 	// +listMapKey=id
 	// +kubebuilder:validation:MaxItems=64
 	VolumeConfigs []VolumeConfig `json:"volumes"`
-	// state is the requested state; informational, as in the KVC API.
+	// state is the requested state: Running (the default) stages the data and keeps it on its
+	// nodes; Completed releases the volumes once no pod uses them (status.state then turns
+	// Completed). Completed is final.
 	// +optional
-	State State `json:"state,omitempty"`
+	State RequestedState `json:"state,omitempty"`
 }
 
 // Volume is where one dataset is and how to use it.
@@ -189,8 +226,9 @@ type VolumeManagerStatus struct {
 	// +listType=map
 	// +listMapKey=id
 	Volumes []Volume `json:"volumes,omitempty"`
-	// state is Ready when every volume's data is Ready on its nodes, Failed when a volume is
-	// invalid or a node failed, Pending otherwise.
+	// state is Running when every volume's data is Ready on its nodes, Failed when a volume is
+	// invalid or a node failed, Completed once spec.state Completed was asked and the volumes are
+	// released, Pending otherwise. (Ready is Running's former name, no longer written.)
 	// +optional
 	State State `json:"state,omitempty"`
 	// message explains the state.
@@ -199,7 +237,9 @@ type VolumeManagerStatus struct {
 	// observedGeneration is the generation this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-	// conditions: Placed (nodes chosen for every volume) and DataReady (the data is on them).
+	// conditions: Ready (status.state is Running), Placed (nodes chosen for every volume),
+	// DataReady (the data is on them), InUse (pods use the claims) and, once spec.state
+	// Completed is asked, Completed (the volumes are released).
 	// +optional
 	// +listType=map
 	// +listMapKey=type
