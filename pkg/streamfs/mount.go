@@ -1,0 +1,89 @@
+package streamfs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// Mount is a dataset served at a directory.
+type Mount struct {
+	Dir    string
+	server *fuse.Server
+	*mount
+}
+
+// mount is what the nodes of one mount share.
+type mount struct {
+	cfg     Config
+	mu      sync.Mutex
+	streams []*stream
+}
+
+func (m *mount) track(s *stream) {
+	m.mu.Lock()
+	m.streams = append(m.streams, s)
+	m.mu.Unlock()
+}
+
+// Start mounts the dataset read-only at dir and serves it until Close. The directory entries
+// and attributes never change, so the kernel caches them for long.
+func Start(dir string, cfg Config) (*Mount, error) {
+	if cfg.Fetcher == nil || cfg.Cached == nil || cfg.Scratch == "" {
+		return nil, errors.New("streamfs: Fetcher, Cached and Scratch are required")
+	}
+	if cfg.FetchTimeout <= 0 {
+		cfg.FetchTimeout = 10 * time.Minute
+	}
+	if err := os.MkdirAll(cfg.Scratch, 0o700); err != nil {
+		return nil, err
+	}
+	m := &mount{cfg: cfg}
+	r := &root{dirNode: dirNode{mode: 0o755}, m: m}
+	long := time.Hour
+	server, err := fs.Mount(dir, r, &fs.Options{
+		EntryTimeout: &long, AttrTimeout: &long, NegativeTimeout: &long,
+		MountOptions: fuse.MountOptions{
+			FsName: "cistern", Name: "cistern-stream", Options: []string{"ro"},
+			// Pods run as any user; the node plugin is the only server.
+			AllowOther: true, DirectMount: true,
+			MaxReadAhead: 1 << 20, DisableXAttrs: true,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("mounting the streaming filesystem at %s: %w", dir, err)
+	}
+	return &Mount{Dir: dir, server: server, mount: m}, nil
+}
+
+// Close unmounts (lazily if a process still holds a file open, so the mount point is free at
+// once) and releases the scratch files. The scratch directory is left to the caller.
+func (mt *Mount) Close() error {
+	if err := mt.server.Unmount(); err != nil {
+		if uerr := syscall.Unmount(mt.Dir, syscall.MNT_DETACH); uerr != nil && !errors.Is(uerr, syscall.EINVAL) {
+			return fmt.Errorf("unmounting %s: %w (lazy: %v)", mt.Dir, err, uerr)
+		}
+		// Detached: the server ends when the last open file is closed.
+		go mt.release()
+		return nil
+	}
+	mt.release()
+	return nil
+}
+
+// release waits for the server to end, then closes the scratch files.
+func (mt *Mount) release() {
+	mt.server.Wait()
+	mt.mu.Lock()
+	defer mt.mu.Unlock()
+	for _, s := range mt.streams {
+		s.file.Close()
+	}
+	mt.streams = nil
+}
