@@ -174,11 +174,17 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		}
 		poolName = chosen.Name
 	}
-	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs)
-	if err != nil {
+	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
+	var version string
+	if pl.Streaming {
+		served, v, err := tv.serveStreaming(ctx, rec, spec, capacity, secrets, attrs)
+		if err != nil || served {
+			return err
+		}
+		version = v
+	} else if version, err = s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs); err != nil {
 		return err
 	}
-	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
 	// Reference first: from here eviction leaves the tree alone, even across a restart.
 	if err := s.store.PutTreeVolume(rec); err != nil {
 		return Internal("saving dataset volume state", err)
@@ -210,6 +216,9 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 // release unmounts the volume's path and drops its reference and record.
 func (tv *treeVolume) release(ctx context.Context, path string) error {
 	s, t := tv.s, tv.rec
+	if err := s.streams.stop(t.ID); err != nil {
+		return Internal("unmounting streaming dataset", err)
+	}
 	if err := mount.CleanupMountPoint(path, s.mounter, true); err != nil {
 		return Internal("unmounting dataset", err)
 	}

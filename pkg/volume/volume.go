@@ -78,13 +78,16 @@ type Service struct {
 	writable WritableDatasets
 	// overlayMount mounts an overlay with the given options: mountOverlay but in tests.
 	overlayMount func(options, target string) error
+	// streams are the streaming volumes this process serves (stream.go).
+	streams *streamMounts
 }
 
 // New returns a Service over cfg.
 func New(cfg Config) *Service {
 	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
-		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount}
+		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
+		streams: &streamMounts{m: map[string]*streamMount{}}}
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
 	}
