@@ -71,6 +71,7 @@ func (f *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint3
 
 // Read serves [off, off+len(dest)) once every part it touches is here and verified.
 func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	f.m.reads.Add(1)
 	if r, ok := fh.(fs.FileReader); ok {
 		return r.Read(ctx, dest, off)
 	}

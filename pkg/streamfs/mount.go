@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -24,7 +25,13 @@ type mount struct {
 	cfg     Config
 	mu      sync.Mutex
 	streams []*stream
+	// reads counts the reads that reached this process (not those the kernel passed through).
+	reads atomic.Int64
 }
+
+// Reads is how many reads reached the filesystem's server: a file passed through to the kernel
+// adds none.
+func (mt *Mount) Reads() int64 { return mt.reads.Load() }
 
 func (m *mount) track(s *stream) {
 	m.mu.Lock()

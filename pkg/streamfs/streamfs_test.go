@@ -86,8 +86,8 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{s3: testpeers.StartS3(t, ""), want: map[string][]byte{}, parts: map[string][]source.Part{}}
 	f.proxy = testpeers.StartProxy(t, f.s3.Endpoint, nil)
 	f.s3.Bucket(t, "data")
-	for key, size := range map[string]int64{"big.bin": 6*partSize + 12345, "corrupt.bin": 2 * partSize, "cached.bin": 3 << 20} {
-		data := randomBytes(uint64(len(key)), size)
+	for key, size := range map[string]int64{"big.bin": 6*partSize + 12345, "corrupt.bin": 2 * partSize, "cached.bin": 3 << 20, "cached2.bin": 3 << 20, "control.bin": 2 * partSize} {
+		data := randomBytes(uint64(crc32.ChecksumIEEE([]byte(key))), size)
 		f.s3.PutMultipart(t, "data", key, size, partSize, func(i int, buf []byte) { copy(buf, data[int64(i)*partSize:]) })
 		f.want[key], f.parts[key] = data, crcParts(data)
 	}
@@ -101,10 +101,12 @@ func newFixture(t *testing.T) *fixture {
 		t.Fatal(err)
 	}
 	f.objs = append(f.objs, source.Object{Key: "dir/link", Type: source.Symlink, Target: "small.txt"})
-	// "cached.bin" is already in the node cache.
+	// "cached.bin" and "cached2.bin" are already in the node cache.
 	f.cached = t.TempDir()
-	if err := os.WriteFile(filepath.Join(f.cached, "cached.bin"), f.want["cached.bin"], 0o644); err != nil {
-		t.Fatal(err)
+	for _, key := range []string{"cached.bin", "cached2.bin"} {
+		if err := os.WriteFile(filepath.Join(f.cached, key), f.want[key], 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	f.dir = filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(f.dir, 0o755); err != nil {
@@ -124,7 +126,7 @@ func (f *fixture) source(t *testing.T) source.Source {
 }
 
 // mount serves the dataset; the mount goes away when the test ends, whatever happens.
-func (f *fixture) mount(t *testing.T, fetcher streamfs.Fetcher, fetches *atomic.Int64) {
+func (f *fixture) mount(t *testing.T, fetcher streamfs.Fetcher, fetches *atomic.Int64) *streamfs.Mount {
 	m, err := streamfs.Start(f.dir, streamfs.Config{
 		Objects: f.objs, Scratch: t.TempDir(), Fetcher: fetcher,
 		Cached: func(o source.Object) (*os.File, error) {
@@ -145,6 +147,7 @@ func (f *fixture) mount(t *testing.T, fetcher streamfs.Fetcher, fetches *atomic.
 			_ = exec.Command("umount", "-l", f.dir).Run()
 		}
 	})
+	return m
 }
 
 func (f *fixture) gets(key string) int { return f.proxy.Gets("/data/" + key) }
@@ -152,7 +155,7 @@ func (f *fixture) gets(key string) int { return f.proxy.Gets("/data/" + key) }
 func TestStreaming(t *testing.T) {
 	f := newFixture(t)
 	var fetches atomic.Int64
-	f.mount(t, partsFetcher{streamfs.SourceFetcher{Source: f.source(t)}, f.parts}, &fetches)
+	m := f.mount(t, partsFetcher{streamfs.SourceFetcher{Source: f.source(t)}, f.parts}, &fetches)
 
 	t.Run("every entry visible before any byte is read", func(t *testing.T) {
 		seen := map[string]int64{}
@@ -223,6 +226,38 @@ func TestStreaming(t *testing.T) {
 		}
 		if n := f.gets("cached.bin"); n != 0 {
 			t.Errorf("cached.bin: %d GETs, want 0 (served from the cache)", n)
+		}
+	})
+
+	t.Run("fully cached files are passed through to the kernel", func(t *testing.T) {
+		// readAt reads 4 KiB of a file at off, pages never read through the mount, and returns
+		// how many reads reached the server meanwhile.
+		readAt := func(key string, off int64) int64 {
+			before := m.Reads()
+			file, err := os.Open(filepath.Join(f.dir, key))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer file.Close()
+			b := make([]byte, 4096)
+			if _, err = file.ReadAt(b, off); err != nil || !bytes.Equal(b, f.want[key][off:off+4096]) {
+				t.Fatalf("%s at %d: %v", key, off, err)
+			}
+			return m.Reads() - before
+		}
+		size := int64(len(f.want["control.bin"]))
+		// The control: a file being fetched is read by the server.
+		if n := readAt("control.bin", 0); n == 0 {
+			t.Fatal("control.bin: no read reached the server; the test cannot tell passthrough apart")
+		}
+		if n := readAt("cached2.bin", 1<<20); n != 0 {
+			t.Errorf("cached2.bin (in the cache): %d reads reached the server, want 0 (passthrough)", n)
+		}
+		// Once its last part is fetched, control.bin is whole in the scratch file: the next open
+		// passes it through.
+		readAt("control.bin", size-4096)
+		if n := readAt("control.bin", size/2); n != 0 {
+			t.Errorf("control.bin (fetched whole): %d reads reached the server, want 0 (passthrough)", n)
 		}
 	})
 
