@@ -1,0 +1,72 @@
+package datasource_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+)
+
+// TestStreamingPinsDataset: a streaming volume is handed its dataset while the staging runs;
+// once staged, the dataset is the least recently used one on a full pool, and eviction still
+// leaves it alone while the volume is served, taking the next one instead. Released, its
+// scratch directory goes and the dataset is an eviction candidate like any other.
+func TestStreamingPinsDataset(t *testing.T) {
+	ctx := testCtx(t)
+	pool := loopPool(t, 96<<20)
+	var st unix.Statfs_t
+	if err := unix.Statfs(pool, &st); err != nil {
+		t.Fatal(err)
+	}
+	size := int64(st.Blocks) * st.Bsize / 4 // four datasets cannot fit
+	src := t.TempDir()
+	for _, name := range []string{"a", "b", "c"} {
+		dataset{"blob.bin": randBytes(uint64(name[0]), int(size)), "small.txt": []byte(name)}.writeDir(t, filepath.Join(src, name))
+	}
+	// Throttled, so the stream is handed out while b still stages (its listing is taken at once).
+	m := newManager(t, datasource.Config{LocalSourceRoots: []string{src}, LowWatermark: 0.30, HighWatermark: 0.50,
+		BandwidthBytesPerSec: 16 << 20})
+	spec := func(name string) *datasource.Spec {
+		return mustSpec(t, map[string]string{"source": "file://" + filepath.Join(src, name)})
+	}
+	reqB := datasource.Request{Spec: spec("b"), Pool: pool}
+	stB, s, err := m.Stream(ctx, reqB, "vol-b")
+	if err != nil || s == nil {
+		t.Fatalf("stream b: %v %v (a stream: %v)", stB, err, s != nil)
+	}
+	t.Cleanup(s.Release)
+	if stB.Ready() {
+		t.Fatalf("b was staged before its stream was handed out: %v", stB)
+	}
+	if len(s.Objects) != 2 || !exists(s.Scratch) {
+		t.Fatalf("stream: %d objects, scratch %s exists %v", len(s.Objects), s.Scratch, exists(s.Scratch))
+	}
+	for _, name := range []string{"b", "a", "c"} { // b staged first: the least recently used
+		if _, err := stage(ctx, t, m, datasource.Request{Spec: spec(name), Pool: pool}); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if _, err := m.TreePath(pool, spec("b")); err != nil {
+		t.Fatalf("b, served by a streaming volume, was evicted: %v", err)
+	}
+	if _, err := m.TreePath(pool, spec("a")); err == nil {
+		t.Fatal("a was not evicted: the pool was not full, the test proves nothing")
+	}
+	// The stream serves the staged file from the cache now.
+	for _, o := range s.Objects {
+		if o.Key != "blob.bin" {
+			continue
+		}
+		f, err := s.Cached(o)
+		if err != nil || f == nil {
+			t.Fatalf("blob.bin not served from the cache: %v", err)
+		}
+		f.Close()
+	}
+	s.Release()
+	if exists(s.Scratch) {
+		t.Errorf("scratch %s left after release", s.Scratch)
+	}
+}
