@@ -23,7 +23,7 @@ import (
 // TestStreamingStaticPV: a static PV with dataMode=streaming is staged as soon as its dataset
 // is listed and the caller proved it reads it; its files read byte-identical to S3 while the
 // staging still runs (throttled here to 1 MiB/s); a caller without access gets nothing; unstage
-// unmounts the FUSE filesystem and drops what it fetched.
+// unmounts the FUSE filesystem and drops what it fetched. A read-only inline volume streams too.
 func TestStreamingStaticPV(t *testing.T) {
 	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
 		t.Skip("streaming volumes need root and /dev/fuse")
@@ -92,6 +92,29 @@ func TestStreamingStaticPV(t *testing.T) {
 	wantCode(t, retryUnavailable(t, func() error { return stage("intruder", nil) }), codes.PermissionDenied, "")
 	if ents, _ := os.ReadDir(filepath.Join(env.dir, "staging", "intruder")); len(ents) != 0 {
 		t.Errorf("a caller without access sees %v", ents)
+	}
+
+	// A read-only inline volume streams the same way, published straight at its target.
+	inline := filepath.Join(env.dir, "target", "inline-llm")
+	ivc := map[string]string{"csi.storage.k8s.io/ephemeral": "true"}
+	for k, v := range vc {
+		ivc[k] = v
+	}
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-llm", TargetPath: inline,
+			VolumeCapability: mountCap(""), VolumeContext: ivc, Readonly: true, Secrets: secrets})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(inline, "weights.bin")); err != nil || !bytes.Equal(got, files["weights.bin"]) {
+		t.Errorf("inline weights.bin: %d bytes, err %v", len(got), err)
+	}
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "inline-llm", TargetPath: inline}); err != nil {
+		t.Fatal(err)
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), " "+inline+" ") {
+		t.Errorf("%s is still mounted after unpublish", inline)
 	}
 
 	scratch, _ := filepath.Glob(filepath.Join(env.pools[0].path, datasource.CacheDirName, "*", "stream", "*"))
