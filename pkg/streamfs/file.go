@@ -215,7 +215,9 @@ func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
 	} else if c, err = partChecker(f.obj, p); err != nil {
 		return err
 	}
-	n, err := io.Copy(io.MultiWriter(io.NewOffsetWriter(s.file, p.Off), c), io.LimitReader(rc, p.N+1))
+	// 1 MiB writes rather than io.Copy's 32 KiB: a whole large object takes fewer syscalls.
+	buf := make([]byte, min(p.N+1, 1<<20))
+	n, err := io.CopyBuffer(io.MultiWriter(io.NewOffsetWriter(s.file, p.Off), c), io.LimitReader(rc, p.N+1), buf)
 	if err != nil {
 		return err
 	}
