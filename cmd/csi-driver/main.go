@@ -49,6 +49,7 @@ func main() {
 		defer rec.Stop()
 		cfg.Datasets.OnEvict = rec.Evicted
 		cfg.Writable.OnCopy = rec.WritableCopied
+		cfg.Streaming.OnFallback = rec.StreamingStaged
 	}
 	var inventory *discovery.Inventory
 	if cfg.Peers.Listen != "" {

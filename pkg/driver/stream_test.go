@@ -134,3 +134,49 @@ func TestStreamingStaticPV(t *testing.T) {
 		t.Errorf("scratch left after unstage: %v", left)
 	}
 }
+
+// TestStreamingFallsBackWithoutFUSE: on a node without FUSE a streaming volume is staged
+// instead, and the node is told why (an Event in the deployed driver).
+func TestStreamingFallsBackWithoutFUSE(t *testing.T) {
+	env, src := datasetEnv(t)
+	var reasons []string
+	env.stop()
+	env.cfg.Streaming.FUSEDevice = filepath.Join(env.dir, "no-fuse")
+	env.cfg.Streaming.OnFallback = func(id, dataset, reason string) { reasons = append(reasons, id+": "+reason) }
+	env.start()
+	ctx := context.Background()
+	roMany := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_READER_ONLY},
+	}
+	vc := map[string]string{"source": "file://" + src + "/set", "dataMode": "streaming"}
+	staging := filepath.Join(env.dir, "staging", "set")
+	target := filepath.Join(env.dir, "target", "set")
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "set", StagingTargetPath: staging,
+			VolumeCapability: roMany, VolumeContext: vc})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "set", StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: roMany, VolumeContext: vc, Readonly: true}); err != nil {
+		t.Fatal(err)
+	}
+	checkFiles(t, target, want)
+	if len(reasons) == 0 || !strings.Contains(reasons[0], "no-fuse") {
+		t.Errorf("fallbacks reported: %q, want one naming the missing device", reasons)
+	}
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, " "+target+" ") && strings.Contains(line, "fuse") {
+			t.Errorf("the staged volume is a FUSE mount: %s", line)
+		}
+	}
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "set", TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: "set", StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sync"
 	"time"
@@ -15,6 +16,38 @@ import (
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
 )
+
+// StreamingVolumes configures streaming dataset volumes.
+type StreamingVolumes struct {
+	// FUSEDevice is the FUSE device streaming volumes need; empty: /dev/fuse. Tests name a
+	// missing one.
+	FUSEDevice string
+	// OnFallback, when set, is told about a streaming volume staged instead, and why (an Event
+	// on the node).
+	OnFallback func(volumeID, dataset, reason string)
+}
+
+// unavailable says why this node cannot serve a streaming volume, or "" when it can.
+func (c StreamingVolumes) unavailable() string {
+	dev := c.FUSEDevice
+	if dev == "" {
+		dev = "/dev/fuse"
+	}
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Sprintf("FUSE is not available on this node (%v)", err)
+	}
+	f.Close()
+	return ""
+}
+
+// fallBack records that a streaming volume is staged instead.
+func (tv *treeVolume) fallBack(ctx context.Context, spec *datasource.Spec, reason string) {
+	klog.FromContext(ctx).Info("Streaming volume staged instead", "volumeID", tv.id, "dataset", spec.String(), "reason", reason)
+	if f := tv.s.streaming.OnFallback; f != nil {
+		f(tv.id, spec.String(), reason)
+	}
+}
 
 // streamMounts are the streaming volumes this node plugin serves: the FUSE server of each runs
 // in this process, so they end with it (docs/datasets.md, "Streaming volumes").
@@ -54,11 +87,16 @@ func (sm *streamMounts) stop(id string) error {
 
 // serveStreaming publishes a read-only dataset volume at path as soon as the dataset is listed
 // and the caller proved it reads it. served is false when the dataset is already staged: the
-// caller then serves the tree as for a staged volume, with the version proved.
+// caller then serves the tree as for a staged volume, with the version proved, or stages the
+// volume when this node cannot stream (no FUSE: version is empty).
 func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, spec *datasource.Spec, capacity int64, secrets, attrs map[string]string) (served bool, version string, err error) {
 	s, path := tv.s, rec.Path
 	if s.streams.live(tv.id, path) {
 		return true, "", nil
+	}
+	if reason := s.streaming.unavailable(); reason != "" {
+		tv.fallBack(ctx, spec, reason)
+		return false, "", nil
 	}
 	if err := s.datasets.CheckEndpoint(spec); err != nil {
 		return false, "", status.Error(datasource.Code(err), err.Error())
@@ -97,8 +135,10 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 	fsm, err := streamfs.Start(path, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch,
 		Fetcher: streamfs.SourceFetcher{Source: ds.Source}})
 	if err != nil {
+		// The kernel refused the mount (no FUSE in this container, say): staged instead.
 		ds.Release()
-		return false, "", status.Errorf(codes.Internal, "serving dataset %s: %v", spec, err)
+		tv.fallBack(ctx, spec, err.Error())
+		return false, "", nil
 	}
 	s.streams.mu.Lock()
 	s.streams.m[tv.id] = &streamMount{path: path, fs: fsm, ds: ds}

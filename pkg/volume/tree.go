@@ -177,13 +177,18 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
 	var version string
 	if pl.Streaming {
+		// Served, or the dataset is staged already (version), or streaming is not possible
+		// here (neither): then the volume is staged.
 		served, v, err := tv.serveStreaming(ctx, rec, spec, capacity, secrets, attrs)
 		if err != nil || served {
 			return err
 		}
 		version = v
-	} else if version, err = s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs); err != nil {
-		return err
+	}
+	if version == "" {
+		if version, err = s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs); err != nil {
+			return err
+		}
 	}
 	// Reference first: from here eviction leaves the tree alone, even across a restart.
 	if err := s.store.PutTreeVolume(rec); err != nil {

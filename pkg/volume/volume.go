@@ -53,6 +53,8 @@ type Config struct {
 	Inline InlineLimits
 	// Writable configures writable volumes of a dataset (layer.go); the zero value layers them.
 	Writable WritableDatasets
+	// Streaming configures streaming dataset volumes (stream.go).
+	Streaming StreamingVolumes
 }
 
 // InlineLimits bound inline ephemeral volumes, which any pod author writes: their size (a
@@ -79,7 +81,8 @@ type Service struct {
 	// overlayMount mounts an overlay with the given options: mountOverlay but in tests.
 	overlayMount func(options, target string) error
 	// streams are the streaming volumes this process serves (stream.go).
-	streams *streamMounts
+	streams   *streamMounts
+	streaming StreamingVolumes
 }
 
 // New returns a Service over cfg.
@@ -87,7 +90,7 @@ func New(cfg Config) *Service {
 	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
 		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
-		streams: &streamMounts{m: map[string]*streamMount{}}}
+		streams: &streamMounts{m: map[string]*streamMount{}}, streaming: cfg.Streaming}
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
 	}
