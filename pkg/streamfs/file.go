@@ -26,8 +26,9 @@ type fileNode struct {
 	line int64
 	m    *mount
 
-	mu sync.Mutex
-	st *stream // the parts fetched on demand; made at the first read that needs one
+	mu     sync.Mutex
+	st     *stream  // the parts fetched on demand; made at the first read that needs one
+	cached *os.File // the cache's copy, once a read found it there
 }
 
 var (
@@ -79,15 +80,46 @@ func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	if off >= end {
 		return fuse.ReadResultData(nil), 0
 	}
+	f.mu.Lock()
+	st := f.st
+	f.mu.Unlock()
+	if st == nil || !st.holds(off, end) {
+		// Opened before the staging committed the file: once it has, it is read from the cache
+		// rather than fetched.
+		if c := f.cachedFile(ctx); c != nil {
+			return fuse.ReadResultFd(c.Fd(), off, int(end-off)), 0
+		}
+	}
 	st, err := f.stream(ctx)
 	if err == nil {
 		err = st.ensure(ctx, f, off, end)
+	}
+	if err == nil {
+		st.readAhead(f, off, end)
 	}
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "streaming read refused", "key", f.obj.Key, "off", off, "len", end-off)
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultFd(st.file.Fd(), off, int(end-off)), 0
+}
+
+// cachedFile returns the file's verified copy in the cache, once the cache holds all of it.
+func (f *fileNode) cachedFile(ctx context.Context) *os.File {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cached != nil {
+		return f.cached
+	}
+	c, err := f.m.cfg.Cached(f.obj)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "opening a cached file", "key", f.obj.Key)
+	}
+	if c != nil {
+		f.cached = c
+		f.m.trackFile(c)
+	}
+	return c
 }
 
 // completeStream is the file's stream once every part of it is here, or nil.
@@ -127,7 +159,7 @@ func (f *fileNode) stream(ctx context.Context) (*stream, error) {
 		return nil, err
 	}
 	f.st = &stream{layout: l, parts: parts, whole: whole, locks: make([]sync.Mutex, len(parts)),
-		have: make([]atomic.Bool, len(parts)), file: file}
+		have: make([]atomic.Bool, len(parts)), ahead: make([]atomic.Bool, len(parts)), file: file}
 	f.m.track(f.st)
 	return f.st, nil
 }
@@ -153,6 +185,43 @@ type stream struct {
 	locks  []sync.Mutex
 	have   []atomic.Bool
 	file   *os.File
+	// next is where the last read ended: a read starting there is sequential.
+	next atomic.Int64
+	// ahead marks the parts a read-ahead is fetching.
+	ahead []atomic.Bool
+}
+
+// readAheadParts is how many parts past a sequential read are fetched in the background, so
+// that a file read from start to end does not wait for one part after another.
+const readAheadParts = 3
+
+// readAhead starts fetching the parts after [off, end) when the read continues the previous one.
+// They are checked as any part is; a failure is left for the read that needs the part.
+func (s *stream) readAhead(f *fileNode, off, end int64) {
+	if prev := s.next.Swap(end); s.whole || off != prev {
+		return
+	}
+	k := sort.Search(len(s.parts), func(k int) bool { return s.parts[k].Off+s.parts[k].N >= end })
+	for j := k + 1; j < len(s.parts) && j <= k+readAheadParts; j++ {
+		if s.have[j].Load() || !s.ahead[j].CompareAndSwap(false, true) {
+			continue
+		}
+		go func() {
+			defer s.ahead[j].Store(false)
+			_ = s.fetchOnce(f.m.ctx, f, j)
+		}()
+	}
+}
+
+// holds reports whether every part of [off, end) is here.
+func (s *stream) holds(off, end int64) bool {
+	first := sort.Search(len(s.parts), func(k int) bool { return s.parts[k].Off+s.parts[k].N > off })
+	for k := first; k < len(s.parts) && s.parts[k].Off < end; k++ {
+		if !s.have[k].Load() {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *stream) complete() bool {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -60,6 +61,13 @@ var _ = (fs.NodeOnAdder)((*root)(nil))
 
 func (r *root) OnAdd(ctx context.Context) {
 	dirs := map[string]*fs.Inode{".": &r.Inode}
+	// A name listed twice (a file and a directory "a", say) keeps its first entry; staging
+	// refuses such a dataset.
+	add := func(parent *fs.Inode, key string, in *fs.Inode) {
+		if !parent.AddChild(path.Base(key), in, false) {
+			klog.FromContext(ctx).Info("streaming volume: entry conflicts with another, not shown", "key", key)
+		}
+	}
 	var dir func(p string) *fs.Inode
 	dir = func(p string) *fs.Inode {
 		if in, ok := dirs[p]; ok {
@@ -67,24 +75,23 @@ func (r *root) OnAdd(ctx context.Context) {
 		}
 		parent := dir(path.Dir(p))
 		in := parent.NewPersistentInode(ctx, &dirNode{mode: 0o755}, fs.StableAttr{Mode: fuse.S_IFDIR})
-		parent.AddChild(path.Base(p), in, false)
+		add(parent, p, in)
 		dirs[p] = in
 		return in
 	}
 	for i, o := range r.m.cfg.Objects {
 		parent := dir(path.Dir(o.Key))
-		name := path.Base(o.Key)
 		switch o.Type {
 		case source.Dir:
 			d := dir(o.Key)
 			d.Operations().(*dirNode).mode = dirMode(o)
 		case source.Symlink:
 			in := parent.NewPersistentInode(ctx, &fs.MemSymlink{Data: []byte(o.Target)}, fs.StableAttr{Mode: fuse.S_IFLNK})
-			parent.AddChild(name, in, false)
+			add(parent, o.Key, in)
 		default:
 			f := &fileNode{obj: o, line: int64(i), m: r.m}
 			in := parent.NewPersistentInode(ctx, f, fs.StableAttr{Mode: fuse.S_IFREG})
-			parent.AddChild(name, in, false)
+			add(parent, o.Key, in)
 		}
 	}
 }

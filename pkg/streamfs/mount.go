@@ -1,6 +1,7 @@
 package streamfs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -22,9 +23,13 @@ type Mount struct {
 
 // mount is what the nodes of one mount share.
 type mount struct {
-	cfg     Config
+	cfg Config
+	// ctx ends with the mount: read-ahead fetches stop.
+	ctx     context.Context
+	cancel  context.CancelFunc
 	mu      sync.Mutex
 	streams []*stream
+	files   []*os.File // cached files reads found in the cache
 	// reads counts the reads that reached this process (not those the kernel passed through).
 	reads atomic.Int64
 }
@@ -36,6 +41,12 @@ func (mt *Mount) Reads() int64 { return mt.reads.Load() }
 func (m *mount) track(s *stream) {
 	m.mu.Lock()
 	m.streams = append(m.streams, s)
+	m.mu.Unlock()
+}
+
+func (m *mount) trackFile(f *os.File) {
+	m.mu.Lock()
+	m.files = append(m.files, f)
 	m.mu.Unlock()
 }
 
@@ -52,6 +63,7 @@ func Start(dir string, cfg Config) (*Mount, error) {
 		return nil, err
 	}
 	m := &mount{cfg: cfg}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	r := &root{dirNode: dirNode{mode: 0o755}, m: m}
 	long := time.Hour
 	server, err := fs.Mount(dir, r, &fs.Options{
@@ -64,6 +76,7 @@ func Start(dir string, cfg Config) (*Mount, error) {
 		},
 	})
 	if err != nil {
+		m.cancel()
 		return nil, fmt.Errorf("mounting the streaming filesystem at %s: %w", dir, err)
 	}
 	return &Mount{Dir: dir, server: server, mount: m}, nil
@@ -72,6 +85,7 @@ func Start(dir string, cfg Config) (*Mount, error) {
 // Close unmounts (lazily if a process still holds a file open, so the mount point is free at
 // once) and releases the scratch files. The scratch directory is left to the caller.
 func (mt *Mount) Close() error {
+	mt.cancel()
 	if err := mt.server.Unmount(); err != nil {
 		if uerr := syscall.Unmount(mt.Dir, syscall.MNT_DETACH); uerr != nil && !errors.Is(uerr, syscall.EINVAL) {
 			return fmt.Errorf("unmounting %s: %w (lazy: %v)", mt.Dir, err, uerr)
@@ -92,5 +106,8 @@ func (mt *Mount) release() {
 	for _, s := range mt.streams {
 		s.file.Close()
 	}
-	mt.streams = nil
+	for _, f := range mt.files {
+		f.Close()
+	}
+	mt.streams, mt.files = nil, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
@@ -86,7 +88,7 @@ func newFixture(t *testing.T) *fixture {
 	f := &fixture{s3: testpeers.StartS3(t, ""), want: map[string][]byte{}, parts: map[string][]source.Part{}}
 	f.proxy = testpeers.StartProxy(t, f.s3.Endpoint, nil)
 	f.s3.Bucket(t, "data")
-	for key, size := range map[string]int64{"big.bin": 6*partSize + 12345, "corrupt.bin": 2 * partSize, "cached.bin": 3 << 20, "cached2.bin": 3 << 20, "control.bin": 2 * partSize} {
+	for key, size := range map[string]int64{"big.bin": 6*partSize + 12345, "corrupt.bin": 2 * partSize, "cached.bin": 3 << 20, "cached2.bin": 3 << 20, "control.bin": 2 * partSize, "ahead.bin": 5 * partSize, "late.bin": 1 << 20} {
 		data := randomBytes(uint64(crc32.ChecksumIEEE([]byte(key))), size)
 		f.s3.PutMultipart(t, "data", key, size, partSize, func(i int, buf []byte) { copy(buf, data[int64(i)*partSize:]) })
 		f.want[key], f.parts[key] = data, crcParts(data)
@@ -258,6 +260,49 @@ func TestStreaming(t *testing.T) {
 		readAt("control.bin", size-4096)
 		if n := readAt("control.bin", size/2); n != 0 {
 			t.Errorf("control.bin (fetched whole): %d reads reached the server, want 0 (passthrough)", n)
+		}
+	})
+
+	t.Run("a file the cache got after it was opened is read from the cache", func(t *testing.T) {
+		file, err := os.Open(filepath.Join(f.dir, "late.bin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer file.Close()
+		if err := os.WriteFile(filepath.Join(f.cached, "late.bin"), f.want["late.bin"], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if all, err := io.ReadAll(file); err != nil || !bytes.Equal(all, f.want["late.bin"]) {
+			t.Fatalf("late.bin differs from the source (err %v)", err)
+		}
+		if n := f.gets("late.bin"); n != 0 {
+			t.Errorf("late.bin: %d GETs, want 0 (in the cache by the time it was read)", n)
+		}
+	})
+
+	t.Run("a sequential read fetches the next parts ahead", func(t *testing.T) {
+		file, err := os.Open(filepath.Join(f.dir, "ahead.bin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer file.Close()
+		b := make([]byte, 4096)
+		if _, err := file.ReadAt(b, 0); err != nil || !bytes.Equal(b, f.want["ahead.bin"][:4096]) {
+			t.Fatalf("first read: %v", err)
+		}
+		// Part 0 for the read, parts 1-3 ahead of it; part 4 waits for a read near it.
+		for deadline := time.Now().Add(30 * time.Second); f.gets("ahead.bin") < 4 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if n := f.gets("ahead.bin"); n != 4 {
+			t.Errorf("%d GETs of ahead.bin after its first read, want 4 (its part and 3 ahead)", n)
+		}
+		all, err := io.ReadAll(file)
+		if err != nil || !bytes.Equal(all, f.want["ahead.bin"]) {
+			t.Fatalf("ahead.bin differs from the source (err %v)", err)
+		}
+		if n := f.gets("ahead.bin"); n != 5 {
+			t.Errorf("%d GETs of ahead.bin read whole, want one per part (5)", n)
 		}
 	})
 
