@@ -175,20 +175,9 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		poolName = chosen.Name
 	}
 	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
-	var version string
-	if pl.Streaming {
-		// Served, or the dataset is staged already (version), or streaming is not possible
-		// here (neither): then the volume is staged.
-		served, v, err := tv.serveStreaming(ctx, rec, spec, capacity, secrets, attrs)
-		if err != nil || served {
-			return err
-		}
-		version = v
-	}
-	if version == "" {
-		if version, err = s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs); err != nil {
-			return err
-		}
+	served, version, err := tv.awaitOrStream(ctx, rec, spec, capacity, secrets, attrs, pl.Streaming)
+	if err != nil || served {
+		return err
 	}
 	// Reference first: from here eviction leaves the tree alone, even across a restart.
 	if err := s.store.PutTreeVolume(rec); err != nil {
@@ -216,6 +205,19 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	}
 	klog.FromContext(ctx).V(4).Info("Serving cached dataset read-only", "volumeID", tv.id, "dataset", spec.String(), "path", path)
 	return nil
+}
+
+// awaitOrStream waits for the volume's dataset and returns the version the caller proved it
+// reads; a streaming volume is served at once instead (served), unless its dataset is staged
+// already or this node cannot stream: then it is staged as any other.
+func (tv *treeVolume) awaitOrStream(ctx context.Context, rec state.TreeVolume, spec *datasource.Spec, capacity int64, secrets, attrs map[string]string, streaming bool) (served bool, version string, err error) {
+	if streaming {
+		if served, version, err = tv.serveStreaming(ctx, rec, spec, capacity, secrets, attrs); err != nil || served || version != "" {
+			return served, version, err
+		}
+	}
+	version, err = tv.s.awaitDataset(ctx, spec, rec.Pool, capacity, secrets, attrs)
+	return false, version, err
 }
 
 // release unmounts the volume's path and drops its reference and record.
