@@ -26,6 +26,8 @@ type Streaming struct {
 	Source source.Source
 	// Scratch is the volume's directory for bytes fetched on demand.
 	Scratch string
+	// OnFetch counts a fetch on demand and its outcome (metrics).
+	OnFetch func(key string, off, n int64, err error)
 	dir     string
 	release func()
 }
@@ -101,7 +103,16 @@ func (m *Manager) streaming(req Request, j *staging, volumeID string) (*Streamin
 	}
 	unpin := m.cache.PinReader(req.Pool, filepath.Base(dir))
 	var once sync.Once
-	return &Streaming{Objects: objs, Source: src, Scratch: scratch, dir: dir, release: func() {
+	id := req.Spec.ID()
+	onFetch := func(_ string, _, n int64, err error) {
+		if err != nil {
+			m.metrics.streamFetches.WithLabelValues("refused").Inc()
+			return
+		}
+		m.metrics.streamFetches.WithLabelValues("ok").Inc()
+		m.metrics.fetchedBytes.WithLabelValues(id, "stream").Add(float64(n))
+	}
+	return &Streaming{Objects: objs, Source: src, Scratch: scratch, OnFetch: onFetch, dir: dir, release: func() {
 		once.Do(func() {
 			src.Close()
 			_ = os.RemoveAll(scratch)

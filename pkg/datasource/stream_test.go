@@ -1,15 +1,19 @@
 package datasource_test
 
 import (
+	"bytes"
+	"os"
 	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/streamfs"
 )
 
-// TestStreamingPinsDataset: a streaming volume is handed its dataset while the staging runs;
+// TestStreamingPinsDataset: a streaming volume is handed its dataset while the staging runs and
+// reads it through FUSE;
 // once staged, the dataset is the least recently used one on a full pool, and eviction still
 // leaves it alone while the volume is served, taking the next one instead. Released, its
 // scratch directory goes and the dataset is an eviction candidate like any other.
@@ -20,7 +24,8 @@ func TestStreamingPinsDataset(t *testing.T) {
 	if err := unix.Statfs(pool, &st); err != nil {
 		t.Fatal(err)
 	}
-	size := int64(st.Blocks) * st.Bsize / 4 // four datasets cannot fit
+	// Three datasets and the stream's copy of one cannot fit above the low watermark.
+	size := int64(st.Blocks) * st.Bsize / 5
 	src := t.TempDir()
 	for _, name := range []string{"a", "b", "c"} {
 		dataset{"blob.bin": randBytes(uint64(name[0]), int(size)), "small.txt": []byte(name)}.writeDir(t, filepath.Join(src, name))
@@ -42,6 +47,35 @@ func TestStreamingPinsDataset(t *testing.T) {
 	}
 	if len(s.Objects) != 2 || !exists(s.Scratch) {
 		t.Fatalf("stream: %d objects, scratch %s exists %v", len(s.Objects), s.Scratch, exists(s.Scratch))
+	}
+	// Served through FUSE while b stages: the bytes are the source's, fetched on demand and
+	// counted as such.
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fsm, err := streamfs.Start(mnt, streamfs.Config{Objects: s.Objects, Cached: s.Cached, Scratch: s.Scratch,
+		Fetcher: streamfs.SourceFetcher{Source: s.Source}, OnFetch: s.OnFetch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := fsm.Close(); err != nil {
+			_ = unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+	for _, key := range []string{"blob.bin", "small.txt"} {
+		got, err := os.ReadFile(filepath.Join(mnt, key))
+		want, _ := os.ReadFile(filepath.Join(src, "b", key))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s through the stream: %d bytes, err %v; want the source's %d", key, len(got), err, len(want))
+		}
+	}
+	if n := fetched(t, m, "stream"); n == 0 {
+		t.Error("no bytes counted as fetched by the stream")
+	}
+	if err := fsm.Close(); err != nil {
+		t.Fatal(err)
 	}
 	for _, name := range []string{"b", "a", "c"} { // b staged first: the least recently used
 		if _, err := stage(ctx, t, m, datasource.Request{Spec: spec(name), Pool: pool}); err != nil {
