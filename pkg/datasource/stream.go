@@ -28,6 +28,8 @@ type Streaming struct {
 	Scratch string
 	// OnFetch counts a fetch on demand and its outcome (metrics).
 	OnFetch func(key string, off, n int64, err error)
+	// Room makes room for n bytes on the pool, as staging does: never below the low watermark.
+	Room    func(ctx context.Context, n int64) error
 	dir     string
 	release func()
 }
@@ -112,7 +114,8 @@ func (m *Manager) streaming(req Request, j *staging, volumeID string) (*Streamin
 		m.metrics.streamFetches.WithLabelValues("ok").Inc()
 		m.metrics.fetchedBytes.WithLabelValues(id, "stream").Add(float64(n))
 	}
-	return &Streaming{Objects: objs, Source: src, Scratch: scratch, OnFetch: onFetch, dir: dir, release: func() {
+	room := func(ctx context.Context, n int64) error { return m.cache.Room(ctx, req.Pool, n) }
+	return &Streaming{Objects: objs, Source: src, Scratch: scratch, OnFetch: onFetch, Room: room, dir: dir, release: func() {
 		once.Do(func() {
 			src.Close()
 			_ = os.RemoveAll(scratch)

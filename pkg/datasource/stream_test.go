@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
@@ -98,6 +99,14 @@ func TestStreamingPinsDataset(t *testing.T) {
 			t.Fatalf("blob.bin not served from the cache: %v", err)
 		}
 		f.Close()
+	}
+	// A fetch that would take the pool below its low watermark is refused (after evicting what
+	// no volume uses), never written.
+	if err := s.Room(ctx, int64(st.Blocks)*st.Bsize); datasource.Code(err) != codes.ResourceExhausted {
+		t.Errorf("room for the whole pool: %v, want ResourceExhausted", err)
+	}
+	if _, err := m.TreePath(pool, spec("b")); err != nil {
+		t.Fatalf("b evicted to make room for its own stream: %v", err)
 	}
 	s.Release()
 	if exists(s.Scratch) {

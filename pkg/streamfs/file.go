@@ -273,6 +273,11 @@ func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
 	p := s.parts[k]
 	ctx, cancel := context.WithTimeout(ctx, f.m.cfg.FetchTimeout)
 	defer cancel()
+	if room := f.m.cfg.Room; room != nil {
+		if err := room(ctx, p.N); err != nil {
+			return err
+		}
+	}
 	rc, err := f.m.cfg.Fetcher.Open(ctx, f.obj, p.Off, p.N)
 	if err != nil {
 		return err

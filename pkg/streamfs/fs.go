@@ -32,6 +32,9 @@ type Config struct {
 	Fetcher Fetcher
 	// FetchTimeout bounds one on-demand fetch (default 10 minutes: a whole large object).
 	FetchTimeout time.Duration
+	// Room, when set, is asked for room for n bytes before each fetch: an error refuses the read
+	// (EIO) rather than filling the pool its volumes share.
+	Room func(ctx context.Context, n int64) error
 	// OnFetch, when set, is told of every on-demand fetch and its outcome (metrics, tests).
 	OnFetch func(key string, off, n int64, err error)
 }

@@ -94,7 +94,7 @@ func newFixture(t *testing.T) *fixture {
 		f.want[key], f.parts[key] = data, crcParts(data)
 	}
 	for key, data := range map[string][]byte{"dir/small.txt": []byte("hello, streaming\n"), "dir/sub/flip.txt": randomBytes(7, 1000),
-		"empty": nil, "changed.txt": []byte("first version")} {
+		"empty": nil, "changed.txt": []byte("first version"), "noroom.txt": []byte("no room")} {
 		f.s3.Put(t, "data", key, data)
 		f.want[key] = data
 	}
@@ -128,6 +128,9 @@ func (f *fixture) source(t *testing.T) source.Source {
 }
 
 // mount serves the dataset; the mount goes away when the test ends, whatever happens.
+// room, when set, plays a full pool.
+var room atomic.Bool
+
 func (f *fixture) mount(t *testing.T, fetcher streamfs.Fetcher, fetches *atomic.Int64) *streamfs.Mount {
 	m, err := streamfs.Start(f.dir, streamfs.Config{
 		Objects: f.objs, Scratch: t.TempDir(), Fetcher: fetcher,
@@ -139,6 +142,12 @@ func (f *fixture) mount(t *testing.T, fetcher streamfs.Fetcher, fetches *atomic.
 			return file, err
 		},
 		OnFetch: func(string, int64, int64, error) { fetches.Add(1) },
+		Room: func(context.Context, int64) error {
+			if room.Load() {
+				return errors.New("pool full")
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -333,6 +342,18 @@ func TestStreaming(t *testing.T) {
 		got, err := os.ReadFile(filepath.Join(f.dir, "changed.txt"))
 		if !errors.Is(err, syscall.EIO) {
 			t.Errorf("changed.txt: %q, err %v; want EIO", got, err)
+		}
+	})
+
+	t.Run("no room on the pool refuses the read before any GET", func(t *testing.T) {
+		room.Store(true)
+		defer room.Store(false)
+		got, err := os.ReadFile(filepath.Join(f.dir, "noroom.txt"))
+		if !errors.Is(err, syscall.EIO) {
+			t.Errorf("noroom.txt with a full pool: %q, err %v; want EIO", got, err)
+		}
+		if n := f.gets("noroom.txt"); n != 0 {
+			t.Errorf("noroom.txt: %d GETs with a full pool, want 0", n)
 		}
 	})
 

@@ -133,7 +133,7 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		return false, "", Internal("creating the streaming volume's path", err)
 	}
 	fsm, err := streamfs.Start(path, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch,
-		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch})
+		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room})
 	if err != nil {
 		// The kernel refused the mount (no FUSE in this container, say): staged instead.
 		ds.Release()
