@@ -160,6 +160,7 @@ func (f *fileNode) stream(ctx context.Context) (*stream, error) {
 	}
 	f.st = &stream{layout: l, parts: parts, whole: whole, locks: make([]sync.Mutex, len(parts)),
 		have: make([]atomic.Bool, len(parts)), ahead: make([]atomic.Bool, len(parts)), file: file}
+	f.st.last.Store(-1)
 	f.m.track(f.st)
 	return f.st, nil
 }
@@ -185,8 +186,10 @@ type stream struct {
 	locks  []sync.Mutex
 	have   []atomic.Bool
 	file   *os.File
-	// next is where the last read ended: a read starting there is sequential.
-	next atomic.Int64
+	// last is the part the last read ended in (-1 before any): a read starting there or in the
+	// next part is sequential. Parts, not bytes: the kernel's read-ahead sends several reads at
+	// once, which arrive in any order.
+	last atomic.Int64
 	// ahead marks the parts a read-ahead is fetching.
 	ahead []atomic.Bool
 }
@@ -198,10 +201,14 @@ const readAheadParts = 3
 // readAhead starts fetching the parts after [off, end) when the read continues the previous one.
 // They are checked as any part is; a failure is left for the read that needs the part.
 func (s *stream) readAhead(f *fileNode, off, end int64) {
-	if prev := s.next.Swap(end); s.whole || off != prev {
+	if s.whole {
 		return
 	}
-	k := sort.Search(len(s.parts), func(k int) bool { return s.parts[k].Off+s.parts[k].N >= end })
+	first := int64(s.partAt(off))
+	k := s.partAt(end - 1)
+	if prev := s.last.Swap(int64(k)); first != prev && first != prev+1 {
+		return
+	}
 	for j := k + 1; j < len(s.parts) && j <= k+readAheadParts; j++ {
 		if s.have[j].Load() || !s.ahead[j].CompareAndSwap(false, true) {
 			continue
@@ -211,6 +218,11 @@ func (s *stream) readAhead(f *fileNode, off, end int64) {
 			_ = s.fetchOnce(f.m.ctx, f, j)
 		}()
 	}
+}
+
+// partAt is the index of the part holding byte off.
+func (s *stream) partAt(off int64) int {
+	return sort.Search(len(s.parts), func(k int) bool { return s.parts[k].Off+s.parts[k].N > off })
 }
 
 // holds reports whether every part of [off, end) is here.
