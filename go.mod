@@ -12,6 +12,7 @@ require (
 	github.com/container-storage-interface/spec v1.13.0
 	github.com/go-git/go-billy/v5 v5.9.2
 	github.com/google/go-cmp v0.7.0
+	github.com/hanwen/go-fuse/v2 v2.12.1
 	github.com/kubernetes-csi/csi-lib-utils v0.25.0
 	github.com/kubernetes-csi/csi-test/v5 v5.6.0
 	github.com/minio/crc64nvme v1.1.1

@@ -50,6 +50,7 @@ func main() {
 		defer rec.Stop()
 		cfg.Datasets.OnEvict = rec.Evicted
 		cfg.Writable.OnCopy = rec.WritableCopied
+		cfg.Streaming.OnFallback = rec.StreamingStaged
 	}
 	if cfg.Mode != driver.ModeController {
 		serviceAccountRoles(&cfg, o.kubeconfig)

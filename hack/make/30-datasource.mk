@@ -77,3 +77,23 @@ BENCH_TARGETS += bench-listing-flood
 ## The node plugin's peak memory under a listing flood
 bench-listing-flood:
 	$(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkListingFlood -benchtime 1x -v ./pkg/datasource/bench/
+
+# Streaming volumes (pkg/streamfs, docs/datasets.md "Streaming volumes"): the first byte of an
+# uncached 1 GiB object through a fresh streaming mount against one ranged GET of that byte (and
+# one GET of what the mount must check: the part holding it, or the whole object) from the same
+# versitygw, and the whole object read through it; then, through the driver, a static PV of an
+# uncached 512 MiB object from first NodeStageVolume to NodePublishVolume, streaming against
+# staged. 3 samples each. Ends with one `streaming:` line per case; CISTERN_BENCH_STREAM_MIB and
+# CISTERN_BENCH_STREAM_PUBLISH_MIB change the objects' sizes. Needs root and /dev/fuse.
+BENCH_TARGETS += bench-streaming
+.PHONY: bench-streaming
+## First byte through a streaming mount vs one ranged GET from the same server
+bench-streaming: $(VERSITYGW)
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
+	  $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkStreamingFirstByte -benchtime 1x ./pkg/streamfs/
+	@mkdir -p _output
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 CISTERN_BENCH_STREAMING=1 \
+	  $(GO) test -count=1 -timeout 30m -v -run '^TestStreamingPublishBench$$' ./pkg/driver/ \
+	  >_output/bench-streaming.txt 2>&1; rc=$$?; \
+	  grep -E '^streaming: ' _output/bench-streaming.txt; \
+	  if [ $$rc -ne 0 ]; then tail -n 40 _output/bench-streaming.txt; fi; exit $$rc

@@ -19,6 +19,8 @@ type metrics struct {
 	// peer or source URL: the series stay two per dataset.
 	fetchedBytes *prometheus.CounterVec
 	wrongPieces  prometheus.Counter
+	// streamFetches counts what streaming volumes fetched on demand, by result.
+	streamFetches *prometheus.CounterVec
 
 	progressDone, progressTotal, cachedBytes, cachedDatasets *prometheus.Desc
 }
@@ -40,7 +42,9 @@ func newMetrics(m *Manager) *metrics {
 		evictedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "evicted_bytes_total",
 			Help: "Bytes freed by evictions."}, []string{"pool"}),
 		fetchedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "fetched_bytes_total",
-			Help: "Bytes staging read, by dataset ID and origin: source (S3, NFS, local) or peer (another node)."}, []string{"dataset", "origin"}),
+			Help: "Bytes staging read, by dataset ID and origin: source (S3, NFS, local), peer (another node), or stream (fetched on demand by a streaming volume)."}, []string{"dataset", "origin"}),
+		streamFetches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "stream_fetches_total",
+			Help: "Parts or objects streaming volumes fetched on demand, by result: ok, or refused (failed its check, changed since the listing, or unreadable: the read got EIO)."}, []string{"result"}),
 		wrongPieces: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_wrong_pieces_total",
 			Help: "Pieces from peers that failed verification (the peer is dropped and the piece read again)."}),
 		// Datasets are named by ID only: a source URL names a tenant's bucket or server, and
@@ -65,7 +69,7 @@ func (c *metrics) staging() stage.Metrics {
 func (m *Manager) Collector() prometheus.Collector { return m.metrics }
 
 func (c *metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces}
+	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces, c.streamFetches}
 }
 
 func (c *metrics) Describe(ch chan<- *prometheus.Desc) {

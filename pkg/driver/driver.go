@@ -59,6 +59,8 @@ type Config struct {
 	Inline volume.InlineLimits
 	// Writable says how writable volumes of a dataset get its data (layered or copied).
 	Writable volume.WritableDatasets
+	// Streaming configures streaming dataset volumes (dataMode=streaming).
+	Streaming volume.StreamingVolumes
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
 	Datasets datasource.Config
 	// Peers serves this node's datasets to other node plugins (docs/datasets.md, "Peer fan-out");
@@ -182,7 +184,8 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 		reg.MustRegister(d.peers.Collectors()...)
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
-		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable})
+		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable,
+		Streaming: cfg.Streaming})
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()
 	return d, nil

@@ -60,6 +60,9 @@ type Volume struct {
 	Size int64
 	// Capacity is a static PV's dataset limit (and writable copy size) in bytes; 0 when none.
 	Capacity int64
+	// Streaming is a read-only dataset volume published before its dataset is staged
+	// (consts.ParamDataMode).
+	Streaming bool
 	// Dataset is the data the volume starts with; nil for an empty volume.
 	Dataset *Dataset
 }
@@ -80,6 +83,7 @@ var keys = []key{
 	{consts.ParamPoolSelector, everywhere, false, parseSelector},
 	{consts.ParamSize, Inline, false, parseSize},
 	{consts.ParamCapacity, StaticPV, false, parseCapacity},
+	{consts.ParamDataMode, Inline | StaticPV, true, parseDataMode},
 	{consts.ParamSource, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Source = s; return nil }},
 	{consts.ParamEndpoint, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Endpoint = s; return nil }},
 	{consts.ParamRegion, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Region = s; return nil }},
@@ -183,6 +187,17 @@ func parseCapacity(v *Volume, _ *Dataset, s string) error {
 		return source.Errorf(source.Invalid, "invalid %s %q for a static volume", consts.ParamCapacity, s)
 	}
 	v.Capacity = q.Value()
+	return nil
+}
+
+func parseDataMode(v *Volume, _ *Dataset, s string) error {
+	switch s {
+	case consts.DataModeStaged:
+	case consts.DataModeStreaming:
+		v.Streaming = true
+	default:
+		return source.Errorf(source.Invalid, "%s %q: must be %q or %q", consts.ParamDataMode, s, consts.DataModeStaged, consts.DataModeStreaming)
+	}
 	return nil
 }
 

@@ -174,11 +174,11 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		}
 		poolName = chosen.Name
 	}
-	version, err := s.awaitDataset(ctx, spec, poolName, capacity, secrets, attrs)
-	if err != nil {
+	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
+	served, version, err := tv.awaitOrStream(ctx, rec, spec, capacity, secrets, attrs, pl.Streaming)
+	if err != nil || served {
 		return err
 	}
-	rec := state.TreeVolume{ID: tv.id, Pool: poolName, DatasetID: spec.ID(), Parameters: recordedAttrs(attrs), Path: path, Inline: tv.inline}
 	// Reference first: from here eviction leaves the tree alone, even across a restart.
 	if err := s.store.PutTreeVolume(rec); err != nil {
 		return Internal("saving dataset volume state", err)
@@ -207,9 +207,25 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	return nil
 }
 
+// awaitOrStream waits for the volume's dataset and returns the version the caller proved it
+// reads; a streaming volume is served at once instead (served), unless its dataset is staged
+// already or this node cannot stream: then it is staged as any other.
+func (tv *treeVolume) awaitOrStream(ctx context.Context, rec state.TreeVolume, spec *datasource.Spec, capacity int64, secrets, attrs map[string]string, streaming bool) (served bool, version string, err error) {
+	if streaming {
+		if served, version, err = tv.serveStreaming(ctx, rec, spec, capacity, secrets, attrs); err != nil || served || version != "" {
+			return served, version, err
+		}
+	}
+	version, err = tv.s.awaitDataset(ctx, spec, rec.Pool, capacity, secrets, attrs)
+	return false, version, err
+}
+
 // release unmounts the volume's path and drops its reference and record.
 func (tv *treeVolume) release(ctx context.Context, path string) error {
 	s, t := tv.s, tv.rec
+	if err := s.streams.stop(t.ID); err != nil {
+		return Internal("unmounting streaming dataset", err)
+	}
 	if err := mount.CleanupMountPoint(path, s.mounter, true); err != nil {
 		return Internal("unmounting dataset", err)
 	}

@@ -53,6 +53,8 @@ type Config struct {
 	Inline InlineLimits
 	// Writable configures writable volumes of a dataset (layer.go); the zero value layers them.
 	Writable WritableDatasets
+	// Streaming configures streaming dataset volumes (stream.go).
+	Streaming StreamingVolumes
 }
 
 // InlineLimits bound inline ephemeral volumes, which any pod author writes: their size (a
@@ -78,13 +80,17 @@ type Service struct {
 	writable WritableDatasets
 	// overlayMount mounts an overlay with the given options: mountOverlay but in tests.
 	overlayMount func(options, target string) error
+	// streams are the streaming volumes this process serves (stream.go).
+	streams   *streamMounts
+	streaming StreamingVolumes
 }
 
 // New returns a Service over cfg.
 func New(cfg Config) *Service {
 	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
-		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount}
+		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
+		streams: &streamMounts{m: map[string]*streamMount{}}, streaming: cfg.Streaming}
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
 	}

@@ -56,7 +56,12 @@ func diskUsage(dir string) int64 {
 // MakeRoom makes sure pool can take the rest of the dataset in dir (alloc bytes in all),
 // evicting unused datasets if that would leave less than the low watermark free.
 func (c *Cache) MakeRoom(ctx context.Context, pool, dir string, alloc int64) error {
-	need := max(alloc-diskUsage(filepath.Join(dir, StagingDir)), 0)
+	return c.Room(ctx, pool, max(alloc-diskUsage(filepath.Join(dir, StagingDir)), 0))
+}
+
+// Room makes sure pool can take need more bytes, evicting unused datasets if that would leave
+// less than the low watermark free (what a streaming volume fetches on demand asks too).
+func (c *Cache) Room(ctx context.Context, pool string, need int64) error {
 	free, size, err := poolSpace(pool)
 	if err != nil {
 		return err

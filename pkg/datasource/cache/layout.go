@@ -197,3 +197,7 @@ func LastUsed(dir string) time.Time {
 
 // IsNotExist reports a missing file.
 func IsNotExist(err error) bool { return errors.Is(err, fs.ErrNotExist) }
+
+// RefName is the name volumeID's files take in a dataset directory (its reference file, its
+// streaming scratch directory): a hash, so any ID makes a safe file name.
+func RefName(volumeID string) string { return refName(volumeID) }

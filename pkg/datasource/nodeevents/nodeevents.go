@@ -1,6 +1,7 @@
 // Package nodeevents records what dataset staging does to a node's disks as Events on its Node
-// object, where `kubectl describe node` shows them: evictions from the dataset cache, and writable
-// dataset volumes copied because they could not be layered on it.
+// object, where `kubectl describe node` shows them: evictions from the dataset cache, writable
+// dataset volumes copied because they could not be layered on it, and streaming volumes staged
+// because the node cannot stream.
 package nodeevents
 
 import (
@@ -55,6 +56,16 @@ func (r *Recorder) Evicted(e datasource.EvictEvent) {
 func (r *Recorder) WritableCopied(volumeID, dataset, reason string) {
 	r.recorder.Eventf(r.node, corev1.EventTypeWarning, ReasonWritableCopied,
 		"Volume %s of dataset %s was filled with a full copy, not layered on the cached dataset: %s", volumeID, dataset, reason)
+}
+
+// ReasonStreamingStaged is the reason of the Event of a streaming dataset volume staged instead.
+const ReasonStreamingStaged = "StreamingVolumeStaged"
+
+// StreamingStaged records a streaming volume served as a staged one because the node cannot
+// stream (no FUSE); it is the volume service's StreamingVolumes.OnFallback.
+func (r *Recorder) StreamingStaged(volumeID, dataset, reason string) {
+	r.recorder.Eventf(r.node, corev1.EventTypeWarning, ReasonStreamingStaged,
+		"Volume %s of dataset %s is staged, not streamed: %s", volumeID, dataset, reason)
 }
 
 // Stop flushes pending Events (as far as the broadcaster does) and stops recording.

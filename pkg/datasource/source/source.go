@@ -81,3 +81,16 @@ type Plan struct {
 	// PartSize is the size of the object's parts (all but the last), 0 when not multipart.
 	PartSize int64
 }
+
+// Part is a range of an object with a checksum of its own (an S3 multipart part uploaded with a
+// checksum): a reader can check it without reading the rest of the object.
+type Part struct {
+	Off, N   int64
+	Checksum Checksum
+}
+
+// Parter is implemented by sources that can report an object's parts with their checksums (S3
+// GetObjectAttributes). An object without such parts gives none (nil, nil).
+type Parter interface {
+	Parts(ctx context.Context, obj Object) ([]Part, error)
+}

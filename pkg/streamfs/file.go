@@ -1,0 +1,314 @@
+package streamfs
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+)
+
+// fileNode is a file of the manifest.
+type fileNode struct {
+	fs.Inode
+	obj  source.Object
+	line int64
+	m    *mount
+
+	mu     sync.Mutex
+	st     *stream  // the parts fetched on demand; made at the first read that needs one
+	cached *os.File // the cache's copy, once a read found it there
+}
+
+var (
+	_ = (fs.NodeGetattrer)((*fileNode)(nil))
+	_ = (fs.NodeOpener)((*fileNode)(nil))
+	_ = (fs.NodeReader)((*fileNode)(nil))
+)
+
+func (f *fileNode) Getattr(_ context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	out.Mode = fuse.S_IFREG | fileMode(f.obj)
+	out.Size = uint64(f.obj.Size)
+	out.Blocks = (out.Size + 511) / 512
+	out.Nlink = 1
+	return 0
+}
+
+// Open hands a fully cached file to the kernel (passthrough where it offers it: reads never
+// reach this process); any other file is read through Read. Contents never change, so the
+// kernel may keep its page cache across opens.
+func (f *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
+	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
+		return nil, 0, syscall.EROFS
+	}
+	if f.obj.Size == 0 {
+		return nil, fuse.FOPEN_KEEP_CACHE, 0
+	}
+	if st := f.completeStream(); st != nil {
+		// Every part fetched and verified: the kernel reads the scratch file itself.
+		if file, err := os.Open(st.file.Name()); err == nil {
+			return fs.NewLoopbackFileFromOS(file), fuse.FOPEN_KEEP_CACHE, 0
+		}
+	} else {
+		if file, err := f.m.cfg.Cached(f.obj); err != nil {
+			klog.FromContext(ctx).Error(err, "opening a cached file", "key", f.obj.Key)
+		} else if file != nil {
+			return fs.NewLoopbackFileFromOS(file), fuse.FOPEN_KEEP_CACHE, 0
+		}
+	}
+	return nil, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// Read serves [off, off+len(dest)) once every part it touches is here and verified.
+func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	f.m.reads.Add(1)
+	if r, ok := fh.(fs.FileReader); ok {
+		return r.Read(ctx, dest, off)
+	}
+	end := min(off+int64(len(dest)), f.obj.Size)
+	if off >= end {
+		return fuse.ReadResultData(nil), 0
+	}
+	f.mu.Lock()
+	st := f.st
+	f.mu.Unlock()
+	if st == nil || !st.holds(off, end) {
+		// Opened before the staging committed the file: once it has, it is read from the cache
+		// rather than fetched.
+		if c := f.cachedFile(ctx); c != nil {
+			return fuse.ReadResultFd(c.Fd(), off, int(end-off)), 0
+		}
+	}
+	st, err := f.stream(ctx)
+	if err == nil {
+		err = st.ensure(ctx, f, off, end)
+	}
+	if err == nil {
+		st.readAhead(f, off, end)
+	}
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "streaming read refused", "key", f.obj.Key, "off", off, "len", end-off)
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultFd(st.file.Fd(), off, int(end-off)), 0
+}
+
+// cachedFile returns the file's verified copy in the cache, once the cache holds all of it.
+func (f *fileNode) cachedFile(ctx context.Context) *os.File {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cached != nil {
+		return f.cached
+	}
+	c, err := f.m.cfg.Cached(f.obj)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "opening a cached file", "key", f.obj.Key)
+	}
+	if c != nil {
+		f.cached = c
+		f.m.trackFile(c)
+	}
+	return c
+}
+
+// completeStream is the file's stream once every part of it is here, or nil.
+func (f *fileNode) completeStream() *stream {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.st != nil && f.st.complete() {
+		return f.st
+	}
+	return nil
+}
+
+// stream returns the file's on-demand state, asking the fetcher for its layout the first time.
+// A failed layout is not remembered: the next read asks again.
+func (f *fileNode) stream(ctx context.Context) (*stream, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.st != nil {
+		return f.st, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.m.cfg.FetchTimeout)
+	defer cancel()
+	l, err := f.m.cfg.Fetcher.Layout(ctx, f.obj)
+	if err != nil {
+		return nil, err
+	}
+	parts, whole := l.Parts, false
+	if !coversExactly(parts, f.obj.Size) {
+		parts, whole = []source.Part{{Off: 0, N: f.obj.Size}}, true
+	}
+	file, err := os.OpenFile(filepath.Join(f.m.cfg.Scratch, strconv.FormatInt(f.line, 10)), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := file.Truncate(f.obj.Size); err != nil {
+		file.Close()
+		return nil, err
+	}
+	f.st = &stream{layout: l, parts: parts, whole: whole, locks: make([]sync.Mutex, len(parts)),
+		have: make([]atomic.Bool, len(parts)), ahead: make([]atomic.Bool, len(parts)), file: file}
+	f.st.last.Store(-1)
+	f.m.track(f.st)
+	return f.st, nil
+}
+
+// coversExactly reports whether parts tile [0, size) in order.
+func coversExactly(parts []source.Part, size int64) bool {
+	var off int64
+	for _, p := range parts {
+		if p.Off != off || p.N <= 0 {
+			return false
+		}
+		off += p.N
+	}
+	return len(parts) > 0 && off == size
+}
+
+// stream is one file's bytes fetched on demand, in a scratch file; have[k] is set only once
+// part k's bytes are written and verified.
+type stream struct {
+	layout Layout
+	parts  []source.Part
+	whole  bool // one part: the object checked as a whole
+	locks  []sync.Mutex
+	have   []atomic.Bool
+	file   *os.File
+	// last is the part the last read ended in (-1 before any): a read starting there or in the
+	// next part is sequential. Parts, not bytes: the kernel's read-ahead sends several reads at
+	// once, which arrive in any order.
+	last atomic.Int64
+	// ahead marks the parts a read-ahead is fetching.
+	ahead []atomic.Bool
+}
+
+// readAheadParts is how many parts past a sequential read are fetched in the background, so
+// that a file read from start to end does not wait for one part after another.
+const readAheadParts = 3
+
+// readAhead starts fetching the parts after [off, end) when the read continues the previous one.
+// They are checked as any part is; a failure is left for the read that needs the part.
+func (s *stream) readAhead(f *fileNode, off, end int64) {
+	if s.whole {
+		return
+	}
+	first := int64(s.partAt(off))
+	k := s.partAt(end - 1)
+	if prev := s.last.Swap(int64(k)); first != prev && first != prev+1 {
+		return
+	}
+	for j := k + 1; j < len(s.parts) && j <= k+readAheadParts; j++ {
+		if s.have[j].Load() || !s.ahead[j].CompareAndSwap(false, true) {
+			continue
+		}
+		go func() {
+			defer s.ahead[j].Store(false)
+			_ = s.fetchOnce(f.m.ctx, f, j)
+		}()
+	}
+}
+
+// partAt is the index of the part holding byte off.
+func (s *stream) partAt(off int64) int {
+	return sort.Search(len(s.parts), func(k int) bool { return s.parts[k].Off+s.parts[k].N > off })
+}
+
+// holds reports whether every part of [off, end) is here.
+func (s *stream) holds(off, end int64) bool {
+	first := sort.Search(len(s.parts), func(k int) bool { return s.parts[k].Off+s.parts[k].N > off })
+	for k := first; k < len(s.parts) && s.parts[k].Off < end; k++ {
+		if !s.have[k].Load() {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *stream) complete() bool {
+	for k := range s.have {
+		if !s.have[k].Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// ensure fetches the missing parts of [off, end), one at a time per part: a second reader of a
+// part being fetched waits for it rather than fetching it again.
+func (s *stream) ensure(ctx context.Context, f *fileNode, off, end int64) error {
+	first := sort.Search(len(s.parts), func(k int) bool { return s.parts[k].Off+s.parts[k].N > off })
+	for k := first; k < len(s.parts) && s.parts[k].Off < end; k++ {
+		if s.have[k].Load() {
+			continue
+		}
+		if err := s.fetchOnce(ctx, f, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *stream) fetchOnce(ctx context.Context, f *fileNode, k int) error {
+	s.locks[k].Lock()
+	defer s.locks[k].Unlock()
+	if s.have[k].Load() {
+		return nil
+	}
+	start := time.Now()
+	err := s.fetch(ctx, f, k)
+	if cb := f.m.cfg.OnFetch; cb != nil {
+		cb(f.obj.Key, s.parts[k].Off, s.parts[k].N, err)
+	}
+	if err != nil {
+		return err
+	}
+	s.have[k].Store(true)
+	klog.FromContext(ctx).V(4).Info("fetched on demand", "key", f.obj.Key, "off", s.parts[k].Off,
+		"bytes", s.parts[k].N, "duration", time.Since(start))
+	return nil
+}
+
+// fetch reads part k into the scratch file, checking it as it streams.
+func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
+	p := s.parts[k]
+	ctx, cancel := context.WithTimeout(ctx, f.m.cfg.FetchTimeout)
+	defer cancel()
+	if room := f.m.cfg.Room; room != nil {
+		if err := room(ctx, p.N); err != nil {
+			return err
+		}
+	}
+	rc, err := f.m.cfg.Fetcher.Open(ctx, f.obj, p.Off, p.N)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	var c checker
+	if s.whole {
+		c = wholeChecker(f.obj, s.layout, rc)
+	} else if c, err = partChecker(f.obj, p); err != nil {
+		return err
+	}
+	// 1 MiB writes rather than io.Copy's 32 KiB: a whole large object takes fewer syscalls.
+	buf := make([]byte, min(p.N+1, 1<<20))
+	n, err := io.CopyBuffer(io.MultiWriter(io.NewOffsetWriter(s.file, p.Off), c), io.LimitReader(rc, p.N+1), buf)
+	if err != nil {
+		return err
+	}
+	if n != p.N {
+		return source.Errorf(source.Corrupt, "%q bytes %d-%d: got %d bytes, want %d", f.obj.Key, p.Off, p.Off+p.N-1, n, p.N)
+	}
+	return c.check()
+}

@@ -1,0 +1,149 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/streamfs"
+)
+
+// StreamingVolumes configures streaming dataset volumes.
+type StreamingVolumes struct {
+	// FUSEDevice is the FUSE device streaming volumes need; empty: /dev/fuse. Tests name a
+	// missing one.
+	FUSEDevice string
+	// OnFallback, when set, is told about a streaming volume staged instead, and why (an Event
+	// on the node).
+	OnFallback func(volumeID, dataset, reason string)
+}
+
+// unavailable says why this node cannot serve a streaming volume, or "" when it can.
+func (c StreamingVolumes) unavailable() string {
+	dev := c.FUSEDevice
+	if dev == "" {
+		dev = "/dev/fuse"
+	}
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Sprintf("FUSE is not available on this node (%v)", err)
+	}
+	f.Close()
+	return ""
+}
+
+// fallBack records that a streaming volume is staged instead.
+func (tv *treeVolume) fallBack(ctx context.Context, spec *datasource.Spec, reason string) {
+	klog.FromContext(ctx).Info("Streaming volume staged instead", "volumeID", tv.id, "dataset", spec.String(), "reason", reason)
+	if f := tv.s.streaming.OnFallback; f != nil {
+		f(tv.id, spec.String(), reason)
+	}
+}
+
+// streamMounts are the streaming volumes this node plugin serves: the FUSE server of each runs
+// in this process, so they end with it (docs/datasets.md, "Streaming volumes").
+type streamMounts struct {
+	mu sync.Mutex
+	m  map[string]*streamMount // by volume ID
+}
+
+type streamMount struct {
+	path string
+	fs   *streamfs.Mount
+	ds   *datasource.Streaming
+}
+
+// live returns the volume's mount when it is served at path by this process.
+func (sm *streamMounts) live(id, path string) bool {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	m, ok := sm.m[id]
+	return ok && m.path == path
+}
+
+// stop unmounts the volume's streaming filesystem, if this process serves one, and gives its
+// dataset back to eviction.
+func (sm *streamMounts) stop(id string) error {
+	sm.mu.Lock()
+	m, ok := sm.m[id]
+	delete(sm.m, id)
+	sm.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	err := m.fs.Close()
+	m.ds.Release()
+	return err
+}
+
+// serveStreaming publishes a read-only dataset volume at path as soon as the dataset is listed
+// and the caller proved it reads it. served is false when the dataset is already staged: the
+// caller then serves the tree as for a staged volume, with the version proved, or stages the
+// volume when this node cannot stream (no FUSE: version is empty).
+func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, spec *datasource.Spec, capacity int64, secrets, attrs map[string]string) (served bool, version string, err error) {
+	s, path := tv.s, rec.Path
+	if s.streams.live(tv.id, path) {
+		return true, "", nil
+	}
+	if reason := s.streaming.unavailable(); reason != "" {
+		tv.fallBack(ctx, spec, reason)
+		return false, "", nil
+	}
+	if err := s.datasets.CheckEndpoint(spec); err != nil {
+		return false, "", status.Error(datasource.Code(err), err.Error())
+	}
+	creds, err := s.datasets.Credentials(ctx, spec, secrets, attrs)
+	if err != nil {
+		return false, "", status.Error(datasource.Code(err), err.Error())
+	}
+	wctx, cancel := budget(ctx, 30*time.Second)
+	defer cancel()
+	st, ds, err := s.datasets.Stream(wctx, rec.Pool, spec, creds, capacity, tv.id)
+	switch {
+	case err != nil:
+		return false, "", status.Error(datasource.Code(err), err.Error())
+	case ds == nil && st.Ready():
+		return false, st.Version, nil
+	case ds == nil:
+		return false, "", status.Errorf(codes.Unavailable, "%s; retry later", st)
+	}
+	// Recorded before the mount: a restart finds the volume and Unstage releases it.
+	if err := s.store.PutTreeVolume(rec); err != nil {
+		ds.Release()
+		return false, "", Internal("saving dataset volume state", err)
+	}
+	tv.rec = &rec
+	// A mount left by an earlier process of the plugin is dead ("transport endpoint is not
+	// connected"): it goes before the new one.
+	if err := mount.CleanupMountPoint(path, s.mounter, true); err != nil {
+		ds.Release()
+		return false, "", Internal("clearing the streaming volume's path", err)
+	}
+	if err := os.MkdirAll(path, 0o750); err != nil {
+		ds.Release()
+		return false, "", Internal("creating the streaming volume's path", err)
+	}
+	fsm, err := streamfs.Start(path, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch,
+		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room})
+	if err != nil {
+		// The kernel refused the mount (no FUSE in this container, say): staged instead.
+		ds.Release()
+		tv.fallBack(ctx, spec, err.Error())
+		return false, "", nil
+	}
+	s.streams.mu.Lock()
+	s.streams.m[tv.id] = &streamMount{path: path, fs: fsm, ds: ds}
+	s.streams.mu.Unlock()
+	klog.FromContext(ctx).V(4).Info("Streaming dataset", "volumeID", tv.id, "dataset", spec.String(), "path", path,
+		"objects", len(ds.Objects), "progress", st.String())
+	return true, "", nil
+}
