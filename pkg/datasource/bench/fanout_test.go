@@ -183,10 +183,15 @@ func TestFanoutNodeChild(t *testing.T) {
 	}
 	req := datasource.Request{Spec: datasource.SpecOf(v.Dataset), Pool: cfg.Pool, Creds: datasource.Credentials{
 		AccessKeyID: os.Getenv("CISTERN_BENCH_AK"), SecretAccessKey: os.Getenv("CISTERN_BENCH_SK")}}
+	stopTrace := func() {}
+	if cfg.Peers {
+		stopTrace = traceNode(m, cfg.Pool, req.Spec)
+	}
 	start := time.Now()
 	if _, err := m.Wait(ctx, req); err != nil {
 		t.Fatal(err)
 	}
+	stopTrace()
 	fmt.Printf("RESULT %.3f %.3f\n", time.Since(start).Seconds(), cpuSeconds())
 	_, _ = io.Copy(io.Discard, in) // serve peers until the benchmark is done
 }
@@ -468,6 +473,11 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 	r.s3Bytes = th.sent.Load() - before
 	for _, c := range nodes {
 		c.done()
+	}
+	if peers && tracing() {
+		for k, c := range nodes {
+			b.Logf("node-%02d (of %d):\n%s", k, n, c.log.String())
+		}
 	}
 	return r
 }
