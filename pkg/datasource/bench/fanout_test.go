@@ -348,6 +348,15 @@ type result struct {
 	busy, iowait float64
 }
 
+// cpuSplit is the run's CPU seconds (the nodes', S3's, the proxy's) and how busy the machine's
+// cores were meanwhile: with the run's processes, and with all else (kernel threads such as the
+// loop devices', and other processes: other engineers' builds on a shared machine).
+func (r result) cpuSplit(cores float64) string {
+	own := r.nodesCPU + r.s3CPU + r.proxyCPU
+	return fmt.Sprintf("%.1fs: nodes %.1f, S3 %.1f, proxy %.1f; cores busy %.0f%%, %.0f%% outside the run's processes",
+		own, r.nodesCPU, r.s3CPU, r.proxyCPU, 100*r.busy/(cores*r.all), 100*max(0, r.busy-own)/(cores*r.all))
+}
+
 // machineCPU is the CPU seconds all cores spent busy and waiting for I/O since boot.
 func machineCPU() (busy, iowait float64) {
 	b, err := os.ReadFile("/proc/stat")
@@ -555,8 +564,8 @@ func BenchmarkFanout(b *testing.B) {
 				aloneCPU := alone.nodesCPU + alone.s3CPU + alone.proxyCPU
 				on := group(b, s, th, work, n, true, true, params, poolSize)
 				off := group(b, s, th, work, n, false, false, params, poolSize)
-				b.Logf("%s, %d nodes, sample %d: alone %.2fs (CPU %.1fs), with peers all Ready %.2fs (CPU %.1fs), late %.2fs, without peers %.2fs; %.2f GB from S3; load %s",
-					sh.name, n, k+1, alone.all, aloneCPU, on.all, on.nodesCPU+on.s3CPU+on.proxyCPU, on.late, off.all, float64(on.s3Bytes)/1e9, load())
+				b.Logf("%s, %d nodes, sample %d: alone %.2fs (CPU %s), with peers all Ready %.2fs (CPU %s), late %.2fs, without peers %.2fs; %.2f GB from S3; load %s",
+					sh.name, n, k+1, alone.all, alone.cpuSplit(cores), on.all, on.cpuSplit(cores), on.late, off.all, float64(on.s3Bytes)/1e9, load())
 				// What no protocol can beat, from work that does not depend on this one: each
 				// of the n nodes must do at least what one node alone does (n × its CPU on the
 				// machine's cores), and the set must cross the S3 link once.
