@@ -515,7 +515,9 @@ func spread(v []float64) string {
 
 // Knobs: CISTERN_BENCH_DIR (where S3 data and pools live), CISTERN_BENCH_ONLY (datasets whose
 // name contains it), CISTERN_FANOUT_NODES (comma-separated node counts; default 4,8),
-// CISTERN_FANOUT_UPLOAD_MIBS (the nodes' upload cap; default the DaemonSet's 256).
+// CISTERN_FANOUT_UPLOAD_MIBS (the nodes' upload cap; default the DaemonSet's 256),
+// CISTERN_FANOUT_TRACE and CISTERN_FANOUT_CPUPROFILE (fanout_trace_test.go: where each node's time
+// goes; not for the figures).
 func BenchmarkFanout(b *testing.B) {
 	base := os.Getenv("CISTERN_BENCH_DIR")
 	if base == "" {
