@@ -183,10 +183,15 @@ func TestFanoutNodeChild(t *testing.T) {
 	}
 	req := datasource.Request{Spec: datasource.SpecOf(v.Dataset), Pool: cfg.Pool, Creds: datasource.Credentials{
 		AccessKeyID: os.Getenv("CISTERN_BENCH_AK"), SecretAccessKey: os.Getenv("CISTERN_BENCH_SK")}}
+	stopTrace := func() {}
+	if cfg.Peers {
+		stopTrace = traceNode(m, cfg.Pool, req.Spec)
+	}
 	start := time.Now()
 	if _, err := m.Wait(ctx, req); err != nil {
 		t.Fatal(err)
 	}
+	stopTrace()
 	fmt.Printf("RESULT %.3f %.3f\n", time.Since(start).Seconds(), cpuSeconds())
 	_, _ = io.Copy(io.Discard, in) // serve peers until the benchmark is done
 }
@@ -343,6 +348,15 @@ type result struct {
 	busy, iowait float64
 }
 
+// cpuSplit is the run's CPU seconds (the nodes', S3's, the proxy's) and how busy the machine's
+// cores were meanwhile: with the run's processes, and with all else (kernel threads such as the
+// loop devices', and other processes: other engineers' builds on a shared machine).
+func (r result) cpuSplit(cores float64) string {
+	own := r.nodesCPU + r.s3CPU + r.proxyCPU
+	return fmt.Sprintf("%.1fs: nodes %.1f, S3 %.1f, proxy %.1f; cores busy %.0f%%, %.0f%% outside the run's processes",
+		own, r.nodesCPU, r.s3CPU, r.proxyCPU, 100*r.busy/(cores*r.all), 100*max(0, r.busy-own)/(cores*r.all))
+}
+
 // machineCPU is the CPU seconds all cores spent busy and waiting for I/O since boot.
 func machineCPU() (busy, iowait float64) {
 	b, err := os.ReadFile("/proc/stat")
@@ -469,6 +483,11 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 	for _, c := range nodes {
 		c.done()
 	}
+	if peers && tracing() {
+		for k, c := range nodes {
+			b.Logf("node-%02d (of %d):\n%s", k, n, c.log.String())
+		}
+	}
 	return r
 }
 
@@ -496,7 +515,9 @@ func spread(v []float64) string {
 
 // Knobs: CISTERN_BENCH_DIR (where S3 data and pools live), CISTERN_BENCH_ONLY (datasets whose
 // name contains it), CISTERN_FANOUT_NODES (comma-separated node counts; default 4,8),
-// CISTERN_FANOUT_UPLOAD_MIBS (the nodes' upload cap; default the DaemonSet's 256).
+// CISTERN_FANOUT_UPLOAD_MIBS (the nodes' upload cap; default the DaemonSet's 256),
+// CISTERN_FANOUT_TRACE and CISTERN_FANOUT_CPUPROFILE (fanout_trace_test.go: where each node's time
+// goes; not for the figures).
 func BenchmarkFanout(b *testing.B) {
 	base := os.Getenv("CISTERN_BENCH_DIR")
 	if base == "" {
@@ -545,8 +566,8 @@ func BenchmarkFanout(b *testing.B) {
 				aloneCPU := alone.nodesCPU + alone.s3CPU + alone.proxyCPU
 				on := group(b, s, th, work, n, true, true, params, poolSize)
 				off := group(b, s, th, work, n, false, false, params, poolSize)
-				b.Logf("%s, %d nodes, sample %d: alone %.2fs (CPU %.1fs), with peers all Ready %.2fs (CPU %.1fs), late %.2fs, without peers %.2fs; %.2f GB from S3; load %s",
-					sh.name, n, k+1, alone.all, aloneCPU, on.all, on.nodesCPU+on.s3CPU+on.proxyCPU, on.late, off.all, float64(on.s3Bytes)/1e9, load())
+				b.Logf("%s, %d nodes, sample %d: alone %.2fs (CPU %s), with peers all Ready %.2fs (CPU %s), late %.2fs, without peers %.2fs; %.2f GB from S3; load %s",
+					sh.name, n, k+1, alone.all, alone.cpuSplit(cores), on.all, on.cpuSplit(cores), on.late, off.all, float64(on.s3Bytes)/1e9, load())
 				// What no protocol can beat, from work that does not depend on this one: each
 				// of the n nodes must do at least what one node alone does (n × its CPU on the
 				// machine's cores), and the set must cross the S3 link once.

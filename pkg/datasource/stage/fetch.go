@@ -185,30 +185,25 @@ func (j *Job) runTask(ctx context.Context, t task) error {
 	if t.batch != nil {
 		return j.runBatch(ctx, t.batch)
 	}
-	// A piece a peer is reading from the source now, or that is another node's share to read,
-	// is put off until every other piece had its turn: meanwhile this node reads its own share.
-	if !t.deferred && (j.peers.busy(t) || j.peers.othersShare(t)) {
-		j.peers.deferTask(t)
+	if j.putOff(t) {
 		return nil
 	}
 	// A piece a peer holds does not load the source: it takes no stream of the object's (they
 	// bound the ranges read from the source at once) and no slot of the source's.
-	held := j.peers.holds(t)
-	if t.big != nil && !held {
-		select {
-		case t.big.streams <- struct{}{}:
-		case <-ctx.Done():
+	if !j.peers.holds(t) {
+		release, ok := j.sourceTurn(ctx, t)
+		if !ok {
 			return nil
 		}
-		defer func() { <-t.big.streams }()
-	}
-	if !held {
-		select {
-		case j.sourceSlots <- struct{}{}:
-		case <-ctx.Done():
+		defer release()
+		// The job may have joined its swarm while the task waited for its turn: a node's first
+		// tasks wait for streams before it knows its peers. Read from the source after all, a
+		// piece of another node's share held a stream (and waited in open for its owner) while
+		// this node's own share waited: 2 GiB × 4 nodes, two nodes read 134 and 268 MB of
+		// their 512 MB shares and the others the rest (docs/benchmarks.md, "Peer fan-out").
+		if j.putOff(t) {
 			return nil
 		}
-		defer func() { <-j.sourceSlots }()
 	}
 	select {
 	case j.e.slots <- struct{}{}:
@@ -217,6 +212,40 @@ func (j *Job) runTask(ctx context.Context, t task) error {
 	}
 	defer func() { <-j.e.slots }()
 	return j.do(ctx, t)
+}
+
+// putOff puts t off until every other piece had its turn when a peer is reading its piece from
+// the source now, or it is another node's share to read: meanwhile this node reads its own share.
+func (j *Job) putOff(t task) bool {
+	if t.deferred || !j.peers.busy(t) && !j.peers.othersShare(t) {
+		return false
+	}
+	j.peers.deferTask(t)
+	return true
+}
+
+// sourceTurn takes a stream of t's object (a range of a large one) and a slot of the source's;
+// ok is false when ctx ended first.
+func (j *Job) sourceTurn(ctx context.Context, t task) (release func(), ok bool) {
+	if t.big != nil {
+		select {
+		case t.big.streams <- struct{}{}:
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+	releaseStream := func() {
+		if t.big != nil {
+			<-t.big.streams
+		}
+	}
+	select {
+	case j.sourceSlots <- struct{}{}:
+	case <-ctx.Done():
+		releaseStream()
+		return nil, false
+	}
+	return func() { <-j.sourceSlots; releaseStream() }, true
 }
 
 // tmpDirOf and tmpBase place the temporary file of manifest entry i.

@@ -363,6 +363,7 @@ func (j *Job) join(ctx, jobCtx context.Context, md *cache.Meta) error {
 	}
 	j.peers.swarm.Store(sw)
 	close(j.peers.joined)
+	klog.FromContext(ctx).V(2).Info("joined the dataset's peers", "members", sw.Members(), "after", time.Since(j.started))
 	j.narrowStreams(jobCtx)
 	return nil
 }
