@@ -77,3 +77,17 @@ e2e-install:
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 35m -v -run '$(E2E_INSTALL_RUN)' ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+
+# Node loss (TestLWSNodeLoss in test/e2enode): a LeaderWorkerSet group on dataset claims runs on
+# one of two kubelet nodes in their own network namespaces (the storage e2e suite's nodes), each
+# with containerd and Cistern's node plugin; its node is made unreachable (link cut) past the
+# workload-controller's grace period, then the other one is deleted, and each time the group must
+# be Ready again on the other node on fresh claims (docs/workloads.md, "Node loss"). Same machine
+# requirements as e2e-node.
+.PHONY: e2e-nodeloss
+## A LeaderWorkerSet group back Ready on another kubelet node after its node is lost (root)
+e2e-nodeloss:
+	@$(REQUIRE_NODE); \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images $(VERSITYGW) && \
+	CISTERN_VERSITYGW=$(VERSITYGW) $(GO_TEST) -count=1 -timeout 20m -v -run 'TestLWSNodeLoss$$' ./test/e2enode/... | \
+	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

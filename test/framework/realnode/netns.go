@@ -335,3 +335,21 @@ func (n *NetnsNode) Reconnect(t *testing.T) {
 		t.Fatalf("node %s: restoring the route to its pods: %v: %s", n.name, err, out)
 	}
 }
+
+// MountsUnder lists the mount points under dir (a path of the node) in the node's mount
+// namespace.
+func (n *NetnsNode) MountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", n.initPID))
+	if err != nil {
+		t.Fatalf("node %s: its mounts: %v", n.name, err)
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID parent major:minor root mountpoint ...
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mounts = append(mounts, f[4])
+		}
+	}
+	return mounts
+}
