@@ -343,7 +343,9 @@ func serveService(t *testing.T, cp *framework.ControlPlane, svc *corev1.Service)
 // netfilter rules, which would change the tables of a host other suites share.
 func serveClusterIP(t *testing.T, ip string, port int, target func(context.Context) (string, error)) {
 	t.Helper()
-	realnode.Run(t, "ip", "addr", "add", ip+"/32", "dev", "lo")
+	// replace, not add: an interrupted run of a node suite (which the host lock keeps to one at a
+	// time) may have left the address.
+	realnode.Run(t, "ip", "addr", "replace", ip+"/32", "dev", "lo")
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "addr", "del", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {
 			t.Logf("cleanup: removing %s from lo: %v: %s", ip, err, out)
