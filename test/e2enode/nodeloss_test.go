@@ -134,6 +134,8 @@ func TestLWSNodeLoss(t *testing.T) {
 		})
 		realnode.WaitNodeReady(t, cp, n.kubelet, n.name, 2*time.Minute)
 		n.cistern = realnode.NewNetnsCisternNode(t, bins, n.netns, k8sE2EPoolDir)
+		// The S3 server is plain HTTP, at an address that is not the node's loopback.
+		n.cistern.DriverArgs = []string{"--s3-allow-plain-http"}
 		n.cistern.StartDriver(t)
 		n.cistern.StartProvisioner(t, cp)
 		n.cistern.WaitRegistered(t, cp)
@@ -338,7 +340,8 @@ func (g *nodeLossGroup) waitOn(nodes ...string) groupState {
 		return last == nil, nil
 	})
 	if err != nil {
-		g.t.Fatalf("group not Ready on %v: %v\n%s", nodes, last, g.describe())
+		// On one line: the make target keeps only the first line of each log.
+		g.t.Fatalf("group not Ready on %v: %v; %s", nodes, last, strings.ReplaceAll(g.describe(), "\n", " | "))
 	}
 	return st
 }
