@@ -333,7 +333,11 @@ func (g *nodeLossGroup) waitOn(nodes ...string) groupState {
 	var st groupState
 	var last error
 	err := wait.PollUntilContextTimeout(context.Background(), time.Second, nodeLossTimeout, true, func(ctx context.Context) (bool, error) {
-		st, last = g.state(ctx)
+		var err error
+		if st, err = g.state(ctx); ctx.Err() != nil {
+			return false, nil // keep what the group waited for before the deadline
+		}
+		last = err
 		if last == nil && !slices.Contains(nodes, st.node) {
 			last = fmt.Errorf("group on %s, want one of %v", st.node, nodes)
 		}
