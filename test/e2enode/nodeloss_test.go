@@ -16,11 +16,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads"
@@ -51,6 +52,7 @@ type nodeLossNode struct {
 	netns   *realnode.NetnsNode
 	kubelet *realnode.Kubelet
 	cistern *realnode.CisternNode
+	sidecar *framework.Process
 }
 
 // TestLWSNodeLoss: a LeaderWorkerSet group on claims of an S3 dataset (node-local volumes, pinned to
@@ -68,7 +70,7 @@ func TestLWSNodeLoss(t *testing.T) {
 	requireMachine(t)
 	lockHost(t)
 	bins := realnode.FindBinaries(t)
-	bins.RequireImages(t, "pause", "checker")
+	bins.RequireImages(t, "pause", "checker", "controller")
 	root, err := realnode.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
@@ -117,12 +119,19 @@ func TestLWSNodeLoss(t *testing.T) {
 		t.Fatalf("building hack/images/pause: %v\n%s", err, out)
 	}
 	realnode.CreateStorageObjects(t, cp)
+	// Each node's storagepool-sidecar publishes its pools and what its cache holds, which the
+	// VolumeManager waits for.
+	sidecar := filepath.Join(dir, "storagepool-sidecar")
+	if out, err := testutil.GoBuild(sidecar, "github.com/cistern-csi/cistern/cmd/storagepool-sidecar").CombinedOutput(); err != nil {
+		t.Fatalf("building the storagepool-sidecar: %v\n%s", err, out)
+	}
 	var nodes []*nodeLossNode
 	for i := range 2 {
 		n := &nodeLossNode{name: fmt.Sprintf("cistern-nodeloss-%c", 'a'+i)}
 		n.netns = realnode.StartNetnsNode(t, dir, i, n.name, k8sE2EPoolDir, 4<<30, init)
 		cd := realnode.StartContainerd(t, bins, filepath.Join(n.netns.Dir, "containerd"), realnode.ContainerdOptions{
-			Imported:  []string{"pause", "checker"},
+			// The VolumeManager's stager pods run the controller's image.
+			Imported:  []string{"pause", "checker", "controller"},
 			PodRoutes: []string{framework.KubernetesServiceIP + "/32"},
 			Subnet:    n.netns.PodSubnet, Gateway: n.netns.PodGateway,
 			LogName: "containerd-" + n.name, Enter: n.netns.Enter,
@@ -139,6 +148,9 @@ func TestLWSNodeLoss(t *testing.T) {
 		n.cistern.StartDriver(t)
 		n.cistern.StartProvisioner(t, cp)
 		n.cistern.WaitRegistered(t, cp)
+		n.sidecar = framework.StartProcess(t, "storagepool-sidecar-"+n.name, sidecar,
+			"--kubeconfig="+cp.Kubeconfig, "--csi-address="+n.cistern.SocketForHost(), "--node-name="+n.name,
+			"--resync-period=1m", "--v=3")
 		nodes = append(nodes, n)
 	}
 	t.Logf("2 nodes Ready with Cistern's plugin %s after start", time.Since(begin).Round(time.Second))
@@ -148,11 +160,7 @@ func TestLWSNodeLoss(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	scheme := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(scheme); err != nil {
-		t.Fatal(err)
-	}
-	cl, err := client.New(cp.Config, client.Options{Scheme: scheme})
+	cl, err := client.New(cp.Config, client.Options{Scheme: workloads.Scheme()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +182,11 @@ func TestLWSNodeLoss(t *testing.T) {
 	// its driver.
 	t.Cleanup(func() { removeGroup(t, cp, cl, ns, nodes) })
 
+	// A VolumeManager copy of the same dataset on one node, which it replaces by another when
+	// that node is lost (docs/workloads.md, "Node replacement").
+	copies := &volumeManagerCopy{cl: cl, ns: ns}
+	copies.create(t, "http://"+s3Addr)
+
 	g := &nodeLossGroup{t: t, cp: cp, cl: cl, ns: ns, results: results, files: files}
 	first := g.waitOn(nodes[0].name, nodes[1].name)
 	t.Logf("group Ready on %s %s after start", first.node, time.Since(begin).Round(time.Second))
@@ -185,6 +198,8 @@ func TestLWSNodeLoss(t *testing.T) {
 	if first.node == other.name {
 		lost, other = other, lost
 	}
+	copyOn := copies.waitOn(t, nodes[0].name, nodes[1].name)
+	t.Logf("VolumeManager copy Ready on %s", copyOn.node)
 
 	t.Run("unreachable", func(t *testing.T) {
 		g.t = t
@@ -203,6 +218,7 @@ func TestLWSNodeLoss(t *testing.T) {
 		t.Logf("group Ready on %s %s after the link was cut", back.node, time.Since(start).Round(time.Second))
 		g.checkFresh(first, back)
 		g.checkReleased("Ready=Unknown", first)
+		copyOn = copies.checkAfterLoss(t, copyOn, lost.name, other.name)
 
 		// The node comes back: it is Ready again, and its kubelet tears down the pods the
 		// cluster no longer has, unmounting their volumes through the driver.
@@ -231,6 +247,7 @@ func TestLWSNodeLoss(t *testing.T) {
 		start := time.Now()
 		gone.kubelet.Stop()
 		gone.cistern.Stop()
+		gone.sidecar.Stop()
 		if err := cp.Client.CoreV1().Nodes().Delete(ctx, gone.name, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -238,6 +255,7 @@ func TestLWSNodeLoss(t *testing.T) {
 		t.Logf("group Ready on %s %s after node %s was deleted", back.node, time.Since(start).Round(time.Second), gone.name)
 		g.checkFresh(first, back)
 		g.checkReleased("(deleted)", first)
+		copies.checkAfterLoss(t, copyOn, gone.name, survivor.name)
 	})
 }
 
@@ -523,7 +541,7 @@ func waitUntainted(t *testing.T, cp *framework.ControlPlane, node string) {
 	}
 }
 
-// removeGroup deletes the LeaderWorkerSet and waits for its pods to go and for every live node's
+// removeGroup deletes the LeaderWorkerSet and the VolumeManager and waits for its pods to go and for every live node's
 // kubelet to unmount their volumes, while the drivers still run.
 func removeGroup(t *testing.T, cp *framework.ControlPlane, cl client.Client, ns string, nodes []*nodeLossNode) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -531,6 +549,10 @@ func removeGroup(t *testing.T, cp *framework.ControlPlane, cl client.Client, ns 
 	lws := &v1alpha1.LeaderWorkerSet{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: nodeLossLWS}}
 	if err := cl.Delete(ctx, lws, client.PropagationPolicy(metav1.DeletePropagationForeground)); err != nil && !apierrors.IsNotFound(err) {
 		t.Logf("cleanup: deleting the LeaderWorkerSet: %v", err)
+	}
+	vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "copies"}}
+	if err := cl.Delete(ctx, vm); err != nil && !apierrors.IsNotFound(err) {
+		t.Logf("cleanup: deleting the VolumeManager: %v", err)
 	}
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		pods, err := cp.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
@@ -547,4 +569,76 @@ func removeGroup(t *testing.T, cp *framework.ControlPlane, cl client.Client, ns 
 	if err != nil && !errors.Is(err, context.Canceled) {
 		t.Logf("cleanup: the group's pods or their mounts are still there: %v", err)
 	}
+}
+
+// volumeManagerCopy is the test's VolumeManager: one read-only copy of the dataset on one node.
+type volumeManagerCopy struct {
+	cl client.Client
+	ns string
+}
+
+// copyState is where the copy is Ready, and the claim pods mount it by.
+type copyState struct{ node, claim string }
+
+func (v *volumeManagerCopy) create(t *testing.T, endpoint string) {
+	t.Helper()
+	capacity := resource.MustParse("64Mi")
+	vm := &datav1alpha1.VolumeManager{
+		ObjectMeta: metav1.ObjectMeta{Namespace: v.ns, Name: "copies"},
+		Spec: datav1alpha1.VolumeManagerSpec{VolumeConfigs: []datav1alpha1.VolumeConfig{{
+			ID: "model", Replicas: 1, SourceType: datav1alpha1.SourceS3,
+			SourceURL: "s3://" + datasetBucket + "/" + datasetPrefix, AccessMode: corev1.ReadOnlyMany, Capacity: &capacity,
+			Options: map[string]string{"endpoint": endpoint, "pathStyle": "true", "secretName": datasetSecret}}}},
+	}
+	if err := v.cl.Create(context.Background(), vm); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitOn waits until the VolumeManager is Ready with its copy Ready on one of nodes.
+func (v *volumeManagerCopy) waitOn(t *testing.T, nodes ...string) copyState {
+	t.Helper()
+	var st copyState
+	var last string
+	err := wait.PollUntilContextTimeout(context.Background(), time.Second, nodeLossTimeout, true, func(ctx context.Context) (bool, error) {
+		var vm datav1alpha1.VolumeManager
+		if err := v.cl.Get(ctx, client.ObjectKey{Namespace: v.ns, Name: "copies"}, &vm); err != nil {
+			return false, nil
+		}
+		last = fmt.Sprintf("%s (%s) %+v", vm.Status.State, vm.Status.Message, vm.Status.Volumes)
+		if vm.Status.State != datav1alpha1.StateReady || len(vm.Status.Volumes) != 1 {
+			return false, nil
+		}
+		vol := vm.Status.Volumes[0]
+		if len(vol.Nodes) != 1 || vol.Nodes[0].State != datav1alpha1.NodeReady || !slices.Contains(nodes, vol.Nodes[0].Name) ||
+			vol.VolumeSource.PersistentVolumeClaim == nil {
+			return false, nil
+		}
+		st = copyState{node: vol.Nodes[0].Name, claim: vol.VolumeSource.PersistentVolumeClaim.ClaimName}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("VolumeManager copy not Ready on %v: %s", nodes, last)
+	}
+	return st
+}
+
+// checkAfterLoss checks the copy after node lost is lost: moved to other, on a new claim, if it
+// was on lost; else where it was.
+func (v *volumeManagerCopy) checkAfterLoss(t *testing.T, before copyState, lost, other string) copyState {
+	t.Helper()
+	if before.node != lost {
+		after := v.waitOn(t, before.node)
+		if after != before {
+			t.Errorf("VolumeManager copy on %s, not on the lost node %s, changed: %+v", before.node, lost, after)
+		}
+		return after
+	}
+	start := time.Now()
+	after := v.waitOn(t, other)
+	if after.claim == before.claim {
+		t.Errorf("VolumeManager copy moved to %s on the claim it had on the lost node (%s)", other, before.claim)
+	}
+	t.Logf("VolumeManager copy Ready on %s, claim %s, %s after the group", after.node, after.claim, time.Since(start).Round(time.Second))
+	return after
 }

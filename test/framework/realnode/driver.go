@@ -125,8 +125,8 @@ func NewNetnsCisternNode(t *testing.T, bins *Binaries, n *NetnsNode, poolPath st
 	return c
 }
 
-// socketForHost is where a process on the host reaches the driver's socket.
-func (n *CisternNode) socketForHost() string {
+// SocketForHost is where a process on the host reaches the driver's socket.
+func (n *CisternNode) SocketForHost() string {
 	if n.hostSocket != "" {
 		return n.hostSocket
 	}
@@ -232,7 +232,7 @@ func (n *CisternNode) RestartDriver() {
 func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	cmd := exec.Command(n.bins.provisioner,
-		"--csi-address="+n.socketForHost(),
+		"--csi-address="+n.SocketForHost(),
 		"--kubeconfig="+cp.Kubeconfig,
 		"--node-deployment=true",
 		"--node-deployment-immediate-binding=false",
