@@ -18,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -182,11 +183,6 @@ func TestLWSNodeLoss(t *testing.T) {
 	// its driver.
 	t.Cleanup(func() { removeGroup(t, cp, cl, ns, nodes) })
 
-	// A VolumeManager copy of the same dataset on one node, which it replaces by another when
-	// that node is lost (docs/workloads.md, "Node replacement").
-	copies := &volumeManagerCopy{cl: cl, ns: ns}
-	copies.create(t, "http://"+s3Addr)
-
 	g := &nodeLossGroup{t: t, cp: cp, cl: cl, ns: ns, results: results, files: files}
 	first := g.waitOn(nodes[0].name, nodes[1].name)
 	t.Logf("group Ready on %s %s after start", first.node, time.Since(begin).Round(time.Second))
@@ -198,7 +194,14 @@ func TestLWSNodeLoss(t *testing.T) {
 	if first.node == other.name {
 		lost, other = other, lost
 	}
-	copyOn := copies.waitOn(t, nodes[0].name, nodes[1].name)
+	// A VolumeManager copy of the same dataset on the group's node, which the VolumeManager
+	// replaces by another node when that one is lost (docs/workloads.md, "Node replacement"): the
+	// other node is cordoned while the copy is placed, so that both losses move it.
+	cordon(t, cp, other.name, true)
+	copies := &volumeManagerCopy{cl: cl, ns: ns}
+	copies.create(t, "http://"+s3Addr)
+	copyOn := copies.waitOn(t, lost.name)
+	cordon(t, cp, other.name, false)
 	t.Logf("VolumeManager copy Ready on %s", copyOn.node)
 
 	t.Run("unreachable", func(t *testing.T) {
@@ -641,4 +644,13 @@ func (v *volumeManagerCopy) checkAfterLoss(t *testing.T, before copyState, lost,
 	}
 	t.Logf("VolumeManager copy Ready on %s, claim %s, %s after the group", after.node, after.claim, time.Since(start).Round(time.Second))
 	return after
+}
+
+// cordon marks node unschedulable, or schedulable again.
+func cordon(t *testing.T, cp *framework.ControlPlane, node string, on bool) {
+	t.Helper()
+	patch := fmt.Sprintf(`{"spec":{"unschedulable":%t}}`, on)
+	if _, err := cp.Client.CoreV1().Nodes().Patch(context.Background(), node, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
