@@ -50,12 +50,14 @@ HOST_PACKAGES += git=git
 # elsewhere it says why and skips, or fails under CI=true. Builds kubelet, the node runtime,
 # external-provisioner and the S3 server (versitygw, from 30-datasource.mk) first; all are cached
 # after the first time.
+# TestNode, then TestLWSNodeLoss (make e2e-nodeloss alone); one of them: make e2e-node E2E_NODE_RUN='TestNode$$'
+E2E_NODE_RUN ?= TestNode$$|TestLWSNodeLoss$$
 REQUIRE_NODE = hack/make/require-node.sh $@; rc=$$?; if [ $$rc = 2 ]; then exit 0; elif [ $$rc != 0 ]; then exit 1; fi
 ## Node-level suite: kubelet, containerd and pods mounting Cistern volumes (root)
 e2e-node:
 	@$(REQUIRE_NODE); \
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images host-packages $(VERSITYGW) && \
-	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 20m -v -run TestNode ./test/e2enode/... | \
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 25m -v -run '$(E2E_NODE_RUN)' ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
@@ -76,4 +78,18 @@ e2e-install:
 	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 35m -v -run '$(E2E_INSTALL_RUN)' ./test/e2enode/... | \
+	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+
+# Node loss (TestLWSNodeLoss in test/e2enode): a LeaderWorkerSet group on dataset claims runs on
+# one of two kubelet nodes in their own network namespaces (the storage e2e suite's nodes), each
+# with containerd and Cistern's node plugin; its node is made unreachable (link cut) past the
+# workload-controller's grace period, then the other one is deleted, and each time the group must
+# be Ready again on the other node on fresh claims (docs/workloads.md, "Node loss"). Same machine
+# requirements as e2e-node.
+.PHONY: e2e-nodeloss
+## A LeaderWorkerSet group back Ready on another kubelet node after its node is lost (root)
+e2e-nodeloss:
+	@$(REQUIRE_NODE); \
+	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images $(VERSITYGW) && \
+	CISTERN_VERSITYGW=$(VERSITYGW) $(GO_TEST) -count=1 -timeout 20m -v -run 'TestLWSNodeLoss$$' ./test/e2enode/... | \
 	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

@@ -343,8 +343,8 @@ func serveService(t *testing.T, cp *framework.ControlPlane, svc *corev1.Service)
 // netfilter rules, which would change the tables of a host other suites share.
 func serveClusterIP(t *testing.T, ip string, port int, target func(context.Context) (string, error)) {
 	t.Helper()
-	// replace, not add: an address a killed earlier run left (a timed-out test runs no cleanup)
-	// must not fail this one.
+	// replace, not add: an interrupted run of a node suite (which the host lock keeps to one at a
+	// time) may have left the address; a timed-out test runs no cleanup.
 	realnode.Run(t, "ip", "addr", "replace", ip+"/32", "dev", "lo")
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "addr", "del", ip+"/32", "dev", "lo").CombinedOutput(); err != nil {

@@ -28,13 +28,20 @@ const lwsName = "ranks"
 // image, until the test ends.
 func startWorkloadController(t *testing.T, c *cluster) error {
 	t.Helper()
+	return runWorkloadController(t, c.cp, c.bins, nil)
+}
+
+// runWorkloadController is startWorkloadController for any control plane; configure, when set,
+// changes the controller's configuration first.
+func runWorkloadController(t *testing.T, cp *framework.ControlPlane, bins *realnode.Binaries, configure func(*workloads.Config)) error {
+	t.Helper()
 	// InstallCRDs logs through controller-runtime before the controller's Run sets its logger.
 	crlog.SetLogger(klog.Background())
 	root, err := realnode.RepoRoot()
 	if err != nil {
 		return err
 	}
-	if err := testutil.InstallCRDs(c.cp.Config, filepath.Join(root, "deploy", "csi", "crds")); err != nil {
+	if err := testutil.InstallCRDs(cp.Config, filepath.Join(root, "deploy", "csi", "crds")); err != nil {
 		return fmt.Errorf("installing the workload CRDs: %w", err)
 	}
 	ports, err := realnode.FreePorts(1)
@@ -44,11 +51,14 @@ func startWorkloadController(t *testing.T, c *cluster) error {
 	port := int(ports[0])
 	certDir := t.TempDir()
 	cfg := workloads.Config{
-		RestConfig:  c.cp.Config,
+		RestConfig:  cp.Config,
 		MetricsAddr: "0", ProbeAddr: "0",
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
-		GitImage: c.bins.Images["git"].Ref, CompareImage: c.bins.Images["controller"].Ref,
+		GitImage: bins.Images["git"].Ref, CompareImage: bins.Images["controller"].Ref,
+	}
+	if configure != nil {
+		configure(&cfg)
 	}
 	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(1)))
 	errc := make(chan error, 1)

@@ -119,8 +119,9 @@ func (r *Reconciler) lost(ctx context.Context, name string) (bool, time.Duration
 }
 
 // release deletes a LeaderWorkerSet claim bound to pv, and the pods of its group that hold it and
-// do not run on a live node (bound to the lost node, or Pending unscheduled), so the StatefulSet
-// controller makes both again. It says whether the claim is still there.
+// do not run on a live node (bound to the lost node: at once, with no grace period; or Pending
+// unscheduled), so the StatefulSet controller makes both again. It says whether the claim is still
+// there.
 func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, node, why string) (bool, error) {
 	ref := pv.Spec.ClaimRef
 	var pvc corev1.PersistentVolumeClaim
@@ -138,10 +139,20 @@ func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, n
 	}
 	for i := range pods.Items {
 		pod := &pods.Items[i]
-		if pod.DeletionTimestamp != nil || !usesClaim(pod, pvc.Name) || pod.Spec.NodeName != "" && pod.Spec.NodeName != node {
+		if !usesClaim(pod, pvc.Name) || pod.Spec.NodeName != "" && pod.Spec.NodeName != node {
 			continue
 		}
-		if err := r.Delete(ctx, pod, client.Preconditions{UID: &pod.UID}); err != nil && !apierrors.IsNotFound(err) {
+		opts := []client.DeleteOption{client.Preconditions{UID: &pod.UID}}
+		if pod.Spec.NodeName == node {
+			// No kubelet will confirm a graceful deletion on a lost node: the pod would stay
+			// Terminating (also one a taint eviction began) and the StatefulSet controller waits
+			// for it before it makes the pod again. So it goes at once, as kube-controller-manager
+			// removes the pods of a node with the out-of-service taint.
+			opts = append(opts, client.GracePeriodSeconds(0))
+		} else if pod.DeletionTimestamp != nil {
+			continue
+		}
+		if err := r.Delete(ctx, pod, opts...); err != nil && !apierrors.IsNotFound(err) {
 			return false, err
 		}
 		logger.Info("deleted pod holding a claim pinned to a lost node", "pod", klog.KObj(pod))

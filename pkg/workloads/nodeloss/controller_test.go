@@ -14,6 +14,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
@@ -70,6 +71,11 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 			Spec: corev1.PodSpec{NodeName: node, Volumes: []corev1.Volume{{Name: "data",
 				VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}}}
 	}
+	terminating := func(p *corev1.Pod) *corev1.Pod {
+		p.DeletionTimestamp = &metav1.Time{Time: now}
+		p.Finalizers = []string{"test.cistern.dev/hold"}
+		return p
+	}
 	notReady := func(since time.Duration) *corev1.Node {
 		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "a"}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{
 			Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", LastTransitionTime: metav1.NewTime(now.Add(-since))}}}}
@@ -91,14 +97,16 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 			objs := []client.Object{
 				pinned("pv-leader", "a", "data-train-0", corev1.LabelHostname),
 				pinned("pv-worker", "a", "data-train-0-1", consts.TopologyKey),
+				pinned("pv-worker-2", "a", "data-train-0-2", consts.TopologyKey),
 				pinned("pv-other", "a", "scratch", corev1.LabelHostname),
 				pinned("pv-kept", "a", "data-train-1", corev1.LabelHostname),
 				pinned("pv-elsewhere", "b", "data-train-2", corev1.LabelHostname),
-				claim("data-train-0", true, false), claim("data-train-0-1", true, false), claim("scratch", false, false),
+				claim("data-train-0", true, false), claim("data-train-0-1", true, false), claim("data-train-0-2", true, false), claim("scratch", false, false),
 				claim("data-train-1", true, true), claim("data-train-2", true, false),
-				pod("train-0", "", "data-train-0"),      // recreated, Pending: cannot be scheduled
-				pod("train-0-1", "a", "data-train-0-1"), // on the lost node
-				pod("train-2", "b", "data-train-2"),     // elsewhere
+				pod("train-0", "", "data-train-0"),                   // recreated, Pending: cannot be scheduled
+				pod("train-0-1", "a", "data-train-0-1"),              // on the lost node
+				terminating(pod("train-0-2", "a", "data-train-0-2")), // on the lost node, an eviction begun
+				pod("train-2", "b", "data-train-2"),                  // elsewhere
 				pod("user", "", "scratch"),
 			}
 			if tc.node != nil {
@@ -106,7 +114,16 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 			}
 			scheme := runtime.NewScheme()
 			_ = clientgoscheme.AddToScheme(scheme)
-			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+			// The pods deleted, with their grace period (nil: the pod's own).
+			deleted := map[string]*int64{}
+			c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithInterceptorFuncs(interceptor.Funcs{
+				Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+					if _, ok := obj.(*corev1.Pod); ok {
+						o := (&client.DeleteOptions{}).ApplyOptions(opts)
+						deleted[obj.GetName()] = o.GracePeriodSeconds
+					}
+					return c.Delete(ctx, obj, opts...)
+				}}).Build()
 			r := &Reconciler{Client: c, GracePeriod: tc.grace, Now: func() time.Time { return now }}
 			res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: "a"}})
 			if err != nil {
@@ -124,7 +141,7 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 			gone := func(obj client.Object, name string) bool {
 				return apierrors.IsNotFound(c.Get(context.Background(), types.NamespacedName{Namespace: "ns", Name: name}, obj))
 			}
-			for _, name := range []string{"data-train-0", "data-train-0-1"} {
+			for _, name := range []string{"data-train-0", "data-train-0-1", "data-train-0-2"} {
 				if gone(&corev1.PersistentVolumeClaim{}, name) != tc.released {
 					t.Errorf("claim %s released: %v, want %v", name, !tc.released, tc.released)
 				}
@@ -132,6 +149,13 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 			for _, name := range []string{"train-0", "train-0-1"} {
 				if gone(&corev1.Pod{}, name) != tc.released {
 					t.Errorf("pod %s deleted: %v, want %v", name, !tc.released, tc.released)
+				}
+			}
+			// The pods on the lost node go at once: no kubelet will confirm a graceful deletion,
+			// not even of the one a taint eviction began (its finalizer keeps it in the fake).
+			for _, name := range []string{"train-0-1", "train-0-2"} {
+				if grace, ok := deleted[name]; ok != tc.released || ok && (grace == nil || *grace != 0) {
+					t.Errorf("pod %s on the lost node: deleted %v with grace period %v, want deleted %v at once", name, ok, grace, tc.released)
 				}
 			}
 			for _, name := range []string{"scratch", "data-train-1", "data-train-2"} {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -49,6 +50,10 @@ type CisternNode struct {
 	metricsAddr string
 	// DriverArgs are more flags for the driver (e.g. --sts-endpoint), set before StartDriver.
 	DriverArgs []string
+	// enter, for a node in its own namespaces (NewNetnsCisternNode), runs the driver and the
+	// registrar there; hostSocket is where the host reaches Socket (the provisioner dials it).
+	enter      []string
+	hostSocket string
 }
 
 // createPool makes a 2 GiB ext4 filesystem in a file and loop-mounts it at dir/pool: the pool
@@ -93,6 +98,41 @@ func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName str
 	return n
 }
 
+// NewNetnsCisternNode prepares Cistern's driver for the netns node n, as its DaemonSet pod would
+// run there: in the node's namespaces, with the node's own paths (kubelet's root, the state
+// directory) and its pool mounted at poolPath (StartNetnsNode). The provisioner runs on the host
+// and reaches the driver's socket through the node's directory.
+func NewNetnsCisternNode(t *testing.T, bins *Binaries, n *NetnsNode, poolPath string) *CisternNode {
+	t.Helper()
+	c := &CisternNode{
+		suite:       t,
+		bins:        bins,
+		nodeName:    n.name,
+		kubeletRoot: KubeletRootDir,
+		Socket:      filepath.Join(KubeletRootDir, "plugins", consts.DriverName, "csi.sock"),
+		poolsConfig: filepath.Join(n.Dir, "pools.yaml"),
+		stateDir:    "/var/lib/cistern/state",
+		enter:       n.Enter,
+	}
+	c.hostSocket = n.HostPath(t, c.Socket)
+	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", PoolName, poolPath)
+	if err := os.WriteFile(c.poolsConfig, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(c.hostSocket), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// SocketForHost is where a process on the host reaches the driver's socket.
+func (n *CisternNode) SocketForHost() string {
+	if n.hostSocket != "" {
+		return n.hostSocket
+	}
+	return n.Socket
+}
+
 // StartDriver starts the driver in mode all and, the first time, the registrar next to it.
 func (n *CisternNode) StartDriver(t *testing.T) {
 	t.Helper()
@@ -114,14 +154,60 @@ func (n *CisternNode) StartDriver(t *testing.T) {
 		"--http-endpoint=" + n.metricsAddr,
 		"--v=3",
 	}
-	n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket, append(args, n.DriverArgs...)...)
+	args = append(args, n.DriverArgs...)
+	if n.enter == nil {
+		n.driver = framework.StartCSIDriver(t, fmt.Sprintf("csi-driver-%d", n.starts), n.bins.driver, n.Socket, args...)
+	} else {
+		n.driver = n.startInNode(t, fmt.Sprintf("csi-driver-%s-%d", n.nodeName, n.starts),
+			append([]string{n.bins.driver, "--endpoint=unix://" + n.Socket}, args...))
+	}
 	if n.registrar == nil {
-		n.registrar = framework.StartProcess(n.suite, "node-driver-registrar", n.bins.registrar,
-			"--csi-address="+n.Socket,
-			"--kubelet-registration-path="+n.Socket,
-			"--plugin-registration-path="+filepath.Join(n.kubeletRoot, "plugins_registry"),
+		args := []string{n.bins.registrar,
+			"--csi-address=" + n.Socket,
+			"--kubelet-registration-path=" + n.Socket,
+			"--plugin-registration-path=" + filepath.Join(n.kubeletRoot, "plugins_registry"),
 			"--v=3",
-		)
+		}
+		name := "node-driver-registrar"
+		if n.enter != nil {
+			name += "-" + n.nodeName
+		}
+		all := append(append([]string{}, n.enter...), args...)
+		n.registrar = framework.StartCommand(n.suite, name, exec.Command(all[0], all[1:]...))
+	}
+}
+
+// startInNode starts the driver in the node's namespaces and waits for its socket.
+func (n *CisternNode) startInNode(t *testing.T, name string, args []string) *framework.Process {
+	t.Helper()
+	_ = os.Remove(n.hostSocket) // a previous run's (a restart)
+	all := append(append([]string{}, n.enter...), args...)
+	p := framework.StartCommand(t, name, exec.Command(all[0], all[1:]...))
+	err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		select {
+		case <-p.Done():
+			return false, ErrExited(p)
+		default:
+		}
+		c, err := net.Dial("unix", n.hostSocket)
+		if err == nil {
+			c.Close()
+		}
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("%s: not listening on %s: %v; last lines of %s:\n%s", name, n.hostSocket, err, p.LogPath, framework.Tail(p.LogPath, 20))
+	}
+	return p
+}
+
+// Stop stops the node's driver, registrar and provisioner, as when the node goes away with its
+// DaemonSet pod. The test's cleanup stops them too.
+func (n *CisternNode) Stop() {
+	for _, p := range []*framework.Process{n.provisioner, n.registrar, n.driver} {
+		if p != nil {
+			p.Stop()
+		}
 	}
 }
 
@@ -146,7 +232,7 @@ func (n *CisternNode) RestartDriver() {
 func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane) {
 	t.Helper()
 	cmd := exec.Command(n.bins.provisioner,
-		"--csi-address="+n.Socket,
+		"--csi-address="+n.SocketForHost(),
 		"--kubeconfig="+cp.Kubeconfig,
 		"--node-deployment=true",
 		"--node-deployment-immediate-binding=false",
@@ -159,7 +245,11 @@ func (n *CisternNode) StartProvisioner(t *testing.T, cp *framework.ControlPlane)
 	cmd.Env = append(os.Environ(), "NODE_NAME="+n.nodeName)
 	n.cp = cp
 	n.provStarts++
-	n.provisioner = framework.StartCommand(t, fmt.Sprintf("csi-provisioner-%d", n.provStarts), cmd)
+	name := fmt.Sprintf("csi-provisioner-%d", n.provStarts)
+	if n.enter != nil {
+		name = fmt.Sprintf("csi-provisioner-%s-%d", n.nodeName, n.provStarts)
+	}
+	n.provisioner = framework.StartCommand(t, name, cmd)
 }
 
 // WaitRegistered waits until kubelet has registered the driver: the CSINode lists it with our

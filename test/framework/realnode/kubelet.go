@@ -237,3 +237,7 @@ func WaitNodeReady(t *testing.T, cp *framework.ControlPlane, k *Kubelet, nodeNam
 		t.Fatalf("Node %s not Ready (%s): %v; kubelet log: %s", nodeName, last, err, k.process.LogPath)
 	}
 }
+
+// Stop stops kubelet (SIGTERM, then SIGKILL): its node stops reporting, its pods run on without
+// it. Safe to call more than once; the test's cleanup calls it too.
+func (k *Kubelet) Stop() { k.process.Stop() }

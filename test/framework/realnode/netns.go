@@ -303,3 +303,53 @@ func detachLoop(t *testing.T, dev string) {
 		t.Logf("cleanup: detaching %s: %v: %s", dev, err, out)
 	}
 }
+
+// HostPath is where the host sees path, a path of the node under one of its fixed node paths
+// (each a bind mount of a directory under the node's Dir): a unix socket the node's driver
+// listens on is reached from the host there.
+func (n *NetnsNode) HostPath(t *testing.T, path string) string {
+	t.Helper()
+	for _, p := range nodePaths {
+		if rel, err := filepath.Rel(p, path); err == nil && !strings.HasPrefix(rel, "..") {
+			return filepath.Join(n.Dir, "paths", strings.ReplaceAll(strings.TrimPrefix(p, "/"), "/", "-"), rel)
+		}
+	}
+	t.Fatalf("node %s: %s is under none of the node paths %v", n.name, path, nodePaths)
+	return ""
+}
+
+// Disconnect takes the host's side of the node's link down: the node, its kubelet and its pods
+// keep running but reach nothing (an unreachable node, as a network partition makes one).
+// Reconnect brings it back.
+func (n *NetnsNode) Disconnect(t *testing.T) {
+	t.Helper()
+	Run(t, "ip", "link", "set", n.hostIf, "down")
+}
+
+// Reconnect brings the node's link up again, with the host's route to its pods (the kernel
+// drops a route through a link that goes down).
+func (n *NetnsNode) Reconnect(t *testing.T) {
+	t.Helper()
+	Run(t, "ip", "link", "set", n.hostIf, "up")
+	if out, err := exec.Command("ip", "route", "replace", n.PodSubnet, "via", n.NodeIP, "dev", n.hostIf, "onlink").CombinedOutput(); err != nil {
+		t.Fatalf("node %s: restoring the route to its pods: %v: %s", n.name, err, out)
+	}
+}
+
+// MountsUnder lists the mount points under dir (a path of the node) in the node's mount
+// namespace.
+func (n *NetnsNode) MountsUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", n.initPID))
+	if err != nil {
+		t.Fatalf("node %s: its mounts: %v", n.name, err)
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(data), "\n") {
+		// ID parent major:minor root mountpoint ...
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mounts = append(mounts, f[4])
+		}
+	}
+	return mounts
+}
