@@ -157,6 +157,13 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 	}
 	v, exists := s.store.GetVolume(id)
 	if !exists {
+		if p := r.Inline.Params; p.OutputTarget != "" {
+			spec := datasource.SpecOf(p.Dataset)
+			spec.Tenant = true
+			if err := s.checkOutput(ctx, id, p.OutputTarget, spec, r.Secrets, r.VolumeContext); err != nil {
+				return err
+			}
+		}
 		chosen, err := s.selectInlinePool(r.Inline.Params, r.Inline.Size, r.Inline.Size)
 		if err != nil {
 			return err
@@ -224,6 +231,9 @@ func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 		return nil
 	}
 	if v.Ephemeral {
+		if handed, err := s.handOff(ctx, v); handed || err != nil {
+			return err
+		}
 		if v.Device != "" {
 			if err := s.images.Detach(v.Device); err != nil {
 				return Internal("detaching loop device", err)

@@ -78,6 +78,8 @@ type Service struct {
 	writable WritableDatasets
 	// overlayMount mounts an overlay with the given options: mountOverlay but in tests.
 	overlayMount func(options, target string) error
+	// wb uploads volumes' outputs (writeback.go); nil when write-back is off.
+	wb *writeBacks
 }
 
 // New returns a Service over cfg.
@@ -88,6 +90,7 @@ func New(cfg Config) *Service {
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
 	}
+	s.wb = newWriteBacks(cfg.Writable.WriteBack)
 	return s
 }
 

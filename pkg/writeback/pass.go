@@ -31,6 +31,8 @@ type run struct {
 
 	mu sync.Mutex
 	p  Progress
+	// reporting serialises the calls of report.
+	reporting sync.Mutex
 }
 
 // file is a changed regular file of the upper directory.
@@ -84,6 +86,7 @@ func (r *run) pass(ctx context.Context) error {
 		}
 	}
 	r.mu.Unlock()
+	r.publish()
 	if err := r.abortStale(ctx, current); err != nil {
 		return err
 	}
@@ -216,6 +219,8 @@ func (r *run) publish() {
 	if r.report == nil {
 		return
 	}
+	r.reporting.Lock()
+	defer r.reporting.Unlock()
 	r.mu.Lock()
 	p := r.p
 	r.mu.Unlock()

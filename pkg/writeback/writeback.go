@@ -212,3 +212,29 @@ func (u *Uploader) Pending() ([]Job, error) {
 func (u *Uploader) Forget(volume string) error {
 	return os.RemoveAll(u.journalDir(volume))
 }
+
+// Add records job durably, before the caller lets the volume go: a crash after it resumes the
+// job (Jobs), a crash before it finds the volume still published.
+func (u *Uploader) Add(job Job) error {
+	j, err := openJournal(u.journalDir(job.Volume), job)
+	if err != nil {
+		return err
+	}
+	return j.close()
+}
+
+// Jobs returns every recorded job, complete or not: the caller finishes each (a complete one
+// only needs its data deleted and Forget).
+func (u *Uploader) Jobs() ([]Job, error) {
+	entries, err := os.ReadDir(u.cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Job
+	for _, e := range entries {
+		if job, err := readJob(filepath.Join(u.cfg.Dir, e.Name())); err == nil {
+			out = append(out, job)
+		}
+	}
+	return out, nil
+}
