@@ -202,6 +202,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	stop := make(chan struct{})
 	defer close(stop)
+	defer d.volumes.StopWriteBacks()
 	go d.watchPools(stop)
 	go d.datasets.Run(ctx)
 	if d.peers != nil {

@@ -46,6 +46,11 @@ type writeBacks struct {
 	cfg WriteBack
 	up  *writeback.Uploader
 
+	// ctx ends the uploads when the node plugin stops (StopWriteBacks); wg waits for them.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
 	mu      sync.Mutex
 	pending map[string]int64 // volume -> bytes not at the target yet
 	running map[string]bool  // volumes with an upload goroutine
@@ -59,7 +64,9 @@ func (w *writeBacks) start(s *Service, job writeback.Job) {
 		return
 	}
 	w.running[job.Volume] = true
+	w.wg.Add(1)
 	go func() {
+		defer w.wg.Done()
 		s.upload(job.Volume, job)
 		w.mu.Lock()
 		delete(w.running, job.Volume)
@@ -77,7 +84,8 @@ func newWriteBacks(cfg WriteBack) *writeBacks {
 		klog.Background().Error(err, "Write-back disabled")
 		return nil
 	}
-	return &writeBacks{cfg: cfg, up: up, pending: map[string]int64{}, running: map[string]bool{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{}}
 }
 
 // outputTarget is an output target with the pod's placeholders replaced.
@@ -191,11 +199,18 @@ func (s *Service) upload(id string, job writeback.Job) {
 			logger.Info("Outputs uploaded; volume deleted")
 			return
 		}
+		if s.wb.ctx.Err() != nil {
+			return // the node plugin stops; the next one resumes
+		}
 		logger.Error(err, "Write-back failed; retrying", "in", wait)
 		if s.wb.cfg.OnProgress != nil {
 			s.wb.cfg.OnProgress(writeback.Progress{Volume: id, Err: err})
 		}
-		time.Sleep(wait)
+		select {
+		case <-s.wb.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
 }
 
@@ -231,7 +246,7 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		_ = s.images.Detach(dev)
 		return fmt.Errorf("mounting the volume's filesystem: %w", err)
 	}
-	err = s.wb.up.Run(context.Background(), job, client, func(p writeback.Progress) { s.wb.progress(p) })
+	err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) { s.wb.progress(p) })
 	_ = unix.Unmount(dir, 0)
 	_ = os.Remove(dir)
 	if derr := s.images.Detach(dev); err == nil {
@@ -244,6 +259,16 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		return err
 	}
 	return s.wb.forget(id)
+}
+
+// StopWriteBacks stops the uploads under way and waits for them; their journals keep what was
+// done, and the next node plugin resumes them.
+func (s *Service) StopWriteBacks() {
+	if s.wb == nil {
+		return
+	}
+	s.wb.cancel()
+	s.wb.wg.Wait()
 }
 
 // resumeWriteBacks starts again the uploads a stopped node plugin left (Recover).
@@ -320,6 +345,10 @@ func (w *writeBacks) forget(id string) error {
 }
 
 func (w *writeBacks) progress(p writeback.Progress) {
+	if p.Err != nil {
+		klog.Background().Error(p.Err, "Write-back refused; retrying with backoff, the volume's data kept", "volumeID", p.Volume, "attempt", p.Attempt,
+			"bytesDone", p.BytesDone, "bytes", p.Bytes)
+	}
 	w.mu.Lock()
 	if p.Done {
 		delete(w.pending, p.Volume)

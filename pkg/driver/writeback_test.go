@@ -1,0 +1,159 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/pkg/writeback"
+	"github.com/cistern-csi/cistern/test/testpeers"
+)
+
+// TestWriteBackInline publishes a writable inline volume of an S3 dataset that names an output
+// target, writes through it, and unpublishes it while the target refuses writes: NodeUnpublish
+// returns, the volume stays through a driver restart, and once the target accepts, every change
+// (and nothing unchanged) is at the target, byte for byte, and the volume is gone. A caller who
+// may read the dataset but not write the target is refused at publish.
+func TestWriteBackInline(t *testing.T) {
+	env := startDriver(t, testPool{name: "fast", size: 1 << 30})
+	env.stop()
+	env.cfg.Writable.WriteBack = volume.WriteBack{Dir: filepath.Join(env.dir, "writeback"),
+		Uploader: writeback.Config{PartSize: 5 << 20, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}}
+	env.start()
+	ctx := context.Background()
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "shared")
+	s.Bucket(t, "out")
+	for i := range 4 {
+		s.Put(t, "shared", fmt.Sprintf("set/f%d", i), bytes.Repeat([]byte{byte('a' + i)}, 100<<10))
+	}
+	// Anyone may read the dataset; only the owner may write "out".
+	policy := `{"Version":"2012-10-17","Statement":[` +
+		`{"Effect":"Allow","Principal":"*","Action":["s3:ListBucket"],"Resource":["arn:aws:s3:::shared"]},` +
+		`{"Effect":"Allow","Principal":"*","Action":["s3:GetObject"],"Resource":["arn:aws:s3:::shared/*"]}]}`
+	if _, err := s.Client.PutBucketPolicy(ctx, &s3.PutBucketPolicyInput{Bucket: aws.String("shared"), Policy: aws.String(policy)}); err != nil {
+		t.Fatal(err)
+	}
+	proxy := testpeers.StartProxy(t, s.Endpoint, nil)
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+		"pathStyle": "true", "size": "64Mi", "outputTarget": "s3://out/runs/${pod.namespace}/${pod.name}",
+		"csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.name": "train-0"}
+	publish := func(id string, secrets map[string]string) (string, error) {
+		target := filepath.Join(env.dir, "target", id)
+		return target, retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: secrets})
+			return err
+		})
+	}
+
+	t.Run("failure case - a reader of the dataset who may not write the target", func(t *testing.T) {
+		target, err := publish("wb-anonymous", nil)
+		wantCode(t, err, codes.PermissionDenied, "outputTarget s3://out/runs/team/train-0/")
+		if mounted(t, target) {
+			t.Error("the refused volume is mounted")
+		}
+		if _, ok := env.driver.volumes.Store().GetVolume("wb-anonymous"); ok {
+			t.Error("the refused volume was created")
+		}
+	})
+
+	id := "wb-owner"
+	target, err := publish(id, map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 13<<20+5), "metrics.json": []byte(`{"loss":0.1}`)}
+	for p, b := range want {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(target, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(target, p), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(target, "f1"), []byte("changed"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want["f1"] = []byte("changed")
+
+	// The target refuses from now on: the upload fails and is retried, the volume stays.
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodPut || r.Method == http.MethodPost {
+			return testpeers.Fault{Status: http.StatusServiceUnavailable, Code: "ServiceUnavailable", ResetAfter: -1}
+		}
+		return testpeers.None
+	})
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(t, target) {
+		t.Error("the target is still mounted after NodeUnpublish")
+	}
+	refused := proxy.Requests.Load()
+	waitFor(t, "the upload to be refused again", func() bool { return proxy.Requests.Load() > refused+10 })
+	env.restart() // a node plugin upgraded mid-upload
+	if _, ok := env.driver.volumes.Store().GetVolume(id); !ok {
+		t.Fatal("the volume was deleted before its outputs were uploaded")
+	}
+	proxy.SetFaults(nil)
+	waitFor(t, "the volume to be uploaded and deleted", func() bool {
+		_, ok := env.driver.volumes.Store().GetVolume(id)
+		return !ok
+	})
+	got := map[string][]byte{}
+	out, err := s.Client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("out"), Prefix: aws.String("runs/team/train-0/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range out.Contents {
+		g, err := s.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("out"), Key: o.Key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(g.Body)
+		g.Body.Close()
+		got[(*o.Key)[len("runs/team/train-0/"):]] = b
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d objects at the target, want %d (the changed files only)", len(got), len(want))
+	}
+	for p, b := range want {
+		if !bytes.Equal(got[p], b) {
+			t.Errorf("%s: %d bytes at the target, %d written", p, len(got[p]), len(b))
+		}
+	}
+	if imgs, _ := filepath.Glob(filepath.Join(env.pools[0].path, "*", id+"*")); len(imgs) != 0 {
+		t.Errorf("the volume's image is left: %v", imgs)
+	}
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*31 + i>>9)
+	}
+	return b
+}
+
+// waitFor polls cond until it holds, for at most a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
