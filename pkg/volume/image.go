@@ -42,6 +42,9 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 			v.AccessType, v.FSType = state.Block, ""
 		}
 	}
+	if err := s.checkStageOutput(ctx, v, r); err != nil {
+		return err
+	}
 	if err := Fits(v, r.Block, r.FSType); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -82,6 +85,11 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 			return status.Errorf(codes.NotFound, "volume %s does not exist", iv.id)
 		}
 		v = state.Volume{ID: iv.id, Pool: ids.PoolOfVolumeID(iv.id)}
+	}
+	if ok {
+		if handed, err := s.handOff(ctx, v); handed || err != nil {
+			return err
+		}
 	}
 	dev := v.Device
 	if img, err := s.ImagePath(v); err == nil {

@@ -154,9 +154,10 @@ func (s *Service) outputClient(spec *datasource.Spec, secrets, volumeContext map
 	return c, nil
 }
 
-// handOff starts the upload of an inline volume that names an output target, unmounted: the
-// volume (image, record, dataset layer) stays until every change is at the target. It reports
-// whether the volume was handed off; Unpublish returns at once either way.
+// handOff starts the upload of a layered volume that names an output target, unmounted (an inline
+// volume at NodeUnpublish, a claim at NodeUnstage): an inline volume (image, record, dataset
+// layer) stays until every change is at the target, then goes; a claim may be neither staged nor
+// deleted until then. It reports whether the volume was handed off; the RPC returns at once.
 func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
 	raw := v.Parameters[consts.ParamOutputTarget]
 	if raw == "" || s.wb == nil || v.DatasetLayer == "" {
@@ -170,12 +171,18 @@ func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
 	if err := s.wb.up.Add(job); err != nil {
 		return false, Internal("recording the volume's write-back", err)
 	}
-	if v.Device != "" {
-		if err := s.images.Detach(v.Device); err != nil {
+	dev := v.Device
+	if img, err := s.ImagePath(v); err == nil {
+		if found, _ := s.images.Find(img); found != "" {
+			dev = found
+		}
+	}
+	if dev != "" {
+		if err := s.images.Detach(dev); err != nil {
 			return false, Internal("detaching loop device", err)
 		}
 	}
-	v.Device, v.Published = "", map[string]bool{}
+	v.Device, v.StagingPath, v.Published, v.ExclusiveTarget = "", "", map[string]bool{}, ""
 	if err := s.store.PutVolume(v); err != nil {
 		return false, Internal("saving volume state", err)
 	}
@@ -255,10 +262,32 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 	if err != nil {
 		return err
 	}
-	if err := s.Delete(v); err != nil {
-		return err
+	if v.Ephemeral {
+		if err := s.Delete(v); err != nil {
+			return err
+		}
 	}
 	return s.wb.forget(id)
+}
+
+// checkStageOutput is NodeStageVolume's check of a claim that names an output target: the
+// upload of its last use is done, and the stage secrets may write the target.
+func (s *Service) checkStageOutput(ctx context.Context, v state.Volume, r StageRequest) error {
+	raw := v.Parameters[consts.ParamOutputTarget]
+	if raw == "" {
+		return nil
+	}
+	if msg := s.WriteBackHolds(v.ID); msg != "" {
+		return status.Errorf(codes.Unavailable, "%s; retry later", msg)
+	}
+	if strings.Contains(raw, consts.PodNamespaceVar) || strings.Contains(raw, consts.PodNameVar) {
+		return status.Errorf(codes.InvalidArgument, "%s %q: a claim's output target cannot name its pod (%s, %s are for inline volumes)", consts.ParamOutputTarget, raw, consts.PodNamespaceVar, consts.PodNameVar)
+	}
+	spec, err := recordedDataset(v)
+	if err != nil || spec == nil {
+		return status.Errorf(codes.InvalidArgument, "%s needs a dataset (source)", consts.ParamOutputTarget)
+	}
+	return s.checkOutput(ctx, v.ID, raw, spec, r.Secrets, r.VolumeContext)
 }
 
 // StopWriteBacks stops the uploads under way and waits for them; their journals keep what was
@@ -287,14 +316,17 @@ func (s *Service) resumeWriteBacks() {
 	}
 }
 
-// DeleteBlockedByWriteBack says why a volume may not be deleted yet: its outputs are not all
+// WriteBackHolds says why a volume may be neither deleted nor staged yet: its outputs are being
 // uploaded. "" when nothing holds it.
-func (s *Service) DeleteBlockedByWriteBack(id string) string {
+func (s *Service) WriteBackHolds(id string) string {
 	if s.wb == nil {
 		return ""
 	}
-	if done, err := s.wb.up.Done(id); err == nil && !done {
-		return fmt.Sprintf("volume %s keeps its data until its outputs are uploaded", id)
+	s.wb.mu.Lock()
+	running, left := s.wb.running[id], s.wb.pending[id]
+	s.wb.mu.Unlock()
+	if done, err := s.wb.up.Done(id); running || err != nil || !done {
+		return fmt.Sprintf("volume %s keeps its data until its outputs are uploaded (%d bytes left)", id, left)
 	}
 	return ""
 }
