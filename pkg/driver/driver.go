@@ -183,6 +183,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
 		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable})
+	reg.MustRegister(d.volumes.WriteBackCollectors()...)
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()
 	return d, nil

@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/image"
@@ -76,6 +77,10 @@ func TestWriteBackInline(t *testing.T) {
 	}
 	refused := proxy.Requests.Load()
 	waitFor(t, "the upload to be refused again", func() bool { return proxy.Requests.Load() > refused+10 })
+	waitFor(t, "the refusals to be counted", func() bool { return writeBackMetric(t, env, "cistern_writeback_refusals_total") >= 2 })
+	if n := writeBackMetric(t, env, "cistern_writeback_pending_bytes"); n < 13<<20 {
+		t.Errorf("cistern_writeback_pending_bytes = %v while the outputs wait", n)
+	}
 	env.restart() // a node plugin upgraded mid-upload
 	if _, ok := env.driver.volumes.Store().GetVolume(id); !ok {
 		t.Fatal("the volume was deleted before its outputs were uploaded")
@@ -168,6 +173,25 @@ func checkOutputs(t *testing.T, s *testpeers.S3, prefix string, want map[string]
 			t.Errorf("%s: %d bytes at the target, %d written", p, len(got[p]), len(b))
 		}
 	}
+}
+
+// writeBackMetric is the value of one of the driver's write-back metrics.
+func writeBackMetric(t *testing.T, env *testEnv, name string) float64 {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(env.driver.volumes.WriteBackCollectors()...)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			m := mf.GetMetric()[0]
+			return m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 func randomBytes(t *testing.T, n int) []byte {

@@ -90,7 +90,9 @@ func New(cfg Config) *Service {
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
 	}
-	s.wb = newWriteBacks(cfg.Writable.WriteBack)
+	if s.wb = newWriteBacks(cfg.Writable.WriteBack); s.wb != nil {
+		s.wb.node = cfg.NodeID
+	}
 	return s
 }
 

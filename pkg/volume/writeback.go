@@ -54,6 +54,9 @@ type writeBacks struct {
 	mu      sync.Mutex
 	pending map[string]int64 // volume -> bytes not at the target yet
 	running map[string]bool  // volumes with an upload goroutine
+	// refusals counts failed passes (a metric); node labels the metrics.
+	refusals int64
+	node     string
 }
 
 // start runs job's upload unless it runs already (a repeated NodeUnpublish).
@@ -382,6 +385,9 @@ func (w *writeBacks) progress(p writeback.Progress) {
 			"bytesDone", p.BytesDone, "bytes", p.Bytes)
 	}
 	w.mu.Lock()
+	if p.Err != nil {
+		w.refusals++
+	}
 	if p.Done {
 		delete(w.pending, p.Volume)
 	} else if p.Bytes > 0 {
