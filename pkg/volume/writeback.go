@@ -120,6 +120,10 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if s.wb == nil {
 		return status.Errorf(codes.InvalidArgument, "%s: write-back is not enabled on node %s (--writeback-dir)", consts.ParamOutputTarget, s.nodeID)
 	}
+	// The ID names the upload's journal, mount point and kept credentials.
+	if id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
+		return status.Errorf(codes.InvalidArgument, "volume ID %q cannot name a write-back", id)
+	}
 	if spec.Credentials == consts.CredentialsWebIdentity {
 		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
 	}
@@ -136,11 +140,12 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	}
 	key := aws.String(t.Prefix + ".cistern-write-probe-" + id)
 	_, err = client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(t.Bucket), Key: key, Body: bytes.NewReader(nil)})
-	if err == nil {
-		_, err = client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(t.Bucket), Key: key})
-	}
 	if err != nil {
 		return status.Errorf(codes.PermissionDenied, "the volume's credentials may not write its %s %s: %v", consts.ParamOutputTarget, t, err)
+	}
+	// Writing is what the upload needs; a tenant allowed to write but not delete keeps the probe.
+	if _, err := client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(t.Bucket), Key: key}); err != nil {
+		klog.FromContext(ctx).Info("Could not delete the write probe", "volumeID", id, "key", *key, "err", err.Error())
 	}
 	return s.wb.saveSecrets(id, secrets)
 }
