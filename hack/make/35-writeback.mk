@@ -17,4 +17,4 @@ WRITEBACK_SCALE ?= 1
 ## Write-back upload time vs. rclone and the transfer manager on the same files and server
 bench-writeback: s3-tools
 	CISTERN_BENCH_WRITEBACK=1 CISTERN_WRITEBACK_SCALE=$(WRITEBACK_SCALE) CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO) test -count=1 -timeout 60m -run '^TestBenchWriteback$$' -v ./pkg/writeback/ | grep -E '^(writeback:|--- |ok|FAIL)'; exit $${PIPESTATUS[0]}
+	  $(GO) test -count=1 -timeout 60m -run '^TestBenchWriteback$$' -v ./pkg/writeback/ | grep -E '^(writeback:|--- |ok|FAIL)|_test.go'; exit $${PIPESTATUS[0]}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,7 +49,7 @@ func TestBenchWriteback(t *testing.T) {
 		var ours, rc, tm []time.Duration
 		var sent int64
 		for r := range 3 {
-			b := fmt.Sprintf("%s-%d", c.name, r)
+			b := strings.ToLower(fmt.Sprintf("%s-%d", c.name, r))
 			ours = append(ours, timed(t, s, "wb-"+b, func(bucket string) {
 				u, err := writeback.New(writeback.Config{Dir: t.TempDir()})
 				if err != nil {
