@@ -204,14 +204,15 @@ func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
 	return true, nil
 }
 
-// upload runs a handed-off volume's write-back until it is complete, then deletes the volume.
+// upload runs a handed-off volume's write-back until it is complete (then an inline volume is
+// deleted).
 // Failures are retried with backoff (writeback.Uploader.Run), never dropped: the volume stays.
 func (s *Service) upload(id string, job writeback.Job) {
 	logger := klog.Background().WithValues("volumeID", id, "target", job.Target.String())
 	for wait := time.Second; ; wait = min(2*wait, 5*time.Minute) {
 		err := s.uploadOnce(id, job)
 		if err == nil {
-			logger.Info("Outputs uploaded; volume deleted")
+			logger.Info("Outputs uploaded")
 			return
 		}
 		if s.wb.ctx.Err() != nil {
@@ -253,6 +254,7 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		return err
 	}
 	dir := s.wb.mountDir(id)
+	_ = unix.Unmount(dir, unix.MNT_DETACH) // left by a node plugin killed mid-upload
 	err = os.MkdirAll(dir, 0o700)
 	if err == nil {
 		err = unix.Mount(dev, dir, v.FSType, unix.MS_RDONLY, strings.Join(fsMountFlags[v.FSType], ","))
