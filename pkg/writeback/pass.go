@@ -75,6 +75,8 @@ func (r *run) pass(ctx context.Context) error {
 		return err
 	}
 	r.mu.Lock()
+	// A report with Err is one failed pass: the counts of this one go out without the last's.
+	r.p.Err = nil
 	r.p.Files, r.p.FilesDone, r.p.Bytes, r.p.BytesDone, r.p.Skipped = len(files), 0, 0, 0, skipped
 	current := map[fileKey]bool{}
 	for _, f := range files {

@@ -161,7 +161,9 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		r.mu.Lock()
 		r.p.Err = err
+		r.mu.Unlock()
 		r.publish()
 		select {
 		case <-ctx.Done():
