@@ -44,6 +44,8 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&o.httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.StringVar(&cfg.Writable.WriteBack.Dir, "writeback-dir", "/var/lib/cistern/writeback", "Directory (on storage that outlives the node plugin) for the journals of uploads of volumes' outputs (outputTarget); empty refuses output targets.")
+	flag.Int64Var(&cfg.Writable.WriteBack.MaxPendingBytes, "writeback-max-pending-bytes", 100<<30, "Most bytes of outputs not uploaded yet the node may hold: a volume naming an output target is refused at publish while the node holds this much; 0 is unlimited.")
 	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")

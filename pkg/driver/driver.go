@@ -186,6 +186,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
 		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable,
 		Streaming: cfg.Streaming})
+	reg.MustRegister(d.volumes.WriteBackCollectors()...)
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()
 	return d, nil
@@ -205,6 +206,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	}
 	stop := make(chan struct{})
 	defer close(stop)
+	defer d.volumes.StopWriteBacks()
 	go d.watchPools(stop)
 	go d.datasets.Run(ctx)
 	if d.peers != nil {

@@ -65,6 +65,9 @@ type Volume struct {
 	Streaming bool
 	// Dataset is the data the volume starts with; nil for an empty volume.
 	Dataset *Dataset
+	// OutputTarget is where the write-back uploads a writable dataset volume's changes
+	// (s3://bucket/prefix, placeholders not yet replaced); "" for none.
+	OutputTarget string
 }
 
 // key is one row of the table: where the key is allowed and how its value is read. Dataset keys
@@ -100,6 +103,7 @@ var keys = []key{
 		d.Exclude, err = source.ParsePatterns(s)
 		return err
 	}},
+	{consts.ParamOutputTarget, StorageClass | Inline, false, parseOutputTarget},
 }
 
 // IsDatasetKey reports whether name is one of the dataset keys (source and its options).
@@ -140,6 +144,9 @@ func Parse(m map[string]string, use Use) (Volume, error) {
 		}
 	}
 	if _, ok := m[consts.ParamSource]; !ok {
+		if v.OutputTarget != "" {
+			datasetKey = consts.ParamOutputTarget
+		}
 		if datasetKey != "" {
 			return Volume{}, source.Errorf(source.Invalid, "parameter %q needs %q", datasetKey, consts.ParamSource)
 		}
@@ -161,6 +168,17 @@ func known(use Use) []string {
 		}
 	}
 	return out
+}
+
+// parseOutputTarget checks the shape of an output target; pkg/writeback parses it whole once the
+// pod's placeholders are replaced.
+func parseOutputTarget(v *Volume, _ *Dataset, s string) error {
+	rest, ok := strings.CutPrefix(s, "s3://")
+	if !ok || rest == "" || strings.HasPrefix(rest, "/") {
+		return source.Errorf(source.Invalid, "parameter %s=%q is not s3://bucket[/prefix]", consts.ParamOutputTarget, s)
+	}
+	v.OutputTarget = s
+	return nil
 }
 
 func parseSelector(v *Volume, _ *Dataset, s string) error {

@@ -42,6 +42,9 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 			v.AccessType, v.FSType = state.Block, ""
 		}
 	}
+	if err := s.checkStageOutput(ctx, v, r); err != nil {
+		return err
+	}
 	if err := Fits(v, r.Block, r.FSType); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
@@ -89,6 +92,11 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 			return status.Errorf(codes.NotFound, "volume %s does not exist", iv.id)
 		}
 		v = state.Volume{ID: iv.id, Pool: ids.PoolOfVolumeID(iv.id)}
+	}
+	if ok {
+		if handed, err := s.handOff(ctx, v); handed || err != nil {
+			return err
+		}
 	}
 	dev := v.Device
 	if img, err := s.ImagePath(v); err == nil {
@@ -175,6 +183,13 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 	}
 	v, exists := s.store.GetVolume(id)
 	if !exists {
+		if p := r.Inline.Params; p.OutputTarget != "" {
+			spec := datasource.SpecOf(p.Dataset)
+			spec.Tenant = true
+			if err := s.checkOutput(ctx, id, p.OutputTarget, spec, r.Secrets, r.VolumeContext); err != nil {
+				return err
+			}
+		}
 		chosen, err := s.selectInlinePool(r.Inline.Params, r.Inline.Size, r.Inline.Size)
 		if err != nil {
 			return err
@@ -242,6 +257,9 @@ func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 		return nil
 	}
 	if v.Ephemeral {
+		if handed, err := s.handOff(ctx, v); handed || err != nil {
+			return err
+		}
 		if v.Device != "" {
 			if err := s.images.Detach(v.Device); err != nil {
 				return Internal("detaching loop device", err)

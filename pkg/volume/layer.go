@@ -56,6 +56,8 @@ type WritableDatasets struct {
 	// OverlayMount, when set, replaces the overlay mount(2) (mountOverlay): tests play a kernel
 	// without overlayfs with it.
 	OverlayMount func(options, target string) error
+	// WriteBack uploads the volumes' changes to their output targets (writeback.go).
+	WriteBack WriteBack
 }
 
 // hasLayer says whether the filesystem mounted at target holds a layer's upper directory: made

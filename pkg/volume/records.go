@@ -56,6 +56,9 @@ func (s *Service) DeleteVolume(ctx context.Context, id string) error {
 	if v.StagingPath != "" || len(v.Published) > 0 {
 		return status.Errorf(codes.FailedPrecondition, "volume %s is still staged or published on node %s", id, s.nodeID)
 	}
+	if msg := s.WriteBackHolds(id); msg != "" {
+		return status.Error(codes.FailedPrecondition, msg)
+	}
 	if err := s.Delete(v); err != nil {
 		return err
 	}

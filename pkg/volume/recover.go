@@ -56,6 +56,7 @@ func (s *Service) Recover() {
 		_ = s.releaseLayer(sn.Pool, sn.DatasetLayer, sn.ID)
 		_ = s.store.DeleteSnapshot(sn.ID)
 	}
+	s.resumeWriteBacks()
 }
 
 // forgetLostMounts drops staged and published marks whose mounts are gone (a node reboot, or an

@@ -83,6 +83,8 @@ type Service struct {
 	// streams are the streaming volumes this process serves (stream.go).
 	streams   *streamMounts
 	streaming StreamingVolumes
+	// wb uploads volumes' outputs (writeback.go); nil when write-back is off.
+	wb *writeBacks
 }
 
 // New returns a Service over cfg.
@@ -93,6 +95,9 @@ func New(cfg Config) *Service {
 		streams: &streamMounts{m: map[string]*streamMount{}}, streaming: cfg.Streaming}
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
+	}
+	if s.wb = newWriteBacks(cfg.Writable.WriteBack); s.wb != nil {
+		s.wb.node = cfg.NodeID
 	}
 	return s
 }

@@ -1,0 +1,419 @@
+package volume
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/writeback"
+)
+
+// WriteBack configures the write-back of writable dataset volumes that name an output target
+// (docs/datasets.md, "Write-back"). Inline volumes only, so far.
+type WriteBack struct {
+	// Dir holds the journals of the uploads and the credentials they use, on storage that
+	// outlives the node plugin (--writeback-dir). Empty: output targets are refused.
+	Dir string
+	// MaxPendingBytes bounds what the node holds that is not uploaded yet: a volume that names an
+	// output target is refused at publish while the node holds this much (0: no bound).
+	MaxPendingBytes int64
+	// Uploader tunes the uploads (its Dir is Dir's journals); zero values take the defaults.
+	Uploader writeback.Config
+	// OnProgress, when set, is told of each upload's progress and failures.
+	OnProgress func(writeback.Progress)
+}
+
+// writeBacks runs the node's uploads: one goroutine per volume handed off at unpublish, for as
+// long as the node plugin runs; a restarted one resumes them from their journals (Recover).
+type writeBacks struct {
+	cfg WriteBack
+	up  *writeback.Uploader
+
+	// ctx ends the uploads when the node plugin stops (StopWriteBacks); wg waits for them.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[string]int64 // volume -> bytes not at the target yet
+	running map[string]bool  // volumes with an upload goroutine
+	// refusals counts failed passes (a metric); node labels the metrics.
+	refusals int64
+	node     string
+}
+
+// start runs job's upload unless it runs already (a repeated NodeUnpublish).
+func (w *writeBacks) start(s *Service, job writeback.Job) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.running[job.Volume] {
+		return
+	}
+	w.running[job.Volume] = true
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		s.upload(job.Volume, job)
+		w.mu.Lock()
+		delete(w.running, job.Volume)
+		w.mu.Unlock()
+	}()
+}
+
+func newWriteBacks(cfg WriteBack) *writeBacks {
+	if cfg.Dir == "" {
+		return nil
+	}
+	cfg.Uploader.Dir = filepath.Join(cfg.Dir, "journals")
+	up, err := writeback.New(cfg.Uploader)
+	if err != nil {
+		klog.Background().Error(err, "Write-back disabled")
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{}}
+}
+
+// outputTarget is an output target with the pod's placeholders replaced.
+func outputTarget(raw string, attrs map[string]string) (writeback.Target, error) {
+	for _, v := range []struct{ name, key string }{
+		{consts.PodNamespaceVar, consts.VolumeContextPodNamespace}, {consts.PodNameVar, consts.VolumeContextPodName},
+	} {
+		if strings.Contains(raw, v.name) {
+			val := attrs[v.key]
+			if val == "" || val == "." || val == ".." || strings.Contains(val, "/") {
+				return writeback.Target{}, status.Errorf(codes.InvalidArgument, "%s %q uses %s, but kubelet passed no pod information (podInfoOnMount)", consts.ParamOutputTarget, raw, v.name)
+			}
+			raw = strings.ReplaceAll(raw, v.name, val)
+		}
+	}
+	t, err := writeback.ParseTarget(raw)
+	if err != nil {
+		return writeback.Target{}, status.Error(codes.InvalidArgument, err.Error())
+	}
+	return t, nil
+}
+
+// checkOutput is the publish-time check of a volume that names an output target: the node has
+// room for more unuploaded data, and the caller's own credentials may write the target (a
+// probe object written and deleted), so that a tenant who may read the dataset but not write
+// the target is refused before its pod starts. It returns the credentials to keep for the
+// upload.
+func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasource.Spec, secrets, volumeContext map[string]string) error {
+	if s.wb == nil {
+		return status.Errorf(codes.InvalidArgument, "%s: write-back is not enabled on node %s (--writeback-dir)", consts.ParamOutputTarget, s.nodeID)
+	}
+	// The ID names the upload's journal, mount point and kept credentials.
+	if id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
+		return status.Errorf(codes.InvalidArgument, "volume ID %q cannot name a write-back", id)
+	}
+	if spec.Credentials == consts.CredentialsWebIdentity {
+		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
+	}
+	if held := s.wb.held(); s.wb.cfg.MaxPendingBytes > 0 && held >= s.wb.cfg.MaxPendingBytes {
+		return status.Errorf(codes.ResourceExhausted, "node %s holds %d bytes of outputs not uploaded yet, the most --writeback-max-pending-bytes allows; retry later", s.nodeID, held)
+	}
+	t, err := outputTarget(raw, volumeContext)
+	if err != nil {
+		return err
+	}
+	client, err := s.outputClient(ctx, spec, secrets, volumeContext, t.Bucket)
+	if err != nil {
+		return err
+	}
+	key := aws.String(t.Prefix + ".cistern-write-probe-" + id)
+	_, err = client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(t.Bucket), Key: key, Body: bytes.NewReader(nil)})
+	if err != nil {
+		return status.Errorf(codes.PermissionDenied, "the volume's credentials may not write its %s %s: %v", consts.ParamOutputTarget, t, err)
+	}
+	// Writing is what the upload needs; a tenant allowed to write but not delete keeps the probe.
+	if _, err := client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(t.Bucket), Key: key}); err != nil {
+		klog.FromContext(ctx).Info("Could not delete the write probe", "volumeID", id, "key", *key, "err", err.Error())
+	}
+	return s.wb.saveSecrets(id, secrets)
+}
+
+func (s *Service) outputClient(ctx context.Context, spec *datasource.Spec, secrets, volumeContext map[string]string, bucket string) (*s3.Client, error) {
+	creds, err := s.datasets.Credentials(ctx, spec, secrets, volumeContext)
+	if err != nil {
+		return nil, status.Error(datasource.Code(err), err.Error())
+	}
+	c, err := s.datasets.OutputClient(spec, creds, bucket)
+	if err != nil {
+		return nil, status.Error(datasource.Code(err), err.Error())
+	}
+	return c, nil
+}
+
+// handOff starts the upload of a layered volume that names an output target, unmounted (an inline
+// volume at NodeUnpublish, a claim at NodeUnstage): an inline volume (image, record, dataset
+// layer) stays until every change is at the target, then goes; a claim may be neither staged nor
+// deleted until then. It reports whether the volume was handed off; the RPC returns at once.
+func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
+	raw := v.Parameters[consts.ParamOutputTarget]
+	if raw == "" || s.wb == nil || v.DatasetLayer == "" {
+		return false, nil
+	}
+	t, err := outputTarget(raw, v.Parameters)
+	if err != nil {
+		return false, err
+	}
+	job := writeback.Job{Volume: v.ID, Upper: filepath.Join(s.wb.mountDir(v.ID), LayerUpperDir), Target: t}
+	if err := s.wb.up.Add(job); err != nil {
+		return false, Internal("recording the volume's write-back", err)
+	}
+	dev := v.Device
+	if img, err := s.ImagePath(v); err == nil {
+		if found, _ := s.images.Find(img); found != "" {
+			dev = found
+		}
+	}
+	if dev != "" {
+		if err := s.images.Detach(dev); err != nil {
+			return false, Internal("detaching loop device", err)
+		}
+	}
+	v.Device, v.StagingPath, v.Published, v.ExclusiveTarget = "", "", map[string]bool{}, ""
+	if err := s.store.PutVolume(v); err != nil {
+		return false, Internal("saving volume state", err)
+	}
+	klog.FromContext(ctx).Info("Volume unpublished; uploading its outputs", "volumeID", v.ID, "target", t.String())
+	s.wb.mu.Lock()
+	if _, known := s.wb.pending[v.ID]; !known {
+		s.wb.pending[v.ID] = v.CapacityBytes // at most; the upload's first pass tells
+	}
+	s.wb.mu.Unlock()
+	s.wb.start(s, job)
+	return true, nil
+}
+
+// upload runs a handed-off volume's write-back until it is complete (then an inline volume is
+// deleted).
+// Failures are retried with backoff (writeback.Uploader.Run), never dropped: the volume stays.
+func (s *Service) upload(id string, job writeback.Job) {
+	logger := klog.Background().WithValues("volumeID", id, "target", job.Target.String())
+	for wait := time.Second; ; wait = min(2*wait, 5*time.Minute) {
+		err := s.uploadOnce(id, job)
+		if err == nil {
+			logger.Info("Outputs uploaded")
+			return
+		}
+		if s.wb.ctx.Err() != nil {
+			return // the node plugin stops; the next one resumes
+		}
+		logger.Error(err, "Write-back failed; retrying", "in", wait)
+		if s.wb.cfg.OnProgress != nil {
+			s.wb.cfg.OnProgress(writeback.Progress{Volume: id, Err: err})
+		}
+		select {
+		case <-s.wb.ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// uploadOnce mounts the volume's filesystem read-only aside, uploads its upper directory and,
+// once the journal says every change is at the target, deletes the volume.
+func (s *Service) uploadOnce(id string, job writeback.Job) error {
+	v, ok := s.store.GetVolume(id)
+	if !ok {
+		return s.wb.forget(id) // deleted already, after an earlier complete upload
+	}
+	spec, err := recordedDataset(v)
+	if err != nil || spec == nil {
+		return fmt.Errorf("the volume's dataset: %v", err)
+	}
+	secrets, err := s.wb.loadSecrets(id)
+	if err != nil {
+		return err
+	}
+	// Static keys only (web-identity volumes take no target): no token to bound by a deadline.
+	client, err := s.outputClient(context.Background(), spec, secrets, v.Parameters, job.Target.Bucket)
+	if err != nil {
+		return err
+	}
+	dev, err := s.attach(v)
+	if err != nil {
+		return err
+	}
+	dir := s.wb.mountDir(id)
+	_ = unix.Unmount(dir, unix.MNT_DETACH) // left by a node plugin killed mid-upload
+	err = os.MkdirAll(dir, 0o700)
+	if err == nil {
+		err = unix.Mount(dev, dir, v.FSType, unix.MS_RDONLY, strings.Join(fsMountFlags[v.FSType], ","))
+	}
+	if err != nil {
+		_ = s.images.Detach(dev)
+		return fmt.Errorf("mounting the volume's filesystem: %w", err)
+	}
+	err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) { s.wb.progress(p) })
+	_ = unix.Unmount(dir, 0)
+	_ = os.Remove(dir)
+	if derr := s.images.Detach(dev); err == nil {
+		err = derr
+	}
+	if err != nil {
+		return err
+	}
+	if v.Ephemeral {
+		if err := s.Delete(v); err != nil {
+			return err
+		}
+	}
+	return s.wb.forget(id)
+}
+
+// checkStageOutput is NodeStageVolume's check of a claim that names an output target: the
+// upload of its last use is done, and the stage secrets may write the target.
+func (s *Service) checkStageOutput(ctx context.Context, v state.Volume, r StageRequest) error {
+	raw := v.Parameters[consts.ParamOutputTarget]
+	if raw == "" {
+		return nil
+	}
+	if msg := s.WriteBackHolds(v.ID); msg != "" {
+		return status.Errorf(codes.Unavailable, "%s; retry later", msg)
+	}
+	if strings.Contains(raw, consts.PodNamespaceVar) || strings.Contains(raw, consts.PodNameVar) {
+		return status.Errorf(codes.InvalidArgument, "%s %q: a claim's output target cannot name its pod (%s, %s are for inline volumes)", consts.ParamOutputTarget, raw, consts.PodNamespaceVar, consts.PodNameVar)
+	}
+	spec, err := recordedDataset(v)
+	if err != nil || spec == nil {
+		return status.Errorf(codes.InvalidArgument, "%s needs a dataset (source)", consts.ParamOutputTarget)
+	}
+	return s.checkOutput(ctx, v.ID, raw, spec, r.Secrets, r.VolumeContext)
+}
+
+// StopWriteBacks stops the uploads under way and waits for them; their journals keep what was
+// done, and the next node plugin resumes them.
+func (s *Service) StopWriteBacks() {
+	if s.wb == nil {
+		return
+	}
+	s.wb.cancel()
+	s.wb.wg.Wait()
+}
+
+// resumeWriteBacks starts again the uploads a stopped node plugin left (Recover).
+func (s *Service) resumeWriteBacks() {
+	if s.wb == nil {
+		return
+	}
+	jobs, err := s.wb.up.Jobs()
+	if err != nil {
+		klog.Background().Error(err, "Listing write-backs to resume")
+		return
+	}
+	for _, job := range jobs {
+		klog.Background().Info("Resuming write-back", "volumeID", job.Volume, "target", job.Target.String())
+		s.wb.start(s, job)
+	}
+}
+
+// WriteBackHolds says why a volume may be neither deleted nor staged yet: its outputs are being
+// uploaded. "" when nothing holds it.
+func (s *Service) WriteBackHolds(id string) string {
+	if s.wb == nil {
+		return ""
+	}
+	s.wb.mu.Lock()
+	running, left := s.wb.running[id], s.wb.pending[id]
+	s.wb.mu.Unlock()
+	if done, err := s.wb.up.Done(id); running || err != nil || !done {
+		return fmt.Sprintf("volume %s keeps its data until its outputs are uploaded (%d bytes left)", id, left)
+	}
+	return ""
+}
+
+func (w *writeBacks) mountDir(id string) string { return filepath.Join(w.cfg.Dir, "mnt", id) }
+
+func (w *writeBacks) secretsPath(id string) string {
+	return filepath.Join(w.cfg.Dir, "secrets", id+".json")
+}
+
+// saveSecrets keeps the credentials an upload needs after the pod, and its secret, are gone:
+// readable by root only, on the node that already holds them, removed with the journal.
+func (w *writeBacks) saveSecrets(id string, secrets map[string]string) error {
+	data, err := json.Marshal(secrets)
+	if err != nil {
+		return Internal("encoding write-back credentials", err)
+	}
+	p := w.secretsPath(id)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return Internal("saving write-back credentials", err)
+	}
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		return Internal("saving write-back credentials", err)
+	}
+	return nil
+}
+
+func (w *writeBacks) loadSecrets(id string) (map[string]string, error) {
+	data, err := os.ReadFile(w.secretsPath(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // anonymous
+	}
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]string
+	return m, json.Unmarshal(data, &m)
+}
+
+func (w *writeBacks) forget(id string) error {
+	w.mu.Lock()
+	delete(w.pending, id)
+	w.mu.Unlock()
+	if err := os.Remove(w.secretsPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return w.up.Forget(id)
+}
+
+func (w *writeBacks) progress(p writeback.Progress) {
+	if p.Err != nil {
+		klog.Background().Error(p.Err, "Write-back refused; retrying with backoff, the volume's data kept", "volumeID", p.Volume, "attempt", p.Attempt,
+			"bytesDone", p.BytesDone, "bytes", p.Bytes)
+	}
+	w.mu.Lock()
+	if p.Err != nil {
+		w.refusals++
+	}
+	if p.Done {
+		delete(w.pending, p.Volume)
+	} else if p.Bytes > 0 {
+		w.pending[p.Volume] = p.Bytes - p.BytesDone
+	}
+	w.mu.Unlock()
+	if w.cfg.OnProgress != nil {
+		w.cfg.OnProgress(p)
+	}
+}
+
+// held is what the node holds of outputs not uploaded yet.
+func (w *writeBacks) held() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var n int64
+	for _, b := range w.pending {
+		n += b
+	}
+	return n
+}

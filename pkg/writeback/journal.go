@@ -1,0 +1,245 @@
+package writeback
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cistern-csi/cistern/pkg/atomicfile"
+)
+
+// The journal of one job is a directory: job.json, the job as it was asked (written once,
+// durably, before anything is uploaded), and log, one JSON record a line, appended. A crash can
+// tear only the last line, which is dropped on reading. Records that must survive a crash (a
+// multipart upload started: it costs storage on the server until completed or aborted; the job
+// complete: the caller then deletes the data) are synced at once; a file's "done" is synced with
+// the next synced record. A "done" lost in a crash only makes that file upload again to the same
+// key with the same bytes: nothing is lost, and no object is duplicated.
+const (
+	jobFile = "job.json"
+	logFile = "log"
+)
+
+// op is what a record says.
+type op string
+
+const (
+	opDone     op = "done"     // a file's object is at the target, whole, checksum verified
+	opUpload   op = "upload"   // a multipart upload started for a file
+	opPart     op = "part"     // one part of it is at the target
+	opAborted  op = "aborted"  // a multipart upload no file will complete was aborted
+	opDeleted  op = "deleted"  // a path's objects are deleted at the target
+	opComplete op = "complete" // every change is at the target
+)
+
+// record is one line of the log. Size and MTime identify the file's content: a file recorded
+// done whose size or mtime differ since is uploaded again.
+type record struct {
+	Op     op     `json:"op"`
+	Path   string `json:"path,omitempty"`
+	Size   int64  `json:"size,omitempty"`
+	MTime  int64  `json:"mtime,omitempty"`
+	Upload string `json:"upload,omitempty"`
+	Part   int32  `json:"part,omitempty"`
+	ETag   string `json:"etag,omitempty"`
+	Sum    string `json:"sum,omitempty"` // base64 CRC-64/NVME, as S3 spells it
+}
+
+// fileKey identifies a file's content in the journal.
+type fileKey struct {
+	Path        string
+	Size, MTime int64
+}
+
+// upload is a multipart upload under way, as the journal knows it.
+type upload struct {
+	ID    string
+	Parts map[int32]record
+}
+
+// journal is a job's journal, open for appending.
+type journal struct {
+	dir string
+
+	mu       sync.Mutex
+	f        *os.File
+	done     map[fileKey]string // -> checksum
+	uploads  map[fileKey]*upload
+	deleted  map[string]bool
+	complete bool
+}
+
+// openJournal opens (creating when new) the journal of job in dir. A job.json that differs from
+// job is refused: one volume's journal is never resumed for another job.
+func openJournal(dir string, job Job) (*journal, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	want, err := json.Marshal(job)
+	if err != nil {
+		return nil, err
+	}
+	have, err := os.ReadFile(filepath.Join(dir, jobFile))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := atomicfile.Write(filepath.Join(dir, jobFile), ".job-", func(f *os.File) error {
+			_, err := f.Write(want)
+			return err
+		}); err != nil {
+			return nil, err
+		}
+		if err := atomicfile.SyncDir(dir); err != nil {
+			return nil, err
+		}
+	case err != nil:
+		return nil, err
+	case !bytes.Equal(have, want):
+		return nil, fmt.Errorf("journal %s is of another job: %s", dir, have)
+	}
+	j := &journal{dir: dir, done: map[fileKey]string{}, uploads: map[fileKey]*upload{}, deleted: map[string]bool{}}
+	if err := j.load(); err != nil {
+		return nil, err
+	}
+	j.f, err = os.OpenFile(filepath.Join(dir, logFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// load replays the log. A torn last line (a crash mid-append) is cut off, so that the next
+// record starts on a line of its own.
+func (j *journal) load() error {
+	p := filepath.Join(j.dir, logFile)
+	data, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	good := 0
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var r record
+		if good+len(line) >= len(data) || json.Unmarshal(line, &r) != nil {
+			break // no newline after it, or torn: a crash mid-append
+		}
+		j.apply(r)
+		good += len(line) + 1
+	}
+	if good < len(data) {
+		return os.Truncate(p, int64(good))
+	}
+	return nil
+}
+
+func (j *journal) apply(r record) {
+	k := fileKey{r.Path, r.Size, r.MTime}
+	switch r.Op {
+	case opDone:
+		j.done[k] = r.Sum
+		delete(j.uploads, k)
+	case opUpload:
+		j.uploads[k] = &upload{ID: r.Upload, Parts: map[int32]record{}}
+	case opPart:
+		if u := j.uploads[k]; u != nil && u.ID == r.Upload {
+			u.Parts[r.Part] = r
+		}
+	case opAborted:
+		delete(j.uploads, k)
+	case opDeleted:
+		j.deleted[r.Path] = true
+	case opComplete:
+		j.complete = true
+	}
+}
+
+// append records r; sync makes it (and every record before it) durable before returning.
+func (j *journal) append(r record, sync bool) error {
+	line, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if _, err := j.f.Write(append(line, '\n')); err != nil {
+		return err
+	}
+	if sync {
+		if err := j.f.Sync(); err != nil {
+			return err
+		}
+	}
+	j.apply(r)
+	return nil
+}
+
+// isDone reports whether k's content is at the target.
+func (j *journal) isDone(k fileKey) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	_, ok := j.done[k]
+	return ok
+}
+
+// uploadOf returns a copy of k's multipart upload under way, nil when none.
+func (j *journal) uploadOf(k fileKey) *upload {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	u := j.uploads[k]
+	if u == nil {
+		return nil
+	}
+	c := &upload{ID: u.ID, Parts: make(map[int32]record, len(u.Parts))}
+	for n, p := range u.Parts {
+		c.Parts[n] = p
+	}
+	return c
+}
+
+// staleUploads returns the multipart uploads the journal started that no current file will
+// complete (the file changed or went), to abort.
+func (j *journal) staleUploads(current map[fileKey]bool) map[fileKey]string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := map[fileKey]string{}
+	for k, u := range j.uploads {
+		if !current[k] {
+			out[k] = u.ID
+		}
+	}
+	return out
+}
+
+func (j *journal) isDeleted(p string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.deleted[p]
+}
+
+func (j *journal) isComplete() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.complete
+}
+
+func (j *journal) close() error { return j.f.Close() }
+
+// readJob reads the job a journal directory is for.
+func readJob(dir string) (Job, error) {
+	var job Job
+	data, err := os.ReadFile(filepath.Join(dir, jobFile))
+	if err != nil {
+		return job, err
+	}
+	return job, json.Unmarshal(data, &job)
+}

@@ -1,0 +1,199 @@
+package writeback
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"hash/crc64"
+	"io"
+	"os"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"golang.org/x/sync/errgroup"
+)
+
+// crc64NVME is the CRC-64/NVME polynomial, reversed as hash/crc64 takes it.
+var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5)
+
+// crcOf is the CRC-64/NVME of n bytes of fh at off, as S3 spells it (base64, big-endian).
+func crcOf(fh *os.File, off, n int64) (string, error) {
+	h := crc64.New(crc64NVME)
+	if _, err := io.Copy(h, io.NewSectionReader(fh, off, n)); err != nil {
+		return "", err
+	}
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], h.Sum64())
+	return base64.StdEncoding.EncodeToString(b[:]), nil
+}
+
+// partSize is the part size for a file of size bytes: the configured one, larger when the file
+// would need more than S3's 10,000 parts.
+func (r *run) partSize(size int64) int64 {
+	ps := r.cfg.PartSize
+	for (size+ps-1)/ps > 10000 {
+		ps *= 2
+	}
+	return ps
+}
+
+// multipart uploads a large file in parts, resuming the upload the journal recorded: a part the
+// server holds whose checksum is the one recorded for it, or of the file's bytes, is not sent
+// again. Each part's CRC-64/NVME is verified by the server as it arrives, and the completed
+// object is a FULL_OBJECT CRC-64/NVME that the server composes from them.
+func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error) {
+	t := r.job.Target
+	bucket, key := aws.String(t.Bucket), aws.String(t.key(f.Path))
+	held := map[int32]types.Part{}
+	up := r.j.uploadOf(f.fileKey)
+	if up != nil {
+		parts, err := r.listParts(ctx, up.ID, bucket, key)
+		switch {
+		case isMissing(err):
+			// Completed before the crash could record it, or aborted: the object tells which.
+			if sum, ok := r.alreadyStored(ctx, fh, f); ok {
+				return sum, nil
+			}
+			up = nil
+		case err != nil:
+			return "", err
+		default:
+			held = parts
+		}
+	}
+	if up == nil {
+		out, err := r.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
+			Bucket: bucket, Key: key,
+			ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme, ChecksumType: types.ChecksumTypeFullObject,
+		})
+		if err != nil {
+			return "", err
+		}
+		up = &upload{ID: aws.ToString(out.UploadId)}
+		// Synced: an upload the journal forgot would hold storage on the server for ever.
+		if err := r.j.append(record{Op: opUpload, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID}, true); err != nil {
+			return "", err
+		}
+	}
+	parts, err := r.sendParts(ctx, fh, f, up, held)
+	if err != nil {
+		return "", err
+	}
+	out, err := r.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+		Bucket: bucket, Key: key, UploadId: aws.String(up.ID),
+		ChecksumType:    types.ChecksumTypeFullObject,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
+	})
+	if err != nil {
+		return "", err
+	}
+	return verified(out.ChecksumCRC64NVME)
+}
+
+// sendParts sends the parts the server does not hold yet, in parallel.
+func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, held map[int32]types.Part) ([]types.CompletedPart, error) {
+	ps := r.partSize(f.Size)
+	n := int((f.Size + ps - 1) / ps)
+	parts := make([]types.CompletedPart, n)
+	g, gctx := errgroup.WithContext(ctx)
+	for i := range n {
+		num, off := int32(i+1), int64(i)*ps
+		length := min(ps, f.Size-off)
+		if p, ok := held[num]; ok && aws.ToInt64(p.Size) == length && r.sameBytes(fh, off, length, up.Parts[num], p) {
+			parts[i] = types.CompletedPart{PartNumber: aws.Int32(num), ETag: p.ETag, ChecksumCRC64NVME: p.ChecksumCRC64NVME}
+			continue
+		}
+		release, err := r.slot(gctx)
+		if err != nil {
+			break
+		}
+		g.Go(func() error {
+			defer release()
+			out, err := r.client.UploadPart(gctx, &s3.UploadPartInput{
+				Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
+				UploadId: aws.String(up.ID), PartNumber: aws.Int32(num),
+				Body: io.NewSectionReader(fh, off, length), ContentLength: aws.Int64(length),
+				ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme,
+			})
+			if err != nil {
+				return err
+			}
+			sum, err := verified(out.ChecksumCRC64NVME)
+			if err != nil {
+				return err
+			}
+			r.sent(length)
+			parts[i] = types.CompletedPart{PartNumber: aws.Int32(num), ETag: out.ETag, ChecksumCRC64NVME: out.ChecksumCRC64NVME}
+			return r.j.append(record{Op: opPart, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID,
+				Part: num, ETag: aws.ToString(out.ETag), Sum: sum}, false)
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return parts, ctx.Err()
+}
+
+// sameBytes reports whether a part the server holds is the file's bytes at off: its checksum is
+// the one the journal recorded when it was sent, or (sent but not recorded before a crash) the
+// checksum of those bytes now.
+func (r *run) sameBytes(fh *os.File, off, n int64, rec record, p types.Part) bool {
+	have := aws.ToString(p.ChecksumCRC64NVME)
+	if have == "" {
+		return false
+	}
+	if rec.Sum != "" {
+		return rec.Sum == have && rec.ETag == aws.ToString(p.ETag)
+	}
+	sum, err := crcOf(fh, off, n)
+	return err == nil && sum == have
+}
+
+// listParts returns the parts the server holds of an upload.
+func (r *run) listParts(ctx context.Context, id string, bucket, key *string) (map[int32]types.Part, error) {
+	out := map[int32]types.Part{}
+	pages := s3.NewListPartsPaginator(r.client, &s3.ListPartsInput{Bucket: bucket, Key: key, UploadId: aws.String(id)})
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range page.Parts {
+			out[aws.ToInt32(p.PartNumber)] = p
+		}
+	}
+	return out, nil
+}
+
+// alreadyStored reports whether the object at f's key is f, whole: its size and CRC-64/NVME.
+func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file) (string, bool) {
+	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
+		ChecksumMode: types.ChecksumModeEnabled,
+	})
+	if err != nil || aws.ToInt64(out.ContentLength) != f.Size || out.ChecksumType != types.ChecksumTypeFullObject {
+		return "", false
+	}
+	sum, err := crcOf(fh, 0, f.Size)
+	if err != nil || sum != aws.ToString(out.ChecksumCRC64NVME) {
+		return "", false
+	}
+	return sum, true
+}
+
+// abortStale aborts the multipart uploads the journal started for files since changed or gone.
+func (r *run) abortStale(ctx context.Context, current map[fileKey]bool) error {
+	for k, id := range r.j.staleUploads(current) {
+		_, err := r.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{
+			Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(k.Path)), UploadId: aws.String(id),
+		})
+		if err != nil && !isMissing(err) {
+			return err
+		}
+		if err := r.j.append(record{Op: opAborted, Path: k.Path, Size: k.Size, MTime: k.MTime, Upload: id}, false); err != nil {
+			return err
+		}
+	}
+	return nil
+}

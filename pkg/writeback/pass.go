@@ -1,0 +1,238 @@
+package writeback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/cistern-csi/cistern/pkg/overlayfs"
+)
+
+// run is one Run of a job.
+type run struct {
+	cfg    Config
+	job    Job
+	client *s3.Client
+	j      *journal
+	report func(Progress)
+	// slots bounds the requests in flight.
+	slots chan struct{}
+
+	mu sync.Mutex
+	p  Progress
+	// reporting serialises the calls of report.
+	reporting sync.Mutex
+}
+
+// file is a changed regular file of the upper directory.
+type file struct {
+	fileKey
+}
+
+// plan lists the job's files and, when asked, its deletions.
+func (r *run) plan() (files []file, deletes []string, skipped int, err error) {
+	changes, err := overlayfs.Changes(r.job.Upper)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	for _, c := range changes {
+		switch c.Kind {
+		case overlayfs.Written:
+			fi, err := os.Lstat(filepath.Join(r.job.Upper, filepath.FromSlash(c.Path)))
+			if err != nil {
+				return nil, nil, 0, err
+			}
+			if !fi.Mode().IsRegular() {
+				skipped++ // S3 has no symlinks, devices or sockets
+				continue
+			}
+			files = append(files, file{fileKey{Path: c.Path, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}})
+		case overlayfs.Deleted:
+			if r.job.Deletes {
+				deletes = append(deletes, c.Path)
+			}
+		}
+	}
+	return files, deletes, skipped, nil
+}
+
+// pass uploads every file and makes every deletion not yet recorded, then records the job
+// complete. Its first failure ends it; the next pass goes on from the journal.
+func (r *run) pass(ctx context.Context) error {
+	files, deletes, skipped, err := r.plan()
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	// A report with Err is one failed pass: the counts of this one go out without the last's.
+	r.p.Err = nil
+	r.p.Files, r.p.FilesDone, r.p.Bytes, r.p.BytesDone, r.p.Skipped = len(files), 0, 0, 0, skipped
+	current := map[fileKey]bool{}
+	for _, f := range files {
+		current[f.fileKey] = true
+		r.p.Bytes += f.Size
+		if r.j.isDone(f.fileKey) {
+			r.p.FilesDone++
+			r.p.BytesDone += f.Size
+		}
+	}
+	r.mu.Unlock()
+	r.publish()
+	if err := r.abortStale(ctx, current); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(r.cfg.Concurrency)
+	for _, f := range files {
+		if r.j.isDone(f.fileKey) {
+			continue
+		}
+		g.Go(func() error { return r.upload(gctx, f) })
+	}
+	for _, p := range deletes {
+		if !r.j.isDeleted(p) {
+			g.Go(func() error { return r.delete(gctx, p) })
+		}
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return r.j.append(record{Op: opComplete}, true)
+}
+
+// upload puts one file at its key, in parts when large.
+func (r *run) upload(ctx context.Context, f file) error {
+	fh, err := os.Open(filepath.Join(r.job.Upper, filepath.FromSlash(f.Path)))
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	var sum string
+	if f.Size >= r.cfg.PartSize {
+		sum, err = r.multipart(ctx, fh, f)
+	} else {
+		sum, err = r.put(ctx, fh, f)
+	}
+	if err != nil {
+		return fmt.Errorf("upload %s to %s: %w", f.Path, r.job.Target, err)
+	}
+	// A file written while it was read would be recorded with content it does not have.
+	if fi, err := fh.Stat(); err != nil || fi.Size() != f.Size || fi.ModTime().UnixNano() != f.MTime {
+		return fmt.Errorf("%s changed while it was uploaded", f.Path)
+	}
+	if err := r.j.append(record{Op: opDone, Path: f.Path, Size: f.Size, MTime: f.MTime, Sum: sum}, false); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.p.FilesDone++
+	r.p.BytesDone += f.Size
+	r.mu.Unlock()
+	return nil
+}
+
+// put uploads a small file in one request; the server verifies its CRC-64/NVME.
+func (r *run) put(ctx context.Context, fh *os.File, f file) (string, error) {
+	release, err := r.slot(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer release()
+	out, err := r.client.PutObject(ctx, &s3.PutObjectInput{
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
+		Body: io.NewSectionReader(fh, 0, f.Size), ContentLength: aws.Int64(f.Size),
+		ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme,
+	})
+	if err != nil {
+		return "", err
+	}
+	r.sent(f.Size)
+	return verified(out.ChecksumCRC64NVME)
+}
+
+// verified is the checksum the server answered with: a server that answers none did not check
+// the one sent, and the object is not taken as stored.
+func verified(sum *string) (string, error) {
+	if aws.ToString(sum) == "" {
+		return "", errors.New("the server did not confirm the object's CRC-64/NVME checksum")
+	}
+	return *sum, nil
+}
+
+// delete removes the objects of a path the pods deleted: its key, and every key below it (the
+// path may have been a directory).
+func (r *run) delete(ctx context.Context, p string) error {
+	key := r.job.Target.key(p)
+	keys := []string{key}
+	pages := s3.NewListObjectsV2Paginator(r.client, &s3.ListObjectsV2Input{
+		Bucket: aws.String(r.job.Target.Bucket), Prefix: aws.String(key + "/"),
+	})
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return fmt.Errorf("list %s under %s: %w", p, r.job.Target, err)
+		}
+		for _, o := range page.Contents {
+			keys = append(keys, aws.ToString(o.Key))
+		}
+	}
+	for _, k := range keys {
+		release, err := r.slot(ctx)
+		if err != nil {
+			return err
+		}
+		_, err = r.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(k)})
+		release()
+		if err != nil {
+			return fmt.Errorf("delete %s at %s: %w", strings.TrimPrefix(k, r.job.Target.Prefix), r.job.Target, err)
+		}
+	}
+	return r.j.append(record{Op: opDeleted, Path: p}, false)
+}
+
+// slot waits for a request slot.
+func (r *run) slot(ctx context.Context) (func(), error) {
+	select {
+	case r.slots <- struct{}{}:
+		return func() { <-r.slots }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (r *run) sent(n int64) {
+	r.mu.Lock()
+	r.p.Sent += n
+	r.mu.Unlock()
+}
+
+// publish reports the progress.
+func (r *run) publish() {
+	if r.report == nil {
+		return
+	}
+	r.reporting.Lock()
+	defer r.reporting.Unlock()
+	r.mu.Lock()
+	p := r.p
+	r.mu.Unlock()
+	r.report(p)
+}
+
+// isMissing reports an S3 answer that a thing is not there.
+func isMissing(err error) bool {
+	var nsu *types.NoSuchUpload
+	var nsk *types.NoSuchKey
+	var nf *types.NotFound
+	return errors.As(err, &nsu) || errors.As(err, &nsk) || errors.As(err, &nf) || errors.Is(err, fs.ErrNotExist)
+}

@@ -1,0 +1,242 @@
+// Package writeback uploads what the pods of a writable dataset volume created or changed (and,
+// when asked, deleted) to an S3 prefix, after they let the volume go (docs/datasets.md,
+// "Write-back"). It reads the overlay's upper directory (pkg/overlayfs), so unchanged dataset
+// files are never uploaded; large files go in parts, each part's CRC-64/NVME verified by the
+// server; a journal per volume (journal.go) lets a restarted node plugin resume where it stopped,
+// with nothing lost or uploaded twice; a target that refuses is retried with backoff for as long
+// as the caller lets Run go on. The caller deletes the volume's data only once Done says so.
+package writeback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Target is an S3 prefix that receives a volume's outputs.
+type Target struct {
+	Bucket string `json:"bucket"`
+	Prefix string `json:"prefix,omitempty"` // "" or ending in "/"
+}
+
+// ParseTarget reads s3://bucket[/prefix].
+func ParseTarget(s string) (Target, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Scheme != "s3" || u.Host == "" {
+		return Target{}, fmt.Errorf("output target %q is not s3://bucket[/prefix]", s)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return Target{}, fmt.Errorf("output target %q must be s3://bucket[/prefix], without credentials, query or fragment", s)
+	}
+	p := strings.Trim(u.Path, "/")
+	for _, seg := range strings.Split(p, "/") {
+		if seg == "." || seg == ".." || (seg == "" && p != "") {
+			return Target{}, fmt.Errorf("output target %q has an empty, . or .. path segment", s)
+		}
+	}
+	if p != "" {
+		p += "/"
+	}
+	return Target{Bucket: u.Host, Prefix: p}, nil
+}
+
+func (t Target) String() string { return "s3://" + t.Bucket + "/" + t.Prefix }
+
+// key is the object key of a volume path.
+func (t Target) key(p string) string { return t.Prefix + p }
+
+// Job is one volume's write-back.
+type Job struct {
+	// Volume names the job (its journal); one job per volume.
+	Volume string `json:"volume"`
+	// Upper is the overlay's upper directory of the volume, not written while the job runs.
+	Upper  string `json:"upper"`
+	Target Target `json:"target"`
+	// Deletes deletes at the target the objects of the dataset paths the pods deleted.
+	Deletes bool `json:"deletes,omitempty"`
+}
+
+// Config configures an Uploader.
+type Config struct {
+	// Dir holds the journals, one directory per volume, on storage that outlives the process.
+	Dir string
+	// Concurrency bounds the requests in flight, over all files of a job (default 16).
+	Concurrency int
+	// PartSize is a multipart upload's part size, and files this large or larger go in parts
+	// (default 16 MiB; S3 allows 5 MiB to 5 GiB, and 10,000 parts: larger files get larger parts).
+	PartSize int64
+	// MinBackoff and MaxBackoff bound the wait between passes over a target that refused
+	// (defaults 1 s and 5 min).
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// Progress is what a job has done so far, reported after each pass and as files complete.
+type Progress struct {
+	Volume string
+	// Files and Bytes are the job's changed files and their size; FilesDone and BytesDone what
+	// of it is at the target.
+	Files, FilesDone int
+	Bytes, BytesDone int64
+	// Sent is what this process sent (a resumed job does not send again what the target holds).
+	Sent int64
+	// Skipped counts entries that cannot be objects (symlinks, devices, sockets).
+	Skipped int
+	// Attempt counts passes; Err is the last one's failure, nil while it goes well.
+	Attempt int
+	Err     error
+	Done    bool
+}
+
+// Uploader runs write-back jobs. It is safe for concurrent use by jobs of different volumes.
+type Uploader struct {
+	cfg Config
+}
+
+// New checks cfg and fills its defaults.
+func New(cfg Config) (*Uploader, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("writeback: no journal directory")
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.PartSize <= 0 {
+		cfg.PartSize = 16 << 20
+	}
+	if cfg.PartSize < 5<<20 {
+		return nil, fmt.Errorf("writeback: part size %d is below S3's 5 MiB", cfg.PartSize)
+	}
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = time.Second
+	}
+	if cfg.MaxBackoff < cfg.MinBackoff {
+		cfg.MaxBackoff = max(5*time.Minute, cfg.MinBackoff)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	return &Uploader{cfg: cfg}, nil
+}
+
+func (u *Uploader) journalDir(volume string) string {
+	return filepath.Join(u.cfg.Dir, url.PathEscape(volume))
+}
+
+// Run uploads job's changes through client (built with the tenant's own credentials and
+// endpoint policy) until every one is at the target, passing again after a refusal with a
+// backoff that doubles up to MaxBackoff. It returns nil once the journal records the job
+// complete, ctx's error when cancelled (the journal keeps what was done, and a later Run goes
+// on from there), and an error at once only for a job that cannot start (no journal, no upper
+// directory). report, when set, is called from one goroutine at a time.
+func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report func(Progress)) error {
+	if _, err := os.Stat(job.Upper); err != nil {
+		return fmt.Errorf("writeback of %s: %w", job.Volume, err)
+	}
+	j, err := openJournal(u.journalDir(job.Volume), job)
+	if err != nil {
+		return fmt.Errorf("writeback of %s: %w", job.Volume, err)
+	}
+	defer j.close()
+	r := &run{cfg: u.cfg, job: job, client: client, j: j, report: report, slots: make(chan struct{}, u.cfg.Concurrency)}
+	r.p.Volume = job.Volume
+	wait := u.cfg.MinBackoff
+	for {
+		if j.isComplete() {
+			r.p.Done, r.p.Err = true, nil
+			r.publish()
+			return nil
+		}
+		r.p.Attempt++
+		err := r.pass(ctx)
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		r.mu.Lock()
+		r.p.Err = err
+		r.mu.Unlock()
+		r.publish()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, u.cfg.MaxBackoff)
+	}
+}
+
+// Done reports whether volume's write-back is complete: every change at its target. A volume
+// without a journal has none to do.
+func (u *Uploader) Done(volume string) (bool, error) {
+	dir := u.journalDir(volume)
+	if _, err := os.Stat(filepath.Join(dir, jobFile)); errors.Is(err, os.ErrNotExist) {
+		return true, nil
+	}
+	data, err := os.ReadFile(filepath.Join(dir, logFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return strings.Contains(string(data), `{"op":"complete"}`), nil
+}
+
+// Pending returns the jobs whose journals are not complete, to run again after a restart.
+func (u *Uploader) Pending() ([]Job, error) {
+	entries, err := os.ReadDir(u.cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Job
+	for _, e := range entries {
+		job, err := readJob(filepath.Join(u.cfg.Dir, e.Name()))
+		if err != nil {
+			continue // a directory without job.json: a crash before the job was recorded
+		}
+		if done, err := u.Done(job.Volume); err == nil && !done {
+			out = append(out, job)
+		}
+	}
+	return out, nil
+}
+
+// Forget removes volume's journal, once the caller deleted the data it was for.
+func (u *Uploader) Forget(volume string) error {
+	return os.RemoveAll(u.journalDir(volume))
+}
+
+// Add records job durably, before the caller lets the volume go: a crash after it resumes the
+// job (Jobs), a crash before it finds the volume still published.
+func (u *Uploader) Add(job Job) error {
+	j, err := openJournal(u.journalDir(job.Volume), job)
+	if err != nil {
+		return err
+	}
+	return j.close()
+}
+
+// Jobs returns every recorded job, complete or not: the caller finishes each (a complete one
+// only needs its data deleted and Forget).
+func (u *Uploader) Jobs() ([]Job, error) {
+	entries, err := os.ReadDir(u.cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []Job
+	for _, e := range entries {
+		if job, err := readJob(filepath.Join(u.cfg.Dir, e.Name())); err == nil {
+			out = append(out, job)
+		}
+	}
+	return out, nil
+}
