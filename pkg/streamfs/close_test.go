@@ -92,9 +92,13 @@ func TestCloseWithACopyOfTheMount(t *testing.T) {
 	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), " "+dir+" ") {
 		t.Error("still mounted here after Close")
 	}
-	// The server is gone: the other namespace's copy no longer answers.
+	// The server is gone: the other namespace's copy no longer answers (ENOTCONN), or is gone
+	// from that namespace too (seen on this kernel in most runs once the host had many mounts;
+	// either way nothing is served through it).
 	out, err := exec.Command("nsenter", "--target", strconv.Itoa(ns.Process.Pid), "--mount", "cat", filepath.Join(dir, "a.txt")).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "not connected") {
+	mi, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ns.Process.Pid), "mountinfo"))
+	copyGone := !strings.Contains(string(mi), " "+dir+" ")
+	if err == nil || !strings.Contains(string(out), "not connected") && !copyGone {
 		t.Errorf("the copy of the mount after Close: %q, %v; want ENOTCONN (the connection aborted)", out, err)
 	}
 }
