@@ -126,6 +126,10 @@ func StartNetnsNode(t *testing.T, dir string, i int, name, poolPath string, pool
 		if err := os.MkdirAll(src, 0o750); err != nil {
 			t.Fatal(err)
 		}
+		// A mount the host has at p (a killed install run's bind of /var/lib/kubelet onto itself)
+		// would sit under the node's own: container runtimes check the lower one's propagation
+		// and refuse Bidirectional mounts. Unmounted in the node only: its namespace is a slave.
+		n.run(t, "sh", "-c", "! mountpoint -q "+p+" || umount -R "+p)
 		n.run(t, "mount", "--bind", src, p)
 	}
 	for _, p := range sharedNodePaths {
