@@ -19,6 +19,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -60,6 +61,10 @@ type Config struct {
 
 	// MetricsAddr and ProbeAddr: "0" disables.
 	MetricsAddr, ProbeAddr string
+	// OneOfManyInProcess lets a process run this controller again after an earlier one stopped
+	// (test suites): controller-runtime keeps every controller name it registered for the
+	// process's life and refuses a second "leaderworkerset" otherwise.
+	OneOfManyInProcess bool
 	// MetricsSecure serves metrics over HTTPS to callers that authenticate with a token and may
 	// GET /metrics (TokenReview, SubjectAccessReview), as kubelet's and kube-rbac-proxy's do.
 	MetricsSecure bool
@@ -251,6 +256,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		LeaderElectionNamespace: cfg.LeaderElectionNamespace,
 		Logger:                  logger,
 		Cache:                   cache.Options{ByObject: byObject},
+	}
+	if cfg.OneOfManyInProcess {
+		opts.Controller.SkipNameValidation = ptr.To(true)
 	}
 	var certs *webhookcert.CertProvisioner
 	if !cfg.DisableWebhooks {

@@ -56,6 +56,8 @@ func runWorkloadController(t *testing.T, cp *framework.ControlPlane, bins *realn
 		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: certDir, WebhookSelfRegister: true,
 		WebhookServiceNamespace: "default", WebhookSecretName: "cistern-workload-webhook-cert",
 		GitImage: bins.Images["git"].Ref, CompareImage: bins.Images["controller"].Ref,
+		// TestNode and TestLWSNodeLoss each run one, in one test process.
+		OneOfManyInProcess: true,
 	}
 	if configure != nil {
 		configure(&cfg)
