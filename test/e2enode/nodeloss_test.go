@@ -598,7 +598,7 @@ func (v *volumeManagerCopy) create(t *testing.T, endpoint string) {
 	}
 }
 
-// waitOn waits until the VolumeManager is Ready with its copy Ready on one of nodes.
+// waitOn waits until the VolumeManager is Running with its copy Ready on one of nodes.
 func (v *volumeManagerCopy) waitOn(t *testing.T, nodes ...string) copyState {
 	t.Helper()
 	var st copyState
@@ -609,7 +609,7 @@ func (v *volumeManagerCopy) waitOn(t *testing.T, nodes ...string) copyState {
 			return false, nil
 		}
 		last = fmt.Sprintf("%s (%s) %+v", vm.Status.State, vm.Status.Message, vm.Status.Volumes)
-		if vm.Status.State != datav1alpha1.StateReady || len(vm.Status.Volumes) != 1 {
+		if vm.Status.State != datav1alpha1.StateRunning || len(vm.Status.Volumes) != 1 {
 			return false, nil
 		}
 		vol := vm.Status.Volumes[0]
@@ -621,7 +621,7 @@ func (v *volumeManagerCopy) waitOn(t *testing.T, nodes ...string) copyState {
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("VolumeManager copy not Ready on %v: %s", nodes, last)
+		t.Fatalf("VolumeManager not Running with its copy on %v: %s", nodes, last)
 	}
 	return st
 }
