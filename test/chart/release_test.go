@@ -2,8 +2,9 @@ package chart
 
 import (
 	"context"
+	"maps"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 
@@ -28,13 +29,8 @@ func TestChartReleaseFitsInASecret(t *testing.T) {
 			t.Fatal(err)
 		}
 		files := renderFiles(t, namespace, values)
-		names := make([]string, 0, len(files))
-		for name := range files {
-			names = append(names, name)
-		}
-		sort.Strings(names)
 		var manifest strings.Builder
-		for _, name := range names {
+		for _, name := range slices.Sorted(maps.Keys(files)) {
 			manifest.WriteString(files[name])
 		}
 		rls := &release.Release{Name: "cistern", Namespace: namespace, Version: 1, Chart: chrt,

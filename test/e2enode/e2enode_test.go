@@ -82,6 +82,27 @@ func lockHost(t *testing.T) {
 	t.Logf("waited %s for the other run", time.Since(start).Round(time.Second))
 }
 
+// netnsNodesDir makes the directory of a suite whose nodes run in network namespaces (not
+// t.TempDir: it must not be removed while something is still mounted below it) and prepares the
+// host's node paths. Its cleanup, registered before the nodes', runs after their namespaces, and
+// the mounts in them, are gone.
+func netnsNodesDir(t *testing.T, prefix string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if left := realnode.MountsUnder(t, dir); len(left) > 0 {
+			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	realnode.PrepareNodePaths(t)
+	return dir
+}
+
 // startCluster brings up control plane, containerd, kubelet and the Cistern node; every piece is
 // torn down by t.Cleanup in reverse order, and the host is cleaned last.
 func startCluster(t *testing.T) *cluster {

@@ -126,19 +126,7 @@ func TestK8sStorageE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dir, err := os.MkdirTemp("", "cistern-k8se2e-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Runs last: the nodes' namespaces, and the mounts in them, are gone by then.
-	t.Cleanup(func() {
-		if left := realnode.MountsUnder(t, dir); len(left) > 0 {
-			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	})
-	realnode.PrepareNodePaths(t)
+	dir := netnsNodesDir(t, "cistern-k8se2e-")
 	logs := framework.LogDir(t)
 	begin := time.Now()
 

@@ -76,19 +76,7 @@ func TestLWSNodeLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "cistern-nodeloss-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Runs last: the nodes' namespaces, and the mounts in them, are gone by then.
-	t.Cleanup(func() {
-		if left := realnode.MountsUnder(t, dir); len(left) > 0 {
-			t.Errorf("mounts left under %s, not removing it: %v", dir, left)
-			return
-		}
-		_ = os.RemoveAll(dir)
-	})
-	realnode.PrepareNodePaths(t)
+	dir := netnsNodesDir(t, "cistern-nodeloss-")
 	begin := time.Now()
 
 	ca := realnode.NewNodeCA(t, dir)
@@ -286,48 +274,12 @@ func nodeLossStorageClass(t *testing.T, cp *framework.ControlPlane, ns, endpoint
 	return sc.Name
 }
 
-// nodeLossManifest is a LeaderWorkerSet of one group, a leader and a worker on one node
-// (exclusive-topology by hostname), each with its own claim of the dataset; every pod records the
-// sha256 of each file on its claim under its name and UID, then writes to it every second.
+// nodeLossManifest is a LeaderWorkerSet of one group, a leader and a worker on one node, each
+// with its own claim of the dataset; every pod records the sha256 of each file on its claim under
+// its name and UID, then writes to it every second.
 func nodeLossManifest(ns, sc, image, results string) string {
-	return fmt.Sprintf(`apiVersion: workloads.cistern.dev/v1alpha1
-kind: LeaderWorkerSet
-metadata:
-  name: %[1]s
-  namespace: %[2]s
-  annotations:
-    leaderworkerset.sigs.k8s.io/exclusive-topology: kubernetes.io/hostname
-spec:
-  replicas: 1
-  leaderWorkerTemplate:
-    size: 2
-    volumeClaimTemplates:
-    - metadata: {name: data}
-      spec:
-        accessModes: [ReadWriteOnce]
-        storageClassName: %[3]s
-        resources: {requests: {storage: 64Mi}}
-    workerTemplate:
-      spec:
-        hostNetwork: true
-        terminationGracePeriodSeconds: 5
-        containers:
-        - name: checker
-          image: %[4]s
-          imagePullPolicy: Never
-          env:
-          - name: POD_NAME
-            valueFrom: {fieldRef: {fieldPath: metadata.name}}
-          - name: POD_UID
-            valueFrom: {fieldRef: {fieldPath: metadata.uid}}
-          args: [-out, /results/$(POD_NAME)-$(POD_UID), -dir, /data, -hash, -heartbeat, 1s]
-          volumeMounts:
-          - {name: data, mountPath: /data}
-          - {name: results, mountPath: /results}
-        volumes:
-        - name: results
-          hostPath: {path: %[5]s, type: Directory}
-`, nodeLossLWS, ns, sc, image, results)
+	return checkerLWS{name: nodeLossLWS, ns: ns, class: sc, image: image, results: results, storage: "64Mi", exclusive: true,
+		args: "-out, /results/$(POD_NAME)-$(POD_UID), -dir, /data, -hash, -heartbeat, 1s"}.manifest()
 }
 
 // nodeLossGroup is the test's LeaderWorkerSet group and what its pods must see.

@@ -77,21 +77,28 @@ func testWebIdentity(t *testing.T, c *cluster, d *dataset) {
 		return p
 	}
 
-	exchanges := c.sts.Exchanges()
-	createPod(t, c.cp, c.ns, pod("web-identity", "dataset-reader"))
-	waitPodRunning(t, c.cp, c.ns, "web-identity")
-	d.checkFiles(t, "web-identity", readResult(t, c.resultsDir, "web-identity").Dirs[0])
-	if c.sts.Exchanges() <= exchanges {
-		t.Errorf("the STS exchanged no token for the pod (%d exchanges before, %d after)", exchanges, c.sts.Exchanges())
-	}
-
-	createPod(t, c.cp, c.ns, pod("web-identity-other", "other-team"))
-	waitFailedMount(t, c, "web-identity-other", "PermissionDenied")
-
-	for _, name := range []string{"web-identity", "web-identity-other"} {
-		deletePodAndWait(t, c.cp, c.ns, name)
-	}
+	checkWebIdentityPods(t, c, d, "web-identity", pod)
 	testWebIdentityClaim(t, c, d)
+}
+
+// checkWebIdentityPods: a pod of dataset-reader called name reads every file byte-identical,
+// with its token exchanged at the STS; a pod of other-team, name-other, is refused at its mount.
+// Both are deleted at the end.
+func checkWebIdentityPods(t *testing.T, c *cluster, d *dataset, name string, pod func(name, sa string) *corev1.Pod) {
+	t.Helper()
+	exchanges := c.sts.Exchanges()
+	createPod(t, c.cp, c.ns, pod(name, "dataset-reader"))
+	waitPodRunning(t, c.cp, c.ns, name)
+	d.checkFiles(t, name, readResult(t, c.resultsDir, name).Dirs[0])
+	if c.sts.Exchanges() <= exchanges {
+		t.Errorf("%s: the STS exchanged no token for the pod (%d exchanges before, %d after)", name, exchanges, c.sts.Exchanges())
+	}
+	other := name + "-other"
+	createPod(t, c.cp, c.ns, pod(other, "other-team"))
+	waitFailedMount(t, c, other, "PermissionDenied")
+	for _, n := range []string{name, other} {
+		deletePodAndWait(t, c.cp, c.ns, n)
+	}
 }
 
 // testWebIdentityClaim: a claim of a StorageClass with web-identity credentials whose role comes
@@ -120,19 +127,7 @@ func testWebIdentityClaim(t *testing.T, c *cluster, d *dataset) {
 		p.Spec.ServiceAccountName = sa
 		return p
 	}
-	exchanges := c.sts.Exchanges()
-	createPod(t, c.cp, c.ns, pod("web-identity-claim", "dataset-reader"))
-	waitPodRunning(t, c.cp, c.ns, "web-identity-claim")
-	d.checkFiles(t, "web-identity-claim", readResult(t, c.resultsDir, "web-identity-claim").Dirs[0])
-	if c.sts.Exchanges() <= exchanges {
-		t.Errorf("the STS exchanged no token for the claim's pod (%d exchanges before, %d after)", exchanges, c.sts.Exchanges())
-	}
-	createPod(t, c.cp, c.ns, pod("web-identity-claim-other", "other-team"))
-	waitFailedMount(t, c, "web-identity-claim-other", "PermissionDenied")
-
-	for _, name := range []string{"web-identity-claim", "web-identity-claim-other"} {
-		deletePodAndWait(t, c.cp, c.ns, name)
-	}
+	checkWebIdentityPods(t, c, d, "web-identity-claim", pod)
 	if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, "web-identity", apimetav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -96,15 +96,27 @@ func runWorkloadController(t *testing.T, cp *framework.ControlPlane, bins *realn
 	}
 }
 
-// lwsManifest is a LeaderWorkerSet of one group of a leader and one worker, each with its own
-// claim from the pool-targeted class; every pod checks its claim and writes its results under
-// its own name.
-func lwsManifest(c *cluster) string {
+// checkerLWS is a LeaderWorkerSet of one group, a leader and one worker, each with its own claim
+// of class; every pod runs the checker image with args over its claim at /data and writes its
+// results under /results, the host directory results.
+type checkerLWS struct {
+	name, ns, class, image, results string
+	storage                         string // each claim's request
+	exclusive                       bool   // the group on one node (exclusive-topology by hostname)
+	args                            string // the checker's, as a YAML flow sequence's items
+}
+
+func (l checkerLWS) manifest() string {
+	annotations := "{}"
+	if l.exclusive {
+		annotations = "{leaderworkerset.sigs.k8s.io/exclusive-topology: kubernetes.io/hostname}"
+	}
 	return fmt.Sprintf(`apiVersion: workloads.cistern.dev/v1alpha1
 kind: LeaderWorkerSet
 metadata:
   name: %[1]s
   namespace: %[2]s
+  annotations: %[6]s
 spec:
   replicas: 1
   leaderWorkerTemplate:
@@ -114,7 +126,7 @@ spec:
       spec:
         accessModes: [ReadWriteOnce]
         storageClassName: %[3]s
-        resources: {requests: {storage: 32Mi}}
+        resources: {requests: {storage: %[7]s}}
     workerTemplate:
       spec:
         hostNetwork: true
@@ -126,14 +138,23 @@ spec:
           env:
           - name: POD_NAME
             valueFrom: {fieldRef: {fieldPath: metadata.name}}
-          args: [-out, /results/$(POD_NAME), -dir, /data, -write-read, -fill]
+          - name: POD_UID
+            valueFrom: {fieldRef: {fieldPath: metadata.uid}}
+          args: [%[8]s]
           volumeMounts:
           - {name: data, mountPath: /data}
           - {name: results, mountPath: /results}
         volumes:
         - name: results
           hostPath: {path: %[5]s, type: DirectoryOrCreate}
-`, lwsName, c.ns, c.storageClass, c.checkerImage, c.resultsDir)
+`, l.name, l.ns, l.class, l.image, l.results, annotations, l.storage, l.args)
+}
+
+// lwsManifest: every pod checks its claim (write, read back, fill to ENOSPC) and writes its
+// results under its own name.
+func lwsManifest(c *cluster) string {
+	return checkerLWS{name: lwsName, ns: c.ns, class: c.storageClass, image: c.checkerImage, results: c.resultsDir,
+		storage: "32Mi", args: "-out, /results/$(POD_NAME), -dir, /data, -write-read, -fill"}.manifest()
 }
 
 func testLeaderWorkerSet(t *testing.T, c *cluster) {

@@ -357,21 +357,29 @@ func TestVolumeManager(t *testing.T) {
 	})
 }
 
+// nodeOfOwn creates a node that only the returned volume (one replica of s3://datasets/<id>)
+// schedules to: tainted, and named by the volume's node affinity.
+func nodeOfOwn(t *testing.T, cp *framework.ControlPlane, ns, id string) (string, datav1alpha1.VolumeConfig) {
+	t.Helper()
+	label := "test.cistern.dev/" + ns
+	node := ns + "-node"
+	framework.CreateNode(t, cp, node, map[string]string{label: "true"},
+		corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule})
+	return node, datav1alpha1.VolumeConfig{ID: id, Replicas: 1, SourceType: datav1alpha1.SourceS3, SourceURL: "s3://datasets/" + id,
+		NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+				Key: label, Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}}}}}}},
+		Tolerations: []corev1.Toleration{{Key: "test.cistern.dev/vm", Operator: corev1.TolerationOpExists}}}
+}
+
 // TestVolumeManagerTooLarge: a dataset larger than the capacity fails staging on the node; the
 // VolumeManager turns Failed with kubelet's message, which carries both sizes, a DataReady
 // condition saying StagingFailed, and a Warning Event.
 func TestVolumeManagerTooLarge(t *testing.T) {
 	cp, ns, ctx := setupNamespace(t, "vmbig")
-	taint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
-	node := ns + "-node"
-	framework.CreateNode(t, cp, node, map[string]string{"test.cistern.dev/big": "true"}, taint)
+	node, vc := nodeOfOwn(t, cp, ns, "big")
 	capacity := resource.MustParse("1Mi")
-	vc := datav1alpha1.VolumeConfig{ID: "big", Replicas: 1, SourceType: datav1alpha1.SourceS3, SourceURL: "s3://datasets/big",
-		Capacity: &capacity, AccessMode: corev1.ReadWriteOnce,
-		NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
-			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
-				Key: "test.cistern.dev/big", Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}}}}}}},
-		Tolerations: []corev1.Toleration{{Key: "test.cistern.dev/vm", Operator: corev1.TolerationOpExists}}}
+	vc.Capacity, vc.AccessMode = &capacity, corev1.ReadWriteOnce
 	vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "big"},
 		Spec: datav1alpha1.VolumeManagerSpec{VolumeConfigs: []datav1alpha1.VolumeConfig{vc}}}
 	if err := cl.Create(ctx, vm); err != nil {
@@ -449,14 +457,7 @@ func TestVolumeManagerLifecycle(t *testing.T) {
 	cp := setup(t)
 	ns := framework.CreateNamespace(t, cp, "vmlife")
 	ctx := testutil.Context(t)
-	taint := corev1.Taint{Key: "test.cistern.dev/vm", Effect: corev1.TaintEffectNoSchedule}
-	node := ns + "-node"
-	framework.CreateNode(t, cp, node, map[string]string{"test.cistern.dev/life": "true"}, taint)
-	vc := datav1alpha1.VolumeConfig{ID: "ckpt", Replicas: 1, SourceType: datav1alpha1.SourceS3, SourceURL: "s3://datasets/ckpt",
-		NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
-			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
-				Key: "test.cistern.dev/life", Operator: corev1.NodeSelectorOpIn, Values: []string{"true"}}}}}}},
-		Tolerations: []corev1.Toleration{{Key: "test.cistern.dev/vm", Operator: corev1.TolerationOpExists}}}
+	node, vc := nodeOfOwn(t, cp, ns, "ckpt")
 	vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "life"},
 		Spec: datav1alpha1.VolumeManagerSpec{VolumeConfigs: []datav1alpha1.VolumeConfig{vc}}}
 	if err := cl.Create(ctx, vm); err != nil {

@@ -88,14 +88,21 @@ func NewCisternNode(t *testing.T, bins *Binaries, dir, kubeletRoot, nodeName str
 		poolsConfig: filepath.Join(dir, "pools.yaml"),
 		stateDir:    filepath.Join(dir, "cistern-state"),
 	}
-	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", PoolName, pool)
-	if err := os.WriteFile(n.poolsConfig, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(n.Socket), 0o750); err != nil {
-		t.Fatal(err)
-	}
+	n.writeConfig(t, pool, filepath.Dir(n.Socket))
 	return n
+}
+
+// writeConfig writes the driver's pools config, one pool at poolPath, and makes the directory of
+// its socket, socketDir as the test sees it.
+func (c *CisternNode) writeConfig(t *testing.T, poolPath, socketDir string) {
+	t.Helper()
+	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", PoolName, poolPath)
+	if err := os.WriteFile(c.poolsConfig, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(socketDir, 0o750); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // NewNetnsCisternNode prepares Cistern's driver for the netns node n, as its DaemonSet pod would
@@ -115,13 +122,7 @@ func NewNetnsCisternNode(t *testing.T, bins *Binaries, n *NetnsNode, poolPath st
 		enter:       n.Enter,
 	}
 	c.hostSocket = n.HostPath(t, c.Socket)
-	cfg := fmt.Sprintf("pools:\n- name: %s\n  path: %s\n  labels: {media: ssd}\n", PoolName, poolPath)
-	if err := os.WriteFile(c.poolsConfig, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(c.hostSocket), 0o750); err != nil {
-		t.Fatal(err)
-	}
+	c.writeConfig(t, poolPath, filepath.Dir(c.hostSocket))
 	return c
 }
 

@@ -5,12 +5,13 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,13 +107,8 @@ func writes(m map[string]int) int {
 }
 
 func format(m map[string]int, per float64) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var b strings.Builder
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		fmt.Fprintf(&b, "    %-40s %6d  (%.2f per group)\n", k, m[k], float64(m[k])/per)
 	}
 	return b.String()
