@@ -34,10 +34,16 @@ type WriteBack struct {
 	// MaxPendingBytes bounds what the node holds that is not uploaded yet: a volume that names an
 	// output target is refused at publish while the node holds this much (0: no bound).
 	MaxPendingBytes int64
+	// MinInterval is the shortest outputInterval (checkpoints) a volume may name
+	// (--writeback-min-interval).
+	MinInterval time.Duration
 	// Uploader tunes the uploads (its Dir is Dir's journals); zero values take the defaults.
 	Uploader writeback.Config
 	// OnProgress, when set, is told of each upload's progress and failures.
 	OnProgress func(writeback.Progress)
+	// OnEvent, when set, records Events on the pod or claim whose outputs they are
+	// (writeback_events.go).
+	OnEvent func(Event)
 }
 
 // writeBacks runs the node's uploads: one goroutine per volume handed off at unpublish, for as
@@ -54,9 +60,14 @@ type writeBacks struct {
 	mu      sync.Mutex
 	pending map[string]int64 // volume -> bytes not at the target yet
 	running map[string]bool  // volumes with an upload goroutine
-	// refusals counts failed passes (a metric); node labels the metrics.
-	refusals int64
-	node     string
+	// live are the checkpoints of volumes in use (checkpoint.go); checkpointing lets one run
+	// at a time.
+	live          map[string]*liveVolume
+	checkpointing chan struct{}
+	// refusals counts failed passes and checkpoints the checkpoints taken (metrics); node
+	// labels the metrics.
+	refusals, checkpoints int64
+	node                  string
 }
 
 // start runs job's upload unless it runs already (a repeated NodeUnpublish).
@@ -88,7 +99,8 @@ func newWriteBacks(cfg WriteBack) *writeBacks {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{}}
+	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{},
+		live: map[string]*liveVolume{}, checkpointing: make(chan struct{}, 1)}
 }
 
 // outputTarget is an output target with the pod's placeholders replaced.
@@ -127,6 +139,9 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if spec.Credentials == consts.CredentialsWebIdentity {
 		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
 	}
+	if err := s.checkInterval(volumeContext); err != nil {
+		return err
+	}
 	if held := s.wb.held(); s.wb.cfg.MaxPendingBytes > 0 && held >= s.wb.cfg.MaxPendingBytes {
 		return status.Errorf(codes.ResourceExhausted, "node %s holds %d bytes of outputs not uploaded yet, the most --writeback-max-pending-bytes allows; retry later", s.nodeID, held)
 	}
@@ -141,6 +156,8 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	key := aws.String(t.Prefix + ".cistern-write-probe-" + id)
 	_, err = client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(t.Bucket), Key: key, Body: bytes.NewReader(nil)})
 	if err != nil {
+		s.wb.emit(volumeContext, true, ReasonOutputTargetRefused, "Volume %s: its credentials may not write its %s %s, so the pod does not start: %v",
+			id, consts.ParamOutputTarget, t, err)
 		return status.Errorf(codes.PermissionDenied, "the volume's credentials may not write its %s %s: %v", consts.ParamOutputTarget, t, err)
 	}
 	// Writing is what the upload needs; a tenant allowed to write but not delete keeps the probe.
@@ -171,11 +188,11 @@ func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
 	if raw == "" || s.wb == nil || v.DatasetLayer == "" {
 		return false, nil
 	}
-	t, err := outputTarget(raw, v.Parameters)
+	job, err := s.outputJob(v)
 	if err != nil {
 		return false, err
 	}
-	job := writeback.Job{Volume: v.ID, Upper: filepath.Join(s.wb.mountDir(v.ID), LayerUpperDir), Target: t}
+	t := job.Target
 	if err := s.wb.up.Add(job); err != nil {
 		return false, Internal("recording the volume's write-back", err)
 	}
@@ -222,6 +239,10 @@ func (s *Service) upload(id string, job writeback.Job) {
 		if s.wb.cfg.OnProgress != nil {
 			s.wb.cfg.OnProgress(writeback.Progress{Volume: id, Err: err})
 		}
+		if v, ok := s.store.GetVolume(id); ok {
+			s.wb.emit(v.Parameters, true, ReasonOutputUploadFailed, "Upload of volume %s's outputs to %s cannot start: %v; retrying in %s, the data is kept",
+				id, job.Target, err, wait)
+		}
 		select {
 		case <-s.wb.ctx.Done():
 			return
@@ -264,7 +285,19 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		_ = s.images.Detach(dev)
 		return fmt.Errorf("mounting the volume's filesystem: %w", err)
 	}
-	err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) { s.wb.progress(p) })
+	if job.Deletes {
+		// What a deleted or replaced dataset directory held: the version the volume references.
+		if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
+			err = fmt.Errorf("the volume's dataset layer: %w", err)
+		}
+	}
+	if err == nil {
+		events := &uploadEvents{w: s.wb, attrs: v.Parameters, id: id, target: job.Target.String()}
+		err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) {
+			s.wb.progress(p)
+			events.report(p)
+		})
+	}
 	_ = unix.Unmount(dir, 0)
 	_ = os.Remove(dir)
 	if derr := s.images.Detach(dev); err == nil {
@@ -316,6 +349,7 @@ func (s *Service) resumeWriteBacks() {
 	if s.wb == nil {
 		return
 	}
+	s.resumeCheckpoints()
 	jobs, err := s.wb.up.Jobs()
 	if err != nil {
 		klog.Background().Error(err, "Listing write-backs to resume")

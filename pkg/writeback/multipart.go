@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"hash/crc64"
 	"io"
 	"os"
@@ -79,6 +80,9 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 	parts, err := r.sendParts(ctx, fh, f, up, held)
 	if err != nil {
 		return "", err
+	}
+	if r.live && changed(fh, f) {
+		return "", errors.New("written while it was sent") // never completed: the next pass aborts it
 	}
 	out, err := r.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
 		Bucket: bucket, Key: key, UploadId: aws.String(up.ID),

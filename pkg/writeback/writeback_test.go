@@ -210,3 +210,50 @@ func TestParseTarget(t *testing.T) {
 		}
 	}
 }
+
+// TestDeletionsFromLower deletes through a real overlay a dataset file, a dataset directory, and
+// a dataset directory made again (opaque), and uploads with deletions and the lower directory:
+// exactly the dataset's objects the pod no longer sees are deleted at the target; what the
+// target holds beside them (never in the dataset) and what the pod wrote again stay.
+func TestDeletionsFromLower(t *testing.T) {
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "out")
+	lower := map[string][]byte{
+		"a.txt": []byte("a"), "keep.txt": []byte("k"),
+		"gone/x": []byte("x"), "gone/sub/y": []byte("y"),
+		"remade/old1": []byte("1"), "remade/old2": []byte("2"), "remade/again": []byte("v1"),
+	}
+	// The target mirrors the dataset (an earlier sync), and holds one object the dataset lacks
+	// under each directory the pod deletes.
+	for p, b := range lower {
+		s.Put(t, "out", "sync/"+p, b)
+	}
+	s.Put(t, "out", "sync/gone/not-in-dataset", []byte("n"))
+	s.Put(t, "out", "sync/remade/not-in-dataset", []byte("n"))
+	dir := t.TempDir()
+	lo := filepath.Join(dir, "lower")
+	for p, b := range lower {
+		writeFile(t, filepath.Join(lo, p), b)
+	}
+	upper, _ := overlayVolume(t, lower, func(m string) {
+		for _, p := range []string{"a.txt", "gone", "remade"} {
+			if err := os.RemoveAll(filepath.Join(m, p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		writeFile(t, filepath.Join(m, "remade/again"), []byte("v2"))
+		writeFile(t, filepath.Join(m, "new/file"), []byte("new"))
+	})
+	u, err := writeback.New(writeback.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := writeback.Job{Volume: "v", Upper: upper, Lower: lo, Target: writeback.Target{Bucket: "out", Prefix: "sync/"}, Deletes: true}
+	if err := u.Run(testCtx(t), job, s.Client, nil); err != nil {
+		t.Fatal(err)
+	}
+	sameObjects(t, objects(t, s.Client, "out", "sync/"), map[string][]byte{
+		"keep.txt": []byte("k"), "gone/not-in-dataset": []byte("n"), "remade/not-in-dataset": []byte("n"),
+		"remade/again": []byte("v2"), "new/file": []byte("new"),
+	})
+}
