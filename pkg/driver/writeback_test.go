@@ -152,6 +152,15 @@ func (l *eventLog) add(e volume.Event) {
 // want fails unless an Event of reason about obj holds every one of texts.
 func (l *eventLog) want(t *testing.T, obj volume.ObjectRef, warning bool, reason string, texts ...string) {
 	t.Helper()
+	if !l.has(obj, warning, reason, texts...) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		t.Errorf("no %s Event on %+v holding %q; Events: %+v", reason, obj, texts, l.events)
+	}
+}
+
+// has reports whether an Event of reason about obj holds every one of texts.
+func (l *eventLog) has(obj volume.ObjectRef, warning bool, reason string, texts ...string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 next:
@@ -164,9 +173,9 @@ next:
 				continue next
 			}
 		}
-		return
+		return true
 	}
-	t.Errorf("no %s Event on %+v holding %q; Events: %+v", reason, obj, texts, l.events)
+	return false
 }
 
 // refuseWrites makes proxy answer every write 503.
@@ -296,15 +305,17 @@ func TestWriteBackClaim(t *testing.T) {
 	_, err = env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
 		VolumeCapability: mountCap(""), VolumeContext: vol.Volume.VolumeContext, Secrets: owner})
 	wantCode(t, err, codes.Unavailable, "outputs are uploaded")
+	claim := volume.ObjectRef{Kind: "PersistentVolumeClaim", Namespace: "team", Name: "work"}
+	waitFor(t, "the refused upload to be reported on the claim", func() bool {
+		return events.has(claim, true, volume.ReasonOutputUploadFailed, "attempt", "the data is kept")
+	})
 	proxy.SetFaults(nil)
 	waitFor(t, "the claim's outputs to be uploaded", func() bool { return env.driver.volumes.WriteBackHolds(id) == "" })
 	checkOutputs(t, s, "claim/", want)
 	if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
-	claim := volume.ObjectRef{Kind: "PersistentVolumeClaim", Namespace: "team", Name: "work"}
 	events.want(t, claim, true, volume.ReasonOutputTargetRefused, "may not write its outputTarget s3://out/claim/")
-	events.want(t, claim, true, volume.ReasonOutputUploadFailed, "attempt")
 	events.want(t, claim, false, volume.ReasonOutputUploadFinished, "2 objects")
 }
 
