@@ -2,13 +2,16 @@ package outputevents_test
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/cistern-csi/cistern/pkg/outputevents"
 	"github.com/cistern-csi/cistern/pkg/volume"
@@ -16,13 +19,19 @@ import (
 )
 
 // TestOutputEvents records write-back Events about a pod (named with its UID, as kubelet passes
-// it) and a claim (named without: the recorder reads its UID) on a real API server, and finds
-// each the way kubectl describe does: by the object's kind, namespace, name and UID.
+// it) and a claim (named without: the recorder reads its UID) on a real API server, as the node
+// plugin's ServiceAccount with deploy/csi's grant, and finds each the way kubectl describe does:
+// by the object's kind, namespace, name and UID.
 func TestOutputEvents(t *testing.T) {
 	cp := framework.StartControlPlane(t, framework.Options{})
 	ctx := context.Background()
 	const ns = "team"
 	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// No controller-manager runs to make the namespace's default ServiceAccount, which pod
+	// admission looks up.
+	if _, err := cp.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	pod, err := cp.Client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "train-0"},
@@ -37,7 +46,8 @@ func TestOutputEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := outputevents.New(cp.Client, "node-a", "cistern-csi-driver")
+	// The node plugin records as its ServiceAccount, with only deploy/csi's grant for these Events.
+	r := outputevents.New(nodeClient(t, cp), "node-a", "cistern-csi-driver")
 	t.Cleanup(r.Stop)
 	r.Record(volume.Event{Object: volume.ObjectRef{Kind: "Pod", Namespace: ns, Name: pod.Name, UID: string(pod.UID)},
 		Warning: true, Reason: volume.ReasonOutputUploadFailed, Message: "Upload of volume v1's outputs to s3://out/ failed (attempt 2): AccessDenied; retrying in 4s, the data is kept"})
@@ -68,4 +78,41 @@ func find(t *testing.T, cp *framework.ControlPlane, kind string, obj metav1.Obje
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// nodeClient is a client as the node plugin's ServiceAccount holding only the ClusterRole
+// cistern-node-output-events of deploy/csi/driver/rbac.yaml, which it checks grants no more
+// than it says.
+func nodeClient(t *testing.T, cp *framework.ControlPlane) kubernetes.Interface {
+	t.Helper()
+	data, err := os.ReadFile("../../deploy/csi/driver/rbac.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := []string{"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cistern-system",
+		"apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: cistern-node\n  namespace: cistern-system"}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		if strings.Contains(doc, "name: cistern-node-output-events") {
+			docs = append(docs, doc)
+		}
+	}
+	if len(docs) != 4 {
+		t.Fatalf("deploy/csi/driver/rbac.yaml: want the ClusterRole and ClusterRoleBinding cistern-node-output-events, found %d documents", len(docs)-2)
+	}
+	framework.ApplyYAML(t, cp, strings.Join(docs, "\n---\n"))
+	for _, tc := range []struct {
+		verb, resource string
+		want           bool
+	}{{"create", "events", true}, {"patch", "events", true}, {"get", "persistentvolumeclaims", true},
+		{"list", "events", false}, {"get", "pods", false}, {"list", "persistentvolumeclaims", false}, {"get", "secrets", false}} {
+		if got := framework.ServiceAccountMay(t, cp, "cistern-system", "cistern-node", authorizationv1.ResourceAttributes{
+			Verb: tc.verb, Resource: tc.resource, Namespace: "team"}); got != tc.want {
+			t.Errorf("cistern-node may %s %s: %v, want %v", tc.verb, tc.resource, got, tc.want)
+		}
+	}
+	client, err := kubernetes.NewForConfig(framework.ServiceAccountConfig(t, cp, "cistern-system", "cistern-node"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client
 }
