@@ -319,9 +319,11 @@ func TestWriteBackClaim(t *testing.T) {
 	events.want(t, claim, false, volume.ReasonOutputUploadFinished, "2 objects")
 }
 
-// TestWriteBackDeletions publishes writable inline volumes whose target mirrors the dataset and
-// deletes a dataset file through each: with outputDeletions the upload deletes it at the target
-// too, without (the default) the target keeps it. A bad value is refused before anything is made.
+// TestWriteBackDeletions publishes writable inline volumes whose target mirrors the dataset,
+// deletes a dataset file and renames another through each: with outputDeletions the upload
+// deletes the old paths at the target too, without (the default) the target keeps them; the
+// renamed file is uploaded at its new path either way. A bad value is refused before anything
+// is made.
 func TestWriteBackDeletions(t *testing.T) {
 	env, s, proxy, _ := writeBackEnv(t)
 	ctx := context.Background()
@@ -371,6 +373,10 @@ func TestWriteBackDeletions(t *testing.T) {
 			if err := os.Remove(filepath.Join(target, "f1")); err != nil {
 				t.Fatal(err)
 			}
+			// A rename keeps the dataset's bytes in the lower layer (metacopy): uploaded from there.
+			if err := os.Rename(filepath.Join(target, "f3"), filepath.Join(target, "f3-renamed")); err != nil {
+				t.Fatal(err)
+			}
 			writeOutputs(t, target, map[string][]byte{"f2": []byte("changed")})
 			if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 				t.Fatal(err)
@@ -379,9 +385,9 @@ func TestWriteBackDeletions(t *testing.T) {
 				_, ok := env.driver.volumes.Store().GetVolume(id)
 				return !ok
 			})
-			want := map[string][]byte{"f0": dataset["f0"], "f2": []byte("changed"), "f3": dataset["f3"]}
+			want := map[string][]byte{"f0": dataset["f0"], "f2": []byte("changed"), "f3-renamed": dataset["f3"]}
 			if tc.keeps {
-				want["f1"] = dataset["f1"]
+				want["f1"], want["f3"] = dataset["f1"], dataset["f3"]
 			}
 			checkOutputs(t, s, prefix, want)
 		})

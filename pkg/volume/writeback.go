@@ -285,11 +285,10 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		_ = s.images.Detach(dev)
 		return fmt.Errorf("mounting the volume's filesystem: %w", err)
 	}
-	if job.Deletes {
-		// What a deleted or replaced dataset directory held: the version the volume references.
-		if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
-			err = fmt.Errorf("the volume's dataset layer: %w", err)
-		}
+	// What a renamed, deleted or replaced dataset file or directory held: the version the
+	// volume references.
+	if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
+		err = fmt.Errorf("the volume's dataset layer: %w", err)
 	}
 	if err == nil {
 		events := &uploadEvents{w: s.wb, attrs: v.Parameters, id: id, target: job.Target.String()}

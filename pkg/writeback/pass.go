@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -42,6 +43,9 @@ type run struct {
 // file is a changed regular file of the upper directory.
 type file struct {
 	fileKey
+	// src is where its bytes are when not in the upper directory: the dataset file a renamed
+	// file or directory comes from (its lower layer), which the pods did not write.
+	src string
 }
 
 // plan lists the job's files and, when asked, its deletions.
@@ -70,11 +74,20 @@ func (r *run) plan() (files []file, deletes []string, skipped int, err error) {
 				r.deferred()
 				continue
 			}
-			files = append(files, file{fileKey{Path: c.Path, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}})
+			files = append(files, file{fileKey: fileKey{Path: c.Path, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}})
 		case overlayfs.Deleted, overlayfs.Opaque:
 			if r.job.Deletes {
 				replaced = append(replaced, c)
 			}
+		case overlayfs.Metadata, overlayfs.Dir:
+			moved, err := r.renamed(c)
+			if err != nil {
+				return nil, nil, 0, err
+			}
+			for _, f := range moved {
+				present[f.Path] = true
+			}
+			files = append(files, moved...)
 		}
 	}
 	if r.job.Deletes {
@@ -84,6 +97,58 @@ func (r *run) plan() (files []file, deletes []string, skipped int, err error) {
 		deletes = append(deletes, r.orphans(present, deletes)...)
 	}
 	return files, deletes, skipped, nil
+}
+
+// renamed are the files a dataset file or directory renamed by the pods shows at their new
+// paths (an overlay redirect: a metacopy file, or a directory), with the dataset's bytes: new
+// paths in the pod's view. Below a renamed directory, what the upper directory holds of its own
+// (written, deleted, renamed again, a directory made again) is left to its own entry. Without
+// the lower directory, nothing.
+func (r *run) renamed(c overlayfs.Change) ([]file, error) {
+	if c.From == "" || r.job.Lower == "" || c.From == c.Path {
+		return nil, nil // only the mode, owner or times changed, or nothing to read from
+	}
+	root := filepath.Join(r.job.Lower, filepath.FromSlash(c.From))
+	var out []file
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		to := path.Join(c.Path, filepath.ToSlash(rel))
+		if p != root {
+			if _, err := os.Lstat(filepath.Join(r.job.Upper, filepath.FromSlash(to))); err == nil {
+				if d.IsDir() {
+					return r.walkRenamedDir(to)
+				}
+				return nil // its own entry in the upper directory says what it is
+			}
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, file{fileKey: fileKey{Path: to, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}, src: p})
+		return nil
+	})
+	return out, err
+}
+
+// walkRenamedDir says whether the walk of a renamed directory goes into a subdirectory the upper
+// directory also holds: only a plain one (changes below it); one made again, deleted or renamed
+// again has its own entry.
+func (r *run) walkRenamedDir(to string) error {
+	c, err := overlayfs.Classify(filepath.Join(r.job.Upper, filepath.FromSlash(to)))
+	if err != nil || c.Kind != overlayfs.Dir || c.From != "" {
+		return filepath.SkipDir
+	}
+	return nil
 }
 
 // orphans are the paths a checkpoint uploaded that the pods removed since without a whiteout
@@ -218,7 +283,11 @@ func (r *run) pass(ctx context.Context) error {
 
 // upload puts one file at its key, in parts when large.
 func (r *run) upload(ctx context.Context, f file) error {
-	fh, err := os.Open(filepath.Join(r.job.Upper, filepath.FromSlash(f.Path)))
+	src := f.src
+	if src == "" {
+		src = filepath.Join(r.job.Upper, filepath.FromSlash(f.Path))
+	}
+	fh, err := os.Open(src)
 	if err != nil {
 		return err
 	}

@@ -62,9 +62,10 @@ type Job struct {
 	// Deletes deletes at the target the objects of the dataset paths the pods deleted.
 	Deletes bool `json:"deletes,omitempty"`
 	// Lower is the overlay's lower directory (the dataset version the volume was made on), read
-	// to tell which dataset files a deleted or replaced directory held. It is not part of the
-	// recorded job: the caller finds it again at each Run. Empty: a deleted path's key and every
-	// key below it are deleted, and a replaced directory deletes nothing.
+	// for the bytes of dataset files and directories the pods renamed, and to tell which dataset
+	// files a deleted or replaced directory held. It is not part of the recorded job: the caller
+	// finds it again at each Run. Empty: renamed dataset files are not uploaded, a deleted path's
+	// key and every key below it are deleted, and a replaced directory deletes nothing.
 	Lower string `json:"-"`
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cistern-csi/cistern/pkg/overlayfs"
 	"github.com/cistern-csi/cistern/pkg/writeback"
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
@@ -18,6 +19,12 @@ import (
 // overlayVolume stacks a real overlay on lower (the dataset), lets change write through it as a
 // pod would, unmounts it and returns the upper directory and what the pod sees (path -> bytes).
 func overlayVolume(t *testing.T, lower map[string][]byte, change func(merged string)) (string, map[string][]byte) {
+	t.Helper()
+	return overlayVolumeWith(t, "", lower, change)
+}
+
+// overlayVolumeWith is overlayVolume with more overlay options (e.g. the driver's metacopy).
+func overlayVolumeWith(t *testing.T, options string, lower map[string][]byte, change func(merged string)) (string, map[string][]byte) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounting an overlay needs root")
@@ -32,7 +39,10 @@ func overlayVolume(t *testing.T, lower map[string][]byte, change func(merged str
 			t.Fatal(err)
 		}
 	}
-	if err := unix.Mount("overlay", merged, "overlay", 0, "lowerdir="+lo+",upperdir="+up+",workdir="+work); err != nil {
+	if options != "" {
+		options = "," + options
+	}
+	if err := unix.Mount("overlay", merged, "overlay", 0, "lowerdir="+lo+",upperdir="+up+",workdir="+work+options); err != nil {
 		t.Fatalf("mount overlay: %v", err)
 	}
 	mounted := true
@@ -256,4 +266,60 @@ func TestDeletionsFromLower(t *testing.T) {
 		"keep.txt": []byte("k"), "gone/not-in-dataset": []byte("n"), "remade/not-in-dataset": []byte("n"),
 		"remade/again": []byte("v2"), "new/file": []byte("new"),
 	})
+}
+
+// TestRenamedFromDataset renames a dataset file and a dataset directory through a real overlay
+// with the driver's options (metacopy, redirect_dir: the data stays in the lower layer), changes
+// and deletes below the renamed directory, and uploads with the lower directory and deletions:
+// the target ends as the pod sees the volume, the renamed files read from the dataset.
+func TestRenamedFromDataset(t *testing.T) {
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "out")
+	lower := map[string][]byte{"a.bin": randBytes(11, 3<<10), "dir/x": []byte("x"), "dir/sub/y": []byte("y"), "dir/z": []byte("z"), "keep": []byte("k")}
+	for p, b := range lower {
+		s.Put(t, "out", "sync/"+p, b)
+	}
+	dir := t.TempDir()
+	lo := filepath.Join(dir, "lower")
+	for p, b := range lower {
+		writeFile(t, filepath.Join(lo, p), b)
+	}
+	upper, seen := overlayVolumeWith(t, "redirect_dir=on,metacopy=on,index=off", lower, func(m string) {
+		for _, mv := range [][2]string{{"a.bin", "moved.bin"}, {"dir", "newdir"}} {
+			if err := os.Rename(filepath.Join(m, mv[0]), filepath.Join(m, mv[1])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		writeFile(t, filepath.Join(m, "newdir/z"), []byte("z2"))
+		if err := os.Remove(filepath.Join(m, "newdir/sub/y")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	changes, err := overlayfs.Changes(upper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]overlayfs.Change{}
+	for _, c := range changes {
+		kinds[c.Path] = c
+	}
+	if c := kinds["moved.bin"]; c.Kind != overlayfs.Metadata || c.From != "a.bin" {
+		t.Fatalf("moved.bin in the upper directory: %+v, want a metacopy from a.bin (the kernel's metacopy)", c)
+	}
+	if c := kinds["newdir"]; c.Kind != overlayfs.Dir || c.From != "dir" {
+		t.Fatalf("newdir in the upper directory: %+v, want a redirect from dir", c)
+	}
+	u, err := writeback.New(writeback.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := writeback.Job{Volume: "v", Upper: upper, Lower: lo, Target: writeback.Target{Bucket: "out", Prefix: "sync/"}, Deletes: true}
+	var last writeback.Progress
+	if err := u.Run(testCtx(t), job, s.Client, func(p writeback.Progress) { last = p }); err != nil {
+		t.Fatal(err)
+	}
+	sameObjects(t, objects(t, s.Client, "out", "sync/"), seen)
+	if want := int64(len(lower["a.bin"]) + 1 + 2); last.Sent != want {
+		t.Errorf("sent %d bytes, want %d: moved.bin, newdir/x and newdir/z", last.Sent, want)
+	}
 }
