@@ -108,6 +108,10 @@ func (r *run) renamed(c overlayfs.Change) ([]file, error) {
 	if c.From == "" || r.job.Lower == "" || c.From == c.Path {
 		return nil, nil // only the mode, owner or times changed, or nothing to read from
 	}
+	if !filepath.IsLocal(filepath.FromSlash(c.From)) {
+		// Only the kernel writes the redirect (a trusted.* xattr); never read outside the layer.
+		return nil, fmt.Errorf("%s: redirect %q leaves the dataset", c.Path, c.From)
+	}
 	root := filepath.Join(r.job.Lower, filepath.FromSlash(c.From))
 	var out []file
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
