@@ -3,6 +3,7 @@ package driver
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -563,4 +564,29 @@ func objectsAt(t *testing.T, s *testpeers.S3, prefix string) map[string][]byte {
 		got[(*o.Key)[len(prefix):]] = b
 	}
 	return got
+}
+
+// TestWriteBackNeedsLayers: a volume naming an output target is refused where its writable copy
+// could not tell what the pod changed: a node that copies writable datasets, or one that cannot
+// mount the overlay; never copied and then deleted with its outputs.
+func TestWriteBackNeedsLayers(t *testing.T) {
+	env, s, proxy, _ := writeBackEnv(t)
+	ctx := context.Background()
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+		"pathStyle": "true", "size": "64Mi", "outputTarget": "s3://out/x"}
+	publish := func(id string) error {
+		return retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(env.dir, "target", id),
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}})
+			return err
+		})
+	}
+	env.stop()
+	env.cfg.Writable.OverlayMount = func(string, string) error { return errors.New("overlayfs: not supported") }
+	env.start()
+	wantCode(t, publish("wb-nooverlay"), codes.FailedPrecondition, "cannot be layered")
+	env.stop()
+	env.cfg.Writable.OverlayMount, env.cfg.Writable.Copy = nil, true
+	env.start()
+	wantCode(t, publish("wb-copy"), codes.InvalidArgument, "--writable-datasets=copy")
 }

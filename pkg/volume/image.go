@@ -379,6 +379,10 @@ func (s *Service) fillOrLayer(ctx context.Context, v *state.Volume, spec *dataso
 	if err != nil || layered {
 		return err
 	}
+	if v.Parameters[consts.ParamOutputTarget] != "" {
+		// A copy has no record of what the pods changed: its outputs would be lost at unpublish.
+		return status.Errorf(codes.FailedPrecondition, "volume %s names an %s but cannot be layered on its dataset on node %s (see its Events); a copy could not tell its outputs", v.ID, consts.ParamOutputTarget, s.nodeID)
+	}
 	if err := s.fillDataset(ctx, spec, version, v.Pool, target); err != nil {
 		return err
 	}

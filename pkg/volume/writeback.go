@@ -136,6 +136,10 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
 		return status.Errorf(codes.InvalidArgument, "volume ID %q cannot name a write-back", id)
 	}
+	if s.writable.Copy {
+		// A copy has no record of what the pods changed: nothing could tell the outputs.
+		return status.Errorf(codes.InvalidArgument, "%s needs writable volumes layered on their dataset; node %s copies them (--writable-datasets=copy)", consts.ParamOutputTarget, s.nodeID)
+	}
 	if spec.Credentials == consts.CredentialsWebIdentity {
 		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
 	}
