@@ -188,6 +188,9 @@ func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file) (string, b
 
 // abortStale aborts the multipart uploads the journal started for files since changed or gone.
 func (r *run) abortStale(ctx context.Context, current map[fileKey]bool) error {
+	if r.nfs != nil {
+		return nil // files go whole: no upload to abort
+	}
 	for k, id := range r.j.staleUploads(current) {
 		_, err := r.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{
 			Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(k.Path)), UploadId: aws.String(id),

@@ -33,6 +33,8 @@ type run struct {
 	slots chan struct{}
 	// live: a checkpoint, the pods still writing (Uploader.Checkpoint).
 	live bool
+	// nfs is the NFS target of this pass, mounted; nil for S3.
+	nfs *nfsDest
 
 	mu sync.Mutex
 	p  Progress
@@ -239,6 +241,12 @@ func (r *run) pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if r.job.Target.NFS() {
+		if r.nfs, err = dialNFS(r.job.Target, r.cfg.NFSUID, r.cfg.NFSGID); err != nil {
+			return err
+		}
+		defer func() { r.nfs.close(); r.nfs = nil }()
+	}
 	r.mu.Lock()
 	// A report with Err is one failed pass: the counts of this one go out without the last's.
 	r.p.Err, r.p.RetryIn = nil, 0
@@ -297,9 +305,15 @@ func (r *run) upload(ctx context.Context, f file) error {
 	}
 	defer fh.Close()
 	var sum string
-	if f.Size >= r.cfg.PartSize {
+	switch {
+	case r.nfs != nil:
+		sum, err = r.nfs.put(ctx, fh, f.Size, f.Path, func() bool { return !r.live || !changed(fh, f) })
+		if err == nil {
+			r.sent(f.Size)
+		}
+	case f.Size >= r.cfg.PartSize:
 		sum, err = r.multipart(ctx, fh, f)
-	} else {
+	default:
 		sum, err = r.put(ctx, fh, f)
 	}
 	if r.live && changed(fh, f) {
@@ -367,6 +381,12 @@ func verified(sum *string) (string, error) {
 // delete removes the objects of a path the pods deleted: its key, and, when the job knows no
 // lower directory to tell, every key below it (the path may have been a directory).
 func (r *run) delete(ctx context.Context, p string) error {
+	if r.nfs != nil {
+		if err := r.nfs.remove(p, r.job.Lower == ""); err != nil {
+			return fmt.Errorf("delete %s at %s: %w", p, r.job.Target, err)
+		}
+		return r.deleted(p)
+	}
 	key := r.job.Target.key(p)
 	keys := []string{key}
 	pages := s3.NewListObjectsV2Paginator(r.client, &s3.ListObjectsV2Input{
@@ -392,6 +412,11 @@ func (r *run) delete(ctx context.Context, p string) error {
 			return fmt.Errorf("delete %s at %s: %w", strings.TrimPrefix(k, r.job.Target.Prefix), r.job.Target, err)
 		}
 	}
+	return r.deleted(p)
+}
+
+// deleted records a path's objects deleted.
+func (r *run) deleted(p string) error {
 	if err := r.j.append(record{Op: opDeleted, Path: p}, false); err != nil {
 		return err
 	}

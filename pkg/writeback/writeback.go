@@ -20,20 +20,22 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
-// Target is an S3 prefix that receives a volume's outputs.
+// Target receives a volume's outputs: an S3 prefix (Bucket), or a directory of an NFS server
+// (Host, and the directory's path from the server's root in Prefix; nfs.go).
 type Target struct {
-	Bucket string `json:"bucket"`
+	Bucket string `json:"bucket,omitempty"`
+	Host   string `json:"host,omitempty"`
 	Prefix string `json:"prefix,omitempty"` // "" or ending in "/"
 }
 
-// ParseTarget reads s3://bucket[/prefix].
+// ParseTarget reads s3://bucket[/prefix] or nfs://server[:port]/export[/path].
 func ParseTarget(s string) (Target, error) {
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "s3" || u.Host == "" {
-		return Target{}, fmt.Errorf("output target %q is not s3://bucket[/prefix]", s)
+	if err != nil || (u.Scheme != "s3" && u.Scheme != "nfs") || u.Host == "" {
+		return Target{}, fmt.Errorf("output target %q is not s3://bucket[/prefix] or nfs://server/export[/path]", s)
 	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return Target{}, fmt.Errorf("output target %q must be s3://bucket[/prefix], without credentials, query or fragment", s)
+		return Target{}, fmt.Errorf("output target %q must be s3://bucket[/prefix] or nfs://server/export[/path], without credentials, query or fragment", s)
 	}
 	p := strings.Trim(u.Path, "/")
 	for _, seg := range strings.Split(p, "/") {
@@ -44,10 +46,24 @@ func ParseTarget(s string) (Target, error) {
 	if p != "" {
 		p += "/"
 	}
+	if u.Scheme == "nfs" {
+		if p == "" {
+			return Target{}, fmt.Errorf("output target %q names no export", s)
+		}
+		return Target{Host: u.Host, Prefix: p}, nil
+	}
 	return Target{Bucket: u.Host, Prefix: p}, nil
 }
 
-func (t Target) String() string { return "s3://" + t.Bucket + "/" + t.Prefix }
+func (t Target) String() string {
+	if t.NFS() {
+		return "nfs://" + t.Host + "/" + t.Prefix
+	}
+	return "s3://" + t.Bucket + "/" + t.Prefix
+}
+
+// NFS says whether the target is an NFS directory.
+func (t Target) NFS() bool { return t.Host != "" }
 
 // key is the object key of a volume path.
 func (t Target) key(p string) string { return t.Prefix + p }
@@ -81,6 +97,8 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the wait between passes over a target that refused
 	// (defaults 1 s and 5 min).
 	MinBackoff, MaxBackoff time.Duration
+	// NFSUID and NFSGID are the identity (AUTH_SYS) NFS targets are written as.
+	NFSUID, NFSGID uint32
 	// Settle is how long before a checkpoint a file must not have been written to be uploaded
 	// by it (default 2 s): longer than the kernel's file time granularity, so that a write
 	// during the upload always changes the file's mtime.
@@ -150,7 +168,8 @@ func (u *Uploader) journalDir(volume string) string {
 }
 
 // Run uploads job's changes through client (built with the tenant's own credentials and
-// endpoint policy) until every one is at the target, passing again after a refusal with a
+// endpoint policy; nil for an NFS target, written as Config.NFSUID) until every one is at the
+// target, passing again after a refusal with a
 // backoff that doubles up to MaxBackoff. It returns nil once the journal records the job
 // complete, ctx's error when cancelled (the journal keeps what was done, and a later Run goes
 // on from there), and an error at once only for a job that cannot start (no journal, no upper

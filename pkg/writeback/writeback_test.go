@@ -209,12 +209,13 @@ func TestRefusingTarget(t *testing.T) {
 func TestParseTarget(t *testing.T) {
 	for in, want := range map[string]writeback.Target{
 		"s3://b": {Bucket: "b"}, "s3://b/": {Bucket: "b"}, "s3://b/p/q/": {Bucket: "b", Prefix: "p/q/"},
+		"nfs://h:2049/export/out": {Host: "h:2049", Prefix: "export/out/"}, "nfs://h/export": {Host: "h", Prefix: "export/"},
 	} {
 		if got, err := writeback.ParseTarget(in); err != nil || got != want {
 			t.Errorf("%s: %+v, %v", in, got, err)
 		}
 	}
-	for _, bad := range []string{"", "b/p", "nfs://h/p", "s3:///p", "s3://b/../x", "s3://k:s@b/p", "s3://b/p?x=1", "s3://b/p//q"} {
+	for _, bad := range []string{"", "b/p", "nfs://h", "nfs://h/", "nfs:///export", "ftp://h/p", "s3:///p", "s3://b/../x", "s3://k:s@b/p", "s3://b/p?x=1", "s3://b/p//q"} {
 		if _, err := writeback.ParseTarget(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
