@@ -120,6 +120,7 @@ func (o *options) complete(cfg *driver.Config) error {
 	}
 	uid, gid := uint32(o.nfsUID), uint32(o.nfsGID)
 	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
+	cfg.Writable.WriteBack.Uploader.NFSUID, cfg.Writable.WriteBack.Uploader.NFSGID = uid, gid
 	if o.webIdentityRoles != "" {
 		cfg.Datasets.WebIdentityRoles = strings.Split(o.webIdentityRoles, ",")
 		for _, p := range cfg.Datasets.WebIdentityRoles {

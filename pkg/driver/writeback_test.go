@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -589,4 +590,66 @@ func TestWriteBackNeedsLayers(t *testing.T) {
 	env.cfg.Writable.OverlayMount, env.cfg.Writable.Copy = nil, true
 	env.start()
 	wantCode(t, publish("wb-copy"), codes.InvalidArgument, "--writable-datasets=copy")
+}
+
+// TestWriteBackNFS publishes a writable inline volume of an S3 dataset whose output target is a
+// directory of an NFS server the administrator allows (go-nfs, NFSv3): what the pod wrote is
+// there, file for file, once it lets the volume go, in a directory named after the pod. A server
+// not allowed is refused before the pod starts.
+func TestWriteBackNFS(t *testing.T) {
+	env, s, proxy, events := writeBackEnv(t)
+	ctx := context.Background()
+	export := t.TempDir()
+	addr := testpeers.StartNFS(t, export)
+	env.stop()
+	env.cfg.Datasets.NFSServers = []string{addr}
+	env.start()
+	publish := func(id, target string) (string, error) {
+		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+			"pathStyle": "true", "size": "64Mi", "outputTarget": target,
+			"csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.name": "train-0", "csi.storage.k8s.io/pod.uid": "uid-1"}
+		path := filepath.Join(env.dir, "target", id)
+		return path, retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: path,
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}})
+			return err
+		})
+	}
+	t.Run("failure case - an NFS server not allowed", func(t *testing.T) {
+		_, err := publish("wb-nfs-other", "nfs://127.0.0.1:1/export/x")
+		wantCode(t, err, codes.PermissionDenied, "--nfs-servers")
+	})
+	id := "wb-nfs"
+	target, err := publish(id, "nfs://"+addr+"/export/runs/${pod.name}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 9<<20+1), "f1": []byte("changed")}
+	writeOutputs(t, target, want)
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the volume to be written back and deleted", func() bool {
+		_, ok := env.driver.volumes.Store().GetVolume(id)
+		return !ok
+	})
+	dir := filepath.Join(export, "runs", "train-0")
+	got := 0
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		b, err := os.ReadFile(p)
+		if w, ok := want[filepath.ToSlash(rel)]; !ok || !bytes.Equal(b, w) {
+			t.Errorf("%s at the target: %d bytes, not what the pod wrote", rel, len(b))
+		}
+		got++
+		return err
+	})
+	if err != nil || got != len(want) {
+		t.Errorf("%d files at the target (%v), want %d", got, err, len(want))
+	}
+	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-1"}, false, volume.ReasonOutputUploadFinished,
+		"nfs://"+addr+"/export/runs/train-0/", "2 objects")
 }

@@ -188,8 +188,11 @@ func known(use Use) []string {
 // pod's placeholders are replaced.
 func parseOutputTarget(v *Volume, _ *Dataset, s string) error {
 	rest, ok := strings.CutPrefix(s, "s3://")
+	if !ok {
+		rest, ok = strings.CutPrefix(s, "nfs://")
+	}
 	if !ok || rest == "" || strings.HasPrefix(rest, "/") {
-		return source.Errorf(source.Invalid, "parameter %s=%q is not s3://bucket[/prefix]", consts.ParamOutputTarget, s)
+		return source.Errorf(source.Invalid, "parameter %s=%q is not s3://bucket[/prefix] or nfs://server/export[/path]", consts.ParamOutputTarget, s)
 	}
 	v.OutputTarget = s
 	return nil

@@ -141,11 +141,7 @@ func (s *Service) checkpoint(ctx context.Context, v state.Volume) error {
 	if err != nil || spec == nil {
 		return fmt.Errorf("the volume's dataset: %v", err)
 	}
-	secrets, err := s.wb.loadSecrets(v.ID)
-	if err != nil {
-		return err
-	}
-	client, err := s.outputClient(ctx, spec, secrets, v.Parameters, job.Target.Bucket)
+	client, err := s.uploadClient(ctx, v, spec, job.Target)
 	if err != nil {
 		return err
 	}

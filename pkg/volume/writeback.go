@@ -140,9 +140,6 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 		// A copy has no record of what the pods changed: nothing could tell the outputs.
 		return status.Errorf(codes.InvalidArgument, "%s needs writable volumes layered on their dataset; node %s copies them (--writable-datasets=copy)", consts.ParamOutputTarget, s.nodeID)
 	}
-	if spec.Credentials == consts.CredentialsWebIdentity {
-		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
-	}
 	if err := s.checkInterval(volumeContext); err != nil {
 		return err
 	}
@@ -152,6 +149,12 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	t, err := outputTarget(raw, volumeContext)
 	if err != nil {
 		return err
+	}
+	if t.NFS() {
+		return s.checkNFSOutput(ctx, id, t, spec, volumeContext)
+	}
+	if spec.Credentials == consts.CredentialsWebIdentity {
+		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
 	}
 	client, err := s.outputClient(ctx, spec, secrets, volumeContext, t.Bucket)
 	if err != nil {
@@ -169,6 +172,36 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 		klog.FromContext(ctx).Info("Could not delete the write probe", "volumeID", id, "key", *key, "err", err.Error())
 	}
 	return s.wb.saveSecrets(id, secrets)
+}
+
+// checkNFSOutput is checkOutput's for an NFS target: the server is one the volume may name, and
+// the node's NFS identity may create and remove a probe file in the target directory.
+func (s *Service) checkNFSOutput(ctx context.Context, id string, t writeback.Target, spec *datasource.Spec, volumeContext map[string]string) error {
+	uid, gid, err := s.datasets.OutputNFS(spec, t.Host)
+	if err == nil {
+		err = writeback.ProbeNFS(t, uid, gid, ".cistern-write-probe-"+id)
+	}
+	if err != nil {
+		s.wb.emit(volumeContext, true, ReasonOutputTargetRefused, "Volume %s: the node may not write its %s %s, so the pod does not start: %v",
+			id, consts.ParamOutputTarget, t, err)
+		return status.Errorf(codes.PermissionDenied, "the node may not write the volume's %s %s: %v", consts.ParamOutputTarget, t, err)
+	}
+	klog.FromContext(ctx).V(4).Info("NFS output target writable", "volumeID", id, "target", t.String())
+	return nil
+}
+
+// uploadClient is the S3 client of a volume's upload, with the credentials kept for it; nil for
+// an NFS target (written as the node's NFS identity).
+func (s *Service) uploadClient(ctx context.Context, v state.Volume, spec *datasource.Spec, t writeback.Target) (*s3.Client, error) {
+	if t.NFS() {
+		return nil, nil
+	}
+	secrets, err := s.wb.loadSecrets(v.ID)
+	if err != nil {
+		return nil, err
+	}
+	// Static keys only (web-identity volumes take no S3 target): no token to bound by a deadline.
+	return s.outputClient(ctx, spec, secrets, v.Parameters, t.Bucket)
 }
 
 func (s *Service) outputClient(ctx context.Context, spec *datasource.Spec, secrets, volumeContext map[string]string, bucket string) (*s3.Client, error) {
@@ -266,12 +299,7 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 	if err != nil || spec == nil {
 		return fmt.Errorf("the volume's dataset: %v", err)
 	}
-	secrets, err := s.wb.loadSecrets(id)
-	if err != nil {
-		return err
-	}
-	// Static keys only (web-identity volumes take no target): no token to bound by a deadline.
-	client, err := s.outputClient(context.Background(), spec, secrets, v.Parameters, job.Target.Bucket)
+	client, err := s.uploadClient(context.Background(), v, spec, job.Target)
 	if err != nil {
 		return err
 	}

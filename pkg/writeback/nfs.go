@@ -210,3 +210,21 @@ func (c *ctxWriter) Write(p []byte) (int, error) {
 	}
 	return c.w.Write(p)
 }
+
+// ProbeNFS checks, before a volume's pod starts, that t may be written as uid/gid: it makes the
+// target directory as needed, creates the file name in it and removes it.
+func ProbeNFS(t Target, uid, gid uint32, name string) error {
+	d, err := dialNFS(t, uid, gid)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	if err := d.mkdirAll(d.full(".")); err != nil {
+		return err
+	}
+	p := d.full(name)
+	if _, err := d.target.Create(p, 0o644); err != nil && !exists(err) {
+		return err
+	}
+	return d.target.Remove(p)
+}
