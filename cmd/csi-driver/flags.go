@@ -45,11 +45,12 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&o.httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
 	flag.StringVar(&cfg.Writable.WriteBack.Dir, "writeback-dir", "/var/lib/cistern/writeback", "Directory (on storage that outlives the node plugin) for the journals of uploads of volumes' outputs (outputTarget); empty refuses output targets.")
+	flag.DurationVar(&cfg.Writable.WriteBack.MinInterval, "writeback-min-interval", 5*time.Minute, "Shortest outputInterval (uploads of a volume's outputs at an interval while it is in use) a volume may name; shorter ones are refused at publish. Checkpoints run one at a time on the node.")
 	flag.Int64Var(&cfg.Writable.WriteBack.MaxPendingBytes, "writeback-max-pending-bytes", 100<<30, "Most bytes of outputs not uploaded yet the node may hold: a volume naming an output target is refused at publish while the node holds this much; 0 is unlimited.")
 	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
-	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, writable dataset volumes copied for want of overlayfs, and streaming volumes staged for want of FUSE, as Events on this node's Node object (needs API access: in-cluster, or --kubeconfig).")
+	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, writable dataset volumes copied for want of overlayfs, and streaming volumes staged for want of FUSE, as Events on this node's Node object, and the write-back of volumes' outputs (started, failed and retried, finished, target refused) as Events on their pod or claim (needs API access: in-cluster, or --kubeconfig).")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events, --peer-listen and the ServiceAccounts of datasets with roleFrom=serviceAccount; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 }
@@ -119,6 +120,7 @@ func (o *options) complete(cfg *driver.Config) error {
 	}
 	uid, gid := uint32(o.nfsUID), uint32(o.nfsGID)
 	cfg.Datasets.NFSUID, cfg.Datasets.NFSGID = &uid, &gid
+	cfg.Writable.WriteBack.Uploader.NFSUID, cfg.Writable.WriteBack.Uploader.NFSGID = uid, gid
 	if o.webIdentityRoles != "" {
 		cfg.Datasets.WebIdentityRoles = strings.Split(o.webIdentityRoles, ",")
 		for _, p := range cfg.Datasets.WebIdentityRoles {

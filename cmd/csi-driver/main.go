@@ -22,6 +22,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
+	"github.com/cistern-csi/cistern/pkg/outputevents"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/pkg/sarole"
 )
@@ -51,6 +52,12 @@ func main() {
 		cfg.Datasets.OnEvict = rec.Evicted
 		cfg.Writable.OnCopy = rec.WritableCopied
 		cfg.Streaming.OnFallback = rec.StreamingStaged
+		outputs, err := outputEvents(o.kubeconfig, cfg.NodeID)
+		if err != nil {
+			exit(err, "Cannot record Events")
+		}
+		defer outputs.Stop()
+		cfg.Writable.WriteBack.OnEvent = outputs.Record
 	}
 	if cfg.Mode != driver.ModeController {
 		serviceAccountRoles(&cfg, o.kubeconfig)
@@ -108,6 +115,15 @@ func eventRecorder(kubeconfig, node string) (*nodeevents.Recorder, error) {
 		return nil, err
 	}
 	return nodeevents.New(client, node, "cistern-csi-driver"), nil
+}
+
+// outputEvents records the write-back's Events on the pods and claims whose outputs they are.
+func outputEvents(kubeconfig, node string) (*outputevents.Recorder, error) {
+	_, client, err := kubeClient(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return outputevents.New(client, node, "cistern-csi-driver"), nil
 }
 
 // kubeClient is a client of the API server, through the in-cluster configuration or kubeconfig,

@@ -4,10 +4,11 @@
 .PHONY: test-writeback
 TEST_TARGETS += test-writeback
 
-## Write-back tests against versitygw and real overlays
-test-writeback: $(VERSITYGW)
+# The write-back's Events (pkg/outputevents) are recorded on a real control plane.
+## Write-back tests against versitygw, real overlays and a real API server (Events)
+test-writeback: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO_TEST) -count=1 -timeout 10m ./pkg/writeback/...
+	  $(GO_TEST) -count=1 -timeout 10m ./pkg/writeback/... ./pkg/outputevents/...
 
 .PHONY: bench-writeback
 BENCH_TARGETS += bench-writeback

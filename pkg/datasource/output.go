@@ -1,6 +1,8 @@
 package datasource
 
 import (
+	"slices"
+
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
@@ -33,4 +35,17 @@ func (d *Datasets) OutputClient(spec *Spec, creds Credentials, bucket string) (*
 		return nil, err
 	}
 	return src.Client(), nil
+}
+
+// OutputNFS is the identity (AUTH_SYS uid and gid: the node's, --nfs-uid/--nfs-gid) the
+// write-back of a volume of spec's dataset writes an NFS target on host with. A tenant's volume
+// (an inline volume, a VolumeManager's) may name only the servers its NFS datasets may
+// (--nfs-servers): NFSv3 has no credentials of the tenant's own, so which servers a pod author
+// may have the node write to is the administrator's choice.
+func (d *Datasets) OutputNFS(spec *Spec, host string) (uid, gid uint32, err error) {
+	m := d.m
+	if (spec.Tenant || spec.Inline) && !slices.Contains(m.cfg.NFSServers, host) {
+		return 0, 0, source.Errorf(source.Denied, "NFS server %s is not allowed as an output target of a tenant's volume (the administrator allows servers with --nfs-servers)", host)
+	}
+	return m.nfsUID, m.nfsGID, nil
 }

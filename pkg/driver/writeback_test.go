@@ -3,11 +3,15 @@ package driver
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -30,11 +34,12 @@ import (
 // (and nothing unchanged) is at the target, byte for byte, and the volume is gone. A caller who
 // may read the dataset but not write the target is refused at publish.
 func TestWriteBackInline(t *testing.T) {
-	env, s, proxy := writeBackEnv(t)
+	env, s, proxy, events := writeBackEnv(t)
 	ctx := context.Background()
 	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
 		"pathStyle": "true", "size": "64Mi", "outputTarget": "s3://out/runs/${pod.namespace}/${pod.name}",
-		"csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.name": "train-0"}
+		"csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.name": "train-0", "csi.storage.k8s.io/pod.uid": "uid-1"}
+	pod := volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-1"}
 	publish := func(id string, secrets map[string]string) (string, error) {
 		target := filepath.Join(env.dir, "target", id)
 		return target, retryUnavailable(t, func() error {
@@ -97,16 +102,24 @@ func TestWriteBackInline(t *testing.T) {
 	if _, err := os.Stat(image.VolumePath(env.pools[0].path, pool.MetaDir, id)); !os.IsNotExist(err) {
 		t.Errorf("the volume's image is left: %v", err)
 	}
+	// What the pod's owner reads with kubectl describe pod (--events records these).
+	events.want(t, pod, true, volume.ReasonOutputTargetRefused, "wb-anonymous", "may not write its outputTarget s3://out/runs/team/train-0/")
+	events.want(t, pod, false, volume.ReasonOutputUploadStarted, "wb-owner", "3 objects")
+	events.want(t, pod, true, volume.ReasonOutputUploadFailed, "wb-owner", "ServiceUnavailable", "retrying in", "the data is kept")
+	events.want(t, pod, false, volume.ReasonOutputUploadFinished, "wb-owner", "3 objects", fmt.Sprintf("%d bytes", 13<<20+5+12+7))
 }
 
 // writeBackEnv is a driver with write-back on, and versitygw (behind a proxy the test may make
 // refuse writes) holding bucket "shared", which anyone may read, and "out", which only the owner
 // may write.
-func writeBackEnv(t *testing.T) (*testEnv, *testpeers.S3, *testpeers.Proxy) {
+func writeBackEnv(t *testing.T) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
 	env := startDriver(t, testPool{name: "fast", size: 1 << 30})
 	env.stop()
+	events := &eventLog{}
 	env.cfg.Writable.WriteBack = volume.WriteBack{Dir: filepath.Join(env.dir, "writeback"),
-		Uploader: writeback.Config{PartSize: 5 << 20, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond}}
+		Uploader: writeback.Config{PartSize: 5 << 20, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
+			Settle: time.Second},
+		MinInterval: 100 * time.Millisecond, OnEvent: events.add}
 	env.start()
 	ctx := context.Background()
 	s := testpeers.StartS3(t, "")
@@ -123,7 +136,48 @@ func writeBackEnv(t *testing.T) (*testEnv, *testpeers.S3, *testpeers.Proxy) {
 		t.Fatal(err)
 	}
 	proxy := testpeers.StartProxy(t, s.Endpoint, nil)
-	return env, s, proxy
+	return env, s, proxy, events
+}
+
+// eventLog keeps the write-back's Events (what the node plugin records with --events).
+type eventLog struct {
+	mu     sync.Mutex
+	events []volume.Event
+}
+
+func (l *eventLog) add(e volume.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+// want fails unless an Event of reason about obj holds every one of texts.
+func (l *eventLog) want(t *testing.T, obj volume.ObjectRef, warning bool, reason string, texts ...string) {
+	t.Helper()
+	if !l.has(obj, warning, reason, texts...) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		t.Errorf("no %s Event on %+v holding %q; Events: %+v", reason, obj, texts, l.events)
+	}
+}
+
+// has reports whether an Event of reason about obj holds every one of texts.
+func (l *eventLog) has(obj volume.ObjectRef, warning bool, reason string, texts ...string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+next:
+	for _, e := range l.events {
+		if e.Object != obj || e.Reason != reason || e.Warning != warning {
+			continue
+		}
+		for _, s := range texts {
+			if !strings.Contains(e.Message, s) {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
 }
 
 // refuseWrites makes proxy answer every write 503.
@@ -217,12 +271,13 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // the data and says why, staging again waits; once the target accepts, the changes are there and
 // DeleteVolume deletes the volume.
 func TestWriteBackClaim(t *testing.T) {
-	env, s, proxy := writeBackEnv(t)
+	env, s, proxy, events := writeBackEnv(t)
 	ctx := context.Background()
 	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
 	vol, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "claim", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}, Secrets: owner,
-		Parameters: map[string]string{"source": "s3://shared/set", "endpoint": proxy.URL, "pathStyle": "true", "pool": "fast", "outputTarget": "s3://out/claim"}})
+		Parameters: map[string]string{"source": "s3://shared/set", "endpoint": proxy.URL, "pathStyle": "true", "pool": "fast", "outputTarget": "s3://out/claim",
+			"csi.storage.k8s.io/pvc/name": "work", "csi.storage.k8s.io/pvc/namespace": "team"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,10 +307,349 @@ func TestWriteBackClaim(t *testing.T) {
 	_, err = env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
 		VolumeCapability: mountCap(""), VolumeContext: vol.Volume.VolumeContext, Secrets: owner})
 	wantCode(t, err, codes.Unavailable, "outputs are uploaded")
+	claim := volume.ObjectRef{Kind: "PersistentVolumeClaim", Namespace: "team", Name: "work"}
+	waitFor(t, "the refused upload to be reported on the claim", func() bool {
+		return events.has(claim, true, volume.ReasonOutputUploadFailed, "attempt", "the data is kept")
+	})
 	proxy.SetFaults(nil)
 	waitFor(t, "the claim's outputs to be uploaded", func() bool { return env.driver.volumes.WriteBackHolds(id) == "" })
 	checkOutputs(t, s, "claim/", want)
 	if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
+	events.want(t, claim, true, volume.ReasonOutputTargetRefused, "may not write its outputTarget s3://out/claim/")
+	events.want(t, claim, false, volume.ReasonOutputUploadFinished, "2 objects")
+}
+
+// TestWriteBackDeletions publishes writable inline volumes whose target mirrors the dataset,
+// deletes a dataset file and renames another through each: with outputDeletions the upload
+// deletes the old paths at the target too, without (the default) the target keeps them; the
+// renamed file is uploaded at its new path either way. A bad value is refused before anything
+// is made.
+func TestWriteBackDeletions(t *testing.T) {
+	env, s, proxy, _ := writeBackEnv(t)
+	ctx := context.Background()
+	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	dataset := map[string][]byte{}
+	for i := range 4 {
+		dataset[fmt.Sprintf("f%d", i)] = bytes.Repeat([]byte{byte('a' + i)}, 100<<10)
+	}
+	publish := func(id string, attrs map[string]string) (string, error) {
+		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+			"pathStyle": "true", "size": "64Mi"}
+		for k, v := range attrs {
+			vc[k] = v
+		}
+		target := filepath.Join(env.dir, "target", id)
+		return target, retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: owner})
+			return err
+		})
+	}
+	t.Run("failure case - outputDeletions not a boolean", func(t *testing.T) {
+		_, err := publish("wb-bad", map[string]string{"outputTarget": "s3://out/bad", "outputDeletions": "yes"})
+		wantCode(t, err, codes.InvalidArgument, "outputDeletions")
+		if _, ok := env.driver.volumes.Store().GetVolume("wb-bad"); ok {
+			t.Error("the refused volume was created")
+		}
+	})
+	for _, tc := range []struct {
+		name, deletions string
+		keeps           bool
+	}{{"deletions asked", "true", false}, {"deletions by default off", "", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			prefix := "sync-" + tc.deletions + "/"
+			for p, b := range dataset {
+				s.Put(t, "out", prefix+p, b)
+			}
+			attrs := map[string]string{"outputTarget": "s3://out/" + prefix}
+			if tc.deletions != "" {
+				attrs["outputDeletions"] = tc.deletions
+			}
+			id := "wb-del-" + tc.deletions
+			target, err := publish(id, attrs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(filepath.Join(target, "f1")); err != nil {
+				t.Fatal(err)
+			}
+			// A rename keeps the dataset's bytes in the lower layer (metacopy): uploaded from there.
+			if err := os.Rename(filepath.Join(target, "f3"), filepath.Join(target, "f3-renamed")); err != nil {
+				t.Fatal(err)
+			}
+			writeOutputs(t, target, map[string][]byte{"f2": []byte("changed")})
+			if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the volume to be uploaded and deleted", func() bool {
+				_, ok := env.driver.volumes.Store().GetVolume(id)
+				return !ok
+			})
+			want := map[string][]byte{"f0": dataset["f0"], "f2": []byte("changed"), "f3-renamed": dataset["f3"]}
+			if tc.keeps {
+				want["f1"], want["f3"] = dataset["f1"], dataset["f3"]
+			}
+			checkOutputs(t, s, prefix, want)
+		})
+	}
+}
+
+// TestWriteBackStaticPV stages an administrator's static PV of an S3 dataset that names an
+// output target with the pod's name, and publishes a writable per-pod copy: what the pod wrote is
+// uploaded under its name once it lets the copy go, and the copy is then deleted. A static PV
+// without a capacity (read-only publications only) is refused at stage, and a pod whose
+// credentials may not write the target at publish.
+func TestWriteBackStaticPV(t *testing.T) {
+	env, s, proxy, events := writeBackEnv(t)
+	ctx := context.Background()
+	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	rwx := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_MULTI_NODE_MULTI_WRITER},
+	}
+	vc := map[string]string{"source": "s3://shared/set", "endpoint": proxy.URL, "pathStyle": "true",
+		"capacity": "64Mi", "outputTarget": "s3://out/static/${pod.name}"}
+	stage := func(id string, vc map[string]string) (string, error) {
+		staging := filepath.Join(env.dir, "staging", id)
+		return staging, retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: rwx, VolumeContext: vc, Secrets: owner})
+			return err
+		})
+	}
+	t.Run("failure case - an output target without capacity", func(t *testing.T) {
+		noCap := map[string]string{"source": "s3://shared/set", "endpoint": proxy.URL, "pathStyle": "true", "outputTarget": "s3://out/static"}
+		_, err := stage("results-nocap", noCap)
+		wantCode(t, err, codes.InvalidArgument, "no capacity")
+	})
+	id := "results"
+	staging, err := stage(id, vc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(pod string, secrets map[string]string) (string, error) {
+		target := filepath.Join(env.dir, "target", pod)
+		pc := map[string]string{"csi.storage.k8s.io/pod.name": pod, "csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.uid": "uid-" + pod}
+		for k, v := range vc {
+			pc[k] = v
+		}
+		return target, retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				TargetPath: target, VolumeCapability: rwx, VolumeContext: pc, Secrets: secrets})
+			return err
+		})
+	}
+	t.Run("failure case - a pod that may not write the target", func(t *testing.T) {
+		target, err := publish("intruder", nil)
+		wantCode(t, err, codes.PermissionDenied, "outputTarget s3://out/static/intruder/")
+		if mounted(t, target) {
+			t.Error("the refused copy is mounted")
+		}
+	})
+	target, err := publish("train-0", owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{"result.json": []byte(`{"acc":0.9}`), "f0": []byte("rewritten")}
+	writeOutputs(t, target, want)
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the copy to be uploaded and deleted", func() bool { return len(env.driver.volumes.Store().ListVolumes()) == 0 })
+	checkOutputs(t, s, "static/train-0/", want)
+	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-train-0"}, false, volume.ReasonOutputUploadFinished, "2 objects")
+	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "intruder", UID: "uid-intruder"}, true, volume.ReasonOutputTargetRefused, "s3://out/static/intruder/")
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWriteBackCheckpoints publishes a writable inline volume with an output interval: what the
+// pod wrote reaches the target while it runs (a checkpoint), also after the node plugin restarts,
+// what it changed after reaches it by a later checkpoint or at unpublish, and no file is sent
+// twice for the same content. An interval below the node's minimum is refused.
+func TestWriteBackCheckpoints(t *testing.T) {
+	env, s, proxy, _ := writeBackEnv(t)
+	ctx := context.Background()
+	var (
+		mu   sync.Mutex
+		puts = map[string]int{} // PutObject and UploadPart requests, by key
+	)
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodPut {
+			mu.Lock()
+			puts[strings.TrimPrefix(r.URL.Path, "/out/ckpt/")]++
+			mu.Unlock()
+		}
+		return testpeers.None
+	})
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+		"pathStyle": "true", "size": "64Mi", "outputTarget": "s3://out/ckpt", "outputInterval": "200ms"}
+	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	publish := func(id string, vc map[string]string) (string, error) {
+		target := filepath.Join(env.dir, "target", id)
+		return target, retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: owner})
+			return err
+		})
+	}
+	t.Run("failure case - an interval below the node's minimum", func(t *testing.T) {
+		short := map[string]string{"outputInterval": "10ms"}
+		for k, v := range vc {
+			if _, ok := short[k]; !ok {
+				short[k] = v
+			}
+		}
+		_, err := publish("wb-short", short)
+		wantCode(t, err, codes.InvalidArgument, "--writeback-min-interval")
+	})
+	id := "wb-ckpt"
+	target, err := publish(id, vc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := map[string][]byte{"model.bin": randomBytes(t, 11<<20), "step.txt": []byte("1")}
+	writeOutputs(t, target, first)
+	waitFor(t, "a checkpoint to upload the first outputs", func() bool {
+		got := objectsAt(t, s, "ckpt/")
+		return string(got["step.txt"]) == "1" && len(got["model.bin"]) == 11<<20
+	})
+	// The node plugin is upgraded while the pod runs: the volume is still in use, not a final
+	// upload to resume, and its checkpoints go on.
+	env.restart()
+	writeOutputs(t, target, map[string][]byte{"step.txt": []byte("2")})
+	waitFor(t, "a checkpoint after the restart", func() bool { return string(objectsAt(t, s, "ckpt/")["step.txt"]) == "2" })
+	if _, ok := env.driver.volumes.Store().GetVolume(id); !ok {
+		t.Fatal("the volume in use was taken for one to upload and delete")
+	}
+	// The pod goes on: a changed file and a new one, then it ends.
+	writeOutputs(t, target, map[string][]byte{"step.txt": []byte("3"), "eval.json": []byte(`{"acc":1}`)})
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the final upload and the volume's deletion", func() bool {
+		_, ok := env.driver.volumes.Store().GetVolume(id)
+		return !ok
+	})
+	checkOutputs(t, s, "ckpt/", map[string][]byte{"model.bin": first["model.bin"], "step.txt": []byte("3"), "eval.json": []byte(`{"acc":1}`)})
+	mu.Lock()
+	defer mu.Unlock()
+	// model.bin: three parts of 5 MiB, once; step.txt: once per content; eval.json once.
+	if puts["model.bin"] != 3 || puts["step.txt"] != 3 || puts["eval.json"] != 1 {
+		t.Errorf("requests by key %v: want model.bin's 3 parts once, step.txt three times, eval.json once", puts)
+	}
+	if n := writeBackMetric(t, env, "cistern_writeback_checkpoints_total"); n < 1 {
+		t.Errorf("cistern_writeback_checkpoints_total = %v", n)
+	}
+}
+
+// objectsAt reads the objects under prefix of "out": key (without prefix) -> bytes.
+func objectsAt(t *testing.T, s *testpeers.S3, prefix string) map[string][]byte {
+	t.Helper()
+	ctx := context.Background()
+	got := map[string][]byte{}
+	out, err := s.Client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("out"), Prefix: aws.String(prefix)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range out.Contents {
+		g, err := s.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("out"), Key: o.Key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(g.Body)
+		g.Body.Close()
+		got[(*o.Key)[len(prefix):]] = b
+	}
+	return got
+}
+
+// TestWriteBackNeedsLayers: a volume naming an output target is refused where its writable copy
+// could not tell what the pod changed: a node that copies writable datasets, or one that cannot
+// mount the overlay; never copied and then deleted with its outputs.
+func TestWriteBackNeedsLayers(t *testing.T) {
+	env, s, proxy, _ := writeBackEnv(t)
+	ctx := context.Background()
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+		"pathStyle": "true", "size": "64Mi", "outputTarget": "s3://out/x"}
+	publish := func(id string) error {
+		return retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(env.dir, "target", id),
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}})
+			return err
+		})
+	}
+	env.stop()
+	env.cfg.Writable.OverlayMount = func(string, string) error { return errors.New("overlayfs: not supported") }
+	env.start()
+	wantCode(t, publish("wb-nooverlay"), codes.FailedPrecondition, "cannot be layered")
+	env.stop()
+	env.cfg.Writable.OverlayMount, env.cfg.Writable.Copy = nil, true
+	env.start()
+	wantCode(t, publish("wb-copy"), codes.InvalidArgument, "--writable-datasets=copy")
+}
+
+// TestWriteBackNFS publishes a writable inline volume of an S3 dataset whose output target is a
+// directory of an NFS server the administrator allows (go-nfs, NFSv3): what the pod wrote is
+// there, file for file, once it lets the volume go, in a directory named after the pod. A server
+// not allowed is refused before the pod starts.
+func TestWriteBackNFS(t *testing.T) {
+	env, s, proxy, events := writeBackEnv(t)
+	ctx := context.Background()
+	export := t.TempDir()
+	addr := testpeers.StartNFS(t, export)
+	env.stop()
+	env.cfg.Datasets.NFSServers = []string{addr}
+	env.start()
+	publish := func(id, target string) (string, error) {
+		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+			"pathStyle": "true", "size": "64Mi", "outputTarget": target,
+			"csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.name": "train-0", "csi.storage.k8s.io/pod.uid": "uid-1"}
+		path := filepath.Join(env.dir, "target", id)
+		return path, retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: path,
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}})
+			return err
+		})
+	}
+	t.Run("failure case - an NFS server not allowed", func(t *testing.T) {
+		_, err := publish("wb-nfs-other", "nfs://127.0.0.1:1/export/x")
+		wantCode(t, err, codes.PermissionDenied, "--nfs-servers")
+	})
+	id := "wb-nfs"
+	target, err := publish(id, "nfs://"+addr+"/export/runs/${pod.name}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 9<<20+1), "f1": []byte("changed")}
+	writeOutputs(t, target, want)
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the volume to be written back and deleted", func() bool {
+		_, ok := env.driver.volumes.Store().GetVolume(id)
+		return !ok
+	})
+	dir := filepath.Join(export, "runs", "train-0")
+	got := 0
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		b, err := os.ReadFile(p)
+		if w, ok := want[filepath.ToSlash(rel)]; !ok || !bytes.Equal(b, w) {
+			t.Errorf("%s at the target: %d bytes, not what the pod wrote", rel, len(b))
+		}
+		got++
+		return err
+	})
+	if err != nil || got != len(want) {
+		t.Errorf("%d files at the target (%v), want %d", got, err, len(want))
+	}
+	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-1"}, false, volume.ReasonOutputUploadFinished,
+		"nfs://"+addr+"/export/runs/train-0/", "2 objects")
 }

@@ -5,6 +5,7 @@ package overlayfs
 
 import (
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"strings"
@@ -81,6 +82,15 @@ func Changes(upper string) ([]Change, error) {
 		return nil
 	})
 	return out, err
+}
+
+// Classify reads the upper entry at p alone (its Path empty, its From as the xattr says).
+func Classify(p string) (Change, error) {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return Change{}, err
+	}
+	return classify(p, fs.FileInfoToDirEntry(fi))
 }
 
 // classify reads one upper entry.

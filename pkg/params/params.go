@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
@@ -68,6 +69,12 @@ type Volume struct {
 	// OutputTarget is where the write-back uploads a writable dataset volume's changes
 	// (s3://bucket/prefix, placeholders not yet replaced); "" for none.
 	OutputTarget string
+	// OutputDeletions makes the write-back delete at the target what the pods deleted from
+	// the dataset.
+	OutputDeletions bool
+	// OutputInterval is the interval of the write-back's checkpoints while the volume is in
+	// use; 0 for none.
+	OutputInterval time.Duration
 }
 
 // key is one row of the table: where the key is allowed and how its value is read. Dataset keys
@@ -103,7 +110,9 @@ var keys = []key{
 		d.Exclude, err = source.ParsePatterns(s)
 		return err
 	}},
-	{consts.ParamOutputTarget, StorageClass | Inline, false, parseOutputTarget},
+	{consts.ParamOutputTarget, everywhere, false, parseOutputTarget},
+	{consts.ParamOutputDeletions, everywhere, false, parseOutputDeletions},
+	{consts.ParamOutputInterval, everywhere, false, parseOutputInterval},
 }
 
 // IsDatasetKey reports whether name is one of the dataset keys (source and its options).
@@ -143,6 +152,11 @@ func Parse(m map[string]string, use Use) (Volume, error) {
 			return Volume{}, err
 		}
 	}
+	for _, k := range []string{consts.ParamOutputDeletions, consts.ParamOutputInterval} {
+		if _, ok := m[k]; ok && v.OutputTarget == "" {
+			return Volume{}, source.Errorf(source.Invalid, "parameter %q needs %q", k, consts.ParamOutputTarget)
+		}
+	}
 	if _, ok := m[consts.ParamSource]; !ok {
 		if v.OutputTarget != "" {
 			datasetKey = consts.ParamOutputTarget
@@ -174,10 +188,31 @@ func known(use Use) []string {
 // pod's placeholders are replaced.
 func parseOutputTarget(v *Volume, _ *Dataset, s string) error {
 	rest, ok := strings.CutPrefix(s, "s3://")
+	if !ok {
+		rest, ok = strings.CutPrefix(s, "nfs://")
+	}
 	if !ok || rest == "" || strings.HasPrefix(rest, "/") {
-		return source.Errorf(source.Invalid, "parameter %s=%q is not s3://bucket[/prefix]", consts.ParamOutputTarget, s)
+		return source.Errorf(source.Invalid, "parameter %s=%q is not s3://bucket[/prefix] or nfs://server/export[/path]", consts.ParamOutputTarget, s)
 	}
 	v.OutputTarget = s
+	return nil
+}
+
+func parseOutputDeletions(v *Volume, _ *Dataset, s string) error {
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		return source.Errorf(source.Invalid, "parameter %s=%q is not true or false", consts.ParamOutputDeletions, s)
+	}
+	v.OutputDeletions = b
+	return nil
+}
+
+func parseOutputInterval(v *Volume, _ *Dataset, s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return source.Errorf(source.Invalid, "parameter %s=%q is not a positive duration (e.g. 10m)", consts.ParamOutputInterval, s)
+	}
+	v.OutputInterval = d
 	return nil
 }
 

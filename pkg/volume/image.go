@@ -76,6 +76,7 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 	if err := put(v); err != nil {
 		return Internal("saving volume state", err)
 	}
+	s.startCheckpoints(v)
 	klog.FromContext(ctx).V(4).Info("Staged volume", "volumeID", iv.id, "device", dev, "path", r.Path)
 	return nil
 }
@@ -83,6 +84,7 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 // Unstage unmounts the staging path and detaches the loop device.
 func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 	s := iv.s
+	s.stopCheckpoints(iv.id)
 	if err := unmountTarget(s.mounter, path); err != nil {
 		return Internal("unmounting staging path", err)
 	}
@@ -242,6 +244,7 @@ func (s *Service) mountEphemeral(ctx context.Context, v state.Volume, r PublishR
 		return Internal("saving volume state", err)
 	}
 	s.pools.UpdateCapacity(v.Pool)
+	s.startCheckpoints(v)
 	klog.FromContext(ctx).V(4).Info("Published ephemeral volume", "volumeID", v.ID, "pool", v.Pool, "target", r.Target, "copyOf", v.CopyOf)
 	return nil
 }
@@ -249,6 +252,9 @@ func (s *Service) mountEphemeral(ctx context.Context, v state.Volume, r PublishR
 // Unpublish unmounts the target; an inline volume is deleted with it.
 func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 	s := iv.s
+	if v, ok := s.store.GetVolume(iv.id); ok && v.Ephemeral {
+		s.stopCheckpoints(iv.id) // in use until here: its final upload follows
+	}
 	if err := unmountTarget(s.mounter, target); err != nil {
 		return Internal("unmounting target path", err)
 	}
@@ -372,6 +378,10 @@ func (s *Service) fillOrLayer(ctx context.Context, v *state.Volume, spec *dataso
 	layered, err := s.layerDataset(ctx, v, spec, version, target)
 	if err != nil || layered {
 		return err
+	}
+	if v.Parameters[consts.ParamOutputTarget] != "" {
+		// A copy has no record of what the pods changed: its outputs would be lost at unpublish.
+		return status.Errorf(codes.FailedPrecondition, "volume %s names an %s but cannot be layered on its dataset on node %s (see its Events); a copy could not tell its outputs", v.ID, consts.ParamOutputTarget, s.nodeID)
 	}
 	if err := s.fillDataset(ctx, spec, version, v.Pool, target); err != nil {
 		return err

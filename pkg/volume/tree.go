@@ -39,6 +39,14 @@ func (tv *treeVolume) Stage(ctx context.Context, r StageRequest) error {
 	if r.Block {
 		return status.Error(codes.InvalidArgument, "a dataset volume must be a mount volume")
 	}
+	pl, err := ParseParams(r.VolumeContext, params.StaticPV)
+	if err != nil {
+		return err
+	}
+	if pl.OutputTarget != "" && pl.Capacity == 0 {
+		// Only a per-pod writable copy has changes to upload, and only a capacity makes one.
+		return status.Errorf(codes.InvalidArgument, "static volume %s names %s but no %s: without one its publications are read-only, with nothing to upload", tv.id, consts.ParamOutputTarget, consts.ParamCapacity)
+	}
 	return tv.serve(ctx, r.Path, r.VolumeContext, r.Secrets, params.StaticPV)
 }
 
@@ -69,7 +77,7 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 			return err
 		}
 		if pl.Capacity > 0 {
-			return tv.publishCopy(ctx, r, pl.Capacity)
+			return tv.publishCopy(ctx, r, pl)
 		}
 	}
 	source := tv.rec.Path // staged by an older version: a bind mount of the tree
@@ -89,23 +97,50 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 // in the pool that holds the staged dataset and filled from it: a local copy, never a second
 // download. The copy is deleted with the publication. It is the inline volumes' ephemeral path;
 // the dataset's credentials come with NodePublish (the PV's nodePublishSecretRef) because each
-// caller proves it may read the cached version.
-func (tv *treeVolume) publishCopy(ctx context.Context, r PublishRequest, capacity int64) error {
+// caller proves it may read the cached version. A copy of a volume that names an output target
+// is written back when the pod lets it go, as an inline volume is (writeback.go): the publishing
+// pod's credentials must write the target, and the pod may be named in it.
+func (tv *treeVolume) publishCopy(ctx context.Context, r PublishRequest, pl params.Volume) error {
 	s := tv.s
 	id := copyID(tv.id, r.Target)
 	v, exists := s.store.GetVolume(id)
 	if !exists {
+		attrs := tv.rec.Parameters
+		if pl.OutputTarget != "" {
+			attrs = withPodInfo(attrs, r.VolumeContext)
+			spec := datasource.SpecOf(pl.Dataset)
+			spec.Tenant = tenantVolume(tv.id)
+			if err := s.checkOutput(ctx, id, pl.OutputTarget, spec, r.Secrets, attrs); err != nil {
+				return err
+			}
+		}
 		pools, _ := s.pools.List()
-		chosen, err := s.selectFrom(pools, params.Volume{Pool: tv.rec.Pool}, capacity)
+		chosen, err := s.selectFrom(pools, params.Volume{Pool: tv.rec.Pool}, pl.Capacity)
 		if err != nil {
 			return err
 		}
-		v = state.Volume{ID: id, Name: id, Pool: chosen.Name, CapacityBytes: capacity, Parameters: tv.rec.Parameters, CopyOf: tv.id}
+		v = state.Volume{ID: id, Name: id, Pool: chosen.Name, CapacityBytes: pl.Capacity, Parameters: attrs, CopyOf: tv.id}
 		if err := s.createEphemeral(&v, chosen.Path, r.FSType); err != nil {
 			return err
 		}
 	}
 	return s.mountEphemeral(ctx, v, r)
+}
+
+// withPodInfo is a static volume's attributes with the publishing pod's name, namespace and UID
+// from the publish context (kubelet's podInfoOnMount): its copy's output target may name the pod,
+// and the write-back's Events go to it.
+func withPodInfo(attrs, publishContext map[string]string) map[string]string {
+	out := make(map[string]string, len(attrs)+3)
+	for k, v := range attrs {
+		out[k] = v
+	}
+	for _, k := range []string{consts.VolumeContextPodNamespace, consts.VolumeContextPodName, consts.VolumeContextPodUID} {
+		if v, ok := publishContext[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // copyID names the writable copy of volume id published at target. Its suffix is not 32 hex

@@ -34,10 +34,16 @@ type WriteBack struct {
 	// MaxPendingBytes bounds what the node holds that is not uploaded yet: a volume that names an
 	// output target is refused at publish while the node holds this much (0: no bound).
 	MaxPendingBytes int64
+	// MinInterval is the shortest outputInterval (checkpoints) a volume may name
+	// (--writeback-min-interval).
+	MinInterval time.Duration
 	// Uploader tunes the uploads (its Dir is Dir's journals); zero values take the defaults.
 	Uploader writeback.Config
 	// OnProgress, when set, is told of each upload's progress and failures.
 	OnProgress func(writeback.Progress)
+	// OnEvent, when set, records Events on the pod or claim whose outputs they are
+	// (writeback_events.go).
+	OnEvent func(Event)
 }
 
 // writeBacks runs the node's uploads: one goroutine per volume handed off at unpublish, for as
@@ -54,9 +60,14 @@ type writeBacks struct {
 	mu      sync.Mutex
 	pending map[string]int64 // volume -> bytes not at the target yet
 	running map[string]bool  // volumes with an upload goroutine
-	// refusals counts failed passes (a metric); node labels the metrics.
-	refusals int64
-	node     string
+	// live are the checkpoints of volumes in use (checkpoint.go); checkpointing lets one run
+	// at a time.
+	live          map[string]*liveVolume
+	checkpointing chan struct{}
+	// refusals counts failed passes and checkpoints the checkpoints taken (metrics); node
+	// labels the metrics.
+	refusals, checkpoints int64
+	node                  string
 }
 
 // start runs job's upload unless it runs already (a repeated NodeUnpublish).
@@ -88,7 +99,8 @@ func newWriteBacks(cfg WriteBack) *writeBacks {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{}}
+	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{},
+		live: map[string]*liveVolume{}, checkpointing: make(chan struct{}, 1)}
 }
 
 // outputTarget is an output target with the pod's placeholders replaced.
@@ -124,8 +136,12 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
 		return status.Errorf(codes.InvalidArgument, "volume ID %q cannot name a write-back", id)
 	}
-	if spec.Credentials == consts.CredentialsWebIdentity {
-		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
+	if s.writable.Copy {
+		// A copy has no record of what the pods changed: nothing could tell the outputs.
+		return status.Errorf(codes.InvalidArgument, "%s needs writable volumes layered on their dataset; node %s copies them (--writable-datasets=copy)", consts.ParamOutputTarget, s.nodeID)
+	}
+	if err := s.checkInterval(volumeContext); err != nil {
+		return err
 	}
 	if held := s.wb.held(); s.wb.cfg.MaxPendingBytes > 0 && held >= s.wb.cfg.MaxPendingBytes {
 		return status.Errorf(codes.ResourceExhausted, "node %s holds %d bytes of outputs not uploaded yet, the most --writeback-max-pending-bytes allows; retry later", s.nodeID, held)
@@ -134,6 +150,12 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if err != nil {
 		return err
 	}
+	if t.NFS() {
+		return s.checkNFSOutput(ctx, id, t, spec, volumeContext)
+	}
+	if spec.Credentials == consts.CredentialsWebIdentity {
+		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
+	}
 	client, err := s.outputClient(ctx, spec, secrets, volumeContext, t.Bucket)
 	if err != nil {
 		return err
@@ -141,6 +163,8 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	key := aws.String(t.Prefix + ".cistern-write-probe-" + id)
 	_, err = client.PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(t.Bucket), Key: key, Body: bytes.NewReader(nil)})
 	if err != nil {
+		s.wb.emit(volumeContext, true, ReasonOutputTargetRefused, "Volume %s: its credentials may not write its %s %s, so the pod does not start: %v",
+			id, consts.ParamOutputTarget, t, err)
 		return status.Errorf(codes.PermissionDenied, "the volume's credentials may not write its %s %s: %v", consts.ParamOutputTarget, t, err)
 	}
 	// Writing is what the upload needs; a tenant allowed to write but not delete keeps the probe.
@@ -148,6 +172,36 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 		klog.FromContext(ctx).Info("Could not delete the write probe", "volumeID", id, "key", *key, "err", err.Error())
 	}
 	return s.wb.saveSecrets(id, secrets)
+}
+
+// checkNFSOutput is checkOutput's for an NFS target: the server is one the volume may name, and
+// the node's NFS identity may create and remove a probe file in the target directory.
+func (s *Service) checkNFSOutput(ctx context.Context, id string, t writeback.Target, spec *datasource.Spec, volumeContext map[string]string) error {
+	uid, gid, err := s.datasets.OutputNFS(spec, t.Host)
+	if err == nil {
+		err = writeback.ProbeNFS(t, uid, gid, ".cistern-write-probe-"+id)
+	}
+	if err != nil {
+		s.wb.emit(volumeContext, true, ReasonOutputTargetRefused, "Volume %s: the node may not write its %s %s, so the pod does not start: %v",
+			id, consts.ParamOutputTarget, t, err)
+		return status.Errorf(codes.PermissionDenied, "the node may not write the volume's %s %s: %v", consts.ParamOutputTarget, t, err)
+	}
+	klog.FromContext(ctx).V(4).Info("NFS output target writable", "volumeID", id, "target", t.String())
+	return nil
+}
+
+// uploadClient is the S3 client of a volume's upload, with the credentials kept for it; nil for
+// an NFS target (written as the node's NFS identity).
+func (s *Service) uploadClient(ctx context.Context, v state.Volume, spec *datasource.Spec, t writeback.Target) (*s3.Client, error) {
+	if t.NFS() {
+		return nil, nil
+	}
+	secrets, err := s.wb.loadSecrets(v.ID)
+	if err != nil {
+		return nil, err
+	}
+	// Static keys only (web-identity volumes take no S3 target): no token to bound by a deadline.
+	return s.outputClient(ctx, spec, secrets, v.Parameters, t.Bucket)
 }
 
 func (s *Service) outputClient(ctx context.Context, spec *datasource.Spec, secrets, volumeContext map[string]string, bucket string) (*s3.Client, error) {
@@ -171,11 +225,11 @@ func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
 	if raw == "" || s.wb == nil || v.DatasetLayer == "" {
 		return false, nil
 	}
-	t, err := outputTarget(raw, v.Parameters)
+	job, err := s.outputJob(v)
 	if err != nil {
 		return false, err
 	}
-	job := writeback.Job{Volume: v.ID, Upper: filepath.Join(s.wb.mountDir(v.ID), LayerUpperDir), Target: t}
+	t := job.Target
 	if err := s.wb.up.Add(job); err != nil {
 		return false, Internal("recording the volume's write-back", err)
 	}
@@ -222,6 +276,10 @@ func (s *Service) upload(id string, job writeback.Job) {
 		if s.wb.cfg.OnProgress != nil {
 			s.wb.cfg.OnProgress(writeback.Progress{Volume: id, Err: err})
 		}
+		if v, ok := s.store.GetVolume(id); ok {
+			s.wb.emit(v.Parameters, true, ReasonOutputUploadFailed, "Upload of volume %s's outputs to %s cannot start: %v; retrying in %s, the data is kept",
+				id, job.Target, err, wait)
+		}
 		select {
 		case <-s.wb.ctx.Done():
 			return
@@ -241,12 +299,7 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 	if err != nil || spec == nil {
 		return fmt.Errorf("the volume's dataset: %v", err)
 	}
-	secrets, err := s.wb.loadSecrets(id)
-	if err != nil {
-		return err
-	}
-	// Static keys only (web-identity volumes take no target): no token to bound by a deadline.
-	client, err := s.outputClient(context.Background(), spec, secrets, v.Parameters, job.Target.Bucket)
+	client, err := s.uploadClient(context.Background(), v, spec, job.Target)
 	if err != nil {
 		return err
 	}
@@ -264,7 +317,18 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		_ = s.images.Detach(dev)
 		return fmt.Errorf("mounting the volume's filesystem: %w", err)
 	}
-	err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) { s.wb.progress(p) })
+	// What a renamed, deleted or replaced dataset file or directory held: the version the
+	// volume references.
+	if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
+		err = fmt.Errorf("the volume's dataset layer: %w", err)
+	}
+	if err == nil {
+		events := &uploadEvents{w: s.wb, attrs: v.Parameters, id: id, target: job.Target.String()}
+		err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) {
+			s.wb.progress(p)
+			events.report(p)
+		})
+	}
 	_ = unix.Unmount(dir, 0)
 	_ = os.Remove(dir)
 	if derr := s.images.Detach(dev); err == nil {
@@ -316,6 +380,7 @@ func (s *Service) resumeWriteBacks() {
 	if s.wb == nil {
 		return
 	}
+	s.resumeCheckpoints()
 	jobs, err := s.wb.up.Jobs()
 	if err != nil {
 		klog.Background().Error(err, "Listing write-backs to resume")

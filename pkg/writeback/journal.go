@@ -36,6 +36,11 @@ const (
 	opAborted  op = "aborted"  // a multipart upload no file will complete was aborted
 	opDeleted  op = "deleted"  // a path's objects are deleted at the target
 	opComplete op = "complete" // every change is at the target
+	// opCheckpoint starts a checkpoint, an upload while the volume is in use (synced): a
+	// journal with checkpoints and no handoff is a volume still in use, not a job to resume.
+	opCheckpoint op = "checkpoint"
+	// opHandoff records the volume let go and its final upload asked for (synced).
+	opHandoff op = "handoff"
 )
 
 // record is one line of the log. Size and MTime identify the file's content: a file recorded
@@ -73,6 +78,8 @@ type journal struct {
 	uploads  map[fileKey]*upload
 	deleted  map[string]bool
 	complete bool
+	// live: checkpoints were taken and the volume was not handed off yet.
+	live bool
 }
 
 // openJournal opens (creating when new) the journal of job in dir. A job.json that differs from
@@ -148,6 +155,7 @@ func (j *journal) apply(r record) {
 	case opDone:
 		j.done[k] = r.Sum
 		delete(j.uploads, k)
+		delete(j.deleted, r.Path) // made again after it was deleted (checkpoints)
 	case opUpload:
 		j.uploads[k] = &upload{ID: r.Upload, Parts: map[int32]record{}}
 	case opPart:
@@ -158,9 +166,29 @@ func (j *journal) apply(r record) {
 		delete(j.uploads, k)
 	case opDeleted:
 		j.deleted[r.Path] = true
+		for k := range j.done {
+			if k.Path == r.Path {
+				delete(j.done, k)
+			}
+		}
 	case opComplete:
 		j.complete = true
+	case opCheckpoint:
+		j.live = !j.complete
+	case opHandoff:
+		j.live = false
 	}
+}
+
+// donePaths are the paths of the files whose objects the journal put at the target.
+func (j *journal) donePaths() map[string]bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make(map[string]bool, len(j.done))
+	for k := range j.done {
+		out[k.Path] = true
+	}
+	return out
 }
 
 // append records r; sync makes it (and every record before it) durable before returning.
@@ -230,6 +258,13 @@ func (j *journal) isComplete() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.complete
+}
+
+// sync makes every record appended so far durable.
+func (j *journal) sync() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.f.Sync()
 }
 
 func (j *journal) close() error { return j.f.Close() }

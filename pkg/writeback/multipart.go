@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/binary"
+	"errors"
 	"hash/crc64"
 	"io"
 	"os"
@@ -79,6 +80,9 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 	parts, err := r.sendParts(ctx, fh, f, up, held)
 	if err != nil {
 		return "", err
+	}
+	if r.live && changed(fh, f) {
+		return "", errors.New("written while it was sent") // never completed: the next pass aborts it
 	}
 	out, err := r.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
 		Bucket: bucket, Key: key, UploadId: aws.String(up.ID),
@@ -184,6 +188,9 @@ func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file) (string, b
 
 // abortStale aborts the multipart uploads the journal started for files since changed or gone.
 func (r *run) abortStale(ctx context.Context, current map[fileKey]bool) error {
+	if r.nfs != nil {
+		return nil // files go whole: no upload to abort
+	}
 	for k, id := range r.j.staleUploads(current) {
 		_, err := r.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{
 			Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(k.Path)), UploadId: aws.String(id),

@@ -7,9 +7,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -28,6 +31,10 @@ type run struct {
 	report func(Progress)
 	// slots bounds the requests in flight.
 	slots chan struct{}
+	// live: a checkpoint, the pods still writing (Uploader.Checkpoint).
+	live bool
+	// nfs is the NFS target of this pass, mounted; nil for S3.
+	nfs *nfsDest
 
 	mu sync.Mutex
 	p  Progress
@@ -38,10 +45,17 @@ type run struct {
 // file is a changed regular file of the upper directory.
 type file struct {
 	fileKey
+	// src is where its bytes are when not in the upper directory: the dataset file a renamed
+	// file or directory comes from (its lower layer), which the pods did not write.
+	src string
 }
 
 // plan lists the job's files and, when asked, its deletions.
 func (r *run) plan() (files []file, deletes []string, skipped int, err error) {
+	var replaced []overlayfs.Change
+	// A checkpoint leaves the files written since this instant for the next round.
+	recent := time.Now().Add(-r.cfg.Settle).UnixNano()
+	present := map[string]bool{}
 	changes, err := overlayfs.Changes(r.job.Upper)
 	if err != nil {
 		return nil, nil, 0, err
@@ -57,14 +71,167 @@ func (r *run) plan() (files []file, deletes []string, skipped int, err error) {
 				skipped++ // S3 has no symlinks, devices or sockets
 				continue
 			}
-			files = append(files, file{fileKey{Path: c.Path, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}})
-		case overlayfs.Deleted:
-			if r.job.Deletes {
-				deletes = append(deletes, c.Path)
+			present[c.Path] = true
+			if r.live && fi.ModTime().UnixNano() > recent {
+				r.deferred()
+				continue
 			}
+			files = append(files, file{fileKey: fileKey{Path: c.Path, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}})
+		case overlayfs.Deleted, overlayfs.Opaque:
+			if r.job.Deletes {
+				replaced = append(replaced, c)
+			}
+		case overlayfs.Metadata, overlayfs.Dir:
+			moved, err := r.renamed(c)
+			if err != nil {
+				return nil, nil, 0, err
+			}
+			for _, f := range moved {
+				present[f.Path] = true
+			}
+			files = append(files, moved...)
 		}
 	}
+	if r.job.Deletes {
+		if deletes, err = r.deletions(replaced, present); err != nil {
+			return nil, nil, 0, err
+		}
+		deletes = append(deletes, r.orphans(present, deletes)...)
+	}
 	return files, deletes, skipped, nil
+}
+
+// renamed are the files a dataset file or directory renamed by the pods shows at their new
+// paths (an overlay redirect: a metacopy file, or a directory), with the dataset's bytes: new
+// paths in the pod's view. Below a renamed directory, what the upper directory holds of its own
+// (written, deleted, renamed again, a directory made again) is left to its own entry. Without
+// the lower directory, nothing.
+func (r *run) renamed(c overlayfs.Change) ([]file, error) {
+	if c.From == "" || r.job.Lower == "" || c.From == c.Path {
+		return nil, nil // only the mode, owner or times changed, or nothing to read from
+	}
+	if !filepath.IsLocal(filepath.FromSlash(c.From)) {
+		// Only the kernel writes the redirect (a trusted.* xattr); never read outside the layer.
+		return nil, fmt.Errorf("%s: redirect %q leaves the dataset", c.Path, c.From)
+	}
+	root := filepath.Join(r.job.Lower, filepath.FromSlash(c.From))
+	var out []file
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return err
+		}
+		to := path.Join(c.Path, filepath.ToSlash(rel))
+		if p != root {
+			if _, err := os.Lstat(filepath.Join(r.job.Upper, filepath.FromSlash(to))); err == nil {
+				if d.IsDir() {
+					return r.walkRenamedDir(to)
+				}
+				return nil // its own entry in the upper directory says what it is
+			}
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		out = append(out, file{fileKey: fileKey{Path: to, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}, src: p})
+		return nil
+	})
+	return out, err
+}
+
+// walkRenamedDir says whether the walk of a renamed directory goes into a subdirectory the upper
+// directory also holds: only a plain one (changes below it); one made again, deleted or renamed
+// again has its own entry.
+func (r *run) walkRenamedDir(to string) error {
+	c, err := overlayfs.Classify(filepath.Join(r.job.Upper, filepath.FromSlash(to)))
+	if err != nil || c.Kind != overlayfs.Dir || c.From != "" {
+		return filepath.SkipDir
+	}
+	return nil
+}
+
+// orphans are the paths a checkpoint uploaded that the pods removed since without a whiteout
+// (files they had made): gone from the volume, so deleted at the target too.
+func (r *run) orphans(present map[string]bool, deletes []string) []string {
+	var out []string
+	listed := make(map[string]bool, len(deletes))
+	for _, p := range deletes {
+		listed[p] = true
+	}
+	for p := range r.j.donePaths() {
+		if !present[p] && !listed[p] {
+			out = append(out, p)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// deferred counts a file left for the next checkpoint.
+func (r *run) deferred() {
+	r.mu.Lock()
+	r.p.Deferred++
+	r.mu.Unlock()
+}
+
+// changed reports whether f was written since it was listed.
+func changed(fh *os.File, f file) bool {
+	fi, err := fh.Stat()
+	return err != nil || fi.Size() != f.Size || fi.ModTime().UnixNano() != f.MTime
+}
+
+// deletions are the dataset paths the pods deleted: a whiteout's path, or every dataset file
+// under a directory it hides or that an opaque directory (deleted and made again) replaces,
+// unless written again. Without the lower directory, a whiteout's path stands for itself and
+// every key below it, and an opaque directory for nothing (the kernel also marks the
+// directories a pod makes opaque, and which of them replaced a dataset directory only the
+// lower one tells).
+func (r *run) deletions(replaced []overlayfs.Change, written map[string]bool) ([]string, error) {
+	var out []string
+	seen := map[string]bool{} // an opaque directory below another is walked twice
+	for _, c := range replaced {
+		if r.job.Lower == "" {
+			if c.Kind == overlayfs.Deleted {
+				out = append(out, c.Path)
+			}
+			continue
+		}
+		root := filepath.Join(r.job.Lower, filepath.FromSlash(c.Path))
+		fi, err := os.Lstat(root)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			continue // nothing of the dataset there (a whiteout over a path the pod made)
+		case err != nil:
+			return nil, err
+		case !fi.IsDir():
+			if c.Kind == overlayfs.Deleted {
+				out = append(out, c.Path)
+			}
+			continue
+		}
+		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			rel, err := filepath.Rel(r.job.Lower, p)
+			if rel = filepath.ToSlash(rel); err == nil && !written[rel] && !seen[rel] {
+				seen[rel] = true
+				out = append(out, rel)
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 // pass uploads every file and makes every deletion not yet recorded, then records the job
@@ -74,10 +241,22 @@ func (r *run) pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if r.job.Target.NFS() {
+		if r.nfs, err = dialNFS(r.job.Target, r.cfg.NFSUID, r.cfg.NFSGID); err != nil {
+			return err
+		}
+		defer func() { r.nfs.close(); r.nfs = nil }()
+	}
 	r.mu.Lock()
 	// A report with Err is one failed pass: the counts of this one go out without the last's.
-	r.p.Err = nil
+	r.p.Err, r.p.RetryIn = nil, 0
 	r.p.Files, r.p.FilesDone, r.p.Bytes, r.p.BytesDone, r.p.Skipped = len(files), 0, 0, 0, skipped
+	r.p.Deletes, r.p.DeletesDone = len(deletes), 0
+	for _, p := range deletes {
+		if r.j.isDeleted(p) {
+			r.p.DeletesDone++
+		}
+	}
 	current := map[fileKey]bool{}
 	for _, f := range files {
 		current[f.fileKey] = true
@@ -108,27 +287,47 @@ func (r *run) pass(ctx context.Context) error {
 	if err := g.Wait(); err != nil {
 		return err
 	}
+	if r.live {
+		return r.j.sync() // what this checkpoint did stays done across a crash
+	}
 	return r.j.append(record{Op: opComplete}, true)
 }
 
 // upload puts one file at its key, in parts when large.
 func (r *run) upload(ctx context.Context, f file) error {
-	fh, err := os.Open(filepath.Join(r.job.Upper, filepath.FromSlash(f.Path)))
+	src := f.src
+	if src == "" {
+		src = filepath.Join(r.job.Upper, filepath.FromSlash(f.Path))
+	}
+	fh, err := os.Open(src)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
 	var sum string
-	if f.Size >= r.cfg.PartSize {
+	switch {
+	case r.nfs != nil:
+		sum, err = r.nfs.put(ctx, fh, f.Size, f.Path, func() bool { return !r.live || !changed(fh, f) })
+		if err == nil {
+			r.sent(f.Size)
+		}
+	case f.Size >= r.cfg.PartSize:
 		sum, err = r.multipart(ctx, fh, f)
-	} else {
+	default:
 		sum, err = r.put(ctx, fh, f)
+	}
+	if r.live && changed(fh, f) {
+		// Written while it was sent: left for the next round. The server refused a torn small
+		// file (its checksum was computed first), and a multipart upload is not completed; the
+		// next pass aborts it.
+		r.deferred()
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("upload %s to %s: %w", f.Path, r.job.Target, err)
 	}
 	// A file written while it was read would be recorded with content it does not have.
-	if fi, err := fh.Stat(); err != nil || fi.Size() != f.Size || fi.ModTime().UnixNano() != f.MTime {
+	if changed(fh, f) {
 		return fmt.Errorf("%s changed while it was uploaded", f.Path)
 	}
 	if err := r.j.append(record{Op: opDone, Path: f.Path, Size: f.Size, MTime: f.MTime, Sum: sum}, false); err != nil {
@@ -148,11 +347,21 @@ func (r *run) put(ctx context.Context, fh *os.File, f file) (string, error) {
 		return "", err
 	}
 	defer release()
-	out, err := r.client.PutObject(ctx, &s3.PutObjectInput{
+	in := &s3.PutObjectInput{
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 		Body: io.NewSectionReader(fh, 0, f.Size), ContentLength: aws.Int64(f.Size),
 		ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme,
-	})
+	}
+	if r.live {
+		// The checksum of the bytes before they are sent: a write while they are sent makes
+		// the server refuse them, so a torn file never shows at the target.
+		sum, err := crcOf(fh, 0, f.Size)
+		if err != nil {
+			return "", err
+		}
+		in.ChecksumCRC64NVME = aws.String(sum)
+	}
+	out, err := r.client.PutObject(ctx, in)
 	if err != nil {
 		return "", err
 	}
@@ -169,15 +378,21 @@ func verified(sum *string) (string, error) {
 	return *sum, nil
 }
 
-// delete removes the objects of a path the pods deleted: its key, and every key below it (the
-// path may have been a directory).
+// delete removes the objects of a path the pods deleted: its key, and, when the job knows no
+// lower directory to tell, every key below it (the path may have been a directory).
 func (r *run) delete(ctx context.Context, p string) error {
+	if r.nfs != nil {
+		if err := r.nfs.remove(p, r.job.Lower == ""); err != nil {
+			return fmt.Errorf("delete %s at %s: %w", p, r.job.Target, err)
+		}
+		return r.deleted(p)
+	}
 	key := r.job.Target.key(p)
 	keys := []string{key}
 	pages := s3.NewListObjectsV2Paginator(r.client, &s3.ListObjectsV2Input{
 		Bucket: aws.String(r.job.Target.Bucket), Prefix: aws.String(key + "/"),
 	})
-	for pages.HasMorePages() {
+	for r.job.Lower == "" && pages.HasMorePages() {
 		page, err := pages.NextPage(ctx)
 		if err != nil {
 			return fmt.Errorf("list %s under %s: %w", p, r.job.Target, err)
@@ -197,7 +412,18 @@ func (r *run) delete(ctx context.Context, p string) error {
 			return fmt.Errorf("delete %s at %s: %w", strings.TrimPrefix(k, r.job.Target.Prefix), r.job.Target, err)
 		}
 	}
-	return r.j.append(record{Op: opDeleted, Path: p}, false)
+	return r.deleted(p)
+}
+
+// deleted records a path's objects deleted.
+func (r *run) deleted(p string) error {
+	if err := r.j.append(record{Op: opDeleted, Path: p}, false); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.p.DeletesDone++
+	r.mu.Unlock()
+	return nil
 }
 
 // slot waits for a request slot.

@@ -20,20 +20,22 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 )
 
-// Target is an S3 prefix that receives a volume's outputs.
+// Target receives a volume's outputs: an S3 prefix (Bucket), or a directory of an NFS server
+// (Host, and the directory's path from the server's root in Prefix; nfs.go).
 type Target struct {
-	Bucket string `json:"bucket"`
+	Bucket string `json:"bucket,omitempty"`
+	Host   string `json:"host,omitempty"`
 	Prefix string `json:"prefix,omitempty"` // "" or ending in "/"
 }
 
-// ParseTarget reads s3://bucket[/prefix].
+// ParseTarget reads s3://bucket[/prefix] or nfs://server[:port]/export[/path].
 func ParseTarget(s string) (Target, error) {
 	u, err := url.Parse(s)
-	if err != nil || u.Scheme != "s3" || u.Host == "" {
-		return Target{}, fmt.Errorf("output target %q is not s3://bucket[/prefix]", s)
+	if err != nil || (u.Scheme != "s3" && u.Scheme != "nfs") || u.Host == "" {
+		return Target{}, fmt.Errorf("output target %q is not s3://bucket[/prefix] or nfs://server/export[/path]", s)
 	}
 	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return Target{}, fmt.Errorf("output target %q must be s3://bucket[/prefix], without credentials, query or fragment", s)
+		return Target{}, fmt.Errorf("output target %q must be s3://bucket[/prefix] or nfs://server/export[/path], without credentials, query or fragment", s)
 	}
 	p := strings.Trim(u.Path, "/")
 	for _, seg := range strings.Split(p, "/") {
@@ -44,10 +46,24 @@ func ParseTarget(s string) (Target, error) {
 	if p != "" {
 		p += "/"
 	}
+	if u.Scheme == "nfs" {
+		if p == "" {
+			return Target{}, fmt.Errorf("output target %q names no export", s)
+		}
+		return Target{Host: u.Host, Prefix: p}, nil
+	}
 	return Target{Bucket: u.Host, Prefix: p}, nil
 }
 
-func (t Target) String() string { return "s3://" + t.Bucket + "/" + t.Prefix }
+func (t Target) String() string {
+	if t.NFS() {
+		return "nfs://" + t.Host + "/" + t.Prefix
+	}
+	return "s3://" + t.Bucket + "/" + t.Prefix
+}
+
+// NFS says whether the target is an NFS directory.
+func (t Target) NFS() bool { return t.Host != "" }
 
 // key is the object key of a volume path.
 func (t Target) key(p string) string { return t.Prefix + p }
@@ -61,6 +77,12 @@ type Job struct {
 	Target Target `json:"target"`
 	// Deletes deletes at the target the objects of the dataset paths the pods deleted.
 	Deletes bool `json:"deletes,omitempty"`
+	// Lower is the overlay's lower directory (the dataset version the volume was made on), read
+	// for the bytes of dataset files and directories the pods renamed, and to tell which dataset
+	// files a deleted or replaced directory held. It is not part of the recorded job: the caller
+	// finds it again at each Run. Empty: renamed dataset files are not uploaded, a deleted path's
+	// key and every key below it are deleted, and a replaced directory deletes nothing.
+	Lower string `json:"-"`
 }
 
 // Config configures an Uploader.
@@ -75,6 +97,12 @@ type Config struct {
 	// MinBackoff and MaxBackoff bound the wait between passes over a target that refused
 	// (defaults 1 s and 5 min).
 	MinBackoff, MaxBackoff time.Duration
+	// NFSUID and NFSGID are the identity (AUTH_SYS) NFS targets are written as.
+	NFSUID, NFSGID uint32
+	// Settle is how long before a checkpoint a file must not have been written to be uploaded
+	// by it (default 2 s): longer than the kernel's file time granularity, so that a write
+	// during the upload always changes the file's mtime.
+	Settle time.Duration
 }
 
 // Progress is what a job has done so far, reported after each pass and as files complete.
@@ -88,9 +116,16 @@ type Progress struct {
 	Sent int64
 	// Skipped counts entries that cannot be objects (symlinks, devices, sockets).
 	Skipped int
-	// Attempt counts passes; Err is the last one's failure, nil while it goes well.
+	// Deferred counts the files a checkpoint left for the next one: written too recently, or
+	// while they were sent.
+	Deferred int
+	// Deletes and DeletesDone count the paths to delete at the target, and those deleted.
+	Deletes, DeletesDone int
+	// Attempt counts passes; Err is the last one's failure, nil while it goes well, and RetryIn
+	// the wait before the next pass after it.
 	Attempt int
 	Err     error
+	RetryIn time.Duration
 	Done    bool
 }
 
@@ -113,6 +148,9 @@ func New(cfg Config) (*Uploader, error) {
 	if cfg.PartSize < 5<<20 {
 		return nil, fmt.Errorf("writeback: part size %d is below S3's 5 MiB", cfg.PartSize)
 	}
+	if cfg.Settle <= 0 {
+		cfg.Settle = 2 * time.Second
+	}
 	if cfg.MinBackoff <= 0 {
 		cfg.MinBackoff = time.Second
 	}
@@ -130,7 +168,8 @@ func (u *Uploader) journalDir(volume string) string {
 }
 
 // Run uploads job's changes through client (built with the tenant's own credentials and
-// endpoint policy) until every one is at the target, passing again after a refusal with a
+// endpoint policy; nil for an NFS target, written as Config.NFSUID) until every one is at the
+// target, passing again after a refusal with a
 // backoff that doubles up to MaxBackoff. It returns nil once the journal records the job
 // complete, ctx's error when cancelled (the journal keeps what was done, and a later Run goes
 // on from there), and an error at once only for a job that cannot start (no journal, no upper
@@ -162,7 +201,7 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 			return ctx.Err()
 		}
 		r.mu.Lock()
-		r.p.Err = err
+		r.p.Err, r.p.RetryIn = err, wait
 		r.mu.Unlock()
 		r.publish()
 		select {
@@ -175,20 +214,37 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 }
 
 // Done reports whether volume's write-back is complete: every change at its target. A volume
-// without a journal has none to do.
+// without a journal has none to do, nor has one still in use (checkpoints taken, not handed off).
 func (u *Uploader) Done(volume string) (bool, error) {
 	dir := u.journalDir(volume)
 	if _, err := os.Stat(filepath.Join(dir, jobFile)); errors.Is(err, os.ErrNotExist) {
 		return true, nil
 	}
+	live, complete, err := scanLog(dir)
+	return live || complete, err
+}
+
+// scanLog reads whether a journal is of a volume still in use, and whether it is complete,
+// without opening it for appending (a checkpoint may be appending).
+func scanLog(dir string) (live, complete bool, err error) {
 	data, err := os.ReadFile(filepath.Join(dir, logFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
-	return strings.Contains(string(data), `{"op":"complete"}`), nil
+	for _, line := range strings.Split(string(data), "\n") {
+		switch line {
+		case `{"op":"complete"}`:
+			complete, live = true, false
+		case `{"op":"checkpoint"}`:
+			live = !complete
+		case `{"op":"handoff"}`:
+			live = false
+		}
+	}
+	return live, complete, nil
 }
 
 // Pending returns the jobs whose journals are not complete, to run again after a restart.
@@ -216,17 +272,22 @@ func (u *Uploader) Forget(volume string) error {
 }
 
 // Add records job durably, before the caller lets the volume go: a crash after it resumes the
-// job (Jobs), a crash before it finds the volume still published.
+// job (Jobs), a crash before it finds the volume still published. What checkpoints uploaded of
+// the same volume (the same job) is not sent again.
 func (u *Uploader) Add(job Job) error {
 	j, err := openJournal(u.journalDir(job.Volume), job)
 	if err != nil {
 		return err
 	}
+	if err := j.append(record{Op: opHandoff}, true); err != nil {
+		_ = j.close()
+		return err
+	}
 	return j.close()
 }
 
-// Jobs returns every recorded job, complete or not: the caller finishes each (a complete one
-// only needs its data deleted and Forget).
+// Jobs returns every recorded job, complete or not, but those of volumes still in use: the
+// caller finishes each (a complete one only needs its data deleted and Forget).
 func (u *Uploader) Jobs() ([]Job, error) {
 	entries, err := os.ReadDir(u.cfg.Dir)
 	if err != nil {
@@ -234,9 +295,47 @@ func (u *Uploader) Jobs() ([]Job, error) {
 	}
 	var out []Job
 	for _, e := range entries {
-		if job, err := readJob(filepath.Join(u.cfg.Dir, e.Name())); err == nil {
+		dir := filepath.Join(u.cfg.Dir, e.Name())
+		job, err := readJob(dir)
+		if err != nil {
+			continue
+		}
+		if live, _, err := scanLog(dir); err == nil && !live {
 			out = append(out, job)
 		}
 	}
 	return out, nil
+}
+
+// Checkpoint uploads, once, what job's volume changed since the last checkpoint while its pods
+// still write it (docs/datasets.md, "Checkpoints"): a file is uploaded only when it was not
+// written for Settle before the pass and is not written while it is sent; one being written is
+// left for the next checkpoint or the final upload, and never shows torn at the target. It
+// records no completion: the final upload (Add, then Run) sends only what is left. A failure
+// ends the pass; the next checkpoint goes on from the journal.
+func (u *Uploader) Checkpoint(ctx context.Context, job Job, client *s3.Client, report func(Progress)) error {
+	if _, err := os.Stat(job.Upper); err != nil {
+		return fmt.Errorf("checkpoint of %s: %w", job.Volume, err)
+	}
+	j, err := openJournal(u.journalDir(job.Volume), job)
+	if err != nil {
+		return fmt.Errorf("checkpoint of %s: %w", job.Volume, err)
+	}
+	defer j.close()
+	if j.complete {
+		return nil
+	}
+	if err := j.append(record{Op: opCheckpoint}, true); err != nil {
+		return err
+	}
+	r := &run{cfg: u.cfg, job: job, client: client, j: j, report: report, live: true, slots: make(chan struct{}, u.cfg.Concurrency)}
+	r.p.Volume, r.p.Attempt = job.Volume, 1
+	err = r.pass(ctx)
+	if err != nil {
+		r.mu.Lock()
+		r.p.Err = err
+		r.mu.Unlock()
+	}
+	r.publish()
+	return err
 }

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cistern-csi/cistern/pkg/overlayfs"
 	"github.com/cistern-csi/cistern/pkg/writeback"
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
@@ -18,6 +19,12 @@ import (
 // overlayVolume stacks a real overlay on lower (the dataset), lets change write through it as a
 // pod would, unmounts it and returns the upper directory and what the pod sees (path -> bytes).
 func overlayVolume(t *testing.T, lower map[string][]byte, change func(merged string)) (string, map[string][]byte) {
+	t.Helper()
+	return overlayVolumeWith(t, "", lower, change)
+}
+
+// overlayVolumeWith is overlayVolume with more overlay options (e.g. the driver's metacopy).
+func overlayVolumeWith(t *testing.T, options string, lower map[string][]byte, change func(merged string)) (string, map[string][]byte) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("mounting an overlay needs root")
@@ -32,7 +39,10 @@ func overlayVolume(t *testing.T, lower map[string][]byte, change func(merged str
 			t.Fatal(err)
 		}
 	}
-	if err := unix.Mount("overlay", merged, "overlay", 0, "lowerdir="+lo+",upperdir="+up+",workdir="+work); err != nil {
+	if options != "" {
+		options = "," + options
+	}
+	if err := unix.Mount("overlay", merged, "overlay", 0, "lowerdir="+lo+",upperdir="+up+",workdir="+work+options); err != nil {
 		t.Fatalf("mount overlay: %v", err)
 	}
 	mounted := true
@@ -199,14 +209,118 @@ func TestRefusingTarget(t *testing.T) {
 func TestParseTarget(t *testing.T) {
 	for in, want := range map[string]writeback.Target{
 		"s3://b": {Bucket: "b"}, "s3://b/": {Bucket: "b"}, "s3://b/p/q/": {Bucket: "b", Prefix: "p/q/"},
+		"nfs://h:2049/export/out": {Host: "h:2049", Prefix: "export/out/"}, "nfs://h/export": {Host: "h", Prefix: "export/"},
 	} {
 		if got, err := writeback.ParseTarget(in); err != nil || got != want {
 			t.Errorf("%s: %+v, %v", in, got, err)
 		}
 	}
-	for _, bad := range []string{"", "b/p", "nfs://h/p", "s3:///p", "s3://b/../x", "s3://k:s@b/p", "s3://b/p?x=1", "s3://b/p//q"} {
+	for _, bad := range []string{"", "b/p", "nfs://h", "nfs://h/", "nfs:///export", "ftp://h/p", "s3:///p", "s3://b/../x", "s3://k:s@b/p", "s3://b/p?x=1", "s3://b/p//q"} {
 		if _, err := writeback.ParseTarget(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// TestDeletionsFromLower deletes through a real overlay a dataset file, a dataset directory, and
+// a dataset directory made again (opaque), and uploads with deletions and the lower directory:
+// exactly the dataset's objects the pod no longer sees are deleted at the target; what the
+// target holds beside them (never in the dataset) and what the pod wrote again stay.
+func TestDeletionsFromLower(t *testing.T) {
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "out")
+	lower := map[string][]byte{
+		"a.txt": []byte("a"), "keep.txt": []byte("k"),
+		"gone/x": []byte("x"), "gone/sub/y": []byte("y"),
+		"remade/old1": []byte("1"), "remade/old2": []byte("2"), "remade/again": []byte("v1"),
+	}
+	// The target mirrors the dataset (an earlier sync), and holds one object the dataset lacks
+	// under each directory the pod deletes.
+	for p, b := range lower {
+		s.Put(t, "out", "sync/"+p, b)
+	}
+	s.Put(t, "out", "sync/gone/not-in-dataset", []byte("n"))
+	s.Put(t, "out", "sync/remade/not-in-dataset", []byte("n"))
+	dir := t.TempDir()
+	lo := filepath.Join(dir, "lower")
+	for p, b := range lower {
+		writeFile(t, filepath.Join(lo, p), b)
+	}
+	upper, _ := overlayVolume(t, lower, func(m string) {
+		for _, p := range []string{"a.txt", "gone", "remade"} {
+			if err := os.RemoveAll(filepath.Join(m, p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		writeFile(t, filepath.Join(m, "remade/again"), []byte("v2"))
+		writeFile(t, filepath.Join(m, "new/file"), []byte("new"))
+	})
+	u, err := writeback.New(writeback.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := writeback.Job{Volume: "v", Upper: upper, Lower: lo, Target: writeback.Target{Bucket: "out", Prefix: "sync/"}, Deletes: true}
+	if err := u.Run(testCtx(t), job, s.Client, nil); err != nil {
+		t.Fatal(err)
+	}
+	sameObjects(t, objects(t, s.Client, "out", "sync/"), map[string][]byte{
+		"keep.txt": []byte("k"), "gone/not-in-dataset": []byte("n"), "remade/not-in-dataset": []byte("n"),
+		"remade/again": []byte("v2"), "new/file": []byte("new"),
+	})
+}
+
+// TestRenamedFromDataset renames a dataset file and a dataset directory through a real overlay
+// with the driver's options (metacopy, redirect_dir: the data stays in the lower layer), changes
+// and deletes below the renamed directory, and uploads with the lower directory and deletions:
+// the target ends as the pod sees the volume, the renamed files read from the dataset.
+func TestRenamedFromDataset(t *testing.T) {
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "out")
+	lower := map[string][]byte{"a.bin": randBytes(11, 3<<10), "dir/x": []byte("x"), "dir/sub/y": []byte("y"), "dir/z": []byte("z"), "keep": []byte("k")}
+	for p, b := range lower {
+		s.Put(t, "out", "sync/"+p, b)
+	}
+	dir := t.TempDir()
+	lo := filepath.Join(dir, "lower")
+	for p, b := range lower {
+		writeFile(t, filepath.Join(lo, p), b)
+	}
+	upper, seen := overlayVolumeWith(t, "redirect_dir=on,metacopy=on,index=off", lower, func(m string) {
+		for _, mv := range [][2]string{{"a.bin", "moved.bin"}, {"dir", "newdir"}} {
+			if err := os.Rename(filepath.Join(m, mv[0]), filepath.Join(m, mv[1])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		writeFile(t, filepath.Join(m, "newdir/z"), []byte("z2"))
+		if err := os.Remove(filepath.Join(m, "newdir/sub/y")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	changes, err := overlayfs.Changes(upper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]overlayfs.Change{}
+	for _, c := range changes {
+		kinds[c.Path] = c
+	}
+	if c := kinds["moved.bin"]; c.Kind != overlayfs.Metadata || c.From != "a.bin" {
+		t.Fatalf("moved.bin in the upper directory: %+v, want a metacopy from a.bin (the kernel's metacopy)", c)
+	}
+	if c := kinds["newdir"]; c.Kind != overlayfs.Dir || c.From != "dir" {
+		t.Fatalf("newdir in the upper directory: %+v, want a redirect from dir", c)
+	}
+	u, err := writeback.New(writeback.Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := writeback.Job{Volume: "v", Upper: upper, Lower: lo, Target: writeback.Target{Bucket: "out", Prefix: "sync/"}, Deletes: true}
+	var last writeback.Progress
+	if err := u.Run(testCtx(t), job, s.Client, func(p writeback.Progress) { last = p }); err != nil {
+		t.Fatal(err)
+	}
+	sameObjects(t, objects(t, s.Client, "out", "sync/"), seen)
+	if want := int64(len(lower["a.bin"]) + 1 + 2); last.Sent != want {
+		t.Errorf("sent %d bytes, want %d: moved.bin, newdir/x and newdir/z", last.Sent, want)
 	}
 }

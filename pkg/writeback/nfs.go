@@ -1,0 +1,230 @@
+package writeback
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc64"
+	"io"
+	"net"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	nfs "github.com/willscott/go-nfs-client/nfs"
+	"github.com/willscott/go-nfs-client/nfs/rpc"
+)
+
+// An NFS target (nfs://server[:port]/export/path) receives a volume's outputs as files, through a
+// userspace NFSv3 client (go-nfs-client), as the node's NFS identity (Config.NFSUID/NFSGID): the
+// server's export rules and file permissions decide what it may write. Each file is written
+// whole to a temporary name beside its own (FILE_SYNC writes, then COMMIT), read back and
+// compared by CRC-64/NVME (NFSv3 has no checksum the server verifies), and renamed into place:
+// a reader never sees a partial file, and the journal records it done only after the rename.
+// A crash leaves at most the temporary file, which the next pass writes again from its start.
+
+// nfsDest is an NFS target mounted for one pass. Requests go one at a time: the client's
+// connection is not shared between concurrent calls.
+type nfsDest struct {
+	mu     sync.Mutex
+	mount  *nfs.Mount
+	target *nfs.Target
+	base   string // the target's directory inside the mounted export
+}
+
+// partPrefix names the temporary file a file is written to before its rename.
+const partPrefix = ".cistern-part-"
+
+// dialNFS mounts t's export as uid/gid: its path as given when the server allows, else its
+// longest mountable prefix (servers refuse to mount below an export), the rest looked up.
+func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
+	auth := rpc.NewAuthUnix("cistern", uid, gid).Auth()
+	d := &nfsDest{}
+	var err error
+	if _, _, perr := net.SplitHostPort(t.Host); perr == nil {
+		var c *rpc.Client
+		if c, err = rpc.DialTCP("tcp", t.Host, false); err == nil {
+			d.mount = &nfs.Mount{Client: c}
+		}
+	} else {
+		d.mount, err = nfs.DialMount(t.Host, time.Minute)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("connecting to %s: %w", t, err)
+	}
+	export, rest := "/"+strings.TrimSuffix(t.Prefix, "/"), ""
+	for {
+		d.target, err = d.mount.Mount(export, auth)
+		if err == nil || export == "/" || !strings.HasPrefix(err.Error(), "MNT3ERR_") {
+			break
+		}
+		rest = path.Join(path.Base(export), rest)
+		export = path.Dir(export)
+	}
+	if err != nil {
+		d.mount.Close()
+		return nil, fmt.Errorf("mounting %s: %w", t, err)
+	}
+	d.base = rest
+	return d, nil
+}
+
+func (d *nfsDest) close() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.target.Close()
+	d.mount.Close()
+}
+
+// full is a volume path's path inside the mounted export.
+func (d *nfsDest) full(p string) string { return path.Join(d.base, p) }
+
+// put writes n bytes of fh at p, as described above, and returns their CRC-64/NVME. A file
+// for which stable says false just before the rename (a checkpoint's file written meanwhile) is
+// not renamed into place: its temporary file is removed.
+func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stable func() bool) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	final := d.full(p)
+	if err := d.mkdirAll(path.Dir(final)); err != nil {
+		return "", err
+	}
+	part := path.Join(path.Dir(final), partPrefix+path.Base(final))
+	if err := d.target.Remove(part); err != nil && !notExist(err) {
+		return "", err
+	}
+	f, err := d.target.OpenFile(part, 0o644)
+	if err != nil {
+		return "", err
+	}
+	h := crc64.New(crc64NVME)
+	_, err = io.Copy(f, io.TeeReader(io.NewSectionReader(fh, 0, n), &ctxWriter{ctx: ctx, w: h}))
+	if cerr := f.Close(); err == nil {
+		err = cerr // COMMIT: the bytes are on the server's stable storage
+	}
+	if err != nil {
+		return "", err
+	}
+	sum := crcString(h.Sum64())
+	if err := d.verify(part, n, sum); err != nil {
+		return "", err
+	}
+	if !stable() {
+		_ = d.target.Remove(part)
+		return "", errors.New("written while it was sent")
+	}
+	if err := d.target.Rename(part, final); err != nil {
+		return "", err
+	}
+	return sum, nil
+}
+
+// verify reads back what the server holds at p: n bytes whose CRC-64/NVME is sum.
+func (d *nfsDest) verify(p string, n int64, sum string) error {
+	f, err := d.target.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := crc64.New(crc64NVME)
+	got, err := io.Copy(h, f)
+	if err != nil {
+		return err
+	}
+	if got != n || crcString(h.Sum64()) != sum {
+		return fmt.Errorf("%s: the server holds %d bytes with CRC-64/NVME %s, not the %d sent (%s)", p, got, crcString(h.Sum64()), n, sum)
+	}
+	return nil
+}
+
+// mkdirAll makes dir and its parents inside the export.
+func (d *nfsDest) mkdirAll(dir string) error {
+	if dir == "." || dir == "/" || dir == "" {
+		return nil
+	}
+	if fi, _, err := d.target.Lookup(dir); err == nil {
+		if !fi.IsDir() {
+			return fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil
+	}
+	if err := d.mkdirAll(path.Dir(dir)); err != nil {
+		return err
+	}
+	if _, err := d.target.Mkdir(dir, 0o755); err != nil && !exists(err) {
+		return err
+	}
+	return nil
+}
+
+// remove deletes p; without the lower directory to tell, a directory with all below it.
+func (d *nfsDest) remove(p string, all bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	full := d.full(p)
+	fi, _, err := d.target.Lookup(full)
+	switch {
+	case notExist(err):
+		return nil
+	case err != nil:
+		return err
+	case fi.IsDir() && all:
+		return d.target.RemoveAll(full)
+	case fi.IsDir():
+		return nil // a dataset directory is not a file: its files are deleted one by one
+	}
+	if err := d.target.Remove(full); err != nil && !notExist(err) {
+		return err
+	}
+	return nil
+}
+
+func notExist(err error) bool {
+	return err != nil && (errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "NOENT"))
+}
+
+func exists(err error) bool {
+	return errors.Is(err, os.ErrExist) || strings.Contains(err.Error(), "EXIST")
+}
+
+// crcString spells a CRC-64/NVME as S3 does (base64 of its big-endian bytes).
+func crcString(v uint64) string {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	return base64.StdEncoding.EncodeToString(b[:])
+}
+
+// ctxWriter stops a copy once ctx ends.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c *ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
+}
+
+// ProbeNFS checks, before a volume's pod starts, that t may be written as uid/gid: it makes the
+// target directory as needed, creates the file name in it and removes it.
+func ProbeNFS(t Target, uid, gid uint32, name string) error {
+	d, err := dialNFS(t, uid, gid)
+	if err != nil {
+		return err
+	}
+	defer d.close()
+	if err := d.mkdirAll(d.full(".")); err != nil {
+		return err
+	}
+	p := d.full(name)
+	if _, err := d.target.Create(p, 0o644); err != nil && !exists(err) {
+		return err
+	}
+	return d.target.Remove(p)
+}

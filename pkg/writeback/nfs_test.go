@@ -1,0 +1,83 @@
+package writeback_test
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cistern-csi/cistern/pkg/writeback"
+	"github.com/cistern-csi/cistern/test/testpeers"
+)
+
+// TestNFSTarget writes back through a real overlay to an NFS server (go-nfs, NFSv3, export
+// /export): the files under the target directory (made as needed, below the export) are
+// byte-identical to what the pod sees, a dataset file the pod deleted is deleted there, a
+// temporary file a crash left is replaced and none stays; a checkpoint's files are not sent again
+// by the final upload, nor by a second run.
+func TestNFSTarget(t *testing.T) {
+	export := t.TempDir()
+	addr := testpeers.StartNFS(t, export)
+	out := filepath.Join(export, "out", "run")
+	lower := map[string][]byte{"kept": []byte("k"), "gone.txt": []byte("g"), "changed.bin": randBytes(21, 2<<20)}
+	dir := t.TempDir()
+	lo := filepath.Join(dir, "lower")
+	for p, b := range lower {
+		writeFile(t, filepath.Join(lo, p), b)
+		writeFile(t, filepath.Join(out, p), b) // the target mirrors the dataset
+	}
+	writeFile(t, filepath.Join(out, "ckpt", ".cistern-part-model.bin"), []byte("a crash left this"))
+	upper, seen := overlayVolume(t, lower, func(m string) {
+		writeFile(t, filepath.Join(m, "ckpt/model.bin"), randBytes(22, 7<<20+3))
+		writeFile(t, filepath.Join(m, "changed.bin"), randBytes(23, 1<<20))
+		if err := os.Remove(filepath.Join(m, "gone.txt")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	u, err := writeback.New(writeback.Config{Dir: t.TempDir(), NFSUID: uint32(os.Getuid()), NFSGID: uint32(os.Getgid()), Settle: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, err := writeback.ParseTarget("nfs://" + addr + "/export/out/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := writeback.Job{Volume: "v", Upper: upper, Lower: lo, Target: target, Deletes: true}
+	var last writeback.Progress
+	report := func(p writeback.Progress) { last = p }
+	// A checkpoint first (Settle 1 ns: every file is settled), then the final upload.
+	if err := u.Checkpoint(testCtx(t), job, nil, report); err != nil {
+		t.Fatal(err)
+	}
+	if last.FilesDone != 2 || last.DeletesDone != 1 {
+		t.Errorf("checkpoint: %+v, want 2 files written and 1 deleted", last)
+	}
+	if err := u.Add(job); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Run(testCtx(t), job, nil, report); err != nil {
+		t.Fatal(err)
+	}
+	if !last.Done || last.Sent != 0 {
+		t.Errorf("final upload after the checkpoint: %+v, want done with nothing sent", last)
+	}
+	got := map[string][]byte{}
+	err = filepath.WalkDir(out, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(out, p)
+		if strings.HasPrefix(d.Name(), ".cistern-part-") {
+			t.Errorf("temporary file %s left", rel)
+		}
+		b, err := os.ReadFile(p)
+		got[filepath.ToSlash(rel)] = b
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(got, "ckpt/.cistern-part-model.bin")
+	sameObjects(t, got, seen)
+}
