@@ -115,8 +115,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
-		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{s.cfg.Cert}, MinVersion: tls.VersionTLS13},
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		// Records of the largest size from the first byte: a connection carries pieces of
+		// MiBs, not a page for a browser to start showing.
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{s.cfg.Cert}, MinVersion: tls.VersionTLS13,
+			DynamicRecordSizingDisabled: true},
+		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	go func() {
 		<-ctx.Done()
@@ -350,7 +353,8 @@ func (s *Server) release() { <-s.slots }
 // copyChunk is the unit of a paced copy.
 const copyChunk = 256 << 10
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyChunk); return &b }}
+// copyBufs are aligned for direct I/O (direct.go).
+var copyBufs = sync.Pool{New: func() any { b := alignedBuf(copyChunk); return &b }}
 
 // copy sends n bytes of r within the node's upload bandwidth.
 func (s *Server) copy(ctx context.Context, w io.Writer, r io.Reader, n int64) (int64, error) {
