@@ -353,8 +353,7 @@ func (s *Server) release() { <-s.slots }
 // copyChunk is the unit of a paced copy.
 const copyChunk = 256 << 10
 
-// copyBufs are aligned for direct I/O (direct.go).
-var copyBufs = sync.Pool{New: func() any { b := alignedBuf(copyChunk); return &b }}
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyChunk); return &b }}
 
 // copy sends n bytes of r within the node's upload bandwidth.
 func (s *Server) copy(ctx context.Context, w io.Writer, r io.Reader, n int64) (int64, error) {

@@ -264,11 +264,6 @@ func openPiece(dir string, names []string, o source.Object, off, n int64) (io.Re
 			f.Close()
 			continue
 		}
-		if o.Size >= directMinSize {
-			if d := openDirect(f, off, n); d != nil {
-				return d, nil
-			}
-		}
 		return struct {
 			io.Reader
 			io.Closer
