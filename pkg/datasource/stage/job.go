@@ -372,9 +372,8 @@ func (j *Job) join(ctx, jobCtx context.Context, md *cache.Meta) error {
 // swarm, the ranges read from the source at once to what a node of the swarm reads
 // (streamsPerObject), so that each node's ranges finish one after another ("The large object's
 // tail", docs/benchmarks.md). Ranges under way go on; no new one starts until fewer run. (Taking
-// the streams left over by waiting for them, behind the tasks already waiting, left a node
-// reading four ranges at once for seconds after it joined while the others read one: 2 GiB × 4
-// nodes, one node's share came last by 2-3 s.)
+// the spare streams by waiting for them queued the takers behind the tasks already waiting, so
+// a node could go on starting up to four ranges at once well after it joined.)
 func (j *Job) narrowStreams() {
 	j.bigMu.Lock()
 	defer j.bigMu.Unlock()

@@ -207,8 +207,8 @@ type chunkRead struct {
 // copyPipelined is copyAt with two buffers: a stream no longer waits for the file's write (a
 // direct write waits for the device) and the hash before it reads on. A node of a swarm reads its
 // share of a large object from the source with one stream; with its cores and its disk busy
-// serving and taking the others' shares, that stream read at 8-33 MB/s, a quarter of what the
-// source gave it, and the node whose share came last made every node wait (2 GiB × 4 nodes,
+// serving and taking the others' shares, that stream read at 8-33 MB/s where the source had room
+// for more, and the node whose share came last made every node wait (2 GiB × 4 nodes,
 // docs/benchmarks.md, "Peer fan-out").
 func (j *Job) copyPipelined(ctx context.Context, f *output, off, n int64, r io.Reader, h hash.Hash) (int64, error) {
 	free := make(chan *[]byte, 2)
