@@ -353,8 +353,8 @@ type result struct {
 // loop devices', and other processes: other engineers' builds on a shared machine).
 func (r result) cpuSplit(cores float64) string {
 	own := r.nodesCPU + r.s3CPU + r.proxyCPU
-	return fmt.Sprintf("%.1fs: nodes %.1f, S3 %.1f, proxy %.1f; cores busy %.0f%%, %.0f%% outside the run's processes",
-		own, r.nodesCPU, r.s3CPU, r.proxyCPU, 100*r.busy/(cores*r.all), 100*max(0, r.busy-own)/(cores*r.all))
+	return fmt.Sprintf("%.1fs: nodes %.1f, S3 %.1f, proxy %.1f; cores busy %.0f%%, %.0f%% outside the run's processes, %.0f%% waiting for I/O",
+		own, r.nodesCPU, r.s3CPU, r.proxyCPU, 100*r.busy/(cores*r.all), 100*max(0, r.busy-own)/(cores*r.all), 100*r.iowait/(cores*r.all))
 }
 
 // machineCPU is the CPU seconds all cores spent busy and waiting for I/O since boot.
@@ -515,6 +515,7 @@ func spread(v []float64) string {
 
 // Knobs: CISTERN_BENCH_DIR (where S3 data and pools live), CISTERN_BENCH_ONLY (datasets whose
 // name contains it), CISTERN_FANOUT_NODES (comma-separated node counts; default 4,8),
+// CISTERN_FANOUT_OFF=0 (no peers-off groups: a shorter run when only the peers are looked at),
 // CISTERN_FANOUT_UPLOAD_MIBS (the nodes' upload cap; default the DaemonSet's 256),
 // CISTERN_FANOUT_TRACE and CISTERN_FANOUT_CPUPROFILE (fanout_trace_test.go: where each node's time
 // goes; not for the figures).
@@ -534,6 +535,7 @@ func BenchmarkFanout(b *testing.B) {
 			counts = append(counts, k)
 		}
 	}
+	withOff := os.Getenv("CISTERN_FANOUT_OFF") != "0"
 	var lines []string
 	for i, sh := range shapes {
 		if sh.name == "100 × 64 MiB" {
@@ -565,9 +567,15 @@ func BenchmarkFanout(b *testing.B) {
 				alone := group(b, s, th, work, 1, false, false, params, poolSize)
 				aloneCPU := alone.nodesCPU + alone.s3CPU + alone.proxyCPU
 				on := group(b, s, th, work, n, true, true, params, poolSize)
-				off := group(b, s, th, work, n, false, false, params, poolSize)
-				b.Logf("%s, %d nodes, sample %d: alone %.2fs (CPU %s), with peers all Ready %.2fs (CPU %s), late %.2fs, without peers %.2fs; %.2f GB from S3; load %s",
-					sh.name, n, k+1, alone.all, alone.cpuSplit(cores), on.all, on.cpuSplit(cores), on.late, off.all, float64(on.s3Bytes)/1e9, load())
+				var off result
+				if withOff {
+					off = group(b, s, th, work, n, false, false, params, poolSize)
+				}
+				// What a node's process spent per GiB staged, alone and in the swarm.
+				gib := float64(size) / (1 << 30)
+				b.Logf("%s, %d nodes, sample %d: alone %.2fs (CPU %s), with peers all Ready %.2fs (CPU %s), late %.2fs, without peers %.2fs; node CPU-s per GiB alone %.2f, with peers %.2f; %.2f GB from S3; load %s",
+					sh.name, n, k+1, alone.all, alone.cpuSplit(cores), on.all, on.cpuSplit(cores), on.late, off.all,
+					alone.nodesCPU/gib, on.nodesCPU/float64(n)/gib, float64(on.s3Bytes)/1e9, load())
 				// What no protocol can beat, from work that does not depend on this one: each
 				// of the n nodes must do at least what one node alone does (n × its CPU on the
 				// machine's cores), and the set must cross the S3 link once.
@@ -578,8 +586,12 @@ func BenchmarkFanout(b *testing.B) {
 				s3R = append(s3R, float64(on.s3Bytes)/float64(size))
 				boundR = append(boundR, bound/alone.all)
 			}
+			offRatio := "skipped"
+			if withOff {
+				offRatio = spread(offR)
+			}
 			line := fmt.Sprintf("fanout: dataset=%q nodes=%d samples=%d all_ready_ratio=%s bound_ratio=%s late_ratio=%s off_all_ready_ratio=%s s3_bytes_ratio=%s goal_all_ready<=1.5=%v",
-				sh.name, n, len(allR), spread(allR), spread(boundR), spread(lateR), spread(offR), spread(s3R), medianOf(allR) <= 1.5)
+				sh.name, n, len(allR), spread(allR), spread(boundR), spread(lateR), offRatio, spread(s3R), medianOf(allR) <= 1.5)
 			lines = append(lines, line)
 			b.Log(line)
 		}

@@ -115,8 +115,11 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
-		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{s.cfg.Cert}, MinVersion: tls.VersionTLS13},
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		// Records of the largest size from the first byte: a connection carries pieces of
+		// MiBs, not a page for a browser to start showing.
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{s.cfg.Cert}, MinVersion: tls.VersionTLS13,
+			DynamicRecordSizingDisabled: true},
+		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	go func() {
 		<-ctx.Done()

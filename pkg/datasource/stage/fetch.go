@@ -227,16 +227,12 @@ func (j *Job) putOff(t task) bool {
 // sourceTurn takes a stream of t's object (a range of a large one) and a slot of the source's;
 // ok is false when ctx ended first.
 func (j *Job) sourceTurn(ctx context.Context, t task) (release func(), ok bool) {
-	if t.big != nil {
-		select {
-		case t.big.streams <- struct{}{}:
-		case <-ctx.Done():
-			return nil, false
-		}
+	if t.big != nil && !t.big.streams.acquire(ctx) {
+		return nil, false
 	}
 	releaseStream := func() {
 		if t.big != nil {
-			<-t.big.streams
+			t.big.streams.release()
 		}
 	}
 	select {

@@ -364,26 +364,21 @@ func (j *Job) join(ctx, jobCtx context.Context, md *cache.Meta) error {
 	j.peers.swarm.Store(sw)
 	close(j.peers.joined)
 	klog.FromContext(ctx).V(2).Info("joined the dataset's peers", "members", sw.Members(), "after", time.Since(j.started))
-	j.narrowStreams(jobCtx)
+	j.narrowStreams()
 	return nil
 }
 
-// narrowStreams takes for good, from each large entry whose ranges were sent before the job
-// joined its swarm, the streams a node of the swarm leaves unused (streamsPerObject), so that
-// each node's ranges finish one after another ("The large object's tail", docs/benchmarks.md).
-// The takers wait for streams in use to end, or for the job.
-func (j *Job) narrowStreams(jobCtx context.Context) {
+// narrowStreams lowers, for each large entry whose ranges were sent before the job joined its
+// swarm, the ranges read from the source at once to what a node of the swarm reads
+// (streamsPerObject), so that each node's ranges finish one after another ("The large object's
+// tail", docs/benchmarks.md). Ranges under way go on; no new one starts until fewer run. (Taking
+// the spare streams by waiting for them queued the takers behind the tasks already waiting, so
+// a node could go on starting up to four ranges at once well after it joined.)
+func (j *Job) narrowStreams() {
 	j.bigMu.Lock()
 	defer j.bigMu.Unlock()
 	for _, b := range j.big {
-		for range cap(b.streams) - j.streamsPerObject() {
-			go func() {
-				select {
-				case b.streams <- struct{}{}:
-				case <-jobCtx.Done():
-				}
-			}()
-		}
+		b.streams.setLimit(j.streamsPerObject())
 	}
 }
 

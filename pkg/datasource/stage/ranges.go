@@ -34,7 +34,7 @@ const rangesPerObject = 4
 // bigFile is a large object read in parallel ranges; the last range to finish verifies it.
 type bigFile struct {
 	out      *output
-	streams  chan struct{}
+	streams  *streams
 	left     atomic.Int64
 	partSize int64 // >0: ranges are the object's multipart parts, each MD5-checked
 	partSums [][]byte
@@ -91,9 +91,58 @@ func (j *Job) streamsPerObject() int {
 	return max(1, rangesPerObject/j.peers.sw().Members())
 }
 
+// streams bounds the ranges of one large entry read from the source at once. The bound may be
+// lowered while ranges are read (narrowStreams): the reads under way go on, and no new one starts
+// until fewer than the new bound run.
+type streams struct {
+	mu          sync.Mutex
+	limit, used int
+	changed     chan struct{} // closed, and replaced, when a read ends or the bound changes
+}
+
+func newStreams(limit int) *streams { return &streams{limit: limit, changed: make(chan struct{})} }
+
+// acquire waits for a stream; false when ctx ended first.
+func (s *streams) acquire(ctx context.Context) bool {
+	for {
+		s.mu.Lock()
+		if s.used < s.limit {
+			s.used++
+			s.mu.Unlock()
+			return true
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+func (s *streams) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.used--
+	s.broadcast()
+}
+
+func (s *streams) setLimit(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.limit = n
+	s.broadcast()
+}
+
+func (s *streams) broadcast() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
 func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
 	chunk := j.e.cfg.ChunkSize
-	b := &bigFile{streams: make(chan struct{}, j.streamsPerObject())}
+	b := &bigFile{streams: newStreams(j.streamsPerObject())}
 	if p, ok := j.src.(source.Planner); ok {
 		plan, err := p.Plan(ctx, o)
 		if err != nil {
