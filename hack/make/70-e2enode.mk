@@ -34,10 +34,10 @@ node-tools: host-packages
 # The pause, checker, git and papermill images as tarballs for `ctr images import`, and for the
 # install suite the sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins
 # for node-driver-registrar and livenessprobe) and the S3 server's (versitygw, static, from
-# 30-datasource.mk); seconds to build.
+# 30-datasource.mk); seconds to build, once per content (hack/images/node-images.sh).
 ## Builds the node suites' images as tarballs
 node-images: $(BUSYBOX) csi-tools $(VERSITYGW)
-	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX) \
+	@GO=$(GO) hack/images/node-images.sh $(NODE_IMAGES) -busybox $(BUSYBOX) \
 	  -csi-provisioner $(EXTERNAL_PROVISIONER_BIN)/csi-provisioner -versitygw $(VERSITYGW)
 
 $(BUSYBOX):
