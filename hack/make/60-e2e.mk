@@ -96,6 +96,7 @@ kind-load: images
 # answers, the images are built both ways and compared file by file; elsewhere that comparison
 # says it did not run, here and in the test's output. Also the test tooling's own tests.
 TEST_TARGETS += test-images
+TEST_SECOND_LANE += test-images
 ## Checks the images' contents against the Dockerfile; the image tooling's tests
 test-images: images
 	@oci=$(IMAGES_DIR)/images.json; docker=; \
