@@ -123,8 +123,8 @@ include $(sort $(wildcard hack/make/*.mk))
 # generated files other suites read, with test-prereqs; then the suites of TEST_SECOND_LANE (the
 # kubelet-node suites, which take turns on the host lock anyway, the images they install, and
 # test-chart, which evens the lanes) beside all the others. The node suites mostly wait on
-# kubelet, containerd and their pods (e2e-install: about 0.3 CPU-s per second), so the two lanes
-# share the 2 cores with little slowdown (docs/testing.md).
+# kubelet, containerd and their pods (e2e-install: 105 CPU-s in 215 s), so the two lanes share
+# the 2 cores with little slowdown (docs/testing.md).
 ## Every suite of TEST_TARGETS (what CI runs), then a summary of failures and skips
 test:
 	@MAKE="$(MAKE)" TEST_LANES="$(TEST_LANES)" TEST_FIRST="$(TEST_FIRST)" TEST_PREREQS=test-prereqs \
