@@ -93,6 +93,10 @@ GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@ $(RACE)
 # lines) and functions (80) (hack/codesize).
 .PHONY: vet verify
 TEST_TARGETS := vet verify
+# How `make test` runs them (below): areas add their node suites to TEST_SECOND_LANE.
+TEST_LANES ?= 2
+TEST_FIRST := verify
+TEST_SECOND_LANE :=
 ## go vet, staticcheck, gofmt and the make help check over the tree
 vet: $(STATICCHECK)
 	$(GO) vet ./...
@@ -114,9 +118,22 @@ verify:
 include $(sort $(wildcard hack/make/*.mk))
 
 # Every target of TEST_TARGETS, going on after a failure (make -k); at the end, the targets and
-# tests that failed or skipped and the totals (hack/make/run-tests.sh).
+# tests that failed or skipped and the totals (hack/make/run-tests.sh). In two lanes side by side
+# (TEST_LANES=1: one after the other, in TEST_TARGETS' order): `verify` first, as it rewrites
+# generated files other suites read, with test-prereqs; then the suites of TEST_SECOND_LANE (the
+# kubelet-node suites, which take turns on the host lock anyway, the images they install, and
+# test-chart, which evens the lanes) beside all the others. The node suites mostly wait on
+# kubelet, containerd and their pods (e2e-install: 105 CPU-s in 215 s), so the two lanes share
+# the 2 cores with little slowdown (docs/testing.md).
 ## Every suite of TEST_TARGETS (what CI runs), then a summary of failures and skips
 test:
-	@MAKE="$(MAKE)" hack/make/run-tests.sh $(TEST_TARGETS)
+	@MAKE="$(MAKE)" TEST_LANES="$(TEST_LANES)" TEST_FIRST="$(TEST_FIRST)" TEST_PREREQS=test-prereqs \
+	  TEST_SECOND_LANE="$(TEST_SECOND_LANE)" hack/make/run-tests.sh $(TEST_TARGETS)
+
+# What suites of both lanes build with a plain go build (no lock, unlike hack/tools), built
+# before the lanes start so that two builds never write one file.
+.PHONY: test-prereqs
+## Builds what suites of both lanes of make test need, before the lanes start
+test-prereqs: $(VERSITYGW)
 ## Every benchmark of BENCH_TARGETS
 bench: $(BENCH_TARGETS)

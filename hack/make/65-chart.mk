@@ -30,6 +30,7 @@ $(HELM):
 	cd test/chart && $(GO) build -o $@ helm.sh/helm/v3/cmd/helm
 
 TEST_TARGETS += test-chart
+TEST_SECOND_LANE += test-chart
 ## Lints charts/cistern and compares its rendered objects with the kustomize base
 test-chart: $(HELM)
 	$(HELM) lint --strict charts/cistern

@@ -11,6 +11,7 @@ export CISTERN_NODE_IMAGES := $(NODE_IMAGES)/images.json
 
 .PHONY: node-tools node-images e2e-node test-registration test-node-images
 TEST_TARGETS += test-registration test-node-images e2e-node
+TEST_SECOND_LANE += e2e-node
 
 # The node-driver-registrar stand-in's kubelet plugin registration (hack/standins/registration)
 # over its real socket.
@@ -34,10 +35,10 @@ node-tools: host-packages
 # The pause, checker, git and papermill images as tarballs for `ctr images import`, and for the
 # install suite the sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins
 # for node-driver-registrar and livenessprobe) and the S3 server's (versitygw, static, from
-# 30-datasource.mk); seconds to build.
+# 30-datasource.mk); seconds to build, once per content (hack/images/node-images.sh).
 ## Builds the node suites' images as tarballs
 node-images: $(BUSYBOX) csi-tools $(VERSITYGW)
-	@cd hack/images && $(GO) run ./build -out $(NODE_IMAGES) -busybox $(BUSYBOX) \
+	@GO=$(GO) hack/images/node-images.sh $(NODE_IMAGES) -busybox $(BUSYBOX) \
 	  -csi-provisioner $(EXTERNAL_PROVISIONER_BIN)/csi-provisioner -versitygw $(VERSITYGW)
 
 $(BUSYBOX):
@@ -70,6 +71,7 @@ REGISTRY_BIN := $(CURDIR)/_output/bin/registry
 # One of the two installs alone: make e2e-install E2E_INSTALL_RUN='TestInstall/helm'
 E2E_INSTALL_RUN ?= TestInstall$$
 TEST_TARGETS += e2e-install
+TEST_SECOND_LANE += e2e-install
 .PHONY: e2e-install
 ## Installs deploy/csi (kustomize, then the Helm chart) on a kubelet node from a loopback registry and runs the examples
 e2e-install:

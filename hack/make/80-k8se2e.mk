@@ -60,6 +60,7 @@ e2e-k8s:
 # volumes, subPath, block, CSI inline and generic ephemeral volumes, a snapshot and its restore),
 # on two nodes, so that a restore must find the node that holds its snapshot.
 TEST_TARGETS += e2e-k8s-subset
+TEST_SECOND_LANE += e2e-k8s-subset
 .PHONY: e2e-k8s-subset
 ## The part of Kubernetes' storage e2e suite that make test runs
 e2e-k8s-subset:

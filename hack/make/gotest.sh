@@ -9,7 +9,10 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 results=${CISTERN_TEST_RESULTS:-${root}/_output/test-results}
 report=${root}/bin/testreport
 mkdir -p "${results}" "${root}/bin"
-(cd "${root}" && ${GO:-go} build -o "${report}" ./hack/testreport) || exit 1
+# Built under another name, then renamed over the old one: the two lanes of `make test` run this
+# at the same time, and neither may run a half-written file.
+(cd "${root}" && ${GO:-go} build -o "${report}.$$" ./hack/testreport) && mv -f "${report}.$$" "${report}" ||
+  { rm -f "${report}.$$"; exit 1; }
 verbose=
 for a in "$@"; do [[ $a == -v ]] && verbose=-v; done
 ${GO:-go} test -json "$@" 2>&1 | "${report}" ${verbose} -out "${results}/${name}.jsonl"

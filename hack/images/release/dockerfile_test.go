@@ -274,8 +274,7 @@ func TestImagesAsDockerfileDeclares(t *testing.T) {
 			t.Fatal("images.json has no node image")
 		}
 		img, cfg := image(t, e)
-		root := t.TempDir()
-		unpack(t, img, root)
+		root, _ := unpackShared(t, e, img)
 
 		suite := regexp.MustCompile(`^debian:([a-z]+)-slim$`).FindStringSubmatch(st.from)
 		if suite == nil {
@@ -319,8 +318,7 @@ func TestImagesAsDockerfileDeclares(t *testing.T) {
 			t.Fatal("images.json has no workload-controller image")
 		}
 		img, cfg := image(t, e)
-		root := t.TempDir()
-		unpack(t, img, root)
+		root, _ := unpackShared(t, e, img)
 		if !strings.HasPrefix(st.from, "gcr.io/distroless/static-") || !strings.HasSuffix(st.from, ":nonroot") {
 			t.Errorf("controller stage FROM %s: the image built here stands for distroless static's nonroot variant", st.from)
 		}
@@ -460,8 +458,9 @@ func TestDockerfileBuildSameFiles(t *testing.T) {
 			}
 			dimg, _ := image(t, de)
 			oimg, _ := image(t, oe)
-			droot, oroot := t.TempDir(), t.TempDir()
-			dfiles, ofiles := unpack(t, dimg, droot), unpack(t, oimg, oroot)
+			droot := t.TempDir()
+			dfiles := unpack(t, dimg, droot)
+			oroot, ofiles := unpackShared(t, oe, oimg)
 			var onlyDocker, onlyOCI, differ []string
 			for p, oh := range ofiles {
 				dh, ok := dfiles[p]

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -120,6 +122,53 @@ func unpack(t *testing.T, img v1.Image, dir string) map[string]*tar.Header {
 	return files
 }
 
+// unpacked holds each image's filesystem, unpacked once for all the tests of the package (the
+// node image takes about a minute under the race detector), below a directory TestMain removes.
+var unpacked = struct {
+	sync.Mutex
+	dir    string
+	images map[string]unpackedImage
+}{images: map[string]unpackedImage{}}
+
+type unpackedImage struct {
+	root  string
+	files map[string]*tar.Header
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if unpacked.dir != "" {
+		_ = os.RemoveAll(unpacked.dir)
+	}
+	os.Exit(code)
+}
+
+// unpackShared is unpack of the image of e into a directory the tests share (they only read
+// it), and the set of its paths.
+func unpackShared(t *testing.T, e Entry, img v1.Image) (string, map[string]*tar.Header) {
+	t.Helper()
+	unpacked.Lock()
+	defer unpacked.Unlock()
+	key := e.Ref + " " + e.Tarball
+	if u, ok := unpacked.images[key]; ok {
+		return u.root, u.files
+	}
+	if unpacked.dir == "" {
+		dir, err := os.MkdirTemp("", "cistern-release-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		unpacked.dir = dir
+	}
+	root := filepath.Join(unpacked.dir, fmt.Sprint(len(unpacked.images)))
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := unpack(t, img, root)
+	unpacked.images[key] = unpackedImage{root: root, files: files}
+	return root, files
+}
+
 // exists reports whether the image has path p (relative, as in the layers).
 func exists(files map[string]*tar.Header, p string) bool {
 	_, ok := files[p]
@@ -138,24 +187,18 @@ func TestNodeImage(t *testing.T) {
 	if cfg.Config.User != "" && cfg.Config.User != "0" && cfg.Config.User != "root" {
 		t.Errorf("user %q: the driver container runs as root (privileged)", cfg.Config.User)
 	}
-	root := ""
-	if os.Geteuid() == 0 {
-		root = t.TempDir()
-	}
-	files := unpack(t, img, root)
+	root, files := unpackShared(t, e, img)
 	for _, f := range nodeFiles {
 		if !exists(files, f) {
 			t.Errorf("node image lacks /%s", f)
 		}
 	}
 	for _, bin := range []string{"usr/local/bin/csi-driver", "usr/local/bin/storagepool-sidecar"} {
-		if root != "" {
-			if err := layer.RequireStatic(filepath.Join(root, bin)); err != nil {
-				t.Error(err)
-			}
+		if err := layer.RequireStatic(filepath.Join(root, bin)); err != nil {
+			t.Error(err)
 		}
 	}
-	if root == "" {
+	if os.Geteuid() != 0 {
 		t.Log("not root: the image's programs are not run (chroot needs root)")
 		return
 	}
@@ -192,8 +235,7 @@ func TestControllerImage(t *testing.T) {
 	if got := cfg.Config.Entrypoint; len(got) != 1 || got[0] != "/usr/local/bin/workload-controller" {
 		t.Errorf("entrypoint %v", got)
 	}
-	root := t.TempDir()
-	files := unpack(t, img, root)
+	root, files := unpackShared(t, e, img)
 	for _, f := range []string{"usr/local/bin/workload-controller", "etc/passwd", "etc/group", "tmp"} {
 		if !exists(files, f) {
 			t.Errorf("controller image lacks /%s", f)
