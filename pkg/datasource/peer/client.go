@@ -556,6 +556,17 @@ func (s *Swarm) Fetching(node string) bool {
 	return s.peerIs(node, func(h *Have) bool { return !h.Ready && len(h.Busy) > 0 })
 }
 
+// FetchingPeers is the number of other members reading from the source now (Fetching).
+func (s *Swarm) FetchingPeers() int {
+	n := 0
+	for _, m := range s.members {
+		if m != s.net.cfg.Self && s.Fetching(m) {
+			n++
+		}
+	}
+	return n
+}
+
 func (s *Swarm) peerIs(node string, is func(*Have) bool) bool {
 	now := time.Now()
 	s.mu.Lock()

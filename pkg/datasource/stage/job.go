@@ -365,12 +365,26 @@ func (j *Job) join(ctx, jobCtx context.Context, md *cache.Meta) error {
 	close(j.peers.joined)
 	klog.FromContext(ctx).V(2).Info("joined the dataset's peers", "members", sw.Members(), "after", time.Since(j.started))
 	j.narrowStreams()
+	go j.resizeStreams(jobCtx, sw)
 	return nil
 }
 
-// narrowStreams lowers, for each large entry whose ranges were sent before the job joined its
-// swarm, the ranges read from the source at once to what a node of the swarm reads
-// (streamsPerObject), so that each node's ranges finish one after another ("The large object's
+// resizeStreams sets the large entries' stream bounds again after each round of the swarm's
+// polls, as members start and stop reading from the source, until jobCtx ends.
+func (j *Job) resizeStreams(ctx context.Context, sw *peer.Swarm) {
+	for {
+		select {
+		case <-sw.Polled():
+			j.narrowStreams()
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// narrowStreams sets, for each large entry, the ranges read from the source at once to what a
+// node of the swarm reads (streamsPerObject): lower once the job joins its swarm, higher again as
+// other members finish reading, so that each node's ranges finish one after another ("The large object's
 // tail", docs/benchmarks.md). Ranges under way go on; no new one starts until fewer run. (Taking
 // the spare streams by waiting for them queued the takers behind the tasks already waiting, so
 // a node could go on starting up to four ranges at once well after it joined.)

@@ -80,15 +80,18 @@ func (j *Job) closeBig() {
 }
 
 // streamsPerObject bounds the ranges of one object read from the source at once: rangesPerObject
-// for a node alone. In a swarm of N nodes each reads its share with rangesPerObject/N streams (at
-// least one): the source still sees about rangesPerObject streams for the object, and each node's
-// pieces complete one after another, so the others take them while the source is still being
-// read rather than all at its end.
+// for a node alone. In a swarm where N nodes read from the source, this one included, each reads
+// its share with rangesPerObject/N streams (at least one): the source still sees about
+// rangesPerObject streams for the object, and each node's pieces complete one after another, so
+// the others take them while the source is still being read rather than all at its end. Members
+// that are done reading leave their streams to those still reading (widenStreams): otherwise the
+// last node's share ends on one stream while the link is idle.
 func (j *Job) streamsPerObject() int {
-	if j.peers.sw() == nil {
+	sw := j.peers.sw()
+	if sw == nil {
 		return rangesPerObject
 	}
-	return max(1, rangesPerObject/j.peers.sw().Members())
+	return max(1, rangesPerObject/(1+sw.FetchingPeers()))
 }
 
 // streams bounds the ranges of one large entry read from the source at once. The bound may be
