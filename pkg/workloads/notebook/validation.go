@@ -221,9 +221,9 @@ func validateRelPath(p *field.Path, s string, required bool) field.ErrorList {
 	return nil
 }
 
-// outputTarget is what spec.output.target may be: s3://bucket[/prefix], a bucket name as S3 has
+// outputTargetShape is what spec.output.target may be: s3://bucket[/prefix], a bucket name as S3 has
 // them, no placeholders (the controller puts the pod's name under it).
-var outputTarget = regexp.MustCompile(`^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^${}]*)?$`)
+var outputTargetShape = regexp.MustCompile(`^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^${}]*)?$`)
 
 // validateOutput checks that spec.output names a volume the driver can write back: an inline
 // Cistern volume of an S3 dataset, writable, with the tenant's credentials (the driver refuses
@@ -233,7 +233,7 @@ func validateOutput(p *field.Path, o *v1alpha1.NotebookOutput, volumes []v1alpha
 		return nil
 	}
 	var errs field.ErrorList
-	if !outputTarget.MatchString(o.Target) {
+	if !outputTargetShape.MatchString(o.Target) {
 		errs = append(errs, field.Invalid(p.Child("target"), o.Target, "must be s3://bucket[/prefix], without ${...} placeholders"))
 	}
 	i := slices.IndexFunc(volumes, func(v v1alpha1.PodVolume) bool { return v.Name == o.Volume })

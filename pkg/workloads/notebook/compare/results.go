@@ -98,19 +98,15 @@ func (r Results) Encode(budget int) string {
 	}
 }
 
-// shorten halves the longest reason above 40 characters; false when none is.
+// shorten halves every reason above 40 characters; false when none is.
 func shorten(f []FailedCell) bool {
-	longest := -1
+	done := false
 	for i := range f {
-		if n := utf8.RuneCountInString(f[i].Reason); n > 40 && (longest < 0 || n > utf8.RuneCountInString(f[longest].Reason)) {
-			longest = i
+		if n := utf8.RuneCountInString(f[i].Reason); n > 40 {
+			f[i].Reason, done = clipRunes(f[i].Reason, n/2), true
 		}
 	}
-	if longest < 0 {
-		return false
-	}
-	f[longest].Reason = clipRunes(f[longest].Reason, utf8.RuneCountInString(f[longest].Reason)/2)
-	return true
+	return done
 }
 
 func clipRunes(s string, n int) string {
