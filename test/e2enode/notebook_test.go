@@ -38,7 +38,8 @@ import (
 // the pod, the git stand-in (hack/images/git) clones the test's repository over the pod network,
 // and the papermill stand-in (hack/images/papermill) runs the notebook's statements in the
 // user's volumes. The executed notebook lives in an emptyDir that kubelet removes once the pod
-// ends, so the notebook leaves its findings on its claim, and a checker pod reads them back.
+// ends, so the notebook leaves its findings on its claim, and a checker pod reads them back;
+// the output scenario keeps it through write-back (spec.output) and reads it from versitygw.
 
 const (
 	notebookClaim     = "notebook-work"
