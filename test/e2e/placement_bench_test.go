@@ -384,6 +384,7 @@ func BenchmarkVolumeManagerReplicas(b *testing.B) {
 	}
 	s := startPlacementCluster(b, "bench-vm", names, benchPoolSize, cluster.NodeOptions{})
 	s3, _ := s3Server(b)
+	datasetClass(b, s.cp, s.ns, "cistern-"+s.ns, "s3://datasets/bench/", s3) // the Secret s3 the VolumeManagers name
 	if !vmStagesAhead(b, s) {
 		b.Fatal("the VolumeManager API installed does not stage ahead")
 	}
