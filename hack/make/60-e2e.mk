@@ -144,3 +144,14 @@ bench-placement: $(E2E_TOOLS)
 	  sed -n '/^Placement benchmark/,/^API writes at rest/p' _output/bench-placement.txt; \
 	  if [ $$rc -ne 0 ]; then tail -n 80 _output/bench-placement.txt; exit $$rc; fi; \
 	  grep '^placement: ' _output/bench-placement.txt
+
+# The VolumeManager part of bench-placement alone (replicas 3 against replicas 1, with where the
+# time goes), on the same four simulated nodes: not in BENCH_TARGETS, bench-placement measures it.
+.PHONY: bench-vm-replicas
+## VolumeManager replicas 3 vs 1 to Running, with the breakdown (part of bench-placement, alone)
+bench-vm-replicas: $(E2E_TOOLS)
+	@mkdir -p _output
+	@$(E2E_ENV) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkVolumeManagerReplicas -benchtime 1x \
+	  ./test/e2e/ >_output/bench-vm-replicas.txt 2>&1; rc=$$?; \
+	  if [ $$rc -ne 0 ]; then tail -n 80 _output/bench-vm-replicas.txt; exit $$rc; fi; \
+	  sed -n '/^VolumeManager time to Running/,/^vm: /p' _output/bench-vm-replicas.txt

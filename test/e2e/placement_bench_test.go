@@ -3,6 +3,7 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"sort"
@@ -101,13 +102,9 @@ func BenchmarkPlacement(b *testing.B) {
 	// that both see the same load, and the medians compared.
 	vmRatio := "NA"
 	vmTimes := map[int][]time.Duration{}
+	vmRuns := map[int][]vmRun{}
 	if vmStagesAhead(b, s) {
-		for i := range 3 {
-			for _, replicas := range []int{1, 3} {
-				vmTimes[replicas] = append(vmTimes[replicas], s.volumeManagerReady(b, s3, fmt.Sprintf("vm-%d-%d", replicas, i), replicas))
-			}
-		}
-		vmRatio = strconv.FormatFloat(medianDuration(vmTimes[3]).Seconds()/medianDuration(vmTimes[1]).Seconds(), 'f', 2, 64)
+		vmRatio = s.volumeManagerRuns(b, s3, vmTimes, vmRuns)
 	}
 
 	// At rest: the baseline's pods running, the VolumeManagers Ready, nothing changing.
@@ -130,6 +127,8 @@ the other (each Running before the next).
 
 stage once (a pod pinned to the warm node, from S3): %v
 VolumeManager time to Ready, replicas 1: %v; replicas 3: %v (ratio of the medians %s)
+  replicas 1, from creation (medians): %s
+  replicas 3, from creation (medians): %s
 API writes while coming to rest (sync, then 75 s without writes; took %s): %.0f %v
 API writes at rest over %s (all %d nodes; leases and the install's Deployment/DaemonSet status excluded): %.0f %v
 `, time.Now().UTC().Format("2006-01-02"), benchNodes, warmNode, benchObjects*benchObjectBytes>>20, benchObjects, benchPods,
@@ -138,7 +137,7 @@ API writes at rest over %s (all %d nodes; leases and the install's Deployment/Da
 		seconds(median(with.started, false)), seconds(median(without.started, false)),
 		seconds(medianOf(with.started, true, scheduled)), seconds(medianOf(with.started, true, bound)),
 		seconds(medianOf(without.started, true, scheduled)), seconds(medianOf(without.started, true, bound)),
-		stageOnce, vmTimes[1], vmTimes[3], vmRatio, settle.Round(time.Second), settling.total, settling.byResource,
+		stageOnce, vmTimes[1], vmTimes[3], vmRatio, vmBreakdown(vmRuns[1]), vmBreakdown(vmRuns[3]), settle.Round(time.Second), settling.total, settling.byResource,
 		benchIdle, benchNodes, idle.total, idle.byResource)
 	// Each phase's p50s apart: pooling them would let one phase's many fast starts hide the
 	// other's.
@@ -363,6 +362,38 @@ func apiWrites(b *testing.B, cp *framework.ControlPlane) map[string]float64 {
 	return out
 }
 
+// volumeManagerRuns stages three VolumeManagers of replicas 3 and three of replicas 1 (staging
+// once), each on a dataset of the same size that no node holds yet, taking turns so that both
+// see the same load, and returns the ratio of the medians.
+func (s *scenario) volumeManagerRuns(b *testing.B, s3 *cluster.S3, times map[int][]time.Duration, runs map[int][]vmRun) string {
+	for i := range 3 {
+		for _, replicas := range []int{1, 3} {
+			r := s.volumeManagerReady(b, s3, fmt.Sprintf("vm-%d-%d", replicas, i), replicas)
+			times[replicas], runs[replicas] = append(times[replicas], r.running), append(runs[replicas], r)
+		}
+	}
+	return strconv.FormatFloat(medianDuration(times[3]).Seconds()/medianDuration(times[1]).Seconds(), 'f', 2, 64)
+}
+
+// BenchmarkVolumeManagerReplicas is the VolumeManager part of BenchmarkPlacement alone, on the
+// same cluster shape (make bench-vm-replicas): replicas 3 against replicas 1, with the breakdown.
+func BenchmarkVolumeManagerReplicas(b *testing.B) {
+	names := make([]string, benchNodes)
+	for i := range names {
+		names[i] = fmt.Sprintf("bench-%c", 'a'+i)
+	}
+	s := startPlacementCluster(b, "bench-vm", names, benchPoolSize, cluster.NodeOptions{})
+	s3, _ := s3Server(b)
+	datasetClass(b, s.cp, s.ns, "cistern-"+s.ns, "s3://datasets/bench/", s3) // the Secret s3 the VolumeManagers name
+	if !vmStagesAhead(b, s) {
+		b.Fatal("the VolumeManager API installed does not stage ahead")
+	}
+	times, runs := map[int][]time.Duration{}, map[int][]vmRun{}
+	ratio := s.volumeManagerRuns(b, s3, times, runs)
+	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\nvm: ready_ratio=%s\n",
+		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), ratio)
+}
+
 // vmStagesAhead says whether the installed VolumeManager API reports per-node staging
 // (status.volumes[].nodes[] objects, state Ready): the controller that stages ahead.
 func vmStagesAhead(b *testing.B, s *scenario) bool {
@@ -383,14 +414,25 @@ func vmStagesAhead(b *testing.B, s *scenario) bool {
 	return false
 }
 
+// vmRun is one VolumeManager's way to Running, each step the time since its creation at which
+// the last of its nodes (stager pods) got there, seen by a 100 ms poll: the stager pods created,
+// bound to their nodes by the scheduler, Succeeded (the kubelet stand-in staged and published
+// their claim), the nodes Ready in status.volumes[].nodes (the StoragePool inventory said so),
+// then status.state Running.
+type vmRun struct {
+	created, scheduled, firstStaged, staged, nodesReady, running time.Duration
+	load                                                         string // /proc/loadavg's 1-minute figure at the start
+}
+
 // volumeManagerReady creates a VolumeManager of a fresh 256 MiB dataset with replicas nodes and
-// returns the time until its status.state is Running (the data staged on every chosen node).
-func (s *scenario) volumeManagerReady(b *testing.B, s3 *cluster.S3, name string, replicas int) time.Duration {
+// returns its way to status.state Running (the data staged on every chosen node).
+func (s *scenario) volumeManagerReady(b *testing.B, s3 *cluster.S3, name string, replicas int) vmRun {
 	b.Helper()
 	prefix := "bench/" + s.ns + "-" + name
 	if _, err := s3.RandomDataset(ctx(b), "datasets", prefix, benchObjects, benchObjectBytes); err != nil {
 		b.Fatal(err)
 	}
+	run := vmRun{load: loadAverage()}
 	start := time.Now()
 	framework.ApplyYAML(b, s.cp, fmt.Sprintf(`
 apiVersion: data.cistern.dev/v1alpha1
@@ -406,13 +448,43 @@ spec:
     accessMode: ReadOnlyMany
     options: {endpoint: %q, pathStyle: "true", secretName: s3}
 `, name, s.ns, replicas, prefix, benchClaimSize, s3.Endpoint))
+	created, scheduled, staged, ready := map[string]time.Duration{}, map[string]time.Duration{}, map[string]time.Duration{}, map[string]time.Duration{}
+	first := func(m map[string]time.Duration, key string) {
+		if _, ok := m[key]; !ok {
+			m[key] = time.Since(start)
+		}
+	}
+	stagers := metav1.ListOptions{LabelSelector: "data.cistern.dev/volumemanager=" + name + ",data.cistern.dev/stager=true"}
 	var state string
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
+		if pods, err := s.cp.Client.CoreV1().Pods(s.ns).List(context.Background(), stagers); err == nil {
+			for _, p := range pods.Items {
+				first(created, p.Name)
+				if p.Spec.NodeName != "" {
+					first(scheduled, p.Name)
+				}
+				if p.Status.Phase == corev1.PodSucceeded {
+					first(staged, p.Name)
+				}
+			}
+		}
 		obj, err := s.dynamic(b).Resource(volumeManagerGVR).Namespace(s.ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err == nil {
+			vols, _, _ := unstructured.NestedSlice(obj.Object, "status", "volumes")
+			for _, v := range vols {
+				nodes, _, _ := unstructured.NestedSlice(v.(map[string]any), "nodes")
+				for _, n := range nodes {
+					if n := n.(map[string]any); n["state"] == "Ready" {
+						first(ready, fmt.Sprint(n["name"]))
+					}
+				}
+			}
 			if state, _, _ = unstructured.NestedString(obj.Object, "status", "state"); state == "Running" {
-				return time.Since(start)
+				run.running = time.Since(start)
+				run.created, run.scheduled, run.staged, run.nodesReady = latest(created), latest(scheduled), latest(staged), latest(ready)
+				run.firstStaged = earliest(staged)
+				return run
 			}
 		}
 		if time.Now().After(deadline) {
@@ -420,4 +492,56 @@ spec:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func latest(m map[string]time.Duration) time.Duration {
+	var d time.Duration
+	for _, v := range m {
+		d = max(d, v)
+	}
+	return d
+}
+
+func earliest(m map[string]time.Duration) time.Duration {
+	d := time.Duration(-1)
+	for _, v := range m {
+		if d < 0 || v < d {
+			d = v
+		}
+	}
+	return max(d, 0)
+}
+
+// loadAverage is the host's 1-minute load average: the machine is shared, so each figure says
+// what else ran.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return "?"
+	}
+	return f[0]
+}
+
+// vmBreakdown is one line per step: the median over runs of the time since creation.
+func vmBreakdown(runs []vmRun) string {
+	step := func(f func(vmRun) time.Duration) string {
+		d := make([]time.Duration, len(runs))
+		for i, r := range runs {
+			d[i] = f(r)
+		}
+		return seconds(medianDuration(d))
+	}
+	var loads []string
+	for _, r := range runs {
+		loads = append(loads, r.load)
+	}
+	return fmt.Sprintf("stagers created %s, scheduled %s, first staged %s, all staged %s, nodes Ready in status %s, Running %s (load %s)",
+		step(func(r vmRun) time.Duration { return r.created }), step(func(r vmRun) time.Duration { return r.scheduled }),
+		step(func(r vmRun) time.Duration { return r.firstStaged }), step(func(r vmRun) time.Duration { return r.staged }),
+		step(func(r vmRun) time.Duration { return r.nodesReady }), step(func(r vmRun) time.Duration { return r.running }),
+		strings.Join(loads, " "))
 }

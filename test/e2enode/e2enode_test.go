@@ -170,7 +170,9 @@ func startCluster(t *testing.T) *cluster {
 		t.Fatal(err)
 	}
 	// --kubeconfig: the driver reads the ServiceAccounts of web-identity claims (webidentity_test.go).
-	c.node.DriverArgs = []string{"--sts-endpoint=" + c.sts.URL, "--s3-ca-bundles=" + c.caBundles, "--kubeconfig=" + c.cp.Kubeconfig}
+	// --writeback-dir: the journals of the notebook outputs' uploads (notebook_test.go), the run's own.
+	c.node.DriverArgs = []string{"--sts-endpoint=" + c.sts.URL, "--s3-ca-bundles=" + c.caBundles, "--kubeconfig=" + c.cp.Kubeconfig,
+		"--writeback-dir=" + filepath.Join(dir, "writeback")}
 	c.node.StartDriver(t)
 	c.node.StartProvisioner(t, c.cp)
 	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")

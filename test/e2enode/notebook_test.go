@@ -2,14 +2,20 @@ package e2enode
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/cistern-csi/cistern/test/framework/realnode"
 
@@ -32,7 +38,8 @@ import (
 // the pod, the git stand-in (hack/images/git) clones the test's repository over the pod network,
 // and the papermill stand-in (hack/images/papermill) runs the notebook's statements in the
 // user's volumes. The executed notebook lives in an emptyDir that kubelet removes once the pod
-// ends, so the notebook leaves its findings on its claim, and a checker pod reads them back.
+// ends, so the notebook leaves its findings on its claim, and a checker pod reads them back;
+// the output scenario keeps it through write-back (spec.output) and reads it from versitygw.
 
 const (
 	notebookClaim     = "notebook-work"
@@ -197,6 +204,7 @@ func testNotebooks(t *testing.T, c *cluster, d *dataset) {
 
 	t.Run("private-repository-golden", func(t *testing.T) { testPrivateGolden(t, c, cl, git) })
 	t.Run("restricted-sha-timestamps", func(t *testing.T) { testRestrictedTimestamps(t, c, cl, git) })
+	t.Run("output", func(t *testing.T) { testNotebookOutput(t, c, cl, git, d) })
 
 	if err := c.cp.Client.CoreV1().PersistentVolumeClaims(c.ns).Delete(ctx, notebookClaim, metav1.DeleteOptions{}); err != nil {
 		t.Error(err)
@@ -386,4 +394,84 @@ func createJobs(t *testing.T, cl client.Client, jobs ...*v1alpha1.NotebookValida
 		}
 	})
 	return jobs
+}
+
+// testNotebookOutput: a job keeps its executed notebook through a writable dataset volume whose
+// write-back uploads it to versitygw once the pod has ended; the object is the file the pod
+// wrote (its SHA-256, taken in the pod, is in the status) and holds the run's outputs, and the
+// status has each code cell's result against the golden notebook.
+func testNotebookOutput(t *testing.T, c *cluster, cl client.Client, git *realnode.GitServer, d *dataset) {
+	const bucket = "notebook-outputs"
+	d.s3.Bucket(t, bucket)
+	url := git.CreateRepo(t, "kept", map[string]string{
+		"notebooks/kept.ipynb": notebookJSON(t, "kept", "print accuracy 0.9120", "sha256 /mnt/model/config.json", "print done"),
+		"golden/kept.ipynb":    goldenJSON(t, "accuracy 0.9125\n", d.files["config.json"]+"  .\n", "finished\n"),
+	})
+	job := newNotebookJob(c.ns, "kept", url, "main", "notebooks/kept.ipynb", c.bins.Images["papermill"].Ref)
+	job.Spec.GoldenNotebook = &v1alpha1.GoldenNotebook{Path: "golden/kept.ipynb", NumericTolerance: "1e-3"}
+	attrs := d.attributes()
+	attrs["size"] = "64Mi"
+	job.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "model", CSI: &v1alpha1.CSIVolumeSource{Driver: consts.DriverName,
+		VolumeAttributes: attrs, NodePublishSecretRef: &corev1.LocalObjectReference{Name: datasetSecret}}}}
+	job.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "model", MountPath: "/mnt/model"}}
+	job.Spec.Output = &v1alpha1.NotebookOutput{Volume: "model", Target: "s3://" + bucket + "/runs"}
+	createJobs(t, cl, job)
+
+	got := waitJobDone(t, c.cp, cl, job)
+	complete := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionComplete)
+	if got.Status.Phase != v1alpha1.NotebookPhaseFailed || complete == nil || complete.Reason != v1alpha1.ReasonGoldenMismatch {
+		t.Fatalf("job %s: phase %s, condition %+v, message %q\n%s", got.Name, got.Status.Phase, complete, got.Status.Message,
+			describe(c.cp, c.ns, "Pod", notebook.PodName(got), nil))
+	}
+	want := []v1alpha1.CellResult{{Index: 1, Result: v1alpha1.CellPassed}, {Index: 2, Result: v1alpha1.CellPassed},
+		{Index: 3, Result: v1alpha1.CellFailed, Reason: `stream stdout differs: got "done\n", golden "finished\n" (numeric tolerance 0.001)`}}
+	if fmt.Sprint(got.Status.Cells) != fmt.Sprint(want) {
+		t.Errorf("cells %+v\nwant  %+v", got.Status.Cells, want)
+	}
+	if !strings.Contains(got.Status.Message, "cell 3: stream stdout differs") || strings.Contains(got.Status.Message, "cistern-results") {
+		t.Errorf("message %q", got.Status.Message)
+	}
+	key := "runs/" + got.Status.PodName + "/kept.output.ipynb"
+	if got.Status.OutputURL != "s3://"+bucket+"/"+key || len(got.Status.OutputSHA256) != 64 {
+		t.Fatalf("outputURL %q, outputSHA256 %q", got.Status.OutputURL, got.Status.OutputSHA256)
+	}
+
+	// The node uploads once kubelet lets the volume go, after the pod ended.
+	var body []byte
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
+		out, err := d.s3.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(bucket), Key: aws.String(key)})
+		if err != nil {
+			return false, nil
+		}
+		defer out.Body.Close()
+		body, err = io.ReadAll(out.Body)
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the executed notebook never reached s3://%s/%s: %v", bucket, key, err)
+	}
+	sum := sha256.Sum256(body)
+	if hex.EncodeToString(sum[:]) != got.Status.OutputSHA256 {
+		t.Errorf("the object (%d bytes, sha256 %x) is not the notebook the pod wrote (sha256 %s)", len(body), sum, got.Status.OutputSHA256)
+	}
+	for _, out := range []string{"accuracy 0.9120", d.files["config.json"] + "  .", "done"} {
+		if !strings.Contains(string(body), out) {
+			t.Errorf("the uploaded notebook lacks the run's output %q:\n%s", out, body)
+		}
+	}
+	// Only what the pod wrote is uploaded: the dataset's own files are not.
+	list, err := d.s3.Client.ListObjectsV2(context.Background(), &s3.ListObjectsV2Input{Bucket: aws.String(bucket)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, o := range list.Contents {
+		keys = append(keys, aws.ToString(o.Key))
+	}
+	if len(keys) != 1 || keys[0] != key {
+		t.Errorf("objects under s3://%s: %v, want only %s", bucket, keys, key)
+	}
+	deletePodAndWait(t, c.cp, c.ns, got.Status.PodName)
 }

@@ -439,3 +439,83 @@ func changePodStatus(t *testing.T, pod *corev1.Pod, change func(*corev1.Pod)) {
 		t.Fatal(err)
 	}
 }
+
+// TestNotebookJobOutput: a job that keeps its notebook gets a pod whose dataset volume carries
+// outputTarget (the target with the pod's name under it) and is mounted at /output, with the
+// results container after papermill; the results container's termination message becomes
+// status.cells, outputSHA256 and outputURL. Admission refuses an output volume the driver could
+// not write back.
+func TestNotebookJobOutput(t *testing.T) {
+	_, ns, ctx := setupNamespace(t, "nb-output")
+	job := newJob(ns, "keep", func(j *v1alpha1.NotebookValidationJob) {
+		j.Spec.PodConfig.Volumes = []v1alpha1.PodVolume{{Name: "work", CSI: &v1alpha1.CSIVolumeSource{Driver: "cistern.csi.dev",
+			VolumeAttributes:     map[string]string{"source": "s3://datasets/model", "size": "1Gi"},
+			NodePublishSecretRef: &corev1.LocalObjectReference{Name: "team-s3"}}}}
+		j.Spec.PodConfig.VolumeMounts = []v1alpha1.VolumeMount{{Name: "work", MountPath: "/mnt/work"}}
+		j.Spec.Output = &v1alpha1.NotebookOutput{Volume: "work", Target: "s3://results/runs"}
+	})
+	if err := cl.Create(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	var pod corev1.Pod
+	testutil.Eventually(t, time.Minute, "pod", func() error {
+		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "keep-validation"}, &pod)
+	})
+	var attrs map[string]string
+	for _, v := range pod.Spec.Volumes {
+		if v.Name == notebook.NotebookDataVolume {
+			t.Errorf("the pod still has the emptyDir %s", v.Name)
+		}
+		if v.Name == "work" && v.CSI != nil {
+			attrs = v.CSI.VolumeAttributes
+		}
+	}
+	if attrs["outputTarget"] != "s3://results/runs/keep-validation" || attrs["source"] != "s3://datasets/model" {
+		t.Errorf("output volume attributes %v", attrs)
+	}
+	if len(pod.Spec.Containers) != 1 || pod.Spec.Containers[0].Name != notebook.CompareContainer {
+		t.Fatalf("containers %v", pod.Spec.Containers)
+	}
+
+	sha := strings.Repeat("5e", 32)
+	msg := "notebook ran: 3 code cells, 0 raised an error\n" +
+		`cistern-results: {"sha256":"` + sha + `","passed":[1,2,4],"failed":[{"i":5,"m":"raised KeyError: 'x'"}]}` + "\n"
+	now := metav1.Now()
+	changePodStatus(t, &pod, func(pod *corev1.Pod) {
+		pod.Status.Phase = corev1.PodSucceeded
+		pod.Status.InitContainerStatuses = []corev1.ContainerStatus{
+			{Name: notebook.GitCloneContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
+			{Name: notebook.NotebookContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
+		}
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: notebook.CompareContainer, State: corev1.ContainerState{
+			Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", Message: msg, StartedAt: now, FinishedAt: now}}}}
+	})
+	got := waitPhase(t, job, v1alpha1.NotebookPhaseSucceeded)
+	want := []v1alpha1.CellResult{{Index: 1, Result: v1alpha1.CellPassed}, {Index: 2, Result: v1alpha1.CellPassed},
+		{Index: 4, Result: v1alpha1.CellPassed}, {Index: 5, Result: v1alpha1.CellFailed, Reason: "raised KeyError: 'x'"}}
+	if fmt.Sprint(got.Status.Cells) != fmt.Sprint(want) || got.Status.OutputSHA256 != sha ||
+		got.Status.OutputURL != "s3://results/runs/keep-validation/explore.output.ipynb" ||
+		!strings.Contains(got.Status.Message, "output goes to s3://results/runs/keep-validation/explore.output.ipynb") {
+		t.Errorf("status: cells %v, sha %q, url %q, message %q", got.Status.Cells, got.Status.OutputSHA256, got.Status.OutputURL, got.Status.Message)
+	}
+
+	// The API server's schema and the webhook refuse what the driver could not write back.
+	for _, tc := range []struct {
+		mod  func(*v1alpha1.NotebookValidationJob)
+		want string
+	}{
+		{func(j *v1alpha1.NotebookValidationJob) { j.Spec.Output.Target = "http://results" }, "spec.output.target"},
+		{func(j *v1alpha1.NotebookValidationJob) { j.Spec.Output.Target = "s3://results/${pod.name}" }, "without ${...} placeholders"},
+		{func(j *v1alpha1.NotebookValidationJob) { j.Spec.PodConfig.Volumes[0].CSI.ReadOnly = ptr.To(true) }, "names a readOnly volume"},
+		{func(j *v1alpha1.NotebookValidationJob) { j.Spec.PodConfig.Volumes[0].CSI.NodePublishSecretRef = nil }, "without nodePublishSecretRef"},
+	} {
+		bad := job.DeepCopy()
+		bad.ObjectMeta = metav1.ObjectMeta{Namespace: ns, Name: "bad"}
+		bad.Status = v1alpha1.NotebookValidationJobStatus{}
+		tc.mod(bad)
+		if err := cl.Create(ctx, bad); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("created %v: error %v, want %q", bad.Spec.Output, err, tc.want)
+			_ = cl.Delete(ctx, bad)
+		}
+	}
+}

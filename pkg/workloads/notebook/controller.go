@@ -1,8 +1,10 @@
 package notebook
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
 )
 
 // DefaultTimeout bounds a run whose spec sets no timeout.
@@ -126,10 +129,20 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 // observe moves st to the pod's phase; true when the job is finished.
 func (r *Reconciler) observe(job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) bool {
 	switch pod.Status.Phase {
+	case corev1.PodSucceeded, corev1.PodFailed:
+		recordResults(job, pod, st)
+	}
+	switch pod.Status.Phase {
 	case corev1.PodSucceeded:
 		msg := "notebook ran; output in " + OutputFile(job)
+		if st.OutputURL != "" {
+			msg = "notebook ran; output goes to " + st.OutputURL
+		}
 		if job.Spec.GoldenNotebook != nil {
 			msg = "notebook ran and its outputs match the golden notebook " + job.Spec.GoldenNotebook.Path + "; output in " + OutputFile(job)
+			if st.OutputURL != "" {
+				msg = "notebook ran and its outputs match the golden notebook " + job.Spec.GoldenNotebook.Path + "; output goes to " + st.OutputURL
+			}
 		}
 		r.finish(st, v1alpha1.NotebookPhaseSucceeded, v1alpha1.ReasonSucceeded, msg)
 		return true
@@ -314,6 +327,55 @@ func recordCommits(pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) {
 	}
 }
 
+// maxCells bounds status.cells; the rest are counted in cellsOmitted.
+const maxCells = 256
+
+// recordResults copies the results container's per-cell results and the executed notebook's
+// SHA-256 (its termination message) into the status, and where the notebook is uploaded. The
+// controller never reads the notebook itself.
+func recordResults(job *v1alpha1.NotebookValidationJob, pod *corev1.Pod, st *v1alpha1.NotebookValidationJobStatus) {
+	st.OutputURL = OutputURL(job, pod.Name)
+	for _, cs := range pod.Status.ContainerStatuses {
+		t := cs.State.Terminated
+		if cs.Name != CompareContainer || t == nil {
+			continue
+		}
+		_, r, ok := compare.ParseResults(t.Message)
+		if !ok {
+			return
+		}
+		if isSHA256(r.SHA256) {
+			st.OutputSHA256 = r.SHA256
+		}
+		cells := make([]v1alpha1.CellResult, 0, len(r.Passed)+len(r.Failed))
+		for _, i := range r.Passed {
+			cells = append(cells, v1alpha1.CellResult{Index: int32(i), Result: v1alpha1.CellPassed})
+		}
+		for _, f := range r.Failed {
+			cells = append(cells, v1alpha1.CellResult{Index: int32(f.Cell), Result: v1alpha1.CellFailed, Reason: clip(f.Reason, compare.ReasonMax)})
+		}
+		slices.SortFunc(cells, func(a, b v1alpha1.CellResult) int { return cmp.Compare(a.Index, b.Index) })
+		omitted := r.Omitted
+		if len(cells) > maxCells {
+			omitted += len(cells) - maxCells
+			cells = cells[:maxCells]
+		}
+		st.Cells, st.CellsOmitted = cells, int32(omitted)
+	}
+}
+
+func isSHA256(s string) bool {
+	return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == ""
+}
+
+// clip shortens s to at most n runes.
+func clip(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
 // isCommit says whether s is a full SHA-1 or SHA-256 commit name.
 func isCommit(s string) bool {
 	if len(s) != 40 && len(s) != 64 {
@@ -351,8 +413,8 @@ func failureMessage(pod *corev1.Pod) string {
 			if t.Reason != "" {
 				s += " (" + t.Reason + ")"
 			}
-			if t.Message != "" {
-				s += ": " + t.Message
+			if msg, _, _ := compare.ParseResults(t.Message); msg != "" {
+				s += ": " + msg
 			}
 			parts = append(parts, s)
 		}

@@ -326,7 +326,8 @@ func TestBuildPodPrivateRepoPlacementGolden(t *testing.T) {
 	want := corev1.Container{
 		Name: CompareContainer, Image: "controller:1",
 		Command: []string{"/usr/local/bin/workload-controller", "compare-notebook"},
-		Args: []string{"--golden", "/workspace/golden/golden/train.ipynb", "--executed", "/output/train.output.ipynb", "--tolerance", "1e-3",
+		Args: []string{"--executed", "/output/train.output.ipynb", "--results-file", "/dev/termination-log",
+			"--golden", "/workspace/golden/golden/train.ipynb", "--tolerance", "1e-3",
 			"--ignore-output-type", "stderr", "--ignore-pattern", `\d\d:\d\d:\d\d`},
 		VolumeMounts: []corev1.VolumeMount{{Name: "git-clone", MountPath: "/workspace", ReadOnly: true},
 			{Name: "notebook-data", MountPath: "/output", ReadOnly: true}},

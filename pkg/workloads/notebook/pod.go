@@ -16,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
 )
 
@@ -81,6 +82,36 @@ func PodName(job *v1alpha1.NotebookValidationJob) string {
 		return fmt.Sprintf("%s-validation-%d", job.Name, n)
 	}
 	return job.Name + "-validation"
+}
+
+// outputVolume is the volume mounted at OutputPath: spec.output's, else the job's emptyDir.
+func outputVolume(spec *v1alpha1.NotebookValidationJobSpec) string {
+	if spec.Output != nil {
+		return spec.Output.Volume
+	}
+	return NotebookDataVolume
+}
+
+// OutputTarget is the outputTarget of spec.output's volume for the current run: the target with
+// the pod's name under it, so that each run (a retry has a pod of its own) keeps its notebook.
+func OutputTarget(job *v1alpha1.NotebookValidationJob) string {
+	return outputTarget(job, PodName(job))
+}
+
+func outputTarget(job *v1alpha1.NotebookValidationJob, pod string) string {
+	if job.Spec.Output == nil {
+		return ""
+	}
+	return strings.TrimRight(job.Spec.Output.Target, "/") + "/" + pod
+}
+
+// OutputURL is where the executed notebook of the run in the named pod is uploaded; empty
+// without spec.output.
+func OutputURL(job *v1alpha1.NotebookValidationJob, pod string) string {
+	if job.Spec.Output == nil {
+		return ""
+	}
+	return outputTarget(job, pod) + "/" + path.Base(OutputFile(job))
 }
 
 // OutputFile is where the executed notebook is written inside the pod.
@@ -204,10 +235,21 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	}
 	volumes := []corev1.Volume{
 		{Name: GitCloneVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-		{Name: NotebookDataVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	if spec.Output == nil {
+		volumes = append(volumes, corev1.Volume{Name: NotebookDataVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	}
 	for _, v := range spec.PodConfig.Volumes {
-		volumes = append(volumes, ConvertVolume(v))
+		cv := ConvertVolume(v)
+		if o := spec.Output; o != nil && v.Name == o.Volume && cv.CSI != nil {
+			// The node's write-back uploads what the pod wrote in it, the executed notebook
+			// among it, once the pod has ended.
+			if cv.CSI.VolumeAttributes == nil {
+				cv.CSI.VolumeAttributes = map[string]string{}
+			}
+			cv.CSI.VolumeAttributes[consts.ParamOutputTarget] = OutputTarget(job)
+		}
+		volumes = append(volumes, cv)
 	}
 	nb := notebookContainer(spec, own)
 	clone, credentials := cloneContainer(spec, images, own[:2])
@@ -234,11 +276,12 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 	for _, t := range spec.PodConfig.Tolerations {
 		pod.Spec.Tolerations = append(pod.Spec.Tolerations, *t.DeepCopy())
 	}
-	if g := spec.GoldenNotebook; g != nil {
-		// The notebook runs to the end first, then its outputs are compared: papermill becomes an
-		// init container and the comparison the pod's container, so a failed run never reaches it.
+	if spec.GoldenNotebook != nil || spec.Output != nil {
+		// The notebook runs to the end first, then its cells are checked (and compared with the
+		// golden notebook's): papermill becomes an init container and the check the pod's
+		// container, so a failed run never reaches it.
 		pod.Spec.InitContainers = append(pod.Spec.InitContainers, nb)
-		pod.Spec.Containers = []corev1.Container{compareContainer(job, g, images)}
+		pod.Spec.Containers = []corev1.Container{compareContainer(job, images)}
 	}
 	if t := spec.Timeout; t != nil {
 		// The kubelet enforces the deadline too, so a run ends even while the controller is down.
@@ -252,7 +295,7 @@ func BuildPod(job *v1alpha1.NotebookValidationJob, images Images) *corev1.Pod {
 func notebookContainer(spec *v1alpha1.NotebookValidationJobSpec, own []corev1.EnvVar) corev1.Container {
 	mounts := []corev1.VolumeMount{
 		{Name: GitCloneVolume, MountPath: WorkspacePath},
-		{Name: NotebookDataVolume, MountPath: OutputPath},
+		{Name: outputVolume(spec), MountPath: OutputPath},
 	}
 	for _, m := range spec.PodConfig.VolumeMounts {
 		mounts = append(mounts, corev1.VolumeMount{Name: m.Name, MountPath: m.MountPath, SubPath: m.SubPath, ReadOnly: m.ReadOnly})
@@ -330,19 +373,24 @@ func cloneContainer(spec *v1alpha1.NotebookValidationJobSpec, images Images, git
 	return clone, volumes
 }
 
-// compareContainer compares the executed notebook's outputs with the golden notebook's, leaving
-// out the output types and matches the golden notebook says to ignore.
-func compareContainer(job *v1alpha1.NotebookValidationJob, g *v1alpha1.GoldenNotebook, images Images) corev1.Container {
-	tol := g.NumericTolerance
-	if tol == "" {
-		tol = "0"
-	}
-	args := []string{"--golden", GoldenFile(job), "--executed", OutputFile(job), "--tolerance", tol}
-	for _, t := range g.IgnoreOutputTypes {
-		args = append(args, "--ignore-output-type", string(t))
-	}
-	for _, p := range g.IgnorePatterns {
-		args = append(args, "--ignore-pattern", p)
+// compareContainer checks the executed notebook's cells and compares their outputs with the
+// golden notebook's (when there is one), leaving out the output types and matches the golden
+// notebook says to ignore. Its termination message carries the per-cell results and the
+// executed notebook's SHA-256 to the controller.
+func compareContainer(job *v1alpha1.NotebookValidationJob, images Images) corev1.Container {
+	args := []string{"--executed", OutputFile(job), "--results-file", terminationLog}
+	if g := job.Spec.GoldenNotebook; g != nil {
+		tol := g.NumericTolerance
+		if tol == "" {
+			tol = "0"
+		}
+		args = append(args, "--golden", GoldenFile(job), "--tolerance", tol)
+		for _, t := range g.IgnoreOutputTypes {
+			args = append(args, "--ignore-output-type", string(t))
+		}
+		for _, p := range g.IgnorePatterns {
+			args = append(args, "--ignore-pattern", p)
+		}
 	}
 	return corev1.Container{
 		Name:            CompareContainer,
@@ -353,9 +401,9 @@ func compareContainer(job *v1alpha1.NotebookValidationJob, g *v1alpha1.GoldenNot
 		SecurityContext: helperSecurity(),
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: GitCloneVolume, MountPath: WorkspacePath, ReadOnly: true},
-			{Name: NotebookDataVolume, MountPath: OutputPath, ReadOnly: true},
+			{Name: outputVolume(&job.Spec), MountPath: OutputPath, ReadOnly: true},
 		},
-		// The first differing cell is on stderr.
+		// It writes its message and results there; the log's tail when it could not.
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
 }

@@ -70,6 +70,7 @@ func Validate(job *v1alpha1.NotebookValidationJob, rawVolumes []map[string]any) 
 			errs = append(errs, validateRelPath(mp.Child("subPath"), m.SubPath, false)...)
 		}
 	}
+	errs = append(errs, validateOutput(spec.Child("output"), job.Spec.Output, job.Spec.PodConfig.Volumes)...)
 	errs = append(errs, validateEnv(pc.Child("env"), job.Spec.PodConfig.Env)...)
 	errs = append(errs, validateEnvFrom(pc.Child("envFrom"), job.Spec.PodConfig.EnvFrom)...)
 	errs = append(errs, validatePlacement(pc, &job.Spec.PodConfig)...)
@@ -218,4 +219,39 @@ func validateRelPath(p *field.Path, s string, required bool) field.ErrorList {
 		}
 	}
 	return nil
+}
+
+// outputTargetShape is what spec.output.target may be: s3://bucket[/prefix], a bucket name as S3 has
+// them, no placeholders (the controller puts the pod's name under it).
+var outputTargetShape = regexp.MustCompile(`^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^${}]*)?$`)
+
+// validateOutput checks that spec.output names a volume the driver can write back: an inline
+// Cistern volume of an S3 dataset, writable, with the tenant's credentials (the driver refuses
+// web identity with a target, as its token expires with the pod).
+func validateOutput(p *field.Path, o *v1alpha1.NotebookOutput, volumes []v1alpha1.PodVolume) field.ErrorList {
+	if o == nil {
+		return nil
+	}
+	var errs field.ErrorList
+	if !outputTargetShape.MatchString(o.Target) {
+		errs = append(errs, field.Invalid(p.Child("target"), o.Target, "must be s3://bucket[/prefix], without ${...} placeholders"))
+	}
+	i := slices.IndexFunc(volumes, func(v v1alpha1.PodVolume) bool { return v.Name == o.Volume })
+	if i < 0 {
+		return append(errs, field.NotFound(p.Child("volume"), o.Volume))
+	}
+	vp, v := p.Child("volume"), volumes[i].CSI
+	switch {
+	case v == nil:
+		errs = append(errs, field.Invalid(vp, o.Volume, "must name a csi volume of the Cistern driver (a writable S3 dataset volume)"))
+	case v.ReadOnly != nil && *v.ReadOnly:
+		errs = append(errs, field.Invalid(vp, o.Volume, "names a readOnly volume: the notebook is written into it"))
+	case !strings.HasPrefix(v.VolumeAttributes[consts.ParamSource], "s3://"):
+		errs = append(errs, field.Invalid(vp, o.Volume, "names a volume without an S3 dataset (volumeAttributes.source s3://...): write-back keeps only what is written on one"))
+	case v.VolumeAttributes[consts.ParamOutputTarget] != "":
+		errs = append(errs, field.Invalid(vp, o.Volume, "names a volume that sets its own "+consts.ParamOutputTarget+": spec.output.target sets it"))
+	case v.NodePublishSecretRef == nil || v.NodePublishSecretRef.Name == "":
+		errs = append(errs, field.Invalid(vp, o.Volume, "names a volume without nodePublishSecretRef: the upload runs after the pod, with the Secret's credentials"))
+	}
+	return errs
 }

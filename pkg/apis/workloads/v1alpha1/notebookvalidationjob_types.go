@@ -29,6 +29,31 @@ type NotebookValidationJobSpec struct {
 	// +kubebuilder:validation:Maximum=10
 	// +optional
 	Retries *int32 `json:"retries,omitempty"`
+
+	// output keeps the executed notebook beyond the pod: it is written into a writable Cistern
+	// dataset volume of podConfig.volumes, whose write-back uploads it to an S3 prefix with that
+	// volume's own credentials once the pod has ended. Without it the executed notebook is lost
+	// with the pod.
+	// +optional
+	Output *NotebookOutput `json:"output,omitempty"`
+}
+
+// NotebookOutput names where the executed notebook is kept.
+type NotebookOutput struct {
+	// volume names a volume of podConfig.volumes: an inline csi volume of the Cistern driver, not
+	// readOnly, of an S3 dataset (source s3://...), with a nodePublishSecretRef whose credentials
+	// may write the target. It is mounted at /output, where papermill writes the executed
+	// notebook; the node's write-back uploads what the pod created or changed in it (docs/datasets.md,
+	// "Write-back"). Credentials that may not write the target stop the pod before it starts.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Volume string `json:"volume"`
+	// target is s3://bucket[/prefix] on the volume's endpoint. Each run uploads under
+	// <target>/<pod name>/, so a retry never overwrites an earlier run's notebook.
+	// +kubebuilder:validation:MinLength=6
+	// +kubebuilder:validation:MaxLength=1024
+	// +kubebuilder:validation:Pattern=`^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$`
+	Target string `json:"target"`
 }
 
 // GoldenNotebook is a notebook with the expected outputs.
@@ -296,6 +321,30 @@ const (
 	ReasonPodCreateFailed = "PodCreateFailed"
 )
 
+// CellOutcome is how one code cell of the executed notebook fared.
+// +kubebuilder:validation:Enum={Passed,Failed}
+type CellOutcome string
+
+const (
+	// CellPassed: the cell ran without an error and, with a golden notebook, its outputs match
+	// the golden cell's.
+	CellPassed CellOutcome = "Passed"
+	// CellFailed: the cell raised an error, or its outputs differ from the golden cell's.
+	CellFailed CellOutcome = "Failed"
+)
+
+// CellResult is the result of one code cell.
+type CellResult struct {
+	// index of the cell among all the notebook's cells, from 0, as Jupyter counts them.
+	Index int32 `json:"index"`
+	// result is Passed or Failed.
+	Result CellOutcome `json:"result"`
+	// reason says why a cell failed (the first differing output, or the error it raised), at
+	// most 200 characters of it.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+}
+
 // NotebookValidationJobStatus is the observed state of a job.
 type NotebookValidationJobStatus struct {
 	// phase is Pending, Running, Succeeded or Failed.
@@ -330,6 +379,23 @@ type NotebookValidationJobStatus struct {
 	// retries is how many failed runs were run again so far.
 	// +optional
 	Retries int32 `json:"retries,omitempty"`
+	// cells are the per-cell results of the last run's code cells, compared with the golden
+	// notebook when it has one; recorded when the job has a goldenNotebook or an output, once
+	// the notebook ran to its end. Up to 256 cells (cellsOmitted counts the rest).
+	// +listType=atomic
+	// +optional
+	Cells []CellResult `json:"cells,omitempty"`
+	// cellsOmitted is how many code cells had no room in cells.
+	// +optional
+	CellsOmitted int32 `json:"cellsOmitted,omitempty"`
+	// outputURL is where the last run's executed notebook is uploaded (spec.output): the node
+	// uploads it after the pod has ended, retrying until the target holds it.
+	// +optional
+	OutputURL string `json:"outputURL,omitempty"`
+	// outputSHA256 is the SHA-256 of the executed notebook as the pod wrote it, to check the
+	// object at outputURL against.
+	// +optional
+	OutputSHA256 string `json:"outputSHA256,omitempty"`
 }
 
 // NotebookValidationJob clones a repository, runs one notebook with papermill and records the result.

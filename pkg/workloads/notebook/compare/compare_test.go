@@ -2,6 +2,8 @@ package compare
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -182,5 +184,77 @@ func TestCommand(t *testing.T) {
 	}
 	if rc := Main([]string{"--golden", g, "--executed", same, "--ignore-pattern", "("}, &out, &errb); rc != 2 {
 		t.Errorf("bad pattern: rc %d", rc)
+	}
+}
+
+// Cells gives every code cell its result (index among all cells), compared with the golden
+// notebook or, without one, failed only when it raised.
+func TestCells(t *testing.T) {
+	errOut := map[string]any{"output_type": "error", "ename": "ValueError", "evalue": "bad"}
+	got := nb(t, markdown(), code(stream("0.5\n")), code(stream("0.7\n")), markdown(), code(errOut), code())
+	golden := nb(t, code(stream("0.5\n")), code(stream("0.9\n")), code(errOut))
+	r := Cells(golden, got, Options{})
+	if len(r.Passed) != 2 || r.Passed[0] != 1 || r.Passed[1] != 4 || len(r.Failed) != 2 ||
+		r.Failed[0].Cell != 2 || !strings.Contains(r.Failed[0].Reason, `stream stdout differs: got "0.7\n", golden "0.9\n"`) ||
+		r.Failed[1].Cell != 5 || r.Failed[1].Reason != "the golden notebook has no code cell 4 (it has 3)" {
+		t.Errorf("with golden: %+v", r)
+	}
+	r = Cells(nil, got, Options{})
+	if len(r.Passed) != 3 || len(r.Failed) != 1 || r.Failed[0] != (FailedCell{Cell: 4, Reason: "raised ValueError: bad"}) {
+		t.Errorf("without golden: %+v", r)
+	}
+}
+
+// Encode stays within the budget: reasons shortened first, then cells counted as omitted.
+func TestResultsEncode(t *testing.T) {
+	r := Results{SHA256: strings.Repeat("0", 64)}
+	for i := range 2000 {
+		if i%10 == 0 {
+			r.Failed = append(r.Failed, FailedCell{Cell: i, Reason: strings.Repeat("é", 500)})
+		} else {
+			r.Passed = append(r.Passed, i)
+		}
+	}
+	line := r.Encode(ResultsBudget)
+	if len(line) > ResultsBudget {
+		t.Fatalf("%d bytes, budget %d", len(line), ResultsBudget)
+	}
+	human, back, ok := ParseResults("message\n" + line + "\n")
+	if !ok || human != "message" || back.SHA256 != r.SHA256 || back.Omitted == 0 ||
+		len(back.Passed)+len(back.Failed)+back.Omitted != 2000 {
+		t.Errorf("parsed %q %v: %d passed, %d failed, %d omitted", human, ok, len(back.Passed), len(back.Failed), back.Omitted)
+	}
+	small := Results{Passed: []int{1}, Failed: []FailedCell{{Cell: 2, Reason: strings.Repeat("x", 300)}}}.Encode(ResultsBudget)
+	if _, back, _ := ParseResults(small); len([]rune(back.Failed[0].Reason)) != ReasonMax {
+		t.Errorf("reason of %d runes, want %d", len([]rune(back.Failed[0].Reason)), ReasonMax)
+	}
+	if _, _, ok := ParseResults("git: fatal"); ok {
+		t.Error("a message without results parsed")
+	}
+}
+
+// The command writes the message and the results, with the executed notebook's SHA-256, to the
+// results file; without a golden notebook it only checks for errors.
+func TestCommandResultsFile(t *testing.T) {
+	dir := t.TempDir()
+	executed := filepath.Join(dir, "e.ipynb")
+	raw, _ := json.Marshal(map[string]any{"cells": []any{markdown(), code(stream("1\n")), code(map[string]any{"output_type": "error", "ename": "E", "evalue": "v"})}})
+	if err := os.WriteFile(executed, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	results := filepath.Join(dir, "termination-log")
+	var out, errb bytes.Buffer
+	if rc := Main([]string{"--executed", executed, "--results-file", results}, &out, &errb); rc != 0 {
+		t.Fatalf("rc %d: %s", rc, errb.String())
+	}
+	b, err := os.ReadFile(results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	human, r, ok := ParseResults(string(b))
+	sum := sha256.Sum256(raw)
+	if !ok || human != "notebook ran: 2 code cells, 1 raised an error" || r.SHA256 != hex.EncodeToString(sum[:]) ||
+		len(r.Passed) != 1 || r.Passed[0] != 1 || len(r.Failed) != 1 || r.Failed[0].Cell != 2 {
+		t.Errorf("results %q: %q %+v", b, human, r)
 	}
 }
