@@ -174,11 +174,13 @@ func TestRestartLosesNoRead(t *testing.T) {
 	var (
 		whole, failed, bytesRead atomic.Int64
 		inRead                   atomic.Int64 // readers inside a read(2) on the mount
+		inFetch                  atomic.Int64 // of those, readers of a file not in the cache
 		stop                     atomic.Bool
 		errMu                    sync.Mutex
 		errs                     []string
 		wg                       sync.WaitGroup
 	)
+	cached := map[string]bool{"cached.bin": true, "cached2.bin": true}
 	readFile := func(key string) error {
 		file, err := os.Open(filepath.Join(f.dir, key))
 		if err != nil {
@@ -189,7 +191,13 @@ func TestRestartLosesNoRead(t *testing.T) {
 		buf := make([]byte, 256<<10)
 		for {
 			inRead.Add(1)
+			if !cached[key] {
+				inFetch.Add(1)
+			}
 			n, err := file.Read(buf)
+			if !cached[key] {
+				inFetch.Add(-1)
+			}
 			inRead.Add(-1)
 			got.Write(buf[:n])
 			if err == io.EOF {
@@ -243,13 +251,15 @@ func TestRestartLosesNoRead(t *testing.T) {
 	var inFlight []int64
 	for k := range kills {
 		before := whole.Load()
-		waitFor("reads before the kill", func() bool { return whole.Load() >= before+4 && inRead.Load() >= 2 })
-		inFlight = append(inFlight, inRead.Load())
+		waitFor("reads before the kill", func() bool {
+			return whole.Load() >= before+4 && inRead.Load() >= 2 && inFetch.Load() >= 1
+		})
+		inFlight = append(inFlight, inFetch.Load())
 		if err := child.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
 		_ = child.Wait()
-		t.Logf("kill %d: %d readers inside read(2), %d files read so far", k+1, inFlight[k], whole.Load())
+		t.Logf("kill %d: %d readers of uncached files inside read(2), %d files read so far", k+1, inFlight[k], whole.Load())
 		child = start("resumed")
 	}
 	after := whole.Load()
@@ -257,7 +267,7 @@ func TestRestartLosesNoRead(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 	finished = true
-	t.Logf("%d whole files read (%d MiB), byte-identical to S3; %d failed; readers inside read(2) at the kills: %v",
+	t.Logf("%d whole files read (%d MiB), byte-identical to S3; %d failed; readers of uncached files inside read(2) at the kills: %v",
 		whole.Load(), bytesRead.Load()>>20, failed.Load(), inFlight)
 	if failed.Load() != 0 {
 		t.Errorf("%d reads failed across the restarts: %v", failed.Load(), errs)
