@@ -220,12 +220,34 @@ func serve(dir string, dev *os.File, initReq []byte, cfg Config, opens *openLog)
 		initReq = append([]byte(nil), b[:min(uintptr(ks.Length), uintptr(len(b)))]...)
 	}
 	go server.Serve()
+	if err := pollOnce(dir); err != nil {
+		m.cancel()
+		return nil, fmt.Errorf("probing the streaming filesystem at %s: %w", dir, err)
+	}
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		m.cancel()
 		return nil, fmt.Errorf("reading the streaming filesystem at %s: %w", dir, err)
 	}
 	return &Mount{Dir: dir, server: server, mount: m, conn: connName(st.Dev), dev: dev, initReq: initReq}, nil
+}
+
+// pollHackName is the name go-fuse answers for itself (see pollOnce).
+const pollHackName = ".go-fuse-epoll-hack"
+
+// pollOnce makes the kernel send one POLL, which go-fuse answers ENOSYS, so that it never asks
+// again. Otherwise a file of the mount opened in this process (the node plugin reads its own
+// volumes in tests) goes through the Go runtime's epoll_ctl, whose POLL request can wait for a
+// server stuck behind the same runtime lock. go-fuse does this itself, except for the
+// /dev/fd/N mounts this package makes.
+func pollOnce(dir string) error {
+	fd, err := unix.Open(filepath.Join(dir, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	return nil
 }
 
 // openLog records, in the scratch directory, what the kernel may still hold of this mount's
