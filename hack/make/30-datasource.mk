@@ -84,7 +84,8 @@ bench-listing-flood:
 # versitygw, and the whole object read through it; then, through the driver, a static PV of an
 # uncached 512 MiB object from first NodeStageVolume to NodePublishVolume, streaming against
 # staged. 3 samples each. Ends with one `streaming:` line per case; CISTERN_BENCH_STREAM_MIB and
-# CISTERN_BENCH_STREAM_PUBLISH_MIB change the objects' sizes. Needs root and /dev/fuse.
+# CISTERN_BENCH_STREAM_PUBLISH_MIB change the objects' sizes; CISTERN_BENCH_STREAM_CASES (any of
+# parts,whole,readall) narrows the mount's cases. Needs root and /dev/fuse.
 BENCH_TARGETS += bench-streaming
 .PHONY: bench-streaming
 ## First byte through a streaming mount vs one ranged GET from the same server

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,28 +78,48 @@ func BenchmarkStreamingFirstByte(b *testing.B) {
 		{"parts", partsFetcher{streamfs.SourceFetcher{Source: src}, map[string][]source.Part{"large.bin": parts}}, false},
 		{"whole", streamfs.SourceFetcher{Source: src}, true},
 	}
+	// CISTERN_BENCH_STREAM_CASES narrows the run to some of parts, whole, readall.
+	only := os.Getenv("CISTERN_BENCH_STREAM_CASES")
+	want := func(name string) bool { return only == "" || slices.Contains(strings.Split(only, ","), name) }
 	for _, c := range cases {
+		if !want(c.name) {
+			continue
+		}
 		// bound: the least a checked first byte needs, one GET of what is checked (its part, or
 		// the whole object).
-		var fb, get, bound []time.Duration
+		var fb, get, bound, srcGet []time.Duration
+		var split []firstByteSplit
 		for range 3 {
 			get = append(get, ranged(off, 1))
-			fb = append(fb, firstByte(b, objs, c.fetcher, off))
+			d, sp := firstByte(b, objs, c.fetcher, off)
+			fb, split = append(fb, d), append(split, sp)
 			if c.whole {
 				bound = append(bound, ranged(0, size))
 			} else {
 				bound = append(bound, ranged(off/part*part, part))
+				// The same part through the mount's own S3 client (pinned, If-Match), read into
+				// memory: what the mount's GET costs without FUSE, the scratch file or the check.
+				srcGet = append(srcGet, sourceGet(b, src, objs, off/part*part, part))
 			}
 		}
 		line := fmt.Sprintf("streaming: object_mib=%d checks=%s first_byte_s=%s ranged_get_1b_s=%s", size>>20, c.name, spread(fb), spread(get))
 		if c.whole {
 			line += " whole_get_s=" + spread(bound)
 		} else {
-			line += fmt.Sprintf(" part_get_s=%s (part_mib=%d)", spread(bound), part>>20)
+			line += fmt.Sprintf(" part_get_s=%s (part_mib=%d) part_get_mount_client_s=%s", spread(bound), part>>20, spread(srcGet))
 		}
 		line += fmt.Sprintf(" checked_bound_ratio=%.2f", median(fb).Seconds()/median(bound).Seconds())
 		line += fmt.Sprintf(" first_byte_ratio=%.2f", median(fb).Seconds()/median(get).Seconds())
 		fmt.Println(line)
+		// Where a first byte's time goes, per sample: until the fetch asks the server, the GET
+		// (headers, then the body read and checked), and after it until the byte is back.
+		for i, sp := range split {
+			fmt.Printf("streaming: checks=%s sample=%d first_byte_ms=%.1f before_get_ms=%.1f get_headers_ms=%.1f get_body_ms=%.1f after_get_ms=%.1f\n",
+				c.name, i, ms(fb[i]), ms(sp.open), ms(sp.headers-sp.open), ms(sp.body-sp.headers), ms(fb[i]-sp.body))
+		}
+	}
+	if !want("readall") {
+		return
 	}
 	// The whole object read in 4 MiB chunks right after the mount, every part checked (read
 	// ahead of the reader), against one GET of the whole object.
@@ -135,8 +157,48 @@ func readAll(b *testing.B, objs []source.Object, fetcher streamfs.Fetcher, size 
 	return time.Since(start)
 }
 
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// firstByteSplit is when, from the open, the fetch asked for the bytes, had the response's
+// headers, and had its body read.
+type firstByteSplit struct{ open, headers, body time.Duration }
+
+// timedFetcher notes when the first fetch's request went out, its headers came, and its body
+// was read to the end (closed).
+type timedFetcher struct {
+	streamfs.Fetcher
+	start time.Time
+	mu    sync.Mutex
+	split firstByteSplit
+}
+
+func (t *timedFetcher) Open(ctx context.Context, obj source.Object, off, n int64) (io.ReadCloser, error) {
+	asked := time.Since(t.start)
+	rc, err := t.Fetcher.Open(ctx, obj, off, n)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.split.open, t.split.headers = asked, time.Since(t.start)
+	if err != nil {
+		return nil, err
+	}
+	return &timedBody{ReadCloser: rc, t: t}, nil
+}
+
+type timedBody struct {
+	io.ReadCloser
+	t *timedFetcher
+}
+
+func (b *timedBody) Close() error {
+	b.t.mu.Lock()
+	b.t.split.body = time.Since(b.t.start)
+	b.t.mu.Unlock()
+	return b.ReadCloser.Close()
+}
+
 // firstByte mounts the dataset afresh and times open + one byte at off.
-func firstByte(b *testing.B, objs []source.Object, fetcher streamfs.Fetcher, off int64) time.Duration {
+func firstByte(b *testing.B, objs []source.Object, inner streamfs.Fetcher, off int64) (time.Duration, firstByteSplit) {
+	fetcher := &timedFetcher{Fetcher: inner}
 	dir := filepath.Join(b.TempDir(), "mnt")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		b.Fatal(err)
@@ -149,6 +211,7 @@ func firstByte(b *testing.B, objs []source.Object, fetcher streamfs.Fetcher, off
 	}
 	defer m.Close()
 	start := time.Now()
+	fetcher.start = start
 	f, err := os.Open(filepath.Join(dir, "large.bin"))
 	if err != nil {
 		b.Fatal(err)
@@ -161,7 +224,23 @@ func firstByte(b *testing.B, objs []source.Object, fetcher streamfs.Fetcher, off
 	if fetches.Load() != 1 {
 		b.Fatalf("%d fetches for one byte, want 1", fetches.Load())
 	}
-	return d
+	fetcher.mu.Lock()
+	defer fetcher.mu.Unlock()
+	return d, fetcher.split
+}
+
+// sourceGet times one read of [first, first+n) of the object through the source, to the end.
+func sourceGet(b *testing.B, src source.Source, objs []source.Object, first, n int64) time.Duration {
+	start := time.Now()
+	rc, err := src.Open(context.Background(), objs[0], first, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, rc); err != nil {
+		b.Fatal(err)
+	}
+	rc.Close()
+	return time.Since(start)
 }
 
 // timeGet times one GetObject of [first, first+n) from the server, body read to the end.

@@ -102,3 +102,42 @@ func TestCloseWithACopyOfTheMount(t *testing.T) {
 		t.Errorf("the copy of the mount after Close: %q, %v; want ENOTCONN (the connection aborted)", out, err)
 	}
 }
+
+// TestResumeRefusesAnotherManifest: the node IDs the kernel holds follow from the manifest the
+// mount was made with, so a process with another manifest must not take the mount over.
+func TestResumeRefusesAnotherManifest(t *testing.T) {
+	requireFUSE(t)
+	cached := t.TempDir()
+	if err := os.WriteFile(filepath.Join(cached, "a.txt"), []byte("alpha"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := streamfs.Config{Objects: []source.Object{{Key: "a.txt", Type: source.File, Size: 5}},
+		Scratch: t.TempDir(), Fetcher: noFetch{}, Cached: func(o source.Object) (*os.File, error) {
+			f, err := os.Open(filepath.Join(cached, o.Key))
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, nil
+			}
+			return f, err
+		}}
+	m, err := streamfs.Start(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	conn, err := m.Conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := cfg
+	other.Objects = []source.Object{{Key: "b.txt", Type: source.File, Size: 5}, {Key: "a.txt", Type: source.File, Size: 5}}
+	if _, err := streamfs.Resume(dir, conn, other); err == nil || !strings.Contains(err.Error(), "manifest") {
+		t.Fatalf("Resume with another manifest: %v; want it refused", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "a.txt")); err != nil || string(b) != "alpha" {
+		t.Fatalf("a.txt after the refused takeover: %q %v", b, err)
+	}
+}

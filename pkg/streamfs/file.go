@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"k8s.io/klog/v2"
 
@@ -21,7 +20,6 @@ import (
 
 // fileNode is a file of the manifest.
 type fileNode struct {
-	fs.Inode
 	obj  source.Object
 	line int64
 	m    *mount
@@ -29,53 +27,118 @@ type fileNode struct {
 	mu     sync.Mutex
 	st     *stream  // the parts fetched on demand; made at the first read that needs one
 	cached *os.File // the cache's copy, once a read found it there
+	// How opens are answered. The kernel refuses to mix passthrough and cached opens of one
+	// inode, and to change an inode's backing file while it is open; it also keeps opens
+	// across a takeover. So a file is passed through with one backing file, registered once
+	// for the life of the mount (backing), and only while no open answered otherwise may still
+	// be held: viaServer counts this process's, and inherited says an earlier process answered
+	// one (it may be open still).
+	backing   int32
+	viaServer int
+	inherited bool
 }
 
-var (
-	_ = (fs.NodeGetattrer)((*fileNode)(nil))
-	_ = (fs.NodeOpener)((*fileNode)(nil))
-	_ = (fs.NodeReader)((*fileNode)(nil))
-)
-
-func (f *fileNode) Getattr(_ context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	out.Mode = fuse.S_IFREG | fileMode(f.obj)
-	out.Size = uint64(f.obj.Size)
-	out.Blocks = (out.Size + 511) / 512
-	out.Nlink = 1
-	return 0
+// Open hands a whole file (in the cache, or every part fetched) to the kernel: with passthrough
+// its reads never reach this process. Any other file is read through Read. Contents never
+// change, so the kernel may keep its page cache across opens.
+func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+	n := f.t.get(in.NodeId)
+	switch {
+	case n == nil:
+		return errStale
+	case n.file == nil:
+		return fuse.EISDIR
+	case in.Flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0:
+		return fuse.Status(syscall.EROFS)
+	}
+	fl := n.file
+	// Nothing to flush in a read-only file: a close never waits for this process (nor, while
+	// no server runs, for the next).
+	out.OpenFlags = fuse.FOPEN_NOFLUSH
+	if fl.obj.Size == 0 {
+		out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
+		return fuse.OK
+	}
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	if fl.backing == 0 && fl.viaServer == 0 && !fl.inherited && !f.m.opens.noPassthrough.Load() {
+		f.passThrough(in.NodeId, fl)
+	}
+	if fl.backing != 0 {
+		out.BackingID = fl.backing
+		out.OpenFlags |= fuse.FOPEN_PASSTHROUGH
+		return fuse.OK
+	}
+	if fl.viaServer == 0 {
+		// Written before the kernel hears of the open: a process taking over knows it may
+		// still be held.
+		if err := f.m.opens.record(in.NodeId, 0); err != nil {
+			klog.Background().Error(err, "streaming volume: recording an open", "key", fl.obj.Key)
+			return fuse.EIO
+		}
+	}
+	fl.viaServer++
+	out.Fh = f.epoch
+	out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
+	return fuse.OK
 }
 
-// Open hands a fully cached file to the kernel (passthrough where it offers it: reads never
-// reach this process); any other file is read through Read. Contents never change, so the
-// kernel may keep its page cache across opens.
-func (f *fileNode) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
-	if flags&(syscall.O_WRONLY|syscall.O_RDWR|syscall.O_TRUNC|syscall.O_APPEND) != 0 {
-		return nil, 0, syscall.EROFS
-	}
-	if f.obj.Size == 0 {
-		return nil, fuse.FOPEN_KEEP_CACHE, 0
-	}
-	if st := f.completeStream(); st != nil {
+// passThrough registers the file's whole copy, if there is one, as its backing file.
+func (f *rawFS) passThrough(id uint64, fl *fileNode) {
+	var file *os.File
+	if fl.st != nil && fl.st.complete() {
 		// Every part fetched and verified: the kernel reads the scratch file itself.
-		if file, err := os.Open(st.file.Name()); err == nil {
-			return fs.NewLoopbackFileFromOS(file), fuse.FOPEN_KEEP_CACHE, 0
+		sf, err := os.Open(fl.st.file.Name())
+		if err != nil {
+			return
 		}
-	} else {
-		if file, err := f.m.cfg.Cached(f.obj); err != nil {
-			klog.FromContext(ctx).Error(err, "opening a cached file", "key", f.obj.Key)
-		} else if file != nil {
-			return fs.NewLoopbackFileFromOS(file), fuse.FOPEN_KEEP_CACHE, 0
-		}
+		defer sf.Close()
+		file = sf
+	} else if file = fl.cachedLocked(); file == nil {
+		return
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	bid, errno := f.srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(file.Fd())})
+	if errno != 0 {
+		// Not root, or a kernel without passthrough: every read comes here.
+		klog.Background().V(2).Info("streaming volume: no FUSE passthrough, reads are served by the plugin", "errno", errno)
+		f.m.opens.noPassthrough.Store(true)
+		return
+	}
+	if err := f.m.opens.record(id, bid); err != nil {
+		klog.Background().Error(err, "streaming volume: recording a backing file", "key", fl.obj.Key)
+		f.srv.UnregisterBackingFd(bid)
+		return
+	}
+	fl.backing = bid
+}
+
+// Release counts the end of an open this process answered without passthrough.
+func (f *rawFS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
+	n := f.t.get(in.NodeId)
+	if n == nil || n.file == nil || in.Fh != f.epoch {
+		return
+	}
+	n.file.mu.Lock()
+	n.file.viaServer--
+	n.file.mu.Unlock()
 }
 
 // Read serves [off, off+len(dest)) once every part it touches is here and verified.
-func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	f.m.reads.Add(1)
-	if r, ok := fh.(fs.FileReader); ok {
-		return r.Read(ctx, dest, off)
+func (f *rawFS) Read(_ <-chan struct{}, in *fuse.ReadIn, dest []byte) (fuse.ReadResult, fuse.Status) {
+	n := f.t.get(in.NodeId)
+	switch {
+	case n == nil:
+		return nil, errStale
+	case n.file == nil:
+		return nil, fuse.EISDIR
 	}
+	f.m.reads.Add(1)
+	// The mount's context: fetches end with the mount.
+	res, errno := n.file.read(f.m.ctx, dest, int64(in.Offset))
+	return res, fuse.Status(errno)
+}
+
+func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	end := min(off+int64(len(dest)), f.obj.Size)
 	if off >= end {
 		return fuse.ReadResultData(nil), 0
@@ -86,7 +149,7 @@ func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	if st == nil || !st.holds(off, end) {
 		// Opened before the staging committed the file: once it has, it is read from the cache
 		// rather than fetched.
-		if c := f.cachedFile(ctx); c != nil {
+		if c := f.cachedFile(); c != nil {
 			return fuse.ReadResultFd(c.Fd(), off, int(end-off)), 0
 		}
 	}
@@ -105,31 +168,25 @@ func (f *fileNode) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 }
 
 // cachedFile returns the file's verified copy in the cache, once the cache holds all of it.
-func (f *fileNode) cachedFile(ctx context.Context) *os.File {
+func (f *fileNode) cachedFile() *os.File {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.cachedLocked()
+}
+
+func (f *fileNode) cachedLocked() *os.File {
 	if f.cached != nil {
 		return f.cached
 	}
 	c, err := f.m.cfg.Cached(f.obj)
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "opening a cached file", "key", f.obj.Key)
+		klog.Background().Error(err, "opening a cached file", "key", f.obj.Key)
 	}
 	if c != nil {
 		f.cached = c
 		f.m.trackFile(c)
 	}
 	return c
-}
-
-// completeStream is the file's stream once every part of it is here, or nil.
-func (f *fileNode) completeStream() *stream {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.st != nil && f.st.complete() {
-		return f.st
-	}
-	return nil
 }
 
 // stream returns the file's on-demand state, asking the fetcher for its layout the first time.
@@ -150,7 +207,10 @@ func (f *fileNode) stream(ctx context.Context) (*stream, error) {
 	if !coversExactly(parts, f.obj.Size) {
 		parts, whole = []source.Part{{Off: 0, N: f.obj.Size}}, true
 	}
-	file, err := os.OpenFile(filepath.Join(f.m.cfg.Scratch, strconv.FormatInt(f.line, 10)), os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	// Not truncated: a process taking the mount over finds the scratch file of an earlier one,
+	// which the kernel may read as a backing file. Its bytes are rewritten, verified and the
+	// same, before this process hands any out.
+	file, err := os.OpenFile(filepath.Join(f.m.cfg.Scratch, strconv.FormatInt(f.line, 10)), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}

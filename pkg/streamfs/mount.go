@@ -1,7 +1,10 @@
 package streamfs
 
 import (
+	"bufio"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	iofs "io/fs"
@@ -11,8 +14,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
-	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
@@ -20,16 +23,18 @@ import (
 
 // Mount is a dataset served at a directory.
 type Mount struct {
-	Dir    string
-	server *fuse.Server
-	conn   string // the FUSE connection's name in the control filesystem
+	Dir     string
+	server  *fuse.Server
+	conn    string // the FUSE connection's name in the control filesystem
+	dev     *os.File
+	initReq []byte // the kernel's INIT, for Conn
 	*mount
 }
 
-// mount is what the nodes of one mount share.
+// mount is what the files of one mount share.
 type mount struct {
 	cfg Config
-	// ctx ends with the mount: read-ahead fetches stop.
+	// ctx ends with the mount: fetches stop.
 	ctx     context.Context
 	cancel  context.CancelFunc
 	mu      sync.Mutex
@@ -37,6 +42,7 @@ type mount struct {
 	files   []*os.File // cached files reads found in the cache
 	// reads counts the reads that reached this process (not those the kernel passed through).
 	reads atomic.Int64
+	opens *openLog
 }
 
 // Reads is how many reads reached the filesystem's server: a file passed through to the kernel
@@ -55,43 +61,252 @@ func (m *mount) trackFile(f *os.File) {
 	m.mu.Unlock()
 }
 
-// Start mounts the dataset read-only at dir and serves it until Close. The directory entries
-// and attributes never change, so the kernel caches them for long.
-func Start(dir string, cfg Config) (*Mount, error) {
+// options are the mount's: the directory entries and attributes never change, so the kernel
+// caches them for long (rawFS); reads of up to 1 MiB per request (the default is 128 KiB):
+// fewer round trips.
+func options() *fuse.MountOptions {
+	return &fuse.MountOptions{FsName: "cistern", Name: "cistern-stream", MaxReadAhead: 1 << 20,
+		MaxWrite: 1 << 20, DisableXAttrs: true}
+}
+
+func (cfg *Config) check() error {
 	if cfg.Fetcher == nil || cfg.Cached == nil || cfg.Scratch == "" {
-		return nil, errors.New("streamfs: Fetcher, Cached and Scratch are required")
+		return errors.New("streamfs: Fetcher, Cached and Scratch are required")
 	}
 	if cfg.FetchTimeout <= 0 {
 		cfg.FetchTimeout = 10 * time.Minute
 	}
-	if err := os.MkdirAll(cfg.Scratch, 0o700); err != nil {
+	return os.MkdirAll(cfg.Scratch, 0o700)
+}
+
+// Start mounts the dataset read-only at dir and serves it until Close.
+func Start(dir string, cfg Config) (*Mount, error) {
+	if err := cfg.check(); err != nil {
 		return nil, err
-	}
-	m := &mount{cfg: cfg}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
-	r := &root{dirNode: dirNode{mode: 0o755}, m: m}
-	long := time.Hour
-	server, err := fs.Mount(dir, r, &fs.Options{
-		EntryTimeout: &long, AttrTimeout: &long, NegativeTimeout: &long,
-		MountOptions: fuse.MountOptions{
-			FsName: "cistern", Name: "cistern-stream", Options: []string{"ro"},
-			// Pods run as any user; the node plugin is the only server.
-			AllowOther: true, DirectMount: true,
-			// Reads of up to 1 MiB per request (the default is 128 KiB): fewer round trips.
-			MaxReadAhead: 1 << 20, MaxWrite: 1 << 20, DisableXAttrs: true,
-		},
-	})
-	if err != nil {
-		m.cancel()
-		return nil, fmt.Errorf("mounting the streaming filesystem at %s: %w", dir, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
-		_ = server.Unmount()
+		return nil, err
+	}
+	fd, err := unix.Open("/dev/fuse", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening /dev/fuse: %w", err)
+	}
+	dev := os.NewFile(uintptr(fd), "/dev/fuse")
+	// Pods run as any user; the node plugin is the only server.
+	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,max_read=%d,allow_other",
+		fd, st.Mode&unix.S_IFMT, os.Geteuid(), os.Getegid(), options().MaxWrite)
+	if err := unix.Mount("cistern", dir, "fuse.cistern-stream", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_RDONLY, data); err != nil {
+		dev.Close()
+		return nil, fmt.Errorf("mounting the streaming filesystem at %s: %w", dir, err)
+	}
+	opens, err := newOpenLog(cfg.Scratch)
+	if err == nil {
+		var mt *Mount
+		if mt, err = serve(dir, dev, nil, cfg, opens); err == nil {
+			return mt, nil
+		}
+	}
+	_ = unix.Unmount(dir, unix.MNT_DETACH)
+	dev.Close()
+	return nil, err
+}
+
+// Conn is what another process needs to serve a mount after this one: the FUSE descriptor and
+// the kernel's INIT request (sent once per connection) with the manifest it answered.
+type Conn struct {
+	// Dev is a copy of the mount's /dev/fuse descriptor: the connection lives as long as one
+	// copy is open, whatever becomes of the process serving it.
+	Dev *os.File `json:"-"`
+	// Init is the kernel's INIT request, replayed to the next server.
+	Init []byte `json:"init"`
+	// Manifest names the manifest whose node IDs the kernel holds.
+	Manifest string `json:"manifest"`
+}
+
+// Conn returns what a process taking the mount over needs (Resume). The caller closes Dev.
+func (mt *Mount) Conn() (Conn, error) {
+	fd, err := unix.FcntlInt(mt.dev.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return Conn{}, err
+	}
+	return Conn{Dev: os.NewFile(uintptr(fd), "/dev/fuse"), Init: mt.initReq, Manifest: manifestID(mt.cfg.Objects)}, nil
+}
+
+// Resume serves the mount at dir again over c, the connection of a server that is gone: the
+// kernel kept the mount (reads meanwhile wait), and asked to resend the requests the old server
+// had read but not answered. cfg must name the same manifest and scratch directory. Takes c.Dev.
+func Resume(dir string, c Conn, cfg Config) (*Mount, error) {
+	defer c.Dev.Close()
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if id := manifestID(cfg.Objects); id != c.Manifest {
+		return nil, fmt.Errorf("streamfs: the mount at %s serves manifest %.12s, not %.12s", dir, c.Manifest, id)
+	}
+	if len(c.Init) < int(unsafe.Sizeof(fuse.InHeader{})) {
+		return nil, errors.New("streamfs: no INIT request to resume with")
+	}
+	fd, err := unix.FcntlInt(c.Dev.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	dev := os.NewFile(uintptr(fd), "/dev/fuse")
+	opens, err := resumeOpenLog(cfg.Scratch)
+	var mt *Mount
+	if err == nil {
+		mt, err = serve(dir, dev, c.Init, cfg, opens)
+	}
+	if err != nil {
+		dev.Close()
+		return nil, err
+	}
+	// The kernel puts back the requests the old server took and never answered; a kernel
+	// without FUSE_NOTIFY_RESEND (before 6.9) leaves them, and their callers, waiting.
+	resend := make([]byte, 16)
+	binary.NativeEndian.PutUint32(resend[0:], 16)
+	// A notification's code goes positive in the error field (go-fuse's constants are negated).
+	binary.NativeEndian.PutUint32(resend[4:], uint32(-fuse.NOTIFY_RESEND))
+	if _, err := unix.Write(int(dev.Fd()), resend); err != nil {
+		klog.Background().Error(err, "streaming volume: the kernel resent nothing; reads the old server took may hang", "dir", dir)
+	}
+	return mt, nil
+}
+
+// serve answers the connection on dev for the mount at dir. go-fuse reads the kernel's INIT
+// itself from a fresh connection; for one taken over, it is given the recorded INIT on a socket
+// standing in for the device, which the device then replaces under the same descriptor number.
+func serve(dir string, dev *os.File, initReq []byte, cfg Config, opens *openLog) (*Mount, error) {
+	m := &mount{cfg: cfg, opens: opens}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	var epoch [8]byte
+	_, _ = rand.Read(epoch[:])
+	fs := &rawFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), m: m,
+		epoch: binary.NativeEndian.Uint64(epoch[:]) | 1}
+	fs.t = buildTree(m.ctx, m)
+	opens.apply(fs.t)
+	first, err := unix.FcntlInt(dev.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		m.cancel()
+		return nil, err
+	}
+	if initReq != nil {
+		sp, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+		if err == nil {
+			_, err = unix.Write(sp[1], initReq)
+		}
+		if err != nil {
+			unix.Close(first)
+			m.cancel()
+			return nil, fmt.Errorf("replaying INIT: %w", err)
+		}
+		defer unix.Close(sp[1])
+		unix.Close(first)
+		first = sp[0]
+	}
+	server, err := fuse.NewServer(fs, "/dev/fd/"+strconv.Itoa(first), options())
+	if err != nil {
+		m.cancel()
+		return nil, fmt.Errorf("serving the streaming filesystem at %s: %w", dir, err)
+	}
+	if initReq != nil {
+		if err := unix.Dup3(int(dev.Fd()), first, unix.O_CLOEXEC); err != nil {
+			m.cancel()
+			return nil, fmt.Errorf("taking over the FUSE connection: %w", err)
+		}
+	} else {
+		ks := server.KernelSettings()
+		b := unsafe.Slice((*byte)(unsafe.Pointer(ks)), unsafe.Sizeof(*ks))
+		initReq = append([]byte(nil), b[:min(uintptr(ks.Length), uintptr(len(b)))]...)
+	}
+	go server.Serve()
+	if err := pollOnce(dir); err != nil {
+		m.cancel()
+		return nil, fmt.Errorf("probing the streaming filesystem at %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
 		m.cancel()
 		return nil, fmt.Errorf("reading the streaming filesystem at %s: %w", dir, err)
 	}
-	return &Mount{Dir: dir, server: server, mount: m, conn: connName(st.Dev)}, nil
+	return &Mount{Dir: dir, server: server, mount: m, conn: connName(st.Dev), dev: dev, initReq: initReq}, nil
+}
+
+// pollHackName is the name go-fuse answers for itself (see pollOnce).
+const pollHackName = ".go-fuse-epoll-hack"
+
+// pollOnce makes the kernel send one POLL, which go-fuse answers ENOSYS, so that it never asks
+// again. Otherwise a file of the mount opened in this process (the node plugin reads its own
+// volumes in tests) goes through the Go runtime's epoll_ctl, whose POLL request can wait for a
+// server stuck behind the same runtime lock. go-fuse does this itself, except for the
+// /dev/fd/N mounts this package makes.
+func pollOnce(dir string) error {
+	fd, err := unix.Open(filepath.Join(dir, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
+	return nil
+}
+
+// openLog records, in the scratch directory, what the kernel may still hold of this mount's
+// opens when another process takes it over: the backing files registered (by ID) and the files
+// opened without passthrough. Lines of "<node ID> <backing ID>", 0 for the latter.
+type openLog struct {
+	mu            sync.Mutex
+	f             *os.File
+	held          map[uint64]int32
+	noPassthrough atomic.Bool
+}
+
+const openLogName = ".opens"
+
+func newOpenLog(scratch string) (*openLog, error) {
+	f, err := os.OpenFile(filepath.Join(scratch, openLogName), os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	return &openLog{f: f}, nil
+}
+
+func resumeOpenLog(scratch string) (*openLog, error) {
+	f, err := os.OpenFile(filepath.Join(scratch, openLogName), os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	l := &openLog{f: f, held: map[uint64]int32{}}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var id uint64
+		var bid int32
+		if _, err := fmt.Sscanf(sc.Text(), "%d %d", &id, &bid); err != nil {
+			continue // a line cut short by the old process's end: nothing was answered after it
+		}
+		if old, ok := l.held[id]; !ok || old == 0 {
+			l.held[id] = bid
+		}
+	}
+	return l, sc.Err()
+}
+
+// apply gives the files what an earlier process left.
+func (l *openLog) apply(t *tree) {
+	for id, bid := range l.held {
+		if n := t.get(id); n != nil && n.file != nil {
+			n.file.backing, n.file.inherited = bid, bid == 0
+		}
+	}
+	l.held = nil
+}
+
+// record appends one line; the write reaches the page cache before the kernel hears the answer,
+// which is all a later process on this node needs.
+func (l *openLog) record(id uint64, bid int32) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err := fmt.Fprintf(l.f, "%d %d\n", id, bid)
+	return err
 }
 
 // connName is the name of the FUSE connection of a filesystem on device dev in the FUSE control
@@ -102,7 +317,7 @@ func connName(dev uint64) string {
 
 // Close unmounts (lazily if a process still holds a file open, so the mount point is free at
 // once), ends the FUSE connection and releases the scratch files. The scratch directory is left
-// to the caller.
+// to the caller, and so is any copy of the connection handed out (Conn).
 //
 // Unmounting alone may not end the connection: a mount namespace made while the filesystem was
 // mounted (a container, another test's node) holds a copy of the mount, and the server would
@@ -115,7 +330,7 @@ func (mt *Mount) Close() error {
 			return fmt.Errorf("unmounting %s: %w (lazy: %v)", mt.Dir, err, derr)
 		}
 	}
-	if err := abortConn(mt.conn); err != nil {
+	if err := AbortConn(mt.conn); err != nil {
 		// The server ends when the last copy of the mount goes; its files are closed then.
 		klog.Background().Error(err, "cannot abort the FUSE connection of a streaming volume; it ends with its last mount", "dir", mt.Dir)
 		go mt.release()
@@ -125,13 +340,22 @@ func (mt *Mount) Close() error {
 	return nil
 }
 
+// ConnOf names the FUSE connection of the filesystem mounted at dir (for AbortConn).
+func ConnOf(dir string) (string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return "", err
+	}
+	return connName(st.Dev), nil
+}
+
 // fuseCtl is where the FUSE control filesystem is usually mounted.
 const fuseCtl = "/sys/fs/fuse/connections"
 
-// abortConn aborts FUSE connection conn through the control filesystem: the one at fuseCtl, or
+// AbortConn aborts FUSE connection conn through the control filesystem: the one at fuseCtl, or
 // else one mounted for the purpose in a private temporary directory. A connection already gone
 // is not an error.
-func abortConn(conn string) error {
+func AbortConn(conn string) error {
 	dir := fuseCtl
 	if _, err := os.Stat(filepath.Join(dir, conn)); err != nil {
 		tmp, err := os.MkdirTemp("", "cistern-fusectl-")
@@ -155,6 +379,7 @@ func abortConn(conn string) error {
 // release waits for the server to end, then closes the scratch files.
 func (mt *Mount) release() {
 	mt.server.Wait()
+	mt.dev.Close()
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	for _, s := range mt.streams {
@@ -164,4 +389,5 @@ func (mt *Mount) release() {
 		f.Close()
 	}
 	mt.streams, mt.files = nil, nil
+	mt.opens.f.Close()
 }

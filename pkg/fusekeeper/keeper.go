@@ -1,0 +1,252 @@
+// Package fusekeeper keeps copies of FUSE connections' /dev/fuse descriptors in a process of its
+// own, so that a connection outlives the process serving it: the kernel keeps a FUSE mount
+// alive while any copy of its descriptor is open, and the requests meanwhile wait. The server
+// hands its descriptor over (Keep) when it mounts; after a restart it takes the descriptors back
+// (Take) and serves them again; it drops one (Drop) when it unmounts for good.
+//
+// The keeper answers on a unix socket (SOCK_SEQPACKET, descriptors passed with SCM_RIGHTS). It
+// trusts every client that can reach the socket: the socket must be private to the server.
+package fusekeeper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+)
+
+// Held is one connection the keeper holds.
+type Held struct {
+	// ID names the connection (a volume ID, say).
+	ID string `json:"id"`
+	// Meta is what the server needs besides the descriptor to serve it again.
+	Meta []byte `json:"meta,omitempty"`
+	// Dev is the descriptor; nil in the keeper's answers before it is attached.
+	Dev *os.File `json:"-"`
+}
+
+type message struct {
+	Op string `json:"op,omitempty"` // keep, take, drop
+	Held
+	Error string `json:"error,omitempty"`
+	End   bool   `json:"end,omitempty"`
+}
+
+// maxMessage bounds a message: an ID, and metadata of a few hundred bytes.
+const maxMessage = 64 << 10
+
+// Keeper holds descriptors until they are dropped or it ends.
+type Keeper struct {
+	l    *net.UnixListener
+	mu   sync.Mutex
+	held map[string]Held
+}
+
+// Listen makes the keeper's socket at path (mode 0600, in a directory that must be private too:
+// the mode is set just after the socket is made; a stale socket there is replaced).
+func Listen(path string) (*Keeper, error) {
+	_ = os.Remove(path)
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return &Keeper{l: l, held: map[string]Held{}}, nil
+}
+
+// Serve answers clients until ctx ends, then closes every descriptor it holds: a keeper that
+// ends lets its connections go with their servers.
+func (k *Keeper) Serve(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		k.l.Close()
+	}()
+	defer k.closeAll()
+	for {
+		c, err := k.l.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go k.answer(c)
+	}
+}
+
+// Path is the keeper's socket.
+func (k *Keeper) Path() string { return k.l.Addr().String() }
+
+// Len is how many connections the keeper holds.
+func (k *Keeper) Len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.held)
+}
+
+func (k *Keeper) closeAll() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for id, h := range k.held {
+		h.Dev.Close()
+		delete(k.held, id)
+	}
+}
+
+func (k *Keeper) answer(c *net.UnixConn) {
+	defer c.Close()
+	req, dev, err := receive(c)
+	if err != nil {
+		klog.Background().Error(err, "FUSE keeper: a bad request")
+		return
+	}
+	switch req.Op {
+	case "keep":
+		if dev == nil {
+			_ = send(c, message{Error: "keep: no descriptor"}, nil)
+			return
+		}
+		k.mu.Lock()
+		if old, ok := k.held[req.ID]; ok {
+			old.Dev.Close()
+		}
+		k.held[req.ID] = Held{ID: req.ID, Meta: req.Meta, Dev: dev}
+		k.mu.Unlock()
+		_ = send(c, message{End: true}, nil)
+	case "drop":
+		k.mu.Lock()
+		if old, ok := k.held[req.ID]; ok {
+			old.Dev.Close()
+			delete(k.held, req.ID)
+		}
+		k.mu.Unlock()
+		_ = send(c, message{End: true}, nil)
+	case "take":
+		// Copies go out; the keeper keeps its own until the server drops them.
+		k.mu.Lock()
+		all := make([]Held, 0, len(k.held))
+		for _, h := range k.held {
+			all = append(all, h)
+		}
+		k.mu.Unlock()
+		for _, h := range all {
+			if err := send(c, message{Held: Held{ID: h.ID, Meta: h.Meta}}, h.Dev); err != nil {
+				return
+			}
+		}
+		_ = send(c, message{End: true}, nil)
+	default:
+		_ = send(c, message{Error: fmt.Sprintf("unknown request %q", req.Op)}, nil)
+	}
+}
+
+func send(c *net.UnixConn, m message, dev *os.File) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if dev != nil {
+		oob = unix.UnixRights(int(dev.Fd()))
+	}
+	_, _, err = c.WriteMsgUnix(b, oob, nil)
+	return err
+}
+
+func receive(c *net.UnixConn) (message, *os.File, error) {
+	b, oob := make([]byte, maxMessage), make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
+	if err != nil {
+		return message{}, nil, err
+	}
+	var dev *os.File
+	if oobn > 0 {
+		msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return message{}, nil, err
+		}
+		for _, cm := range msgs {
+			fds, err := unix.ParseUnixRights(&cm)
+			if err != nil {
+				continue
+			}
+			for i, fd := range fds {
+				unix.CloseOnExec(fd)
+				if i == 0 && dev == nil {
+					dev = os.NewFile(uintptr(fd), "/dev/fuse")
+				} else {
+					unix.Close(fd)
+				}
+			}
+		}
+	}
+	var m message
+	if err := json.Unmarshal(b[:n], &m); err != nil {
+		if dev != nil {
+			dev.Close()
+		}
+		return message{}, nil, err
+	}
+	return m, dev, nil
+}
+
+func dial(path string) (*net.UnixConn, error) {
+	return net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+}
+
+// call sends one request and reads answers until the end.
+func call(path string, req message, dev *os.File) ([]Held, error) {
+	c, err := dial(path)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := send(c, req, dev); err != nil {
+		return nil, err
+	}
+	var out []Held
+	for {
+		m, d, err := receive(c)
+		if err != nil {
+			for _, h := range out {
+				h.Dev.Close()
+			}
+			return nil, fmt.Errorf("FUSE keeper at %s: %w", path, err)
+		}
+		switch {
+		case m.Error != "":
+			return nil, fmt.Errorf("FUSE keeper at %s: %s", path, m.Error)
+		case m.End:
+			return out, nil
+		case d == nil:
+			return nil, errors.New("FUSE keeper: an answer without its descriptor")
+		}
+		out = append(out, Held{ID: m.ID, Meta: m.Meta, Dev: d})
+	}
+}
+
+// Keep hands the keeper at path a copy of dev (the caller keeps its own) with meta, under id.
+func Keep(path, id string, dev *os.File, meta []byte) error {
+	_, err := call(path, message{Op: "keep", Held: Held{ID: id, Meta: meta}}, dev)
+	return err
+}
+
+// Take returns copies of every descriptor the keeper at path holds; the caller closes them.
+func Take(path string) ([]Held, error) {
+	return call(path, message{Op: "take"}, nil)
+}
+
+// Drop closes the keeper's copy of id (nothing if it holds none).
+func Drop(path, id string) error {
+	_, err := call(path, message{Op: "drop", Held: Held{ID: id}}, nil)
+	return err
+}

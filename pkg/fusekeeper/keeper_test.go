@@ -1,0 +1,62 @@
+package fusekeeper_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cistern-csi/cistern/pkg/fusekeeper"
+)
+
+// TestKeepTakeDrop: a descriptor handed to the keeper stays open after the client closes its
+// own, comes back (with its metadata) to a later client, and is closed once dropped.
+func TestKeepTakeDrop(t *testing.T) {
+	k, err := fusekeeper.Listen(filepath.Join(t.TempDir(), "keeper.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+	if info, err := os.Stat(k.Path()); err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("socket: %v, %v; want mode 0600", info, err)
+	}
+
+	// A pipe stands in for /dev/fuse: its reader sees EOF only once every copy of the write
+	// end is closed.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := fusekeeper.Keep(k.Path(), "vol-1", w, []byte(`{"init":"x"}`)); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	held, err := fusekeeper.Take(k.Path())
+	if err != nil || len(held) != 1 || held[0].ID != "vol-1" || string(held[0].Meta) != `{"init":"x"}` {
+		t.Fatalf("take: %+v, %v", held, err)
+	}
+	if _, err := held[0].Dev.Write([]byte("a")); err != nil {
+		t.Fatalf("writing through the copy taken back: %v", err)
+	}
+	held[0].Dev.Close()
+	b := make([]byte, 1)
+	if n, err := r.Read(b); n != 1 || err != nil {
+		t.Fatalf("read %d, %v", n, err)
+	}
+	if k.Len() != 1 {
+		t.Fatalf("keeper holds %d after take, want 1 (take hands out copies)", k.Len())
+	}
+	if err := fusekeeper.Drop(k.Path(), "vol-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.Read(b); n != 0 || err == nil {
+		t.Fatalf("after drop: read %d, %v; want EOF (the keeper's copy closed)", n, err)
+	}
+	if held, err := fusekeeper.Take(k.Path()); err != nil || len(held) != 0 {
+		t.Fatalf("take after drop: %+v, %v", held, err)
+	}
+}
