@@ -131,13 +131,19 @@ func (k *Keeper) answer(c *net.UnixConn) {
 		k.mu.Unlock()
 		_ = send(c, message{End: true}, nil)
 	case "take":
-		// Copies go out; the keeper keeps its own until the server drops them.
-		k.mu.Lock()
-		all := make([]Held, 0, len(k.held))
-		for _, h := range k.held {
-			all = append(all, h)
+		// Copies go out; the keeper keeps its own until the server drops them. The copies are
+		// made under the lock: a drop, or the keeper's end, may close the originals meanwhile
+		// (and the number be reused for another file).
+		all, err := k.copies()
+		defer func() {
+			for _, h := range all {
+				h.Dev.Close()
+			}
+		}()
+		if err != nil {
+			_ = send(c, message{Error: "take: " + err.Error()}, nil)
+			return
 		}
-		k.mu.Unlock()
 		for _, h := range all {
 			if err := send(c, message{Held: Held{ID: h.ID, Meta: h.Meta}}, h.Dev); err != nil {
 				return
@@ -147,6 +153,24 @@ func (k *Keeper) answer(c *net.UnixConn) {
 	default:
 		_ = send(c, message{Error: fmt.Sprintf("unknown request %q", req.Op)}, nil)
 	}
+}
+
+// copies duplicates every descriptor held; the caller closes the copies.
+func (k *Keeper) copies() ([]Held, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	all := make([]Held, 0, len(k.held))
+	for _, h := range k.held {
+		fd, err := unix.FcntlInt(h.Dev.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err != nil {
+			for _, c := range all {
+				c.Dev.Close()
+			}
+			return nil, fmt.Errorf("copying %s's descriptor: %w", h.ID, err)
+		}
+		all = append(all, Held{ID: h.ID, Meta: h.Meta, Dev: os.NewFile(uintptr(fd), h.Dev.Name())})
+	}
+	return all, nil
 }
 
 func send(c *net.UnixConn, m message, dev *os.File) error {
