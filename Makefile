@@ -122,7 +122,7 @@ include $(sort $(wildcard hack/make/*.mk))
 # (TEST_LANES=1: one after the other, in TEST_TARGETS' order): `verify` first, as it rewrites
 # generated files other suites read, with test-prereqs; then the suites of TEST_SECOND_LANE (the
 # kubelet-node suites, which take turns on the host lock anyway, the images they install, and
-# test-chart, which evens the lanes) beside all the others. The node suites mostly wait on
+# test-chart and test-sidecar, which even the lanes) beside all the others. The node suites mostly wait on
 # kubelet, containerd and their pods (e2e-install: 105 CPU-s in 215 s), so the two lanes share
 # the 2 cores with little slowdown (docs/testing.md).
 ## Every suite of TEST_TARGETS (what CI runs), then a summary of failures and skips
