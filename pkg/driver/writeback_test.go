@@ -204,21 +204,7 @@ func writeOutputs(t *testing.T, dir string, want map[string][]byte) {
 // checkOutputs fails unless prefix of "out" holds exactly want.
 func checkOutputs(t *testing.T, s *testpeers.S3, prefix string, want map[string][]byte) {
 	t.Helper()
-	ctx := context.Background()
-	got := map[string][]byte{}
-	out, err := s.Client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String("out"), Prefix: aws.String(prefix)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range out.Contents {
-		g, err := s.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String("out"), Key: o.Key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(g.Body)
-		g.Body.Close()
-		got[(*o.Key)[len(prefix):]] = b
-	}
+	got := objectsAt(t, s, prefix)
 	if len(got) != len(want) {
 		t.Errorf("%d objects at the target, want %d (the changed files only)", len(got), len(want))
 	}
