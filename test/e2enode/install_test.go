@@ -162,11 +162,13 @@ func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1
 	})
 	t.Run("node-pod", func(t *testing.T) { in.waitNodePodReady(t, "", 0) })
 	t.Run("registration", func(t *testing.T) {
-		// The driver does not register itself: the registrar container registers it.
+		// The driver does not register itself: the registrar container registers it. Its
+		// socket comes after the pod is Ready (the container has no readiness probe), and
+		// before kubelet can list the driver in the CSINode.
+		in.waitCSINode(t)
 		if _, err := os.Stat(filepath.Join(realnode.KubeletRootDir, "plugins_registry", consts.DriverName+"-reg.sock")); err != nil {
 			t.Errorf("no registration socket from the registrar container: %v", err)
 		}
-		in.waitCSINode(t)
 	})
 	t.Run("storagepools", func(t *testing.T) { in.waitStoragePools(t) })
 	t.Run("workload-controller", func(t *testing.T) { in.checkController(t) })
