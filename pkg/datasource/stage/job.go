@@ -364,7 +364,7 @@ func (j *Job) join(ctx, jobCtx context.Context, md *cache.Meta) error {
 	j.peers.swarm.Store(sw)
 	close(j.peers.joined)
 	klog.FromContext(ctx).V(2).Info("joined the dataset's peers", "members", sw.Members(), "after", time.Since(j.started))
-	j.narrowStreams()
+	j.setStreams()
 	go j.resizeStreams(jobCtx, sw)
 	return nil
 }
@@ -375,20 +375,20 @@ func (j *Job) resizeStreams(ctx context.Context, sw *peer.Swarm) {
 	for {
 		select {
 		case <-sw.Polled():
-			j.narrowStreams()
+			j.setStreams()
 		case <-ctx.Done():
 			return
 		}
 	}
 }
 
-// narrowStreams sets, for each large entry, the ranges read from the source at once to what a
-// node of the swarm reads (streamsPerObject): lower once the job joins its swarm, higher again as
-// other members finish reading, so that each node's ranges finish one after another ("The large object's
-// tail", docs/benchmarks.md). Ranges under way go on; no new one starts until fewer run. (Taking
-// the spare streams by waiting for them queued the takers behind the tasks already waiting, so
-// a node could go on starting up to four ranges at once well after it joined.)
-func (j *Job) narrowStreams() {
+// setStreams sets, for each large entry, the ranges read from the source at once to what a node
+// of the swarm reads (streamsPerObject): lower once the job joins its swarm, so that each node's
+// ranges finish one after another ("The large object's tail", docs/benchmarks.md), and higher
+// again as other members finish reading. Ranges under way go on; no new one starts until fewer
+// run. (Taking the spare streams by waiting for them queued the takers behind the tasks already
+// waiting, so a node could go on starting up to four ranges at once well after it joined.)
+func (j *Job) setStreams() {
 	j.bigMu.Lock()
 	defer j.bigMu.Unlock()
 	for _, b := range j.big {

@@ -84,8 +84,8 @@ func (j *Job) closeBig() {
 // its share with rangesPerObject/N streams (at least one): the source still sees about
 // rangesPerObject streams for the object, and each node's pieces complete one after another, so
 // the others take them while the source is still being read rather than all at its end. Members
-// that are done reading leave their streams to those still reading (widenStreams): otherwise the
-// last node's share ends on one stream while the link is idle.
+// that are done reading leave their streams to those still reading (resizeStreams): otherwise
+// the last node's share ends on one stream while the link is idle.
 func (j *Job) streamsPerObject() int {
 	sw := j.peers.sw()
 	if sw == nil {
@@ -94,9 +94,9 @@ func (j *Job) streamsPerObject() int {
 	return max(1, rangesPerObject/(1+sw.FetchingPeers()))
 }
 
-// streams bounds the ranges of one large entry read from the source at once. The bound may be
-// lowered while ranges are read (narrowStreams): the reads under way go on, and no new one starts
-// until fewer than the new bound run.
+// streams bounds the ranges of one large entry read from the source at once. The bound may change
+// while ranges are read (setStreams): the reads under way go on, and no new one starts until
+// fewer than the bound run.
 type streams struct {
 	mu          sync.Mutex
 	limit, used int
@@ -134,8 +134,10 @@ func (s *streams) release() {
 func (s *streams) setLimit(n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.limit = n
-	s.broadcast()
+	if n != s.limit { // set again after every poll round: wake the waiters only for a change
+		s.limit = n
+		s.broadcast()
+	}
 }
 
 func (s *streams) broadcast() {
