@@ -137,16 +137,9 @@ func (s *Service) checkpoint(ctx context.Context, v state.Volume) error {
 	if err != nil {
 		return err
 	}
-	spec, err := recordedDataset(v)
-	if err != nil || spec == nil {
-		return fmt.Errorf("the volume's dataset: %v", err)
-	}
-	client, err := s.uploadClient(ctx, v, spec, job.Target)
+	client, err := s.uploadInputs(ctx, v, &job)
 	if err != nil {
 		return err
-	}
-	if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
-		return fmt.Errorf("the volume's dataset layer: %w", err)
 	}
 	dir := s.wb.mountDir(v.ID)
 	_ = unix.Unmount(dir, unix.MNT_DETACH) // left by a node plugin killed mid-checkpoint

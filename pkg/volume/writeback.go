@@ -190,6 +190,24 @@ func (s *Service) checkNFSOutput(ctx context.Context, id string, t writeback.Tar
 	return nil
 }
 
+// uploadInputs is what an upload or a checkpoint of v's outputs reads with besides the volume's
+// filesystem: the S3 client (uploadClient) and, into job.Lower, what a renamed, deleted or
+// replaced dataset file or directory held (the dataset version the volume references).
+func (s *Service) uploadInputs(ctx context.Context, v state.Volume, job *writeback.Job) (*s3.Client, error) {
+	spec, err := recordedDataset(v)
+	if err != nil || spec == nil {
+		return nil, fmt.Errorf("the volume's dataset: %v", err)
+	}
+	client, err := s.uploadClient(ctx, v, spec, job.Target)
+	if err != nil {
+		return nil, err
+	}
+	if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
+		return nil, fmt.Errorf("the volume's dataset layer: %w", err)
+	}
+	return client, nil
+}
+
 // uploadClient is the S3 client of a volume's upload, with the credentials kept for it; nil for
 // an NFS target (written as the node's NFS identity).
 func (s *Service) uploadClient(ctx context.Context, v state.Volume, spec *datasource.Spec, t writeback.Target) (*s3.Client, error) {
@@ -295,11 +313,7 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 	if !ok {
 		return s.wb.forget(id) // deleted already, after an earlier complete upload
 	}
-	spec, err := recordedDataset(v)
-	if err != nil || spec == nil {
-		return fmt.Errorf("the volume's dataset: %v", err)
-	}
-	client, err := s.uploadClient(context.Background(), v, spec, job.Target)
+	client, err := s.uploadInputs(context.Background(), v, &job)
 	if err != nil {
 		return err
 	}
@@ -317,18 +331,11 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		_ = s.images.Detach(dev)
 		return fmt.Errorf("mounting the volume's filesystem: %w", err)
 	}
-	// What a renamed, deleted or replaced dataset file or directory held: the version the
-	// volume references.
-	if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
-		err = fmt.Errorf("the volume's dataset layer: %w", err)
-	}
-	if err == nil {
-		events := &uploadEvents{w: s.wb, attrs: v.Parameters, id: id, target: job.Target.String()}
-		err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) {
-			s.wb.progress(p)
-			events.report(p)
-		})
-	}
+	events := &uploadEvents{w: s.wb, attrs: v.Parameters, id: id, target: job.Target.String()}
+	err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) {
+		s.wb.progress(p)
+		events.report(p)
+	})
 	_ = unix.Unmount(dir, 0)
 	_ = os.Remove(dir)
 	if derr := s.images.Detach(dev); err == nil {
