@@ -28,11 +28,10 @@ func (noFetch) Open(context.Context, source.Object, int64, int64) (io.ReadCloser
 	return nil, errors.New("not cached")
 }
 
-// TestCloseWithACopyOfTheMount: a mount namespace made while a streaming volume is mounted (a
-// container starting, another suite's node) keeps a copy of the mount, which an unmount here
-// does not remove; Close still ends the server (it aborts the FUSE connection) instead of
-// waiting for that namespace to go.
-func TestCloseWithACopyOfTheMount(t *testing.T) {
+// oneCachedFile is a streaming volume's mount point and configuration for one file, a.txt
+// ("alpha"), in the cache; nothing can be fetched.
+func oneCachedFile(t *testing.T) (string, streamfs.Config) {
+	t.Helper()
 	requireFUSE(t)
 	cached := t.TempDir()
 	if err := os.WriteFile(filepath.Join(cached, "a.txt"), []byte("alpha"), 0o644); err != nil {
@@ -42,14 +41,23 @@ func TestCloseWithACopyOfTheMount(t *testing.T) {
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	m, err := streamfs.Start(dir, streamfs.Config{Objects: []source.Object{{Key: "a.txt", Type: source.File, Size: 5}},
+	return dir, streamfs.Config{Objects: []source.Object{{Key: "a.txt", Type: source.File, Size: 5}},
 		Scratch: t.TempDir(), Fetcher: noFetch{}, Cached: func(o source.Object) (*os.File, error) {
 			f, err := os.Open(filepath.Join(cached, o.Key))
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil, nil
 			}
 			return f, err
-		}})
+		}}
+}
+
+// TestCloseWithACopyOfTheMount: a mount namespace made while a streaming volume is mounted (a
+// container starting, another suite's node) keeps a copy of the mount, which an unmount here
+// does not remove; Close still ends the server (it aborts the FUSE connection) instead of
+// waiting for that namespace to go.
+func TestCloseWithACopyOfTheMount(t *testing.T) {
+	dir, cfg := oneCachedFile(t)
+	m, err := streamfs.Start(dir, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,23 +114,7 @@ func TestCloseWithACopyOfTheMount(t *testing.T) {
 // TestResumeRefusesAnotherManifest: the node IDs the kernel holds follow from the manifest the
 // mount was made with, so a process with another manifest must not take the mount over.
 func TestResumeRefusesAnotherManifest(t *testing.T) {
-	requireFUSE(t)
-	cached := t.TempDir()
-	if err := os.WriteFile(filepath.Join(cached, "a.txt"), []byte("alpha"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cfg := streamfs.Config{Objects: []source.Object{{Key: "a.txt", Type: source.File, Size: 5}},
-		Scratch: t.TempDir(), Fetcher: noFetch{}, Cached: func(o source.Object) (*os.File, error) {
-			f, err := os.Open(filepath.Join(cached, o.Key))
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil, nil
-			}
-			return f, err
-		}}
+	dir, cfg := oneCachedFile(t)
 	m, err := streamfs.Start(dir, cfg)
 	if err != nil {
 		t.Fatal(err)
