@@ -120,7 +120,7 @@ kind-up:
 ## Installs deploy/csi with this build's images into the kind cluster
 kind-deploy: kind-load
 	@mkdir -p _output/deploy-kind
-	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: %s\n- name: cistern/workload-controller\n  newTag: %s\n' \
+	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: \"%s\"\n- name: cistern/workload-controller\n  newTag: \"%s\"\n' \
 	  $(IMAGE_TAG) $(IMAGE_TAG) >_output/deploy-kind/kustomization.yaml
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) apply --server-side -k _output/deploy-kind
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) wait --for=condition=Established crd --all --timeout=60s

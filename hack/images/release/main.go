@@ -266,7 +266,8 @@ func KustomizeImage(src, dst string) string {
 	s, _ := name.NewTag(src)
 	d, _ := name.NewTag(dst)
 	srcName := strings.TrimSuffix(src, ":"+s.TagStr())
-	return fmt.Sprintf("- name: %s\n  newName: %s\n  newTag: %s\n", srcName, d.Context().Name(), d.TagStr())
+	// The tag quoted: one of digits only (a short commit hash can be) would be a YAML number.
+	return fmt.Sprintf("- name: %s\n  newName: %s\n  newTag: %q\n", srcName, d.Context().Name(), d.TagStr())
 }
 
 func relPath(from, to string) (string, error) {

@@ -262,7 +262,7 @@ func TestControllerImage(t *testing.T) {
 
 func TestKustomizeImage(t *testing.T) {
 	got := KustomizeImage("cistern/node:v1.2.3", "registry.example.com/storage/node:v1.2.3")
-	want := "- name: cistern/node\n  newName: registry.example.com/storage/node\n  newTag: v1.2.3\n"
+	want := "- name: cistern/node\n  newName: registry.example.com/storage/node\n  newTag: \"v1.2.3\"\n"
 	if got != want {
 		t.Errorf("got\n%s\nwant\n%s", got, want)
 	}
