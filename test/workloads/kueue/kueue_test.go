@@ -43,49 +43,38 @@ const (
 
 var workloadGVK = schema.GroupVersionKind{Group: "kueue.x-k8s.io", Version: "v1beta2", Kind: "Workload"}
 
-// startKueue installs Kueue's CRDs and webhook configurations (pointed at a loopback port, with a
-// CA of the test's) and runs its controller manager with the LeaderWorkerSet integration.
+// startKueue runs Kueue's controller manager (testutil.StartPeerManager) with the LeaderWorkerSet
+// integration, its webhooks named and scoped as Kueue's install names and scopes them: the kueue-
+// prefix; kube-system and kueue-system left out of the pod, Deployment and StatefulSet hooks.
 func startKueue(t *testing.T, cp *framework.ControlPlane, c client.Client) {
 	t.Helper()
 	bin, config := testutil.PeerTool(t, kueueBinEnv, "kueue-"+kueueVersion, "kueue", "kueue-tools")
-	if err := testutil.InstallCRDs(cp.Config, filepath.Join(config, "crd")); err != nil {
-		t.Fatal(err)
-	}
-	hooks := testutil.NewPeerWebhooks(t)
-	// Named and scoped as Kueue's install names and scopes them: the kueue- prefix; kube-system
-	// and kueue-system left out of the pod, Deployment and StatefulSet hooks.
 	notSystem := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
 		Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{"kube-system", "kueue-system"}}}}
-	hooks.Install(t, c, filepath.Join(config, "webhooks.yaml"), "kueue-", func(webhook string) *metav1.LabelSelector {
-		if strings.HasSuffix(webhook, "pod.kb.io") || strings.HasSuffix(webhook, "deployment.kb.io") || strings.HasSuffix(webhook, "statefulset.kb.io") {
-			return notSystem
-		}
-		return nil
-	})
-
-	cfg := fmt.Sprintf(`apiVersion: config.kueue.x-k8s.io/v1beta2
-kind: Configuration
-namespace: kueue-system
-health: {healthProbeBindAddress: "0"}
-metrics: {bindAddress: "0"}
-webhook: {host: 127.0.0.1, port: %d, certDir: %s}
-leaderElection: {leaderElect: false}
-internalCertManagement: {enable: false}
-integrations:
-  frameworks: [leaderworkerset.x-k8s.io/leaderworkerset, pod]
-`, hooks.Port, hooks.CertDir)
-	cfgPath := filepath.Join(t.TempDir(), "kueue.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: kueue-system}\n")
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", metricsCertsScript, "kueue",
-		hooks.CertDir, t.TempDir(), bin, "--config", cfgPath, "--kubeconfig", cp.Kubeconfig,
-		"--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2")
-	p := framework.StartCommand(t, "kueue", cmd)
 	// Ready once the webhook server answers: Kueue starts it after its certificates and before its
 	// controllers need it.
-	hooks.WaitServing(t, "Kueue webhook server", p)
+	testutil.StartPeerManager(t, cp, c, testutil.PeerManager{
+		Name:       "kueue",
+		Config:     config,
+		APIVersion: "config.kueue.x-k8s.io/v1beta2",
+		Settings: `namespace: kueue-system
+integrations:
+  frameworks: [leaderworkerset.x-k8s.io/leaderworkerset, pod]
+`,
+		WebhookPrefix: "kueue-",
+		WebhookScope: func(webhook string) *metav1.LabelSelector {
+			if strings.HasSuffix(webhook, "pod.kb.io") || strings.HasSuffix(webhook, "deployment.kb.io") || strings.HasSuffix(webhook, "statefulset.kb.io") {
+				return notSystem
+			}
+			return nil
+		},
+		Command: func(configFile, certDir string) *exec.Cmd {
+			return exec.Command("unshare", "--mount", "--propagation", "private", "--", "sh", "-c", metricsCertsScript, "kueue",
+				certDir, t.TempDir(), bin, "--config", configFile, "--kubeconfig", cp.Kubeconfig,
+				"--feature-gates=VisibilityOnDemand=false", "--zap-log-level=2")
+		},
+	})
 }
 
 // metricsCertsScript runs Kueue ($3 and on) with its certificates ($1) at the metrics

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -147,4 +148,48 @@ func (w *PeerWebhooks) WaitServing(t *testing.T, what string, p *framework.Proce
 		}
 		return conn.Close()
 	})
+}
+
+// PeerManager is how a test runs such a controller's manager: its CRDs and webhook configurations
+// installed, its webhooks served on a loopback port with a certificate of the test's, and no
+// metrics, probes, leader election or certificate management of its own.
+type PeerManager struct {
+	// Name names the process and its log.
+	Name string
+	// Config is the release's manifests directory (PeerTool): config/crd, webhooks.yaml.
+	Config string
+	// APIVersion is that of its Configuration file; Settings are more lines of it.
+	APIVersion, Settings string
+	// WebhookPrefix and WebhookScope are Install's prefix and scope.
+	WebhookPrefix string
+	WebhookScope  func(webhook string) *metav1.LabelSelector
+	// Command is the manager's command line, given the Configuration file and the certificates'
+	// directory.
+	Command func(configFile, certDir string) *exec.Cmd
+}
+
+// StartPeerManager installs m's CRDs and webhook configurations on cp (with c), writes its
+// Configuration, starts it, and returns once its webhook server answers.
+func StartPeerManager(t *testing.T, cp *framework.ControlPlane, c client.Client, m PeerManager) *framework.Process {
+	t.Helper()
+	if err := InstallCRDs(cp.Config, filepath.Join(m.Config, "crd")); err != nil {
+		t.Fatal(err)
+	}
+	hooks := NewPeerWebhooks(t)
+	hooks.Install(t, c, filepath.Join(m.Config, "webhooks.yaml"), m.WebhookPrefix, m.WebhookScope)
+	cfg := fmt.Sprintf(`apiVersion: %s
+kind: Configuration
+health: {healthProbeBindAddress: "0"}
+metrics: {bindAddress: "0"}
+webhook: {host: 127.0.0.1, port: %d, certDir: %s}
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+%s`, m.APIVersion, hooks.Port, hooks.CertDir, m.Settings)
+	cfgPath := filepath.Join(t.TempDir(), m.Name+".yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := framework.StartCommand(t, m.Name, m.Command(cfgPath, hooks.CertDir))
+	hooks.WaitServing(t, m.Name+" webhook server", p)
+	return p
 }

@@ -10,7 +10,6 @@ package upstreamdiff_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -52,29 +51,18 @@ func newSide(t *testing.T, name string) *side {
 	return &side{name: name, cp: cp, cl: cl}
 }
 
-// startUpstream installs upstream's CRD and webhook configurations (pointed at a loopback port,
-// with a CA of the test's) and runs its controller manager.
+// startUpstream runs upstream's controller manager on s (testutil.StartPeerManager).
 func startUpstream(t *testing.T, s *side, bin, config string) {
 	t.Helper()
-	if err := testutil.InstallCRDs(s.cp.Config, filepath.Join(config, "crd")); err != nil {
-		t.Fatal(err)
-	}
-	hooks := testutil.NewPeerWebhooks(t)
-	hooks.Install(t, s.cl, filepath.Join(config, "webhooks.yaml"), "lws-", nil)
-	cfg := fmt.Sprintf(`apiVersion: config.lws.x-k8s.io/v1alpha1
-kind: Configuration
-health: {healthProbeBindAddress: "0"}
-metrics: {bindAddress: "0"}
-webhook: {host: 127.0.0.1, port: %d, certDir: %s}
-leaderElection: {leaderElect: false}
-internalCertManagement: {enable: false}
-`, hooks.Port, hooks.CertDir)
-	cfgPath := filepath.Join(t.TempDir(), "lws.yaml")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	p := framework.StartCommand(t, "lws-upstream", exec.Command(bin, "--config", cfgPath, "--kubeconfig", s.cp.Kubeconfig, "--zap-log-level=2"))
-	hooks.WaitServing(t, "upstream LeaderWorkerSet webhook server", p)
+	testutil.StartPeerManager(t, s.cp, s.cl, testutil.PeerManager{
+		Name:          "lws-upstream",
+		Config:        config,
+		APIVersion:    "config.lws.x-k8s.io/v1alpha1",
+		WebhookPrefix: "lws-",
+		Command: func(configFile, _ string) *exec.Cmd {
+			return exec.Command(bin, "--config", configFile, "--kubeconfig", s.cp.Kubeconfig, "--zap-log-level=2")
+		},
+	})
 }
 
 // startDropIn installs deploy/csi with the lws-upstream component and runs the drop-in as its
