@@ -5,18 +5,15 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
-	"github.com/cistern-csi/cistern/test/workloads/testutil"
 )
 
 // TestNotebookJobRestrictedNamespace: in a namespace that enforces Pod Security "restricted" and
@@ -95,16 +92,6 @@ func TestNotebookJobRestrictedNamespace(t *testing.T) {
 	if got.Status.Commit != sha || got.Status.GoldenCommit != goldenSHA || got.Status.Retries != 1 {
 		t.Errorf("status %+v", got.Status)
 	}
-}
-
-// waitPod waits for a pod the controller creates.
-func waitPod(t *testing.T, ns, name string) *corev1.Pod {
-	t.Helper()
-	var pod corev1.Pod
-	testutil.Eventually(t, time.Minute, "pod "+name, func() error {
-		return cl.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &pod)
-	})
-	return &pod
 }
 
 // finishPod reports, as a kubelet would, a pod whose clone succeeded with message cloneMsg and

@@ -1,6 +1,7 @@
 package workloads_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -80,6 +81,16 @@ func waitPhase(t *testing.T, j *v1alpha1.NotebookValidationJob, phase v1alpha1.N
 		return nil
 	})
 	return got
+}
+
+// waitPod waits for a pod the controller creates.
+func waitPod(t *testing.T, ns, name string) *corev1.Pod {
+	t.Helper()
+	var pod corev1.Pod
+	testutil.Eventually(t, time.Minute, "pod "+name, func() error {
+		return cl.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, &pod)
+	})
+	return &pod
 }
 
 // TestNotebookJobRuns: a valid job gets its pod (git-clone init container, papermill, the user's
@@ -368,10 +379,7 @@ func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 	if err := cl.Create(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	var pod corev1.Pod
-	testutil.Eventually(t, time.Minute, "pod", func() error {
-		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "golden-validation"}, &pod)
-	})
+	pod := waitPod(t, ns, "golden-validation")
 	if len(pod.Spec.InitContainers) != 2 || pod.Spec.InitContainers[1].Name != notebook.NotebookContainer ||
 		len(pod.Spec.Containers) != 1 || pod.Spec.Containers[0].Name != notebook.CompareContainer {
 		t.Fatalf("containers: init %d, main %v", len(pod.Spec.InitContainers), pod.Spec.Containers)
@@ -389,7 +397,7 @@ func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 
 	// papermill runs (an init container): the job is Running.
 	now := metav1.Now()
-	changePodStatus(t, &pod, func(pod *corev1.Pod) {
+	changePodStatus(t, pod, func(pod *corev1.Pod) {
 		pod.Status.Phase = corev1.PodPending
 		pod.Status.InitContainerStatuses = []corev1.ContainerStatus{
 			{Name: notebook.GitCloneContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
@@ -399,7 +407,7 @@ func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 	waitPhase(t, job, v1alpha1.NotebookPhaseRunning)
 
 	msg := `output differs from the golden notebook: cell 2: stream stdout differs: got "accuracy 0.85\n", golden "accuracy 0.91\n" (numeric tolerance 0.001)`
-	changePodStatus(t, &pod, func(pod *corev1.Pod) {
+	changePodStatus(t, pod, func(pod *corev1.Pod) {
 		pod.Status.Phase = corev1.PodFailed
 		pod.Status.InitContainerStatuses[1].State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}
 		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: notebook.CompareContainer, State: corev1.ContainerState{
@@ -457,10 +465,7 @@ func TestNotebookJobOutput(t *testing.T) {
 	if err := cl.Create(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	var pod corev1.Pod
-	testutil.Eventually(t, time.Minute, "pod", func() error {
-		return cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "keep-validation"}, &pod)
-	})
+	pod := waitPod(t, ns, "keep-validation")
 	var attrs map[string]string
 	for _, v := range pod.Spec.Volumes {
 		if v.Name == notebook.NotebookDataVolume {
@@ -481,7 +486,7 @@ func TestNotebookJobOutput(t *testing.T) {
 	msg := "notebook ran: 3 code cells, 0 raised an error\n" +
 		`cistern-results: {"sha256":"` + sha + `","passed":[1,2,4],"failed":[{"i":5,"m":"raised KeyError: 'x'"}]}` + "\n"
 	now := metav1.Now()
-	changePodStatus(t, &pod, func(pod *corev1.Pod) {
+	changePodStatus(t, pod, func(pod *corev1.Pod) {
 		pod.Status.Phase = corev1.PodSucceeded
 		pod.Status.InitContainerStatuses = []corev1.ContainerStatus{
 			{Name: notebook.GitCloneContainer, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: 0, StartedAt: now, FinishedAt: now}}},
