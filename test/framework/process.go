@@ -1,8 +1,10 @@
 package framework
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,6 +97,21 @@ func (p *Process) Err() error {
 	default:
 		return nil
 	}
+}
+
+// WaitListening waits until addr (host:port) accepts TCP connections: how a test knows that a
+// server it started is up. It gives up when p exits first or after timeout, with the end of p's
+// log in the error.
+func (p *Process) WaitListening(addr string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return waitFor(ctx, p, addr, func(ctx context.Context) (bool, error) {
+		conn, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return false, nil // not listening yet
+		}
+		return true, conn.Close()
+	})
 }
 
 // Stop sends SIGTERM to the process group, waits up to 10s, then kills the group. Safe to call

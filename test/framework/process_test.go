@@ -3,6 +3,7 @@ package framework_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -46,6 +47,37 @@ func TestStartProcess(t *testing.T) {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", childPid))
 		return errors.Is(err, os.ErrNotExist) || strings.Contains(string(stat), ") Z ")
 	})
+}
+
+// TestProcessWaitListening: WaitListening returns once the address accepts connections, and
+// fails at once, naming the exit and the log, when the process exits first.
+func TestProcessWaitListening(t *testing.T) {
+	t.Parallel()
+	p := framework.StartProcess(t, "listening", "/bin/sh", "-c", "sleep 1000")
+	addr := framework.FreeAddr(t)
+	listener := make(chan net.Listener, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		l, _ := net.Listen("tcp", addr) // on an error, WaitListening times out and the test fails
+		listener <- l
+	}()
+	err := p.WaitListening(addr, time.Minute)
+	if l := <-listener; l != nil {
+		l.Close()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	exits := framework.StartProcess(t, "exits", "/bin/sh", "-c", "echo giving up; exit 3")
+	start := time.Now()
+	err = exits.WaitListening(framework.FreeAddr(t), time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "exit status 3") || !strings.Contains(err.Error(), "giving up") {
+		t.Errorf("a process that exits: %v", err)
+	}
+	if time.Since(start) > 30*time.Second {
+		t.Errorf("WaitListening took %s to see the exit", time.Since(start))
+	}
 }
 
 func TestExternalProvisioner(t *testing.T) {

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -104,18 +103,11 @@ func ForgetWebhooks(t framework.TB, cp *framework.ControlPlane) {
 // loopback and registered by URL (no Service can reach a process outside the cluster).
 func startController(t framework.TB, cp *framework.ControlPlane, bin string) (*framework.Process, string) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := framework.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	ml, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metricsAddr := ml.Addr().String()
-	ml.Close()
+	metricsAddr := framework.FreeAddr(t)
 	certDir := filepath.Join(t.TempDir(), "webhook-certs")
 	if err := os.MkdirAll(certDir, 0o700); err != nil {
 		t.Fatal(err)
@@ -132,20 +124,8 @@ func startController(t framework.TB, cp *framework.ControlPlane, bin string) (*f
 		"--webhook-namespace="+Namespace,
 		"--v=2",
 	)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
-			c.Close()
-			return p, "https://" + metricsAddr + "/metrics"
-		}
-		select {
-		case <-p.Done():
-			t.Fatalf("workload-controller exited: %v (log %s)", p.Err(), p.LogPath)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("workload-controller webhook not serving on port %d (log %s)", port, p.LogPath)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := p.WaitListening(fmt.Sprintf("127.0.0.1:%d", port), 2*time.Minute); err != nil {
+		t.Fatalf("workload-controller webhook server: %v", err)
 	}
+	return p, "https://" + metricsAddr + "/metrics"
 }

@@ -3,7 +3,6 @@ package testutil
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,19 +136,6 @@ func webhooksOf(obj client.Object) []webhook {
 	return hooks
 }
 
-// WaitServing waits until the server answers on its port; what names it in the failure, which
-// carries the end of p's log.
-func (w *PeerWebhooks) WaitServing(t *testing.T, what string, p *framework.Process) {
-	t.Helper()
-	Eventually(t, 2*time.Minute, what, func() error {
-		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", w.Port), time.Second)
-		if err != nil {
-			return fmt.Errorf("%w (log %s:\n%s)", err, p.LogPath, framework.Tail(p.LogPath, 20))
-		}
-		return conn.Close()
-	})
-}
-
 // PeerManager is how a test runs such a controller's manager: its CRDs and webhook configurations
 // installed, its webhooks served on a loopback port with a certificate of the test's, and no
 // metrics, probes, leader election or certificate management of its own.
@@ -190,6 +176,8 @@ internalCertManagement: {enable: false}
 		t.Fatal(err)
 	}
 	p := framework.StartCommand(t, m.Name, m.Command(cfgPath, hooks.CertDir))
-	hooks.WaitServing(t, m.Name+" webhook server", p)
+	if err := p.WaitListening(fmt.Sprintf("127.0.0.1:%d", hooks.Port), 2*time.Minute); err != nil {
+		t.Fatalf("%s webhook server: %v", m.Name, err)
+	}
 	return p
 }
