@@ -6,13 +6,10 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -124,8 +120,7 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 		ControllerManagerArgs: []string{"--kube-api-qps=1000", "--kube-api-burst=2000", "--concurrent-statefulset-syncs=20"},
 		APIServerArgs:         []string{"--max-requests-inflight=2000", "--max-mutating-requests-inflight=1000"},
 	})
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Join(filepath.Dir(file), "..", "..", "..")
+	root := framework.RepoRoot()
 	if err := testutil.InstallCRDs(cp.Config, filepath.Join(root, "deploy", "csi", "crds")); err != nil {
 		t.Fatal(err)
 	}
@@ -134,36 +129,19 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The controller's requests go through cnt.
 	cnt := &counter{n: map[string]int{}}
 	cfg := rest.CopyConfig(cp.Config)
-	cfg.QPS, cfg.Burst = 200, 400
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { cnt.rt = rt; return cnt })
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	ctx, cancel := context.WithCancel(klog.NewContext(context.Background(), klog.Background().V(0)))
-	done := make(chan error, 1)
-	wctl, err := workloads.New(workloads.Config{
-		RestConfig:  cfg,
-		MetricsAddr: "0", ProbeAddr: "0",
-		WebhookHost: "127.0.0.1", WebhookPort: port, WebhookCertDir: t.TempDir(), WebhookSelfRegister: true,
-		WebhookServiceNamespace: "default", WebhookSecretName: "bench-webhook-cert", GitImage: "git", CompareImage: "controller", GroupWorkers: 8,
+	wc, err := testutil.ControllerConfig(func(wc *workloads.Config) {
+		wc.WebhookServiceNamespace, wc.GroupWorkers = "default", 8
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { done <- wctl.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	waitFor(t, time.Minute, "webhook server", func() (bool, error) {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-		if err == nil {
-			c.Close()
-		}
-		return err == nil, nil
-	})
+	if err := testutil.StartController(cfg, wc); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(2 * time.Second) // let the caches sync
 	ns := framework.CreateNamespace(t, cp, "bench")
 
@@ -185,30 +163,36 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 	}
 	var stsDone, podsDone time.Duration
 	var lastSts, lastPods int
-	waitFor(t, 15*time.Minute, "all StatefulSets and pods", func() (bool, error) {
+	framework.Eventually(t, 15*time.Minute, "all StatefulSets and pods", func(ctx context.Context) error {
 		var sets appsv1.StatefulSetList
-		if err := cl.List(context.Background(), &sets, client.InNamespace(ns)); err != nil {
-			return false, err
+		if err := cl.List(ctx, &sets, client.InNamespace(ns)); err != nil {
+			return err
 		}
 		if lastSts = len(sets.Items); lastSts == groups+1 && stsDone == 0 {
 			stsDone = time.Since(start)
 		}
 		var pods metav1.PartialObjectMetadataList
 		pods.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("PodList"))
-		if err := cl.List(context.Background(), &pods, client.InNamespace(ns)); err != nil {
-			return false, err
+		if err := cl.List(ctx, &pods, client.InNamespace(ns)); err != nil {
+			return err
 		}
 		if lastPods = len(pods.Items); lastPods == groups*size && podsDone == 0 {
 			podsDone = time.Since(start)
 		}
-		return stsDone > 0 && podsDone > 0, nil
-	})
-	waitFor(t, 5*time.Minute, "status settles", func() (bool, error) {
-		var got v1alpha1.LeaderWorkerSet
-		if err := cl.Get(context.Background(), client.ObjectKeyFromObject(lws), &got); err != nil {
-			return false, err
+		if stsDone == 0 || podsDone == 0 {
+			return fmt.Errorf("%d of %d StatefulSets, %d of %d pods", lastSts, groups+1, lastPods, groups*size)
 		}
-		return got.Status.Replicas == groups, nil
+		return nil
+	})
+	framework.Eventually(t, 5*time.Minute, "status settles", func(ctx context.Context) error {
+		var got v1alpha1.LeaderWorkerSet
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &got); err != nil {
+			return err
+		}
+		if got.Status.Replicas != groups {
+			return fmt.Errorf("status.replicas %d of %d", got.Status.Replicas, groups)
+		}
+		return nil
 	})
 	time.Sleep(5 * time.Second)
 	created := diff(cnt.snapshot(), before)
@@ -244,20 +228,4 @@ func total(m map[string]int) int {
 		n += v
 	}
 	return n
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, error)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		ok, err := cond()
-		if err != nil {
-			t.Logf("%s: %v", what, err)
-		}
-		if ok {
-			return
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-	t.Fatalf("%s: not after %s", what, timeout)
 }
