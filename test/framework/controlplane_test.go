@@ -2,6 +2,7 @@ package framework_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,13 +77,13 @@ func TestSchedulingAndControllers(t *testing.T) {
 	}
 
 	// kube-controller-manager: default ServiceAccount and root CA ConfigMap in a new namespace.
-	waitUntil(t, eventually, func() bool {
+	framework.Eventually(t, eventually, "ServiceAccount default", func(ctx context.Context) error {
 		_, err := cp.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil
+		return err
 	})
-	waitUntil(t, eventually, func() bool {
+	framework.Eventually(t, eventually, "ConfigMap kube-root-ca.crt", func(ctx context.Context) error {
 		_, err := cp.Client.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
-		return err == nil
+		return err
 	})
 
 	// kube-scheduler: a pod lands on the only node that matches.
@@ -96,9 +97,8 @@ func TestSchedulingAndControllers(t *testing.T) {
 	if _, err := cp.Client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating pod: %v", err)
 	}
-	waitUntil(t, eventually, func() bool {
-		p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
-		return err == nil && p.Spec.NodeName == node.Name
+	framework.Eventually(t, eventually, "pod scheduled", func(ctx context.Context) error {
+		return onNode(ctx, cp, ns, pod.Name, node.Name)
 	})
 
 	// StatefulSet controller, scheduler volume binding and the PV controller together.
@@ -130,14 +130,25 @@ func TestSchedulingAndControllers(t *testing.T) {
 	if _, err := cp.Client.AppsV1().StatefulSets(ns).Create(ctx, sts, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating StatefulSet: %v", err)
 	}
-	waitUntil(t, eventually, func() bool {
+	framework.Eventually(t, eventually, "claim data-sts-0 Bound", func(ctx context.Context) error {
 		pvc, err := cp.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data-sts-0", metav1.GetOptions{})
-		return err == nil && pvc.Status.Phase == corev1.ClaimBound
+		if err == nil && pvc.Status.Phase != corev1.ClaimBound {
+			err = fmt.Errorf("phase %s", pvc.Status.Phase)
+		}
+		return err
 	})
-	waitUntil(t, eventually, func() bool {
-		p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, "sts-0", metav1.GetOptions{})
-		return err == nil && p.Spec.NodeName == node.Name
+	framework.Eventually(t, eventually, "pod sts-0 scheduled", func(ctx context.Context) error {
+		return onNode(ctx, cp, ns, "sts-0", node.Name)
 	})
+}
+
+// onNode says whether pod ns/name is bound to node.
+func onNode(ctx context.Context, cp *framework.ControlPlane, ns, name, node string) error {
+	p, err := cp.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err == nil && p.Spec.NodeName != node {
+		err = fmt.Errorf("pod %s on node %q, want %s", name, p.Spec.NodeName, node)
+	}
+	return err
 }
 
 // createLocalStorage creates a no-provisioner StorageClass and one local PV on nodeName, named

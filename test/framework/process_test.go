@@ -1,6 +1,7 @@
 package framework_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -20,13 +21,13 @@ func TestStartProcess(t *testing.T) {
 	p := framework.StartProcess(t, "sh", "/bin/sh", "-c", `echo hello from sh; sleep 1000 & echo $! > `+pidFile+`; wait`)
 
 	var childPid int
-	waitUntil(t, 10*time.Second, func() bool {
+	framework.Eventually(t, 10*time.Second, "the child's pid", func(context.Context) error {
 		data, err := os.ReadFile(pidFile)
-		if err != nil || len(data) == 0 {
-			return false
+		if err != nil {
+			return err
 		}
 		childPid, err = strconv.Atoi(strings.TrimSpace(string(data)))
-		return err == nil
+		return err
 	})
 	log, err := os.ReadFile(p.LogPath)
 	if err != nil {
@@ -43,9 +44,12 @@ func TestStartProcess(t *testing.T) {
 		t.Fatal("Stop returned before the process exited")
 	}
 	// The orphaned child is reaped by init some time after it dies; until then it is a zombie.
-	waitUntil(t, 30*time.Second, func() bool {
+	framework.Eventually(t, 30*time.Second, "the child gone", func(context.Context) error {
 		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", childPid))
-		return errors.Is(err, os.ErrNotExist) || strings.Contains(string(stat), ") Z ")
+		if errors.Is(err, os.ErrNotExist) || strings.Contains(string(stat), ") Z ") {
+			return nil
+		}
+		return fmt.Errorf("pid %d still runs: %s", childPid, stat)
 	})
 }
 
