@@ -35,20 +35,6 @@ func matchesDisk(obj *spapi.StoragePool, disk map[string]cacheondisk.Dataset) bo
 	return cacheondisk.Matches(obj, disk) == nil
 }
 
-func writeFile(t *testing.T, path string, size int) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	b := make([]byte, size)
-	for i := range b {
-		b[i] = byte(i*7 + size)
-	}
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestDatasetInventory stages datasets through the real driver (NodeStageVolume of static
 // dataset PVs) and checks that the pool's StoragePool lists exactly what is in the cache on disk
 // after staging, with the volume's reference, after unstaging, and after an eviction; and that a

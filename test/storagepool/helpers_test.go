@@ -315,3 +315,18 @@ func restartWritesNothing(t, owner *testing.T, cp *framework.ControlPlane, c *po
 	}
 	return sc
 }
+
+// writeFile writes a file of size patterned bytes at path, making its directory.
+func writeFile(t *testing.T, path string, size int) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, size)
+	for i := range b {
+		b[i] = byte(i*7 + size)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -2,7 +2,6 @@ package storagepool_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -65,9 +64,7 @@ func TestPoolLifecycle(t *testing.T) {
 
 	t.Run("capacity changes propagate", func(t *testing.T) {
 		before := obj.Status.Capacity.Available.Value()
-		if err := os.WriteFile(filepath.Join(fast.path, "filler"), make([]byte, 16<<20), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		writeFile(t, filepath.Join(fast.path, "filler"), 16<<20)
 		waitPool(t, c, fastName, "available capacity to drop by 16Mi", func(o *spapi.StoragePool) bool {
 			return o.Status.Capacity.Available.Value() <= before-16<<20
 		})
