@@ -1,10 +1,8 @@
 package framework
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +12,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/cistern-csi/cistern/test/framework/kit"
 )
 
 // stopGracePeriod is how long a process may take to exit after SIGTERM before it is killed.
@@ -99,19 +99,17 @@ func (p *Process) Err() error {
 	}
 }
 
-// WaitListening waits until addr (host:port) accepts TCP connections: how a test knows that a
-// server it started is up. It gives up when p exits first or after timeout, with the end of p's
-// log in the error.
+// WaitListening is kit.WaitListening for this process: it gives up as soon as the process exits,
+// and its error carries the end of the process's log.
 func (p *Process) WaitListening(addr string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	return waitFor(ctx, p, addr, func(ctx context.Context) (bool, error) {
-		conn, err := (&net.Dialer{Timeout: time.Second}).DialContext(ctx, "tcp", addr)
-		if err != nil {
-			return false, nil // not listening yet
-		}
-		return true, conn.Close()
-	})
+	err := kit.WaitListening(addr, timeout, p.done)
+	if errors.Is(err, kit.ErrExited) {
+		err = fmt.Errorf("%w (%v)", err, p.Err())
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w; last lines of %s:\n%s", p.Name, err, p.LogPath, Tail(p.LogPath, 20))
+	}
+	return nil
 }
 
 // Stop sends SIGTERM to the process group, waits up to 10s, then kills the group. Safe to call

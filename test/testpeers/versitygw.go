@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/md5"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -114,21 +113,17 @@ func startVersitygw(t kit.TB, bin, dir string, tlsFiles []string) *S3 {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() {
+		_ = s.cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		<-exited
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("versitygw not listening on %s: %s", addr, out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := kit.WaitListening(addr, 30*time.Second, exited); err != nil {
+		t.Fatalf("versitygw: %v: %s", err, out.String())
 	}
 	if tlsFiles == nil {
 		s.Client = s.NewClient(s.Endpoint)

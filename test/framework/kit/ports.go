@@ -1,9 +1,12 @@
 package kit
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync"
+	"time"
 )
 
 var (
@@ -54,4 +57,29 @@ func FreePorts(n int) ([]int, error) {
 		ports[i] = p
 	}
 	return ports, nil
+}
+
+// ErrExited is WaitListening's error when the server's process ended first.
+var ErrExited = errors.New("exited")
+
+// WaitListening waits until addr (host:port) accepts TCP connections: how a test knows that a
+// server it started is up. It gives up after timeout, or with ErrExited as soon as exited (closed
+// when the server's process ends) is closed.
+func WaitListening(addr string, timeout time.Duration, exited <-chan struct{}) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return conn.Close()
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("%w before it listened on %s", ErrExited, addr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not listening on %s after %s: %w", addr, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
