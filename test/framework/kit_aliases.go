@@ -8,9 +8,11 @@ type TB = kit.TB
 
 // The client-free part of the kit (test/framework/kit), under the names the suites use.
 var (
-	FreePort   = kit.FreePort
-	FreePorts  = kit.FreePorts
-	FreeAddr   = kit.FreeAddr
-	RepoRoot   = kit.RepoRoot
-	Eventually = kit.Eventually
+	FreePort      = kit.FreePort
+	FreePorts     = kit.FreePorts
+	FreeAddr      = kit.FreeAddr
+	RepoRoot      = kit.RepoRoot
+	Eventually    = kit.Eventually
+	WaitListening = kit.WaitListening
+	ErrExited     = kit.ErrExited
 )

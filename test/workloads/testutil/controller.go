@@ -2,8 +2,8 @@ package testutil
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
 	"os"
 	"time"
 
@@ -73,23 +73,18 @@ func StartController(cfg *rest.Config, wc workloads.Config) error {
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- c.Run(ctx) }()
-	// Ready when the webhook server answers TLS.
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-errc:
-			return fmt.Errorf("controller exited: %w", err)
-		default:
-		}
-		if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", wc.WebhookPort), time.Second); err == nil {
-			c.Close()
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
+	var runErr error
+	exited := make(chan struct{})
+	go func() {
+		runErr = c.Run(ctx)
+		close(exited)
+	}()
+	// Ready when the webhook server answers.
+	err = framework.WaitListening(fmt.Sprintf("127.0.0.1:%d", wc.WebhookPort), 60*time.Second, exited)
+	if errors.Is(err, framework.ErrExited) {
+		return fmt.Errorf("controller exited: %w", runErr)
 	}
-	return fmt.Errorf("webhook server did not start on port %d", wc.WebhookPort)
+	return err
 }
 
 // ControlPlane is the control plane the workload suites run on (framework.RunShared): the
