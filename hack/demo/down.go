@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // down stops the serving process (which stops its components and unmounts its pools), then
@@ -40,7 +41,7 @@ func down(d demoDir) error {
 			fmt.Println(err)
 		}
 	}
-	loops, _ := cluster.LoopDevicesUnder(string(d))
+	loops := testutil.LoopDevicesUnder(string(d))
 	if len(loops) > 0 {
 		return fmt.Errorf("loop devices still attached: %v", loops)
 	}

@@ -33,6 +33,6 @@ csi-tools:
 		github.com/kubernetes-csi/external-provisioner/v6 \
 		github.com/kubernetes-csi/external-provisioner/v6/cmd/csi-provisioner
 
-## The control-plane test framework's own tests
+## The test kit's own tests: the control-plane framework and the pool helpers
 test-framework: k8s-tools csi-tools
-	$(GO_TEST) -count=1 ./test/framework/...
+	$(GO_TEST) -count=1 ./test/framework/... ./test/testutil/...

@@ -91,18 +91,31 @@ func Run(t kit.TB, args ...string) string {
 	return string(out)
 }
 
+// LoopDevicesUnder maps each loop device whose backing file is below dir to that file, as sysfs
+// shows it.
+func LoopDevicesUnder(dir string) map[string]string {
+	dir = filepath.Clean(dir)
+	devs := map[string]string{}
+	entries, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, e := range entries {
+		data, err := os.ReadFile(e)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		// A deleted backing file shows as "<path> (deleted)".
+		backing := strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")
+		if strings.HasPrefix(backing, dir+"/") {
+			devs["/dev/"+filepath.Base(filepath.Dir(filepath.Dir(e)))] = backing
+		}
+	}
+	return devs
+}
+
 // DetachLoopsUnder detaches every loop device whose backing file is below dir: a driver under
 // test may leave some behind when the test fails midway.
 func DetachLoopsUnder(dir string) {
-	out, err := exec.Command("losetup", "--noheadings", "--output", "NAME,BACK-FILE", "--list").Output()
-	if err != nil {
-		return
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) >= 2 && strings.HasPrefix(f[1], dir+"/") {
-			_ = exec.Command("losetup", "-d", f[0]).Run()
-		}
+	for dev := range LoopDevicesUnder(dir) {
+		_ = exec.Command("losetup", "-d", dev).Run()
 	}
 }
 

@@ -60,11 +60,7 @@ func ReleaseUnder(dir string) error {
 			}
 		}
 	}
-	loops, err := LoopDevicesUnder(dir)
-	if err != nil {
-		errs = append(errs, err.Error())
-	}
-	for _, dev := range loops {
+	for dev := range testutil.LoopDevicesUnder(dir) {
 		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Sprintf("losetup -d %s: %s", dev, out))
 		}
@@ -73,22 +69,4 @@ func ReleaseUnder(dir string) error {
 		return fmt.Errorf("releasing %s: %s", dir, strings.Join(errs, "; "))
 	}
 	return nil
-}
-
-// LoopDevicesUnder lists the loop devices whose backing file is under dir.
-func LoopDevicesUnder(dir string) ([]string, error) {
-	out, err := exec.Command("losetup", "--list", "--noheadings", "--raw", "--output", "NAME,BACK-FILE").Output()
-	if err != nil {
-		return nil, fmt.Errorf("losetup --list: %v", err)
-	}
-	var devs []string
-	for _, line := range strings.Split(string(out), "\n") {
-		name, back, ok := strings.Cut(strings.TrimSpace(line), " ")
-		// A deleted backing file shows as "<path> (deleted)".
-		back = strings.TrimSuffix(back, " (deleted)")
-		if ok && strings.HasPrefix(back, filepath.Clean(dir)+"/") {
-			devs = append(devs, name)
-		}
-	}
-	return devs, nil
 }

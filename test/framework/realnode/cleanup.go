@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // MountsUnder lists the mount points at or below dir, deepest first.
@@ -42,24 +44,11 @@ func unescapeMountPath(s string) string {
 	return r.Replace(s)
 }
 
-// LoopDevicesUnder lists the loop devices whose backing file is below dir.
+// LoopDevicesUnder is testutil.LoopDevicesUnder: each loop device whose backing file is below dir,
+// with that file.
 func LoopDevicesUnder(t *testing.T, dir string) map[string]string {
 	t.Helper()
-	devs := map[string]string{}
-	entries, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, e := range entries {
-		data, err := os.ReadFile(e)
-		if err != nil {
-			continue // detached meanwhile
-		}
-		backing := strings.TrimSpace(string(data))
-		backing = strings.TrimSuffix(backing, " (deleted)")
-		if strings.HasPrefix(backing, dir+"/") {
-			dev := "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(e)))
-			devs[dev] = backing
-		}
-	}
-	return devs
+	return testutil.LoopDevicesUnder(dir)
 }
 
 // CleanupHost removes what a failed or interrupted run can leave on the host under dir: mounts
