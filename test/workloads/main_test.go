@@ -9,7 +9,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"k8s.io/client-go/rest"
@@ -41,10 +40,10 @@ func setup(t *testing.T) *framework.ControlPlane {
 		cl = c
 		// The controller runs as its ServiceAccount with the RBAC of deploy/, so the manifests
 		// are tested along with the code.
-		if err := installRBAC(t, cp); err != nil {
+		if _, err := testutil.RenderWithRBAC(t, cp); err != nil {
 			return err
 		}
-		return startController(framework.ServiceAccountConfig(t, cp, controllerNamespace, controllerSA))
+		return startController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA))
 	})
 }
 
@@ -55,32 +54,6 @@ func setupNamespace(t *testing.T, prefix string) (*framework.ControlPlane, strin
 	t.Helper()
 	cp := setup(t)
 	return cp, framework.CreateNamespace(t, cp, prefix), testutil.Context(t)
-}
-
-const (
-	controllerNamespace = testutil.ControllerNamespace
-	controllerSA        = testutil.ControllerSA
-)
-
-// installRBAC applies deploy/csi/workload-controller's RBAC and ServiceAccount (everything but
-// the Deployment) into cistern-system.
-func installRBAC(t *testing.T, cp *framework.ControlPlane) error {
-	dir := filepath.Join(framework.RepoRoot(), "deploy", "csi", "workload-controller")
-	framework.ApplyYAML(t, cp, "apiVersion: v1\nkind: Namespace\nmetadata: {name: "+controllerNamespace+"}\n")
-	framework.ApplyManifests(t, cp, filepath.Join(dir, "rbac", "role.yaml"))
-	b, err := os.ReadFile(filepath.Join(dir, "deployment.yaml"))
-	if err != nil {
-		return err
-	}
-	var keep []string
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		if !strings.Contains(doc, "\nkind: Deployment\n") {
-			keep = append(keep, doc)
-		}
-	}
-	framework.ApplyYAML(t, cp, strings.Join(keep, "\n---\n"))
-	framework.ApplyYAML(t, cp, testutil.SelfRegisterRBAC)
-	return nil
 }
 
 // startController runs the controller in this process until the test binary exits.

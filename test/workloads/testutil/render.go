@@ -74,12 +74,12 @@ func (r Rendered) YAML(kinds ...string) (string, error) {
 // ServiceAccount: everything but the workloads and the Service-mode webhook configurations.
 var RBACKinds = []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
-// RenderWithRBAC renders deploy/csi with component (Render) and applies the result's RBACKinds and
-// SelfRegisterRBAC to cp: what a suite needs to run the controller in this process as its
-// ServiceAccount, besides the CRDs.
-func RenderWithRBAC(t framework.TB, cp *framework.ControlPlane, component string) (Rendered, error) {
+// RenderWithRBAC renders deploy/csi with components, if any (Render), and applies the result's
+// RBACKinds and SelfRegisterRBAC to cp: what a suite needs to run the controller in this process
+// as its ServiceAccount, besides the CRDs.
+func RenderWithRBAC(t framework.TB, cp *framework.ControlPlane, components ...string) (Rendered, error) {
 	t.Helper()
-	rendered, err := Render(framework.Binary(t, "kubectl"), framework.RepoRoot(), component)
+	rendered, err := Render(framework.Binary(t, "kubectl"), framework.RepoRoot(), components...)
 	if err != nil {
 		return nil, err
 	}
