@@ -215,16 +215,33 @@ func (n *NetnsNode) killLeftovers(t *testing.T) {
 	if err != nil {
 		return
 	}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == n.initPID || pid == n.holder.Pid() {
-			continue
+	// The scan reads every host process's namespace link, and the kernel may hold that read for
+	// as long as the process is stuck (an exec from a dead FUSE mount of another test): give up
+	// after a while rather than leave the rest of the cleanup, init's stop included, undone.
+	// The goroutine may outlive the test, so it reports on a channel, never through t.
+	done := make(chan []int, 1)
+	go func() {
+		var killed []int
+		defer func() { done <- killed }()
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == n.initPID || pid == n.holder.Pid() {
+				continue
+			}
+			if other, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && other == ns {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+				killed = append(killed, pid)
+			}
 		}
-		if other, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err == nil && other == ns {
-			t.Logf("cleanup: node %s: killing process %d left in its mount namespace", n.name, pid)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+	}()
+	select {
+	case killed := <-done:
+		if len(killed) > 0 {
+			t.Logf("cleanup: node %s: killed processes %v left in its mount namespace", n.name, killed)
 		}
+	case <-time.After(30 * time.Second):
+		t.Logf("cleanup: node %s: the scan for processes left in its mount namespace is stuck in /proc; stopping its init instead", n.name)
 	}
 }
 
