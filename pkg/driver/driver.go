@@ -189,6 +189,8 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	reg.MustRegister(d.volumes.WriteBackCollectors()...)
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()
+	// Before any call: a streaming volume's readers wait for its takeover, never for a call.
+	d.volumes.TakeOverStreams(context.Background())
 	return d, nil
 }
 
