@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -226,6 +227,39 @@ func (n *CisternNode) RestartDriver() {
 		n.provisioner.Stop() // expected to have exited; marks it stopped
 		n.StartProvisioner(n.suite, n.cp)
 	}
+}
+
+// KillDriver kills the driver (SIGKILL: a crash, an OOM kill, a container killed) and starts a
+// new one, as kubelet restarts a container; the provisioner is restarted as in RestartDriver.
+func (n *CisternNode) KillDriver() {
+	_ = syscall.Kill(n.driver.Pid(), syscall.SIGKILL)
+	<-n.driver.Done()
+	n.RestartDriver() // the process is gone: Stop only marks it stopped
+}
+
+// StartKeeper starts the FUSE keeper (csi-driver fuse-keeper) beside the driver, as its own
+// DaemonSet runs it, and names its socket to the driver from its next start on. The keeper
+// outlives the driver's restarts; the test's cleanup stops it.
+func (n *CisternNode) StartKeeper(t *testing.T) {
+	t.Helper()
+	if n.enter != nil {
+		t.Fatal("StartKeeper: not for a node in its own namespaces")
+	}
+	sock := filepath.Join(n.stateDir, "fuse-keeper", "keeper.sock")
+	p := framework.StartProcess(n.suite, "fuse-keeper", n.bins.driver, "fuse-keeper", "--socket="+sock, "--v=2")
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		select {
+		case <-p.Done():
+			return false, ErrExited(p)
+		default:
+		}
+		_, err := os.Stat(sock)
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("fuse-keeper: no socket at %s: %v; last lines of %s:\n%s", sock, err, p.LogPath, framework.Tail(p.LogPath, 20))
+	}
+	n.DriverArgs = append(n.DriverArgs, "--fuse-keeper="+sock)
 }
 
 // StartProvisioner runs external-provisioner next to the driver in node-deployment mode: it
