@@ -211,6 +211,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	defer d.volumes.StopWriteBacks()
 	go d.watchPools(stop)
 	go d.datasets.Run(ctx)
+	go d.volumes.WatchKeeper(ctx)
 	if d.peers != nil {
 		l, err := net.Listen("tcp", d.cfg.Peers.Listen)
 		if err != nil {

@@ -73,6 +73,9 @@ type streamMount struct {
 	fs   *streamfs.Mount
 	// release gives the dataset back to eviction and closes the caller's source.
 	release func()
+	// access is what the keeper holds besides the connection (keptStream), handed to it again
+	// when it restarts.
+	access keptStream
 }
 
 func (sm *streamMounts) add(id string, m *streamMount) {
@@ -170,8 +173,10 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		tv.fallBack(ctx, spec, err.Error())
 		return false, "", nil
 	}
-	s.streams.add(tv.id, &streamMount{path: path, fs: fsm, release: ds.Release})
-	s.keep(ctx, tv.id, fsm, secrets, attrs[consts.VolumeContextSATokens])
+	m := &streamMount{path: path, fs: fsm, release: ds.Release,
+		access: keptStream{Secrets: secrets, Tokens: attrs[consts.VolumeContextSATokens]}}
+	s.streams.add(tv.id, m)
+	s.keep(ctx, tv.id, m)
 	klog.FromContext(ctx).V(4).Info("Streaming dataset", "volumeID", tv.id, "dataset", spec.String(), "path", path,
 		"objects", len(ds.Objects), "progress", st.String())
 	return true, "", nil

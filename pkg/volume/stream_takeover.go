@@ -46,24 +46,71 @@ const takeOverBudget = 2 * time.Minute
 
 // keep hands a copy of the volume's FUSE connection to the keeper, with the caller's access.
 // Without a keeper the volume is served as before, and a restart breaks its reads.
-func (s *Service) keep(ctx context.Context, id string, fsm *streamfs.Mount, secrets map[string]string, tokens string) {
+func (s *Service) keep(ctx context.Context, id string, m *streamMount) {
 	logger := klog.FromContext(ctx)
 	if s.streaming.Keeper == "" {
 		return
 	}
-	conn, err := fsm.Conn()
+	conn, err := m.fs.Conn()
 	if err != nil {
 		logger.Error(err, "Cannot copy a streaming volume's FUSE connection for the keeper: a restart of the plugin will break its reads", "volumeID", id)
 		return
 	}
 	defer conn.Dev.Close()
-	meta, err := json.Marshal(keptStream{Conn: conn, Secrets: secrets, Tokens: tokens})
+	kept := m.access
+	kept.Conn = conn
+	meta, err := json.Marshal(kept)
 	if err == nil {
 		err = fusekeeper.Keep(s.streaming.Keeper, id, conn.Dev, meta)
 	}
 	if err != nil {
 		logger.Info("No FUSE keeper: a restart of the node plugin will break this streaming volume's reads", "volumeID", id, "keeper", s.streaming.Keeper, "err", err)
 	}
+}
+
+// keeperCheck is how often the plugin looks whether the keeper started again.
+const keeperCheck = 10 * time.Second
+
+// WatchKeeper hands every streaming volume this process serves to the keeper again when the
+// keeper starts again (its socket is another file): a keeper restarted holds nothing, and the
+// plugin's next restart would otherwise break those volumes' reads. Runs until ctx ends.
+func (s *Service) WatchKeeper(ctx context.Context) {
+	if s.streaming.Keeper == "" {
+		return
+	}
+	last := socketID(s.streaming.Keeper)
+	t := time.NewTicker(keeperCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		id := socketID(s.streaming.Keeper)
+		if id == last || id == 0 {
+			continue
+		}
+		last = id
+		s.streams.mu.Lock()
+		live := maps.Clone(s.streams.m)
+		s.streams.mu.Unlock()
+		if len(live) > 0 {
+			klog.FromContext(ctx).Info("The FUSE keeper started again: handing it the streaming volumes", "volumes", len(live))
+		}
+		for vid, m := range live {
+			s.keep(ctx, vid, m)
+		}
+	}
+}
+
+// socketID identifies the file at path (device and inode), 0 when there is none.
+func socketID(path string) uint64 {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return 0
+	}
+	return st.Dev<<32 ^ st.Ino
 }
 
 // TakeOverStreams serves again the streaming volumes an earlier process of the plugin served:
@@ -120,10 +167,10 @@ func (s *Service) takeOver(ctx context.Context, h fusekeeper.Held, mounts []moun
 	tv := &treeVolume{s: s, id: rec.ID, rec: &rec, inline: rec.Inline}
 	fsm, release, err := tv.resume(ctx, rec, kept)
 	if err != nil {
-		s.refuse(ctx, rec, kept.Conn, err.Error())
+		s.refuse(ctx, rec, kept, err.Error())
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release})
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release, access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 	logger.Info("Took over a streaming volume: its reads go on", "path", rec.Path)
 }
 
@@ -233,7 +280,8 @@ func dupConn(c streamfs.Conn) streamfs.Conn {
 
 // refuse serves rec's connection with EIO for every read, since its caller's access could not
 // be proved again, and says why; unstaging it ends the connection as for any streaming volume.
-func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, c streamfs.Conn, reason string) {
+func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, kept keptStream, reason string) {
+	c := kept.Conn
 	klog.FromContext(ctx).Error(errors.New(reason), "Streaming volume taken over without its caller's access proved: its reads fail with EIO until it is unstaged", "volumeID", rec.ID, "path", rec.Path)
 	if f := s.streaming.OnRefused; f != nil {
 		f(rec.ID, rec.DatasetID, reason)
@@ -246,5 +294,5 @@ func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, c streamfs.C
 		s.streams.drop(rec.ID)
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: func() {}})
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: func() {}, access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 }

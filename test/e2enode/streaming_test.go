@@ -18,6 +18,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/fusekeeper"
+	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/framework/realnode"
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
@@ -37,7 +39,8 @@ const streamPrefix = "stream"
 // compared with S3's) while the node plugin is killed (SIGKILL, a crash) and started again, and
 // then stopped (SIGTERM, as a DaemonSet rollout restart does) and started again, the FUSE keeper
 // running beside it as its own DaemonSet does: no read fails, and the reads are counted before,
-// across and after each restart. Every GET of an object is delayed by the test's S3 proxy and
+// across and after each restart; then the keeper is restarted, the plugin hands it the volume
+// again, and one more kill of the plugin loses no read either. Every GET of an object is delayed by the test's S3 proxy and
 // the staging throttled, so that the large files stay uncached and the first kill lands while
 // the pod waits inside a read of one.
 func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
@@ -126,6 +129,7 @@ func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 	})
 	c.node.KillDriver()
 	c.node.WaitRegistered(t, c.cp)
+	tookOver(t, c)
 	across := read()
 	after := waitReads("two rounds after the kill", func(r reads) bool { return r.Rounds >= across.Rounds+2 })
 	t.Logf("SIGKILL while reading %s (uncached): reads before %d, by the time the new plugin registered %d, two rounds later %d; failed %d",
@@ -135,10 +139,37 @@ func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 	before = waitReads("reads before the rollout", func(r reads) bool { return r.Reads >= after.Reads+3 && r.Current != "" })
 	c.node.RestartDriver()
 	c.node.WaitRegistered(t, c.cp)
+	tookOver(t, c)
 	across = read()
 	after = waitReads("two rounds after the rollout", func(r reads) bool { return r.Rounds >= across.Rounds+2 })
 	t.Logf("SIGTERM while reading %s: reads before %d, by the time the new plugin registered %d, two rounds later %d; failed %d; %d MiB read",
 		key(before.Current), before.Reads, across.Reads, after.Reads, after.Failed, after.Bytes>>20)
+
+	// 3. The keeper restarted (its pod deleted: it lets go of what it held): the plugin hands it
+	// the volume again, and the plugin's next restart still loses no read.
+	c.node.RestartKeeper(t)
+	deadline := time.Now().Add(time.Minute)
+	for held := 0; held == 0; {
+		kept, err := fusekeeper.Take(c.node.KeeperSocket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range kept {
+			h.Dev.Close()
+		}
+		if held = len(kept); held == 0 && time.Now().After(deadline) {
+			t.Fatal("the plugin did not hand the restarted keeper its streaming volume")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	before = read()
+	c.node.KillDriver()
+	c.node.WaitRegistered(t, c.cp)
+	tookOver(t, c)
+	across = read()
+	after = waitReads("two rounds after the kill that followed the keeper's restart", func(r reads) bool { return r.Rounds >= across.Rounds+2 })
+	t.Logf("keeper restarted, then SIGKILL while reading %q: reads before %d, by the time the new plugin registered %d, two rounds later %d; failed %d",
+		key(before.Current), before.Reads, across.Reads, after.Reads, after.Failed)
 
 	if after.Failed != 0 || after.Differ != 0 {
 		t.Errorf("%d reads failed and %d differed from the file's first read across the restarts: %v", after.Failed, after.Differ, after.Errors)
@@ -157,6 +188,19 @@ func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 	}
 	if n := streamMounts(t, c); n == 0 {
 		t.Error("the streaming mount is gone after the restarts")
+	}
+}
+
+// tookOver checks that the plugin's new process took the streaming volume over from the keeper
+// (its log says so), rather than the reads going on some other way.
+func tookOver(t *testing.T, c *cluster) {
+	t.Helper()
+	b, err := os.ReadFile(c.node.DriverLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "Took over a streaming volume") {
+		t.Fatalf("the plugin's new process did not take the streaming volume over; its log (%s) ends:\n%s", c.node.DriverLog(), framework.Tail(c.node.DriverLog(), 30))
 	}
 }
 
