@@ -108,6 +108,13 @@ func (sm *streamMounts) stop(id string) error {
 	return err
 }
 
+// served says whether m still serves volume id (not stopped meanwhile).
+func (sm *streamMounts) served(id string, m *streamMount) bool {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.m[id] == m
+}
+
 // drop tells the keeper to let the volume's connection go.
 func (sm *streamMounts) drop(id string) {
 	if sm.keeper == "" {

@@ -68,17 +68,16 @@ func (s *Service) keep(ctx context.Context, id string, m *streamMount) {
 	}
 }
 
-// keeperCheck is how often the plugin looks whether the keeper started again.
+// keeperCheck is how often the plugin looks whether the keeper lacks a volume.
 const keeperCheck = 10 * time.Second
 
-// WatchKeeper hands every streaming volume this process serves to the keeper again when the
-// keeper starts again (its socket is another file): a keeper restarted holds nothing, and the
-// plugin's next restart would otherwise break those volumes' reads. Runs until ctx ends.
+// WatchKeeper hands the keeper again every streaming volume this process serves that it does
+// not hold: a keeper that started again holds nothing, and the plugin's next restart would
+// otherwise break those volumes' reads. Runs until ctx ends.
 func (s *Service) WatchKeeper(ctx context.Context) {
 	if s.streaming.Keeper == "" {
 		return
 	}
-	last := socketID(s.streaming.Keeper)
 	t := time.NewTicker(keeperCheck)
 	defer t.Stop()
 	for {
@@ -87,30 +86,28 @@ func (s *Service) WatchKeeper(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		id := socketID(s.streaming.Keeper)
-		if id == last || id == 0 {
-			continue
-		}
-		last = id
 		s.streams.mu.Lock()
 		live := maps.Clone(s.streams.m)
 		s.streams.mu.Unlock()
+		if len(live) == 0 {
+			continue
+		}
+		ids, err := fusekeeper.List(s.streaming.Keeper)
+		if err != nil {
+			continue // no keeper (yet): the next look
+		}
+		for _, id := range ids {
+			delete(live, id)
+		}
 		if len(live) > 0 {
-			klog.FromContext(ctx).Info("The FUSE keeper started again: handing it the streaming volumes", "volumes", len(live))
+			klog.FromContext(ctx).Info("The FUSE keeper lacks streaming volumes (it started again): handing them over", "volumes", len(live))
 		}
 		for vid, m := range live {
-			s.keep(ctx, vid, m)
+			if s.streams.served(vid, m) {
+				s.keep(ctx, vid, m)
+			}
 		}
 	}
-}
-
-// socketID identifies the file at path (device and inode), 0 when there is none.
-func socketID(path string) uint64 {
-	var st unix.Stat_t
-	if unix.Stat(path, &st) != nil {
-		return 0
-	}
-	return st.Dev<<32 ^ st.Ino
 }
 
 // TakeOverStreams serves again the streaming volumes an earlier process of the plugin served:
