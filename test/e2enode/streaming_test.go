@@ -189,6 +189,28 @@ func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 	if n := streamMounts(t, c); n == 0 {
 		t.Error("the streaming mount is gone after the restarts")
 	}
+	if t.Failed() {
+		return
+	}
+
+	// 4. The source changed since the listing: the next process cannot prove the caller reads
+	// what the kernel was shown, and the volume answers EIO, never other bytes.
+	d.s3.Put(t, datasetBucket, streamPrefix+"/small/config.json", []byte(`{"changed": true}`))
+	c.node.KillDriver()
+	c.node.WaitRegistered(t, c.cp)
+	if b, err := os.ReadFile(c.node.DriverLog()); err != nil || !strings.Contains(string(b), "its reads fail with EIO") {
+		t.Fatalf("the plugin's new process did not refuse the volume (%v); its log ends:\n%s", err, framework.Tail(c.node.DriverLog(), 30))
+	}
+	var r reads
+	for deadline := time.Now().Add(time.Minute); r.Failed == 0; time.Sleep(50 * time.Millisecond) {
+		if r = read(); time.Now().After(deadline) {
+			t.Fatalf("no read failed after the source changed: %+v", r)
+		}
+	}
+	if r.Differ != 0 || !strings.Contains(strings.Join(r.Errors, "\n"), "input/output error") {
+		t.Errorf("after the source changed: %d reads differed, errors %v; want EIO only", r.Differ, r.Errors)
+	}
+	t.Logf("source changed, then SIGKILL: the new process refused the volume; reads fail with %q", r.Errors[0])
 }
 
 // tookOver checks that the plugin's new process took the streaming volume over from the keeper
