@@ -35,15 +35,22 @@ type streamReader struct {
 }
 
 // startStreamReader uploads a dataset beside the examples' (in the same S3 server, a pod), makes
-// a static PV of it with dataMode streaming, and starts a pod reading it in a loop.
-func (in *install) startStreamReader(t *testing.T) *streamReader {
+// a static PV of it with dataMode streaming, and starts a pod reading it in a loop. The S3
+// Service is relayed again until scope ends (the examples' relay ended with them): the plugin
+// taking the volume over after the upgrade and the kill lists the source again.
+func (in *install) startStreamReader(t, scope *testing.T) *streamReader {
 	t.Helper()
 	if in.exampleData == nil {
 		t.Skip("no S3 server: the examples did not run")
 	}
+	svc, err := in.cp.Client.CoreV1().Services(in.ns).Get(context.Background(), "s3", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveService(scope, in.cp, svc)
 	// The keeper's own DaemonSet runs its pod, Ready, before the volume is made: the plugin
 	// hands the keeper the connection when it mounts.
-	err := pollInstall(time.Second, func(ctx context.Context) (bool, error) {
+	err = pollInstall(time.Second, func(ctx context.Context) (bool, error) {
 		pods, err := in.cp.Client.CoreV1().Pods(installNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=cistern-fuse-keeper"})
 		if err != nil || len(pods.Items) != 1 {
 			return false, nil

@@ -184,7 +184,8 @@ func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1
 	var hb *heartbeatPod
 	t.Run("workload", func(t *testing.T) { hb = in.startWorkload(t) })
 	var sr *streamReader
-	t.Run("streaming-workload", func(t *testing.T) { sr = in.startStreamReader(t) })
+	scope := t
+	t.Run("streaming-workload", func(t *testing.T) { sr = in.startStreamReader(t, scope) })
 	t.Run("upgrade", func(t *testing.T) {
 		if hb == nil {
 			t.Skip("no workload")
