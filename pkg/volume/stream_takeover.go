@@ -41,8 +41,10 @@ type keptStream struct {
 }
 
 // takeOverBudget bounds the proof and listing of one volume taken over; its readers wait
-// meanwhile (the kernel queues their requests).
-const takeOverBudget = 2 * time.Minute
+// meanwhile (the kernel queues their requests). The plugin answers no call until every volume
+// is taken over, and the DaemonSet's liveness probe restarts a container that answers none for
+// about 90 s: a minute leaves room.
+const takeOverBudget = time.Minute
 
 // keep hands a copy of the volume's FUSE connection to the keeper, with the caller's access.
 // Without a keeper the volume is served as before, and a restart breaks its reads.
