@@ -50,6 +50,7 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
+	flag.StringVar(&cfg.Streaming.Keeper, "fuse-keeper", "", "Socket of the FUSE keeper (csi-driver fuse-keeper, run apart from the plugin): streaming volumes' FUSE connections are kept there, so that a restart or upgrade of the plugin loses no read; empty, or no keeper listening: a restart breaks their reads.")
 	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, writable dataset volumes copied for want of overlayfs, and streaming volumes staged for want of FUSE, as Events on this node's Node object, and the write-back of volumes' outputs (started, failed and retried, finished, target refused) as Events on their pod or claim (needs API access: in-cluster, or --kubeconfig).")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events, --peer-listen and the ServiceAccounts of datasets with roleFrom=serviceAccount; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"net/http"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -31,6 +32,10 @@ import (
 var version = "dev"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "fuse-keeper" {
+		runKeeper(os.Args[2:])
+		return
+	}
 	cfg := driver.Config{VendorVersion: version}
 	var o options
 	klog.InitFlags(nil)
@@ -52,6 +57,7 @@ func main() {
 		cfg.Datasets.OnEvict = rec.Evicted
 		cfg.Writable.OnCopy = rec.WritableCopied
 		cfg.Streaming.OnFallback = rec.StreamingStaged
+		cfg.Streaming.OnRefused = rec.StreamingRefused
 		outputs, err := outputEvents(o.kubeconfig, cfg.NodeID)
 		if err != nil {
 			exit(err, "Cannot record Events")
@@ -89,8 +95,8 @@ func main() {
 }
 
 // exit logs err and ends the process, flushing the log.
-func exit(err error, msg string) {
-	klog.ErrorS(err, msg)
+func exit(err error, msg string, kv ...any) {
+	klog.ErrorS(err, msg, kv...)
 	klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 }
 

@@ -189,6 +189,8 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	reg.MustRegister(d.volumes.WriteBackCollectors()...)
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()
+	// Before any call: a streaming volume's readers wait for its takeover, never for a call.
+	d.volumes.TakeOverStreams(context.Background())
 	return d, nil
 }
 
@@ -209,6 +211,7 @@ func (d *Driver) Run(ctx context.Context) error {
 	defer d.volumes.StopWriteBacks()
 	go d.watchPools(stop)
 	go d.datasets.Run(ctx)
+	go d.volumes.WatchKeeper(ctx)
 	if d.peers != nil {
 		l, err := net.Listen("tcp", d.cfg.Peers.Listen)
 		if err != nil {

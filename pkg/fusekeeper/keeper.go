@@ -2,7 +2,8 @@
 // own, so that a connection outlives the process serving it: the kernel keeps a FUSE mount
 // alive while any copy of its descriptor is open, and the requests meanwhile wait. The server
 // hands its descriptor over (Keep) when it mounts; after a restart it takes the descriptors back
-// (Take) and serves them again; it drops one (Drop) when it unmounts for good.
+// (Take) and serves them again; it drops one (Drop) when it unmounts for good. List names what
+// the keeper holds, so that a server hands a keeper that started again what it lacks.
 //
 // The keeper answers on a unix socket (SOCK_SEQPACKET, descriptors passed with SCM_RIGHTS). It
 // trusts every client that can reach the socket: the socket must be private to the server.
@@ -32,7 +33,7 @@ type Held struct {
 }
 
 type message struct {
-	Op string `json:"op,omitempty"` // keep, take, drop
+	Op string `json:"op,omitempty"` // keep, take, drop, list
 	Held
 	Error string `json:"error,omitempty"`
 	End   bool   `json:"end,omitempty"`
@@ -150,6 +151,19 @@ func (k *Keeper) answer(c *net.UnixConn) {
 			}
 		}
 		_ = send(c, message{End: true}, nil)
+	case "list":
+		k.mu.Lock()
+		ids := make([]string, 0, len(k.held))
+		for id := range k.held {
+			ids = append(ids, id)
+		}
+		k.mu.Unlock()
+		for _, id := range ids {
+			if err := send(c, message{Held: Held{ID: id}}, nil); err != nil {
+				return
+			}
+		}
+		_ = send(c, message{End: true}, nil)
 	default:
 		_ = send(c, message{Error: fmt.Sprintf("unknown request %q", req.Op)}, nil)
 	}
@@ -227,8 +241,13 @@ func dial(path string) (*net.UnixConn, error) {
 	return net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 }
 
-// call sends one request and reads answers until the end.
+// call sends one request and reads answers until the end, each with its descriptor.
 func call(path string, req message, dev *os.File) ([]Held, error) {
+	return exchange(path, req, dev, true)
+}
+
+// exchange is call; withDev false: answers carry no descriptor (List).
+func exchange(path string, req message, dev *os.File, withDev bool) ([]Held, error) {
 	c, err := dial(path)
 	if err != nil {
 		return nil, err
@@ -251,8 +270,11 @@ func call(path string, req message, dev *os.File) ([]Held, error) {
 			return nil, fmt.Errorf("FUSE keeper at %s: %s", path, m.Error)
 		case m.End:
 			return out, nil
-		case d == nil:
+		case d == nil && withDev:
 			return nil, errors.New("FUSE keeper: an answer without its descriptor")
+		case d != nil && !withDev:
+			d.Close()
+			d = nil
 		}
 		out = append(out, Held{ID: m.ID, Meta: m.Meta, Dev: d})
 	}
@@ -267,6 +289,16 @@ func Keep(path, id string, dev *os.File, meta []byte) error {
 // Take returns copies of every descriptor the keeper at path holds; the caller closes them.
 func Take(path string) ([]Held, error) {
 	return call(path, message{Op: "take"}, nil)
+}
+
+// List names the connections the keeper at path holds.
+func List(path string) ([]string, error) {
+	held, err := exchange(path, message{Op: "list"}, nil, false)
+	ids := make([]string, 0, len(held))
+	for _, h := range held {
+		ids = append(ids, h.ID)
+	}
+	return ids, err
 }
 
 // Drop closes the keeper's copy of id (nothing if it holds none).

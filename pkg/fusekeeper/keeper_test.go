@@ -50,6 +50,9 @@ func TestKeepTakeDrop(t *testing.T) {
 	if k.Len() != 1 {
 		t.Fatalf("keeper holds %d after take, want 1 (take hands out copies)", k.Len())
 	}
+	if ids, err := fusekeeper.List(k.Path()); err != nil || len(ids) != 1 || ids[0] != "vol-1" {
+		t.Fatalf("list: %v, %v; want [vol-1]", ids, err)
+	}
 	if err := fusekeeper.Drop(k.Path(), "vol-1"); err != nil {
 		t.Fatal(err)
 	}
@@ -58,5 +61,8 @@ func TestKeepTakeDrop(t *testing.T) {
 	}
 	if held, err := fusekeeper.Take(k.Path()); err != nil || len(held) != 0 {
 		t.Fatalf("take after drop: %+v, %v", held, err)
+	}
+	if ids, err := fusekeeper.List(k.Path()); err != nil || len(ids) != 0 {
+		t.Fatalf("list after drop: %v, %v", ids, err)
 	}
 }

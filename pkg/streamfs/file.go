@@ -44,6 +44,8 @@ type fileNode struct {
 func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	n := f.t.get(in.NodeId)
 	switch {
+	case f.refused():
+		return fuse.EIO
 	case n == nil:
 		return errStale
 	case n.file == nil:
@@ -127,6 +129,8 @@ func (f *rawFS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 func (f *rawFS) Read(_ <-chan struct{}, in *fuse.ReadIn, dest []byte) (fuse.ReadResult, fuse.Status) {
 	n := f.t.get(in.NodeId)
 	switch {
+	case f.refused():
+		return nil, fuse.EIO
 	case n == nil:
 		return nil, errStale
 	case n.file == nil:

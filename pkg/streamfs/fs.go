@@ -45,6 +45,8 @@ type Config struct {
 	Room func(ctx context.Context, n int64) error
 	// OnFetch, when set, is told of every on-demand fetch and its outcome (metrics, tests).
 	OnFetch func(key string, off, n int64, err error)
+	// refused, when set, is why the mount serves nothing (Refuse).
+	refused string
 }
 
 // manifestID names a manifest: a process serves a mount taken over only if its manifest is the
@@ -175,9 +177,14 @@ func (f *rawFS) entry(id uint64, out *fuse.EntryOut) {
 	out.SetAttrTimeout(long)
 }
 
+// refused: the mount serves nothing (Refuse).
+func (f *rawFS) refused() bool { return f.m.cfg.refused != "" }
+
 func (f *rawFS) Lookup(_ <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
 	p := f.t.get(h.NodeId)
 	switch {
+	case f.refused():
+		return fuse.EIO
 	case p == nil:
 		return errStale
 	case p.byName == nil:
@@ -199,7 +206,10 @@ func (f *rawFS) Forget(uint64, uint64) {}
 
 func (f *rawFS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
 	n := f.t.get(in.NodeId)
-	if n == nil {
+	switch {
+	case f.refused() && in.NodeId != 1: // the root's attributes tell nothing of the data
+		return fuse.EIO
+	case n == nil:
 		return errStale
 	}
 	n.attr(in.NodeId, &out.Attr)
@@ -209,6 +219,9 @@ func (f *rawFS) GetAttr(_ <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut
 
 func (f *rawFS) Readlink(_ <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status) {
 	n := f.t.get(h.NodeId)
+	if f.refused() {
+		return nil, fuse.EIO
+	}
 	if n == nil || n.mode&syscall.S_IFMT != syscall.S_IFLNK {
 		return nil, fuse.EINVAL
 	}
@@ -218,6 +231,8 @@ func (f *rawFS) Readlink(_ <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Stat
 func (f *rawFS) OpenDir(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	n := f.t.get(in.NodeId)
 	switch {
+	case f.refused():
+		return fuse.EIO
 	case n == nil:
 		return errStale
 	case n.byName == nil:
@@ -239,7 +254,10 @@ func (f *rawFS) ReadDirPlus(_ <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEnt
 
 func (f *rawFS) readDir(in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.Status {
 	n := f.t.get(in.NodeId)
-	if n == nil || n.byName == nil {
+	switch {
+	case f.refused():
+		return fuse.EIO
+	case n == nil || n.byName == nil:
 		return errStale
 	}
 	for i := in.Offset; i < uint64(len(n.kids))+2; i++ {

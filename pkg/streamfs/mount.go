@@ -122,6 +122,9 @@ type Conn struct {
 	Init []byte `json:"init"`
 	// Manifest names the manifest whose node IDs the kernel holds.
 	Manifest string `json:"manifest"`
+	// Name is the connection's name in the FUSE control filesystem: a process taking over
+	// checks that the mount at its directory is still this connection (ConnOf).
+	Name string `json:"name"`
 }
 
 // Conn returns what a process taking the mount over needs (Resume). The caller closes Dev.
@@ -130,7 +133,7 @@ func (mt *Mount) Conn() (Conn, error) {
 	if err != nil {
 		return Conn{}, err
 	}
-	return Conn{Dev: os.NewFile(uintptr(fd), "/dev/fuse"), Init: mt.initReq, Manifest: manifestID(mt.cfg.Objects)}, nil
+	return Conn{Dev: os.NewFile(uintptr(fd), "/dev/fuse"), Init: mt.initReq, Manifest: manifestID(mt.cfg.Objects), Name: mt.conn}, nil
 }
 
 // Resume serves the mount at dir again over c, the connection of a server that is gone: the
@@ -144,6 +147,27 @@ func Resume(dir string, c Conn, cfg Config) (*Mount, error) {
 	if id := manifestID(cfg.Objects); id != c.Manifest {
 		return nil, fmt.Errorf("streamfs: the mount at %s serves manifest %.12s, not %.12s", dir, c.Manifest, id)
 	}
+	opens, err := resumeOpenLog(cfg.Scratch)
+	if err != nil {
+		return nil, err
+	}
+	return takeOver(dir, c, cfg, opens)
+}
+
+// Refuse serves the mount at dir over c, the connection of a server that is gone, without
+// serving any data: every lookup, attribute, open, listing and read answers EIO. It is for a
+// mount whose caller's access cannot be proved again (its credentials lost, or refused): its
+// readers get a clean error rather than a hang or "transport endpoint is not connected", and
+// nothing is served without the proof. Files the kernel passed through before keep being read
+// by the kernel from their backing files (opened while the proof held). Takes c.Dev.
+func Refuse(dir string, c Conn, reason string) (*Mount, error) {
+	defer c.Dev.Close()
+	klog.Background().Info("streaming volume: every read answers EIO", "dir", dir, "reason", reason)
+	return takeOver(dir, c, Config{refused: reason}, &openLog{})
+}
+
+// takeOver serves c at dir and asks the kernel to resend what the old server left unanswered.
+func takeOver(dir string, c Conn, cfg Config, opens *openLog) (*Mount, error) {
 	if len(c.Init) < int(unsafe.Sizeof(fuse.InHeader{})) {
 		return nil, errors.New("streamfs: no INIT request to resume with")
 	}
@@ -152,11 +176,7 @@ func Resume(dir string, c Conn, cfg Config) (*Mount, error) {
 		return nil, err
 	}
 	dev := os.NewFile(uintptr(fd), "/dev/fuse")
-	opens, err := resumeOpenLog(cfg.Scratch)
-	var mt *Mount
-	if err == nil {
-		mt, err = serve(dir, dev, c.Init, cfg, opens)
-	}
+	mt, err := serve(dir, dev, c.Init, cfg, opens)
 	if err != nil {
 		dev.Close()
 		return nil, err
@@ -389,5 +409,7 @@ func (mt *Mount) release() {
 		f.Close()
 	}
 	mt.streams, mt.files = nil, nil
-	mt.opens.f.Close()
+	if mt.opens.f != nil {
+		mt.opens.f.Close()
+	}
 }

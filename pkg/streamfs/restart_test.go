@@ -122,53 +122,10 @@ func TestRestartLosesNoRead(t *testing.T) {
 		}
 		return testpeers.None
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	keeper, err := fusekeeper.Listen(filepath.Join(t.TempDir(), "keeper.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- keeper.Serve(ctx) }()
-	t.Cleanup(func() { cancel(); <-served })
-	cfg := childConfig{Dir: f.dir, Keeper: keeper.Path(), Scratch: t.TempDir(), Cached: f.cached,
-		Endpoint: f.proxy.URL, AccessKey: f.s3.AccessKey, SecretKey: f.s3.SecretKey, Objects: f.objs, Parts: f.parts}
-	cfgPath := filepath.Join(t.TempDir(), "child.json")
-	b, _ := json.Marshal(cfg)
-	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	// The mount goes when the test ends: its connection aborted, so that the keeper's copy
-	// and any reader left waiting go too.
-	conn := ""
-	unmount := func() {
-		if conn != "" {
-			_ = streamfs.AbortConn(conn)
-		}
-		_ = syscall.Unmount(f.dir, syscall.MNT_DETACH)
-	}
-	t.Cleanup(unmount)
-	start := func(want string) *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+cfgPath)
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err != nil || line != want+"\n" {
-			t.Fatalf("server process: %q, %v; want %q", line, err, want)
-		}
-		return cmd
-	}
+	srv := startServers(t, f)
+	start := srv.start
 	child := start("mounted")
-	if conn, err = streamfs.ConnOf(f.dir); err != nil {
-		t.Fatal(err)
-	}
+	unmount := srv.unmount
 
 	files := []string{"big.bin", "cached.bin", "ahead.bin", "dir/small.txt", "control.bin", "cached2.bin", "dir/sub/flip.txt"}
 	var (
@@ -271,5 +228,116 @@ func TestRestartLosesNoRead(t *testing.T) {
 		whole.Load(), bytesRead.Load()>>20, failed.Load(), inFlight)
 	if failed.Load() != 0 {
 		t.Errorf("%d reads failed across the restarts: %v", failed.Load(), errs)
+	}
+}
+
+// servers runs the processes serving one mount, each taking it over from the keeper.
+type servers struct {
+	keeper  string
+	cfgPath string
+	conn    string // the mount's FUSE connection, once mounted
+	t       *testing.T
+	dir     string
+}
+
+// startServers starts a keeper; the mount goes when the test ends, its connection aborted, so
+// that the keeper's copy and any reader left waiting go too.
+func startServers(t *testing.T, f *fixture) *servers {
+	ctx, cancel := context.WithCancel(context.Background())
+	keeper, err := fusekeeper.Listen(filepath.Join(t.TempDir(), "keeper.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- keeper.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-served })
+	cfg := childConfig{Dir: f.dir, Keeper: keeper.Path(), Scratch: t.TempDir(), Cached: f.cached,
+		Endpoint: f.proxy.URL, AccessKey: f.s3.AccessKey, SecretKey: f.s3.SecretKey, Objects: f.objs, Parts: f.parts}
+	s := &servers{keeper: keeper.Path(), cfgPath: filepath.Join(t.TempDir(), "child.json"), t: t, dir: f.dir}
+	b, _ := json.Marshal(cfg)
+	if err := os.WriteFile(s.cfgPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.unmount)
+	return s
+}
+
+func (s *servers) unmount() {
+	if s.conn != "" {
+		_ = streamfs.AbortConn(s.conn)
+	}
+	_ = syscall.Unmount(s.dir, syscall.MNT_DETACH)
+}
+
+// start starts a server process, which says want ("mounted" or "resumed") once it serves.
+func (s *servers) start(want string) *exec.Cmd {
+	t := s.t
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+s.cfgPath)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != want+"\n" {
+		t.Fatalf("server process: %q, %v; want %q", line, err, want)
+	}
+	if s.conn == "" {
+		if s.conn, err = streamfs.ConnOf(s.dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cmd
+}
+
+// TestRefuseAnswersEIO: a mount whose server died and whose caller's access cannot be proved
+// again is taken over by Refuse: a read of a file opened before, a new open, a listing and a
+// lookup all fail with EIO, none hangs, and nothing is served.
+func TestRefuseAnswersEIO(t *testing.T) {
+	f := newFixture(t)
+	srv := startServers(t, f)
+	child := srv.start("mounted")
+	// Opened (and partly read) while the server ran: its next read goes to the next server.
+	open, err := os.Open(filepath.Join(f.dir, "big.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	buf := make([]byte, 4096)
+	if _, err := open.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Process.Kill()
+	_ = child.Wait()
+	held, err := fusekeeper.Take(srv.keeper)
+	if err != nil || len(held) != 1 {
+		t.Fatalf("keeper holds %d connections, %v", len(held), err)
+	}
+	var conn streamfs.Conn
+	if err := json.Unmarshal(held[0].Meta, &conn); err != nil {
+		t.Fatal(err)
+	}
+	conn.Dev = held[0].Dev
+	m, err := streamfs.Refuse(f.dir, conn, "the test lost the credentials")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if _, err := open.ReadAt(buf, int64(len(f.want["big.bin"]))-int64(len(buf))); !errors.Is(err, syscall.EIO) {
+		t.Errorf("read of a file opened before: %v, want EIO", err)
+	}
+	if _, err := os.ReadFile(filepath.Join(f.dir, "dir/small.txt")); !errors.Is(err, syscall.EIO) {
+		t.Errorf("a new open: %v, want EIO", err)
+	}
+	if _, err := os.ReadDir(f.dir); !errors.Is(err, syscall.EIO) {
+		t.Errorf("listing: %v, want EIO", err)
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "never-looked-up")); !errors.Is(err, syscall.EIO) {
+		t.Errorf("lookup: %v, want EIO", err)
 	}
 }

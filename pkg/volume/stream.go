@@ -12,7 +12,9 @@ import (
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/fusekeeper"
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
 )
@@ -25,6 +27,14 @@ type StreamingVolumes struct {
 	// OnFallback, when set, is told about a streaming volume staged instead, and why (an Event
 	// on the node).
 	OnFallback func(volumeID, dataset, reason string)
+	// Keeper is the FUSE keeper's socket (csi-driver fuse-keeper, a process apart from the
+	// plugin): each streaming volume's connection is handed to it when mounted, and taken back
+	// at start (TakeOverStreams), so that a restart of the plugin loses no read. Empty, or no
+	// keeper listening: no takeover, and a restart breaks the volumes' reads.
+	Keeper string
+	// OnRefused, when set, is told about a streaming volume taken over whose caller's access
+	// could not be proved again, and why: its reads fail with EIO (an Event on the node).
+	OnRefused func(volumeID, dataset, reason string)
 }
 
 // unavailable says why this node cannot serve a streaming volume, or "" when it can.
@@ -50,16 +60,28 @@ func (tv *treeVolume) fallBack(ctx context.Context, spec *datasource.Spec, reaso
 }
 
 // streamMounts are the streaming volumes this node plugin serves: the FUSE server of each runs
-// in this process, so they end with it (docs/datasets.md, "Streaming volumes").
+// in this process; the keeper, when there is one, keeps their connections for the next process
+// (docs/datasets.md, "Streaming volumes").
 type streamMounts struct {
-	mu sync.Mutex
-	m  map[string]*streamMount // by volume ID
+	mu     sync.Mutex
+	m      map[string]*streamMount // by volume ID
+	keeper string
 }
 
 type streamMount struct {
 	path string
 	fs   *streamfs.Mount
-	ds   *datasource.Streaming
+	// release gives the dataset back to eviction and closes the caller's source.
+	release func()
+	// access is what the keeper holds besides the connection (keptStream), handed to it again
+	// when it restarts.
+	access keptStream
+}
+
+func (sm *streamMounts) add(id string, m *streamMount) {
+	sm.mu.Lock()
+	sm.m[id] = m
+	sm.mu.Unlock()
 }
 
 // live returns the volume's mount when it is served at path by this process.
@@ -81,8 +103,26 @@ func (sm *streamMounts) stop(id string) error {
 		return nil
 	}
 	err := m.fs.Close()
-	m.ds.Release()
+	m.release()
+	sm.drop(id)
 	return err
+}
+
+// served says whether m still serves volume id (not stopped meanwhile).
+func (sm *streamMounts) served(id string, m *streamMount) bool {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	return sm.m[id] == m
+}
+
+// drop tells the keeper to let the volume's connection go.
+func (sm *streamMounts) drop(id string) {
+	if sm.keeper == "" {
+		return
+	}
+	if err := fusekeeper.Drop(sm.keeper, id); err != nil {
+		klog.Background().Info("Cannot tell the FUSE keeper to drop a streaming volume; it goes with the keeper", "volumeID", id, "err", err)
+	}
 }
 
 // serveStreaming publishes a read-only dataset volume at path as soon as the dataset is listed
@@ -140,9 +180,10 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		tv.fallBack(ctx, spec, err.Error())
 		return false, "", nil
 	}
-	s.streams.mu.Lock()
-	s.streams.m[tv.id] = &streamMount{path: path, fs: fsm, ds: ds}
-	s.streams.mu.Unlock()
+	m := &streamMount{path: path, fs: fsm, release: ds.Release,
+		access: keptStream{Secrets: secrets, Tokens: attrs[consts.VolumeContextSATokens]}}
+	s.streams.add(tv.id, m)
+	s.keep(ctx, tv.id, m)
 	klog.FromContext(ctx).V(4).Info("Streaming dataset", "volumeID", tv.id, "dataset", spec.String(), "path", path,
 		"objects", len(ds.Objects), "progress", st.String())
 	return true, "", nil

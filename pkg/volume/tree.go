@@ -169,24 +169,9 @@ func (tv *treeVolume) Unpublish(ctx context.Context, target string) error {
 // bind-mounts the cached tree read-only at path.
 func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map[string]string, use params.Use) error {
 	s := tv.s
-	pl, err := ParseParams(attrs, use)
+	pl, spec, capacity, err := tv.dataset(attrs, use)
 	if err != nil {
 		return err
-	}
-	spec := datasource.SpecOf(pl.Dataset)
-	if spec == nil {
-		return status.Errorf(codes.InvalidArgument, "volume %s names no %s", tv.id, consts.ParamSource)
-	}
-	// A pod author's (inline) or a namespace user's (VolumeManager) dataset: docs/security.md.
-	spec.Tenant = tv.inline || tenantVolume(tv.id)
-	// A read-only inline volume's dataset is held to its size like a writable one's: the size
-	// it names, or the largest an inline volume may take.
-	capacity := pl.Capacity // a static PV's: the VolumeManager's capacity
-	if tv.inline {
-		capacity = pl.Size
-		if capacity == 0 {
-			capacity = s.inline.MaxBytes
-		}
 	}
 	poolName := ""
 	if tv.rec != nil {
@@ -240,6 +225,30 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	}
 	klog.FromContext(ctx).V(4).Info("Serving cached dataset read-only", "volumeID", tv.id, "dataset", spec.String(), "path", path)
 	return nil
+}
+
+// dataset reads the volume's parameters: its dataset, and the most that dataset may take.
+func (tv *treeVolume) dataset(attrs map[string]string, use params.Use) (params.Volume, *datasource.Spec, int64, error) {
+	pl, err := ParseParams(attrs, use)
+	if err != nil {
+		return pl, nil, 0, err
+	}
+	spec := datasource.SpecOf(pl.Dataset)
+	if spec == nil {
+		return pl, nil, 0, status.Errorf(codes.InvalidArgument, "volume %s names no %s", tv.id, consts.ParamSource)
+	}
+	// A pod author's (inline) or a namespace user's (VolumeManager) dataset: docs/security.md.
+	spec.Tenant = tv.inline || tenantVolume(tv.id)
+	// A read-only inline volume's dataset is held to its size like a writable one's: the size
+	// it names, or the largest an inline volume may take.
+	capacity := pl.Capacity // a static PV's: the VolumeManager's capacity
+	if tv.inline {
+		capacity = pl.Size
+		if capacity == 0 {
+			capacity = tv.s.inline.MaxBytes
+		}
+	}
+	return pl, spec, capacity, nil
 }
 
 // awaitOrStream waits for the volume's dataset and returns the version the caller proved it

@@ -92,7 +92,7 @@ func New(cfg Config) *Service {
 	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
 		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
-		streams: &streamMounts{m: map[string]*streamMount{}}, streaming: cfg.Streaming}
+		streams: &streamMounts{m: map[string]*streamMount{}, keeper: cfg.Streaming.Keeper}, streaming: cfg.Streaming}
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
 	}

@@ -278,10 +278,11 @@ func overlayWith(t *testing.T, component string) string {
 func TestDeployedFlagsExist(t *testing.T) {
 	b := binaries(t)
 	cp := framework.Shared(t)
-	byImage := map[string]map[string]string{ // image repository -> command -> binary
-		"cistern/node":                                {"/usr/local/bin/csi-driver": b.Driver, "/usr/local/bin/storagepool-sidecar": b.Sidecar},
-		"cistern/workload-controller":                 {"": b.Controller},
-		"registry.k8s.io/sig-storage/csi-provisioner": {"": b.Provisioner},
+	byImage := map[string]map[string][]string{ // image repository -> command -> binary and its subcommand
+		"cistern/node": {"/usr/local/bin/csi-driver": {b.Driver}, "/usr/local/bin/csi-driver fuse-keeper": {b.Driver, "fuse-keeper"},
+			"/usr/local/bin/storagepool-sidecar": {b.Sidecar}},
+		"cistern/workload-controller":                 {"": {b.Controller}},
+		"registry.k8s.io/sig-storage/csi-provisioner": {"": {b.Provisioner}},
 	}
 	manifests := framework.Kubectl(t, cp, "kustomize", cluster.DeployDir())
 	checked := 0
@@ -312,11 +313,11 @@ func TestDeployedFlagsExist(t *testing.T) {
 				t.Errorf("%s container %s: command %q is not one the image has", obj.Kind, c.Name, command)
 				continue
 			}
-			defined := flagsOf(t, bin)
+			defined := flagsOf(t, bin[0], bin[1:]...)
 			for _, arg := range c.Args {
 				name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
 				if !strings.HasPrefix(arg, "-") || !defined[name] {
-					t.Errorf("%s container %s: %s does not define the flag in %q", obj.Kind, c.Name, filepath.Base(bin), arg)
+					t.Errorf("%s container %s: %s does not define the flag in %q", obj.Kind, c.Name, strings.Join(append([]string{filepath.Base(bin[0])}, bin[1:]...), " "), arg)
 				}
 				checked++
 			}
@@ -330,9 +331,9 @@ func TestDeployedFlagsExist(t *testing.T) {
 
 // flagsOf lists the flags a Go program prints for -help (flag and pflag both name each one at
 // the start of a line, after spaces, with one or two dashes).
-func flagsOf(t *testing.T, bin string) map[string]bool {
+func flagsOf(t *testing.T, bin string, subcommand ...string) map[string]bool {
 	t.Helper()
-	out, _ := exec.Command(bin, "-help").CombinedOutput() // exits 0 or 2 by flag package
+	out, _ := exec.Command(bin, append(subcommand, "-help")...).CombinedOutput() // exits 0 or 2 by flag package
 	flags := map[string]bool{}
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)

@@ -296,6 +296,7 @@ func TestNode(t *testing.T) {
 	t.Run("datasets", func(t *testing.T) { testDatasets(t, c, d) })
 	t.Run("web-identity", func(t *testing.T) { testWebIdentity(t, c, d) })
 	t.Run("private-ca", func(t *testing.T) { testPrivateCA(t, c) })
+	t.Run("streaming-restart", func(t *testing.T) { testStreamingRestart(t, c, d) })
 
 	// The leaderworkerset and notebooks scenarios share one workload-controller.
 	workloadsErr := startWorkloadController(t, c)

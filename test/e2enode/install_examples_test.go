@@ -85,6 +85,7 @@ func exampleNotebook(t *testing.T) *v1alpha1.NotebookValidationJob {
 func (in *install) runExamples(t *testing.T, nb *v1alpha1.NotebookValidationJob) {
 	t.Helper()
 	s3, d := in.startS3(t)
+	in.s3Endpoint, in.exampleData = s3, d
 	git := realnode.StartGitServer(t, installPodSubnet, installPodGateway)
 	nbDir := filepath.Dir(nb.Spec.Notebook.Path)
 	gitURL := git.CreateRepo(t, "notebooks", map[string]string{

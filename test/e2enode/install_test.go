@@ -69,6 +69,9 @@ type install struct {
 	// helm installs charts/cistern with the helm command instead of applying the kustomize
 	// overlay (install_helm_test.go).
 	helm *helmInstall
+	// s3Endpoint and exampleData are the examples' S3 server (a pod) and dataset, once they ran.
+	s3Endpoint  string
+	exampleData *dataset
 }
 
 // TestInstall installs Cistern as the README tells users, twice on one real kubelet node whose
@@ -141,7 +144,7 @@ func startInstallNode(t *testing.T) (*install, *realnode.Containerd, *v1alpha1.N
 // scenarios installs with kustomize, or with helm when h is set, runs every scenario and
 // uninstalls. Each install has its own results directory and namespace.
 func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1.NotebookValidationJob, h *helmInstall) {
-	in.helm, in.podUIDs, in.examples = h, map[string]bool{}, ""
+	in.helm, in.podUIDs, in.examples, in.exampleData = h, map[string]bool{}, "", nil
 	in.resultsDir = filepath.Join(in.dir, "results-"+filepath.Base(t.Name()))
 	if err := os.Mkdir(in.resultsDir, 0o1777); err != nil {
 		t.Fatal(err)
@@ -180,17 +183,34 @@ func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1
 	t.Run("images-pulled", func(t *testing.T) { in.checkPulled(t, cd, nb) })
 	var hb *heartbeatPod
 	t.Run("workload", func(t *testing.T) { hb = in.startWorkload(t) })
+	var sr *streamReader
+	scope := t
+	t.Run("streaming-workload", func(t *testing.T) { sr = in.startStreamReader(t, scope) })
 	t.Run("upgrade", func(t *testing.T) {
 		if hb == nil {
 			t.Skip("no workload")
 		}
+		var before reads
+		if sr != nil {
+			before = sr.counts(t)
+		}
 		in.upgrade(t, hb)
+		if sr != nil {
+			sr.after(t, "the DaemonSet's upgrade", before)
+		}
 	})
 	t.Run("driver-kill", func(t *testing.T) {
 		if hb == nil {
 			t.Skip("no workload")
 		}
+		var before reads
+		if sr != nil {
+			before = sr.counts(t)
+		}
 		in.killDriver(t, hb)
+		if sr != nil {
+			sr.after(t, "the driver's kill", before)
+		}
 	})
 	t.Run("delete-workloads", func(t *testing.T) { in.deleteWorkloads(t) })
 	// The containers' logs, before uninstalling removes them with their pods.
@@ -926,6 +946,7 @@ func (in *install) deleteWorkloads(t *testing.T) {
 	defer cancel()
 	_ = framework.DeleteAllPods(ctx, in.cp, in.ns)
 	_ = in.cp.Client.CoreV1().PersistentVolumeClaims(in.ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+	in.deleteStreamPV(ctx)
 	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		list, err := in.cp.Client.CoreV1().PersistentVolumes().List(ctx, metav1.ListOptions{})
 		return err == nil && len(list.Items) == 0, nil

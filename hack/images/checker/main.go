@@ -62,6 +62,19 @@ type FillOutcome struct {
 	ENOSPC bool   `json:"enospc"`
 }
 
+// Reads counts the reads of -read-loop so far.
+type Reads struct {
+	Rounds int64 `json:"rounds"` // complete passes over every file
+	Reads  int64 `json:"reads"`  // whole files read
+	Failed int64 `json:"failed"` // reads that ended in an error
+	Differ int64 `json:"differ"` // reads whose sha256 differs from the file's first read
+	Bytes  int64 `json:"bytes"`
+	// Current is the file being read, "" between reads.
+	Current string            `json:"current,omitempty"`
+	Errors  []string          `json:"errors,omitempty"` // the first few
+	First   map[string]string `json:"first"`            // relative path -> sha256 of its first read
+}
+
 // Heartbeat is the latest periodic write-and-read-back.
 type Heartbeat struct {
 	Seq   int64     `json:"seq"`
@@ -86,6 +99,7 @@ func main() {
 	hash := flag.Bool("hash", false, "Record the sha256 of every regular file.")
 	read := flag.Bool("read", false, "Record the content of every regular file of up to 64 KiB, e.g. what a notebook left on a volume.")
 	heartbeat := flag.Duration("heartbeat", 0, "Period of the write-and-read-back heartbeat; 0 disables it.")
+	readLoop := flag.Bool("read-loop", false, "After the checks, read every regular file of each -dir whole, again and again, its page cache dropped first (so each read reaches the filesystem), comparing it with the file's first read; the counts go to <out>.reads.json before and after each file.")
 	exit := flag.Bool("exit", false, "Exit after the checks instead of running until SIGTERM.")
 	flag.Parse()
 	if *out == "" {
@@ -134,6 +148,9 @@ func main() {
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	if *readLoop {
+		go readForever(dirs, *out+".reads.json")
+	}
 	var tick <-chan time.Time
 	if *heartbeat > 0 {
 		t := time.NewTicker(*heartbeat)
@@ -287,4 +304,60 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// readForever reads every regular file of dirs whole, in a loop, and records the counts in out
+// before and after each file: a test reads the file to know how many reads succeeded, and which
+// file is being read.
+func readForever(dirs []string, out string) {
+	var files []string
+	for _, dir := range dirs {
+		_ = walkFiles(dir, func(path, _ string) error { files = append(files, path); return nil })
+	}
+	r := Reads{First: map[string]string{}}
+	record := func() {
+		if err := writeJSON(out, r); err != nil {
+			fmt.Fprintln(os.Stderr, "checker:", err)
+		}
+	}
+	for {
+		for _, path := range files {
+			r.Current = path
+			record()
+			sum, n, err := readDropped(path)
+			r.Current = ""
+			r.Bytes += n
+			switch first, seen := r.First[path]; {
+			case err != nil:
+				r.Failed++
+				if len(r.Errors) < 10 {
+					r.Errors = append(r.Errors, err.Error())
+				}
+			case !seen:
+				r.First[path] = sum
+				r.Reads++
+			case sum != first:
+				r.Differ++
+				r.Reads++
+			default:
+				r.Reads++
+			}
+			record()
+		}
+		r.Rounds++
+	}
+}
+
+// readDropped drops path's page cache, then reads it whole and returns its sha256.
+func readDropped(path string) (string, int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", 0, err
+	}
+	defer f.Close()
+	// POSIX_FADV_DONTNEED (4): the kernel forgets the file's cached pages.
+	_, _, _ = syscall.Syscall6(syscall.SYS_FADVISE64, f.Fd(), 0, 0, 4, 0, 0)
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	return hex.EncodeToString(h.Sum(nil)), n, err
 }

@@ -68,5 +68,16 @@ func (r *Recorder) StreamingStaged(volumeID, dataset, reason string) {
 		"Volume %s of dataset %s is staged, not streamed: %s", volumeID, dataset, reason)
 }
 
+// ReasonStreamingRefused is the reason of the Event of a streaming volume taken over after a
+// restart of the plugin whose caller's access could not be proved again.
+const ReasonStreamingRefused = "StreamingVolumeRefused"
+
+// StreamingRefused records a streaming volume whose reads fail (EIO) after a takeover, and why;
+// it is the volume service's StreamingVolumes.OnRefused.
+func (r *Recorder) StreamingRefused(volumeID, dataset, reason string) {
+	r.recorder.Eventf(r.node, corev1.EventTypeWarning, ReasonStreamingRefused,
+		"Volume %s of dataset %s was taken over after a restart of the node plugin, but its caller's access could not be proved again: its reads fail with EIO until it is unstaged: %s", volumeID, dataset, reason)
+}
+
 // Stop flushes pending Events (as far as the broadcaster does) and stops recording.
 func (r *Recorder) Stop() { r.broadcaster.Shutdown() }

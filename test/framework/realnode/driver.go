@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -50,6 +51,9 @@ type CisternNode struct {
 	metricsAddr string
 	// DriverArgs are more flags for the driver (e.g. --sts-endpoint), set before StartDriver.
 	DriverArgs []string
+	// keeper is the FUSE keeper (StartKeeper), KeeperSocket its socket.
+	keeper       *framework.Process
+	KeeperSocket string
 	// enter, for a node in its own namespaces (NewNetnsCisternNode), runs the driver and the
 	// registrar there; hostSocket is where the host reaches Socket (the provisioner dials it).
 	enter      []string
@@ -225,6 +229,57 @@ func (n *CisternNode) RestartDriver() {
 		}
 		n.provisioner.Stop() // expected to have exited; marks it stopped
 		n.StartProvisioner(n.suite, n.cp)
+	}
+}
+
+// KillDriver kills the driver (SIGKILL: a crash, an OOM kill, a container killed) and starts a
+// new one, as kubelet restarts a container; the provisioner is restarted as in RestartDriver.
+func (n *CisternNode) KillDriver() {
+	_ = syscall.Kill(n.driver.Pid(), syscall.SIGKILL)
+	<-n.driver.Done()
+	n.RestartDriver() // the process is gone: Stop only marks it stopped
+}
+
+// StartKeeper starts the FUSE keeper (csi-driver fuse-keeper) beside the driver, as its own
+// DaemonSet runs it, and names its socket to the driver from its next start on. The keeper
+// outlives the driver's restarts; the test's cleanup stops it.
+func (n *CisternNode) StartKeeper(t *testing.T) {
+	t.Helper()
+	if n.enter != nil {
+		t.Fatal("StartKeeper: not for a node in its own namespaces")
+	}
+	n.KeeperSocket = filepath.Join(n.stateDir, "fuse-keeper", "keeper.sock")
+	n.startKeeper(t)
+	n.DriverArgs = append(n.DriverArgs, "--fuse-keeper="+n.KeeperSocket)
+}
+
+// DriverLog is the current driver process's log.
+func (n *CisternNode) DriverLog() string { return n.driver.LogPath }
+
+// RestartKeeper stops the keeper (SIGTERM, as its pod's deletion does: it lets go of what it
+// held) and starts a new one on the same socket.
+func (n *CisternNode) RestartKeeper(t *testing.T) {
+	t.Helper()
+	n.keeper.Stop()
+	n.startKeeper(t)
+}
+
+func (n *CisternNode) startKeeper(t *testing.T) {
+	t.Helper()
+	_ = os.Remove(n.KeeperSocket) // the last keeper's: its absence says the new one is not up
+	n.keeper = framework.StartProcess(n.suite, "fuse-keeper", n.bins.driver, "fuse-keeper", "--socket="+n.KeeperSocket, "--v=2")
+	p := n.keeper
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		select {
+		case <-p.Done():
+			return false, ErrExited(p)
+		default:
+		}
+		_, err := os.Stat(n.KeeperSocket)
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("fuse-keeper: no socket at %s: %v; last lines of %s:\n%s", n.KeeperSocket, err, p.LogPath, framework.Tail(p.LogPath, 20))
 	}
 }
 
