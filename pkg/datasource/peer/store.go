@@ -264,6 +264,9 @@ func openPiece(dir string, names []string, o source.Object, off, n int64) (io.Re
 			f.Close()
 			continue
 		}
+		if m, ok := mapPiece(f, off, n); ok {
+			return m, nil
+		}
 		return struct {
 			io.Reader
 			io.Closer
