@@ -53,6 +53,13 @@ func (h *Holding) SetBusy(r Range, busy bool) {
 	}
 }
 
+// IsBusy reports whether [off, off+n) of entry i is being read from the source now.
+func (h *Holding) IsBusy(i, off, n int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return (&Have{Busy: h.busy}).IsBusy(i, off, n)
+}
+
 // Have is what the staging holds now, as a peer is told.
 func (h *Holding) Have() *Have {
 	h.mu.Lock()

@@ -31,6 +31,10 @@ type task struct {
 	idx int
 	// deferred is set on a second turn: the piece was put off because a peer was reading it.
 	deferred bool
+	// last is set on a range this node may read from the source in its owner's place
+	// (stealable): on the turn after every other piece had its own (sendDeferred), or once the
+	// node's own share is read (takeHeld).
+	last bool
 	// batch, when set, are small entries read from a peer in one request (batch.go); the
 	// other fields are then empty.
 	batch []task
