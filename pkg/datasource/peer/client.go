@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -502,42 +501,6 @@ func (s *Swarm) OpenBatch(ctx context.Context, p Peer, pieces []Range) (*Batch, 
 	return s.net.OpenBatch(ctx, p, s.id, s.digest, pieces)
 }
 
-// Offset is where this node starts among n pieces (of a version, or of one large entry named by
-// salt): the nodes staging together share the pieces out evenly by name (Owner), and each starts
-// at a place of its own hash inside its share.
-func (s *Swarm) Offset(n int64, salt string) int64 {
-	if n <= 1 {
-		return 0
-	}
-	self := s.net.cfg.Self
-	rank, count := int64(slices.Index(s.members, self)), int64(len(s.members))
-	h := fnv.New64a()
-	h.Write([]byte(self + "\x00" + salt))
-	share := max(n/count, 1)
-	return (rank*n/count + int64(h.Sum64()%uint64(share))) % n
-}
-
-// ShareOf is the pieces [from, to) of n that are member node's share (Owner).
-func (s *Swarm) ShareOf(node string, n int64) (from, to int64) {
-	rank, count := int64(slices.Index(s.members, node)), int64(len(s.members))
-	if rank < 0 {
-		return 0, 0
-	}
-	return rank * n / count, (rank + 1) * n / count
-}
-
-// Members is the number of nodes sharing the pieces out, this one included.
-func (s *Swarm) Members() int { return len(s.members) }
-
-// Owner is the node whose share piece pos of n is: it reads the piece from the source, the others
-// from it.
-func (s *Swarm) Owner(pos, n int64) string {
-	if n <= 0 || pos < 0 || pos >= n {
-		return s.net.cfg.Self
-	}
-	return s.members[pos*int64(len(s.members))/n]
-}
-
 // Staging reports whether node is a peer that is staging the version (it answers, not Ready):
 // its share is left to it.
 func (s *Swarm) Staging(node string) bool {
@@ -563,58 +526,6 @@ func (s *Swarm) Staging(node string) bool {
 // its share to go): worth waiting for, rather than reading its pieces from the source too.
 func (s *Swarm) Fetching(node string) bool {
 	return s.peerIs(node, func(h *Have) bool { return !h.Ready && len(h.Busy) > 0 })
-}
-
-// ReadingAt is what member node is reading of entry i from the source now, as its last answer
-// said.
-func (s *Swarm) ReadingAt(node string, i int64) []Range {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []Range
-	for _, ps := range s.peers {
-		if ps.Node != node || ps.have == nil {
-			continue
-		}
-		for _, r := range ps.have.Busy {
-			if r.Index == i {
-				out = append(out, r)
-			}
-		}
-	}
-	return out
-}
-
-// Stealable reports whether range k of entry i (ranges of chunk bytes, pieces of them in an
-// entry of size bytes) is owner's share and better read from the source by this node than left
-// to owner: no peer holds it or reads it, and owner, which reads its share in order, reads
-// another range it holds nowhere yet before it. (A node that would take the very range its owner
-// comes to next would read it twice from the source.) False when owner's place is not known.
-func (s *Swarm) Stealable(owner string, i, k, pieces, chunk, size int64) bool {
-	from, to := s.ShareOf(owner, pieces)
-	if k < from || k >= to || chunk <= 0 {
-		return false
-	}
-	// Where the owner is in its share: the furthest range it reads now.
-	q := int64(-1)
-	for _, r := range s.ReadingAt(owner, i) {
-		if p := r.Off / chunk; p >= from && p < to && p > q {
-			q = p
-		}
-	}
-	if q < 0 || q == k {
-		return false
-	}
-	if off := k * chunk; s.Holds(i, off, min(chunk, size-off)) || s.Busy(i, off, min(chunk, size-off)) {
-		return false
-	}
-	n := to - from
-	for p := from + (q-from+1)%n; p != k; p = from + (p-from+1)%n {
-		off := p * chunk
-		if !s.Holds(i, off, min(chunk, size-off)) && !s.Busy(i, off, min(chunk, size-off)) {
-			return true
-		}
-	}
-	return false
 }
 
 // FetchingPeers is the number of other members reading from the source now (Fetching).
