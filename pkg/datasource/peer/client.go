@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -500,33 +499,6 @@ func (s *Swarm) HoldsBatch(i, off, n int64) bool {
 // answer is read.
 func (s *Swarm) OpenBatch(ctx context.Context, p Peer, pieces []Range) (*Batch, error) {
 	return s.net.OpenBatch(ctx, p, s.id, s.digest, pieces)
-}
-
-// Offset is where this node starts among n pieces (of a version, or of one large entry named by
-// salt): the nodes staging together share the pieces out evenly by name (Owner), and each starts
-// at a place of its own hash inside its share.
-func (s *Swarm) Offset(n int64, salt string) int64 {
-	if n <= 1 {
-		return 0
-	}
-	self := s.net.cfg.Self
-	rank, count := int64(slices.Index(s.members, self)), int64(len(s.members))
-	h := fnv.New64a()
-	h.Write([]byte(self + "\x00" + salt))
-	share := max(n/count, 1)
-	return (rank*n/count + int64(h.Sum64()%uint64(share))) % n
-}
-
-// Members is the number of nodes sharing the pieces out, this one included.
-func (s *Swarm) Members() int { return len(s.members) }
-
-// Owner is the node whose share piece pos of n is: it reads the piece from the source, the others
-// from it.
-func (s *Swarm) Owner(pos, n int64) string {
-	if n <= 0 || pos < 0 || pos >= n {
-		return s.net.cfg.Self
-	}
-	return s.members[pos*int64(len(s.members))/n]
 }
 
 // Staging reports whether node is a peer that is staging the version (it answers, not Ready):

@@ -357,6 +357,9 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyChunk); return 
 
 // copy sends n bytes of r within the node's upload bandwidth.
 func (s *Server) copy(ctx context.Context, w io.Writer, r io.Reader, n int64) (int64, error) {
+	if m, ok := r.(*mappedPiece); ok && int64(len(m.data)) == n {
+		return s.copyMapped(ctx, w, m.data)
+	}
 	bp := copyBufs.Get().(*[]byte)
 	defer copyBufs.Put(bp)
 	buf := *bp
@@ -378,6 +381,29 @@ func (s *Server) copy(ctx context.Context, w io.Writer, r io.Reader, n int64) (i
 		if err != nil {
 			return done, err
 		}
+	}
+	return done, nil
+}
+
+// copyMapped sends a mapped piece as copy does, writing the mapping's pages themselves.
+func (s *Server) copyMapped(ctx context.Context, w io.Writer, data []byte) (int64, error) {
+	var done int64
+	for done < int64(len(data)) {
+		k := min(copyChunk, int64(len(data))-done)
+		if s.limiter != nil {
+			if err := s.limiter.WaitN(ctx, int(k)); err != nil {
+				return done, err
+			}
+		}
+		var werr error
+		if err := noFault(func() { _, werr = w.Write(data[done : done+k]) }); err != nil {
+			return done, err
+		}
+		if werr != nil {
+			return done, werr
+		}
+		done += k
+		s.servedBytes.Add(float64(k))
 	}
 	return done, nil
 }

@@ -53,6 +53,13 @@ func (h *Holding) SetBusy(r Range, busy bool) {
 	}
 }
 
+// IsBusy reports whether [off, off+n) of entry i is being read from the source now.
+func (h *Holding) IsBusy(i, off, n int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return (&Have{Busy: h.busy}).IsBusy(i, off, n)
+}
+
 // Have is what the staging holds now, as a peer is told.
 func (h *Holding) Have() *Have {
 	h.mu.Lock()
@@ -263,6 +270,9 @@ func openPiece(dir string, names []string, o source.Object, off, n int64) (io.Re
 		if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != o.Size {
 			f.Close()
 			continue
+		}
+		if m, ok := mapPiece(f, off, n); ok {
+			return m, nil
 		}
 		return struct {
 			io.Reader

@@ -38,6 +38,13 @@ func TestShares(t *testing.T) {
 		if got := s.Owner(start, pieces); got != self {
 			t.Errorf("%s starts at %d, in %s's share", self, start, got)
 		}
+		// Every node knows which pieces are the others' shares.
+		for _, other := range names {
+			from, to := s.ShareOf(other, pieces)
+			if to-from != pieces/int64(len(names)) || s.Owner(from, pieces) != other || s.Owner(to-1, pieces) != other {
+				t.Errorf("%s: %s's share is [%d, %d)", self, other, from, to)
+			}
+		}
 		for pos := range int64(pieces) {
 			if self == "a" {
 				owned[s.Owner(pos, pieces)]++
@@ -136,5 +143,47 @@ func TestPickBatch(t *testing.T) {
 	}
 	if _, _, c := s.PickBatch([]Range{{Index: 11, N: 1}}); c != FromSource {
 		t.Fatalf("only d, without batches, holds entry 11: %v", c)
+	}
+}
+
+// TestStealable: a node done with its share reads from the source a range of another member's
+// share that no one holds or reads and that the member comes to after another it has not read;
+// never the range the member reads next, one it reads now, or one a peer holds.
+func TestStealable(t *testing.T) {
+	n, err := NewNetwork(NetworkConfig{Self: "a", Directory: fixedPeers(nil), Token: func() (string, error) { return "", nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Entry 7: 8 ranges of 10 bytes, the last 5; b's share is ranges 4-7. b holds range 4 and
+	// reads range 5; c holds range 7.
+	const chunk, size, pieces = 10, 75, 8
+	s := &Swarm{net: n, id: testID, digest: testDigest, members: []string{"a", "b"}, peers: map[string]*peerState{
+		"b:1": {Peer: Peer{Node: "b", Address: "b:1"}, have: &Have{Ranges: []Range{{Index: 7, Off: 40, N: 10}}, Busy: []Range{{Index: 7, Off: 50, N: 10}}}},
+		"c:1": {Peer: Peer{Node: "c", Address: "c:1"}, have: &Have{Ranges: []Range{{Index: 7, Off: 70, N: 5}}}},
+	}}
+	for _, tc := range []struct {
+		name  string
+		owner string
+		k     int64
+		want  bool
+	}{
+		{"the range b reads next", "b", 6, false},
+		{"b holds it", "b", 4, false},
+		{"b reads it now", "b", 5, false},
+		{"c holds it", "b", 7, false},
+		{"not b's share", "b", 3, false},
+		{"a is not reading its share", "a", 2, false},
+	} {
+		if got := s.Stealable(tc.owner, 7, tc.k, pieces, chunk, size); got != tc.want {
+			t.Errorf("%s: range %d of %s's share: stealable %v, want %v", tc.name, tc.k, tc.owner, got, tc.want)
+		}
+	}
+	// b reads range 4 now and holds none: ranges 6 and 7 come after 5, which b reads first.
+	s.peers["b:1"].have = &Have{Busy: []Range{{Index: 7, Off: 40, N: 10}}}
+	delete(s.peers, "c:1")
+	for k, want := range map[int64]bool{4: false, 5: false, 6: true, 7: true} {
+		if got := s.Stealable("b", 7, k, pieces, chunk, size); got != want {
+			t.Errorf("b reading range 4: range %d stealable %v, want %v", k, got, want)
+		}
 	}
 }

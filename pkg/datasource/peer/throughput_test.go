@@ -11,25 +11,23 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
 
-// fileStore serves every entry of one ready version from one file, as CacheStore serves a ready
-// dataset (openPiece).
-type fileStore struct{ name string }
+// fileStore serves every entry of one ready version from one file of size bytes, through
+// openPiece as CacheStore serves a ready dataset.
+type fileStore struct {
+	name string
+	size int64
+}
 
 func (s fileStore) Versions(string) []string { return []string{testDigest} }
 
 func (s fileStore) Have(string, string) (*Have, bool) { return &Have{Ready: true}, true }
 
 func (s fileStore) Open(_, _ string, _, off, n int64) (io.ReadCloser, error) {
-	f, err := os.Open(s.name)
-	if err != nil {
-		return nil, err
-	}
-	return struct {
-		io.Reader
-		io.Closer
-	}{io.NewSectionReader(f, off, n), f}, nil
+	return openPiece(filepath.Dir(s.name), []string{filepath.Base(s.name)}, source.Object{Size: s.size}, off, n)
 }
 
 type anyNode struct{}
@@ -52,7 +50,7 @@ func BenchmarkPieces(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := NewServer(ServerConfig{Store: fileStore{name}, Auth: anyNode{}, Self: "a", Cert: cert, MaxUploads: 8})
+	srv, err := NewServer(ServerConfig{Store: fileStore{name, int64(len(data))}, Auth: anyNode{}, Self: "a", Cert: cert, MaxUploads: 8})
 	if err != nil {
 		b.Fatal(err)
 	}

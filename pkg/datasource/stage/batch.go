@@ -57,7 +57,9 @@ func (b *batcher) flush(ctx context.Context) error {
 // takeHeld sends, after each poll of the peers until ctx ends, the ranges of large entries put
 // off (runTask) that a peer holds by now, so that nodes staging together copy each other's
 // ranges while they read their own from the source (4 nodes, 2 GiB: all Ready in 1.18 of the time
-// of one node alone, not 1.84 with the copies after). Small entries wait for the end
+// of one node alone, not 1.84 with the copies after); and, once this node has read its own
+// share, one range a round that it reads from the source in its owner's place (stealsNow).
+// Small entries wait for the end
 // (sendDeferred): checking thousands of them at each poll cost 8 nodes a third more CPU on a set
 // of small files that is CPU-bound anyway. Sends end only with the job (jobCtx): a range taken is
 // never lost.
@@ -70,10 +72,16 @@ func (j *Job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 		}
 		j.peers.deferMu.Lock()
 		var held, rest []task
+		stole := false
 		for _, t := range j.peers.deferredRanges {
-			if j.peers.holds(t) {
+			switch {
+			case j.peers.holds(t):
 				held = append(held, t)
-			} else {
+			case !stole && j.stealsNow(t):
+				// One a round: by the next, its owner knows this node reads it.
+				t.last, stole = true, true
+				held = append(held, t)
+			default:
 				rest = append(rest, t)
 			}
 		}
@@ -89,20 +97,25 @@ func (j *Job) takeHeld(ctx, jobCtx context.Context, tasks chan<- task) {
 }
 
 // sendDeferred sends the pieces put off while peers read them (runTask): small entries a peer
-// holds by now in batches; those a peer is still reading after another poll (up to maxWaits);
-// the rest one by one, as before.
+// holds by now in batches; those a peer is still reading, and ranges their owner will read
+// before this node could (waitsForOwner), after another poll (up to maxWaits); the rest one by
+// one, as before.
 func (j *Job) sendDeferred(ctx context.Context, tasks chan<- task, ts []task) error {
 	b := &batcher{tasks: tasks}
 	for waits := 0; len(ts) > 0; waits++ {
 		var later []task
 		for _, t := range ts {
-			t.deferred = true
+			t.deferred, t.last = true, true
 			switch {
 			case j.peers.batchable(t):
 				if err := b.add(ctx, t); err != nil {
 					return err
 				}
 			case waits < maxWaits && j.peers.batchEligible(t) && j.peers.awaited(t):
+				later = append(later, t)
+			case waits < maxWaits && j.waitsForOwner(t):
+				// Sent now, it would wait for its owner holding one of the entry's streams,
+				// which a range this node may read (stealable) then waits for.
 				later = append(later, t)
 			default:
 				if err := send(ctx, tasks, t); err != nil {

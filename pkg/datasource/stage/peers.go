@@ -33,6 +33,9 @@ type pieceRead struct {
 	owner string
 	peers []peer.Peer
 	waits int
+	// steal, when set, reports whether the piece, another node's share that it still reads
+	// from the source, is better read from the source now than waited for (stealable).
+	steal func() bool
 }
 
 // maxWaits bounds the poll rounds a fetcher waits for a piece that a peer is reading from the
@@ -61,7 +64,8 @@ func (j *Job) open(ctx context.Context, pr *pieceRead, o source.Object, off, n i
 				choice = peer.Wait
 			}
 			// Another node's share, which it is still reading from the source: wait for it.
-			if choice == peer.FromSource && pr.owner != j.peers.self && j.peers.sw().Fetching(pr.owner) {
+			if choice == peer.FromSource && pr.owner != j.peers.self && j.peers.sw().Fetching(pr.owner) &&
+				(pr.steal == nil || !pr.steal()) {
 				choice = peer.Wait
 			}
 			if choice == peer.Wait && pr.waits < maxWaits {
@@ -127,4 +131,56 @@ func (j *Job) blame(ctx context.Context, t task) (bool, error) {
 		b.from[k] = nil
 	}
 	return blamed, nil
+}
+
+// stealable reports whether range t of owner's share, which owner is still reading from the
+// source, is read from the source by this node, which has read its own share (end-game work
+// stealing, peer.Swarm.Stealable). The owner, seeing this node read it, puts it off and takes it
+// from this node (putOff), so the last ranges of a slow share are read by more nodes at once
+// rather than one after another by their owner while the others wait.
+func (j *Job) stealable(t task, owner string) bool {
+	b := t.big
+	return j.peers.sw().Stealable(owner, j.peers.rank(t.i), int64(t.idx), int64(len(b.from)), b.chunk, t.obj.Size)
+}
+
+// waitsForOwner reports whether range t, put off, is left to a peer that reads it from the
+// source now, or to its owner, which is still reading its share and comes to it before this node
+// could take it (stealable).
+func (j *Job) waitsForOwner(t task) bool {
+	if t.big == nil || !t.big.eligible || j.peers.sw() == nil || j.peers.holds(t) {
+		return false
+	}
+	if j.peers.busy(t) {
+		return true
+	}
+	o := j.peers.owner(t)
+	return o != j.peers.self && j.peers.sw().Fetching(o) && !j.stealable(t, o)
+}
+
+// stealsNow reports whether range t, put off, is read from the source by this node now, in its
+// owner's place (stealable): every range of this node's own share of the entry has been read or
+// is being read (steals wait until a node's own share no longer needs its streams).
+func (j *Job) stealsNow(t task) bool {
+	if t.big == nil || !t.big.eligible || j.peers.sw() == nil || j.peers.busy(t) {
+		return false
+	}
+	o := j.peers.owner(t)
+	return o != j.peers.self && j.peers.sw().Fetching(o) && j.ownShareRead(t) && j.stealable(t, o)
+}
+
+// ownShareRead reports whether every range of this node's share of t's entry is held or being
+// read, here or by a peer.
+func (j *Job) ownShareRead(t task) bool {
+	sw, b := j.peers.sw(), t.big
+	from, to := sw.ShareOf(j.peers.self, int64(len(b.from)))
+	rank := j.peers.rank(t.i)
+	for p := from; p < to; p++ {
+		off := p * b.chunk
+		n := min(b.chunk, t.obj.Size-off)
+		if !j.peers.holding.HasRange(rank, off, n) && !j.peers.holding.IsBusy(rank, off, n) &&
+			!sw.Holds(rank, off, n) && !sw.Busy(rank, off, n) {
+			return false
+		}
+	}
+	return true
 }

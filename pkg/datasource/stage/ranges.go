@@ -217,6 +217,9 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 func (j *Job) fetchRange(ctx context.Context, t task) error {
 	b := t.big
 	pr := &pieceRead{i: j.peers.rank(t.i), eligible: b.eligible, owner: j.peers.owner(t)}
+	if t.last {
+		pr.steal = func() bool { return j.stealable(t, pr.owner) }
+	}
 	_, sum, err := j.readInto(ctx, t.obj, b.out, t.off, t.n, b.rangeHash(), pr)
 	if err != nil {
 		return err
