@@ -208,15 +208,17 @@ type streamMeasures struct {
 	publish, staged, get1, firstByte, readAll, stagedAll, rclone, cachedVol, cachedPool []time.Duration
 }
 
-// lines renders the line (medians of the per-sample ratios) and the samples behind it
-// (min/median/max).
+// lines renders the line (medians of the per-sample ratios, their min-max in brackets)
+// and the samples behind it (min/median/max seconds). Every ratio is ours ÷ the baseline's time
+// (lower is better) but cached_read_ratio, a speed as the goal is: the pool's time ÷ the
+// volume's (higher is better).
 func (m streamMeasures) lines(set streamSet) []string {
 	allBase := m.stagedAll
 	if set.size < 1<<20 {
 		allBase = m.staged // the goal for the small files: against the full staging alone
 	}
 	line := fmt.Sprintf("streaming: dataset=%s publish_s=%.3f first_byte_ratio=%s read_all_ratio=%s rclone_mount_ratio=%s cached_read_ratio=%s",
-		set.name, med(m.publish).Seconds(), ratio(m.firstByte, m.get1), ratio(m.readAll, allBase), ratio(m.readAll, m.rclone), ratio(m.cachedVol, m.cachedPool))
+		set.name, med(m.publish).Seconds(), ratio(m.firstByte, m.get1), ratio(m.readAll, allBase), ratio(m.readAll, m.rclone), ratio(m.cachedPool, m.cachedVol))
 	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s",
 		set.name, spreadOr(m.publish), spreadOr(m.staged), spreadOr(m.firstByte), spreadOr(m.get1), spreadOr(m.readAll), spreadOr(m.stagedAll),
 		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool))
