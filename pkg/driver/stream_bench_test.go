@@ -19,6 +19,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 
@@ -160,6 +161,7 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 	for i := range samples {
 		// Streaming: publish, then first byte (and the walk and read).
 		get := b.rangedGet1()
+		start := time.Now()
 		d, target := b.publish(fmt.Sprintf("stream-%d", i), "streaming")
 		m.publish = append(m.publish, d)
 		m.get1 = append(m.get1, get)
@@ -173,6 +175,7 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 		}
 		t.Logf("sample %d: streaming publish %s, first byte %s (1-byte GET %s)", i, d, last(m.firstByte), get)
 		b.waitStaged(fmt.Sprintf("stream-%d", i))
+		m.bgStaging = append(m.bgStaging, time.Since(start))
 		if readAll {
 			// Cached: through the streaming volume and on the pool, the order alternating.
 			tree := filepath.Join(cache.DatasetDir(b.pool, b.spec(fmt.Sprintf("stream-%d", i)).ID()), cache.TreeDir)
@@ -206,6 +209,9 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 
 type streamMeasures struct {
 	publish, staged, get1, firstByte, readAll, stagedAll, rclone, cachedVol, cachedPool []time.Duration
+	// bgStaging: from the streaming volume's first NodeStageVolume to its dataset's staging done
+	// (the reads above ran meanwhile).
+	bgStaging []time.Duration
 }
 
 // lines renders the line (medians of the per-sample ratios, their min-max in brackets)
@@ -219,9 +225,9 @@ func (m streamMeasures) lines(set streamSet) []string {
 	}
 	line := fmt.Sprintf("streaming: dataset=%s publish_s=%.3f first_byte_ratio=%s read_all_ratio=%s rclone_mount_ratio=%s cached_read_ratio=%s",
 		set.name, med(m.publish).Seconds(), ratio(m.firstByte, m.get1), ratio(m.readAll, allBase), ratio(m.readAll, m.rclone), ratio(m.cachedPool, m.cachedVol))
-	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s",
+	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s streaming_volume_staged_s=%s",
 		set.name, spreadOr(m.publish), spreadOr(m.staged), spreadOr(m.firstByte), spreadOr(m.get1), spreadOr(m.readAll), spreadOr(m.stagedAll),
-		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool))
+		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool), spreadOr(m.bgStaging))
 	return []string{line, detail}
 }
 
@@ -265,10 +271,7 @@ func fillPage(buf []byte, obj, first int64) {
 func (b *streamBench) upload() {
 	t, set := b.t, b.set
 	if set.size > 256<<20 {
-		const part = 8 << 20
-		b.s3.PutMultipart(t, "bench", set.key(0), set.size, part, func(i int, buf []byte) {
-			fillPage(buf, 0, int64(i)*part/4096)
-		})
+		b.putMultipart(set.key(0), set.size)
 		return
 	}
 	var wg sync.WaitGroup
@@ -300,6 +303,49 @@ func (b *streamBench) upload() {
 	case err := <-errs:
 		t.Fatal(err)
 	default:
+	}
+}
+
+// putMultipart uploads one large object in 8 MiB parts, 8 at a time.
+func (b *streamBench) putMultipart(key string, size int64) {
+	t, ctx := b.t, context.Background()
+	const part = 8 << 20
+	up, err := b.s3.Client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: aws.String("bench"), Key: aws.String(key)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int((size + part - 1) / part)
+	parts := make([]types.CompletedPart, n)
+	next := make(chan int)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			buf := make([]byte, part)
+			for i := range next {
+				k := min(part, size-int64(i)*part)
+				fillPage(buf[:k], 0, int64(i)*part/4096)
+				out, err := b.s3.Client.UploadPart(ctx, &s3.UploadPartInput{Bucket: aws.String("bench"), Key: aws.String(key),
+					UploadId: up.UploadId, PartNumber: aws.Int32(int32(i + 1)), Body: bytes.NewReader(buf[:k])})
+				if err != nil {
+					errs <- err
+					continue
+				}
+				parts[i] = types.CompletedPart{ETag: out.ETag, PartNumber: aws.Int32(int32(i + 1))}
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatal(<-errs)
+	}
+	if _, err := b.s3.Client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: aws.String("bench"), Key: aws.String(key),
+		UploadId: up.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -466,11 +512,21 @@ func walkRead(t *testing.T, root string, limit int) (first, all time.Duration) {
 	return first, time.Since(start)
 }
 
-// coldWalkRead drops the pages of the cached tree's files (the files the volume reads, with
-// passthrough, or the pool itself), then times walkRead of root.
+// coldWalkRead drops the pages of the files under root and of the cached tree's (which the
+// volume's files are passed through to), then times walkRead of root.
 func coldWalkRead(t *testing.T, root, tree string) time.Duration {
 	t.Helper()
-	err := filepath.WalkDir(tree, func(path string, d fs.DirEntry, err error) error {
+	dropPages(t, tree)
+	if root != tree {
+		dropPages(t, root)
+	}
+	_, all := walkRead(t, root, -1)
+	return all
+}
+
+func dropPages(t *testing.T, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.Type().IsRegular() {
 			return err
 		}
@@ -484,8 +540,6 @@ func coldWalkRead(t *testing.T, root, tree string) time.Duration {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, all := walkRead(t, root, -1)
-	return all
 }
 
 func mustParse(t *testing.T, m map[string]string) cparams.Volume {
