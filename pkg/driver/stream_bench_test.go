@@ -56,7 +56,10 @@ func (s streamSet) key(i int) string {
 var streamSets = []streamSet{
 	{"model-2g", 1, 2 << 30},
 	{"shards-100x64m", 100, 64 << 20},
-	{"small-20000x32k", 20000, 32 << 10},
+	// 18,000 rather than the issue's 20,000: the plugin keeps a descriptor open for each file a
+	// streaming volume has read until it is unstaged, and this machine's limit is 20,000 (hard,
+	// not raisable without CAP_SYS_RESOURCE): 20,000 files fail with EMFILE (docs/benchmarks.md).
+	{"small-18000x32k", 18000, 32 << 10},
 	{"model-20g", 1, 20 << 30},
 }
 
@@ -69,7 +72,7 @@ var streamSets = []streamSet{
 //     staged (the full staging) next to it;
 //   - read all: right after the streaming publish, walk the volume (find) and read every file in
 //     4 MiB chunks, publish to last byte; against the staged volume's publish followed by the same
-//     walk and read (for the 20,000 small files, against the staged publish alone, as the issue
+//     walk and read (for the small files, against the staged publish alone, as the issue
 //     asks). The first read of the first file is the first byte, against one 1-byte ranged GET of
 //     that object taken just before;
 //   - rclone: `rclone mount --vfs-cache-mode full` of the same prefix, from starting it to the last
@@ -107,21 +110,12 @@ func TestStreamingBench(t *testing.T) {
 	if os.Getenv("CISTERN_BENCH_STREAM_RCLONE") != "0" {
 		rclone = testpeers.Binary(t, "CISTERN_RCLONE")
 	}
-	// The plugin keeps a descriptor open for each file a streaming volume has read (its scratch
-	// file or its cached copy) until the volume is unstaged: the 20,000 files need more than
-	// this machine's default 20,000 (docs/benchmarks.md).
-	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: 1 << 20, Max: 1 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = unix.Setrlimit(unix.RLIMIT_NOFILE, &lim) }()
 	var lines []string
 	for _, set := range sets {
 		t.Run(set.name, func(t *testing.T) {
-			lines = append(lines, benchStreamSet(t, set, samples, rclone)...)
+			ls := benchStreamSet(t, set, samples, rclone)
+			t.Log(strings.Join(ls, "\n")) // at once too: a later set may not finish
+			lines = append(lines, ls...)
 		})
 	}
 	fmt.Println()
