@@ -37,9 +37,6 @@ type Layout struct {
 	// PartSize is the size of a multipart object's parts when they have no checksum of their
 	// own: the whole object is read and checked against its ETag, the MD5 of the parts' MD5s.
 	PartSize int64
-	// Checksum is the object's full-object checksum, when the source reports one: a large
-	// object whose CRCs combine is read in parallel ranges and checked against it.
-	Checksum source.Checksum
 }
 
 // SourceFetcher fetches from a dataset source: parts with checksums where the source reports
@@ -57,14 +54,12 @@ func (s SourceFetcher) Layout(ctx context.Context, obj source.Object) (Layout, e
 			return Layout{Parts: parts}, nil
 		}
 	}
-	// A large object is read in parallel ranges when its checksum allows (whole.go): one HEAD
-	// says how. A small one is one GET, checked as it streams.
-	if p, ok := s.Source.(source.Planner); ok && (multipartETag.MatchString(obj.ETag) || obj.Size > wholeRange) {
+	if p, ok := s.Source.(source.Planner); ok && multipartETag.MatchString(obj.ETag) {
 		plan, err := p.Plan(ctx, obj)
 		if err != nil {
 			return Layout{}, err
 		}
-		return Layout{PartSize: plan.PartSize, Checksum: plan.Checksum}, nil
+		return Layout{PartSize: plan.PartSize}, nil
 	}
 	return Layout{}, nil
 }

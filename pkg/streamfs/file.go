@@ -350,9 +350,6 @@ func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
 			return err
 		}
 	}
-	if s.whole && s.inRanges(f.obj) {
-		return s.fetchWholeInRanges(ctx, f)
-	}
 	rc, err := f.m.cfg.Fetcher.Open(ctx, f.obj, p.Off, p.N)
 	if err != nil {
 		return err

@@ -124,19 +124,3 @@ func (a crcAlgo) encode(v uint64) string {
 	binary.BigEndian.PutUint64(b, v)
 	return base64.StdEncoding.EncodeToString(b[8-a.width/8:])
 }
-
-// Combinable reports whether an S3 checksum algorithm's CRCs of consecutive ranges combine
-// (CombineCRCs).
-func Combinable(algorithm string) bool { _, ok := crcAlgos[algorithm]; return ok }
-
-// CombineCRCs returns the checksum, as S3 headers carry it, of consecutive ranges from each
-// range's finished CRC (its hash's Sum) and length; the algorithm must be Combinable. The
-// streaming mount checks an object it reads in parallel ranges with it, as the engine does.
-func CombineCRCs(algorithm string, sums [][]byte, lens []int64) string {
-	a := crcAlgos[algorithm]
-	crc := a.sumBytes(sums[0])
-	for k := 1; k < len(sums); k++ {
-		crc = a.combine(crc, a.sumBytes(sums[k]), lens[k])
-	}
-	return a.encode(crc)
-}
