@@ -2,6 +2,7 @@ package streamfs
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -25,8 +26,8 @@ type fileNode struct {
 	m    *mount
 
 	mu     sync.Mutex
-	st     *stream  // the parts fetched on demand; made at the first read that needs one
-	cached *os.File // the cache's copy, once a read found it there
+	st     *stream // the parts fetched on demand; made at the first read that needs one
+	cached *handle // the cache's copy, once a read found it there (under the mount's OpenFiles)
 	// How opens are answered. The kernel refuses to mix passthrough and cached opens of one
 	// inode, and to change an inode's backing file while it is open; it also keeps opens
 	// across a takeover. So a file is passed through with one backing file, registered once
@@ -87,19 +88,27 @@ func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse
 
 // passThrough registers the file's whole copy, if there is one, as its backing file.
 func (f *rawFS) passThrough(id uint64, fl *fileNode) {
-	var file *os.File
+	// The kernel holds the backing file itself from registration on: this process's descriptor
+	// may be closed at once (the scratch file's), or by the bound (the cache's copy).
+	var bid int32
+	var errno syscall.Errno
+	register := func(file *os.File) error {
+		bid, errno = f.srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(file.Fd())})
+		return nil
+	}
 	if fl.st != nil && fl.st.complete() {
 		// Every part fetched and verified: the kernel reads the scratch file itself.
-		sf, err := os.Open(fl.st.file.Name())
+		sf, err := os.Open(fl.st.path)
 		if err != nil {
 			return
 		}
 		defer sf.Close()
-		file = sf
-	} else if file = fl.cachedLocked(); file == nil {
+		_ = register(sf)
+	} else if h := fl.cachedLocked(); h == nil {
+		return
+	} else if err := h.use(register); err != nil {
 		return
 	}
-	bid, errno := f.srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(file.Fd())})
 	if errno != 0 {
 		// Not root, or a kernel without passthrough: every read comes here.
 		klog.Background().V(2).Info("streaming volume: no FUSE passthrough, reads are served by the plugin", "errno", errno)
@@ -154,7 +163,12 @@ func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 		// Opened before the staging committed the file: once it has, it is read from the cache
 		// rather than fetched.
 		if c := f.cachedFile(); c != nil {
-			return fuse.ReadResultFd(c.Fd(), off, int(end-off)), 0
+			n, err := c.readAt(dest[:end-off], off)
+			if err == nil {
+				return fuse.ReadResultData(dest[:n]), 0
+			}
+			// Gone from the cache since (evicted while closed by the bound): fetched instead.
+			klog.FromContext(ctx).V(2).Info("streaming read: the cache's copy cannot be read again", "key", f.obj.Key, "err", err)
 		}
 	}
 	st, err := f.stream(ctx)
@@ -168,17 +182,35 @@ func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 		klog.FromContext(ctx).Error(err, "streaming read refused", "key", f.obj.Key, "off", off, "len", end-off)
 		return nil, syscall.EIO
 	}
-	return fuse.ReadResultFd(st.file.Fd(), off, int(end-off)), 0
+	n, err := st.scratch.readAt(dest[:end-off], off)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "streaming read: reading the scratch file", "key", f.obj.Key, "off", off)
+		return nil, syscall.EIO
+	}
+	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// readAt reads all of dest at off. Into dest rather than a ReadResultFd: go-fuse reads from
+// that descriptor after Read returns, when the bound may have closed it and the number gone to
+// another volume's file.
+func (h *handle) readAt(dest []byte, off int64) (int, error) {
+	var n int
+	err := h.use(func(f *os.File) error {
+		var err error
+		n, err = f.ReadAt(dest, off)
+		return err
+	})
+	return n, err
 }
 
 // cachedFile returns the file's verified copy in the cache, once the cache holds all of it.
-func (f *fileNode) cachedFile() *os.File {
+func (f *fileNode) cachedFile() *handle {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.cachedLocked()
 }
 
-func (f *fileNode) cachedLocked() *os.File {
+func (f *fileNode) cachedLocked() *handle {
 	if f.cached != nil {
 		return f.cached
 	}
@@ -186,11 +218,19 @@ func (f *fileNode) cachedLocked() *os.File {
 	if err != nil {
 		klog.Background().Error(err, "opening a cached file", "key", f.obj.Key)
 	}
-	if c != nil {
-		f.cached = c
-		f.m.trackFile(c)
+	if c == nil {
+		return nil
 	}
-	return c
+	// Opened again through Cached: its checks hold for every open.
+	f.cached = f.m.cfg.Files.adopt(c, func() (*os.File, error) {
+		c, err := f.m.cfg.Cached(f.obj)
+		if err == nil && c == nil {
+			err = fmt.Errorf("%q is no longer in the cache", f.obj.Key)
+		}
+		return c, err
+	})
+	f.m.trackFile(f.cached)
+	return f.cached
 }
 
 // stream returns the file's on-demand state, asking the fetcher for its layout the first time.
@@ -214,7 +254,8 @@ func (f *fileNode) stream(ctx context.Context) (*stream, error) {
 	// Not truncated: a process taking the mount over finds the scratch file of an earlier one,
 	// which the kernel may read as a backing file. Its bytes are rewritten, verified and the
 	// same, before this process hands any out.
-	file, err := os.OpenFile(filepath.Join(f.m.cfg.Scratch, strconv.FormatInt(f.line, 10)), os.O_RDWR|os.O_CREATE, 0o600)
+	path := filepath.Join(f.m.cfg.Scratch, strconv.FormatInt(f.line, 10))
+	file, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -223,7 +264,9 @@ func (f *fileNode) stream(ctx context.Context) (*stream, error) {
 		return nil, err
 	}
 	f.st = &stream{layout: l, parts: parts, whole: whole, locks: make([]sync.Mutex, len(parts)),
-		have: make([]atomic.Bool, len(parts)), ahead: make([]atomic.Bool, len(parts)), file: file}
+		have: make([]atomic.Bool, len(parts)), ahead: make([]atomic.Bool, len(parts)), path: path,
+		// Opened again without O_CREATE: gone means the mount is.
+		scratch: f.m.cfg.Files.adopt(file, func() (*os.File, error) { return os.OpenFile(path, os.O_RDWR, 0) })}
 	f.st.last.Store(-1)
 	f.m.track(f.st)
 	return f.st, nil
@@ -242,14 +285,16 @@ func coversExactly(parts []source.Part, size int64) bool {
 }
 
 // stream is one file's bytes fetched on demand, in a scratch file; have[k] is set only once
-// part k's bytes are written and verified.
+// part k's bytes are written and verified. have[] lives here, not in the descriptor: closing the
+// scratch file (the bound) and opening it again loses nothing fetched.
 type stream struct {
-	layout Layout
-	parts  []source.Part
-	whole  bool // one part: the object checked as a whole
-	locks  []sync.Mutex
-	have   []atomic.Bool
-	file   *os.File
+	layout  Layout
+	parts   []source.Part
+	whole   bool // one part: the object checked as a whole
+	locks   []sync.Mutex
+	have    []atomic.Bool
+	path    string  // the scratch file
+	scratch *handle // the scratch file, under the mount's OpenFiles
 	// last is the part the last read ended in (-1 before any): a read starting there or in the
 	// next part is sequential. Parts, not bytes: the kernel's read-ahead sends several reads at
 	// once, which arrive in any order.
@@ -367,7 +412,7 @@ func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
 	}
 	// 1 MiB writes rather than io.Copy's 32 KiB: a whole large object takes fewer syscalls.
 	buf := make([]byte, min(p.N+1, 1<<20))
-	n, err := io.CopyBuffer(io.MultiWriter(io.NewOffsetWriter(s.file, p.Off), c), io.LimitReader(rc, p.N+1), buf)
+	n, err := io.CopyBuffer(io.MultiWriter(&scratchWriter{h: s.scratch, off: p.Off}, c), io.LimitReader(rc, p.N+1), buf)
 	if err != nil {
 		return err
 	}
@@ -375,4 +420,22 @@ func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
 		return source.Errorf(source.Corrupt, "%q bytes %d-%d: got %d bytes, want %d", f.obj.Key, p.Off, p.Off+p.N-1, n, p.N)
 	}
 	return c.check()
+}
+
+// scratchWriter writes at off onward in a scratch file, holding its descriptor only for each
+// write: a slow fetch does not keep it from the bound.
+type scratchWriter struct {
+	h   *handle
+	off int64
+}
+
+func (w *scratchWriter) Write(b []byte) (int, error) {
+	var n int
+	err := w.h.use(func(f *os.File) error {
+		var err error
+		n, err = f.WriteAt(b, w.off)
+		return err
+	})
+	w.off += int64(n)
+	return n, err
 }

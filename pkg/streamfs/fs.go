@@ -43,6 +43,10 @@ type Config struct {
 	// Room, when set, is asked for room for n bytes before each fetch: an error refuses the read
 	// (EIO) rather than filling the pool its volumes share.
 	Room func(ctx context.Context, n int64) error
+	// Files bounds the descriptors the mount's files hold (the cache's copies, the scratch
+	// files): one for every mount of the node plugin. Nil: a bound of DefaultMaxOpenFiles for
+	// this mount alone.
+	Files *OpenFiles
 	// OnFetch, when set, is told of every on-demand fetch and its outcome (metrics, tests).
 	OnFetch func(key string, off, n int64, err error)
 	// refused, when set, is why the mount serves nothing (Refuse).

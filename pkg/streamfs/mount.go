@@ -39,7 +39,7 @@ type mount struct {
 	cancel  context.CancelFunc
 	mu      sync.Mutex
 	streams []*stream
-	files   []*os.File // cached files reads found in the cache
+	files   []*handle // cached files reads found in the cache
 	// reads counts the reads that reached this process (not those the kernel passed through).
 	reads atomic.Int64
 	opens *openLog
@@ -55,7 +55,7 @@ func (m *mount) track(s *stream) {
 	m.mu.Unlock()
 }
 
-func (m *mount) trackFile(f *os.File) {
+func (m *mount) trackFile(f *handle) {
 	m.mu.Lock()
 	m.files = append(m.files, f)
 	m.mu.Unlock()
@@ -197,6 +197,9 @@ func takeOver(dir string, c Conn, cfg Config, opens *openLog) (*Mount, error) {
 // itself from a fresh connection; for one taken over, it is given the recorded INIT on a socket
 // standing in for the device, which the device then replaces under the same descriptor number.
 func serve(dir string, dev *os.File, initReq []byte, cfg Config, opens *openLog) (*Mount, error) {
+	if cfg.Files == nil {
+		cfg.Files = NewOpenFiles(DefaultMaxOpenFiles)
+	}
 	m := &mount{cfg: cfg, opens: opens}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	var epoch [8]byte
@@ -403,10 +406,10 @@ func (mt *Mount) release() {
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	for _, s := range mt.streams {
-		s.file.Close()
+		s.scratch.close()
 	}
 	for _, f := range mt.files {
-		f.Close()
+		f.close()
 	}
 	mt.streams, mt.files = nil, nil
 	if mt.opens.f != nil {

@@ -1,0 +1,156 @@
+package streamfs_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/streamfs"
+)
+
+// memFetcher serves objects from memory in parts of partN bytes, each with its CRC32C.
+type memFetcher struct {
+	data  map[string][]byte
+	partN int64
+}
+
+func (m memFetcher) Layout(_ context.Context, obj source.Object) (streamfs.Layout, error) {
+	data := m.data[obj.Key]
+	var parts []source.Part
+	for off := int64(0); off < int64(len(data)); off += m.partN {
+		n := min(m.partN, int64(len(data))-off)
+		c := crc32.Checksum(data[off:off+n], crc32.MakeTable(crc32.Castagnoli))
+		parts = append(parts, source.Part{Off: off, N: n, Checksum: source.Checksum{Algorithm: "CRC32C",
+			Value: base64.StdEncoding.EncodeToString([]byte{byte(c >> 24), byte(c >> 16), byte(c >> 8), byte(c)})}})
+	}
+	return streamfs.Layout{Parts: parts}, nil
+}
+
+func (m memFetcher) Open(_ context.Context, obj source.Object, off, n int64) (io.ReadCloser, error) {
+	return io.NopCloser(bytes.NewReader(m.data[obj.Key][off : off+n])), nil
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// TestOpenFilesBound reads 200 files (half in the cache, half fetched on demand, in parts) from
+// a mount bounded to 8 descriptors, from 8 readers at once, each file by several readers in
+// turn: every byte must be the file's own (a descriptor closed by the bound and its number
+// reused must never serve another file's bytes), and the process's descriptors stay within the
+// bound plus the readers' own and a few of the mount's.
+func TestOpenFilesBound(t *testing.T) {
+	requireFUSE(t)
+	const files, bound, readers = 200, 8, 8
+	data := map[string][]byte{}
+	var objs []source.Object
+	cached := t.TempDir()
+	for i := range files {
+		key := fmt.Sprintf("f%03d.bin", i)
+		data[key] = randomBytes(uint64(i), 256<<10+int64(i))
+		objs = append(objs, source.Object{Key: key, Type: source.File, Size: int64(len(data[key]))})
+		if i%2 == 0 {
+			if err := os.WriteFile(filepath.Join(cached, key), data[key], 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	base := openFDs(t)
+	limit := streamfs.NewOpenFiles(bound)
+	m, err := streamfs.Start(dir, streamfs.Config{Objects: objs, Scratch: t.TempDir(), Files: limit,
+		Fetcher: memFetcher{data: data, partN: 64 << 10},
+		Cached: func(o source.Object) (*os.File, error) {
+			file, err := os.Open(filepath.Join(cached, o.Key))
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil, nil
+			}
+			return file, err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	// The mount's own: /dev/fuse and its copy, the opens log, the runtime's epoll and the like.
+	const mountOwn = 8
+	var peak atomic.Int64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			if n := int64(openFDs(t)); n > peak.Load() {
+				peak.Store(n)
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for r := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			order := rand.New(rand.NewPCG(uint64(r), 1)).Perm(files)
+			for _, i := range order {
+				key := fmt.Sprintf("f%03d.bin", i)
+				got, err := os.ReadFile(filepath.Join(dir, key))
+				if err != nil || !bytes.Equal(got, data[key]) {
+					bad.Add(1)
+					t.Errorf("reader %d: %s: %d bytes, err %v: not the file's bytes", r, key, len(got), err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-sampled
+	if bad.Load() != 0 {
+		t.Fatalf("%d reads wrong", bad.Load())
+	}
+	after := openFDs(t)
+	t.Logf("descriptors: %d before the mount, %d after %d reads of %d files, peak %d; the bound closed %d files, holds %d",
+		base, after, files*readers, files, peak.Load(), limit.Closed(), limit.Open())
+	if after > base+bound+mountOwn {
+		t.Errorf("%d descriptors open after the reads, want at most %d (before %d, bound %d)", after, base+bound+mountOwn, base, bound)
+	}
+	// In use at once: one per reader's open file, one per request the server answers.
+	if p := peak.Load(); p > int64(base+bound+mountOwn+2*readers+16) {
+		t.Errorf("peak of %d descriptors during the reads, want at most %d", p, base+bound+mountOwn+2*readers+16)
+	}
+	if limit.Open() > bound {
+		t.Errorf("the bound holds %d files, want at most %d", limit.Open(), bound)
+	}
+	if limit.Closed() == 0 {
+		t.Error("the bound closed no file: the test read too few")
+	}
+}
