@@ -35,6 +35,11 @@ type StreamingVolumes struct {
 	// OnRefused, when set, is told about a streaming volume taken over whose caller's access
 	// could not be proved again, and why: its reads fail with EIO (an Event on the node).
 	OnRefused func(volumeID, dataset, reason string)
+	// MaxOpenFiles bounds the descriptors all streaming volumes of the node hold for the files
+	// their pods read (past it, the least recently read are closed, and opened again when read):
+	// one bound for the plugin, as a pod author can make many volumes. 0:
+	// streamfs.DefaultMaxOpenFiles.
+	MaxOpenFiles int
 }
 
 // unavailable says why this node cannot serve a streaming volume, or "" when it can.
@@ -66,6 +71,7 @@ type streamMounts struct {
 	mu     sync.Mutex
 	m      map[string]*streamMount // by volume ID
 	keeper string
+	files  *streamfs.OpenFiles // the bound every mount's files share
 }
 
 type streamMount struct {
@@ -172,7 +178,7 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		ds.Release()
 		return false, "", Internal("creating the streaming volume's path", err)
 	}
-	fsm, err := streamfs.Start(path, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch,
+	fsm, err := streamfs.Start(path, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch, Files: s.streams.files,
 		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room})
 	if err != nil {
 		// The kernel refused the mount (no FUSE in this container, say): staged instead.

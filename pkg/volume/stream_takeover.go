@@ -219,7 +219,7 @@ func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept kep
 		return tv.resumeStaged(rec, spec, st.Version, kept.Conn)
 	}
 	fsm, err := streamfs.Resume(rec.Path, dupConn(kept.Conn), streamfs.Config{Objects: ds.Objects, Cached: ds.Cached,
-		Scratch: ds.Scratch, Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room})
+		Scratch: ds.Scratch, Files: s.streams.files, Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room})
 	if err != nil {
 		ds.Release()
 		return nil, nil, err
@@ -247,7 +247,7 @@ func (tv *treeVolume) resumeStaged(rec state.TreeVolume, spec *datasource.Spec, 
 		return f, err
 	}
 	fsm, err := streamfs.Resume(rec.Path, dupConn(c), streamfs.Config{Objects: objs, Cached: cached,
-		Scratch: filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID)), Fetcher: stagedOnly{}})
+		Scratch: filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID)), Files: tv.s.streams.files, Fetcher: stagedOnly{}})
 	if err != nil {
 		return nil, nil, err
 	}
