@@ -59,6 +59,12 @@ func openFDs(t *testing.T) int {
 // bound plus the readers' own and a few of the mount's.
 func TestOpenFilesBound(t *testing.T) {
 	requireFUSE(t)
+	// Passed through, the cache's copies are read by the kernel; served, every read is Read's.
+	t.Run("passthrough", func(t *testing.T) { readThroughBound(t, false) })
+	t.Run("every read served", func(t *testing.T) { readThroughBound(t, true) })
+}
+
+func readThroughBound(t *testing.T, served bool) {
 	const files, bound, readers = 200, 8, 8
 	data := map[string][]byte{}
 	var objs []source.Object
@@ -96,7 +102,11 @@ func TestOpenFilesBound(t *testing.T) {
 			t.Errorf("unmount: %v", err)
 		}
 	})
-	// The mount's own: /dev/fuse and its copy, the opens log, the runtime's epoll and the like.
+	if served {
+		streamfs.ServeEveryRead(m)
+	}
+	// The mount's own: /dev/fuse and its copy, the opens log, go-fuse's pipes (a pool shared by
+	// its servers, kept after a mount goes), and the like.
 	const mountOwn = 8
 	var peak atomic.Int64
 	stop := make(chan struct{})
@@ -138,8 +148,8 @@ func TestOpenFilesBound(t *testing.T) {
 		t.Fatalf("%d reads wrong", bad.Load())
 	}
 	after := openFDs(t)
-	t.Logf("descriptors: %d before the mount, %d after %d reads of %d files, peak %d; the bound closed %d files, holds %d",
-		base, after, files*readers, files, peak.Load(), limit.Closed(), limit.Open())
+	t.Logf("descriptors: %d before the mount, %d after %d reads of %d files, peak %d; the bound closed %d files, holds %d; %d reads served",
+		base, after, files*readers, files, peak.Load(), limit.Closed(), limit.Open(), m.Reads())
 	if after > base+bound+mountOwn {
 		t.Errorf("%d descriptors open after the reads, want at most %d (before %d, bound %d)", after, base+bound+mountOwn, base, bound)
 	}
@@ -149,6 +159,10 @@ func TestOpenFilesBound(t *testing.T) {
 	}
 	if limit.Open() > bound {
 		t.Errorf("the bound holds %d files, want at most %d", limit.Open(), bound)
+	}
+	// Every read of a cached file reached Read: the kernel's page cache answers only later opens.
+	if served && m.Reads() < files {
+		t.Errorf("%d reads served, want every file's at least", m.Reads())
 	}
 	if limit.Closed() == 0 {
 		t.Error("the bound closed no file: the test read too few")
