@@ -5,6 +5,8 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+
+	"k8s.io/klog/v2"
 )
 
 // DefaultMaxOpenFiles is the bound on the descriptors streaming volumes' files hold when none
@@ -143,6 +145,10 @@ func (h *handle) closeLocked() {
 func (o *OpenFiles) evictLocked(n int) {
 	for o.open+n > o.max && o.idle.Len() > 0 {
 		o.idle.Front().Value.(*handle).closeLocked()
-		o.closed.Add(1)
+		if o.closed.Add(1) == 1 {
+			// Once: past it, closes are the bound at work, counted in Closed.
+			klog.Background().Info("streaming volumes reached their bound of open files: the least recently read are closed, and opened again when read",
+				"maxOpenFiles", o.max)
+		}
 	}
 }
