@@ -24,11 +24,12 @@ $(RCLONE):
 	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/rclone/rclone
 
 # Tests need the S3 server, and a control plane for the node Events (nodeevents); rclone is
-# the benchmark's peer.
-## Dataset staging tests against versitygw, go-nfs and real mounts
+# the benchmark's peer. Streaming volumes (streamfs, and the keeper that holds their FUSE
+# connections) read from the same server through the real kernel's FUSE.
+## Dataset staging and streaming tests against versitygw, go-nfs, real mounts and FUSE
 test-datasource: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/...
+	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/... ./pkg/streamfs/... ./pkg/fusekeeper/...
 
 # The benchmark runs `aws s3 cp` from Debian's awscli; installed where the benchmark runs, not for
 # make test.
