@@ -1,8 +1,6 @@
 # storagepool-sidecar: StoragePool API generation, unit + integration tests, scale benchmark.
 .PHONY: generate-storagepool test-sidecar bench-sidecar
 TEST_TARGETS += test-sidecar
-# In the second lane of make test, with test-chart, to even the lanes (Makefile).
-TEST_SECOND_LANE += test-sidecar
 BENCH_TARGETS += bench-sidecar
 generate: generate-storagepool
 
