@@ -132,8 +132,11 @@ func poolOutputs(t *testing.T, env *testEnv) map[string]*spv1.VolumeOutputs {
 // writeBackEnv is a driver with write-back on, and versitygw (behind a proxy the test may make
 // refuse writes) holding bucket "shared", which anyone may read, and "out", which only the owner
 // may write.
-func writeBackEnv(t *testing.T) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
-	env := startDriver(t, testPool{name: "fast", size: 1 << 30})
+func writeBackEnv(t *testing.T, pools ...testPool) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
+	if len(pools) == 0 {
+		pools = []testPool{{name: "fast", size: 1 << 30}}
+	}
+	env := startDriver(t, pools...)
 	env.stop()
 	events := &eventLog{}
 	env.cfg.Writable.WriteBack = volume.WriteBack{Dir: filepath.Join(env.dir, "writeback"),
