@@ -4,9 +4,13 @@
 .PHONY: test-writeback
 TEST_TARGETS += test-writeback
 
+# NFS targets are tested against go-nfs and Debian's nfs-ganesha (VFS FSAL) with its rpcbind, both
+# in a network namespace the test makes (test/testpeers/ganesha.go).
+HOST_PACKAGES += ganesha.nfsd=nfs-ganesha /usr/lib/$(shell uname -m)-linux-gnu/ganesha/libfsalvfs.so=nfs-ganesha-vfs rpcbind=rpcbind
+
 # The write-back's Events (pkg/outputevents) are recorded on a real control plane.
-## Write-back tests against versitygw, real overlays and a real API server (Events)
-test-writeback: $(VERSITYGW) k8s-tools
+## Write-back tests against versitygw, go-nfs, nfs-ganesha, real overlays and a real API server (Events)
+test-writeback: $(VERSITYGW) k8s-tools host-packages
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 10m ./pkg/writeback/... ./pkg/outputevents/...
 
