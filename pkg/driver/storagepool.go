@@ -25,7 +25,7 @@ const DefaultMaxCachedDatasets = 32
 func (s *poolServer) ControllerListStoragePools(ctx context.Context, req *spv1.ControllerListStoragePoolsRequest) (*spv1.ControllerListStoragePoolsResponse, error) {
 	// The generation is read before the pools and the inventories: a change while they are read
 	// moves it again, and the caller lists again.
-	gen, _, _ := s.d.poolGeneration()
+	gen, _, _, _ := s.d.poolGeneration()
 	pools, _ := s.d.pools.List()
 	items, next, err := page(pools, func(p pool.Status) string { return p.Name }, req.GetStartingToken(), req.GetMaxEntries())
 	if err != nil {
@@ -45,9 +45,9 @@ func (s *poolServer) ControllerListStoragePools(ctx context.Context, req *spv1.C
 }
 
 // poolGeneration is what WatchStoragePools and ControllerListStoragePools report: it moves when
-// the pools or any pool's dataset cache changes (both generations only grow, so their sum does
-// too). The channels are closed at the next change of the pools and of the caches.
-func (d *Driver) poolGeneration() (gen uint64, pools, caches <-chan struct{}) {
+// the pools, any pool's dataset cache or the volumes' outputs change (each generation only grows,
+// so their sum does too). The channels are closed at the next change of each.
+func (d *Driver) poolGeneration() (gen uint64, pools, caches, outputs <-chan struct{}) {
 	pools = d.pools.Changed()
 	gen = d.pools.Generation()
 	if d.cache != nil {
@@ -55,7 +55,8 @@ func (d *Driver) poolGeneration() (gen uint64, pools, caches <-chan struct{}) {
 		invGen, caches = d.cache.InventoryGeneration()
 		gen += invGen
 	}
-	return gen, pools, caches
+	outGen, outputs := d.volumes.OutputsGeneration()
+	return gen + outGen, pools, caches, outputs
 }
 
 // datasetCache reports what the node's dataset cache in pool p holds. A shared pool's cache is
@@ -83,6 +84,12 @@ func (d *Driver) datasetCache(ctx context.Context, p pool.Status, max int) *spv1
 			c.LastUsed = timestamppb.New(ds.LastUsed)
 		}
 		out.Datasets = append(out.Datasets, c)
+	}
+	outputs := d.volumes.Outputs(p.Name)
+	out.OutputsTotal = int32(len(outputs))
+	for _, o := range outputs[:min(len(outputs), max)] {
+		out.Outputs = append(out.Outputs, &spv1.VolumeOutputs{Volume: o.Volume, InUse: int32(o.InUse),
+			Uploading: int32(o.Uploading), Failing: int32(o.Failing), BytesPending: o.BytesPending})
 	}
 	return out
 }
@@ -115,7 +122,7 @@ func (d *Driver) storagePool(p pool.Status) *spv1.StoragePool {
 // WatchStoragePools sends the current generation, then each new one, until the caller leaves.
 func (s *poolServer) WatchStoragePools(_ *spv1.WatchStoragePoolsRequest, stream spv1.StoragePoolController_WatchStoragePoolsServer) error {
 	for {
-		gen, pools, caches := s.d.poolGeneration()
+		gen, pools, caches, outputs := s.d.poolGeneration()
 		if err := stream.Send(&spv1.WatchStoragePoolsResponse{Generation: gen}); err != nil {
 			return err
 		}
@@ -124,6 +131,7 @@ func (s *poolServer) WatchStoragePools(_ *spv1.WatchStoragePoolsRequest, stream 
 			return nil
 		case <-pools:
 		case <-caches: // nil without datasets: never ready
+		case <-outputs: // nil without write-back: never ready
 		}
 	}
 }

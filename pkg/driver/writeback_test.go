@@ -23,6 +23,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
+	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/pkg/writeback"
 	"github.com/cistern-csi/cistern/test/testpeers"
@@ -109,11 +110,33 @@ func TestWriteBackInline(t *testing.T) {
 	events.want(t, pod, false, volume.ReasonOutputUploadFinished, "wb-owner", "3 objects", fmt.Sprintf("%d bytes", 13<<20+5+12+7))
 }
 
+// poolOutputs is what the node's pools report of volumes' outputs not at their targets, by volume.
+func poolOutputs(t *testing.T, env *testEnv) map[string]*spv1.VolumeOutputs {
+	t.Helper()
+	resp, err := (&poolServer{d: env.driver}).ControllerListStoragePools(context.Background(), &spv1.ControllerListStoragePoolsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*spv1.VolumeOutputs{}
+	for _, p := range resp.GetPools() {
+		if c := p.GetCache(); c != nil && int(c.GetOutputsTotal()) != len(c.GetOutputs()) {
+			t.Errorf("pool %s lists %d of %d outputs", p.GetName(), len(c.GetOutputs()), c.GetOutputsTotal())
+		}
+		for _, o := range p.GetCache().GetOutputs() {
+			out[o.GetVolume()] = o
+		}
+	}
+	return out
+}
+
 // writeBackEnv is a driver with write-back on, and versitygw (behind a proxy the test may make
 // refuse writes) holding bucket "shared", which anyone may read, and "out", which only the owner
 // may write.
-func writeBackEnv(t *testing.T) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
-	env := startDriver(t, testPool{name: "fast", size: 1 << 30})
+func writeBackEnv(t *testing.T, pools ...testPool) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
+	if len(pools) == 0 {
+		pools = []testPool{{name: "fast", size: 1 << 30}}
+	}
+	env := startDriver(t, pools...)
 	env.stop()
 	events := &eventLog{}
 	env.cfg.Writable.WriteBack = volume.WriteBack{Dir: filepath.Join(env.dir, "writeback"),
@@ -440,11 +463,34 @@ func TestWriteBackStaticPV(t *testing.T) {
 	}
 	want := map[string][]byte{"result.json": []byte(`{"acc":0.9}`), "f0": []byte("rewritten")}
 	writeOutputs(t, target, want)
+	// The pool report (what a VolumeManager waits on) lists the copy under the PV's handle: in
+	// use, then uploading and failing while the target refuses, then nothing once uploaded.
+	if o := poolOutputs(t, env)[id]; o == nil || o.GetInUse() != 1 || o.GetUploading() != 0 {
+		t.Errorf("pool report while published: %v", o)
+	}
+	gen, _, _, changed := env.driver.poolGeneration()
+	proxy.SetFaults(refuseWrites)
 	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case <-changed:
+	case <-time.After(time.Minute):
+		t.Fatal("the hand-off did not move the pool generation")
+	}
+	waitFor(t, "the pool report to say the upload fails", func() bool {
+		o := poolOutputs(t, env)[id]
+		return o != nil && o.GetInUse() == 0 && o.GetUploading() == 1 && o.GetFailing() == 1 && o.GetBytesPending() > 0
+	})
+	if g, _, _, _ := env.driver.poolGeneration(); g <= gen {
+		t.Errorf("pool generation %d, was %d", g, gen)
+	}
+	proxy.SetFaults(nil)
 	waitFor(t, "the copy to be uploaded and deleted", func() bool { return len(env.driver.volumes.Store().ListVolumes()) == 0 })
 	checkOutputs(t, s, "static/train-0/", want)
+	if o := poolOutputs(t, env); len(o) != 0 {
+		t.Errorf("pool report once uploaded: %v", o)
+	}
 	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-train-0"}, false, volume.ReasonOutputUploadFinished, "2 objects")
 	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "intruder", UID: "uid-intruder"}, true, volume.ReasonOutputTargetRefused, "s3://out/static/intruder/")
 	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {

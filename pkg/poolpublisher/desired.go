@@ -209,6 +209,18 @@ func datasetCache(c *spv1.DatasetCache) *spapi.DatasetCache {
 		}
 		out.Datasets = append(out.Datasets, ds)
 	}
+	out.OutputsTotal = c.GetOutputsTotal()
+	for _, o := range c.GetOutputs() {
+		if o.GetVolume() == "" || seen["output/"+o.GetVolume()] {
+			continue
+		}
+		seen["output/"+o.GetVolume()] = true
+		out.Outputs = append(out.Outputs, spapi.VolumeOutputs{Volume: truncate(o.GetVolume()), InUse: o.GetInUse(),
+			Uploading: o.GetUploading(), Failing: o.GetFailing(), BytesPending: o.GetBytesPending()})
+	}
+	if out.OutputsTotal < int32(len(out.Outputs)) {
+		out.OutputsTotal = int32(len(out.Outputs))
+	}
 	return out
 }
 

@@ -235,6 +235,9 @@ func (r *Reconciler) Sync(ctx context.Context) (err error) {
 		if c := p.GetCache(); c != nil && len(c.GetDatasets()) > r.cfg.MaxCachedDatasets {
 			c.Datasets = c.Datasets[:r.cfg.MaxCachedDatasets]
 		}
+		if c := p.GetCache(); c != nil && len(c.GetOutputs()) > r.cfg.MaxCachedDatasets {
+			c.Outputs = c.Outputs[:r.cfg.MaxCachedDatasets] // outputs_total still counts them
+		}
 		d, err := newDesiredPool(p, r.cfg.DriverName, r.cfg.NodeName)
 		if err == nil && desired[d.name] != nil {
 			err = fmt.Errorf("pools %q and %q map to the same object %q", desired[d.name].pool.GetName(), p.GetName(), d.name)

@@ -172,6 +172,7 @@ func (iv *imageVolume) Publish(ctx context.Context, r PublishRequest) error {
 	if err := s.store.PutVolumeNodeState(v); err != nil {
 		return Internal("saving volume state", err)
 	}
+	s.publishedOutput(v.Parameters)
 	klog.FromContext(ctx).V(4).Info("Published volume", "volumeID", iv.id, "target", r.Target, "readOnly", r.ReadOnly)
 	return nil
 }

@@ -68,6 +68,11 @@ type writeBacks struct {
 	// labels the metrics.
 	refusals, checkpoints int64
 	node                  string
+	// failing are the uploads whose last pass failed; gen and changed are OutputsGeneration's
+	// (writeback_report.go).
+	failing map[string]bool
+	gen     uint64
+	changed chan struct{}
 }
 
 // start runs job's upload unless it runs already (a repeated NodeUnpublish).
@@ -78,6 +83,7 @@ func (w *writeBacks) start(s *Service, job writeback.Job) {
 		return
 	}
 	w.running[job.Volume] = true
+	w.outputsChanged()
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -100,7 +106,7 @@ func newWriteBacks(cfg WriteBack) *writeBacks {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{},
-		live: map[string]*liveVolume{}, checkpointing: make(chan struct{}, 1)}
+		live: map[string]*liveVolume{}, checkpointing: make(chan struct{}, 1), failing: map[string]bool{}, changed: make(chan struct{})}
 }
 
 // outputTarget is an output target with the pod's placeholders replaced.
@@ -291,6 +297,7 @@ func (s *Service) upload(id string, job writeback.Job) {
 			return // the node plugin stops; the next one resumes
 		}
 		logger.Error(err, "Write-back failed; retrying", "in", wait)
+		s.wb.setFailing(id, true)
 		if s.wb.cfg.OnProgress != nil {
 			s.wb.cfg.OnProgress(writeback.Progress{Volume: id, Err: err})
 		}
@@ -452,6 +459,8 @@ func (w *writeBacks) loadSecrets(id string) (map[string]string, error) {
 func (w *writeBacks) forget(id string) error {
 	w.mu.Lock()
 	delete(w.pending, id)
+	delete(w.failing, id)
+	w.outputsChanged()
 	w.mu.Unlock()
 	if err := os.Remove(w.secretsPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
@@ -474,8 +483,24 @@ func (w *writeBacks) progress(p writeback.Progress) {
 		w.pending[p.Volume] = p.Bytes - p.BytesDone
 	}
 	w.mu.Unlock()
+	w.setFailing(p.Volume, p.Err != nil) // moves the generation only when it changes
 	if w.cfg.OnProgress != nil {
 		w.cfg.OnProgress(p)
+	}
+}
+
+// setFailing records whether an upload's last pass failed, moving OutputsGeneration when that
+// changes.
+func (w *writeBacks) setFailing(id string, failing bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failing[id] != failing {
+		if failing {
+			w.failing[id] = true
+		} else {
+			delete(w.failing, id)
+		}
+		w.outputsChanged()
 	}
 }
 

@@ -11,14 +11,25 @@ import (
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
-// TestNFSTarget writes back through a real overlay to an NFS server (go-nfs, NFSv3, export
-// /export): the files under the target directory (made as needed, below the export) are
-// byte-identical to what the pod sees, a dataset file the pod deleted is deleted there, a
-// temporary file a crash left is replaced and none stays; a checkpoint's files are not sent again
-// by the final upload, nor by a second run.
+// TestNFSTarget writes back through a real overlay to two NFS servers, NFSv3 both: go-nfs
+// (export /export, one port for MOUNT and NFS) and nfs-ganesha (the VFS FSAL, found through
+// rpcbind on port 111, in a network namespace of its own): the files under the target directory
+// (made as needed, below the export) are byte-identical to what the pod sees, a dataset file the
+// pod deleted is deleted there, a temporary file a crash left is replaced and none stays; a
+// checkpoint's files are not sent again by the final upload, nor by a second run.
 func TestNFSTarget(t *testing.T) {
-	export := t.TempDir()
-	addr := testpeers.StartNFS(t, export)
+	t.Run("go-nfs", func(t *testing.T) {
+		export := t.TempDir()
+		nfsTarget(t, export, "nfs://"+testpeers.StartNFS(t, export)+"/export")
+	})
+	t.Run("nfs-ganesha", func(t *testing.T) {
+		export := t.TempDir()
+		nfsTarget(t, export, "nfs://"+testpeers.StartGanesha(t, export)+export)
+	})
+}
+
+// nfsTarget runs TestNFSTarget against the server that exports export as url.
+func nfsTarget(t *testing.T, export, url string) {
 	out := filepath.Join(export, "out", "run")
 	lower := map[string][]byte{"kept": []byte("k"), "gone.txt": []byte("g"), "changed.bin": randBytes(21, 2<<20)}
 	dir := t.TempDir()
@@ -39,7 +50,7 @@ func TestNFSTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	target, err := writeback.ParseTarget("nfs://" + addr + "/export/out/run")
+	target, err := writeback.ParseTarget(url + "/out/run")
 	if err != nil {
 		t.Fatal(err)
 	}

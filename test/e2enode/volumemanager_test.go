@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -16,8 +17,11 @@ import (
 
 	"github.com/cistern-csi/cistern/test/framework/realnode"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -55,7 +59,10 @@ func startStoragePoolSidecar(t *testing.T, c *cluster) {
 // after its stager pod ran on the node and the node's cache holds the data, byte-identical to
 // the source; then the stager is gone, a ReadOnlyMany volume gives pods the cached tree
 // read-only and a ReadWriteOnce volume gives each pod a writable copy, the cache untouched.
-// spec.state Completed then releases the volumes: Completed, and kubelet unstages everything.
+// The writable volume names an outputTarget: once spec.state Completed releases the volumes and
+// the state is Completed, what its pod wrote is at the target, byte-identical, and nothing else
+// (the node's StoragePool told the controller when the upload was done). kubelet unstages
+// everything.
 func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 	c.node.WaitRegistered(t, c.cp)
 	startStoragePoolSidecar(t, c)
@@ -82,10 +89,15 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 			SourceURL: "s3://" + datasetBucket + "/" + prefix, AccessMode: mode, Capacity: &capacity,
 			Options: map[string]string{"endpoint": d.s3.Endpoint, "pathStyle": "true", "secretName": datasetSecret}}
 	}
+	// The writable volume keeps what each pod wrote (write-back), under the pod's name.
+	const outputs = "vm-outputs"
+	d.s3.Bucket(t, outputs)
+	rw := volume("rw", corev1.ReadWriteOnce)
+	rw.OutputTarget = "s3://" + outputs + "/${pod.name}"
 	vm := &datav1alpha1.VolumeManager{
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.ns, Name: "models"},
 		Spec: datav1alpha1.VolumeManagerSpec{VolumeConfigs: []datav1alpha1.VolumeConfig{
-			volume("ro", corev1.ReadOnlyMany), volume("rw", corev1.ReadWriteOnce)}},
+			volume("ro", corev1.ReadOnlyMany), rw}},
 	}
 	attrs, err := volumemanager.DatasetAttributes(&vm.Spec.VolumeConfigs[0], volumemanager.Config{})
 	if err != nil {
@@ -217,6 +229,37 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 	})
 	if err != nil {
 		t.Fatalf("VolumeManager not Completed with its volumes released: %v; status %+v", err, got.Status)
+	}
+	// Completed means the outputs are at their target: what the rw pod wrote (the checker's
+	// 1 MiB write-read file), byte-identical, and nothing of the unchanged dataset.
+	if c := meta.FindStatusCondition(got.Status.Conditions, datav1alpha1.ConditionOutputsUploaded); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Completed without OutputsUploaded: %+v", c)
+	}
+	keys := map[string]string{}
+	list, err := d.s3.Client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(outputs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range list.Contents {
+		out, err := d.s3.Client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(outputs), Key: o.Key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(out.Body)
+		_ = out.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256(body)
+		keys[*o.Key] = hex.EncodeToString(sum[:])
+	}
+	want := make([]byte, 1<<20) // the checker's pattern (hack/images/checker)
+	for i := range want {
+		want[i] = byte(i*7 + i/4096)
+	}
+	sum := sha256.Sum256(want)
+	if w := map[string]string{"vm-rw/.checker-write-read": hex.EncodeToString(sum[:])}; !maps.Equal(keys, w) {
+		t.Errorf("outputs at s3://%s once Completed: %v, want %v", outputs, keys, w)
 	}
 	// kubelet unpublishes and unstages through the driver once the pods are gone.
 	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(context.Context) (bool, error) {

@@ -98,6 +98,15 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 			attrs[param] = v
 		}
 	}
+	if vc.OutputTarget != "" {
+		attrs[consts.ParamOutputTarget] = vc.OutputTarget
+		if vc.OutputDeletions {
+			attrs[consts.ParamOutputDeletions] = "true"
+		}
+		if vc.OutputInterval != nil {
+			attrs[consts.ParamOutputInterval] = vc.OutputInterval.Duration.String()
+		}
+	}
 	u, err := url.Parse(vc.SourceURL)
 	if err != nil {
 		return nil, fmt.Errorf("sourceURL %q: %w", vc.SourceURL, err)
@@ -121,7 +130,40 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 	if host := parsed.Dataset.Host; vc.SourceType == datav1alpha1.SourceNFS && !slices.Contains(cfg.NFSServers, host) {
 		return nil, fmt.Errorf("sourceURL %q: NFS server %s is not allowed (the administrator allows servers with --nfs-servers)", vc.SourceURL, host)
 	}
+	if err := checkOutputTarget(vc, cfg); err != nil {
+		return nil, err
+	}
 	return attrs, nil
+}
+
+// checkOutputTarget holds an output target to the rules the node applies to a tenant's, so that
+// a VolumeManager the node would refuse at each pod's start is Failed at once: a writer access
+// mode (only pods' writable copies have outputs), an S3 target only on an S3 dataset (its
+// endpoint and keys write it), an NFS target only on a server the administrator allows.
+func checkOutputTarget(vc *datav1alpha1.VolumeConfig, cfg Config) error {
+	if vc.OutputTarget == "" {
+		return nil
+	}
+	if !writable(vc) {
+		return fmt.Errorf("outputTarget needs a writer accessMode: what is uploaded is each pod's writable copy")
+	}
+	u, err := url.Parse(strings.NewReplacer(consts.PodNamespaceVar, "ns", consts.PodNameVar, "pod").Replace(vc.OutputTarget))
+	if err != nil {
+		return fmt.Errorf("outputTarget %q: %w", vc.OutputTarget, err)
+	}
+	switch u.Scheme {
+	case "s3":
+		if vc.SourceType != datav1alpha1.SourceS3 {
+			return fmt.Errorf("outputTarget %q: an s3:// target is written on the dataset's S3 endpoint with its keys; a %s dataset has none (use nfs://)", vc.OutputTarget, vc.SourceType)
+		}
+	case "nfs":
+		if !slices.Contains(cfg.NFSServers, u.Host) {
+			return fmt.Errorf("outputTarget %q: NFS server %s is not allowed (the administrator allows servers with --nfs-servers)", vc.OutputTarget, u.Host)
+		}
+	default:
+		return fmt.Errorf("outputTarget %q is not s3://bucket[/prefix] or nfs://server/export[/path]", vc.OutputTarget)
+	}
+	return nil
 }
 
 // checkLocalPath accepts file:///dir only under an allowed root. Each segment is checked before

@@ -3,6 +3,7 @@ package volumemanager
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -51,6 +52,22 @@ func TestDatasetAttributes(t *testing.T) {
 			wantErr: "[a"},
 		{name: "failure case - zero capacity", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
 			Capacity: ptr.To(resource.MustParse("0"))}, wantErr: "capacity 0 is not more than 0"},
+		{name: "s3 output target with checkpoints and deletions", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			AccessMode: corev1.ReadWriteOnce, OutputTarget: "s3://results/${pod.namespace}/${pod.name}", OutputDeletions: true,
+			OutputInterval: &metav1.Duration{Duration: 10 * time.Minute}},
+			want: map[string]string{consts.ParamCapacity: "1Gi", consts.ParamSource: "s3://b/p", consts.ParamOutputTarget: "s3://results/${pod.namespace}/${pod.name}",
+				consts.ParamOutputDeletions: "true", consts.ParamOutputInterval: "10m0s"}},
+		{name: "nfs output target of an allowed server", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data",
+			AccessMode: corev1.ReadWriteMany, OutputTarget: "nfs://server/export/out"},
+			want: map[string]string{consts.ParamCapacity: "1Gi", consts.ParamSource: "nfs://server/export/data", consts.ParamOutputTarget: "nfs://server/export/out"}},
+		{name: "failure case - output target of a read-only volume", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			OutputTarget: "s3://results/x"}, wantErr: "outputTarget needs a writer accessMode"},
+		{name: "failure case - nfs output server not allowed", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			AccessMode: corev1.ReadWriteOnce, OutputTarget: "nfs://10.0.0.9/export"}, wantErr: "NFS server 10.0.0.9 is not allowed"},
+		{name: "failure case - s3 output target of an nfs dataset", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data",
+			AccessMode: corev1.ReadWriteOnce, OutputTarget: "s3://results/x"}, wantErr: "a NFS dataset has none"},
+		{name: "failure case - output target of another scheme", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			AccessMode: corev1.ReadWriteOnce, OutputTarget: "http://results/x"}, wantErr: "is not s3://bucket"},
 		{name: "failure case - capacity above 1Pi", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
 			Capacity: ptr.To(resource.MustParse("2Pi"))}, wantErr: "at most 1Pi"},
 	}

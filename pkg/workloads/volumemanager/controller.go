@@ -123,6 +123,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		status.Message = fmt.Sprintf("%d volumes ready", len(status.Volumes))
 	}
 	status.Conditions = conditions(vm.Status.Conditions, vm.Generation, outcomes, ids, status.State, status.Message, w.users)
+	if hold := holdOutputs(w, keep); writesBack(&vm) || hold.held() {
+		meta.SetStatusCondition(&status.Conditions, outputsCondition(vm.Generation, hold))
+	}
 	if err := r.deleteStagers(ctx, w, keepPods); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -143,10 +146,14 @@ func (r *Reconciler) complete(ctx context.Context, vm *datav1alpha1.VolumeManage
 	if err := r.deleteStagers(ctx, w, nil); err != nil {
 		return err
 	}
-	if err := r.deleteUnwanted(ctx, w.pvs, w.pvcs, nil); err != nil {
+	// A volume whose copies' outputs are still on their nodes stays until they are uploaded.
+	keep := map[string]bool{}
+	hold := holdOutputs(w, keep)
+	if err := r.deleteUnwanted(ctx, w.pvs, w.pvcs, keep); err != nil {
 		return err
 	}
-	left := leftovers{stagers: len(w.stagers), claims: len(w.pvcs), volumes: len(w.pvs), users: w.users}
+	left := leftovers{stagers: len(w.stagers), claims: len(w.pvcs), volumes: len(w.pvs), users: w.users, outputs: hold,
+		writesBack: writesBack(vm)}
 	return r.writeStatus(ctx, vm, completionStatus(vm, left))
 }
 
@@ -472,7 +479,7 @@ func (r *Reconciler) recordChanges(vm *datav1alpha1.VolumeManager, old, cur []me
 		}
 		typ := corev1.EventTypeNormal
 		if c.Reason == datav1alpha1.ReasonStagingFailed || c.Reason == datav1alpha1.ReasonInvalid || c.Reason == datav1alpha1.ReasonTooFewNodes ||
-			c.Reason == string(datav1alpha1.StateFailed) {
+			c.Reason == string(datav1alpha1.StateFailed) || c.Reason == datav1alpha1.ReasonUploadFailing || c.Reason == datav1alpha1.ReasonOutputsUnknown {
 			typ = corev1.EventTypeWarning
 		}
 		r.Recorder.Eventf(vm, nil, typ, c.Reason, c.Type, "%s", c.Message)

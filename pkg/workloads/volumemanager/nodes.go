@@ -67,6 +67,10 @@ type NodeInventory struct {
 	Ready map[string]bool
 	// Datasets are the listed datasets by ID, the most advanced state over the node's pools.
 	Datasets map[string]spapi.CachedDataset
+	// Outputs are the volumes whose outputs the node holds, not at their targets yet, by volume
+	// (summed over the node's pools); OutputsUnlisted is true when a pool lists only some.
+	Outputs         map[string]spapi.VolumeOutputs
+	OutputsUnlisted bool
 }
 
 // Inventories reads node-local StoragePools into one NodeInventory per Kubernetes node name (a
@@ -81,7 +85,8 @@ func Inventories(pools []spapi.StoragePool, driver string) map[string]*NodeInven
 		name := p.Status.AccessibleNodes[0]
 		inv := out[name]
 		if inv == nil {
-			inv = &NodeInventory{Free: -1, Ready: map[string]bool{}, Datasets: map[string]spapi.CachedDataset{}}
+			inv = &NodeInventory{Free: -1, Ready: map[string]bool{}, Datasets: map[string]spapi.CachedDataset{},
+				Outputs: map[string]spapi.VolumeOutputs{}}
 			out[name] = inv
 		}
 		if c := p.Status.Capacity; c != nil {
@@ -108,6 +113,17 @@ func Inventories(pools []spapi.StoragePool, driver string) map[string]*NodeInven
 			if d.State == spapi.DatasetReady {
 				inv.Ready[d.ID] = true
 			}
+		}
+		c := p.Status.Cache
+		inv.OutputsUnlisted = inv.OutputsUnlisted || int(c.OutputsTotal) > len(c.Outputs)
+		for _, o := range c.Outputs {
+			sum := inv.Outputs[o.Volume]
+			sum.Volume = o.Volume
+			sum.InUse += o.InUse
+			sum.Uploading += o.Uploading
+			sum.Failing += o.Failing
+			sum.BytesPending += o.BytesPending
+			inv.Outputs[o.Volume] = sum
 		}
 	}
 	return out

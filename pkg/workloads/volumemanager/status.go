@@ -271,6 +271,10 @@ func inUseCondition(generation int64, users claimUsers) metav1.Condition {
 type leftovers struct {
 	stagers, claims, volumes int
 	users                    claimUsers
+	// outputs holds the volumes whose copies' outputs are not at their targets yet; writesBack
+	// says the VolumeManager names an output target.
+	outputs    outputHold
+	writesBack bool
 }
 
 func (l leftovers) empty() bool { return l.stagers == 0 && l.claims == 0 && l.volumes == 0 }
@@ -284,10 +288,12 @@ func completionStatus(vm *datav1alpha1.VolumeManager, left leftovers) datav1alph
 	status := datav1alpha1.VolumeManagerStatus{ObservedGeneration: gen, State: vm.Status.State, Volumes: vm.Status.Volumes}
 	conds := append([]metav1.Condition(nil), vm.Status.Conditions...)
 	meta.SetStatusCondition(&conds, inUseCondition(gen, left.users))
+	if left.writesBack || left.outputs.held() {
+		meta.SetStatusCondition(&conds, outputsCondition(gen, left.outputs))
+	}
 	if left.empty() {
-		// The seam for write-back (issue 26): once a volume can name an output target, its
-		// uploads are confirmed before the volumes count as released. Today nothing is pending
-		// here: writable copies are deleted when their pod's volume is unpublished.
+		// Every volume is deleted, and a volume with outputs is deleted only once no node holds
+		// them (holdOutputs): the outputs are at their targets.
 		status.State, status.Message = datav1alpha1.StateCompleted, "spec.state is Completed: the volumes are released"
 		status.Volumes = nil
 		for _, vc := range vm.Spec.VolumeConfigs {
@@ -309,13 +315,30 @@ func completionStatus(vm *datav1alpha1.VolumeManager, left leftovers) datav1alph
 		status.State = datav1alpha1.StatePending
 	case datav1alpha1.StateReady:
 		status.State = datav1alpha1.StateRunning
+	case datav1alpha1.StateFailed:
+		if c := meta.FindStatusCondition(vm.Status.Conditions, datav1alpha1.ConditionCompleted); c != nil && c.Reason == datav1alpha1.ReasonUploadFailing {
+			// Failed for a refusing target, set below again while it refuses.
+			status.State = datav1alpha1.StateRunning
+		}
 	}
 	status.Message = fmt.Sprintf("spec.state is Completed: releasing %d stager pods, %d claims, %d volumes", left.stagers, left.claims, left.volumes)
 	if len(left.users) > 0 {
 		status.Message += "; waiting for the pods using them to end: " + left.users.String()
 	}
+	reason := datav1alpha1.ReasonCompleting
+	if left.outputs.held() {
+		status.Message += "; " + left.outputs.String()
+		if left.stagers == 0 && left.claims == 0 {
+			// Only uploads hold the volumes now: say so in the reason.
+			reason = left.outputs.reason()
+		}
+		if left.outputs.failing > 0 {
+			// Not final: the node retries; once the target takes the outputs, Completed follows.
+			status.State = datav1alpha1.StateFailed
+		}
+	}
 	for _, t := range []string{datav1alpha1.ConditionReady, datav1alpha1.ConditionCompleted} {
-		meta.SetStatusCondition(&conds, metav1.Condition{Type: t, Status: metav1.ConditionFalse, Reason: datav1alpha1.ReasonCompleting,
+		meta.SetStatusCondition(&conds, metav1.Condition{Type: t, Status: metav1.ConditionFalse, Reason: reason,
 			Message: status.Message, ObservedGeneration: gen})
 	}
 	status.Conditions = conds

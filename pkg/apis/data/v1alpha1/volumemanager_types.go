@@ -32,7 +32,8 @@ const (
 	// controller keeps trying and the state follows once the cause is fixed.
 	StateFailed State = "Failed"
 	// StateCompleted: spec.state Completed was asked and everything made for the VolumeManager
-	// (stager pods, claims, volumes) is gone, so no node holds its data in use. Final.
+	// (stager pods, claims, volumes) is gone, so no node holds its data in use, and every output
+	// (outputTarget) is at its target. Final.
 	StateCompleted State = "Completed"
 	// StateReady was status.state's name for Running before the KVC lifecycle; the controller no
 	// longer writes it (condition Ready says the same) and rewrites it on its next reconcile.
@@ -82,6 +83,11 @@ const (
 	// ConditionCompleted is set once spec.state Completed is asked: false while the volumes are
 	// being released, true once they are.
 	ConditionCompleted = "Completed"
+	// ConditionOutputsUploaded is set on a VolumeManager with an outputTarget: true once no node
+	// holds outputs of its volumes that are not at their targets (reason Uploaded), false while
+	// copies are in use (InUse), being uploaded (Uploading, with counts and bytes) or failing
+	// (UploadFailing: a target that refuses is retried and the data kept).
+	ConditionOutputsUploaded = "OutputsUploaded"
 )
 
 // Reasons of the conditions (and of the Events that go with them).
@@ -100,6 +106,12 @@ const (
 	ReasonCompleting = "Completing"
 	// ReasonReleased: spec.state is Completed and nothing made for the VolumeManager is left.
 	ReasonReleased = "Released"
+	// Reasons of OutputsUploaded (and of Completed while outputs hold the volumes).
+	ReasonOutputsInUse    = "InUse"
+	ReasonUploading       = "Uploading"
+	ReasonUploadFailing   = "UploadFailing"
+	ReasonOutputsUnknown  = "OutputsUnknown"
+	ReasonOutputsUploaded = "Uploaded"
 )
 
 // Keys of VolumeConfig.options.
@@ -119,6 +131,8 @@ const (
 )
 
 // VolumeConfig is one dataset and where it must be.
+// +kubebuilder:validation:XValidation:rule="!has(self.outputTarget) || (has(self.accessMode) && self.accessMode != 'ReadOnlyMany')",message="outputTarget needs a writer accessMode: what is uploaded is each pod's writable copy"
+// +kubebuilder:validation:XValidation:rule="has(self.outputTarget) || (!has(self.outputInterval) && !has(self.outputDeletions))",message="outputInterval and outputDeletions need outputTarget"
 // +kubebuilder:validation:XValidation:rule="self.sourceType == 'S3' ? self.sourceURL.startsWith('s3://') : self.sourceType == 'NFS' ? self.sourceURL.startsWith('nfs://') : self.sourceURL.startsWith('file:///')",message="sourceURL must start with s3:// for S3, nfs:// for NFS and file:/// for Local"
 // +kubebuilder:validation:XValidation:rule="self.sourceType == 'S3' || !has(self.options) || !self.options.exists(k, k in ['endpoint', 'region', 'pathStyle', 'secretName'])",message="options endpoint, region, pathStyle and secretName apply to S3 sources only"
 type VolumeConfig struct {
@@ -165,6 +179,23 @@ type VolumeConfig struct {
 	// tolerations let the data go to tainted nodes.
 	// +optional
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// outputTarget keeps what pods write (write-back, docs/datasets.md): each pod's writable copy
+	// (a writer accessMode) is uploaded after the pod lets it go, under s3://bucket/prefix (an S3
+	// dataset's endpoint, written with secretName's keys, which must be allowed to write it:
+	// checked before the pod starts) or nfs://server/export/path (a server the administrator
+	// allows). It may name ${pod.namespace} and ${pod.name}. With an output target, status.state
+	// turns Completed only once every node has uploaded every copy.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=2048
+	OutputTarget string `json:"outputTarget,omitempty"`
+	// outputInterval also uploads, at this interval, what changed while a pod uses its copy
+	// (checkpoints): a duration such as 10m, at least the node's --writeback-min-interval.
+	// +optional
+	OutputInterval *metav1.Duration `json:"outputInterval,omitempty"`
+	// outputDeletions also deletes at the target the dataset files a pod deleted; off by default.
+	// +optional
+	OutputDeletions bool `json:"outputDeletions,omitempty"`
 }
 
 // VolumeManagerSpec lists datasets.

@@ -122,6 +122,40 @@ type DatasetCache struct {
 	// +listMapKey=id
 	// +kubebuilder:validation:MaxItems=1024
 	Datasets []CachedDataset `json:"datasets,omitempty"`
+
+	// Outputs are the volumes in the pool whose outputs (write-back, docs/datasets.md) are not at
+	// their targets yet: in use, or being uploaded. At most the sidecar's --max-cached-datasets;
+	// outputsTotal counts them all, listed or not. A VolumeManager is Completed only once no node
+	// lists its volumes here.
+	// +optional
+	// +listType=map
+	// +listMapKey=volume
+	// +kubebuilder:validation:MaxItems=1024
+	Outputs []VolumeOutputs `json:"outputs,omitempty"`
+	// +optional
+	OutputsTotal int32 `json:"outputsTotal,omitempty"`
+}
+
+// VolumeOutputs is what one volume's outputs hold on the node.
+type VolumeOutputs struct {
+	// Volume is the volume ID; for the per-pod writable copies of a static PV (a VolumeManager's),
+	// the PV's volume handle.
+	// +required
+	Volume string `json:"volume"`
+	// InUse counts publications (or a claim's staging) still in use: their upload starts when
+	// they are let go.
+	// +optional
+	InUse int32 `json:"inUse,omitempty"`
+	// Uploading counts copies handed off whose outputs are not all at the target yet; Failing
+	// those of them whose last attempt failed (retried with backoff; the Events of the pod or
+	// claim say why).
+	// +optional
+	Uploading int32 `json:"uploading,omitempty"`
+	// +optional
+	Failing int32 `json:"failing,omitempty"`
+	// BytesPending is what the uploading copies still hold for their targets.
+	// +optional
+	BytesPending int64 `json:"bytesPending,omitempty"`
 }
 
 // CachedDataset is one dataset in a node's cache.

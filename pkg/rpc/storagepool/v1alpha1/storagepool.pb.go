@@ -361,7 +361,11 @@ type DatasetCache struct {
 	Staging int32 `protobuf:"varint,4,opt,name=staging,proto3" json:"staging,omitempty"`
 	Failed  int32 `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"`
 	// The most recently used datasets, most recent first, at most max_cached_datasets.
-	Datasets      []*CachedDataset `protobuf:"bytes,6,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	Datasets []*CachedDataset `protobuf:"bytes,6,rep,name=datasets,proto3" json:"datasets,omitempty"`
+	// Volumes in the pool whose outputs (write-back) are not at their targets yet, by volume, at
+	// most max_cached_datasets; outputs_total counts them all, listed or not.
+	Outputs       []*VolumeOutputs `protobuf:"bytes,7,rep,name=outputs,proto3" json:"outputs,omitempty"`
+	OutputsTotal  int32            `protobuf:"varint,8,opt,name=outputs_total,json=outputsTotal,proto3" json:"outputs_total,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +442,101 @@ func (x *DatasetCache) GetDatasets() []*CachedDataset {
 	return nil
 }
 
+func (x *DatasetCache) GetOutputs() []*VolumeOutputs {
+	if x != nil {
+		return x.Outputs
+	}
+	return nil
+}
+
+func (x *DatasetCache) GetOutputsTotal() int32 {
+	if x != nil {
+		return x.OutputsTotal
+	}
+	return 0
+}
+
+// VolumeOutputs is what one volume's outputs hold on the node.
+type VolumeOutputs struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Volume ID; for the per-pod writable copies of a static PV, the PV's volume handle.
+	Volume string `protobuf:"bytes,1,opt,name=volume,proto3" json:"volume,omitempty"`
+	// Publications (or a claim's staging) still in use: their upload starts when let go.
+	InUse int32 `protobuf:"varint,2,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
+	// Handed off and not all at the target yet; failing: of them, those whose last pass failed.
+	Uploading int32 `protobuf:"varint,3,opt,name=uploading,proto3" json:"uploading,omitempty"`
+	Failing   int32 `protobuf:"varint,4,opt,name=failing,proto3" json:"failing,omitempty"`
+	// Bytes the uploading ones still hold for their targets.
+	BytesPending  int64 `protobuf:"varint,5,opt,name=bytes_pending,json=bytesPending,proto3" json:"bytes_pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VolumeOutputs) Reset() {
+	*x = VolumeOutputs{}
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VolumeOutputs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VolumeOutputs) ProtoMessage() {}
+
+func (x *VolumeOutputs) ProtoReflect() protoreflect.Message {
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VolumeOutputs.ProtoReflect.Descriptor instead.
+func (*VolumeOutputs) Descriptor() ([]byte, []int) {
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *VolumeOutputs) GetVolume() string {
+	if x != nil {
+		return x.Volume
+	}
+	return ""
+}
+
+func (x *VolumeOutputs) GetInUse() int32 {
+	if x != nil {
+		return x.InUse
+	}
+	return 0
+}
+
+func (x *VolumeOutputs) GetUploading() int32 {
+	if x != nil {
+		return x.Uploading
+	}
+	return 0
+}
+
+func (x *VolumeOutputs) GetFailing() int32 {
+	if x != nil {
+		return x.Failing
+	}
+	return 0
+}
+
+func (x *VolumeOutputs) GetBytesPending() int64 {
+	if x != nil {
+		return x.BytesPending
+	}
+	return 0
+}
+
 type CachedDataset struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Dataset ID: a hash of the source location, endpoint and filters (what volumes share).
@@ -464,7 +563,7 @@ type CachedDataset struct {
 
 func (x *CachedDataset) Reset() {
 	*x = CachedDataset{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +575,7 @@ func (x *CachedDataset) String() string {
 func (*CachedDataset) ProtoMessage() {}
 
 func (x *CachedDataset) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[4]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +588,7 @@ func (x *CachedDataset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CachedDataset.ProtoReflect.Descriptor instead.
 func (*CachedDataset) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{4}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CachedDataset) GetId() string {
@@ -571,7 +670,7 @@ type Topology struct {
 
 func (x *Topology) Reset() {
 	*x = Topology{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -583,7 +682,7 @@ func (x *Topology) String() string {
 func (*Topology) ProtoMessage() {}
 
 func (x *Topology) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[5]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -596,7 +695,7 @@ func (x *Topology) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Topology.ProtoReflect.Descriptor instead.
 func (*Topology) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{5}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Topology) GetSegments() map[string]string {
@@ -616,7 +715,7 @@ type StoragePoolError struct {
 
 func (x *StoragePoolError) Reset() {
 	*x = StoragePoolError{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +727,7 @@ func (x *StoragePoolError) String() string {
 func (*StoragePoolError) ProtoMessage() {}
 
 func (x *StoragePoolError) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[6]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +740,7 @@ func (x *StoragePoolError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoragePoolError.ProtoReflect.Descriptor instead.
 func (*StoragePoolError) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{6}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StoragePoolError) GetTime() *timestamppb.Timestamp {
@@ -666,7 +765,7 @@ type WatchStoragePoolsRequest struct {
 
 func (x *WatchStoragePoolsRequest) Reset() {
 	*x = WatchStoragePoolsRequest{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[7]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +777,7 @@ func (x *WatchStoragePoolsRequest) String() string {
 func (*WatchStoragePoolsRequest) ProtoMessage() {}
 
 func (x *WatchStoragePoolsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[7]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +790,7 @@ func (x *WatchStoragePoolsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStoragePoolsRequest.ProtoReflect.Descriptor instead.
 func (*WatchStoragePoolsRequest) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{7}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{8}
 }
 
 type WatchStoragePoolsResponse struct {
@@ -703,7 +802,7 @@ type WatchStoragePoolsResponse struct {
 
 func (x *WatchStoragePoolsResponse) Reset() {
 	*x = WatchStoragePoolsResponse{}
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[8]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +814,7 @@ func (x *WatchStoragePoolsResponse) String() string {
 func (*WatchStoragePoolsResponse) ProtoMessage() {}
 
 func (x *WatchStoragePoolsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[8]
+	mi := &file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +827,7 @@ func (x *WatchStoragePoolsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchStoragePoolsResponse.ProtoReflect.Descriptor instead.
 func (*WatchStoragePoolsResponse) Descriptor() ([]byte, []int) {
-	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{8}
+	return file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *WatchStoragePoolsResponse) GetGeneration() uint64 {
@@ -776,14 +875,22 @@ const file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb7\x02\n" +
 	"\fDatasetCache\x12\x14\n" +
 	"\x05bytes\x18\x01 \x01(\x03R\x05bytes\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\x05R\x05total\x12\x14\n" +
 	"\x05ready\x18\x03 \x01(\x05R\x05ready\x12\x18\n" +
 	"\astaging\x18\x04 \x01(\x05R\astaging\x12\x16\n" +
 	"\x06failed\x18\x05 \x01(\x05R\x06failed\x12G\n" +
-	"\bdatasets\x18\x06 \x03(\v2+.cistern.storagepool.v1alpha1.CachedDatasetR\bdatasets\"\xda\x02\n" +
+	"\bdatasets\x18\x06 \x03(\v2+.cistern.storagepool.v1alpha1.CachedDatasetR\bdatasets\x12E\n" +
+	"\aoutputs\x18\a \x03(\v2+.cistern.storagepool.v1alpha1.VolumeOutputsR\aoutputs\x12#\n" +
+	"\routputs_total\x18\b \x01(\x05R\foutputsTotal\"\x9b\x01\n" +
+	"\rVolumeOutputs\x12\x16\n" +
+	"\x06volume\x18\x01 \x01(\tR\x06volume\x12\x15\n" +
+	"\x06in_use\x18\x02 \x01(\x05R\x05inUse\x12\x1c\n" +
+	"\tuploading\x18\x03 \x01(\x05R\tuploading\x12\x18\n" +
+	"\afailing\x18\x04 \x01(\x05R\afailing\x12#\n" +
+	"\rbytes_pending\x18\x05 \x01(\x03R\fbytesPending\"\xda\x02\n" +
 	"\rCachedDataset\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x16\n" +
@@ -836,44 +943,46 @@ func file_cistern_storagepool_v1alpha1_storagepool_proto_rawDescGZIP() []byte {
 }
 
 var file_cistern_storagepool_v1alpha1_storagepool_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_cistern_storagepool_v1alpha1_storagepool_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_cistern_storagepool_v1alpha1_storagepool_proto_goTypes = []any{
 	(DatasetState)(0),                          // 0: cistern.storagepool.v1alpha1.DatasetState
 	(*ControllerListStoragePoolsRequest)(nil),  // 1: cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest
 	(*ControllerListStoragePoolsResponse)(nil), // 2: cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse
 	(*StoragePool)(nil),                        // 3: cistern.storagepool.v1alpha1.StoragePool
 	(*DatasetCache)(nil),                       // 4: cistern.storagepool.v1alpha1.DatasetCache
-	(*CachedDataset)(nil),                      // 5: cistern.storagepool.v1alpha1.CachedDataset
-	(*Topology)(nil),                           // 6: cistern.storagepool.v1alpha1.Topology
-	(*StoragePoolError)(nil),                   // 7: cistern.storagepool.v1alpha1.StoragePoolError
-	(*WatchStoragePoolsRequest)(nil),           // 8: cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
-	(*WatchStoragePoolsResponse)(nil),          // 9: cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
-	nil,                                        // 10: cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
-	nil,                                        // 11: cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
-	nil,                                        // 12: cistern.storagepool.v1alpha1.Topology.SegmentsEntry
-	(*timestamppb.Timestamp)(nil),              // 13: google.protobuf.Timestamp
+	(*VolumeOutputs)(nil),                      // 5: cistern.storagepool.v1alpha1.VolumeOutputs
+	(*CachedDataset)(nil),                      // 6: cistern.storagepool.v1alpha1.CachedDataset
+	(*Topology)(nil),                           // 7: cistern.storagepool.v1alpha1.Topology
+	(*StoragePoolError)(nil),                   // 8: cistern.storagepool.v1alpha1.StoragePoolError
+	(*WatchStoragePoolsRequest)(nil),           // 9: cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
+	(*WatchStoragePoolsResponse)(nil),          // 10: cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
+	nil,                                        // 11: cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
+	nil,                                        // 12: cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
+	nil,                                        // 13: cistern.storagepool.v1alpha1.Topology.SegmentsEntry
+	(*timestamppb.Timestamp)(nil),              // 14: google.protobuf.Timestamp
 }
 var file_cistern_storagepool_v1alpha1_storagepool_proto_depIdxs = []int32{
 	3,  // 0: cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse.pools:type_name -> cistern.storagepool.v1alpha1.StoragePool
-	10, // 1: cistern.storagepool.v1alpha1.StoragePool.parameters:type_name -> cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
-	11, // 2: cistern.storagepool.v1alpha1.StoragePool.labels:type_name -> cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
-	6,  // 3: cistern.storagepool.v1alpha1.StoragePool.accessible_topology:type_name -> cistern.storagepool.v1alpha1.Topology
-	7,  // 4: cistern.storagepool.v1alpha1.StoragePool.errors:type_name -> cistern.storagepool.v1alpha1.StoragePoolError
+	11, // 1: cistern.storagepool.v1alpha1.StoragePool.parameters:type_name -> cistern.storagepool.v1alpha1.StoragePool.ParametersEntry
+	12, // 2: cistern.storagepool.v1alpha1.StoragePool.labels:type_name -> cistern.storagepool.v1alpha1.StoragePool.LabelsEntry
+	7,  // 3: cistern.storagepool.v1alpha1.StoragePool.accessible_topology:type_name -> cistern.storagepool.v1alpha1.Topology
+	8,  // 4: cistern.storagepool.v1alpha1.StoragePool.errors:type_name -> cistern.storagepool.v1alpha1.StoragePoolError
 	4,  // 5: cistern.storagepool.v1alpha1.StoragePool.cache:type_name -> cistern.storagepool.v1alpha1.DatasetCache
-	5,  // 6: cistern.storagepool.v1alpha1.DatasetCache.datasets:type_name -> cistern.storagepool.v1alpha1.CachedDataset
-	0,  // 7: cistern.storagepool.v1alpha1.CachedDataset.state:type_name -> cistern.storagepool.v1alpha1.DatasetState
-	13, // 8: cistern.storagepool.v1alpha1.CachedDataset.last_used:type_name -> google.protobuf.Timestamp
-	12, // 9: cistern.storagepool.v1alpha1.Topology.segments:type_name -> cistern.storagepool.v1alpha1.Topology.SegmentsEntry
-	13, // 10: cistern.storagepool.v1alpha1.StoragePoolError.time:type_name -> google.protobuf.Timestamp
-	1,  // 11: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:input_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest
-	8,  // 12: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:input_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
-	2,  // 13: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:output_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse
-	9,  // 14: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:output_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	6,  // 6: cistern.storagepool.v1alpha1.DatasetCache.datasets:type_name -> cistern.storagepool.v1alpha1.CachedDataset
+	5,  // 7: cistern.storagepool.v1alpha1.DatasetCache.outputs:type_name -> cistern.storagepool.v1alpha1.VolumeOutputs
+	0,  // 8: cistern.storagepool.v1alpha1.CachedDataset.state:type_name -> cistern.storagepool.v1alpha1.DatasetState
+	14, // 9: cistern.storagepool.v1alpha1.CachedDataset.last_used:type_name -> google.protobuf.Timestamp
+	13, // 10: cistern.storagepool.v1alpha1.Topology.segments:type_name -> cistern.storagepool.v1alpha1.Topology.SegmentsEntry
+	14, // 11: cistern.storagepool.v1alpha1.StoragePoolError.time:type_name -> google.protobuf.Timestamp
+	1,  // 12: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:input_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsRequest
+	9,  // 13: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:input_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsRequest
+	2,  // 14: cistern.storagepool.v1alpha1.StoragePoolController.ControllerListStoragePools:output_type -> cistern.storagepool.v1alpha1.ControllerListStoragePoolsResponse
+	10, // 15: cistern.storagepool.v1alpha1.StoragePoolController.WatchStoragePools:output_type -> cistern.storagepool.v1alpha1.WatchStoragePoolsResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_cistern_storagepool_v1alpha1_storagepool_proto_init() }
@@ -887,7 +996,7 @@ func file_cistern_storagepool_v1alpha1_storagepool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc), len(file_cistern_storagepool_v1alpha1_storagepool_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

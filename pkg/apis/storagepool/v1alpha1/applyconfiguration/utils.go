@@ -30,6 +30,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &storagepoolv1alpha1.StoragePoolSpecApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StoragePoolStatus"):
 		return &storagepoolv1alpha1.StoragePoolStatusApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("VolumeOutputs"):
+		return &storagepoolv1alpha1.VolumeOutputsApplyConfiguration{}
 
 	}
 	return nil

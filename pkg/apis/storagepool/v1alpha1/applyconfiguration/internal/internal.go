@@ -73,6 +73,17 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: failed
       type:
         scalar: numeric
+    - name: outputs
+      type:
+        list:
+          elementType:
+            namedType: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.VolumeOutputs
+          elementRelationship: associative
+          keys:
+          - volume
+    - name: outputsTotal
+      type:
+        scalar: numeric
     - name: ready
       type:
         scalar: numeric
@@ -169,6 +180,24 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: observedGeneration
       type:
         scalar: numeric
+- name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.VolumeOutputs
+  map:
+    fields:
+    - name: bytesPending
+      type:
+        scalar: numeric
+    - name: failing
+      type:
+        scalar: numeric
+    - name: inUse
+      type:
+        scalar: numeric
+    - name: uploading
+      type:
+        scalar: numeric
+    - name: volume
+      type:
+        scalar: string
 - name: io.k8s.apimachinery.pkg.api.resource.Quantity
   scalar: untyped
   list:

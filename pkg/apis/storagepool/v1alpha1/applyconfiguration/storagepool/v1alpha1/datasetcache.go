@@ -22,6 +22,12 @@ type DatasetCacheApplyConfiguration struct {
 	// Datasets are the most recently used datasets, most recent first, at most the sidecar's
 	// --max-cached-datasets (default 32).
 	Datasets []CachedDatasetApplyConfiguration `json:"datasets,omitempty"`
+	// Outputs are the volumes in the pool whose outputs (write-back, docs/datasets.md) are not at
+	// their targets yet: in use, or being uploaded. At most the sidecar's --max-cached-datasets;
+	// outputsTotal counts them all, listed or not. A VolumeManager is Completed only once no node
+	// lists its volumes here.
+	Outputs      []VolumeOutputsApplyConfiguration `json:"outputs,omitempty"`
+	OutputsTotal *int32                            `json:"outputsTotal,omitempty"`
 }
 
 // DatasetCacheApplyConfiguration constructs a declarative configuration of the DatasetCache type for use with
@@ -80,5 +86,26 @@ func (b *DatasetCacheApplyConfiguration) WithDatasets(values ...*CachedDatasetAp
 		}
 		b.Datasets = append(b.Datasets, *values[i])
 	}
+	return b
+}
+
+// WithOutputs adds the given value to the Outputs field in the declarative configuration
+// and returns the receiver, so that objects can be build by chaining "With" function invocations.
+// If called multiple times, values provided by each call will be appended to the Outputs field.
+func (b *DatasetCacheApplyConfiguration) WithOutputs(values ...*VolumeOutputsApplyConfiguration) *DatasetCacheApplyConfiguration {
+	for i := range values {
+		if values[i] == nil {
+			panic("nil value passed to WithOutputs")
+		}
+		b.Outputs = append(b.Outputs, *values[i])
+	}
+	return b
+}
+
+// WithOutputsTotal sets the OutputsTotal field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the OutputsTotal field is set to the value of the last call.
+func (b *DatasetCacheApplyConfiguration) WithOutputsTotal(value int32) *DatasetCacheApplyConfiguration {
+	b.OutputsTotal = &value
 	return b
 }

@@ -1,0 +1,125 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/cistern-csi/cistern/test/testutil"
+)
+
+// TestBenchUnpublish (make bench-writeback; skipped unless CISTERN_BENCH_WRITEBACK=1): how long
+// NodeUnpublishVolume of a writable inline volume that names an output target takes with 2 GiB
+// written (one file) against the same volume with nothing written, through the driver's socket,
+// 3 samples each, interleaved. The upload that follows runs after the RPC and is waited for
+// between samples, untimed. The data is fsync'd by its writer (a pod that saved its outputs):
+// data left dirty in the page cache is written to the volume's disk by the unmount, as for any
+// volume without write-back (not measured here; see docs/benchmarks.md).
+// CISTERN_WRITEBACK_SCALE divides the size.
+func TestBenchUnpublish(t *testing.T) {
+	if os.Getenv("CISTERN_BENCH_WRITEBACK") == "" {
+		t.Skip("run through make bench-writeback")
+	}
+	testutil.RequireRoot(t)
+	scale := benchScale()
+	size := (2 << 30) / scale
+	env, s, _, _ := writeBackEnv(t, testPool{name: "fast", size: int64(size)*2 + 1<<30})
+	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	ctx := context.Background()
+	data := randomBytes(t, 64<<20)
+
+	unpublish := func(id string, written int, output bool) time.Duration {
+		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": s.Endpoint,
+			"pathStyle": "true", "size": fmt.Sprint(size + 512<<20),
+			"csi.storage.k8s.io/pod.namespace": "bench", "csi.storage.k8s.io/pod.name": id, "csi.storage.k8s.io/pod.uid": id}
+		if output {
+			vc["outputTarget"] = "s3://out/bench/" + id
+		}
+		target := filepath.Join(env.dir, "target", id)
+		if err := retryUnavailable(t, func() error {
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+				VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: owner})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if written > 0 {
+			f, err := os.Create(filepath.Join(target, "model.bin"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for n := 0; n < written; n += len(data) {
+				if _, err := f.Write(data[:min(len(data), written-n)]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := f.Sync(); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		// Untimed: the upload, then the volume's deletion, before the next sample.
+		deadline := time.Now().Add(10 * time.Minute)
+		for {
+			if _, ok := env.driver.volumes.Store().GetVolume(id); !ok {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("volume %s not uploaded in 10 minutes", id)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := os.RemoveAll(filepath.Join(s.Dir, "out", "bench", id)); err != nil { // nothing for a plain one
+			t.Fatal(err)
+		}
+		return took
+	}
+	// The third case, the same data in the same volume without an output target (deleted at
+	// unpublish), is what unmounting and releasing 2 GiB costs without write-back.
+	var empty, synced, plain []time.Duration
+	for r := range 3 {
+		empty = append(empty, unpublish(fmt.Sprintf("empty-%d", r), 0, true))
+		synced = append(synced, unpublish(fmt.Sprintf("synced-%d", r), size, true))
+		plain = append(plain, unpublish(fmt.Sprintf("plain-%d", r), size, false))
+	}
+	fmt.Printf("writeback: unpublish %d MiB: nothing written %s, written and fsync'd %s (ratio %.2f); the same without an output target %s (ratio %.2f); min/median/max, scale 1/%d\n",
+		size>>20, spreadMs(empty), spreadMs(synced), ratio(synced, empty), spreadMs(plain), ratio(synced, plain), scale)
+	if f := os.Getenv("CISTERN_UNPUBLISH_RATIO_FILE"); f != "" {
+		if err := os.WriteFile(f, fmt.Appendf(nil, "%.2f", ratio(synced, empty)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func benchScale() int {
+	var n int
+	_, _ = fmt.Sscan(os.Getenv("CISTERN_WRITEBACK_SCALE"), &n)
+	return max(n, 1)
+}
+
+func medianOf(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ratio(a, b []time.Duration) float64 { return medianOf(a).Seconds() / medianOf(b).Seconds() }
+
+func spreadMs(d []time.Duration) string {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return fmt.Sprintf("%d/%d/%d ms", s[0].Milliseconds(), s[len(s)/2].Milliseconds(), s[len(s)-1].Milliseconds())
+}
