@@ -96,9 +96,9 @@ func TestBenchUnpublish(t *testing.T) {
 		plain = append(plain, unpublish(fmt.Sprintf("plain-%d", r), size, false))
 	}
 	fmt.Printf("writeback: unpublish %d MiB: nothing written %s, written and fsync'd %s (ratio %.2f); the same without an output target %s (ratio %.2f); min/median/max, scale 1/%d\n",
-		size>>20, spreadMs(empty), spreadMs(synced), ratio(synced, empty), spreadMs(plain), ratio(synced, plain), scale)
+		size>>20, spreadMs(empty), spreadMs(synced), medianRatio(synced, empty), spreadMs(plain), medianRatio(synced, plain), scale)
 	if f := os.Getenv("CISTERN_UNPUBLISH_RATIO_FILE"); f != "" {
-		if err := os.WriteFile(f, fmt.Appendf(nil, "%.2f", ratio(synced, empty)), 0o644); err != nil {
+		if err := os.WriteFile(f, fmt.Appendf(nil, "%.2f", medianRatio(synced, empty)), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -116,7 +116,7 @@ func medianOf(d []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-func ratio(a, b []time.Duration) float64 { return medianOf(a).Seconds() / medianOf(b).Seconds() }
+func medianRatio(a, b []time.Duration) float64 { return medianOf(a).Seconds() / medianOf(b).Seconds() }
 
 func spreadMs(d []time.Duration) string {
 	s := slices.Clone(d)
