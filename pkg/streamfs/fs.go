@@ -170,7 +170,7 @@ type rawFS struct {
 
 var errStale = fuse.Status(syscall.ESTALE)
 
-func (f *rawFS) String() string { return "cistern-stream" }
+func (f *rawFS) String() string { return Subtype }
 
 func (f *rawFS) Init(s *fuse.Server) { f.srv = s }
 

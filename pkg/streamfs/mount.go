@@ -61,11 +61,14 @@ func (m *mount) trackFile(f *handle) {
 	m.mu.Unlock()
 }
 
+// Subtype is the streaming filesystem's FUSE subtype: its mounts are of type "fuse." + Subtype.
+const Subtype = "cistern-stream"
+
 // options are the mount's: the directory entries and attributes never change, so the kernel
 // caches them for long (rawFS); reads of up to 1 MiB per request (the default is 128 KiB):
 // fewer round trips.
 func options() *fuse.MountOptions {
-	return &fuse.MountOptions{FsName: "cistern", Name: "cistern-stream", MaxReadAhead: 1 << 20,
+	return &fuse.MountOptions{FsName: "cistern", Name: Subtype, MaxReadAhead: 1 << 20,
 		MaxWrite: 1 << 20, DisableXAttrs: true}
 }
 
@@ -96,7 +99,7 @@ func Start(dir string, cfg Config) (*Mount, error) {
 	// Pods run as any user; the node plugin is the only server.
 	data := fmt.Sprintf("fd=%d,rootmode=%o,user_id=%d,group_id=%d,max_read=%d,allow_other",
 		fd, st.Mode&unix.S_IFMT, os.Geteuid(), os.Getegid(), options().MaxWrite)
-	if err := unix.Mount("cistern", dir, "fuse.cistern-stream", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_RDONLY, data); err != nil {
+	if err := unix.Mount("cistern", dir, "fuse."+Subtype, unix.MS_NOSUID|unix.MS_NODEV|unix.MS_RDONLY, data); err != nil {
 		dev.Close()
 		return nil, fmt.Errorf("mounting the streaming filesystem at %s: %w", dir, err)
 	}

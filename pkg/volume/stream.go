@@ -131,6 +131,13 @@ func (sm *streamMounts) drop(id string) {
 	}
 }
 
+// streamConfig serves a streamed dataset: what the cache holds, the rest fetched from its source
+// with the caller's credentials, within the plugin's one bound on open files.
+func (s *Service) streamConfig(ds *datasource.Streaming) streamfs.Config {
+	return streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch, Files: s.streams.files,
+		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room}
+}
+
 // serveStreaming publishes a read-only dataset volume at path as soon as the dataset is listed
 // and the caller proved it reads it. served is false when the dataset is already staged: the
 // caller then serves the tree as for a staged volume, with the version proved, or stages the
@@ -178,8 +185,7 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		ds.Release()
 		return false, "", Internal("creating the streaming volume's path", err)
 	}
-	fsm, err := streamfs.Start(path, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch, Files: s.streams.files,
-		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room})
+	fsm, err := streamfs.Start(path, s.streamConfig(ds))
 	if err != nil {
 		// The kernel refused the mount (no FUSE in this container, say): staged instead.
 		ds.Release()

@@ -176,16 +176,13 @@ func (s *Service) takeOver(ctx context.Context, h fusekeeper.Held, mounts []moun
 // mountedAt says whether path is mounted from the FUSE connection named conn.
 func mountedAt(mounts []mount.MountInfo, path, conn string) bool {
 	for _, m := range mounts {
-		if m.MountPoint == path && m.FsType == "fuse."+streamName &&
+		if m.MountPoint == path && m.FsType == "fuse."+streamfs.Subtype &&
 			strconv.FormatUint(uint64(m.Major)<<20|uint64(m.Minor), 10) == conn {
 			return true
 		}
 	}
 	return false
 }
-
-// streamName is the streaming filesystem's subtype (streamfs's mount options).
-const streamName = "cistern-stream"
 
 // resume proves the caller of rec again with the credentials kept, and serves its connection:
 // the dataset as it streams, or its staged tree if the staging finished meanwhile.
@@ -218,8 +215,12 @@ func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept kep
 	case ds == nil:
 		return tv.resumeStaged(rec, spec, st.Version, kept.Conn)
 	}
-	fsm, err := streamfs.Resume(rec.Path, dupConn(kept.Conn), streamfs.Config{Objects: ds.Objects, Cached: ds.Cached,
-		Scratch: ds.Scratch, Files: s.streams.files, Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room})
+	dev, err := dupConn(kept.Conn)
+	if err != nil {
+		ds.Release()
+		return nil, nil, err
+	}
+	fsm, err := streamfs.Resume(rec.Path, dev, s.streamConfig(ds))
 	if err != nil {
 		ds.Release()
 		return nil, nil, err
@@ -246,7 +247,11 @@ func (tv *treeVolume) resumeStaged(rec state.TreeVolume, spec *datasource.Spec, 
 		}
 		return f, err
 	}
-	fsm, err := streamfs.Resume(rec.Path, dupConn(c), streamfs.Config{Objects: objs, Cached: cached,
+	dev, err := dupConn(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	fsm, err := streamfs.Resume(rec.Path, dev, streamfs.Config{Objects: objs, Cached: cached,
 		Scratch: filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID)), Files: tv.s.streams.files, Fetcher: stagedOnly{}})
 	if err != nil {
 		return nil, nil, err
@@ -268,13 +273,14 @@ func (stagedOnly) Open(context.Context, source.Object, int64, int64) (io.ReadClo
 }
 
 // dupConn is c with a copy of its descriptor (Resume takes the one it is given, also when it
-// fails; the caller keeps its own for Refuse).
-func dupConn(c streamfs.Conn) streamfs.Conn {
+// fails; the caller keeps its own for Refuse, and closes it).
+func dupConn(c streamfs.Conn) (streamfs.Conn, error) {
 	fd, err := unix.FcntlInt(c.Dev.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	if err == nil {
-		c.Dev = os.NewFile(uintptr(fd), "/dev/fuse")
+	if err != nil {
+		return c, fmt.Errorf("copying the FUSE connection's descriptor: %w", err)
 	}
-	return c
+	c.Dev = os.NewFile(uintptr(fd), "/dev/fuse")
+	return c, nil
 }
 
 // refuse serves rec's connection with EIO for every read, since its caller's access could not
@@ -285,7 +291,11 @@ func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, kept keptStr
 	if f := s.streaming.OnRefused; f != nil {
 		f(rec.ID, rec.DatasetID, reason)
 	}
-	fsm, err := streamfs.Refuse(rec.Path, dupConn(c), reason)
+	dev, err := dupConn(c)
+	var fsm *streamfs.Mount
+	if err == nil {
+		fsm, err = streamfs.Refuse(rec.Path, dev, reason)
+	}
 	if err != nil {
 		// Readers must not wait forever: ended, their reads get ENOTCONN.
 		klog.FromContext(ctx).Error(err, "Cannot serve EIO on a streaming volume; ending its connection", "volumeID", rec.ID)
