@@ -155,7 +155,7 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 
 	// Both claims are layered on the cache (docs/datasets.md, "Writable volumes"): an overlay
 	// on each staging path, nothing copied.
-	if n := overlayMounts(t, filepath.Join(c.kubelet.RootDir, "plugins", "kubernetes.io", "csi")); n != 2 {
+	if n := mountsOfType(t, "overlay", filepath.Join(c.kubelet.RootDir, "plugins", "kubernetes.io", "csi")); n != 2 {
 		t.Errorf("%d staging paths are overlays, want 2 (both writable dataset claims layered on the cache)", n)
 	}
 
@@ -200,8 +200,8 @@ func testDatasets(t *testing.T, c *cluster, d *dataset) {
 	}
 }
 
-// overlayMounts counts the overlay mounts below dir.
-func overlayMounts(t *testing.T, dir string) int {
+// mountsOfType counts the mounts of filesystem type fstype below dir.
+func mountsOfType(t *testing.T, fstype, dir string) int {
 	t.Helper()
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
@@ -212,7 +212,7 @@ func overlayMounts(t *testing.T, dir string) int {
 		// ID parent major:minor root mountpoint options [optional...] - fstype source super
 		f := strings.Fields(line)
 		sep := slices.Index(f, "-")
-		if sep > 4 && sep+1 < len(f) && f[sep+1] == "overlay" && strings.HasPrefix(f[4], dir+"/") {
+		if sep > 4 && sep+1 < len(f) && f[sep+1] == fstype && strings.HasPrefix(f[4], dir+"/") {
 			n++
 		}
 	}

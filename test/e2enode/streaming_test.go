@@ -19,6 +19,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/fusekeeper"
+	"github.com/cistern-csi/cistern/pkg/streamfs"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/framework/realnode"
 	"github.com/cistern-csi/cistern/test/testpeers"
@@ -87,7 +88,7 @@ func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 	createPod(t, c.cp, c.ns, pod)
 	defer deletePodAndWait(t, c.cp, c.ns, "streaming")
 	waitPodRunning(t, c.cp, c.ns, "streaming")
-	if n := streamMounts(t, c); n == 0 {
+	if n := mountsOfType(t, "fuse."+streamfs.Subtype, c.kubelet.RootDir); n == 0 {
 		t.Fatal("the pod's volume is not a streaming (FUSE) mount: it was staged instead")
 	}
 
@@ -186,7 +187,7 @@ func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 	if len(got) != len(want) {
 		t.Errorf("the pod read %d files, the dataset has %d", len(got), len(want))
 	}
-	if n := streamMounts(t, c); n == 0 {
+	if n := mountsOfType(t, "fuse."+streamfs.Subtype, c.kubelet.RootDir); n == 0 {
 		t.Error("the streaming mount is gone after the restarts")
 	}
 	if t.Failed() {
@@ -224,22 +225,4 @@ func tookOver(t *testing.T, c *cluster) {
 	if !strings.Contains(string(b), "Took over a streaming volume") {
 		t.Fatalf("the plugin's new process did not take the streaming volume over; its log (%s) ends:\n%s", c.node.DriverLog(), framework.Tail(c.node.DriverLog(), 30))
 	}
-}
-
-// streamMounts counts the streaming FUSE mounts below kubelet's directory.
-func streamMounts(t *testing.T, c *cluster) int {
-	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if sep > 4 && sep+1 < len(f) && f[sep+1] == "fuse.cistern-stream" && strings.HasPrefix(f[4], c.kubelet.RootDir+"/") {
-			n++
-		}
-	}
-	return n
 }
