@@ -105,7 +105,7 @@ vet: $(STATICCHECK)
 	@hack/make/help.sh --check
 	@unformatted=$$(gofmt -l .); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) test -count=1 ./hack/codesize/
+	$(GO_TEST) -count=1 ./hack/codesize/
 
 # The generated code (CRDs, deepcopy, apply configurations, RBAC, the webhook manifest, protobuf)
 # is what the generators make from the committed sources: regenerate, then fail on any file they
@@ -127,7 +127,8 @@ include $(sort $(wildcard hack/make/*.mk))
 # the 2 cores with little slowdown (docs/testing.md).
 ## Every suite of TEST_TARGETS (what CI runs), then a summary of failures and skips
 test:
-	@MAKE="$(MAKE)" TEST_LANES="$(TEST_LANES)" TEST_FIRST="$(TEST_FIRST)" TEST_PREREQS=test-prereqs \
+	@MAKE="$(MAKE)" GO="$(GO)" TEST_LANES="$(TEST_LANES)" TEST_FIRST="$(TEST_FIRST)" TEST_PREREQS=test-prereqs \
+	  TEST_CHECK_PACKAGES=$(if $(filter file,$(origin TEST_TARGETS)),1) \
 	  TEST_SECOND_LANE="$(TEST_SECOND_LANE)" hack/make/run-tests.sh $(TEST_TARGETS)
 
 # What suites of both lanes build with a plain go build (no lock, unlike hack/tools), built

@@ -88,6 +88,24 @@ fi
 if ((rc != 0)); then
   echo "make test: FAILED (make exited ${rc})"
 fi
+# Every package with tests ran in some suite, or hack/make/not-in-make-test.txt says where it runs
+# instead: checked when the whole TEST_TARGETS ran (TEST_CHECK_PACKAGES=1, set by make test).
+if [[ ${TEST_CHECK_PACKAGES:-} == 1 ]]; then
+  shopt -s nullglob
+  missing=$(comm -23 \
+    <(cd "${root}" && ${GO:-go} list -f '{{if or .TestGoFiles .XTestGoFiles}}{{.ImportPath}}{{end}}' ./... | sort -u) \
+    <({
+      cat "${results}"/*.jsonl | sed -nE 's/.*"Package":"([^"]+)".*/\1/p'
+      module=$(cd "${root}" && ${GO:-go} list -m)
+      grep -vE '^(#|$)' "${root}/hack/make/not-in-make-test.txt" | awk -v m="${module}" '{sub(/^\./, m, $1); print $1}'
+    } | sort -u))
+  if [[ -n ${missing} ]]; then
+    echo "Packages with tests that no suite ran (add them to a TEST_TARGETS suite, or to hack/make/not-in-make-test.txt with the reason):"
+    sed 's/^/  MISSING /' <<<"${missing}"
+    echo "make test: FAILED (packages with tests not run)"
+    rc=1
+  fi
+fi
 # Last, the totals line ("tests: N passed, N failed, N skipped").
 shopt -s nullglob
 jsonl=("${results}"/*.jsonl)
