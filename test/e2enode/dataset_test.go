@@ -208,15 +208,30 @@ func mountsOfType(t *testing.T, fstype, dir string) int {
 		t.Fatal(err)
 	}
 	n := 0
-	for _, line := range strings.Split(string(data), "\n") {
-		// ID parent major:minor root mountpoint options [optional...] - fstype source super
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if sep > 4 && sep+1 < len(f) && f[sep+1] == fstype && strings.HasPrefix(f[4], dir+"/") {
+	for _, m := range mountsUnder(data, dir) {
+		if m.fstype == fstype {
 			n++
 		}
 	}
 	return n
+}
+
+// mountEntry is one line of a mountinfo table: a mount point and its filesystem type.
+type mountEntry struct{ point, fstype string }
+
+// mountsUnder reads a mountinfo table: each mount below dir, in the table's order (a mount
+// stacked on another at the same point comes after it).
+func mountsUnder(mountinfo []byte, dir string) []mountEntry {
+	var mounts []mountEntry
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		// ID parent major:minor root mountpoint options [optional...] - fstype source super
+		f := strings.Fields(line)
+		sep := slices.Index(f, "-")
+		if sep > 4 && sep+1 < len(f) && strings.HasPrefix(f[4], dir+"/") {
+			mounts = append(mounts, mountEntry{point: f[4], fstype: f[sep+1]})
+		}
+	}
+	return mounts
 }
 
 // waitFailedMount waits for kubelet's FailedMount event on the pod carrying want (the driver's

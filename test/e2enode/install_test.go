@@ -434,14 +434,15 @@ func relay(t *testing.T, listen string, target func(context.Context) (string, er
 // Nothing else changes.
 func (in *install) writeOverlay(t *testing.T, nodeRef string) {
 	t.Helper()
-	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir, true)
+	writeInstallOverlay(t, in.overlay, in.registry, []string{nodeRef, in.release["workload-controller"].Ref}, installPoolDir, []string{"--s3-allow-plain-http"})
 }
 
 // writeInstallOverlay writes into dir an overlay of deploy/csi as a user writes one: images:
 // entries pointing refs (repository:tag) at registry, a pools ConfigMap with the pool fast at
-// poolDir, with plainHTTP the driver flag --s3-allow-plain-http (the examples' S3 server is a pod
-// behind a Service, on plain HTTP), and the given components of deploy/csi (e.g. "snapshots").
-func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, plainHTTP bool, components ...string) {
+// poolDir, driverArgs added to the driver's flags (the install suite's --s3-allow-plain-http: the
+// examples' S3 server is a pod behind a Service, on plain HTTP), and the given components of
+// deploy/csi (e.g. "snapshots").
+func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, poolDir string, driverArgs []string, components ...string) {
 	t.Helper()
 	root, err := realnode.RepoRoot()
 	if err != nil {
@@ -468,18 +469,19 @@ func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, pool
 		}
 	}
 	var driverFlags string
-	if plainHTTP {
+	if len(driverArgs) > 0 {
 		// The driver is the first container of the base (a component's container goes first,
-		// which the test op would catch).
+		// which the test op would catch). A flag added after the base's own of the same name
+		// wins (the last value of a flag is the one kept).
 		driverFlags = `- target: {kind: DaemonSet, name: cistern-node}
   patch: |-
     - op: test
       path: /spec/template/spec/containers/0/name
       value: driver
-    - op: add
-      path: /spec/template/spec/containers/0/args/-
-      value: --s3-allow-plain-http
 `
+		for _, a := range driverArgs {
+			driverFlags += fmt.Sprintf("    - op: add\n      path: /spec/template/spec/containers/0/args/-\n      value: %q\n", a)
+		}
 	}
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization

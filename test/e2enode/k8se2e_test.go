@@ -61,6 +61,10 @@ const (
 type k8sE2ERun struct {
 	name        string
 	focus, skip string
+	// streaming runs with test/k8se2e/testdriver-streaming.yaml (inline volumes with
+	// dataMode: streaming over a public S3 dataset) rather than testdriver.yaml, and is held
+	// to the streaming path (checkStreamed).
+	streaming bool
 }
 
 // The storage e2e runs. "storage" is every External Storage test of the testdriver without
@@ -68,7 +72,11 @@ type k8sE2ERun struct {
 // [Feature:...] tests that need a component absent here: VolumeAttributesClass (its
 // modifications are driven by external-resizer, which cannot be built here), SELinux (no SELinux
 // on these hosts); VolumeSnapshotDataSource runs on its own in "snapshots". "subset" is the
-// representative part `make test` runs (docs/testing.md).
+// representative part `make test` runs (docs/testing.md). "streaming" is the CSI ephemeral test
+// that fits a read-only inline volume, with streaming volumes: the other two that take a CSI
+// inline volume of the testdriver ("two pods which have the same volume definition", "multiple
+// inline ephemeral volumes") mount it read/write in their first pod, and skip themselves for a
+// read-only one.
 var k8sE2ERuns = []k8sE2ERun{
 	{name: "storage",
 		focus: `External.Storage.*cistern\.csi\.dev`,
@@ -84,6 +92,10 @@ var k8sE2ERuns = []k8sE2ERun{
 			`Generic Ephemeral-volume \(default fs\) \(late-binding\)\] ephemeral should create read/write inline ephemeral volume|` +
 			`Dynamic Snapshot \(delete policy\)\] snapshottable.*should check snapshot fields, check restore correctly works after modifying source data, check deletion \(persistent\))$`,
 		skip: `\[Disruptive\]|\[Serial\]`},
+	{name: "streaming",
+		focus:     `External.Storage.*cistern\.csi\.dev.*\[Testpattern: CSI Ephemeral-volume \(default fs\)\] ephemeral should create read-only inline ephemeral volume$`,
+		skip:      `\[Disruptive\]|\[Serial\]`,
+		streaming: true},
 }
 
 // TestK8sStorageE2E runs Kubernetes' own storage e2e suite (e2e.test's External Storage tests,
@@ -174,6 +186,12 @@ func TestK8sStorageE2E(t *testing.T) {
 		t.Fatal(err)
 	}
 	serveKubernetesService(t, cp)
+	var streaming *k8sE2EStreaming
+	var driverArgs []string
+	if slices.ContainsFunc(runs, func(r k8sE2ERun) bool { return r.streaming }) {
+		streaming = startK8sE2EStreaming(t, root, dir)
+		driverArgs = streaming.driverArgs()
+	}
 
 	// The nodes' PID 1: the pause program, which reaps orphans.
 	init := filepath.Join(dir, "init")
@@ -183,10 +201,12 @@ func TestK8sStorageE2E(t *testing.T) {
 		t.Fatalf("building hack/images/pause: %v\n%s", err, out)
 	}
 	var names []string
+	netnsNodes := map[string]*realnode.NetnsNode{}
 	for i := range nodes {
 		name := fmt.Sprintf("cistern-k8se2e-%c", 'a'+i)
 		names = append(names, name)
 		n := realnode.StartNetnsNode(t, dir, i, name, k8sE2EPoolDir, k8sE2EPoolSize, init)
+		netnsNodes[name] = n
 		// The node pulls through a relay on its link to the loopback registry, under the
 		// registry's own name (what KUBE_TEST_REPO_LIST gives e2e.test) and the mirrored ones.
 		relayTCP(t, net.JoinHostPort(n.HostIP, registryPort), registry)
@@ -211,7 +231,10 @@ func TestK8sStorageE2E(t *testing.T) {
 	t.Logf("%d nodes Ready %s after start", nodes, time.Since(begin).Round(time.Second))
 
 	t.Run("install", func(t *testing.T) {
-		installForE2E(t, cp, dir, registry, release, crds, controller, names)
+		installForE2E(t, cp, dir, registry, release, crds, controller, names, driverArgs)
+		if streaming != nil {
+			streaming.applyPolicy(t, cp, root)
+		}
 	})
 	if t.Failed() {
 		return
@@ -231,16 +254,22 @@ dockerLibraryRegistry: %[1]s/library
 	}
 	for _, r := range runs {
 		t.Run(r.name, func(t *testing.T) {
-			runGinkgo(t, cp, root, e2eBin, repoList, logs, r)
+			if !r.streaming {
+				runGinkgo(t, cp, root, e2eBin, filepath.Join(root, k8sE2ETestDriver), repoList, logs, r)
+				return
+			}
+			w := watchPodVolumes(netnsNodes)
+			passed := runGinkgo(t, cp, root, e2eBin, streaming.testDriver, repoList, logs, r)
+			checkStreamed(t, cp, w.end(), passed)
 		})
 	}
 }
 
-// selectRuns returns the runs K8sE2ERunsEnv names (default: storage and snapshots).
+// selectRuns returns the runs K8sE2ERunsEnv names (default: storage, snapshots and streaming).
 func selectRuns(t *testing.T) []k8sE2ERun {
 	want := os.Getenv(K8sE2ERunsEnv)
 	if want == "" {
-		want = "storage,snapshots"
+		want = "storage,snapshots,streaming"
 	}
 	all := k8sE2ERuns
 	if f := os.Getenv(K8sE2EFocusEnv); f != "" {
@@ -264,9 +293,9 @@ func selectRuns(t *testing.T) []k8sE2ERun {
 
 // installForE2E installs what the suite tests: the VolumeSnapshot CRDs and upstream's
 // snapshot-controller (distributed snapshotting, as node-local volumes need), and deploy/csi
-// with the snapshots component through an overlay as a user writes one; then waits for every
-// node's pod and the controllers.
-func installForE2E(t *testing.T, cp *framework.ControlPlane, dir, registry string, release map[string]realnode.ImageEntry, crds, controller string, nodes []string) {
+// with the snapshots component through an overlay as a user writes one (driverArgs added to the
+// node plugin's flags); then waits for every node's pod and the controllers.
+func installForE2E(t *testing.T, cp *framework.ControlPlane, dir, registry string, release map[string]realnode.ImageEntry, crds, controller string, nodes, driverArgs []string) {
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", crds)
 
 	sc := filepath.Join(dir, "snapshot-controller")
@@ -310,7 +339,7 @@ patches:
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", sc)
 
 	overlay := filepath.Join(dir, "overlay")
-	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, false, "snapshots")
+	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, driverArgs, "snapshots")
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", overlay)
 
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)
@@ -388,9 +417,10 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// runGinkgo runs e2e.test under ginkgo with the run's focus and skip, in parallel processes,
-// keeps its output and JSON report in the logs, and holds the run to its expected spec count.
-func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, logs string, r k8sE2ERun) {
+// runGinkgo runs e2e.test under ginkgo with the run's focus and skip and the testdriver (an
+// absolute path), in parallel processes, keeps its output and JSON report in the logs, holds the
+// run to its expected spec count, and returns the number of specs that passed.
+func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, testDriver, repoList, logs string, r k8sE2ERun) int {
 	procs := 4
 	if v := os.Getenv(K8sE2EProcsEnv); v != "" {
 		var err error
@@ -410,7 +440,7 @@ func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, lo
 		"--kubectl-path=" + filepath.Join(cp.BinDir, "kubectl"),
 		"--provider=skeleton",
 		"--repo-root=" + root,
-		"--storage.testdriver=" + filepath.Join(root, k8sE2ETestDriver),
+		"--storage.testdriver=" + testDriver,
 		// No node logs to gather over SSH, no cloud.
 		"--disable-log-dump",
 	}
@@ -430,14 +460,21 @@ func runGinkgo(t *testing.T, cp *framework.ControlPlane, root, bin, repoList, lo
 	// The run must pass as many specs as test/specgate/expected.txt says ("k8s-e2e/<run>"), or
 	// at least one for the "focus" run; the specs that skip themselves are listed as skipped
 	// subtests.
+	passed := 0
 	if specs, err := specgate.ParseFile(report); err != nil {
 		t.Errorf("no ginkgo report: %v", err)
 	} else {
 		specgate.Check(t, "k8s-e2e/"+r.name, specs)
+		for _, s := range specs {
+			if s.State == "passed" {
+				passed++
+			}
+		}
 	}
 	if runErr != nil {
 		t.Errorf("ginkgo: %v (output: %s, last lines:\n%s)", runErr, out, framework.Tail(out, 30))
 	}
+	return passed
 }
 
 // podWaiting says why a pod's containers are not ready: each one's waiting reason or last

@@ -60,7 +60,7 @@ func TestJudge(t *testing.T) {
 }
 
 func TestExpectedFileParses(t *testing.T) {
-	for _, suite := range []string{"sanity", "k8s-e2e/subset", "k8s-e2e/storage", "k8s-e2e/snapshots"} {
+	for _, suite := range []string{"sanity", "k8s-e2e/subset", "k8s-e2e/storage", "k8s-e2e/snapshots", "k8s-e2e/streaming"} {
 		if n, ok := Expected(suite); !ok || n < 1 {
 			t.Errorf("expected.txt: %s: %d, %v", suite, n, ok)
 		}

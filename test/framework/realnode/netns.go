@@ -374,3 +374,9 @@ func (n *NetnsNode) MountsUnder(t *testing.T, dir string) []string {
 	}
 	return mounts
 }
+
+// Mountinfo returns the node's mount table (/proc/<pid>/mountinfo of its mount namespace). It
+// takes no testing.T: a goroutine watching the node's mounts while a test runs may call it.
+func (n *NetnsNode) Mountinfo() ([]byte, error) {
+	return os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", n.initPID))
+}
