@@ -470,17 +470,21 @@ func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, pool
 	}
 	var driverFlags string
 	if len(driverArgs) > 0 {
-		// The driver is the first container of the base (a component's container goes first,
-		// which the test op would catch). A flag added after the base's own of the same name
-		// wins (the last value of a flag is the one kept).
-		driverFlags = `- target: {kind: DaemonSet, name: cistern-node}
+		// The driver is the first container of the base; the snapshots component puts its
+		// csi-snapshotter before it (the test op catches any other order). A flag added after
+		// the base's own of the same name wins (the last value of a flag is the one kept).
+		driver := 0
+		if slices.Contains(components, "snapshots") {
+			driver = 1
+		}
+		driverFlags = fmt.Sprintf(`- target: {kind: DaemonSet, name: cistern-node}
   patch: |-
     - op: test
-      path: /spec/template/spec/containers/0/name
+      path: /spec/template/spec/containers/%d/name
       value: driver
-`
+`, driver)
 		for _, a := range driverArgs {
-			driverFlags += fmt.Sprintf("    - op: add\n      path: /spec/template/spec/containers/0/args/-\n      value: %q\n", a)
+			driverFlags += fmt.Sprintf("    - op: add\n      path: /spec/template/spec/containers/%d/args/-\n      value: %q\n", driver, a)
 		}
 	}
 	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
