@@ -60,10 +60,11 @@ e2e-k8s:
 
 # The representative part `make test` runs (K8S_E2E_RUNS=subset: provisioning from a claim,
 # volumes, subPath, block, CSI inline and generic ephemeral volumes, a snapshot and its restore),
-# on two nodes, so that a restore must find the node that holds its snapshot.
+# on two nodes, so that a restore must find the node that holds its snapshot; and the streaming
+# run (one spec, about 15-20 s more of the test: docs/testing.md).
 TEST_TARGETS += e2e-k8s-subset
 TEST_SECOND_LANE += e2e-k8s-subset
 .PHONY: e2e-k8s-subset
 ## The part of Kubernetes' storage e2e suite that make test runs
 e2e-k8s-subset:
-	@$(MAKE) --no-print-directory e2e-k8s K8S_E2E_RUNS=subset K8S_E2E_NODES=2
+	@$(MAKE) --no-print-directory e2e-k8s K8S_E2E_RUNS=subset,streaming K8S_E2E_NODES=2
