@@ -162,13 +162,16 @@ func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 	if st == nil || !st.holds(off, end) {
 		// Opened before the staging committed the file: once it has, it is read from the cache
 		// rather than fetched.
-		if c := f.cachedFile(); c != nil {
-			n, err := c.readAt(dest[:end-off], off)
-			if err == nil {
-				return fuse.ReadResultData(dest[:n]), 0
-			}
-			// Gone from the cache since (evicted while closed by the bound): fetched instead.
-			klog.FromContext(ctx).V(2).Info("streaming read: the cache's copy cannot be read again", "key", f.obj.Key, "err", err)
+		if res, ok := f.readCached(ctx, dest, off, end); ok {
+			return res, 0
+		}
+	}
+	if join := f.m.cfg.Join; st == nil && join != nil {
+		// Not fetched here yet: the staging fetches it next, and the read waits for its verified
+		// copy rather than downloading it a second time beside the staging.
+		join(ctx, f.line, f.obj)
+		if res, ok := f.readCached(ctx, dest, off, end); ok {
+			return res, 0
 		}
 	}
 	st, err := f.stream(ctx)
@@ -188,6 +191,21 @@ func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// readCached reads [off, end) from the cache's copy of the file, if the cache holds it.
+func (f *fileNode) readCached(ctx context.Context, dest []byte, off, end int64) (fuse.ReadResult, bool) {
+	c := f.cachedFile()
+	if c == nil {
+		return nil, false
+	}
+	n, err := c.readAt(dest[:end-off], off)
+	if err != nil {
+		// Gone from the cache since (evicted while closed by the bound): fetched instead.
+		klog.FromContext(ctx).V(2).Info("streaming read: the cache's copy cannot be read again", "key", f.obj.Key, "err", err)
+		return nil, false
+	}
+	return fuse.ReadResultData(dest[:n]), true
 }
 
 // readAt reads all of dest at off. Into dest rather than a ReadResultFd: go-fuse reads from
