@@ -207,4 +207,22 @@ func TestStreamingReadJoinsStaging(t *testing.T) {
 	if n := fetched(t, m, "stream"); n != 0 {
 		t.Errorf("the stream fetched %v bytes itself, want 0: every read joined the staging", n)
 	}
+	// Each open waited for the staging's copy and was passed through to it: no read reached
+	// the plugin (FUSE passthrough: kernel 6.9 and later).
+	if passthroughKernel() && fsm.Reads() != 0 {
+		t.Errorf("%d reads served by the plugin, want 0: the opens were not passed through", fsm.Reads())
+	}
+}
+
+// passthroughKernel reports whether the kernel offers FUSE passthrough (6.9 and later).
+func passthroughKernel() bool {
+	var u unix.Utsname
+	if unix.Uname(&u) != nil {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(u.Release[:]), "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 6 || major == 6 && minor >= 9
 }
