@@ -2,6 +2,7 @@ package datasource_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -225,4 +226,46 @@ func passthroughKernel() bool {
 		return false
 	}
 	return major > 6 || major == 6 && minor >= 9
+}
+
+// TestStreamingJoinChangedObject: an object overwritten in S3 after the listing, read through a
+// streaming volume before the staging reached it: the read joins the staging, which fails on
+// the changed object (pinned to the listed ETag); the read then fetches it itself, pinned too,
+// and gets EIO, never the new bytes.
+func TestStreamingJoinChangedObject(t *testing.T) {
+	ctx := testCtx(t)
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "data")
+	want := dataset{"a-first.bin": randBytes(11, 8<<20), "z-changed.txt": []byte("as listed")}
+	want.upload(t, s, "data", "")
+	// One at a time and throttled: the staging is still on a-first.bin when z-changed.txt is read.
+	m := newManager(t, datasource.Config{Concurrency: 1, BandwidthBytesPerSec: 1 << 20})
+	req := datasource.Request{Spec: mustSpec(t, s3Params(s, "", "s3://data")), Creds: creds(s), Pool: t.TempDir()}
+	st, ds, err := m.Stream(ctx, req, "vol-changed")
+	if err != nil || ds == nil {
+		t.Fatalf("stream: %v %v (a stream: %v)", st, err, ds != nil)
+	}
+	t.Cleanup(ds.Release)
+	s.Put(t, "data", "z-changed.txt", []byte("overwritten after the listing"))
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fsm, err := streamfs.Start(mnt, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Join: ds.Join, Scratch: ds.Scratch,
+		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := fsm.Close(); err != nil {
+			_ = unix.Unmount(mnt, unix.MNT_DETACH)
+		}
+	})
+	got, err := os.ReadFile(filepath.Join(mnt, "z-changed.txt"))
+	if !errors.Is(err, unix.EIO) {
+		t.Fatalf("read of an object changed after the listing: %q, err %v; want EIO", got, err)
+	}
+	if st, err := m.Ensure(ctx, req); err == nil || st.Ready() {
+		t.Errorf("the staging did not fail on the changed object: %v, %v", st, err)
+	}
 }
