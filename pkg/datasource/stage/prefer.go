@@ -84,11 +84,12 @@ func (j *Job) Prefer(i int64, obj source.Object) <-chan struct{} {
 	if p.done[w].Load()&b != 0 {
 		return closedChan
 	}
-	c, ok := p.waiters[i]
-	if !ok {
-		c = make(chan struct{})
-		p.waiters[i] = c
+	c, waited := p.waiters[i]
+	if waited {
+		return c // asked for already: pending, sent, or under way
 	}
+	c = make(chan struct{})
+	p.waiters[i] = c
 	if p.taken[w].Load()&b == 0 && !p.closed {
 		p.pending = append(p.pending, preferred{i: i, obj: obj})
 		select {
