@@ -85,10 +85,10 @@ BENCH_TARGETS += bench-streaming
 # the first byte of an uncached 1 GiB object against one ranged GET of it and one GET of the part
 # it must check; per-part checksums brought by the bench, as versitygw reports none;
 # BENCH_STREAM_CASES=parts,whole,readall for the other cases), then the issue's cases through the driver
-# (pkg/driver/stream_bench_test.go): datasets of 2 GiB, 100 x 64 MiB, 18,000 x 32 KiB and 20 GiB
+# (pkg/driver/stream_bench_test.go): datasets of 2 GiB, 100 x 64 MiB, 20,000 x 32 KiB and 20 GiB
 # on a zram device, against the full staging, `rclone mount --vfs-cache-mode full` (it needs
 # fusermount3) and the pool read directly. About 30 minutes. Knobs: CISTERN_BENCH_STREAM_DATASETS
-# (model-2g,shards-100x64m,small-18000x32k,model-20g), CISTERN_BENCH_SAMPLES (3),
+# (model-2g,shards-100x64m,small-20000x32k,model-20g), CISTERN_BENCH_SAMPLES (3),
 # CISTERN_BENCH_STREAM_20G_READ=1 (also read the 20 GiB set whole), CISTERN_BENCH_STREAM_RCLONE=0.
 # The `streaming: ` lines go to docs/benchmarks.md by hand; the full log is kept in
 # _output/bench-streaming.txt. Needs root, /dev/fuse and zram.

@@ -21,6 +21,8 @@ type metrics struct {
 	wrongPieces  prometheus.Counter
 	// streamFetches counts what streaming volumes fetched on demand, by result.
 	streamFetches *prometheus.CounterVec
+	// streamJoins counts streaming reads that waited for the staging's own download, by result.
+	streamJoins *prometheus.CounterVec
 
 	progressDone, progressTotal, cachedBytes, cachedDatasets *prometheus.Desc
 }
@@ -45,6 +47,8 @@ func newMetrics(m *Manager) *metrics {
 			Help: "Bytes staging read, by dataset ID and origin: source (S3, NFS, local), peer (another node), or stream (fetched on demand by a streaming volume)."}, []string{"dataset", "origin"}),
 		streamFetches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "stream_fetches_total",
 			Help: "Parts or objects streaming volumes fetched on demand, by result: ok, or refused (failed its check, changed since the listing, or unreadable: the read got EIO)."}, []string{"result"}),
+		streamJoins: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "stream_joins_total",
+			Help: "Streaming reads of files not yet staged that waited for the staging to fetch them first, by result: joined (read from the cache), or fetched (the staging ended without the file: fetched on demand)."}, []string{"result"}),
 		wrongPieces: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_wrong_pieces_total",
 			Help: "Pieces from peers that failed verification (the peer is dropped and the piece read again)."}),
 		// Datasets are named by ID only: a source URL names a tenant's bucket or server, and
@@ -69,7 +73,7 @@ func (c *metrics) staging() stage.Metrics {
 func (m *Manager) Collector() prometheus.Collector { return m.metrics }
 
 func (c *metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces, c.streamFetches}
+	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces, c.streamFetches, c.streamJoins}
 }
 
 func (c *metrics) Describe(ch chan<- *prometheus.Desc) {

@@ -32,6 +32,40 @@ type Streaming struct {
 	Room    func(ctx context.Context, n int64) error
 	dir     string
 	release func()
+	// job is the staging that fills the cache for the volume: the one whose manifest the caller
+	// proved it reads.
+	job *staging
+	// onJoin counts a join and its outcome (metrics).
+	onJoin func(joined bool)
+}
+
+// Join waits until the volume's staging committed obj, manifest line i, to the cache (verified),
+// having asked it to fetch obj before the rest of its queue, so that a read of a file not
+// staged yet does not download it a second time beside the staging. True: Cached now opens it.
+// False when the staging ended without it (failed, or never fetching it) or ctx ended: the read
+// fetches it itself. Tenant-safe as Cached is: the staging is the one whose manifest this
+// volume's caller proved it reads (Stream), and obj is of that manifest.
+func (s *Streaming) Join(ctx context.Context, i int64, obj source.Object) bool {
+	if s.job == nil {
+		return false
+	}
+	committed := s.job.Prefer(i, obj)
+	if committed == nil {
+		return false
+	}
+	joined := false
+	select {
+	case <-committed:
+		joined = true
+	case <-s.job.done:
+		// Ready: every file is in tree/. Failed: what it committed is gone or going.
+		joined = s.job.err == nil
+	case <-ctx.Done():
+	}
+	if s.onJoin != nil {
+		s.onJoin(joined)
+	}
+	return joined
 }
 
 // Cached opens obj's verified file if the cache holds all of it (staging/ while the staging
@@ -115,7 +149,14 @@ func (m *Manager) streaming(req Request, j *staging, volumeID string) (*Streamin
 		m.metrics.fetchedBytes.WithLabelValues(id, "stream").Add(float64(n))
 	}
 	room := func(ctx context.Context, n int64) error { return m.cache.Room(ctx, req.Pool, n) }
-	return &Streaming{Objects: objs, Source: src, Scratch: scratch, OnFetch: onFetch, Room: room, dir: dir, release: func() {
+	onJoin := func(joined bool) {
+		result := "joined"
+		if !joined {
+			result = "fetched"
+		}
+		m.metrics.streamJoins.WithLabelValues(result).Inc()
+	}
+	return &Streaming{Objects: objs, Source: src, Scratch: scratch, OnFetch: onFetch, Room: room, dir: dir, job: j, onJoin: onJoin, release: func() {
 		once.Do(func() {
 			src.Close()
 			_ = os.RemoveAll(scratch)

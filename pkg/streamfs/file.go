@@ -40,8 +40,9 @@ type fileNode struct {
 }
 
 // Open hands a whole file (in the cache, or every part fetched) to the kernel: with passthrough
-// its reads never reach this process. Any other file is read through Read. Contents never
-// change, so the kernel may keep its page cache across opens.
+// its reads never reach this process. A file a read would wait for the staging's copy of
+// (Config.Join) is waited for here, then handed over. Any other file is read through Read.
+// Contents never change, so the kernel may keep its page cache across opens.
 func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	n := f.t.get(in.NodeId)
 	switch {
@@ -64,8 +65,11 @@ func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse
 	}
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	if fl.backing == 0 && fl.viaServer == 0 && !fl.inherited && !f.m.opens.noPassthrough.Load() {
-		f.passThrough(in.NodeId, fl)
+	if f.mayPassThrough(fl) {
+		f.joinFirst(fl)
+		if f.mayPassThrough(fl) {
+			f.passThrough(in.NodeId, fl)
+		}
 	}
 	if fl.backing != 0 {
 		out.BackingID = fl.backing
@@ -84,6 +88,29 @@ func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse
 	out.Fh = f.epoch
 	out.OpenFlags |= fuse.FOPEN_KEEP_CACHE
 	return fuse.OK
+}
+
+// mayPassThrough reports whether an open of fl may be passed through (fl.mu held).
+func (f *rawFS) mayPassThrough(fl *fileNode) bool {
+	return fl.backing == 0 && fl.viaServer == 0 && !fl.inherited && !f.m.opens.noPassthrough.Load()
+}
+
+// joinFirst waits, in the open, for the staging's verified copy of a file a read would wait for
+// anyway (Config.Join, joins), so that the open is passed through to it: then every read of the
+// file is the kernel's. Answered without it, the open's reads all come to this process, which
+// cannot change an open inode's backing later: a whole 2 GiB object read right after publish took
+// 1.48× "staged, then read", 3 s of its 4.8 s after the staging's copy was there, served by the
+// plugin (docs/benchmarks.md). Called with fl.mu held; releases it while waiting.
+func (f *rawFS) joinFirst(fl *fileNode) {
+	if f.m.cfg.Join == nil || fl.cachedLocked() != nil || fl.st != nil && fl.st.complete() {
+		return
+	}
+	st := fl.st
+	fl.mu.Unlock()
+	defer fl.mu.Lock()
+	if fl.joins(f.m.ctx, st) {
+		f.m.cfg.Join(f.m.ctx, fl.line, fl.obj)
+	}
 }
 
 // passThrough registers the file's whole copy, if there is one, as its backing file.
@@ -162,13 +189,16 @@ func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 	if st == nil || !st.holds(off, end) {
 		// Opened before the staging committed the file: once it has, it is read from the cache
 		// rather than fetched.
-		if c := f.cachedFile(); c != nil {
-			n, err := c.readAt(dest[:end-off], off)
-			if err == nil {
-				return fuse.ReadResultData(dest[:n]), 0
-			}
-			// Gone from the cache since (evicted while closed by the bound): fetched instead.
-			klog.FromContext(ctx).V(2).Info("streaming read: the cache's copy cannot be read again", "key", f.obj.Key, "err", err)
+		if res, ok := f.readCached(ctx, dest, off, end); ok {
+			return res, 0
+		}
+	}
+	if f.m.cfg.Join != nil && f.joins(ctx, st) {
+		// The staging fetches the file next, and the read waits for its verified copy rather
+		// than downloading it a second time beside the staging.
+		f.m.cfg.Join(ctx, f.line, f.obj)
+		if res, ok := f.readCached(ctx, dest, off, end); ok {
+			return res, 0
 		}
 	}
 	st, err := f.stream(ctx)
@@ -188,6 +218,44 @@ func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 		return nil, syscall.EIO
 	}
 	return fuse.ReadResultData(dest[:n]), 0
+}
+
+// joinAlwaysUpTo is the largest file a read joins the staging for without asking its layout: the
+// staging reads it in one GET (up to twice its 32 MiB chunk), so waiting for it costs about what
+// fetching it would, and asking the layout would be one more request per file.
+const joinAlwaysUpTo = 64 << 20
+
+// joins reports whether a read of the file waits for the staging's download of it (Config.Join)
+// rather than fetching it: always for a file this process fetched nothing of that is at most
+// joinAlwaysUpTo; for a larger one only when it is checked as a whole anyway. Where the source
+// gives per-part checksums, a read fetches only the parts it touches (its first byte comes after
+// one part's GET, not after the whole object), and the staging goes on beside it.
+func (f *fileNode) joins(ctx context.Context, st *stream) bool {
+	if st == nil && f.obj.Size <= joinAlwaysUpTo {
+		return true
+	}
+	if st == nil {
+		var err error
+		if st, err = f.stream(ctx); err != nil {
+			return true // no layout: the staging's download is the one that can still come
+		}
+	}
+	return st.whole && !st.have[0].Load()
+}
+
+// readCached reads [off, end) from the cache's copy of the file, if the cache holds it.
+func (f *fileNode) readCached(ctx context.Context, dest []byte, off, end int64) (fuse.ReadResult, bool) {
+	c := f.cachedFile()
+	if c == nil {
+		return nil, false
+	}
+	n, err := c.readAt(dest[:end-off], off)
+	if err != nil {
+		// Gone from the cache since (evicted while closed by the bound): fetched instead.
+		klog.FromContext(ctx).V(2).Info("streaming read: the cache's copy cannot be read again", "key", f.obj.Key, "err", err)
+		return nil, false
+	}
+	return fuse.ReadResultData(dest[:n]), true
 }
 
 // readAt reads all of dest at off. Into dest rather than a ReadResultFd: go-fuse reads from

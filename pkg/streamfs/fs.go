@@ -38,6 +38,13 @@ type Config struct {
 	Scratch string
 	// Fetcher is where missing bytes come from.
 	Fetcher Fetcher
+	// Join, when set, is asked first by a read of a file Cached does not hold yet, that no read
+	// fetched, and that is checked as a whole (or small: see joins): it waits for the background
+	// staging to commit the file (line i of the manifest) to the cache, having asked it to fetch
+	// it next, and reports whether it did. The read is then served from Cached, and the file
+	// downloaded once, not once by the staging and again here. False: the read fetches the file
+	// itself (Fetcher).
+	Join func(ctx context.Context, i int64, obj source.Object) bool
 	// FetchTimeout bounds one on-demand fetch (default 10 minutes: a whole large object).
 	FetchTimeout time.Duration
 	// Room, when set, is asked for room for n bytes before each fetch: an error refuses the read

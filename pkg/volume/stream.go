@@ -131,10 +131,11 @@ func (sm *streamMounts) drop(id string) {
 	}
 }
 
-// streamConfig serves a streamed dataset: what the cache holds, the rest fetched from its source
-// with the caller's credentials, within the plugin's one bound on open files.
+// streamConfig serves a streamed dataset: what the cache holds, what the staging is yet to fetch
+// once it has (fetched next, Join), the rest fetched from its source with the caller's
+// credentials, within the plugin's one bound on open files.
 func (s *Service) streamConfig(ds *datasource.Streaming) streamfs.Config {
-	return streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch, Files: s.streams.files,
+	return streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Join: ds.Join, Scratch: ds.Scratch, Files: s.streams.files,
 		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room}
 }
 

@@ -43,7 +43,8 @@ const streamPrefix = "stream"
 // across and after each restart; then the keeper is restarted, the plugin hands it the volume
 // again, and one more kill of the plugin loses no read either. Every GET of an object is delayed by the test's S3 proxy and
 // the staging throttled, so that the large files stay uncached and the first kill lands while
-// the pod waits inside a read of one.
+// the pod waits for one (a read of a file not staged yet waits for the staging to fetch it,
+// first: 24 MiB at 2 MiB/s).
 func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 	large := map[string]bool{}
 	want := map[string]string{} // key -> sha256
@@ -63,10 +64,11 @@ func testStreamingRestart(t *testing.T, c *cluster, d *dataset) {
 		return testpeers.None
 	})
 
-	// The keeper, and a staging slow enough that the large files stay uncached meanwhile.
+	// The keeper, and a staging slow enough that the large files stay uncached meanwhile, and
+	// fast enough for the reads, which wait for it, to go round within the waits below.
 	args := slices.Clone(c.node.DriverArgs)
 	c.node.StartKeeper(t)
-	c.node.DriverArgs = append(c.node.DriverArgs, "--staging-bandwidth=262144")
+	c.node.DriverArgs = append(c.node.DriverArgs, "--staging-bandwidth=2097152")
 	c.node.RestartDriver()
 	c.node.WaitRegistered(t, c.cp)
 	defer func() {

@@ -36,6 +36,7 @@ func (j *Job) commit(i int64, o source.Object) error {
 	}
 	j.objsDone.Add(1)
 	j.peers.holding.Commit(j.peers.rank(i))
+	j.prefer.committed(i)
 	return nil
 }
 

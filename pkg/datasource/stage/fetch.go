@@ -44,10 +44,12 @@ func (j *Job) fetchAll(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var wg, againWG sync.WaitGroup
-	tasks := j.workers(ctx, cancel, &wg)
+	// Entries streaming reads wait for (prefer.go) go before the manifest's order.
+	first := make(chan task)
+	tasks := j.workers(ctx, cancel, &wg, first)
 	// Pieces put off while peers read them from the source are taken from those peers as soon
 	// as they hold them, while this node reads its own share (batch.go).
-	again := j.workers(ctx, cancel, &againWG)
+	again := j.workers(ctx, cancel, &againWG, nil)
 	stopTaking := func() {}
 	if j.peers.joined != nil {
 		tctx, stop := context.WithCancel(ctx)
@@ -62,7 +64,9 @@ func (j *Job) fetchAll(ctx context.Context) error {
 		}()
 		stopTaking = func() { stop(); <-taken }
 	}
+	stopPreferred := j.sendPreferred(ctx, cancel, first)
 	err := j.sendEntries(ctx, tasks)
+	stopPreferred()
 	close(tasks)
 	wg.Wait()
 	stopTaking()
@@ -81,13 +85,27 @@ func (j *Job) fetchAll(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// workers starts the node's concurrency of workers on a new task channel; the first failure
-// cancels ctx, and the rest of the tasks are drained.
-func (j *Job) workers(ctx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup) chan<- task {
+// workers starts the node's concurrency of workers on a new task channel, each taking a task
+// of first (nil: none) before any of the channel's; the first failure cancels ctx, and the rest
+// of the tasks are drained. The workers end once the channel is closed and drained.
+func (j *Job) workers(ctx context.Context, cancel context.CancelCauseFunc, wg *sync.WaitGroup, first <-chan task) chan<- task {
 	tasks := make(chan task, 2*j.e.cfg.Concurrency)
+	next := func() (t task, ok bool) {
+		select {
+		case t = <-first:
+			return t, true
+		default:
+		}
+		select {
+		case t = <-first:
+			return t, true
+		case t, ok = <-tasks:
+			return t, ok
+		}
+	}
 	for range j.e.cfg.Concurrency {
 		wg.Go(func() {
-			for t := range tasks {
+			for t, ok := next(); ok; t, ok = next() {
 				if ctx.Err() != nil {
 					continue
 				}
@@ -131,14 +149,19 @@ func (j *Job) sendEntries(ctx context.Context, tasks chan<- task) error {
 
 // sendEntry makes entry i's directory, or sends the task that fetches it: whole, in a batch
 // from a peer, or in ranges. A file already staged (a resume) is counted, and links wait for
-// every file.
+// every file. An entry already sent is skipped: each is sent once, in the manifest's order or
+// preferred by a streaming read (batches nil: never batched, nor put off for peers).
 func (j *Job) sendEntry(ctx context.Context, tasks chan<- task, batches *batcher, i int64, o source.Object) error {
 	if ctx.Err() != nil {
 		return context.Cause(ctx)
 	}
+	if !j.prefer.take(i) {
+		return nil
+	}
 	switch o.Type {
 	case source.Dir:
 		j.objsDone.Add(1)
+		j.prefer.committed(i)
 		return j.mkdirs(path.Join(cache.StagingDir, o.Key))
 	case source.Symlink:
 		return nil // after every file: no write may pass through a link
@@ -147,16 +170,18 @@ func (j *Job) sendEntry(ctx context.Context, tasks chan<- task, batches *batcher
 		j.bytesDone.Add(o.Size)
 		j.objsDone.Add(1)
 		j.peers.holding.Commit(j.peers.rank(i))
+		j.prefer.committed(i)
 		return nil
 	}
+	preferred := batches == nil
 	if o.Size <= 2*j.e.cfg.ChunkSize {
-		t := task{i: i, obj: o, n: o.Size}
-		if j.peers.batchable(t) {
+		t := task{i: i, obj: o, n: o.Size, deferred: preferred}
+		if !preferred && j.peers.batchable(t) {
 			return batches.add(ctx, t)
 		}
 		return send(ctx, tasks, t)
 	}
-	return j.sendRanges(ctx, tasks, i, o)
+	return j.sendRanges(ctx, tasks, i, o, preferred)
 }
 
 func send(ctx context.Context, tasks chan<- task, t task) error {

@@ -64,6 +64,8 @@ type Job struct {
 
 	// peers is the job's sharing with other nodes (sharing.go).
 	peers sharing
+	// prefer is what streaming reads wait for (prefer.go).
+	prefer preferring
 }
 
 // New returns a job that stages spec, read through src, into dir, the dataset's directory in
@@ -280,6 +282,7 @@ func (j *Job) list(ctx context.Context) (*cache.Meta, error) {
 		return nil, err
 	}
 	j.md.Store(md)
+	j.prefer.init(md.Objects)
 	close(j.listed)
 	j.e.cfg.Cache.Changed()
 	return md, nil

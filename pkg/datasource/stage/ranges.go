@@ -145,7 +145,9 @@ func (s *streams) broadcast() {
 	s.changed = make(chan struct{})
 }
 
-func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object) error {
+// sendRanges sends the ranges of large entry i; preferred ones (a streaming read waits) are not
+// put off for peers.
+func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o source.Object, preferred bool) error {
 	chunk := j.e.cfg.ChunkSize
 	b := &bigFile{streams: newStreams(j.streamsPerObject())}
 	if p, ok := j.src.(source.Planner); ok {
@@ -166,7 +168,7 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
 		} else if checksumHash(plan.Checksum.Algorithm) != nil {
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
-			return send(ctx, tasks, task{i: i, obj: o, n: o.Size})
+			return send(ctx, tasks, task{i: i, obj: o, n: o.Size, deferred: preferred})
 		}
 		if m := multipartETag.FindStringSubmatch(o.ETag); m != nil && plan.PartSize > 0 && b.crc == nil {
 			parts, _ := strconv.ParseInt(m[1], 10, 64)
@@ -207,7 +209,7 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	for r := range n {
 		k := (start + r) % n
 		off := k * chunk
-		if err := send(ctx, tasks, task{i: i, obj: o, big: b, off: off, n: min(chunk, o.Size-off), idx: int(k)}); err != nil {
+		if err := send(ctx, tasks, task{i: i, obj: o, big: b, off: off, n: min(chunk, o.Size-off), idx: int(k), deferred: preferred}); err != nil {
 			return err
 		}
 	}
