@@ -2,10 +2,7 @@ package writeback
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
-	"hash/crc64"
 	"io"
 	"os"
 
@@ -14,20 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"golang.org/x/sync/errgroup"
 )
-
-// crc64NVME is the CRC-64/NVME polynomial, reversed as hash/crc64 takes it.
-var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5)
-
-// crcOf is the CRC-64/NVME of n bytes of fh at off, as S3 spells it (base64, big-endian).
-func crcOf(fh *os.File, off, n int64) (string, error) {
-	h := crc64.New(crc64NVME)
-	if _, err := io.Copy(h, io.NewSectionReader(fh, off, n)); err != nil {
-		return "", err
-	}
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], h.Sum64())
-	return base64.StdEncoding.EncodeToString(b[:]), nil
-}
 
 // partSize is the part size for a file of size bytes: the configured one, larger when the file
 // would need more than S3's 10,000 parts.
@@ -41,8 +24,8 @@ func (r *run) partSize(size int64) int64 {
 
 // multipart uploads a large file in parts, resuming the upload the journal recorded: a part the
 // server holds whose checksum is the one recorded for it, or of the file's bytes, is not sent
-// again. Each part's CRC-64/NVME is verified by the server as it arrives, and the completed
-// object is a FULL_OBJECT CRC-64/NVME that the server composes from them.
+// again. Each part's checksum (CRC-32C; checksum.go) is verified by the server as it arrives,
+// and the completed object is a FULL_OBJECT checksum that the server composes from them.
 func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error) {
 	t := r.job.Target
 	bucket, key := aws.String(t.Bucket), aws.String(t.key(f.Path))
@@ -53,7 +36,7 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 		switch {
 		case isMissing(err):
 			// Completed before the crash could record it, or aborted: the object tells which.
-			if sum, ok := r.alreadyStored(ctx, fh, f); ok {
+			if sum, ok := r.alreadyStored(ctx, fh, f, up.Alg); ok {
 				return sum, nil
 			}
 			up = nil
@@ -66,14 +49,14 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 	if up == nil {
 		out, err := r.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
 			Bucket: bucket, Key: key,
-			ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme, ChecksumType: types.ChecksumTypeFullObject,
+			ChecksumAlgorithm: algCRC32C.algorithm(), ChecksumType: types.ChecksumTypeFullObject,
 		})
 		if err != nil {
 			return "", err
 		}
-		up = &upload{ID: aws.ToString(out.UploadId)}
+		up = &upload{ID: aws.ToString(out.UploadId), Alg: algCRC32C}
 		// Synced: an upload the journal forgot would hold storage on the server for ever.
-		if err := r.j.append(record{Op: opUpload, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID}, true); err != nil {
+		if err := r.j.append(record{Op: opUpload, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID, Alg: up.Alg}, true); err != nil {
 			return "", err
 		}
 	}
@@ -92,7 +75,7 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 	if err != nil {
 		return "", err
 	}
-	return verified(out.ChecksumCRC64NVME)
+	return verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
 }
 
 // sendParts sends the parts the server does not hold yet, in parallel.
@@ -104,8 +87,8 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 	for i := range n {
 		num, off := int32(i+1), int64(i)*ps
 		length := min(ps, f.Size-off)
-		if p, ok := held[num]; ok && aws.ToInt64(p.Size) == length && r.sameBytes(fh, off, length, up.Parts[num], p) {
-			parts[i] = types.CompletedPart{PartNumber: aws.Int32(num), ETag: p.ETag, ChecksumCRC64NVME: p.ChecksumCRC64NVME}
+		if p, ok := held[num]; ok && aws.ToInt64(p.Size) == length && r.sameBytes(fh, off, length, up, p) {
+			parts[i] = up.Alg.part(num, p.ETag, up.Alg.pick(p.ChecksumCRC32C, p.ChecksumCRC64NVME))
 			continue
 		}
 		release, err := r.slot(gctx)
@@ -118,17 +101,17 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 				Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 				UploadId: aws.String(up.ID), PartNumber: aws.Int32(num),
 				Body: io.NewSectionReader(fh, off, length), ContentLength: aws.Int64(length),
-				ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme,
+				ChecksumAlgorithm: up.Alg.algorithm(),
 			})
 			if err != nil {
 				return err
 			}
-			sum, err := verified(out.ChecksumCRC64NVME)
+			sum, err := verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
 			if err != nil {
 				return err
 			}
 			r.sent(length)
-			parts[i] = types.CompletedPart{PartNumber: aws.Int32(num), ETag: out.ETag, ChecksumCRC64NVME: out.ChecksumCRC64NVME}
+			parts[i] = up.Alg.part(num, out.ETag, sum)
 			return r.j.append(record{Op: opPart, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID,
 				Part: num, ETag: aws.ToString(out.ETag), Sum: sum}, false)
 		})
@@ -141,16 +124,16 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 
 // sameBytes reports whether a part the server holds is the file's bytes at off: its checksum is
 // the one the journal recorded when it was sent, or (sent but not recorded before a crash) the
-// checksum of those bytes now.
-func (r *run) sameBytes(fh *os.File, off, n int64, rec record, p types.Part) bool {
-	have := aws.ToString(p.ChecksumCRC64NVME)
+// checksum of those bytes now, in the upload's algorithm.
+func (r *run) sameBytes(fh *os.File, off, n int64, up *upload, p types.Part) bool {
+	have := up.Alg.pick(p.ChecksumCRC32C, p.ChecksumCRC64NVME)
 	if have == "" {
 		return false
 	}
-	if rec.Sum != "" {
+	if rec := up.Parts[aws.ToInt32(p.PartNumber)]; rec.Sum != "" {
 		return rec.Sum == have && rec.ETag == aws.ToString(p.ETag)
 	}
-	sum, err := crcOf(fh, off, n)
+	sum, err := up.Alg.of(fh, off, n)
 	return err == nil && sum == have
 }
 
@@ -170,8 +153,9 @@ func (r *run) listParts(ctx context.Context, id string, bucket, key *string) (ma
 	return out, nil
 }
 
-// alreadyStored reports whether the object at f's key is f, whole: its size and CRC-64/NVME.
-func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file) (string, bool) {
+// alreadyStored reports whether the object at f's key is f, whole: its size and its FULL_OBJECT
+// checksum of alg (the algorithm of the upload that would have made it).
+func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file, alg sumAlg) (string, bool) {
 	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 		ChecksumMode: types.ChecksumModeEnabled,
@@ -179,8 +163,12 @@ func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file) (string, b
 	if err != nil || aws.ToInt64(out.ContentLength) != f.Size || out.ChecksumType != types.ChecksumTypeFullObject {
 		return "", false
 	}
-	sum, err := crcOf(fh, 0, f.Size)
-	if err != nil || sum != aws.ToString(out.ChecksumCRC64NVME) {
+	have := alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME)
+	if have == "" {
+		return "", false
+	}
+	sum, err := alg.of(fh, 0, f.Size)
+	if err != nil || sum != have {
 		return "", false
 	}
 	return sum, true

@@ -340,7 +340,7 @@ func (r *run) upload(ctx context.Context, f file) error {
 	return nil
 }
 
-// put uploads a small file in one request; the server verifies its CRC-64/NVME.
+// put uploads a small file in one request; the server verifies its CRC-32C.
 func (r *run) put(ctx context.Context, fh *os.File, f file) (string, error) {
 	release, err := r.slot(ctx)
 	if err != nil {
@@ -350,32 +350,32 @@ func (r *run) put(ctx context.Context, fh *os.File, f file) (string, error) {
 	in := &s3.PutObjectInput{
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 		Body: io.NewSectionReader(fh, 0, f.Size), ContentLength: aws.Int64(f.Size),
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme,
+		ChecksumAlgorithm: algCRC32C.algorithm(),
 	}
 	if r.live {
 		// The checksum of the bytes before they are sent: a write while they are sent makes
 		// the server refuse them, so a torn file never shows at the target.
-		sum, err := crcOf(fh, 0, f.Size)
+		sum, err := algCRC32C.of(fh, 0, f.Size)
 		if err != nil {
 			return "", err
 		}
-		in.ChecksumCRC64NVME = aws.String(sum)
+		in.ChecksumCRC32C = aws.String(sum)
 	}
 	out, err := r.client.PutObject(ctx, in)
 	if err != nil {
 		return "", err
 	}
 	r.sent(f.Size)
-	return verified(out.ChecksumCRC64NVME)
+	return verified(algCRC32C.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
 }
 
 // verified is the checksum the server answered with: a server that answers none did not check
 // the one sent, and the object is not taken as stored.
-func verified(sum *string) (string, error) {
-	if aws.ToString(sum) == "" {
-		return "", errors.New("the server did not confirm the object's CRC-64/NVME checksum")
+func verified(sum string) (string, error) {
+	if sum == "" {
+		return "", errors.New("the server did not confirm the object's checksum")
 	}
-	return *sum, nil
+	return sum, nil
 }
 
 // delete removes the objects of a path the pods deleted: its key, and, when the job knows no

@@ -1,7 +1,7 @@
 // Package writeback uploads what the pods of a writable dataset volume created or changed (and,
 // when asked, deleted) to an S3 prefix, after they let the volume go (docs/datasets.md,
 // "Write-back"). It reads the overlay's upper directory (pkg/overlayfs), so unchanged dataset
-// files are never uploaded; large files go in parts, each part's CRC-64/NVME verified by the
+// files are never uploaded; large files go in parts, each part's CRC-32C verified by the
 // server; a journal per volume (journal.go) lets a restarted node plugin resume where it stopped,
 // with nothing lost or uploaded twice; a target that refuses is retried with backoff for as long
 // as the caller lets Run go on. The caller deletes the volume's data only once Done says so.
