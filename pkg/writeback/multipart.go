@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
 	"os"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -67,15 +69,67 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 	if r.live && changed(fh, f) {
 		return "", errors.New("written while it was sent") // never completed: the next pass aborts it
 	}
+	return r.complete(ctx, fh, f, up, parts)
+}
+
+// completeTimeout bounds how long a server may take to assemble an object.
+const completeTimeout = 30 * time.Minute
+
+// complete asks the server to assemble the object from its parts. A server may answer only once
+// it has copied every part into the object (versitygw's posix backend does: 2-4 s for 2 GiB on
+// a shared, loaded disk, and more on a busier one), which can take longer than the node's S3
+// clients wait for response headers (30 s, right for reads). The SDK then sends Complete again
+// while the server is still assembling, each attempt another copy of the object on the
+// server's disk, which makes the next attempt slower still (TestSlowComplete).
+// So Complete waits for its answer without that timeout, up to completeTimeout; an upload the
+// server no longer knows (a retry after an answer lost on the way) is taken as done when the
+// object at the key is this file.
+func (r *run) complete(ctx context.Context, fh *os.File, f file, up *upload, parts []types.CompletedPart) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, completeTimeout)
+	defer cancel()
 	out, err := r.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
-		Bucket: bucket, Key: key, UploadId: aws.String(up.ID),
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)), UploadId: aws.String(up.ID),
 		ChecksumType:    types.ChecksumTypeFullObject,
 		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
-	})
+	}, r.patient)
+	if isMissing(err) {
+		if sum, ok := r.alreadyStored(ctx, fh, f, up.Alg); ok {
+			return sum, nil
+		}
+	}
 	if err != nil {
 		return "", err
 	}
 	return verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
+}
+
+// patient has a request wait for its answer without the client's response-header timeout
+// (see complete), on a transport of its own made once per run.
+func (r *run) patient(o *s3.Options) {
+	r.patientOnce.Do(func() {
+		r.patientHTTP = o.HTTPClient
+		hc, ok := o.HTTPClient.(*http.Client)
+		if !ok {
+			return
+		}
+		tr, ok := hc.Transport.(*http.Transport)
+		if !ok || tr.ResponseHeaderTimeout == 0 {
+			return
+		}
+		tr = tr.Clone()
+		tr.ResponseHeaderTimeout = 0
+		c := *hc
+		c.Transport = tr
+		r.patientHTTP = &c
+	})
+	o.HTTPClient = r.patientHTTP
+}
+
+// closePatient closes the idle connections of patient's transport, when it made one.
+func (r *run) closePatient() {
+	if c, ok := r.patientHTTP.(*http.Client); ok && r.client != nil && c != r.client.Options().HTTPClient {
+		c.CloseIdleConnections()
+	}
 }
 
 // sendParts sends the parts the server does not hold yet, in parallel.

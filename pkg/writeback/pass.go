@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cistern-csi/cistern/pkg/overlayfs"
@@ -35,6 +36,9 @@ type run struct {
 	live bool
 	// nfs is the NFS target of this pass, mounted; nil for S3.
 	nfs *nfsDest
+	// patientHTTP is client's HTTP client without its response-header timeout (patient).
+	patientHTTP aws.HTTPClient
+	patientOnce sync.Once
 
 	mu sync.Mutex
 	p  Progress
@@ -455,10 +459,23 @@ func (r *run) publish() {
 	r.report(p)
 }
 
-// isMissing reports an S3 answer that a thing is not there.
+// isMissing reports an S3 answer that a thing is not there. The SDK types only the errors its
+// model lists for an operation: ListParts' and CompleteMultipartUpload's NoSuchUpload arrive
+// as a generic API error with that code, and were not recognised, so that a journal whose
+// upload the server had completed (its answer lost: a timeout, a crash) failed every pass.
 func isMissing(err error) bool {
 	var nsu *types.NoSuchUpload
 	var nsk *types.NoSuchKey
 	var nf *types.NotFound
-	return errors.As(err, &nsu) || errors.As(err, &nsk) || errors.As(err, &nf) || errors.Is(err, fs.ErrNotExist)
+	if errors.As(err, &nsu) || errors.As(err, &nsk) || errors.As(err, &nf) || errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "NoSuchUpload", "NoSuchKey", "NotFound":
+			return true
+		}
+	}
+	return false
 }

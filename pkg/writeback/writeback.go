@@ -184,6 +184,7 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 	}
 	defer j.close()
 	r := &run{cfg: u.cfg, job: job, client: client, j: j, report: report, slots: make(chan struct{}, u.cfg.Concurrency)}
+	defer r.closePatient()
 	r.p.Volume = job.Volume
 	wait := u.cfg.MinBackoff
 	for {
@@ -329,6 +330,7 @@ func (u *Uploader) Checkpoint(ctx context.Context, job Job, client *s3.Client, r
 		return err
 	}
 	r := &run{cfg: u.cfg, job: job, client: client, j: j, report: report, live: true, slots: make(chan struct{}, u.cfg.Concurrency)}
+	defer r.closePatient()
 	r.p.Volume, r.p.Attempt = job.Volume, 1
 	err = r.pass(ctx)
 	if err != nil {
