@@ -76,14 +76,14 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 const completeTimeout = 30 * time.Minute
 
 // complete asks the server to assemble the object from its parts. A server may answer only once
-// it has copied every part into the object (versitygw's posix backend does: 2-4 s for 2 GiB on
-// a shared, loaded disk, and more on a busier one), which can take longer than the node's S3
-// clients wait for response headers (30 s, right for reads). The SDK then sends Complete again
-// while the server is still assembling, each attempt another copy of the object on the
-// server's disk, which makes the next attempt slower still (TestSlowComplete).
-// So Complete waits for its answer without that timeout, up to completeTimeout; an upload the
-// server no longer knows (a retry after an answer lost on the way) is taken as done when the
-// object at the key is this file.
+// it has copied every part into the object (versitygw's posix backend does: 2-4 s for 2 GiB in
+// 410 parts on the shared test machine, more on a busier disk), which can take longer than the
+// node's S3 clients wait for response headers (30 s, right for reads). The SDK then sends
+// Complete again while the server is still assembling, and versitygw answers that one with
+// success but no checksum. So Complete waits for its answer without that timeout, up to
+// completeTimeout (TestSlowComplete); an upload the server no longer knows (a retry after an
+// answer lost on the way) is taken as done when the object at the key is this file
+// (TestCompleteAnswerLost).
 func (r *run) complete(ctx context.Context, fh *os.File, f file, up *upload, parts []types.CompletedPart) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, completeTimeout)
 	defer cancel()
