@@ -53,7 +53,10 @@ type record struct {
 	Upload string `json:"upload,omitempty"`
 	Part   int32  `json:"part,omitempty"`
 	ETag   string `json:"etag,omitempty"`
-	Sum    string `json:"sum,omitempty"` // base64 CRC-64/NVME, as S3 spells it
+	Sum    string `json:"sum,omitempty"` // base64, as S3 spells it: of the upload's Alg for a part
+	// Alg is a multipart upload's checksum algorithm; empty in journals written before CRC-32C,
+	// whose uploads were started with CRC-64/NVME.
+	Alg sumAlg `json:"alg,omitempty"`
 }
 
 // fileKey identifies a file's content in the journal.
@@ -65,6 +68,7 @@ type fileKey struct {
 // upload is a multipart upload under way, as the journal knows it.
 type upload struct {
 	ID    string
+	Alg   sumAlg
 	Parts map[int32]record
 }
 
@@ -157,7 +161,11 @@ func (j *journal) apply(r record) {
 		delete(j.uploads, k)
 		delete(j.deleted, r.Path) // made again after it was deleted (checkpoints)
 	case opUpload:
-		j.uploads[k] = &upload{ID: r.Upload, Parts: map[int32]record{}}
+		alg := r.Alg
+		if alg == "" {
+			alg = algCRC64NVME
+		}
+		j.uploads[k] = &upload{ID: r.Upload, Alg: alg, Parts: map[int32]record{}}
 	case opPart:
 		if u := j.uploads[k]; u != nil && u.ID == r.Upload {
 			u.Parts[r.Part] = r
@@ -191,15 +199,20 @@ func (j *journal) donePaths() map[string]bool {
 	return out
 }
 
-// append records r; sync makes it (and every record before it) durable before returning.
+// append records r; sync makes it (and every record before it) durable before returning. The
+// fsync runs outside the lock: on a disk busy with the server's writes one took 35 ms on
+// average (101 of them, 3.5 s, in an upload of 100 × 64 MiB), and every part's record waited
+// behind it while its request slot stayed taken. r is applied once it is as durable as asked,
+// so that what the journal answers (a job complete) is never ahead of the disk.
 func (j *journal) append(r record, sync bool) error {
 	line, err := json.Marshal(r)
 	if err != nil {
 		return err
 	}
 	j.mu.Lock()
-	defer j.mu.Unlock()
-	if _, err := j.f.Write(append(line, '\n')); err != nil {
+	_, err = j.f.Write(append(line, '\n'))
+	j.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	if sync {
@@ -207,7 +220,9 @@ func (j *journal) append(r record, sync bool) error {
 			return err
 		}
 	}
+	j.mu.Lock()
 	j.apply(r)
+	j.mu.Unlock()
 	return nil
 }
 
@@ -227,7 +242,7 @@ func (j *journal) uploadOf(k fileKey) *upload {
 	if u == nil {
 		return nil
 	}
-	c := &upload{ID: u.ID, Parts: make(map[int32]record, len(u.Parts))}
+	c := &upload{ID: u.ID, Alg: u.Alg, Parts: make(map[int32]record, len(u.Parts))}
 	for n, p := range u.Parts {
 		c.Parts[n] = p
 	}

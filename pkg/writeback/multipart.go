@@ -2,32 +2,17 @@ package writeback
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
-	"hash/crc64"
 	"io"
+	"net/http"
 	"os"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"golang.org/x/sync/errgroup"
 )
-
-// crc64NVME is the CRC-64/NVME polynomial, reversed as hash/crc64 takes it.
-var crc64NVME = crc64.MakeTable(0x9a6c9329ac4bc9b5)
-
-// crcOf is the CRC-64/NVME of n bytes of fh at off, as S3 spells it (base64, big-endian).
-func crcOf(fh *os.File, off, n int64) (string, error) {
-	h := crc64.New(crc64NVME)
-	if _, err := io.Copy(h, io.NewSectionReader(fh, off, n)); err != nil {
-		return "", err
-	}
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], h.Sum64())
-	return base64.StdEncoding.EncodeToString(b[:]), nil
-}
 
 // partSize is the part size for a file of size bytes: the configured one, larger when the file
 // would need more than S3's 10,000 parts.
@@ -41,8 +26,8 @@ func (r *run) partSize(size int64) int64 {
 
 // multipart uploads a large file in parts, resuming the upload the journal recorded: a part the
 // server holds whose checksum is the one recorded for it, or of the file's bytes, is not sent
-// again. Each part's CRC-64/NVME is verified by the server as it arrives, and the completed
-// object is a FULL_OBJECT CRC-64/NVME that the server composes from them.
+// again. Each part's checksum (CRC-32C; checksum.go) is verified by the server as it arrives,
+// and the completed object is a FULL_OBJECT checksum that the server composes from them.
 func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error) {
 	t := r.job.Target
 	bucket, key := aws.String(t.Bucket), aws.String(t.key(f.Path))
@@ -53,7 +38,7 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 		switch {
 		case isMissing(err):
 			// Completed before the crash could record it, or aborted: the object tells which.
-			if sum, ok := r.alreadyStored(ctx, fh, f); ok {
+			if sum, ok := r.alreadyStored(ctx, fh, f, up.Alg); ok {
 				return sum, nil
 			}
 			up = nil
@@ -66,14 +51,14 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 	if up == nil {
 		out, err := r.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
 			Bucket: bucket, Key: key,
-			ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme, ChecksumType: types.ChecksumTypeFullObject,
+			ChecksumAlgorithm: algCRC32C.algorithm(), ChecksumType: types.ChecksumTypeFullObject,
 		})
 		if err != nil {
 			return "", err
 		}
-		up = &upload{ID: aws.ToString(out.UploadId)}
+		up = &upload{ID: aws.ToString(out.UploadId), Alg: algCRC32C}
 		// Synced: an upload the journal forgot would hold storage on the server for ever.
-		if err := r.j.append(record{Op: opUpload, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID}, true); err != nil {
+		if err := r.j.append(record{Op: opUpload, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID, Alg: up.Alg}, true); err != nil {
 			return "", err
 		}
 	}
@@ -84,15 +69,67 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 	if r.live && changed(fh, f) {
 		return "", errors.New("written while it was sent") // never completed: the next pass aborts it
 	}
+	return r.complete(ctx, fh, f, up, parts)
+}
+
+// completeTimeout bounds how long a server may take to assemble an object.
+const completeTimeout = 30 * time.Minute
+
+// complete asks the server to assemble the object from its parts. A server may answer only once
+// it has copied every part into the object (versitygw's posix backend does: 2-4 s for 2 GiB in
+// 410 parts on the shared test machine, more on a busier disk), which can take longer than the
+// node's S3 clients wait for response headers (30 s, right for reads). The SDK then sends
+// Complete again while the server is still assembling, and versitygw answers that one with
+// success but no checksum. So Complete waits for its answer without that timeout, up to
+// completeTimeout (TestSlowComplete); an upload the server no longer knows (a retry after an
+// answer lost on the way) is taken as done when the object at the key is this file
+// (TestCompleteAnswerLost).
+func (r *run) complete(ctx context.Context, fh *os.File, f file, up *upload, parts []types.CompletedPart) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, completeTimeout)
+	defer cancel()
 	out, err := r.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
-		Bucket: bucket, Key: key, UploadId: aws.String(up.ID),
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)), UploadId: aws.String(up.ID),
 		ChecksumType:    types.ChecksumTypeFullObject,
 		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
-	})
+	}, r.patient)
+	if isMissing(err) {
+		if sum, ok := r.alreadyStored(ctx, fh, f, up.Alg); ok {
+			return sum, nil
+		}
+	}
 	if err != nil {
 		return "", err
 	}
-	return verified(out.ChecksumCRC64NVME)
+	return verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
+}
+
+// patient has a request wait for its answer without the client's response-header timeout
+// (see complete), on a transport of its own made once per run.
+func (r *run) patient(o *s3.Options) {
+	r.patientOnce.Do(func() {
+		r.patientHTTP = o.HTTPClient
+		hc, ok := o.HTTPClient.(*http.Client)
+		if !ok {
+			return
+		}
+		tr, ok := hc.Transport.(*http.Transport)
+		if !ok || tr.ResponseHeaderTimeout == 0 {
+			return
+		}
+		tr = tr.Clone()
+		tr.ResponseHeaderTimeout = 0
+		c := *hc
+		c.Transport = tr
+		r.patientHTTP = &c
+	})
+	o.HTTPClient = r.patientHTTP
+}
+
+// closePatient closes the idle connections of patient's transport, when it made one.
+func (r *run) closePatient() {
+	if c, ok := r.patientHTTP.(*http.Client); ok && r.client != nil && c != r.client.Options().HTTPClient {
+		c.CloseIdleConnections()
+	}
 }
 
 // sendParts sends the parts the server does not hold yet, in parallel.
@@ -104,8 +141,8 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 	for i := range n {
 		num, off := int32(i+1), int64(i)*ps
 		length := min(ps, f.Size-off)
-		if p, ok := held[num]; ok && aws.ToInt64(p.Size) == length && r.sameBytes(fh, off, length, up.Parts[num], p) {
-			parts[i] = types.CompletedPart{PartNumber: aws.Int32(num), ETag: p.ETag, ChecksumCRC64NVME: p.ChecksumCRC64NVME}
+		if p, ok := held[num]; ok && aws.ToInt64(p.Size) == length && r.sameBytes(fh, off, length, up, p) {
+			parts[i] = up.Alg.part(num, p.ETag, up.Alg.pick(p.ChecksumCRC32C, p.ChecksumCRC64NVME))
 			continue
 		}
 		release, err := r.slot(gctx)
@@ -118,17 +155,17 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 				Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 				UploadId: aws.String(up.ID), PartNumber: aws.Int32(num),
 				Body: io.NewSectionReader(fh, off, length), ContentLength: aws.Int64(length),
-				ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme,
+				ChecksumAlgorithm: up.Alg.algorithm(),
 			})
 			if err != nil {
 				return err
 			}
-			sum, err := verified(out.ChecksumCRC64NVME)
+			sum, err := verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
 			if err != nil {
 				return err
 			}
 			r.sent(length)
-			parts[i] = types.CompletedPart{PartNumber: aws.Int32(num), ETag: out.ETag, ChecksumCRC64NVME: out.ChecksumCRC64NVME}
+			parts[i] = up.Alg.part(num, out.ETag, sum)
 			return r.j.append(record{Op: opPart, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID,
 				Part: num, ETag: aws.ToString(out.ETag), Sum: sum}, false)
 		})
@@ -141,16 +178,16 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 
 // sameBytes reports whether a part the server holds is the file's bytes at off: its checksum is
 // the one the journal recorded when it was sent, or (sent but not recorded before a crash) the
-// checksum of those bytes now.
-func (r *run) sameBytes(fh *os.File, off, n int64, rec record, p types.Part) bool {
-	have := aws.ToString(p.ChecksumCRC64NVME)
+// checksum of those bytes now, in the upload's algorithm.
+func (r *run) sameBytes(fh *os.File, off, n int64, up *upload, p types.Part) bool {
+	have := up.Alg.pick(p.ChecksumCRC32C, p.ChecksumCRC64NVME)
 	if have == "" {
 		return false
 	}
-	if rec.Sum != "" {
+	if rec := up.Parts[aws.ToInt32(p.PartNumber)]; rec.Sum != "" {
 		return rec.Sum == have && rec.ETag == aws.ToString(p.ETag)
 	}
-	sum, err := crcOf(fh, off, n)
+	sum, err := up.Alg.of(fh, off, n)
 	return err == nil && sum == have
 }
 
@@ -170,8 +207,9 @@ func (r *run) listParts(ctx context.Context, id string, bucket, key *string) (ma
 	return out, nil
 }
 
-// alreadyStored reports whether the object at f's key is f, whole: its size and CRC-64/NVME.
-func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file) (string, bool) {
+// alreadyStored reports whether the object at f's key is f, whole: its size and its FULL_OBJECT
+// checksum of alg (the algorithm of the upload that would have made it).
+func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file, alg sumAlg) (string, bool) {
 	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 		ChecksumMode: types.ChecksumModeEnabled,
@@ -179,8 +217,12 @@ func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file) (string, b
 	if err != nil || aws.ToInt64(out.ContentLength) != f.Size || out.ChecksumType != types.ChecksumTypeFullObject {
 		return "", false
 	}
-	sum, err := crcOf(fh, 0, f.Size)
-	if err != nil || sum != aws.ToString(out.ChecksumCRC64NVME) {
+	have := alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME)
+	if have == "" {
+		return "", false
+	}
+	sum, err := alg.of(fh, 0, f.Size)
+	if err != nil || sum != have {
 		return "", false
 	}
 	return sum, true

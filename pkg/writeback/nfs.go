@@ -2,11 +2,8 @@ package writeback
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc64"
 	"io"
 	"net"
 	"os"
@@ -23,7 +20,7 @@ import (
 // userspace NFSv3 client (go-nfs-client), as the node's NFS identity (Config.NFSUID/NFSGID): the
 // server's export rules and file permissions decide what it may write. Each file is written
 // whole to a temporary name beside its own (FILE_SYNC writes, then COMMIT), read back and
-// compared by CRC-64/NVME (NFSv3 has no checksum the server verifies), and renamed into place:
+// compared by CRC-32C (NFSv3 has no checksum the server verifies), and renamed into place:
 // a reader never sees a partial file, and the journal records it done only after the rename.
 // A crash leaves at most the temporary file, which the next pass writes again from its start.
 
@@ -83,7 +80,7 @@ func (d *nfsDest) close() {
 // full is a volume path's path inside the mounted export.
 func (d *nfsDest) full(p string) string { return path.Join(d.base, p) }
 
-// put writes n bytes of fh at p, as described above, and returns their CRC-64/NVME. A file
+// put writes n bytes of fh at p, as described above, and returns their CRC-32C. A file
 // for which stable says false just before the rename (a checkpoint's file written meanwhile) is
 // not renamed into place: its temporary file is removed.
 func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stable func() bool) (string, error) {
@@ -101,7 +98,7 @@ func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stabl
 	if err != nil {
 		return "", err
 	}
-	h := crc64.New(crc64NVME)
+	h := algCRC32C.hash()
 	_, err = io.Copy(f, io.TeeReader(io.NewSectionReader(fh, 0, n), &ctxWriter{ctx: ctx, w: h}))
 	if cerr := f.Close(); err == nil {
 		err = cerr // COMMIT: the bytes are on the server's stable storage
@@ -109,7 +106,7 @@ func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stabl
 	if err != nil {
 		return "", err
 	}
-	sum := crcString(h.Sum64())
+	sum := sumString(h)
 	if err := d.verify(part, n, sum); err != nil {
 		return "", err
 	}
@@ -123,20 +120,20 @@ func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stabl
 	return sum, nil
 }
 
-// verify reads back what the server holds at p: n bytes whose CRC-64/NVME is sum.
+// verify reads back what the server holds at p: n bytes whose CRC-32C is sum.
 func (d *nfsDest) verify(p string, n int64, sum string) error {
 	f, err := d.target.Open(p)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	h := crc64.New(crc64NVME)
+	h := algCRC32C.hash()
 	got, err := io.Copy(h, f)
 	if err != nil {
 		return err
 	}
-	if got != n || crcString(h.Sum64()) != sum {
-		return fmt.Errorf("%s: the server holds %d bytes with CRC-64/NVME %s, not the %d sent (%s)", p, got, crcString(h.Sum64()), n, sum)
+	if have := sumString(h); got != n || have != sum {
+		return fmt.Errorf("%s: the server holds %d bytes with CRC-32C %s, not the %d sent (%s)", p, got, have, n, sum)
 	}
 	return nil
 }
@@ -189,13 +186,6 @@ func notExist(err error) bool {
 
 func exists(err error) bool {
 	return errors.Is(err, os.ErrExist) || strings.Contains(err.Error(), "EXIST")
-}
-
-// crcString spells a CRC-64/NVME as S3 does (base64 of its big-endian bytes).
-func crcString(v uint64) string {
-	var b [8]byte
-	binary.BigEndian.PutUint64(b[:], v)
-	return base64.StdEncoding.EncodeToString(b[:])
 }
 
 // ctxWriter stops a copy once ctx ends.

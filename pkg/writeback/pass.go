@@ -17,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cistern-csi/cistern/pkg/overlayfs"
@@ -35,6 +36,9 @@ type run struct {
 	live bool
 	// nfs is the NFS target of this pass, mounted; nil for S3.
 	nfs *nfsDest
+	// patientHTTP is client's HTTP client without its response-header timeout (patient).
+	patientHTTP aws.HTTPClient
+	patientOnce sync.Once
 
 	mu sync.Mutex
 	p  Progress
@@ -340,7 +344,7 @@ func (r *run) upload(ctx context.Context, f file) error {
 	return nil
 }
 
-// put uploads a small file in one request; the server verifies its CRC-64/NVME.
+// put uploads a small file in one request; the server verifies its CRC-32C.
 func (r *run) put(ctx context.Context, fh *os.File, f file) (string, error) {
 	release, err := r.slot(ctx)
 	if err != nil {
@@ -350,32 +354,32 @@ func (r *run) put(ctx context.Context, fh *os.File, f file) (string, error) {
 	in := &s3.PutObjectInput{
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 		Body: io.NewSectionReader(fh, 0, f.Size), ContentLength: aws.Int64(f.Size),
-		ChecksumAlgorithm: types.ChecksumAlgorithmCrc64nvme,
+		ChecksumAlgorithm: algCRC32C.algorithm(),
 	}
 	if r.live {
 		// The checksum of the bytes before they are sent: a write while they are sent makes
 		// the server refuse them, so a torn file never shows at the target.
-		sum, err := crcOf(fh, 0, f.Size)
+		sum, err := algCRC32C.of(fh, 0, f.Size)
 		if err != nil {
 			return "", err
 		}
-		in.ChecksumCRC64NVME = aws.String(sum)
+		in.ChecksumCRC32C = aws.String(sum)
 	}
 	out, err := r.client.PutObject(ctx, in)
 	if err != nil {
 		return "", err
 	}
 	r.sent(f.Size)
-	return verified(out.ChecksumCRC64NVME)
+	return verified(algCRC32C.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
 }
 
 // verified is the checksum the server answered with: a server that answers none did not check
 // the one sent, and the object is not taken as stored.
-func verified(sum *string) (string, error) {
-	if aws.ToString(sum) == "" {
-		return "", errors.New("the server did not confirm the object's CRC-64/NVME checksum")
+func verified(sum string) (string, error) {
+	if sum == "" {
+		return "", errors.New("the server did not confirm the object's checksum")
 	}
-	return *sum, nil
+	return sum, nil
 }
 
 // delete removes the objects of a path the pods deleted: its key, and, when the job knows no
@@ -455,10 +459,23 @@ func (r *run) publish() {
 	r.report(p)
 }
 
-// isMissing reports an S3 answer that a thing is not there.
+// isMissing reports an S3 answer that a thing is not there. The SDK types only the errors its
+// model lists for an operation: ListParts' and CompleteMultipartUpload's NoSuchUpload arrive
+// as a generic API error with that code, and were not recognised, so that a journal whose
+// upload the server had completed (its answer lost: a timeout, a crash) failed every pass.
 func isMissing(err error) bool {
 	var nsu *types.NoSuchUpload
 	var nsk *types.NoSuchKey
 	var nf *types.NotFound
-	return errors.As(err, &nsu) || errors.As(err, &nsk) || errors.As(err, &nf) || errors.Is(err, fs.ErrNotExist)
+	if errors.As(err, &nsu) || errors.As(err, &nsk) || errors.As(err, &nf) || errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	var api smithy.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode() {
+		case "NoSuchUpload", "NoSuchKey", "NotFound":
+			return true
+		}
+	}
+	return false
 }

@@ -1,7 +1,7 @@
 // Package writeback uploads what the pods of a writable dataset volume created or changed (and,
 // when asked, deleted) to an S3 prefix, after they let the volume go (docs/datasets.md,
 // "Write-back"). It reads the overlay's upper directory (pkg/overlayfs), so unchanged dataset
-// files are never uploaded; large files go in parts, each part's CRC-64/NVME verified by the
+// files are never uploaded; large files go in parts, each part's CRC-32C verified by the
 // server; a journal per volume (journal.go) lets a restarted node plugin resume where it stopped,
 // with nothing lost or uploaded twice; a target that refuses is retried with backoff for as long
 // as the caller lets Run go on. The caller deletes the volume's data only once Done says so.
@@ -184,6 +184,7 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 	}
 	defer j.close()
 	r := &run{cfg: u.cfg, job: job, client: client, j: j, report: report, slots: make(chan struct{}, u.cfg.Concurrency)}
+	defer r.closePatient()
 	r.p.Volume = job.Volume
 	wait := u.cfg.MinBackoff
 	for {
@@ -329,6 +330,7 @@ func (u *Uploader) Checkpoint(ctx context.Context, job Job, client *s3.Client, r
 		return err
 	}
 	r := &run{cfg: u.cfg, job: job, client: client, j: j, report: report, live: true, slots: make(chan struct{}, u.cfg.Concurrency)}
+	defer r.closePatient()
 	r.p.Volume, r.p.Attempt = job.Volume, 1
 	err = r.pass(ctx)
 	if err != nil {
