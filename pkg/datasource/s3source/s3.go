@@ -243,17 +243,27 @@ func (s *Source) listPages(ctx context.Context, prefix, delimiter string, emit f
 		}
 		for _, o := range page.Contents {
 			key := aws.ToString(o.Key)
-			rel := strings.TrimPrefix(key, s.cfg.Prefix)
+			rel, under := strings.CutPrefix(key, s.cfg.Prefix)
+			if !under {
+				// Asked for prefix's keys only: a server that lists others is not to be followed.
+				return source.Errorf(source.Corrupt, "listing %s: the server listed %q, outside the prefix", s.where(), key)
+			}
 			if rel == "" {
 				continue // the prefix's own folder marker
 			}
 			if strings.HasSuffix(rel, "/") && aws.ToInt64(o.Size) == 0 {
 				if r := strings.TrimSuffix(rel, "/"); r != "" {
+					if err := source.ValidateKey(r); err != nil {
+						return err
+					}
 					if err := emit(source.Object{Key: r, Type: source.Dir}); err != nil {
 						return err
 					}
 				}
 				continue
+			}
+			if err := source.ValidateKey(rel); err != nil {
+				return err
 			}
 			if err := emit(source.Object{
 				Key:  rel,
