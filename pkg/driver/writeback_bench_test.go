@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/test/testutil"
 )
@@ -27,6 +29,11 @@ func TestBenchUnpublish(t *testing.T) {
 		t.Skip("run through make bench-writeback")
 	}
 	testutil.RequireRoot(t)
+	if v := os.Getenv("CISTERN_BENCH_V"); v != "" { // the release's steps are timed at V(4)
+		fs := flag.NewFlagSet("klog", flag.ContinueOnError)
+		klog.InitFlags(fs)
+		_ = fs.Set("v", v)
+	}
 	scale := benchScale()
 	size := (2 << 30) / scale
 	env, s, _, _ := writeBackEnv(t, testPool{name: "fast", size: int64(size)*2 + 1<<30})

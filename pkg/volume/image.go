@@ -84,8 +84,11 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 // Unstage unmounts the staging path and detaches the loop device.
 func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 	s := iv.s
+	st := newSteps()
+	defer st.log(ctx, "Unstage steps", iv.id)
 	s.stopCheckpoints(iv.id)
-	if err := unmountTarget(s.mounter, path); err != nil {
+	st.done("checkpoints")
+	if err := unmountTargetSteps(s.mounter, path, st); err != nil {
 		return Internal("unmounting staging path", err)
 	}
 	v, ok := s.store.GetVolume(iv.id)
@@ -96,7 +99,7 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 		v = state.Volume{ID: iv.id, Pool: ids.PoolOfVolumeID(iv.id)}
 	}
 	if ok {
-		if handed, err := s.handOff(ctx, v); handed || err != nil {
+		if handed, err := s.handOff(ctx, v, st); handed || err != nil {
 			return err
 		}
 	}
@@ -253,10 +256,13 @@ func (s *Service) mountEphemeral(ctx context.Context, v state.Volume, r PublishR
 // Unpublish unmounts the target; an inline volume is deleted with it.
 func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 	s := iv.s
+	st := newSteps()
+	defer st.log(ctx, "Unpublish steps", iv.id)
 	if v, ok := s.store.GetVolume(iv.id); ok && v.Ephemeral {
 		s.stopCheckpoints(iv.id) // in use until here: its final upload follows
+		st.done("checkpoints")
 	}
-	if err := unmountTarget(s.mounter, target); err != nil {
+	if err := unmountTargetSteps(s.mounter, target, st); err != nil {
 		return Internal("unmounting target path", err)
 	}
 	v, ok := s.store.GetVolume(iv.id)
@@ -264,15 +270,18 @@ func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 		return nil
 	}
 	if v.Ephemeral {
-		if handed, err := s.handOff(ctx, v); handed || err != nil {
+		if handed, err := s.handOff(ctx, v, st); handed || err != nil {
 			return err
 		}
 		if v.Device != "" {
 			if err := s.images.Detach(v.Device); err != nil {
 				return Internal("detaching loop device", err)
 			}
+			st.done("detach")
 		}
-		return s.Delete(v)
+		err := s.Delete(v)
+		st.done("delete")
+		return err
 	}
 	if _, published := v.Published[target]; published {
 		delete(v.Published, target)

@@ -244,7 +244,7 @@ func (s *Service) outputClient(ctx context.Context, spec *datasource.Spec, secre
 // volume at NodeUnpublish, a claim at NodeUnstage): an inline volume (image, record, dataset
 // layer) stays until every change is at the target, then goes; a claim may be neither staged nor
 // deleted until then. It reports whether the volume was handed off; the RPC returns at once.
-func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
+func (s *Service) handOff(ctx context.Context, v state.Volume, st *steps) (bool, error) {
 	raw := v.Parameters[consts.ParamOutputTarget]
 	if raw == "" || s.wb == nil || v.DatasetLayer == "" {
 		return false, nil
@@ -257,6 +257,7 @@ func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
 	if err := s.wb.up.Add(job); err != nil {
 		return false, Internal("recording the volume's write-back", err)
 	}
+	st.done("journal")
 	dev := v.Device
 	if img, err := s.ImagePath(v); err == nil {
 		if found, _ := s.images.Find(img); found != "" {
@@ -268,10 +269,12 @@ func (s *Service) handOff(ctx context.Context, v state.Volume) (bool, error) {
 			return false, Internal("detaching loop device", err)
 		}
 	}
+	st.done("detach")
 	v.Device, v.StagingPath, v.Published, v.ExclusiveTarget = "", "", map[string]bool{}, ""
 	if err := s.store.PutVolume(v); err != nil {
 		return false, Internal("saving volume state", err)
 	}
+	st.done("state")
 	klog.FromContext(ctx).Info("Volume unpublished; uploading its outputs", "volumeID", v.ID, "target", t.String())
 	s.wb.mu.Lock()
 	if _, known := s.wb.pending[v.ID]; !known {
