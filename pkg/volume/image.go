@@ -88,20 +88,18 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 	defer st.log(ctx, "Unstage steps", iv.id)
 	s.stopCheckpoints(iv.id)
 	st.done("checkpoints")
+	v, ok := s.store.GetVolume(iv.id)
+	if ok && s.handsOff(v) {
+		return s.handOff(ctx, v, path, st)
+	}
 	if err := unmountTargetSteps(s.mounter, path, st); err != nil {
 		return Internal("unmounting staging path", err)
 	}
-	v, ok := s.store.GetVolume(iv.id)
 	if !ok {
 		if ids.PoolOfVolumeID(iv.id) == "" {
 			return status.Errorf(codes.NotFound, "volume %s does not exist", iv.id)
 		}
 		v = state.Volume{ID: iv.id, Pool: ids.PoolOfVolumeID(iv.id)}
-	}
-	if ok {
-		if handed, err := s.handOff(ctx, v, st); handed || err != nil {
-			return err
-		}
 	}
 	dev := v.Device
 	if img, err := s.ImagePath(v); err == nil {
@@ -261,6 +259,9 @@ func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 	if v, ok := s.store.GetVolume(iv.id); ok && v.Ephemeral {
 		s.stopCheckpoints(iv.id) // in use until here: its final upload follows
 		st.done("checkpoints")
+		if s.handsOff(v) {
+			return s.handOff(ctx, v, target, st)
+		}
 	}
 	if err := unmountTargetSteps(s.mounter, target, st); err != nil {
 		return Internal("unmounting target path", err)
@@ -270,9 +271,6 @@ func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 		return nil
 	}
 	if v.Ephemeral {
-		if handed, err := s.handOff(ctx, v, st); handed || err != nil {
-			return err
-		}
 		if v.Device != "" {
 			if err := s.images.Detach(v.Device); err != nil {
 				return Internal("detaching loop device", err)
