@@ -35,13 +35,19 @@ func TestBenchUnpublish(t *testing.T) {
 		klog.InitFlags(fs)
 		_ = fs.Set("v", v)
 	}
-	// On disk, not the suite's scratch tmpfs: a pool whose freed blocks stay in its backing file
-	// and the S3 server's parts and object of each sample outgrew its 8g, and the server
-	// answered 507 (InsufficientStorage) to every CompleteMultipartUpload.
-	t.Setenv("TMPDIR", cmp.Or(os.Getenv("CISTERN_BENCH_DIR"), "/var/tmp"))
 	scale := benchScale()
 	size := (2 << 30) / scale
-	env, s, _, _ := writeBackEnv(t, testPool{name: "fast", size: int64(size)*2 + 1<<30})
+	// The S3 server's data on disk (CISTERN_BENCH_DIR, default /var/tmp), not the suite's
+	// scratch tmpfs: there, with the pool's image (whose freed blocks stay in it), a sample's
+	// parts and object outgrew its 8g, and the server answered 507 (InsufficientStorage) to
+	// every CompleteMultipartUpload of the 2 GiB file. The pool and the driver's state stay on
+	// the tmpfs, apart as a node's pool disk and root disk are.
+	s3Dir, err := os.MkdirTemp(cmp.Or(os.Getenv("CISTERN_BENCH_DIR"), "/var/tmp"), "cistern-bench-s3-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(s3Dir) })
+	env, s, _, _ := writeBackEnvS3(t, s3Dir, testPool{name: "fast", size: int64(size) + 3<<29})
 	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
 	ctx := context.Background()
 	data := randomBytes(t, 64<<20)

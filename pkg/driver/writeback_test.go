@@ -220,6 +220,12 @@ func poolOutputs(t *testing.T, env *testEnv) map[string]*spv1.VolumeOutputs {
 // refuse writes) holding bucket "shared", which anyone may read, and "out", which only the owner
 // may write.
 func writeBackEnv(t *testing.T, pools ...testPool) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
+	return writeBackEnvS3(t, "", pools...)
+}
+
+// writeBackEnvS3 is writeBackEnv with the S3 server's data in s3Dir ("": the test's own
+// temporary directory).
+func writeBackEnvS3(t *testing.T, s3Dir string, pools ...testPool) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
 	if len(pools) == 0 {
 		pools = []testPool{{name: "fast", size: 1 << 30}}
 	}
@@ -232,7 +238,7 @@ func writeBackEnv(t *testing.T, pools ...testPool) (*testEnv, *testpeers.S3, *te
 		MinInterval: 100 * time.Millisecond, OnEvent: events.add}
 	env.start()
 	ctx := context.Background()
-	s := testpeers.StartS3(t, "")
+	s := testpeers.StartS3(t, s3Dir)
 	s.Bucket(t, "shared")
 	s.Bucket(t, "out")
 	for i := range 4 {

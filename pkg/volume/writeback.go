@@ -263,7 +263,7 @@ func (s *Service) handsOff(v state.Volume) bool {
 //  3. the job is recorded durably (its journal): a crash after here resumes the upload
 //     (Recover), which reuses the mount aside or, after a reboot, attaches and mounts again; a
 //     crash before here leaves the volume published, and kubelet's retry goes on;
-//  4. the record says it is let go.
+//  4. the record says it is let go (a node-side write: the journal is the commit point).
 func (s *Service) handOff(ctx context.Context, v state.Volume, path string, st *steps) error {
 	job, err := s.outputJob(v)
 	if err != nil {
@@ -287,8 +287,10 @@ func (s *Service) handOff(ctx context.Context, v state.Volume, path string, st *
 		return Internal("recording the volume's write-back", err)
 	}
 	st.done("journal")
+	// Node-side: the journal is what a crash resumes from, and Recover drops the marks of mounts
+	// that are gone from a record that lags.
 	v.Device, v.StagingPath, v.Published, v.ExclusiveTarget = "", "", map[string]bool{}, ""
-	if err := s.store.PutVolume(v); err != nil {
+	if err := s.store.PutVolumeNodeState(v); err != nil {
 		return Internal("saving volume state", err)
 	}
 	st.done("state")
