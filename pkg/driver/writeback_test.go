@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/image"
@@ -115,10 +116,20 @@ func TestWriteBackInline(t *testing.T) {
 // output target unmounts the target only and hands the volume's filesystem, still mounted
 // (read-only, aside) and attached, to the upload. A node plugin stopped right after (the target
 // refusing, so the upload cannot finish first) leaves that mount and loop device as a killed one
-// does; the next one finds them, takes kubelet's repeated NodeUnpublish without mounting
-// anything twice, finishes the upload once the target accepts, and leaves no mount, loop device
-// or record.
+// does. The next one finds them, or only the loop device where the mount went with the old
+// container's mount namespace (the DaemonSet mounts --writeback-dir without propagation); it
+// takes kubelet's repeated NodeUnpublish without mounting anything twice, finishes the upload
+// once the target accepts, and leaves no mount, loop device or record.
 func TestWriteBackRestartAfterHandOff(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mountLost bool
+	}{{"kept", false}, {"lost", true}} { // short: the socket's path has a length limit
+		t.Run(tc.name, func(t *testing.T) { testRestartAfterHandOff(t, tc.mountLost) })
+	}
+}
+
+func testRestartAfterHandOff(t *testing.T, mountLost bool) {
 	env, s, proxy, _ := writeBackEnv(t)
 	ctx := context.Background()
 	id := "wb-restart"
@@ -159,10 +170,17 @@ func TestWriteBackRestartAfterHandOff(t *testing.T) {
 	if !mounted(t, aside) || len(testutil.LoopDevicesUnder(env.pools[0].path)) != 1 {
 		t.Fatalf("after the stop: mounted aside %v, loop devices %v; want both kept", mounted(t, aside), testutil.LoopDevicesUnder(env.pools[0].path))
 	}
+	if mountLost {
+		if err := unix.Unmount(aside, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	env.start()
 	unpublish() // kubelet's retry, had the plugin been killed before it answered
-	if opts := mountOptions(t, aside); len(opts) != 1 {
-		t.Errorf("after the restart and a repeated NodeUnpublish: %d mounts aside, want 1 (%q)", len(opts), opts)
+	refused = proxy.Requests.Load()
+	waitFor(t, "the upload to be refused again", func() bool { return proxy.Requests.Load() > refused+3 })
+	if opts := mountOptions(t, aside); len(opts) != 1 || !strings.HasPrefix(opts[0], "ro,") {
+		t.Errorf("after the restart and a repeated NodeUnpublish: mounts aside %q, want one read-only mount", opts)
 	}
 	proxy.SetFaults(nil)
 	waitFor(t, "the volume to be uploaded and deleted", func() bool {

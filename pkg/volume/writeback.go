@@ -390,8 +390,8 @@ func (s *Service) upload(id string, job writeback.Job) {
 // uploadOnce uploads the volume's upper directory through its filesystem's mount aside and,
 // once the journal says every change is at the target, tears the volume down: unmounts it,
 // detaches its loop device and deletes an inline volume. A failed or interrupted pass keeps the
-// mount for the next one, or for the next node plugin (a restart or an upgrade: the mount and
-// the loop device outlive the process).
+// mount for the next one, or for the next node plugin (a restart or an upgrade: the loop device
+// outlives the process, and the mount too unless it goes with the container's mount namespace).
 func (s *Service) uploadOnce(id string, job writeback.Job) error {
 	v, ok := s.store.GetVolume(id)
 	if !ok {
