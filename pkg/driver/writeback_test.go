@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/cistern-csi/cistern/pkg/image"
@@ -27,6 +28,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/pkg/writeback"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // TestWriteBackInline publishes a writable inline volume of an S3 dataset that names an output
@@ -110,6 +112,109 @@ func TestWriteBackInline(t *testing.T) {
 	events.want(t, pod, false, volume.ReasonOutputUploadFinished, "wb-owner", "3 objects", fmt.Sprintf("%d bytes", 13<<20+5+12+7))
 }
 
+// TestWriteBackRestartAfterHandOff: NodeUnpublish of a writable inline volume that names an
+// output target unmounts the target only and hands the volume's filesystem, still mounted
+// (read-only, aside) and attached, to the upload. A node plugin stopped right after (the target
+// refusing, so the upload cannot finish first) leaves that mount and loop device as a killed one
+// does. The next one finds them, or only the loop device where the mount went with the old
+// container's mount namespace (the DaemonSet mounts --writeback-dir without propagation); it
+// takes kubelet's repeated NodeUnpublish without mounting anything twice, finishes the upload
+// once the target accepts, and leaves no mount, loop device or record.
+func TestWriteBackRestartAfterHandOff(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		mountLost bool
+	}{{"kept", false}, {"lost", true}} { // short: the socket's path has a length limit
+		t.Run(tc.name, func(t *testing.T) { testRestartAfterHandOff(t, tc.mountLost) })
+	}
+}
+
+func testRestartAfterHandOff(t *testing.T, mountLost bool) {
+	env, s, proxy, _ := writeBackEnv(t)
+	ctx := context.Background()
+	id := "wb-restart"
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+		"pathStyle": "true", "size": "64Mi", "outputTarget": "s3://out/restart",
+		"csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.name": "train-0", "csi.storage.k8s.io/pod.uid": "uid-1"}
+	target := filepath.Join(env.dir, "target", id)
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+			VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 11<<20+3), "eval.json": []byte(`{"acc":0.9}`)}
+	writeOutputs(t, target, want) // not synced: the hand-off syncs what the pod left dirty
+
+	proxy.SetFaults(refuseWrites)
+	unpublish := func() {
+		t.Helper()
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unpublish()
+	aside := filepath.Join(env.cfg.Writable.WriteBack.Dir, "mnt", id)
+	if mounted(t, target) {
+		t.Error("the target is still mounted after NodeUnpublish")
+	}
+	if opts := mountOptions(t, aside); len(opts) != 1 || !strings.HasPrefix(opts[0], "ro,") {
+		t.Errorf("the volume's filesystem is mounted aside with %q, want one read-only mount", opts)
+	}
+	refused := proxy.Requests.Load()
+	waitFor(t, "the upload to be refused", func() bool { return proxy.Requests.Load() > refused+3 })
+
+	env.stop()
+	// What a killed node plugin leaves: the mount aside and the loop device.
+	if !mounted(t, aside) || len(testutil.LoopDevicesUnder(env.pools[0].path)) != 1 {
+		t.Fatalf("after the stop: mounted aside %v, loop devices %v; want both kept", mounted(t, aside), testutil.LoopDevicesUnder(env.pools[0].path))
+	}
+	if mountLost {
+		if err := unix.Unmount(aside, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env.start()
+	unpublish() // kubelet's retry, had the plugin been killed before it answered
+	refused = proxy.Requests.Load()
+	waitFor(t, "the upload to be refused again", func() bool { return proxy.Requests.Load() > refused+3 })
+	if opts := mountOptions(t, aside); len(opts) != 1 || !strings.HasPrefix(opts[0], "ro,") {
+		t.Errorf("after the restart and a repeated NodeUnpublish: mounts aside %q, want one read-only mount", opts)
+	}
+	proxy.SetFaults(nil)
+	waitFor(t, "the volume to be uploaded and deleted", func() bool {
+		_, ok := env.driver.volumes.Store().GetVolume(id)
+		return !ok
+	})
+	checkOutputs(t, s, "restart/", want)
+	if mounted(t, aside) {
+		t.Error("the volume's filesystem is still mounted aside after its upload")
+	}
+	if devs := testutil.LoopDevicesUnder(env.pools[0].path); len(devs) != 0 {
+		t.Errorf("loop devices left after the upload: %v", devs)
+	}
+	if _, err := os.Stat(image.VolumePath(env.pools[0].path, pool.MetaDir, id)); !os.IsNotExist(err) {
+		t.Errorf("the volume's image is left: %v", err)
+	}
+}
+
+// mountOptions lists the per-mount options of each mount at p, bottom first.
+func mountOptions(t *testing.T, p string) []string {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 5 && f[4] == p {
+			out = append(out, f[5])
+		}
+	}
+	return out
+}
+
 // poolOutputs is what the node's pools report of volumes' outputs not at their targets, by volume.
 func poolOutputs(t *testing.T, env *testEnv) map[string]*spv1.VolumeOutputs {
 	t.Helper()
@@ -133,6 +238,12 @@ func poolOutputs(t *testing.T, env *testEnv) map[string]*spv1.VolumeOutputs {
 // refuse writes) holding bucket "shared", which anyone may read, and "out", which only the owner
 // may write.
 func writeBackEnv(t *testing.T, pools ...testPool) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
+	return writeBackEnvS3(t, "", pools...)
+}
+
+// writeBackEnvS3 is writeBackEnv with the S3 server's data in s3Dir ("": the test's own
+// temporary directory).
+func writeBackEnvS3(t *testing.T, s3Dir string, pools ...testPool) (*testEnv, *testpeers.S3, *testpeers.Proxy, *eventLog) {
 	if len(pools) == 0 {
 		pools = []testPool{{name: "fast", size: 1 << 30}}
 	}
@@ -145,7 +256,7 @@ func writeBackEnv(t *testing.T, pools ...testPool) (*testEnv, *testpeers.S3, *te
 		MinInterval: 100 * time.Millisecond, OnEvent: events.add}
 	env.start()
 	ctx := context.Background()
-	s := testpeers.StartS3(t, "")
+	s := testpeers.StartS3(t, s3Dir)
 	s.Bucket(t, "shared")
 	s.Bucket(t, "out")
 	for i := range 4 {

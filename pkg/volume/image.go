@@ -84,21 +84,22 @@ func (iv *imageVolume) Stage(ctx context.Context, r StageRequest) error {
 // Unstage unmounts the staging path and detaches the loop device.
 func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 	s := iv.s
+	st := newSteps()
+	defer st.log(ctx, "Unstage steps", iv.id)
 	s.stopCheckpoints(iv.id)
-	if err := unmountTarget(s.mounter, path); err != nil {
+	st.done("checkpoints")
+	v, ok := s.store.GetVolume(iv.id)
+	if ok && s.handsOff(v) {
+		return s.handOff(ctx, v, path, st)
+	}
+	if err := unmountTargetSteps(s.mounter, path, st); err != nil {
 		return Internal("unmounting staging path", err)
 	}
-	v, ok := s.store.GetVolume(iv.id)
 	if !ok {
 		if ids.PoolOfVolumeID(iv.id) == "" {
 			return status.Errorf(codes.NotFound, "volume %s does not exist", iv.id)
 		}
 		v = state.Volume{ID: iv.id, Pool: ids.PoolOfVolumeID(iv.id)}
-	}
-	if ok {
-		if handed, err := s.handOff(ctx, v); handed || err != nil {
-			return err
-		}
 	}
 	dev := v.Device
 	if img, err := s.ImagePath(v); err == nil {
@@ -253,10 +254,16 @@ func (s *Service) mountEphemeral(ctx context.Context, v state.Volume, r PublishR
 // Unpublish unmounts the target; an inline volume is deleted with it.
 func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 	s := iv.s
+	st := newSteps()
+	defer st.log(ctx, "Unpublish steps", iv.id)
 	if v, ok := s.store.GetVolume(iv.id); ok && v.Ephemeral {
 		s.stopCheckpoints(iv.id) // in use until here: its final upload follows
+		st.done("checkpoints")
+		if s.handsOff(v) {
+			return s.handOff(ctx, v, target, st)
+		}
 	}
-	if err := unmountTarget(s.mounter, target); err != nil {
+	if err := unmountTargetSteps(s.mounter, target, st); err != nil {
 		return Internal("unmounting target path", err)
 	}
 	v, ok := s.store.GetVolume(iv.id)
@@ -264,15 +271,15 @@ func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 		return nil
 	}
 	if v.Ephemeral {
-		if handed, err := s.handOff(ctx, v); handed || err != nil {
-			return err
-		}
 		if v.Device != "" {
 			if err := s.images.Detach(v.Device); err != nil {
 				return Internal("detaching loop device", err)
 			}
+			st.done("detach")
 		}
-		return s.Delete(v)
+		err := s.Delete(v)
+		st.done("delete")
+		return err
 	}
 	if _, published := v.Published[target]; published {
 		delete(v.Published, target)

@@ -169,6 +169,11 @@ func (s *Service) bindMount(source, target string, block, readOnly bool, flags [
 // it. It calls umount(2) directly — no mount table scan, no fork of umount(8) — and leaves
 // anything unexpected (a busy or broken mount) to mount-utils.
 func unmountTarget(m mount.Interface, target string) error {
+	return unmountTargetSteps(m, target, nil)
+}
+
+// unmountTargetSteps is unmountTarget, timing each mount it peels ("umount1" the top one).
+func unmountTargetSteps(m mount.Interface, target string, st *steps) error {
 	fi, err := os.Lstat(target)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -176,9 +181,10 @@ func unmountTarget(m mount.Interface, target string) error {
 	if err != nil {
 		return err
 	}
-	for {
+	for n := 1; ; n++ {
 		err := unix.Unmount(target, 0)
 		if err == nil {
+			st.done(fmt.Sprintf("umount%d", n))
 			continue // mounts can be stacked
 		}
 		if errors.Is(err, unix.EINVAL) { // not a mount point (any more)
