@@ -20,7 +20,7 @@ import (
 // TestBenchUnpublish (make bench-writeback; skipped unless CISTERN_BENCH_WRITEBACK=1): how long
 // NodeUnpublishVolume of a writable inline volume that names an output target takes with 2 GiB
 // written (one file) against the same volume with nothing written, through the driver's socket,
-// 3 samples each, interleaved. The upload that follows runs after the RPC and is waited for
+// 3 samples each (CISTERN_BENCH_SAMPLES for more), interleaved. The upload that follows runs after the RPC and is waited for
 // between samples, untimed. The data is fsync'd by its writer (a pod that saved its outputs).
 // Beside them, the same 2 GiB in a volume without an output target (deleted at unpublish), and
 // left dirty in the page cache: what the sync the RPC does then costs. CISTERN_WRITEBACK_SCALE
@@ -112,7 +112,7 @@ func TestBenchUnpublish(t *testing.T) {
 	// The fourth, the data left dirty in the page cache, is what syncing it costs: the hand-off
 	// syncs it to the volume's disk before NodeUnpublish returns, as any volume's unmount does.
 	var empty, synced, plain, dirty []time.Duration
-	for r := range 3 {
+	for r := range benchSamples() {
 		empty = append(empty, unpublish(fmt.Sprintf("empty-%d", r), 0, true, true))
 		synced = append(synced, unpublish(fmt.Sprintf("synced-%d", r), size, true, true))
 		plain = append(plain, unpublish(fmt.Sprintf("plain-%d", r), size, false, true))
@@ -126,6 +126,14 @@ func TestBenchUnpublish(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// benchSamples is CISTERN_BENCH_SAMPLES, at least 3: a few milliseconds of noise on either side
+// decide a ratio of two RPCs this short, and more samples steady its median.
+func benchSamples() int {
+	var n int
+	_, _ = fmt.Sscan(os.Getenv("CISTERN_BENCH_SAMPLES"), &n)
+	return max(n, 3)
 }
 
 func benchScale() int {
