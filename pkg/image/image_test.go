@@ -103,6 +103,27 @@ func TestLoopAttachIsIdempotent(t *testing.T) {
 	if found, _ := Find(p); found != dev {
 		t.Fatalf("Find = %q, want %q", found, dev)
 	}
+	// Found whatever the path it is named by: through a linked directory, or a link to the image.
+	linkDir, link := filepath.Join(t.TempDir(), "d"), filepath.Join(t.TempDir(), "link.img")
+	if err := os.Symlink(dir, linkDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(p, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, via := range []string{filepath.Join(linkDir, "v.img"), link} {
+		if found, _ := Find(via); found != dev {
+			t.Errorf("Find(%s) = %q, want %q", via, found, dev)
+		}
+	}
+	// Another image of the same name is another file.
+	other := filepath.Join(t.TempDir(), "v.img")
+	if err := Create(other, 4<<20); err != nil {
+		t.Fatal(err)
+	}
+	if found, _ := Find(other); found != "" {
+		t.Errorf("Find(%s) = %q, want none", other, found)
+	}
 	if size, err := DeviceSize(dev); err != nil || size != 4<<20 {
 		t.Fatalf("device size = %d, %v", size, err)
 	}

@@ -43,8 +43,15 @@ func Find(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	name := filepath.Base(path)
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		name = filepath.Base(resolved)
+	}
 	for _, b := range bound {
 		dev := "/dev/" + filepath.Base(filepath.Dir(b))
+		if !mayBeBackedBy(b, name) {
+			continue
+		}
 		info, err := loopStatus(dev)
 		if err != nil {
 			continue // detached meanwhile
@@ -54,6 +61,19 @@ func Find(path string) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// mayBeBackedBy says whether the loop device whose sysfs directory is dir may be backed by a
+// file named name: its backing file's last path component, which the kernel's view of the
+// directories above does not change. Only such a device is opened to compare the inode: an
+// open of every bound device would hold, for that moment, devices of other volumes, whose
+// detach (deferred while open) or exclusive open (mkfs, e2fsck, mount) could meet it.
+func mayBeBackedBy(dir, name string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "backing_file"))
+	if err != nil {
+		return true // unknown: the inode decides
+	}
+	return filepath.Base(strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)")) == name
 }
 
 func loopStatus(dev string) (*unix.LoopInfo64, error) {
