@@ -58,20 +58,7 @@ func TestStreamingPinsDataset(t *testing.T) {
 	}
 	// Served through FUSE while b stages: the bytes are the source's, fetched on demand and
 	// counted as such.
-	mnt := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fsm, err := streamfs.Start(mnt, streamfs.Config{Objects: s.Objects, Cached: s.Cached, Scratch: s.Scratch,
-		Fetcher: streamfs.SourceFetcher{Source: s.Source}, OnFetch: s.OnFetch})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fsm.Close(); err != nil {
-			_ = unix.Unmount(mnt, unix.MNT_DETACH)
-		}
-	})
+	mnt, fsm := mountStream(t, s, false)
 	for _, key := range []string{"blob.bin", "small.txt"} {
 		got, err := os.ReadFile(filepath.Join(mnt, key))
 		want, _ := os.ReadFile(filepath.Join(src, "b", key))
@@ -159,20 +146,7 @@ func TestStreamingReadJoinsStaging(t *testing.T) {
 		t.Fatalf("stream: %v %v (a stream: %v)", st, err, ds != nil)
 	}
 	t.Cleanup(ds.Release)
-	mnt := filepath.Join(t.TempDir(), "mnt")
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fsm, err := streamfs.Start(mnt, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Join: ds.Join, Scratch: ds.Scratch,
-		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := fsm.Close(); err != nil {
-			_ = unix.Unmount(mnt, unix.MNT_DETACH)
-		}
-	})
+	mnt, fsm := mountStream(t, ds, true)
 	read := func(key string) {
 		t.Helper()
 		got, err := os.ReadFile(filepath.Join(mnt, key))
@@ -247,12 +221,30 @@ func TestStreamingJoinChangedObject(t *testing.T) {
 	}
 	t.Cleanup(ds.Release)
 	s.Put(t, "data", "z-changed.txt", []byte("overwritten after the listing"))
+	mnt, _ := mountStream(t, ds, true)
+	got, err := os.ReadFile(filepath.Join(mnt, "z-changed.txt"))
+	if !errors.Is(err, unix.EIO) {
+		t.Fatalf("read of an object changed after the listing: %q, err %v; want EIO", got, err)
+	}
+	if st, err := m.Ensure(ctx, req); err == nil || st.Ready() {
+		t.Errorf("the staging did not fail on the changed object: %v, %v", st, err)
+	}
+}
+
+// mountStream serves a stream through FUSE (joining its staging when join is set) in a
+// directory of the test's, unmounted at its end.
+func mountStream(t *testing.T, ds *datasource.Streaming, join bool) (string, *streamfs.Mount) {
+	t.Helper()
 	mnt := filepath.Join(t.TempDir(), "mnt")
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fsm, err := streamfs.Start(mnt, streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Join: ds.Join, Scratch: ds.Scratch,
-		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch})
+	cfg := streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Scratch: ds.Scratch,
+		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch}
+	if join {
+		cfg.Join = ds.Join
+	}
+	fsm, err := streamfs.Start(mnt, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,11 +253,5 @@ func TestStreamingJoinChangedObject(t *testing.T) {
 			_ = unix.Unmount(mnt, unix.MNT_DETACH)
 		}
 	})
-	got, err := os.ReadFile(filepath.Join(mnt, "z-changed.txt"))
-	if !errors.Is(err, unix.EIO) {
-		t.Fatalf("read of an object changed after the listing: %q, err %v; want EIO", got, err)
-	}
-	if st, err := m.Ensure(ctx, req); err == nil || st.Ready() {
-		t.Errorf("the staging did not fail on the changed object: %v, %v", st, err)
-	}
+	return mnt, fsm
 }
