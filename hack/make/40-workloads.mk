@@ -38,15 +38,15 @@ generate-workloads: $(CONTROLLER_GEN)
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestWebhookConfigurationsManifest ./pkg/workloads/webhookcert/
 	UPDATE_GOLDEN=1 $(GO) test -count=1 -run TestDropInCRDManifest ./pkg/workloads/
 
-# Unit tests, then the integration suite on a real control plane (kube-apiserver, etcd,
-# kube-controller-manager, kube-scheduler built by k8s-tools).
+# Unit tests, then the integration suites, each on a real control plane of its own
+# (kube-apiserver, etcd, kube-controller-manager, kube-scheduler built by k8s-tools). The suites
+# are one go test run, so two run at a time (-p, the cores): they mostly wait on their control
+# planes (alone, the four took 175 s together, test/workloads' 116 s the longest; one after the
+# other, 240 s of make test's longer lane).
 ## workload-controller unit tests, then its suites on a real control plane
 test-workloads: k8s-tools kueue-tools
 	$(GO_TEST) -count=1 ./pkg/apis/workloads/... ./pkg/apis/data/... ./pkg/workloads/... ./cmd/workload-controller/...
-	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/
-	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/dropin/
-	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/kueue/
-	$(GO_TEST) -count=1 -timeout 10m ./test/workloads/snapshots/
+	$(GO_TEST) -count=1 -timeout 20m ./test/workloads/ ./test/workloads/dropin/ ./test/workloads/kueue/ ./test/workloads/snapshots/
 
 # The differential test against upstream LeaderWorkerSet: two control planes, upstream's samples
 # and e2e cases on each: 73 s warm (8.5 min more the first time, to build upstream's controller);
