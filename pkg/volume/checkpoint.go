@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -141,18 +140,10 @@ func (s *Service) checkpoint(ctx context.Context, v state.Volume) error {
 	if err != nil {
 		return err
 	}
-	dir := s.wb.mountDir(v.ID)
-	_ = unix.Unmount(dir, unix.MNT_DETACH) // left by a node plugin killed mid-checkpoint
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	fsType := v.FSType
-	if fsType == "" {
-		fsType = DefaultFSType
-	}
 	// Read-write as the mounted filesystem is (a second mount of a block device must keep
 	// its read-only state); nothing is written through it.
-	if err := unix.Mount(v.Device, dir, fsType, 0, strings.Join(fsMountFlags[fsType], ",")); err != nil {
+	dir, err := s.wb.mountAt(v, v.Device, 0)
+	if err != nil {
 		return fmt.Errorf("mounting the volume's filesystem aside: %w", err)
 	}
 	defer func() {

@@ -174,14 +174,11 @@ func mountOverlay(options, target string) error {
 // mountAside mounts the filesystem of dev (mounted already: the superblock is shared) on a
 // temporary directory, for a tool that needs it by a mount point the overlay does not hide.
 func (s *Service) mountAside(dev, fsType string) (string, func(), error) {
-	if fsType == "" {
-		fsType = DefaultFSType
-	}
 	dir, err := os.MkdirTemp("", "cistern-layered-")
 	if err != nil {
 		return "", nil, err
 	}
-	if err := unix.Mount(dev, dir, fsType, 0, strings.Join(fsMountFlags[fsType], ",")); err != nil {
+	if err := mountFilesystem(dev, dir, fsType, 0); err != nil {
 		_ = os.Remove(dir)
 		return "", nil, fmt.Errorf("mount %s: %w", dev, err)
 	}

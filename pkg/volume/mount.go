@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -33,6 +34,16 @@ var formatOptions = map[string][]string{
 // volume and its clone from pods on the same node").
 var fsMountFlags = map[string][]string{
 	"xfs": {"nouuid"},
+}
+
+// mountFilesystem mounts the filesystem of type fsType (DefaultFSType when empty) on dev at dir,
+// with its own options (fsMountFlags): a volume's filesystem mounted beside its staging or
+// target path, for a tool or an upload that needs it there.
+func mountFilesystem(dev, dir, fsType string, flags uintptr) error {
+	if fsType == "" {
+		fsType = DefaultFSType
+	}
+	return unix.Mount(dev, dir, fsType, flags, strings.Join(fsMountFlags[fsType], ","))
 }
 
 // withFSMountFlags returns flags with the filesystem's own options added when missing.

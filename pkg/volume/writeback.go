@@ -322,24 +322,14 @@ func (s *Service) keepAside(v state.Volume) error {
 	if err != nil || dev == "" {
 		return err
 	}
-	dir := s.wb.mountDir(v.ID)
-	if mountedFrom(dir, dev) {
+	if mountedFrom(s.wb.mountDir(v.ID), dev) {
 		return nil
 	}
-	_ = unix.Unmount(dir, unix.MNT_DETACH) // left by an upload interrupted as it tore down
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	fsType := v.FSType
-	if fsType == "" {
-		fsType = DefaultFSType
-	}
-	opts := strings.Join(fsMountFlags[fsType], ",")
 	// A second mount of a block device keeps its superblock's read-only state (EBUSY otherwise:
 	// a volume published read-only is mounted read-only); this mount is made read-only alone.
-	err = unix.Mount(dev, dir, fsType, 0, opts)
+	dir, err := s.wb.mountAt(v, dev, 0)
 	if errors.Is(err, unix.EBUSY) {
-		err = unix.Mount(dev, dir, fsType, unix.MS_RDONLY, opts)
+		dir, err = s.wb.mountAt(v, dev, unix.MS_RDONLY)
 	}
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dev, err)
@@ -449,17 +439,7 @@ func (s *Service) mountForUpload(v state.Volume) error {
 	if err != nil {
 		return err
 	}
-	dir := s.wb.mountDir(v.ID)
-	_ = unix.Unmount(dir, unix.MNT_DETACH) // not of this device
-	fsType := v.FSType
-	if fsType == "" {
-		fsType = DefaultFSType
-	}
-	err = os.MkdirAll(dir, 0o700)
-	if err == nil {
-		err = unix.Mount(dev, dir, fsType, unix.MS_RDONLY, strings.Join(fsMountFlags[fsType], ","))
-	}
-	if err != nil {
+	if _, err := s.wb.mountAt(v, dev, unix.MS_RDONLY); err != nil {
 		_ = s.images.Detach(dev)
 		return fmt.Errorf("mounting the volume's filesystem: %w", err)
 	}
@@ -574,6 +554,17 @@ type volumeLock struct {
 }
 
 func (w *writeBacks) mountDir(id string) string { return filepath.Join(w.cfg.Dir, "mnt", id) }
+
+// mountAt mounts v's filesystem, on dev, at v's write-back mount point (mountDir), in place of
+// whatever an interrupted checkpoint, hand-off or teardown left mounted there, and returns it.
+func (w *writeBacks) mountAt(v state.Volume, dev string, flags uintptr) (string, error) {
+	dir := w.mountDir(v.ID)
+	_ = unix.Unmount(dir, unix.MNT_DETACH)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	return dir, mountFilesystem(dev, dir, v.FSType, flags)
+}
 
 func (w *writeBacks) secretsPath(id string) string {
 	return filepath.Join(w.cfg.Dir, "secrets", id+".json")
