@@ -43,7 +43,7 @@ type fileNode struct {
 // its reads never reach this process. A file a read would wait for the staging's copy of
 // (Config.Join) is waited for here, then handed over. Any other file is read through Read.
 // Contents never change, so the kernel may keep its page cache across opens.
-func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
+func (f *rawFS) Open(interrupt <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
 	n := f.t.get(in.NodeId)
 	switch {
 	case f.refused():
@@ -66,7 +66,10 @@ func (f *rawFS) Open(_ <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
 	if f.mayPassThrough(fl) {
-		f.joinFirst(fl)
+		if !f.joinFirst(fl, interrupt) {
+			// The reader gave up waiting (killed, or a signal): nothing is held for it.
+			return fuse.EINTR
+		}
 		if f.mayPassThrough(fl) {
 			f.passThrough(in.NodeId, fl)
 		}
@@ -100,17 +103,36 @@ func (f *rawFS) mayPassThrough(fl *fileNode) bool {
 // file is the kernel's. Answered without it, the open's reads all come to this process, which
 // cannot change an open inode's backing later: a whole 2 GiB object read right after publish took
 // 1.48× "staged, then read", 3 s of its 4.8 s after the staging's copy was there, served by the
-// plugin (docs/benchmarks.md). Called with fl.mu held; releases it while waiting.
-func (f *rawFS) joinFirst(fl *fileNode) {
+// plugin (docs/benchmarks.md). Called with fl.mu held; releases it while waiting. False: the
+// kernel interrupted the open (its process killed or signalled) before the copy was there.
+func (f *rawFS) joinFirst(fl *fileNode, interrupt <-chan struct{}) bool {
 	if f.m.cfg.Join == nil || fl.cachedLocked() != nil || fl.st != nil && fl.st.complete() {
-		return
+		return true
 	}
 	st := fl.st
 	fl.mu.Unlock()
 	defer fl.mu.Lock()
-	if fl.joins(f.m.ctx, st) {
-		f.m.cfg.Join(f.m.ctx, fl.line, fl.obj)
+	if !fl.joins(f.m.ctx, st) {
+		return true
 	}
+	ctx, stop := untilInterrupted(f.m.ctx, interrupt)
+	defer stop()
+	f.m.cfg.Join(ctx, fl.line, fl.obj)
+	return f.m.ctx.Err() != nil || ctx.Err() == nil
+}
+
+// untilInterrupted is parent, also ended when the kernel interrupts the request: for waits
+// only, never for a fetch other reads may share.
+func untilInterrupted(parent context.Context, interrupt <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(parent)
+	go func() {
+		select {
+		case <-interrupt:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // passThrough registers the file's whole copy, if there is one, as its backing file.
@@ -162,7 +184,7 @@ func (f *rawFS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 }
 
 // Read serves [off, off+len(dest)) once every part it touches is here and verified.
-func (f *rawFS) Read(_ <-chan struct{}, in *fuse.ReadIn, dest []byte) (fuse.ReadResult, fuse.Status) {
+func (f *rawFS) Read(interrupt <-chan struct{}, in *fuse.ReadIn, dest []byte) (fuse.ReadResult, fuse.Status) {
 	n := f.t.get(in.NodeId)
 	switch {
 	case f.refused():
@@ -173,12 +195,13 @@ func (f *rawFS) Read(_ <-chan struct{}, in *fuse.ReadIn, dest []byte) (fuse.Read
 		return nil, fuse.EISDIR
 	}
 	f.m.reads.Add(1)
-	// The mount's context: fetches end with the mount.
-	res, errno := n.file.read(f.m.ctx, dest, int64(in.Offset))
+	// The mount's context: fetches end with the mount; a wait for the staging also ends with
+	// the request.
+	res, errno := n.file.read(f.m.ctx, interrupt, dest, int64(in.Offset))
 	return res, fuse.Status(errno)
 }
 
-func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+func (f *fileNode) read(ctx context.Context, interrupt <-chan struct{}, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
 	end := min(off+int64(len(dest)), f.obj.Size)
 	if off >= end {
 		return fuse.ReadResultData(nil), 0
@@ -196,9 +219,15 @@ func (f *fileNode) read(ctx context.Context, dest []byte, off int64) (fuse.ReadR
 	if f.m.cfg.Join != nil && f.joins(ctx, st) {
 		// The staging fetches the file next, and the read waits for its verified copy rather
 		// than downloading it a second time beside the staging.
-		f.m.cfg.Join(ctx, f.line, f.obj)
+		wait, stop := untilInterrupted(ctx, interrupt)
+		f.m.cfg.Join(wait, f.line, f.obj)
+		interrupted := ctx.Err() == nil && wait.Err() != nil
+		stop()
 		if res, ok := f.readCached(ctx, dest, off, end); ok {
 			return res, 0
+		}
+		if interrupted {
+			return nil, syscall.EINTR
 		}
 	}
 	st, err := f.stream(ctx)
