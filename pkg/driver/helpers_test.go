@@ -104,7 +104,7 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 	writePoolsConfig(t, filepath.Join(dir, "pools.yaml"), pools)
 	env.cfg = Config{
 		DriverName:        "cistern.csi.dev",
-		Endpoint:          "unix://" + filepath.Join(dir, "csi.sock"),
+		Endpoint:          socketEndpoint(t),
 		NodeID:            "node-1",
 		Mode:              ModeAll,
 		PoolsConfig:       filepath.Join(dir, "pools.yaml"),
@@ -117,6 +117,18 @@ func startDriver(t *testing.T, pools ...testPool) *testEnv {
 	env.cfg.Datasets.TenantEndpoints = egress.Allow{Any: true}
 	env.start()
 	return env
+}
+
+// socketEndpoint is a CSI endpoint in a short directory of its own: a socket's path must fit
+// in 108 bytes, which a test's TempDir (named after the test) may not.
+func socketEndpoint(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "csi-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return "unix://" + filepath.Join(dir, "csi.sock")
 }
 
 func (e *testEnv) start() {

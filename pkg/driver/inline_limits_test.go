@@ -69,7 +69,7 @@ func TestSharedPoolCachePerNode(t *testing.T) {
 	env1.start()
 	env2 := &testEnv{t: t, dir: t.TempDir(), pools: env1.pools, cfg: env1.cfg}
 	env2.cfg.NodeID = "node-2"
-	env2.cfg.Endpoint = "unix://" + filepath.Join(env2.dir, "csi.sock")
+	env2.cfg.Endpoint = socketEndpoint(t)
 	env2.cfg.StateDir = filepath.Join(env2.dir, "state")
 	env2.cfg.KubeletRoot = env2.dir
 	env2.start()
