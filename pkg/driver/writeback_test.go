@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -434,11 +435,29 @@ func TestWriteBackClaim(t *testing.T) {
 	proxy.SetFaults(nil)
 	waitFor(t, "the claim's outputs to be uploaded", func() bool { return env.driver.volumes.WriteBackHolds(id) == "" })
 	checkOutputs(t, s, "claim/", want)
+	// A repeated NodeUnstageVolume (kubelet retrying one whose answer it lost) succeeds and
+	// uploads nothing again.
+	var writes atomic.Int64
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodPut || r.Method == http.MethodPost {
+			writes.Add(1)
+		}
+		return testpeers.None
+	})
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatalf("a repeated NodeUnstageVolume: %v", err)
+	}
+	if holds := env.driver.volumes.WriteBackHolds(id); holds != "" {
+		t.Errorf("a repeated NodeUnstageVolume started another upload: %s", holds)
+	}
 	if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
 	events.want(t, claim, true, volume.ReasonOutputTargetRefused, "may not write its outputTarget s3://out/claim/")
 	events.want(t, claim, false, volume.ReasonOutputUploadFinished, "2 objects")
+	if n := writes.Load(); n != 0 {
+		t.Errorf("%d writes to the target after the upload had finished, want 0", n)
+	}
 }
 
 // TestWriteBackDeletions publishes writable inline volumes whose target mirrors the dataset,

@@ -286,6 +286,15 @@ func (s *Service) handOff(ctx context.Context, v state.Volume, path string, st *
 		return nil // uploaded and deleted after an earlier hand-off
 	}
 	v = cur
+	if letGo(v) {
+		// Handed off before (a repeated NodeUnstage, or NodeUnpublish of an inline volume):
+		// its upload is under way or done, and starting it again would upload every change
+		// once more.
+		if err := unmountTargetSteps(s.mounter, path, st); err != nil {
+			return Internal("unmounting "+path, err)
+		}
+		return nil
+	}
 	if err := s.keepAside(v); err != nil {
 		return Internal("mounting the volume's filesystem aside for its upload", err)
 	}
@@ -312,6 +321,12 @@ func (s *Service) handOff(ctx context.Context, v state.Volume, path string, st *
 	s.wb.mu.Unlock()
 	s.wb.start(s, job, handOffDelay)
 	return nil
+}
+
+// letGo says whether v was handed off already: step 4 of handOff cleared what held it (a staged
+// or published volume has a staging path or a target).
+func letGo(v state.Volume) bool {
+	return v.Device == "" && v.StagingPath == "" && len(v.Published) == 0
 }
 
 // keepAside mounts v's filesystem, still mounted at its staging or target path, read-only at its
