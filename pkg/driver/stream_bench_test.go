@@ -175,7 +175,7 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 	for i := range samples {
 		// Streaming: publish, then first byte (and the walk and read).
 		get := b.rangedGet1()
-		start := time.Now()
+		start, cpu := time.Now(), readCPU(t)
 		d, target := b.publish(fmt.Sprintf("stream-%d", i), "streaming")
 		m.publish = append(m.publish, d)
 		m.get1 = append(m.get1, get)
@@ -184,6 +184,7 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 			first, all := walkRead(t, target, -1)
 			m.firstByte = append(m.firstByte, first)
 			m.readAll = append(m.readAll, d+all)
+			m.busyReadAll = append(m.busyReadAll, cpu.busySince(t))
 			t.Logf("sample %d: %d more descriptors open after reading the streaming volume", i, openFiles(t)-fds)
 		} else {
 			first, _ := walkRead(t, target, 1)
@@ -210,11 +211,13 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 		b.unpublish(fmt.Sprintf("stream-%d", i))
 
 		// Staged: the full staging, then the same walk and read.
+		cpu = readCPU(t)
 		d, target = b.publish(fmt.Sprintf("staged-%d", i), "staged")
 		m.staged = append(m.staged, d)
 		if readAll {
 			_, all := walkRead(t, target, -1)
 			m.stagedAll = append(m.stagedAll, d+all)
+			m.busyStagedAll = append(m.busyStagedAll, cpu.busySince(t))
 		}
 		b.unpublish(fmt.Sprintf("staged-%d", i))
 		t.Logf("sample %d: staged publish %s", i, d)
@@ -232,6 +235,45 @@ type streamMeasures struct {
 	// bgStaging: from the streaming volume's first NodeStageVolume to its dataset's staging done
 	// (the reads above ran meanwhile).
 	bgStaging []time.Duration
+	// How busy the machine's CPUs were (0-1, all of them) from publish to the last byte read,
+	// streaming and staged: where both are near 1, the read all is bound by the CPU work, which
+	// a streaming read can only reorder, not overlap.
+	busyReadAll, busyStagedAll []float64
+}
+
+// cpuTimes is the machine's CPU time from /proc/stat, in clock ticks: all of it, and busy (not
+// idle nor waiting for I/O).
+type cpuTimes struct{ total, busy uint64 }
+
+func readCPU(t *testing.T) cpuTimes {
+	t.Helper()
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	var c cpuTimes
+	for i, f := range fields[1:] {
+		n, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			t.Fatalf("/proc/stat: %q: %v", line, err)
+		}
+		c.total += n
+		if i != 3 && i != 4 {
+			c.busy += n
+		}
+	}
+	return c
+}
+
+// busySince is the share of the CPUs' time that was busy since c.
+func (c cpuTimes) busySince(t *testing.T) float64 {
+	now := readCPU(t)
+	if now.total == c.total {
+		return 0
+	}
+	return float64(now.busy-c.busy) / float64(now.total-c.total)
 }
 
 // lines renders the line (medians of the per-sample ratios, their min-max in brackets)
@@ -245,9 +287,9 @@ func (m streamMeasures) lines(set streamSet) []string {
 	}
 	line := fmt.Sprintf("streaming: dataset=%s publish_s=%.3f first_byte_ratio=%s read_all_ratio=%s rclone_mount_ratio=%s cached_read_ratio=%s",
 		set.name, med(m.publish).Seconds(), ratio(m.firstByte, m.get1), ratio(m.readAll, allBase), ratio(m.readAll, m.rclone), ratio(m.cachedPool, m.cachedVol))
-	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s streaming_volume_staged_s=%s",
+	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s streaming_volume_staged_s=%s read_all_cpu_busy=%s staged_read_all_cpu_busy=%s",
 		set.name, spreadOr(m.publish), spreadOr(m.staged), spreadOr(m.firstByte), spreadOr(m.get1), spreadOr(m.readAll), spreadOr(m.stagedAll),
-		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool), spreadOr(m.bgStaging))
+		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool), spreadOr(m.bgStaging), spreadF(m.busyReadAll), spreadF(m.busyStagedAll))
 	return []string{line, detail}
 }
 
@@ -263,6 +305,16 @@ func ratio(a, b []time.Duration) string {
 	}
 	slices.Sort(r)
 	return fmt.Sprintf("%.3f(%.3f-%.3f)", r[len(r)/2], r[0], r[len(r)-1])
+}
+
+// spreadF is min/median/max of fs, n/a when none.
+func spreadF(fs []float64) string {
+	if len(fs) == 0 {
+		return "n/a"
+	}
+	s := slices.Clone(fs)
+	slices.Sort(s)
+	return fmt.Sprintf("%.2f/%.2f/%.2f", s[0], s[len(s)/2], s[len(s)-1])
 }
 
 func spreadOr(ds []time.Duration) string {
