@@ -23,7 +23,6 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 	"github.com/cistern-csi/cistern/pkg/fusekeeper"
-	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
 )
@@ -188,11 +187,7 @@ func mountedAt(mounts []mount.MountInfo, path, conn string) bool {
 // the dataset as it streams, or its staged tree if the staging finished meanwhile.
 func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept keptStream) (*streamfs.Mount, func(), error) {
 	s := tv.s
-	use := params.StaticPV
-	if rec.Inline {
-		use = params.Inline
-	}
-	_, spec, capacity, err := tv.dataset(rec.Parameters, use)
+	spec, capacity, err := tv.servedDataset(rec)
 	if err != nil {
 		return nil, nil, err
 	}
