@@ -246,12 +246,14 @@ func (tv *treeVolume) resumeStaged(rec state.TreeVolume, spec *datasource.Spec, 
 	if err != nil {
 		return nil, nil, err
 	}
+	scratch := filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID))
 	fsm, err := streamfs.Resume(rec.Path, dev, streamfs.Config{Objects: objs, Cached: cached,
-		Scratch: filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID)), Files: tv.s.streams.files, Fetcher: stagedOnly{}})
+		Scratch: scratch, Files: tv.s.streams.files, Fetcher: stagedOnly{}})
 	if err != nil {
 		return nil, nil, err
 	}
-	return fsm, func() {}, nil
+	// The scratch directory the earlier process made goes with the volume, as Streaming's does.
+	return fsm, func() { _ = os.RemoveAll(scratch) }, nil
 }
 
 // stagedOnly fetches nothing: a staged dataset's files are all in the cache.

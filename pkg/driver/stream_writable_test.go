@@ -1,0 +1,295 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+
+	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/fusekeeper"
+	cparams "github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/pkg/volume"
+	"github.com/cistern-csi/cistern/test/testpeers"
+)
+
+// The tests of writable dataset volumes layered on a streaming tree (pkg/volume/streamlayer.go):
+// versitygw as S3, real loop devices, a real FUSE tree under a real overlay, the FUSE keeper.
+
+// streamedFiles are the dataset of these tests: 16 MiB of weights that a staging throttled to
+// 1 MiB/s takes 16 s to fetch, and two small files.
+var streamedFiles = map[string][]byte{
+	"weights.bin":      bytes.Repeat([]byte("0123456789abcdef"), 1<<20),
+	"cfg/config.json":  []byte(`{"layers": 32}`),
+	"cfg/tokenizer.md": []byte(strings.Repeat("token ", 1000)),
+}
+
+// streamingEnv is a driver over an ext4 pool on a loop device, its staging throttled to 1 MiB/s,
+// with a FUSE keeper, and a versitygw bucket "models" holding streamedFiles. It returns the
+// dataset's parameters and the secrets that read it.
+func streamingEnv(t *testing.T) (*testEnv, map[string]string, map[string]string, *fusekeeper.Keeper) {
+	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
+		t.Skip("streaming volumes need root and /dev/fuse")
+	}
+	env := startDriver(t, testPool{name: "fast", fs: "ext4", size: 1 << 30})
+	k, err := fusekeeper.Listen(filepath.Join(env.dir, "keeper.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Serve(kctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	env.stop()
+	env.cfg.Datasets.BandwidthBytesPerSec = 1 << 20
+	env.cfg.Streaming.Keeper = k.Path()
+	env.start()
+	s := testpeers.StartS3(t, "")
+	s.Bucket(t, "models")
+	for k, v := range streamedFiles {
+		s.Put(t, "models", k, v)
+	}
+	secrets := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	params := map[string]string{"source": "s3://models", "endpoint": s.Endpoint, "pathStyle": "true", "dataMode": "streaming", "pool": "fast"}
+	return env, params, secrets, k
+}
+
+// stageStreamed stages and publishes a writable volume with the dataset's secrets (waiting out
+// Unavailable) and returns its staging and target paths.
+func (e *testEnv) stageStreamed(vol *csi.Volume, secrets map[string]string) (string, string) {
+	e.t.Helper()
+	ctx := context.Background()
+	staging, target := filepath.Join(e.dir, "staging", vol.VolumeId), filepath.Join(e.dir, "target", vol.VolumeId)
+	stage := func() error {
+		_, err := e.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging,
+			VolumeCapability: mountCap("ext4"), VolumeContext: vol.VolumeContext, Secrets: secrets})
+		return err
+	}
+	if err := retryUnavailable(e.t, stage); err != nil {
+		e.t.Fatalf("NodeStageVolume %s: %v", vol.VolumeId, err)
+	}
+	if err := stage(); err != nil { // idempotent
+		e.t.Fatalf("repeated NodeStageVolume %s: %v", vol.VolumeId, err)
+	}
+	if _, err := e.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: mountCap("ext4"), VolumeContext: vol.VolumeContext}); err != nil {
+		e.t.Fatalf("NodePublishVolume %s: %v", vol.VolumeId, err)
+	}
+	return staging, target
+}
+
+// mountType is the filesystem type of the mount at p, "" when none.
+func mountType(t *testing.T, p string) string {
+	t.Helper()
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	typ := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 10 || f[4] != p {
+			continue
+		}
+		if i := slices.Index(f, "-"); i > 0 && i+1 < len(f) {
+			typ = f[i+1] // the last one listed is on top
+		}
+	}
+	return typ
+}
+
+// lowerOf is where pkg/volume mounts the streaming tree under the volume mounted at p.
+func lowerOf(p string) string {
+	return filepath.Join(filepath.Dir(p), "."+filepath.Base(p)+".cistern-lower")
+}
+
+// TestWritableStreaming: a writable volume of a StorageClass with dataMode streaming is staged
+// as soon as its dataset is listed: an overlay on the volume's own filesystem whose lower layer
+// is the streaming tree. Its files read byte-identical to S3 while the staging still runs;
+// writes read back, stay in the volume (a second volume of the dataset sees none) and fill only
+// the upper directory, up to the capacity (ENOSPC); a driver restart (the keeper handing the
+// FUSE connection to the new process) leaves it readable; unstage takes the reference on the
+// staged version and tears down the overlay, then the tree; a restage layers it on the cache
+// with its changes; nothing is left at the end. A writable inline volume streams the same way
+// and goes with its unpublish.
+func TestWritableStreaming(t *testing.T) {
+	env, params, secrets, keeper := streamingEnv(t)
+	ctx := context.Background()
+	const capacity = 64 << 20
+	spec := func() *datasource.Spec {
+		pl, err := volume.ParseParams(params, cparams.StorageClass)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return datasource.SpecOf(pl.Dataset)
+	}()
+	staged := func() bool { st, _, _ := env.driver.cache.Status("fast", spec); return st.Ready() }
+
+	volA := env.create("stream-a", capacity, params)
+	start := time.Now()
+	stagingA, a := env.stageStreamed(volA, secrets)
+	t.Logf("staged and published in %v", time.Since(start))
+	if staged() {
+		t.Fatal("the dataset was staged before the volume: the test needs a staging under way")
+	}
+	if typ := mountType(t, stagingA); typ != "overlay" {
+		t.Errorf("staging path mount %q, want overlay", typ)
+	}
+	if typ := mountType(t, lowerOf(stagingA)); typ != "fuse.cistern-stream" {
+		t.Errorf("lower layer mount %q, want the streaming tree", typ)
+	}
+	// The small files now (each read joins the staging, which fetches it next); weights.bin,
+	// whose read waits for the staging's verified copy, after the restart.
+	readAll := func(dir string, keys ...string) {
+		t.Helper()
+		for _, k := range keys {
+			if got, err := os.ReadFile(filepath.Join(dir, k)); err != nil || !bytes.Equal(got, streamedFiles[k]) {
+				t.Errorf("%s: %d bytes, err %v; want the %d bytes in S3", filepath.Join(dir, k), len(got), err, len(streamedFiles[k]))
+			}
+		}
+	}
+	readStreamed := func(dir string, keys ...string) {
+		t.Helper()
+		if staged() {
+			t.Error("the staging ended before the reads: they did not overlap it")
+		}
+		readAll(dir, keys...)
+	}
+	readStreamed(a, "cfg/config.json", "cfg/tokenizer.md")
+	if got := env.upperChanges(volA.VolumeId, "ext4"); len(got) != 0 {
+		t.Errorf("a new volume's upper directory holds %v, want nothing", got)
+	}
+
+	// Writes read back; the upper directory holds exactly what changed.
+	for k, v := range map[string]string{"cfg/config.json": `{"layers": 64}`, "out/result.txt": "trained"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(a, k)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(a, k), []byte(v), 0o644); err != nil {
+			t.Fatalf("write %s: %v", k, err)
+		}
+	}
+	if err := os.Remove(filepath.Join(a, "cfg", "tokenizer.md")); err != nil {
+		t.Fatal(err)
+	}
+	changed := map[string]string{"cfg/config.json": `{"layers": 64}`, "out/result.txt": "trained"}
+	checkFiles(t, a, changed)
+	wantChanges := []string{"cfg dir", "cfg/config.json written", "cfg/tokenizer.md deleted", "out opaque", "out/result.txt written"}
+	if got := env.upperChanges(volA.VolumeId, "ext4"); !slices.Equal(got, wantChanges) {
+		t.Errorf("changes %v, want %v", got, wantChanges)
+	}
+
+	// Capacity: writes past it get ENOSPC.
+	n, err := fillUntilFull(t, filepath.Join(a, "fill"), capacity+(16<<20))
+	if !errors.Is(err, unix.ENOSPC) || n > capacity {
+		t.Fatalf("wrote %d bytes into a %d-byte volume, ending with %v; want ENOSPC within capacity", n, capacity, err)
+	}
+	if err := os.Remove(filepath.Join(a, "fill")); err != nil {
+		t.Fatal(err)
+	}
+
+	// A second volume of the dataset sees none of A's writes.
+	volB := env.create("stream-b", capacity, params)
+	_, b := env.stageStreamed(volB, secrets)
+	readStreamed(b, "cfg/config.json", "cfg/tokenizer.md")
+	if _, err := os.Stat(filepath.Join(b, "out")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("volume B sees A's new directory: %v", err)
+	}
+
+	// A writable inline volume streams the same way.
+	inline := filepath.Join(env.dir, "target", "inline-rw")
+	ivc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "size": "64Mi"}
+	for k, v := range params {
+		if k != "pool" {
+			ivc[k] = v
+		}
+	}
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-rw", TargetPath: inline,
+			VolumeCapability: mountCap(""), VolumeContext: ivc, Secrets: secrets})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if typ := mountType(t, lowerOf(inline)); typ != "fuse.cistern-stream" {
+		t.Errorf("inline lower layer mount %q, want the streaming tree", typ)
+	}
+	if err := os.WriteFile(filepath.Join(inline, "note"), []byte("x"), 0o644); err != nil {
+		t.Errorf("write to a writable inline volume: %v", err)
+	}
+	checkFiles(t, inline, map[string]string{"cfg/config.json": string(streamedFiles["cfg/config.json"]), "note": "x"})
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "inline-rw", TargetPath: inline}); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(t, inline) || mounted(t, lowerOf(inline)) {
+		t.Error("the inline volume, or its streaming tree, still mounted after unpublish")
+	}
+
+	// A restart: the keeper hands the new process the FUSE connections; the overlays read on.
+	restarted := time.Now()
+	env.restart()
+	t.Logf("restarted in %v", time.Since(restarted))
+	if held, err := fusekeeper.List(keeper.Path()); err != nil || len(held) != 2 {
+		t.Errorf("the keeper holds %v (%v), want the two volumes' trees", held, err)
+	}
+	checkFiles(t, a, changed)
+	readStreamed(a, "weights.bin")
+	readAll(b, "weights.bin", "cfg/tokenizer.md") // staged by now: A's read waited for it
+
+	// Once staged, unstage takes the reference on the staged version, then the overlay goes,
+	// then the tree; a restage layers the volume on the cache, changes kept.
+	deadline := time.Now().Add(time.Minute)
+	for !staged() && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !staged() {
+		t.Fatal("the dataset was not staged within a minute")
+	}
+	for range 2 {
+		env.unpublishAndUnstage(volA.VolumeId)
+	}
+	if mounted(t, stagingA) || mounted(t, a) || mounted(t, lowerOf(stagingA)) {
+		t.Fatal("volume A, or its streaming tree, still mounted after unstage")
+	}
+	if _, err := os.Stat(lowerOf(stagingA)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the streaming tree's mount point is left: %v", err)
+	}
+	if v, _ := env.driver.volumes.Store().GetVolume(volA.VolumeId); v.DatasetStream || v.DatasetLayer == "" {
+		t.Errorf("volume A after unstage: stream %v, layer %q; want layered on the staged version", v.DatasetStream, v.DatasetLayer)
+	}
+	stagingA, a = env.stageStreamed(volA, secrets)
+	if typ := mountType(t, lowerOf(stagingA)); typ != "" {
+		t.Errorf("restaged on a staged dataset, the volume still has a streaming tree (%s)", typ)
+	}
+	checkFiles(t, a, changed)
+	if _, err := os.Stat(filepath.Join(a, "cfg", "tokenizer.md")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a deleted file is back after a restage: %v", err)
+	}
+
+	for _, v := range []*csi.Volume{volA, volB} {
+		env.unpublishAndUnstage(v.VolumeId)
+		if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.VolumeId}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if trees := env.driver.volumes.Store().ListTreeVolumes(); len(trees) != 0 {
+		t.Errorf("streaming tree records left: %v", trees)
+	}
+	if held, _ := fusekeeper.List(keeper.Path()); len(held) != 0 {
+		t.Errorf("the keeper still holds %v", held)
+	}
+	dirs, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*", cache.TreeDir))
+	if len(dirs) != 1 {
+		t.Fatalf("cached trees: %v", dirs)
+	}
+	checkNothingLeft(t, env, filepath.Dir(dirs[0]))
+	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dirs[0]), datasource.StreamDir, "*")); len(left) != 0 {
+		t.Errorf("scratch left: %v", left)
+	}
+}
