@@ -13,6 +13,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
@@ -291,5 +293,65 @@ func TestWritableStreaming(t *testing.T) {
 	checkNothingLeft(t, env, filepath.Dir(dirs[0]))
 	if left, _ := filepath.Glob(filepath.Join(filepath.Dir(dirs[0]), datasource.StreamDir, "*")); len(left) != 0 {
 		t.Errorf("scratch left: %v", left)
+	}
+}
+
+// TestWriteBackStreaming: a writable inline volume with dataMode streaming that names an output
+// target is layered on its streaming tree, its dataset staging at 1 MiB/s. Its NodeUnpublish
+// answers Unavailable until the dataset is staged (the upload reads the version the volume was
+// made on, which it then references), and then hands the volume to the upload: every change,
+// and nothing unchanged, is at the target, and the volume and its tree are gone.
+func TestWriteBackStreaming(t *testing.T) {
+	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
+		t.Skip("streaming volumes need root and /dev/fuse")
+	}
+	env, s, proxy, _ := writeBackEnv(t)
+	env.stop()
+	env.cfg.Datasets.BandwidthBytesPerSec = 1 << 20
+	env.start()
+	s.Put(t, "shared", "set/big.bin", bytes.Repeat([]byte("weights!"), 6<<17)) // 6 MiB: staged in 5-6 s
+	ctx := context.Background()
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+		"pathStyle": "true", "size": "64Mi", "dataMode": "streaming", "outputTarget": "s3://out/stream"}
+	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	id, target := "wb-stream", filepath.Join(env.dir, "target", "wb-stream")
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+			VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: owner})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if typ := mountType(t, lowerOf(target)); typ != "fuse.cistern-stream" {
+		t.Fatalf("lower layer mount %q, want the streaming tree", typ)
+	}
+	want := map[string][]byte{"out/metrics.json": []byte(`{"loss":0.1}`), "f0": []byte("changed")}
+	writeOutputs(t, target, want)
+	if err := os.Remove(filepath.Join(target, "f1")); err != nil {
+		t.Fatal(err)
+	}
+	unavailable := 0
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+		if status.Code(err) == codes.Unavailable {
+			unavailable++
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if unavailable == 0 {
+		t.Error("NodeUnpublish handed the volume off before its dataset was staged")
+	}
+	if mounted(t, target) || mounted(t, lowerOf(target)) {
+		t.Error("the volume, or its streaming tree, still mounted after NodeUnpublish")
+	}
+	waitFor(t, "the volume to be uploaded and deleted", func() bool {
+		_, ok := env.driver.volumes.Store().GetVolume(id)
+		return !ok
+	})
+	checkOutputs(t, s, "stream/", want)
+	if trees := env.driver.volumes.Store().ListTreeVolumes(); len(trees) != 0 {
+		t.Errorf("streaming tree records left: %v", trees)
 	}
 }
