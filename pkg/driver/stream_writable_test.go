@@ -187,6 +187,10 @@ func TestWritableStreaming(t *testing.T) {
 		t.Errorf("changes %v, want %v", got, wantChanges)
 	}
 
+	// A snapshot shares the version the volume references: not before the dataset is staged.
+	_, err := env.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "stream-snap", SourceVolumeId: volA.VolumeId})
+	wantCode(t, err, codes.Unavailable, "once the dataset is staged")
+
 	// Capacity: writes past it get ENOSPC.
 	n, err := fillUntilFull(t, filepath.Join(a, "fill"), capacity+(16<<20))
 	if !errors.Is(err, unix.ENOSPC) || n > capacity {
@@ -272,6 +276,13 @@ func TestWritableStreaming(t *testing.T) {
 	checkFiles(t, a, changed)
 	if _, err := os.Stat(filepath.Join(a, "cfg", "tokenizer.md")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a deleted file is back after a restage: %v", err)
+	}
+	snap, err := env.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "stream-snap", SourceVolumeId: volA.VolumeId})
+	if err != nil {
+		t.Fatalf("CreateSnapshot of the volume on its staged version: %v", err)
+	}
+	if _, err := env.ctrl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()}); err != nil {
+		t.Fatal(err)
 	}
 
 	for _, v := range []*csi.Volume{volA, volB} {

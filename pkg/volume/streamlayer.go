@@ -177,6 +177,23 @@ func (s *Service) handOffStreamed(ctx context.Context, v state.Volume, path stri
 	return s.releaseStreamLower(ctx, v.ID)
 }
 
+// settledLayer makes sure a layered volume about to be snapshotted or cloned references its
+// cached version, which the snapshot or clone shares: a volume on a streaming tree does once its
+// dataset is staged; before, Unavailable (the caller retries).
+func (s *Service) settledLayer(v *state.Volume) error {
+	if !v.DatasetStream {
+		return nil
+	}
+	spec, err := s.layerSpec(*v)
+	if err != nil {
+		return err
+	}
+	if !s.settleStream(context.Background(), v, spec) {
+		return status.Errorf(codes.Unavailable, "volume %s is layered on its dataset as it streams: it can be snapshotted or cloned once the dataset is staged on the node; retry later", v.ID)
+	}
+	return nil
+}
+
 // layerTree is the lower layer of a layered volume as the write-back reads it: the cached
 // version it references, or, while it streams its dataset (a checkpoint), its streaming tree.
 func (s *Service) layerTree(v state.Volume) (string, error) {
