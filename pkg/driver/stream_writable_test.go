@@ -118,8 +118,8 @@ func lowerOf(p string) string {
 // the upper directory, up to the capacity (ENOSPC); a driver restart (the keeper handing the
 // FUSE connection to the new process) leaves it readable; unstage takes the reference on the
 // staged version and tears down the overlay, then the tree; a restage layers it on the cache
-// with its changes; nothing is left at the end. A writable inline volume streams the same way
-// and goes with its unpublish.
+// with its changes; nothing is left at the end. A writable inline volume, and a static PV's
+// per-pod copy, stream the same way and go with their unpublish.
 func TestWritableStreaming(t *testing.T) {
 	env, params, secrets, keeper := streamingEnv(t)
 	ctx := context.Background()
@@ -235,6 +235,41 @@ func TestWritableStreaming(t *testing.T) {
 	}
 	if mounted(t, inline) || mounted(t, lowerOf(inline)) {
 		t.Error("the inline volume, or its streaming tree, still mounted after unpublish")
+	}
+
+	// A static PV's writable per-pod copy too: the PV staged as the read-only streaming tree, the
+	// copy layered on a streaming tree of its own, both gone with unpublish and unstage.
+	pvc := map[string]string{"capacity": "48Mi"}
+	for k, v := range params {
+		pvc[k] = v
+	}
+	pvStaging, pvTarget := filepath.Join(env.dir, "staging", "pv-stream"), filepath.Join(env.dir, "target", "pv-stream")
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: "pv-stream", StagingTargetPath: pvStaging,
+			VolumeCapability: mountCap(""), VolumeContext: pvc, Secrets: secrets})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "pv-stream", StagingTargetPath: pvStaging,
+		TargetPath: pvTarget, VolumeCapability: mountCap(""), VolumeContext: pvc, Secrets: secrets}); err != nil {
+		t.Fatal(err)
+	}
+	if typ := mountType(t, lowerOf(pvTarget)); typ != "fuse.cistern-stream" {
+		t.Errorf("per-pod copy's lower layer mount %q, want the streaming tree", typ)
+	}
+	if err := os.WriteFile(filepath.Join(pvTarget, "note"), []byte("pod"), 0o644); err != nil {
+		t.Errorf("write to a per-pod copy: %v", err)
+	}
+	readStreamed(pvTarget, "cfg/config.json")
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "pv-stream", TargetPath: pvTarget}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: "pv-stream", StagingTargetPath: pvStaging}); err != nil {
+		t.Fatal(err)
+	}
+	if mounted(t, pvTarget) || mounted(t, lowerOf(pvTarget)) || mounted(t, pvStaging) {
+		t.Error("the per-pod copy, its streaming tree or the PV's still mounted after unpublish and unstage")
 	}
 
 	// A restart: the keeper hands the new process the FUSE connections; the overlays read on.
