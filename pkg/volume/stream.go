@@ -82,7 +82,7 @@ type streamMount struct {
 	// access is what the keeper holds besides the connection (keptStream), handed to it again
 	// when it restarts.
 	access keptStream
-	// version is the manifest digest the caller proved it reads (empty after a takeover).
+	// version is the manifest digest the caller proved it reads (empty when refused).
 	version string
 }
 

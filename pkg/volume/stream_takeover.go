@@ -163,12 +163,13 @@ func (s *Service) takeOver(ctx context.Context, h fusekeeper.Held, mounts []moun
 	}
 	kept.Conn.Dev = h.Dev
 	tv := &treeVolume{s: s, id: rec.ID, rec: &rec, inline: rec.Inline}
-	fsm, release, err := tv.resume(ctx, rec, kept)
+	fsm, release, version, err := tv.resume(ctx, rec, kept)
 	if err != nil {
 		s.refuse(ctx, rec, kept, err.Error())
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release, access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release, version: version,
+		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 	logger.Info("Took over a streaming volume: its reads go on", "path", rec.Path)
 }
 
@@ -184,12 +185,13 @@ func mountedAt(mounts []mount.MountInfo, path, conn string) bool {
 }
 
 // resume proves the caller of rec again with the credentials kept, and serves its connection:
-// the dataset as it streams, or its staged tree if the staging finished meanwhile.
-func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept keptStream) (*streamfs.Mount, func(), error) {
+// the dataset as it streams, or its staged tree if the staging finished meanwhile. It returns
+// the version proved.
+func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept keptStream) (*streamfs.Mount, func(), string, error) {
 	s := tv.s
 	spec, capacity, err := tv.servedDataset(rec)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	attrs := maps.Clone(rec.Parameters)
 	if kept.Tokens != "" {
@@ -197,30 +199,31 @@ func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept kep
 	}
 	creds, err := s.datasets.Credentials(ctx, spec, kept.Secrets, attrs)
 	if err != nil {
-		return nil, nil, fmt.Errorf("the caller's credentials: %w", err)
+		return nil, nil, "", fmt.Errorf("the caller's credentials: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, takeOverBudget)
 	defer cancel()
 	st, ds, err := s.datasets.Stream(wctx, rec.Pool, spec, creds, capacity, rec.ID)
 	switch {
 	case err != nil:
-		return nil, nil, fmt.Errorf("proving the caller's access again: %w", err)
+		return nil, nil, "", fmt.Errorf("proving the caller's access again: %w", err)
 	case ds == nil && !st.Ready():
-		return nil, nil, fmt.Errorf("the dataset's listing did not come within %v (%s)", takeOverBudget, st)
+		return nil, nil, "", fmt.Errorf("the dataset's listing did not come within %v (%s)", takeOverBudget, st)
 	case ds == nil:
-		return tv.resumeStaged(rec, spec, st.Version, kept.Conn)
+		fsm, release, err := tv.resumeStaged(rec, spec, st.Version, kept.Conn)
+		return fsm, release, st.Version, err
 	}
 	dev, err := dupConn(kept.Conn)
 	if err != nil {
 		ds.Release()
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	fsm, err := streamfs.Resume(rec.Path, dev, s.streamConfig(ds))
 	if err != nil {
 		ds.Release()
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	return fsm, ds.Release, nil
+	return fsm, ds.Release, st.Version, nil
 }
 
 // resumeStaged serves a connection over the staged version the caller proved it reads: every

@@ -53,7 +53,16 @@ func streamsDataset(v state.Volume, volumeContext map[string]string) bool {
 // said why: it waits for the staging as any other).
 func (s *Service) streamOrAwait(ctx context.Context, v *state.Volume, spec *datasource.Spec, target string, secrets, volumeContext map[string]string) (lower, version string, err error) {
 	if streamsDataset(*v, volumeContext) && !s.writable.Copy {
-		if lower, version, err = s.serveLower(ctx, v, spec, target, secrets, volumeContext); err != nil || lower != "" || version != "" {
+		lower, version, err = s.serveLower(ctx, v, spec, target, secrets, volumeContext)
+		if lower != "" && version == "" {
+			// A tree an earlier process left and this one refused at takeover (EIO): served
+			// anew at the retry.
+			if err := s.releaseStreamLower(ctx, v.ID); err != nil {
+				return "", "", err
+			}
+			return "", "", status.Errorf(codes.Unavailable, "volume %s: the streaming tree left by an earlier process was let go; retry", v.ID)
+		}
+		if err != nil || lower != "" || version != "" {
 			return lower, version, err
 		}
 	}
