@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,12 +80,17 @@ func TestSanityStreamingVolumes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	var mu sync.Mutex // the driver's goroutines report fallbacks
 	var fallbacks, trees []string
 	var streamed map[string]bool
 	runSanityWith(t, func(cfg *driver.Config, params map[string]string) {
 		cfg.Datasets.LocalSourceRoots = []string{src}
 		cfg.Datasets.BandwidthBytesPerSec = 64 << 10
-		cfg.Streaming.OnFallback = func(id, _, reason string) { fallbacks = append(fallbacks, id+": "+reason) }
+		cfg.Streaming.OnFallback = func(id, _, reason string) {
+			mu.Lock()
+			defer mu.Unlock()
+			fallbacks = append(fallbacks, id+": "+reason)
+		}
 		params["source"] = "file://" + filepath.Join(src, "set")
 		params["dataMode"] = "streaming"
 	}, "sanity/streaming", func(dir, poolDir string) func() {
@@ -100,9 +106,11 @@ func TestSanityStreamingVolumes(t *testing.T) {
 	// A dataset volume's staging waits for its dataset (Unavailable: a failed spec) unless it
 	// streams or falls back (reported): with the dataset unstaged until the end and no fallback,
 	// every staging streamed. The mounts seen are a sample.
+	mu.Lock()
 	if len(fallbacks) > 0 {
 		t.Errorf("volumes staged instead of streamed: %q", fallbacks)
 	}
+	mu.Unlock()
 	if len(trees) > 0 {
 		t.Errorf("the dataset was staged during the run (%v): the volumes after it were layered on the cache", trees)
 	}
