@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -399,5 +400,52 @@ func TestWriteBackStreaming(t *testing.T) {
 	checkOutputs(t, s, "stream/", want)
 	if trees := env.driver.volumes.Store().ListTreeVolumes(); len(trees) != 0 {
 		t.Errorf("streaming tree records left: %v", trees)
+	}
+}
+
+// TestWritableStreamingFallsBackWithoutFUSE: on a node without FUSE a writable volume with
+// dataMode streaming waits for its dataset and is layered on the cache, and the node is told
+// why, naming the volume (an Event in the deployed driver).
+func TestWritableStreamingFallsBackWithoutFUSE(t *testing.T) {
+	env, src := layeredEnv(t, "ext4", volume.WritableDatasets{})
+	var mu sync.Mutex
+	var reasons []string
+	env.stop()
+	env.cfg.Streaming.FUSEDevice = filepath.Join(env.dir, "no-fuse")
+	env.cfg.Streaming.OnFallback = func(id, _, reason string) {
+		mu.Lock()
+		defer mu.Unlock()
+		reasons = append(reasons, id+": "+reason)
+	}
+	env.start()
+	resp, err := env.ctrl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{
+		Name: "fallback", CapacityRange: &csi.CapacityRange{RequiredBytes: 96 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{mountCap("ext4")},
+		Parameters:         map[string]string{"source": "file://" + src + "/set", "pool": "fast", "dataMode": "streaming"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vol := resp.GetVolume()
+	target := env.stagePublish(vol, "ext4")
+	checkFiles(t, target, want)
+	staging := filepath.Join(env.dir, "staging", vol.VolumeId)
+	if typ := mountType(t, staging); typ != "overlay" {
+		t.Errorf("staging path mount %q, want overlay", typ)
+	}
+	if mounted(t, lowerOf(staging)) {
+		t.Error("a streaming tree was mounted on a node without FUSE")
+	}
+	if v, _ := env.driver.volumes.Store().GetVolume(vol.VolumeId); v.DatasetStream || v.DatasetLayer == "" {
+		t.Errorf("volume: stream %v, layer %q; want layered on the cached version", v.DatasetStream, v.DatasetLayer)
+	}
+	mu.Lock()
+	if len(reasons) == 0 || !strings.HasPrefix(reasons[0], vol.VolumeId+": ") || !strings.Contains(reasons[0], "no-fuse") {
+		t.Errorf("fallbacks reported: %q, want one naming the volume and the missing device", reasons)
+	}
+	mu.Unlock()
+	env.unpublishAndUnstage(vol.VolumeId)
+	if _, err := env.ctrl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: vol.VolumeId}); err != nil {
+		t.Fatal(err)
 	}
 }

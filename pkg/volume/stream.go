@@ -56,11 +56,16 @@ func (c StreamingVolumes) unavailable() string {
 	return ""
 }
 
-// fallBack records that a streaming volume is staged instead.
+// fallBack records that a streaming volume is staged instead: the volume's ID, or, for the
+// lower layer of a writable one, that volume's.
 func (tv *treeVolume) fallBack(ctx context.Context, spec *datasource.Spec, reason string) {
-	klog.FromContext(ctx).Info("Streaming volume staged instead", "volumeID", tv.id, "dataset", spec.String(), "reason", reason)
+	id := tv.id
+	if tv.layerOf != "" {
+		id = tv.layerOf
+	}
+	klog.FromContext(ctx).Info("Streaming volume staged instead", "volumeID", id, "dataset", spec.String(), "reason", reason)
 	if f := tv.s.streaming.OnFallback; f != nil {
-		f(tv.id, spec.String(), reason)
+		f(id, spec.String(), reason)
 	}
 }
 

@@ -74,7 +74,7 @@ func (s *Service) streamOrAwait(ctx context.Context, v *state.Volume, spec *data
 // version the caller proved it reads; lower is empty when the tree is not served (see
 // serveStreaming: the dataset is staged, version set, or the node cannot stream).
 func (s *Service) serveLower(ctx context.Context, v *state.Volume, spec *datasource.Spec, target string, secrets, volumeContext map[string]string) (lower, version string, err error) {
-	tv := &treeVolume{s: s, id: lowerID(v.ID)}
+	tv := &treeVolume{s: s, id: lowerID(v.ID), layerOf: v.ID}
 	rec := state.TreeVolume{ID: tv.id, Pool: v.Pool, DatasetID: spec.ID(), Parameters: recordedAttrs(volumeContext),
 		Path: lowerPath(target), LayerOf: v.ID}
 	served, version, err := tv.serveStreaming(ctx, rec, spec, usableBytes(v.CapacityBytes), secrets, volumeContext)
