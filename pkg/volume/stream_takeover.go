@@ -289,7 +289,11 @@ func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, kept keptStr
 	c := kept.Conn
 	klog.FromContext(ctx).Error(errors.New(reason), "Streaming volume taken over without its caller's access proved: its reads fail with EIO until it is unstaged", "volumeID", rec.ID, "path", rec.Path)
 	if f := s.streaming.OnRefused; f != nil {
-		f(rec.ID, rec.DatasetID, reason)
+		id := rec.ID
+		if rec.LayerOf != "" {
+			id = rec.LayerOf // the writable volume layered on this tree
+		}
+		f(id, rec.DatasetID, reason)
 	}
 	dev, err := dupConn(c)
 	var fsm *streamfs.Mount
