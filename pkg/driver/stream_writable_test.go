@@ -293,6 +293,15 @@ func TestWritableStreaming(t *testing.T) {
 	if !staged() {
 		t.Fatal("the dataset was not staged within a minute")
 	}
+	// The staged tree is S3's bytes: none of A's writes reached it.
+	trees, _ := filepath.Glob(filepath.Join(cache.Dir(env.pools[0].path), "*", cache.TreeDir))
+	if len(trees) != 1 {
+		t.Fatalf("cached trees: %v", trees)
+	}
+	readAll(trees[0], "cfg/config.json", "cfg/tokenizer.md", "weights.bin")
+	if _, err := os.Stat(filepath.Join(trees[0], "out")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("A's new directory is in the cache: %v", err)
+	}
 	for range 2 {
 		env.unpublishAndUnstage(volA.VolumeId)
 	}
