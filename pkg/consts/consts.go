@@ -27,10 +27,11 @@ const (
 	// the VolumeManager controller writes its volumes' capacity here. A larger dataset fails
 	// staging with OutOfRange, and each writable copy of the volume gets this size.
 	ParamCapacity = "capacity"
-	// ParamDataMode chooses how a read-only dataset volume (a static PV, a read-only inline
-	// volume) gets its data: DataModeStaged (the default) publishes it once the whole dataset is
-	// on the node; DataModeStreaming publishes it as soon as the listing is taken and the caller's
-	// access proved, and fetches what is read before it is staged (pkg/streamfs).
+	// ParamDataMode chooses how a dataset volume gets its data: DataModeStaged (the default)
+	// publishes it once the whole dataset is on the node; DataModeStreaming publishes it as soon
+	// as the listing is taken and the caller's access proved, and fetches what is read before it
+	// is staged (pkg/streamfs): a read-only volume is the streaming tree, a writable one an
+	// overlay on it.
 	ParamDataMode     = "dataMode"
 	DataModeStaged    = "staged"
 	DataModeStreaming = "streaming"

@@ -417,19 +417,6 @@ func TestDatasetInline(t *testing.T) {
 			}
 		})
 	}
-	t.Run("failure case - writable streaming inline", func(t *testing.T) {
-		target := filepath.Join(env.dir, "target", "inline-streaming-rw")
-		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-streaming-rw",
-			TargetPath: target, VolumeCapability: mc,
-			VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "nfs://" + addr + "/export/data", "size": "32Mi", "dataMode": "streaming"}})
-		wantCode(t, err, codes.InvalidArgument, "readOnly: true")
-		if _, err := env.driver.volumes.Lookup("inline-streaming-rw"); err == nil {
-			t.Error("a refused inline volume was created")
-		}
-		if entries, _ := os.ReadDir(target); len(entries) != 0 {
-			t.Errorf("a refused inline volume's target holds %d entries", len(entries))
-		}
-	})
 	t.Run("failure case - file source inline", func(t *testing.T) {
 		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-file",
 			TargetPath: filepath.Join(env.dir, "target", "inline-file"), VolumeCapability: mc, Readonly: true,

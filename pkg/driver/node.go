@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/volume"
@@ -129,12 +128,6 @@ func (d *Driver) inlineVolume(req *csi.NodePublishVolumeRequest) (*volume.Inline
 	pl, err := volume.ParseParams(req.GetVolumeContext(), params.Inline)
 	if err != nil {
 		return nil, err
-	}
-	if pl.Streaming && !req.GetReadonly() {
-		// A streaming volume is read-only; a writable one would quietly be a staged private
-		// copy, the opposite of what was asked.
-		return nil, status.Errorf(codes.InvalidArgument, "%s: %s serves a read-only volume: set readOnly: true on the pod's csi volume (a container's volumeMounts readOnly is not enough), or drop %s for a private writable copy",
-			consts.ParamDataMode, consts.DataModeStreaming, consts.ParamDataMode)
 	}
 	shape := volumeShape{access: state.Mount, fsType: req.GetVolumeCapability().GetMount().GetFsType()}
 	if shape.fsType == "" {

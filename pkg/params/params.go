@@ -61,8 +61,8 @@ type Volume struct {
 	Size int64
 	// Capacity is a static PV's dataset limit (and writable copy size) in bytes; 0 when none.
 	Capacity int64
-	// Streaming is a read-only dataset volume published before its dataset is staged
-	// (consts.ParamDataMode).
+	// Streaming is a dataset volume published before its dataset is staged
+	// (consts.ParamDataMode): read-only, the streaming tree; writable, an overlay on it.
 	Streaming bool
 	// Dataset is the data the volume starts with; nil for an empty volume.
 	Dataset *Dataset
@@ -93,7 +93,7 @@ var keys = []key{
 	{consts.ParamPoolSelector, everywhere, false, parseSelector},
 	{consts.ParamSize, Inline, false, parseSize},
 	{consts.ParamCapacity, StaticPV, false, parseCapacity},
-	{consts.ParamDataMode, Inline | StaticPV, true, parseDataMode},
+	{consts.ParamDataMode, everywhere, true, parseDataMode},
 	{consts.ParamSource, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Source = s; return nil }},
 	{consts.ParamEndpoint, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Endpoint = s; return nil }},
 	{consts.ParamRegion, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Region = s; return nil }},

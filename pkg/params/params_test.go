@@ -166,11 +166,18 @@ func TestParseUses(t *testing.T) {
 					t.Fatalf("got %v, capacity %d", v, v.Capacity)
 				}
 			}},
+		{name: "StorageClass streaming", params: map[string]string{"source": "s3://b/p", "dataMode": "streaming"}, use: StorageClass,
+			check: func(t *testing.T, v Volume) {
+				if !v.Streaming || v.Dataset == nil {
+					t.Fatalf("got %v", v)
+				}
+			}},
+		{name: "failure case - dataMode without a source", params: map[string]string{"dataMode": "streaming"}, use: StorageClass, wantErr: "dataMode"},
 		{name: "failure case - capacity in inline attributes", params: map[string]string{"source": "s3://b", "capacity": "1Gi"}, use: Inline, wantErr: `unknown parameter "capacity" in inline volume attributes`},
 		{name: "failure case - bad capacity", params: map[string]string{"source": "s3://b", "capacity": "0"}, use: StaticPV, wantErr: `invalid capacity "0"`},
 		{name: "failure case - size in a StorageClass", params: map[string]string{"size": "1Gi"}, use: StorageClass, wantErr: `unknown parameter "size" in StorageClass parameters`},
 		{name: "failure case - typo names the key and the known ones", params: map[string]string{"pol": "fast"}, use: StorageClass,
-			wantErr: `unknown parameter "pol" in StorageClass parameters (known: pool, poolSelector, source,`},
+			wantErr: `unknown parameter "pol" in StorageClass parameters (known: pool, poolSelector, dataMode, source,`},
 		{name: "failure case - bad selector", params: map[string]string{"poolSelector": "a in (b"}, use: StorageClass, wantErr: "invalid poolSelector"},
 		{name: "failure case - bad inline size", params: map[string]string{"size": "-1"}, use: Inline, wantErr: `invalid size "-1"`},
 	} {

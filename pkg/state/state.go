@@ -66,6 +66,11 @@ type Volume struct {
 	// DatasetVersion is the digest of the dataset version the volume was filled with or layered
 	// on: a later publish of a web-identity claim must prove its pod reads that very version.
 	DatasetVersion string `json:"datasetVersion,omitempty"`
+	// DatasetStream says the volume's lower layer is its dataset streamed (a FUSE tree served
+	// while the dataset stages, recorded as the TreeVolume whose LayerOf is this volume) and
+	// holds no reference on a cached version yet: it takes one on DatasetVersion once that is
+	// staged (docs/datasets.md, "Writable volumes on a streaming tree").
+	DatasetStream bool `json:"datasetStream,omitempty"`
 	// Ready is false while CreateVolume is still building the volume; a driver that restarts
 	// finds such records and removes their half-made images.
 	Ready     bool      `json:"ready"`
@@ -125,6 +130,9 @@ type TreeVolume struct {
 	// which two static PVs of one dataset on a node would. Empty in records of older versions,
 	// whose staging path is the tree's bind mount.
 	Tree string `json:"tree,omitempty"`
+	// LayerOf is the writable volume whose overlay has this streaming tree as its lower layer
+	// (Volume.DatasetStream); its dataset and capacity are that volume's.
+	LayerOf string `json:"layerOf,omitempty"`
 }
 
 // Store holds the records in memory, indexed by ID and name, and on disk.

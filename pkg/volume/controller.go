@@ -117,6 +117,9 @@ func (s *Service) Snapshot(v state.Volume, name, groupID string) (state.Snapshot
 	if !ok {
 		return state.Snapshot{}, status.Errorf(codes.FailedPrecondition, "pool %q is not configured on node %s", v.Pool, s.nodeID)
 	}
+	if err := s.settledLayer(&v); err != nil {
+		return state.Snapshot{}, err
+	}
 	sn := state.Snapshot{
 		ID:              ids.NewSnapshotID(v.Pool, s.nodeID),
 		Name:            name,

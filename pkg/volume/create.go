@@ -141,6 +141,9 @@ func (s *Service) resolveSource(v *state.Volume, r CreateRequest) (string, error
 		if src.AccessType != r.Access {
 			return "", status.Errorf(codes.InvalidArgument, "source volume %s is a %s volume", src.ID, src.AccessType)
 		}
+		if err := s.settledLayer(&src); err != nil {
+			return "", err
+		}
 		v.Pool, v.DatasetLayer = src.Pool, src.DatasetLayer
 		v.Formatted, v.NeedsGrow = src.Formatted || src.AccessType == state.Block, src.CapacityBytes < r.Size
 		return s.ImagePath(src)

@@ -86,14 +86,22 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 	s := iv.s
 	st := newSteps()
 	defer st.log(ctx, "Unstage steps", iv.id)
+	v, ok := s.store.GetVolume(iv.id)
+	if ok {
+		if err := s.letGoStream(ctx, &v); err != nil {
+			return err
+		}
+	}
 	s.stopCheckpoints(iv.id)
 	st.done("checkpoints")
-	v, ok := s.store.GetVolume(iv.id)
 	if ok && s.handsOff(v) {
-		return s.handOff(ctx, v, path, st)
+		return s.handOffStreamed(ctx, v, path, st)
 	}
 	if err := unmountTargetSteps(s.mounter, path, st); err != nil {
 		return Internal("unmounting staging path", err)
+	}
+	if err := s.releaseStreamLower(ctx, iv.id); err != nil {
+		return err
 	}
 	if !ok {
 		if ids.PoolOfVolumeID(iv.id) == "" {
@@ -257,14 +265,20 @@ func (iv *imageVolume) Unpublish(ctx context.Context, target string) error {
 	st := newSteps()
 	defer st.log(ctx, "Unpublish steps", iv.id)
 	if v, ok := s.store.GetVolume(iv.id); ok && v.Ephemeral {
+		if err := s.letGoStream(ctx, &v); err != nil {
+			return err
+		}
 		s.stopCheckpoints(iv.id) // in use until here: its final upload follows
 		st.done("checkpoints")
 		if s.handsOff(v) {
-			return s.handOff(ctx, v, target, st)
+			return s.handOffStreamed(ctx, v, target, st)
 		}
 	}
 	if err := unmountTargetSteps(s.mounter, target, st); err != nil {
 		return Internal("unmounting target path", err)
+	}
+	if err := s.releaseStreamLower(ctx, iv.id); err != nil {
+		return err
 	}
 	v, ok := s.store.GetVolume(iv.id)
 	if !ok {
@@ -318,11 +332,13 @@ func (s *Service) attach(v state.Volume) (string, error) {
 //     downloads, a retry touches nothing on the node (no attach, mkfs, mount, umount, detach);
 //  2. attach, format on first use, mount; a new filesystem is recorded durably before anything
 //     else can fail, so no later attempt formats it again;
-//  3. the volume is layered on the cached dataset (an overlay on the same path, layer.go), or,
-//     where it cannot be or the administrator asks for copies, the dataset is copied in once;
-//     either is recorded too, and a layered volume gets its overlay again at each later mount.
+//  3. the volume is layered on the cached dataset (an overlay on the same path, layer.go), or on
+//     its streaming tree (dataMode streaming, streamlayer.go: served in step 1, before the
+//     dataset is staged), or, where it cannot be or the administrator asks for copies, the
+//     dataset is copied in once; either is recorded too, and a layered volume gets its overlay
+//     again at each later mount.
 //
-// On failure nothing stays mounted or attached. v is updated; unsaved says it holds a change the
+// On failure nothing stays mounted or attached, and no streaming tree served. v is updated; unsaved says it holds a change the
 // caller must write durably (a new filesystem with no fill after it: one write instead of two).
 func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string, flags []string, volumeContext, secrets map[string]string) (dev string, unsaved bool, err error) {
 	spec, err := volumeDataset(*v, volumeContext)
@@ -331,10 +347,18 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	}
 	fill := spec != nil && !v.DatasetFilled && v.DatasetLayer == ""
 	var version string // of the dataset, which the caller proved it may read
+	var lower string   // its streaming tree, when it streams
 	if fill {
-		if version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets, volumeContext); err != nil {
+		if lower, version, err = s.streamOrAwait(ctx, v, spec, target, secrets, volumeContext); err != nil {
 			return "", false, err
 		}
+	}
+	if lower != "" {
+		defer func() {
+			if err != nil {
+				_ = s.releaseStreamLower(ctx, v.ID)
+			}
+		}()
 	}
 	if dev, err = s.attach(*v); err != nil {
 		return "", false, err
@@ -367,8 +391,16 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 			return undo(err)
 		}
 		return undo(status.Errorf(codes.Aborted, "the layering of volume %s on its dataset was interrupted; retry", v.ID))
+	case v.DatasetLayer != "" && v.DatasetStream:
+		if err := s.remountStream(ctx, v, spec, target, secrets, volumeContext); err != nil {
+			return undo(err)
+		}
 	case v.DatasetLayer != "":
 		if err := s.remountLayer(*v, target); err != nil {
+			return undo(err)
+		}
+	case lower != "":
+		if err := s.layerStream(ctx, v, spec, version, lower, target); err != nil {
 			return undo(err)
 		}
 	case fill:

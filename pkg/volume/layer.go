@@ -114,10 +114,13 @@ func (s *Service) layerDataset(ctx context.Context, v *state.Volume, spec *datas
 func (s *Service) unlayer(v *state.Volume, target string) error {
 	_ = os.RemoveAll(filepath.Join(target, LayerUpperDir))
 	_ = os.RemoveAll(filepath.Join(target, layerWorkDir))
+	if err := s.releaseStreamLower(context.Background(), v.ID); err != nil {
+		return err
+	}
 	if err := s.releaseLayer(v.Pool, v.DatasetLayer, v.ID); err != nil {
 		return Internal("releasing dataset", err)
 	}
-	v.DatasetLayer = ""
+	v.DatasetLayer, v.DatasetStream = "", false
 	if err := s.store.PutVolume(*v); err != nil {
 		return Internal("saving volume state", err)
 	}

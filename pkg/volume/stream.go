@@ -56,11 +56,16 @@ func (c StreamingVolumes) unavailable() string {
 	return ""
 }
 
-// fallBack records that a streaming volume is staged instead.
+// fallBack records that a streaming volume is staged instead: the volume's ID, or, for the
+// lower layer of a writable one, that volume's.
 func (tv *treeVolume) fallBack(ctx context.Context, spec *datasource.Spec, reason string) {
-	klog.FromContext(ctx).Info("Streaming volume staged instead", "volumeID", tv.id, "dataset", spec.String(), "reason", reason)
+	id := tv.id
+	if tv.layerOf != "" {
+		id = tv.layerOf
+	}
+	klog.FromContext(ctx).Info("Streaming volume staged instead", "volumeID", id, "dataset", spec.String(), "reason", reason)
 	if f := tv.s.streaming.OnFallback; f != nil {
-		f(tv.id, spec.String(), reason)
+		f(id, spec.String(), reason)
 	}
 }
 
@@ -82,6 +87,8 @@ type streamMount struct {
 	// access is what the keeper holds besides the connection (keptStream), handed to it again
 	// when it restarts.
 	access keptStream
+	// version is the manifest digest the caller proved it reads (empty when refused).
+	version string
 }
 
 func (sm *streamMounts) add(id string, m *streamMount) {
@@ -90,12 +97,15 @@ func (sm *streamMounts) add(id string, m *streamMount) {
 	sm.mu.Unlock()
 }
 
-// live returns the volume's mount when it is served at path by this process.
-func (sm *streamMounts) live(id, path string) bool {
+// live says whether the volume is served at path by this process, and the version it serves.
+func (sm *streamMounts) live(id, path string) (bool, string) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	m, ok := sm.m[id]
-	return ok && m.path == path
+	if !ok || m.path != path {
+		return false, ""
+	}
+	return true, m.version
 }
 
 // stop unmounts the volume's streaming filesystem, if this process serves one, and gives its
@@ -140,13 +150,14 @@ func (s *Service) streamConfig(ds *datasource.Streaming) streamfs.Config {
 }
 
 // serveStreaming publishes a read-only dataset volume at path as soon as the dataset is listed
-// and the caller proved it reads it. served is false when the dataset is already staged: the
-// caller then serves the tree as for a staged volume, with the version proved, or stages the
-// volume when this node cannot stream (no FUSE: version is empty).
+// and the caller proved it reads it, the version it proved (when known) with it. served is false
+// when the dataset is already staged: the caller then serves the tree as for a staged volume,
+// with the version proved, or stages the volume when this node cannot stream (no FUSE: version
+// is empty).
 func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, spec *datasource.Spec, capacity int64, secrets, attrs map[string]string) (served bool, version string, err error) {
 	s, path := tv.s, rec.Path
-	if s.streams.live(tv.id, path) {
-		return true, "", nil
+	if live, version := s.streams.live(tv.id, path); live {
+		return true, version, nil
 	}
 	if reason := s.streaming.unavailable(); reason != "" {
 		tv.fallBack(ctx, spec, reason)
@@ -193,11 +204,11 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		tv.fallBack(ctx, spec, err.Error())
 		return false, "", nil
 	}
-	m := &streamMount{path: path, fs: fsm, release: ds.Release,
+	m := &streamMount{path: path, fs: fsm, release: ds.Release, version: st.Version,
 		access: keptStream{Secrets: secrets, Tokens: attrs[consts.VolumeContextSATokens]}}
 	s.streams.add(tv.id, m)
 	s.keep(ctx, tv.id, m)
 	klog.FromContext(ctx).V(4).Info("Streaming dataset", "volumeID", tv.id, "dataset", spec.String(), "path", path,
 		"objects", len(ds.Objects), "progress", st.String())
-	return true, "", nil
+	return true, st.Version, nil
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 	"github.com/cistern-csi/cistern/pkg/fusekeeper"
-	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
 )
@@ -164,12 +163,13 @@ func (s *Service) takeOver(ctx context.Context, h fusekeeper.Held, mounts []moun
 	}
 	kept.Conn.Dev = h.Dev
 	tv := &treeVolume{s: s, id: rec.ID, rec: &rec, inline: rec.Inline}
-	fsm, release, err := tv.resume(ctx, rec, kept)
+	fsm, release, version, err := tv.resume(ctx, rec, kept)
 	if err != nil {
 		s.refuse(ctx, rec, kept, err.Error())
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release, access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release, version: version,
+		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 	logger.Info("Took over a streaming volume: its reads go on", "path", rec.Path)
 }
 
@@ -185,16 +185,13 @@ func mountedAt(mounts []mount.MountInfo, path, conn string) bool {
 }
 
 // resume proves the caller of rec again with the credentials kept, and serves its connection:
-// the dataset as it streams, or its staged tree if the staging finished meanwhile.
-func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept keptStream) (*streamfs.Mount, func(), error) {
+// the dataset as it streams, or its staged tree if the staging finished meanwhile. It returns
+// the version proved.
+func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept keptStream) (*streamfs.Mount, func(), string, error) {
 	s := tv.s
-	use := params.StaticPV
-	if rec.Inline {
-		use = params.Inline
-	}
-	_, spec, capacity, err := tv.dataset(rec.Parameters, use)
+	spec, capacity, err := tv.servedDataset(rec)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	attrs := maps.Clone(rec.Parameters)
 	if kept.Tokens != "" {
@@ -202,30 +199,31 @@ func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept kep
 	}
 	creds, err := s.datasets.Credentials(ctx, spec, kept.Secrets, attrs)
 	if err != nil {
-		return nil, nil, fmt.Errorf("the caller's credentials: %w", err)
+		return nil, nil, "", fmt.Errorf("the caller's credentials: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, takeOverBudget)
 	defer cancel()
 	st, ds, err := s.datasets.Stream(wctx, rec.Pool, spec, creds, capacity, rec.ID)
 	switch {
 	case err != nil:
-		return nil, nil, fmt.Errorf("proving the caller's access again: %w", err)
+		return nil, nil, "", fmt.Errorf("proving the caller's access again: %w", err)
 	case ds == nil && !st.Ready():
-		return nil, nil, fmt.Errorf("the dataset's listing did not come within %v (%s)", takeOverBudget, st)
+		return nil, nil, "", fmt.Errorf("the dataset's listing did not come within %v (%s)", takeOverBudget, st)
 	case ds == nil:
-		return tv.resumeStaged(rec, spec, st.Version, kept.Conn)
+		fsm, release, err := tv.resumeStaged(rec, spec, st.Version, kept.Conn)
+		return fsm, release, st.Version, err
 	}
 	dev, err := dupConn(kept.Conn)
 	if err != nil {
 		ds.Release()
-		return nil, nil, err
+		return nil, nil, "", err
 	}
 	fsm, err := streamfs.Resume(rec.Path, dev, s.streamConfig(ds))
 	if err != nil {
 		ds.Release()
-		return nil, nil, err
+		return nil, nil, "", err
 	}
-	return fsm, ds.Release, nil
+	return fsm, ds.Release, st.Version, nil
 }
 
 // resumeStaged serves a connection over the staged version the caller proved it reads: every
@@ -251,12 +249,14 @@ func (tv *treeVolume) resumeStaged(rec state.TreeVolume, spec *datasource.Spec, 
 	if err != nil {
 		return nil, nil, err
 	}
+	scratch := filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID))
 	fsm, err := streamfs.Resume(rec.Path, dev, streamfs.Config{Objects: objs, Cached: cached,
-		Scratch: filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID)), Files: tv.s.streams.files, Fetcher: stagedOnly{}})
+		Scratch: scratch, Files: tv.s.streams.files, Fetcher: stagedOnly{}})
 	if err != nil {
 		return nil, nil, err
 	}
-	return fsm, func() {}, nil
+	// The scratch directory the earlier process made goes with the volume, as Streaming's does.
+	return fsm, func() { _ = os.RemoveAll(scratch) }, nil
 }
 
 // stagedOnly fetches nothing: a staged dataset's files are all in the cache.
@@ -289,7 +289,11 @@ func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, kept keptStr
 	c := kept.Conn
 	klog.FromContext(ctx).Error(errors.New(reason), "Streaming volume taken over without its caller's access proved: its reads fail with EIO until it is unstaged", "volumeID", rec.ID, "path", rec.Path)
 	if f := s.streaming.OnRefused; f != nil {
-		f(rec.ID, rec.DatasetID, reason)
+		id := rec.ID
+		if rec.LayerOf != "" {
+			id = rec.LayerOf // the writable volume layered on this tree
+		}
+		f(id, rec.DatasetID, reason)
 	}
 	dev, err := dupConn(c)
 	var fsm *streamfs.Mount

@@ -27,6 +27,8 @@ type treeVolume struct {
 	id     string
 	rec    *state.TreeVolume
 	inline bool
+	// layerOf is the writable volume this streaming tree is the lower layer of (streamlayer.go).
+	layerOf string
 }
 
 func (tv *treeVolume) Kind() Kind { return KindTree }

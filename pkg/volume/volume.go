@@ -290,7 +290,11 @@ func (s *Service) Delete(v state.Volume) error {
 			return Internal("removing volume image", err)
 		}
 	}
-	// A layered volume's reference goes with it; the cached version may then be evicted.
+	// A layered volume's reference goes with it; the cached version may then be evicted. So
+	// does the streaming tree a crash may have left under it.
+	if err := s.releaseStreamLower(context.Background(), v.ID); err != nil {
+		return err
+	}
 	if err := s.releaseLayer(v.Pool, v.DatasetLayer, v.ID); err != nil {
 		return Internal("releasing the volume's dataset layer", err)
 	}

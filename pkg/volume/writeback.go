@@ -219,7 +219,7 @@ func (s *Service) uploadInputs(ctx context.Context, v state.Volume, job *writeba
 	if err != nil {
 		return nil, err
 	}
-	if job.Lower, err = s.datasets.Layer(v.Pool, v.DatasetLayer, v.ID); err != nil {
+	if job.Lower, err = s.layerTree(v); err != nil {
 		return nil, fmt.Errorf("the volume's dataset layer: %w", err)
 	}
 	return client, nil

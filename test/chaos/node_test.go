@@ -30,6 +30,7 @@ type node struct {
 	pool     string
 	sock     string
 	logPath  string
+	extra    []string // flags besides the suite's own
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	mu       sync.Mutex // guards the clients, replaced at each start
@@ -52,11 +53,11 @@ func (n *node) ctrlC() csi.ControllerClient {
 	return n.ctrl
 }
 
-func startNode(t *testing.T, poolBytes int64) *node {
+func startNode(t *testing.T, poolBytes int64, extra ...string) *node {
 	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	n := &node{t: t, dir: dir, bin: filepath.Join(dir, "csi-driver"), sock: filepath.Join(dir, "csi.sock"),
-		logPath: filepath.Join(dir, "driver.log")}
+		logPath: filepath.Join(dir, "driver.log"), extra: extra}
 	build := testutil.GoBuild(n.bin, "./cmd/csi-driver")
 	build.Dir = kit.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
@@ -98,6 +99,7 @@ func (n *node) start() {
 		"--staging-read-grace=3s", "--shutdown-timeout=5s", "-v=2",
 		// The test S3 server (and its fault proxy) is on loopback, named in volumes as tenants do.
 		"--tenant-s3-endpoints=127.0.0.1")
+	n.cmd.Args = append(n.cmd.Args, n.extra...)
 	n.cmd.Stdout, n.cmd.Stderr = log, log
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {
