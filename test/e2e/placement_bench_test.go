@@ -21,6 +21,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // The placement benchmark's shape (issue: "Measured, on the real control plane").
@@ -104,7 +105,7 @@ func BenchmarkPlacement(b *testing.B) {
 	vmTimes := map[int][]time.Duration{}
 	vmRuns := map[int][]vmRun{}
 	if vmStagesAhead(b, s) {
-		vmRatio = s.volumeManagerRuns(b, s3, vmTimes, vmRuns)
+		vmRatio = s.volumeManagerRuns(b, s3, vmTimes, vmRuns).readyRatio()
 	}
 
 	// At rest: the baseline's pods running, the VolumeManagers Ready, nothing changing.
@@ -364,15 +365,21 @@ func apiWrites(b *testing.B, cp *framework.ControlPlane) map[string]float64 {
 
 // volumeManagerRuns stages three VolumeManagers of replicas 3 and three of replicas 1 (staging
 // once), each on a dataset of the same size that no node holds yet, taking turns so that both
-// see the same load, and returns the ratio of the medians.
-func (s *scenario) volumeManagerRuns(b *testing.B, s3 *cluster.S3, times map[int][]time.Duration, runs map[int][]vmRun) string {
+// see the same load. After each turn, rclone copies the turn's replicas-3 dataset from the same
+// server, once alone and three times at once: what this machine gives three concurrent copies by
+// a tool not ours, measured next to each sample.
+func (s *scenario) volumeManagerRuns(b *testing.B, s3 *cluster.S3, times map[int][]time.Duration, runs map[int][]vmRun) vmSamples {
+	rclone := testpeers.Binary(b, "CISTERN_RCLONE")
+	var out vmSamples
 	for i := range 3 {
 		for _, replicas := range []int{1, 3} {
 			r := s.volumeManagerReady(b, s3, fmt.Sprintf("vm-%d-%d", replicas, i), replicas)
 			times[replicas], runs[replicas] = append(times[replicas], r.running), append(runs[replicas], r)
 		}
+		out.ready = append(out.ready, times[3][i].Seconds()/times[1][i].Seconds())
+		out.copies = append(out.copies, peerCopies(b, rclone, s3, "datasets", "bench/"+s.ns+fmt.Sprintf("-vm-3-%d", i)))
 	}
-	return strconv.FormatFloat(medianDuration(times[3]).Seconds()/medianDuration(times[1]).Seconds(), 'f', 2, 64)
+	return out
 }
 
 // BenchmarkVolumeManagerReplicas is the VolumeManager part of BenchmarkPlacement alone, on the
@@ -389,9 +396,11 @@ func BenchmarkVolumeManagerReplicas(b *testing.B) {
 		b.Fatal("the VolumeManager API installed does not stage ahead")
 	}
 	times, runs := map[int][]time.Duration{}, map[int][]vmRun{}
-	ratio := s.volumeManagerRuns(b, s3, times, runs)
-	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\nvm: ready_ratio=%s\n",
-		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), ratio)
+	samples := s.volumeManagerRuns(b, s3, times, runs)
+	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\n%s",
+		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), vmBytes(runs[3]))
+	fmt.Print(samples.table())
+	fmt.Printf("vm: %s\n", samples.line())
 }
 
 // vmStagesAhead says whether the installed VolumeManager API reports per-node staging
@@ -422,6 +431,9 @@ func vmStagesAhead(b *testing.B, s *scenario) bool {
 type vmRun struct {
 	created, scheduled, firstStaged, staged, nodesReady, running time.Duration
 	load                                                         string // /proc/loadavg's 1-minute figure at the start
+	// What each node's staging read, by origin (the driver's cistern_dataset_fetched_bytes_total,
+	// the difference over the run: each run's dataset is new).
+	fetched map[string]fetched
 }
 
 // volumeManagerReady creates a VolumeManager of a fresh 256 MiB dataset with replicas nodes and
@@ -433,6 +445,7 @@ func (s *scenario) volumeManagerReady(b *testing.B, s3 *cluster.S3, name string,
 		b.Fatal(err)
 	}
 	run := vmRun{load: loadAverage()}
+	before := s.fetchedByNode(b)
 	start := time.Now()
 	framework.ApplyYAML(b, s.cp, fmt.Sprintf(`
 apiVersion: data.cistern.dev/v1alpha1
@@ -484,6 +497,7 @@ spec:
 				run.running = time.Since(start)
 				run.created, run.scheduled, run.staged, run.nodesReady = latest(created), latest(scheduled), latest(staged), latest(ready)
 				run.firstStaged = earliest(staged)
+				run.fetched = fetchedSince(before, s.fetchedByNode(b))
 				return run
 			}
 		}
