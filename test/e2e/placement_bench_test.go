@@ -397,8 +397,8 @@ func BenchmarkVolumeManagerReplicas(b *testing.B) {
 	}
 	times, runs := map[int][]time.Duration{}, map[int][]vmRun{}
 	samples := s.volumeManagerRuns(b, s3, times, runs)
-	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\n%s",
-		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), vmBytes(runs[3]))
+	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\nreplicas 1:\n%sreplicas 3:\n%s",
+		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), vmBytes(runs[1]), vmBytes(runs[3]))
 	fmt.Print(samples.table())
 	fmt.Printf("vm: %s\n", samples.line())
 }
@@ -434,6 +434,8 @@ type vmRun struct {
 	// What each node's staging read, by origin (the driver's cistern_dataset_fetched_bytes_total,
 	// the difference over the run: each run's dataset is new).
 	fetched map[string]fetched
+	// cpu is what the run's processes and the machine used until Running.
+	cpu cpuReading
 }
 
 // volumeManagerReady creates a VolumeManager of a fresh 256 MiB dataset with replicas nodes and
@@ -445,7 +447,7 @@ func (s *scenario) volumeManagerReady(b *testing.B, s3 *cluster.S3, name string,
 		b.Fatal(err)
 	}
 	run := vmRun{load: loadAverage()}
-	before := s.fetchedByNode(b)
+	before, cpuBefore := s.fetchedByNode(b), s.readCPU(s3)
 	start := time.Now()
 	framework.ApplyYAML(b, s.cp, fmt.Sprintf(`
 apiVersion: data.cistern.dev/v1alpha1
@@ -497,6 +499,7 @@ spec:
 				run.running = time.Since(start)
 				run.created, run.scheduled, run.staged, run.nodesReady = latest(created), latest(scheduled), latest(staged), latest(ready)
 				run.firstStaged = earliest(staged)
+				run.cpu = cpuSince(cpuBefore, s.readCPU(s3))
 				run.fetched = fetchedSince(before, s.fetchedByNode(b))
 				return run
 			}

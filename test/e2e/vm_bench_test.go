@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -76,10 +77,78 @@ func fetchedSince(before, after map[string]fetched) map[string]fetched {
 	return out
 }
 
-// vmBytes is one line per run: the MiB each node read from S3 and from peers.
+// cpuReading is the CPU seconds, so far, of the run's processes and of the whole machine.
+type cpuReading struct {
+	drivers, s3, controller float64 // the four node plugins (with the mount and mkfs they ran), versitygw, the workload-controller
+	busy                    float64 // all cores, every process and kernel thread (/proc/stat)
+}
+
+func (s *scenario) readCPU(s3 *cluster.S3) cpuReading {
+	r := cpuReading{s3: procCPU(s3.Pid()), controller: procCPU(s.c.Controller.Pid()), busy: machineBusy()}
+	for _, n := range s.c.Nodes {
+		r.drivers += procCPU(n.Driver.Pid())
+	}
+	return r
+}
+
+// cpuSince is what each used between two readings.
+func cpuSince(a, b cpuReading) cpuReading {
+	return cpuReading{drivers: b.drivers - a.drivers, s3: b.s3 - a.s3, controller: b.controller - a.controller, busy: b.busy - a.busy}
+}
+
+// clockTicks is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// procCPU is a process's CPU seconds so far, all its threads and the children it waited for.
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 15 {
+		return 0
+	}
+	var sum float64
+	for _, v := range f[11:15] { // utime stime cutime cstime
+		t, _ := strconv.ParseFloat(v, 64)
+		sum += t
+	}
+	return sum / clockTicks
+}
+
+// machineBusy is the CPU seconds all cores spent busy (not idle, not waiting for I/O) since boot.
+func machineBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var busy float64
+	for k, v := range f[1:9] {
+		if k == 3 || k == 4 {
+			continue
+		}
+		t, _ := strconv.ParseFloat(v, 64)
+		busy += t
+	}
+	return busy / clockTicks
+}
+
+// vmBytes is one line per run: the MiB each node read from S3 and from peers, and the CPU
+// seconds of the run's processes and of the rest of the machine until Running.
 func vmBytes(runs []vmRun) string {
 	var sb strings.Builder
+	cores := float64(runtime.NumCPU())
 	for i, r := range runs {
+		c := r.cpu
+		fmt.Fprintf(&sb, "  run %d, CPU-s: drivers %.2f, S3 %.2f, workload-controller %.2f, rest of the machine %.2f; cores busy %.0f%% of %.2f s\n",
+			i+1, c.drivers, c.s3, c.controller, max(0, c.busy-c.drivers-c.s3-c.controller), 100*c.busy/(cores*r.running.Seconds()), r.running.Seconds())
 		fmt.Fprintf(&sb, "  run %d, MiB from S3 / from peers:", i+1)
 		var s3, peers float64
 		for _, n := range slices.Sorted(maps.Keys(r.fetched)) {
