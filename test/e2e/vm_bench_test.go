@@ -164,8 +164,9 @@ func vmBytes(runs []vmRun) string {
 // copyRun is the independent limit of one sample: the same dataset copied from the same server by
 // rclone, once alone and three times at once into three directories.
 type copyRun struct {
-	one, three time.Duration
-	load       string
+	one, three       time.Duration
+	oneCPU, threeCPU float64 // rclone's CPU seconds (user and system), the three copies' summed
+	load             string
 }
 
 func (c copyRun) ratio() float64 { return c.three.Seconds() / c.one.Seconds() }
@@ -180,12 +181,12 @@ func peerCopies(b *testing.B, rclone string, s3 *cluster.S3, bucket, prefix stri
 		"RCLONE_CONFIG_SRC_ENDPOINT="+s3.Endpoint, "RCLONE_CONFIG_SRC_ACCESS_KEY_ID="+s3.AccessKey,
 		"RCLONE_CONFIG_SRC_SECRET_ACCESS_KEY="+s3.SecretKey, "RCLONE_CONFIG_SRC_FORCE_PATH_STYLE=true",
 		"RCLONE_CONFIG_SRC_REGION=us-east-1")
-	copies := func(n int) time.Duration {
+	copies := func(n int) (time.Duration, float64) {
 		dirs := make([]string, n)
 		for i := range dirs {
 			dirs[i] = b.TempDir()
 		}
-		errs := make([]error, n)
+		errs, cpu := make([]error, n), make([]float64, n)
 		var wg sync.WaitGroup
 		start := time.Now()
 		for i, dir := range dirs {
@@ -196,10 +197,12 @@ func peerCopies(b *testing.B, rclone string, s3 *cluster.S3, bucket, prefix stri
 				// bench-datasource compares.
 				cmd := exec.Command(rclone, "copy", "--checksum", "--transfers", "16", "src:"+bucket+"/"+prefix, dir)
 				cmd.Env = env
-				if out, err := cmd.CombinedOutput(); err != nil {
+				out, err := cmd.CombinedOutput()
+				if err != nil {
 					errs[i] = fmt.Errorf("rclone copy: %v: %s", err, out)
 					return
 				}
+				cpu[i] = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
 				errs[i] = syncfs(dir)
 			}()
 		}
@@ -214,11 +217,15 @@ func peerCopies(b *testing.B, rclone string, s3 *cluster.S3, bucket, prefix stri
 				b.Fatal(err)
 			}
 		}
-		return took
+		var sum float64
+		for _, c := range cpu {
+			sum += c
+		}
+		return took, sum
 	}
 	run := copyRun{load: loadAverage()}
-	run.one = copies(1)
-	run.three = copies(3)
+	run.one, run.oneCPU = copies(1)
+	run.three, run.threeCPU = copies(3)
 	return run
 }
 
@@ -268,8 +275,8 @@ func (v vmSamples) table() string {
 	var sb strings.Builder
 	for i := range v.ready {
 		c := v.copies[i]
-		fmt.Fprintf(&sb, "  sample %d: ready_ratio %.2f; rclone one copy %.2f s, three at once %.2f s, ratio %.2f (load %s)\n",
-			i+1, v.ready[i], c.one.Seconds(), c.three.Seconds(), c.ratio(), c.load)
+		fmt.Fprintf(&sb, "  sample %d: ready_ratio %.2f; rclone one copy %.2f s (CPU %.2f s), three at once %.2f s (CPU %.2f s), ratio %.2f (load %s)\n",
+			i+1, v.ready[i], c.one.Seconds(), c.oneCPU, c.three.Seconds(), c.threeCPU, c.ratio(), c.load)
 	}
 	return sb.String()
 }
