@@ -290,12 +290,12 @@ func (v vmSamples) line() string {
 	return fmt.Sprintf("ready_ratio=%s peer_three_copies_ratio=%s samples=%d", spread(v.ready), spread(copies), len(v.ready))
 }
 
-// spread is "median (min-max)".
+// spread is "median(min-max)", as bench-fanout writes its ratios.
 func spread(f []float64) string {
 	if len(f) == 0 {
 		return "NA"
 	}
-	return fmt.Sprintf("%.2f (%.2f-%.2f)", medianFloat(f), slices.Min(f), slices.Max(f))
+	return fmt.Sprintf("%.2f(%.2f-%.2f)", medianFloat(f), slices.Min(f), slices.Max(f))
 }
 
 func medianFloat(f []float64) float64 {
