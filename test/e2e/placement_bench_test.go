@@ -384,12 +384,17 @@ func (s *scenario) volumeManagerRuns(b *testing.B, s3 *cluster.S3, times map[int
 
 // BenchmarkVolumeManagerReplicas is the VolumeManager part of BenchmarkPlacement alone, on the
 // same cluster shape (make bench-vm-replicas): replicas 3 against replicas 1, with the breakdown.
+// CISTERN_BENCH_VM_PEERS=off starts the drivers without a peer port (no peer fan-out).
 func BenchmarkVolumeManagerReplicas(b *testing.B) {
 	names := make([]string, benchNodes)
 	for i := range names {
 		names[i] = fmt.Sprintf("bench-%c", 'a'+i)
 	}
-	s := startPlacementCluster(b, "bench-vm", names, benchPoolSize, cluster.NodeOptions{})
+	peers := os.Getenv("CISTERN_BENCH_VM_PEERS")
+	if peers != "off" {
+		peers = "on"
+	}
+	s := startPlacementCluster(b, "bench-vm", names, benchPoolSize, cluster.NodeOptions{NoPeers: peers == "off"})
 	s3, _ := s3Server(b)
 	datasetClass(b, s.cp, s.ns, "cistern-"+s.ns, "s3://datasets/bench/", s3) // the Secret s3 the VolumeManagers name
 	if !vmStagesAhead(b, s) {
@@ -400,7 +405,7 @@ func BenchmarkVolumeManagerReplicas(b *testing.B) {
 	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\nreplicas 1:\n%sreplicas 3:\n%s",
 		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), vmBytes(runs[1]), vmBytes(runs[3]))
 	fmt.Print(samples.table())
-	fmt.Printf("vm: %s\n", samples.line())
+	fmt.Printf("vm: peers=%s %s\n", peers, samples.line())
 }
 
 // vmStagesAhead says whether the installed VolumeManager API reports per-node staging
