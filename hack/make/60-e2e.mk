@@ -143,7 +143,7 @@ bench-placement: $(E2E_TOOLS) $(RCLONE)
 	  ./test/e2e/ >_output/bench-placement.txt 2>&1; rc=$$?; \
 	  sed -n '/^Placement benchmark/,/^API writes at rest/p' _output/bench-placement.txt; \
 	  if [ $$rc -ne 0 ]; then tail -n 80 _output/bench-placement.txt; exit $$rc; fi; \
-	  grep '^placement: ' _output/bench-placement.txt
+	  grep -E '^(placement|vm): ' _output/bench-placement.txt
 
 # The VolumeManager part of bench-placement alone (replicas 3 against replicas 1, with where the
 # time goes, and the bytes each node read from S3 and from peers), on the same four simulated nodes,

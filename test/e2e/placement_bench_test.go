@@ -104,8 +104,10 @@ func BenchmarkPlacement(b *testing.B) {
 	vmRatio := "NA"
 	vmTimes := map[int][]time.Duration{}
 	vmRuns := map[int][]vmRun{}
+	var vmSampled vmSamples
 	if vmStagesAhead(b, s) {
-		vmRatio = s.volumeManagerRuns(b, s3, vmTimes, vmRuns).readyRatio()
+		vmSampled = s.volumeManagerRuns(b, s3, vmTimes, vmRuns)
+		vmRatio = vmSampled.readyRatio()
 	}
 
 	// At rest: the baseline's pods running, the VolumeManagers Ready, nothing changing.
@@ -140,6 +142,8 @@ API writes at rest over %s (all %d nodes; leases and the install's Deployment/Da
 		seconds(medianOf(without.started, true, scheduled)), seconds(medianOf(without.started, true, bound)),
 		stageOnce, vmTimes[1], vmTimes[3], vmRatio, vmBreakdown(vmRuns[1]), vmBreakdown(vmRuns[3]), settle.Round(time.Second), settling.total, settling.byResource,
 		benchIdle, benchNodes, idle.total, idle.byResource)
+	fmt.Print(vmSampled.table())
+	fmt.Printf("vm: peers=on %s\n", vmSampled.line())
 	// Each phase's p50s apart: pooling them would let one phase's many fast starts hide the
 	// other's.
 	fmt.Printf("placement: warm_share=%.2f baseline_share=%.2f warm_p50_s=%s cold_p50_s=%s baseline_warm_p50_s=%s baseline_cold_p50_s=%s vm_ready_ratio=%s idle_writes_per_min=%s\n",
