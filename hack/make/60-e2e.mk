@@ -136,22 +136,26 @@ kind-down:
 BENCH_TARGETS += bench-placement
 .PHONY: bench-placement
 ## Pod placement with and without the placement webhook on four simulated nodes
-bench-placement: $(E2E_TOOLS)
+bench-placement: $(E2E_TOOLS) $(RCLONE)
 	@mkdir -p _output
 	@echo "bench-placement: running (about 10 minutes); log in _output/bench-placement.txt"
-	@$(E2E_ENV) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkPlacement -benchtime 1x \
+	@$(E2E_ENV) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkPlacement -benchtime 1x \
 	  ./test/e2e/ >_output/bench-placement.txt 2>&1; rc=$$?; \
 	  sed -n '/^Placement benchmark/,/^API writes at rest/p' _output/bench-placement.txt; \
 	  if [ $$rc -ne 0 ]; then tail -n 80 _output/bench-placement.txt; exit $$rc; fi; \
-	  grep '^placement: ' _output/bench-placement.txt
+	  grep -E '^(placement|vm): ' _output/bench-placement.txt
 
 # The VolumeManager part of bench-placement alone (replicas 3 against replicas 1, with where the
-# time goes), on the same four simulated nodes: not in BENCH_TARGETS, bench-placement measures it.
+# time goes, and the bytes each node read from S3 and from peers), on the same four simulated nodes,
+# with its independent limit next to each sample: rclone copying the same dataset from the same
+# server, alone and three at once. Not in BENCH_TARGETS: bench-placement measures it too.
+# BENCH_VM_PEERS=off runs the nodes without peer fan-out (no peer port).
+BENCH_VM_PEERS ?= on
 .PHONY: bench-vm-replicas
-## VolumeManager replicas 3 vs 1 to Running, with the breakdown (part of bench-placement, alone)
-bench-vm-replicas: $(E2E_TOOLS)
+## VolumeManager replicas 3 vs 1 to Running, with the breakdown and rclone's three copies vs one
+bench-vm-replicas: $(E2E_TOOLS) $(RCLONE)
 	@mkdir -p _output
-	@$(E2E_ENV) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkVolumeManagerReplicas -benchtime 1x \
+	@$(E2E_ENV) CISTERN_RCLONE=$(RCLONE) CISTERN_BENCH_VM_PEERS=$(BENCH_VM_PEERS) CISTERN_REQUIRE_PEERS=1 $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkVolumeManagerReplicas -benchtime 1x \
 	  ./test/e2e/ >_output/bench-vm-replicas.txt 2>&1; rc=$$?; \
 	  if [ $$rc -ne 0 ]; then tail -n 80 _output/bench-vm-replicas.txt; exit $$rc; fi; \
 	  sed -n '/^VolumeManager time to Running/,/^vm: /p' _output/bench-vm-replicas.txt

@@ -248,13 +248,15 @@ func TestStageS3DetectsCorruption(t *testing.T) {
 	})
 }
 
-// TestStageS3DirectWrites stages large objects read whole, written with direct I/O: a read cut
-// off mid-block resumes on a block boundary, and the last block's padding is cut off.
+// TestStageS3DirectWrites stages large objects read whole, written with direct I/O (2 MiB and
+// more): a read cut off mid-block resumes on a block boundary, and the last block's padding is
+// cut off.
 func TestStageS3DirectWrites(t *testing.T) {
 	ctx := testCtx(t)
 	s := testpeers.StartS3(t, "")
 	s.Bucket(t, "data")
-	want := dataset{"unaligned.bin": randBytes(21, 8<<20+4097), "aligned.bin": randBytes(22, 12<<20)}
+	want := dataset{"unaligned.bin": randBytes(21, 8<<20+4097), "aligned.bin": randBytes(22, 12<<20),
+		"small-unaligned.bin": randBytes(23, 3<<20+4097), "small-aligned.bin": randBytes(24, 4<<20)}
 	want.upload(t, s, "data", "")
 	var seen keyCounter
 	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {

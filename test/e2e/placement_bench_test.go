@@ -21,6 +21,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
+	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // The placement benchmark's shape (issue: "Measured, on the real control plane").
@@ -103,8 +104,10 @@ func BenchmarkPlacement(b *testing.B) {
 	vmRatio := "NA"
 	vmTimes := map[int][]time.Duration{}
 	vmRuns := map[int][]vmRun{}
+	var vmSampled vmSamples
 	if vmStagesAhead(b, s) {
-		vmRatio = s.volumeManagerRuns(b, s3, vmTimes, vmRuns)
+		vmSampled = s.volumeManagerRuns(b, s3, vmTimes, vmRuns)
+		vmRatio = vmSampled.readyRatio()
 	}
 
 	// At rest: the baseline's pods running, the VolumeManagers Ready, nothing changing.
@@ -139,6 +142,8 @@ API writes at rest over %s (all %d nodes; leases and the install's Deployment/Da
 		seconds(medianOf(without.started, true, scheduled)), seconds(medianOf(without.started, true, bound)),
 		stageOnce, vmTimes[1], vmTimes[3], vmRatio, vmBreakdown(vmRuns[1]), vmBreakdown(vmRuns[3]), settle.Round(time.Second), settling.total, settling.byResource,
 		benchIdle, benchNodes, idle.total, idle.byResource)
+	fmt.Print(vmSampled.table())
+	fmt.Printf("vm: peers=on %s\n", vmSampled.line())
 	// Each phase's p50s apart: pooling them would let one phase's many fast starts hide the
 	// other's.
 	fmt.Printf("placement: warm_share=%.2f baseline_share=%.2f warm_p50_s=%s cold_p50_s=%s baseline_warm_p50_s=%s baseline_cold_p50_s=%s vm_ready_ratio=%s idle_writes_per_min=%s\n",
@@ -364,34 +369,47 @@ func apiWrites(b *testing.B, cp *framework.ControlPlane) map[string]float64 {
 
 // volumeManagerRuns stages three VolumeManagers of replicas 3 and three of replicas 1 (staging
 // once), each on a dataset of the same size that no node holds yet, taking turns so that both
-// see the same load, and returns the ratio of the medians.
-func (s *scenario) volumeManagerRuns(b *testing.B, s3 *cluster.S3, times map[int][]time.Duration, runs map[int][]vmRun) string {
+// see the same load. After each turn, rclone copies the turn's replicas-3 dataset from the same
+// server, once alone and three times at once: what this machine gives three concurrent copies by
+// a tool not ours, measured next to each sample.
+func (s *scenario) volumeManagerRuns(b *testing.B, s3 *cluster.S3, times map[int][]time.Duration, runs map[int][]vmRun) vmSamples {
+	rclone := testpeers.Binary(b, "CISTERN_RCLONE")
+	var out vmSamples
 	for i := range 3 {
 		for _, replicas := range []int{1, 3} {
 			r := s.volumeManagerReady(b, s3, fmt.Sprintf("vm-%d-%d", replicas, i), replicas)
 			times[replicas], runs[replicas] = append(times[replicas], r.running), append(runs[replicas], r)
 		}
+		out.ready = append(out.ready, times[3][i].Seconds()/times[1][i].Seconds())
+		out.copies = append(out.copies, peerCopies(b, rclone, s3, "datasets", "bench/"+s.ns+fmt.Sprintf("-vm-3-%d", i)))
 	}
-	return strconv.FormatFloat(medianDuration(times[3]).Seconds()/medianDuration(times[1]).Seconds(), 'f', 2, 64)
+	return out
 }
 
 // BenchmarkVolumeManagerReplicas is the VolumeManager part of BenchmarkPlacement alone, on the
 // same cluster shape (make bench-vm-replicas): replicas 3 against replicas 1, with the breakdown.
+// CISTERN_BENCH_VM_PEERS=off starts the drivers without a peer port (no peer fan-out).
 func BenchmarkVolumeManagerReplicas(b *testing.B) {
 	names := make([]string, benchNodes)
 	for i := range names {
 		names[i] = fmt.Sprintf("bench-%c", 'a'+i)
 	}
-	s := startPlacementCluster(b, "bench-vm", names, benchPoolSize, cluster.NodeOptions{})
+	peers := os.Getenv("CISTERN_BENCH_VM_PEERS")
+	if peers != "off" {
+		peers = "on"
+	}
+	s := startPlacementCluster(b, "bench-vm", names, benchPoolSize, cluster.NodeOptions{NoPeers: peers == "off"})
 	s3, _ := s3Server(b)
 	datasetClass(b, s.cp, s.ns, "cistern-"+s.ns, "s3://datasets/bench/", s3) // the Secret s3 the VolumeManagers name
 	if !vmStagesAhead(b, s) {
 		b.Fatal("the VolumeManager API installed does not stage ahead")
 	}
 	times, runs := map[int][]time.Duration{}, map[int][]vmRun{}
-	ratio := s.volumeManagerRuns(b, s3, times, runs)
-	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\nvm: ready_ratio=%s\n",
-		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), ratio)
+	samples := s.volumeManagerRuns(b, s3, times, runs)
+	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\nreplicas 1:\n%sreplicas 3:\n%s",
+		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), vmBytes(runs[1]), vmBytes(runs[3]))
+	fmt.Print(samples.table())
+	fmt.Printf("vm: peers=%s %s\n", peers, samples.line())
 }
 
 // vmStagesAhead says whether the installed VolumeManager API reports per-node staging
@@ -422,6 +440,11 @@ func vmStagesAhead(b *testing.B, s *scenario) bool {
 type vmRun struct {
 	created, scheduled, firstStaged, staged, nodesReady, running time.Duration
 	load                                                         string // /proc/loadavg's 1-minute figure at the start
+	// What each node's staging read, by origin (the driver's cistern_dataset_fetched_bytes_total,
+	// the difference over the run: each run's dataset is new).
+	fetched map[string]fetched
+	// cpu is what the run's processes and the machine used until Running.
+	cpu cpuReading
 }
 
 // volumeManagerReady creates a VolumeManager of a fresh 256 MiB dataset with replicas nodes and
@@ -433,6 +456,7 @@ func (s *scenario) volumeManagerReady(b *testing.B, s3 *cluster.S3, name string,
 		b.Fatal(err)
 	}
 	run := vmRun{load: loadAverage()}
+	before, cpuBefore := s.fetchedByNode(b), s.readCPU(s3)
 	start := time.Now()
 	framework.ApplyYAML(b, s.cp, fmt.Sprintf(`
 apiVersion: data.cistern.dev/v1alpha1
@@ -484,6 +508,8 @@ spec:
 				run.running = time.Since(start)
 				run.created, run.scheduled, run.staged, run.nodesReady = latest(created), latest(scheduled), latest(staged), latest(ready)
 				run.firstStaged = earliest(staged)
+				run.cpu = cpuSince(cpuBefore, s.readCPU(s3))
+				run.fetched = fetchedSince(before, s.fetchedByNode(b))
 				return run
 			}
 		}

@@ -23,9 +23,13 @@ import (
 
 const (
 	directAlign = 4096
-	// directMinSize: smaller files go through the page cache, where a write costs no device
-	// round trip.
-	directMinSize = 8 << 20
+	// directMinSize: files of two copy buffers or more, whose copy is pipelined (copyPipelined):
+	// the next buffer is read while a direct write waits for the device. Smaller files go
+	// through the page cache, where a write costs no device round trip (direct I/O for 32 KiB
+	// files was slower). Between 2 and 8 MiB (the bound before), staging 64 × 4 MiB buffered
+	// spent most of the node plugin's CPU in the page cache: copying into new pages and, on a
+	// busy machine, compacting memory to allocate them (docs/benchmarks.md, "VolumeManager").
+	directMinSize = 2 * copyBufSize
 )
 
 // alignedBuf returns n bytes starting on a directAlign boundary.

@@ -58,6 +58,8 @@ type NodeOptions struct {
 	CapacityPollInterval time.Duration
 	// SidecarResync is the storagepool-sidecar's --resync-period.
 	SidecarResync time.Duration
+	// NoPeers starts the drivers without a peer port (no --peer-listen): no peer fan-out.
+	NoPeers bool
 }
 
 // StartNode registers a Node and CSINode as kubelet and node-driver-registrar would, creates its
@@ -113,20 +115,21 @@ func StartNode(t framework.TB, cp *framework.ControlPlane, spec NodeSpec, opts N
 		t.Fatal(err)
 	}
 	n.PeerAddress, n.MetricsAddress = framework.FreeAddr(t), framework.FreeAddr(t)
-	n.Driver = framework.StartCSIDriver(t, spec.Name+"-csi-driver", opts.Bins.Driver, n.Socket,
-		"--node-id="+spec.Name,
+	peers := []string{"--peer-listen=" + n.PeerAddress, "--peer-advertise=" + n.PeerAddress, "--peer-token-file=" + peerToken}
+	if opts.NoPeers {
+		peers, n.PeerAddress = nil, ""
+	}
+	n.Driver = framework.StartCSIDriver(t, spec.Name+"-csi-driver", opts.Bins.Driver, n.Socket, append([]string{
+		"--node-id=" + spec.Name,
 		"--tenant-s3-endpoints=*", // test S3 servers are in test namespaces; the closed default has its own test
 		"--mode=all",
-		"--pools-config="+n.PoolsConfig,
-		"--state-dir="+filepath.Join(dir, "state"),
-		"--kubelet-root="+n.KubeletRoot,
-		"--pool-check-interval="+orDefault(opts.PoolCheckInterval, 10*time.Second).String(),
-		"--http-endpoint="+n.MetricsAddress,
-		"--kubeconfig="+kubeconfig,
-		"--peer-listen="+n.PeerAddress,
-		"--peer-advertise="+n.PeerAddress,
-		"--peer-token-file="+peerToken,
-		"--v=3",
+		"--pools-config=" + n.PoolsConfig,
+		"--state-dir=" + filepath.Join(dir, "state"),
+		"--kubelet-root=" + n.KubeletRoot,
+		"--pool-check-interval=" + orDefault(opts.PoolCheckInterval, 10*time.Second).String(),
+		"--http-endpoint=" + n.MetricsAddress,
+		"--kubeconfig=" + kubeconfig,
+		"--v=3"}, peers...)...,
 	)
 	// Before anything else is stopped, release what the driver staged, so the pools unmount.
 	t.Cleanup(func() {

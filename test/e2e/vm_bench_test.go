@@ -1,0 +1,310 @@
+package e2e_test
+
+import (
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cistern-csi/cistern/test/e2e/cluster"
+)
+
+// fetched is what a node's stagings read: from the source (S3) and from peers.
+type fetched struct{ source, peer float64 }
+
+var originRe = regexp.MustCompile(`origin="([^"]*)"`)
+
+// fetchedByNode reads every node's cistern_dataset_fetched_bytes_total, summed over datasets.
+func (s *scenario) fetchedByNode(b *testing.B) map[string]fetched {
+	b.Helper()
+	out := map[string]fetched{}
+	for name, n := range s.c.Nodes {
+		resp, err := http.Get("http://" + n.MetricsAddress + "/metrics")
+		if err != nil {
+			b.Fatal(err)
+		}
+		raw, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var f fetched
+		for _, line := range strings.Split(string(raw), "\n") {
+			if !strings.HasPrefix(line, "cistern_dataset_fetched_bytes_total{") {
+				continue
+			}
+			m := originRe.FindStringSubmatch(line)
+			fields := strings.Fields(line)
+			v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+			if m == nil || err != nil {
+				b.Fatalf("node %s: unreadable metric line %q", name, line)
+			}
+			switch m[1] {
+			case "source":
+				f.source += v
+			case "peer":
+				f.peer += v
+			}
+		}
+		out[name] = f
+	}
+	return out
+}
+
+// fetchedSince is what each node read between two readings; nodes that read nothing are left out.
+func fetchedSince(before, after map[string]fetched) map[string]fetched {
+	out := map[string]fetched{}
+	for n, a := range after {
+		d := fetched{source: a.source - before[n].source, peer: a.peer - before[n].peer}
+		if d.source > 0 || d.peer > 0 {
+			out[n] = d
+		}
+	}
+	return out
+}
+
+// cpuReading is the CPU seconds, so far, of the run's processes and of the whole machine.
+type cpuReading struct {
+	drivers, s3, controller float64 // the four node plugins (with the mount and mkfs they ran), versitygw, the workload-controller
+	busy                    float64 // all cores, every process and kernel thread (/proc/stat)
+}
+
+func (s *scenario) readCPU(s3 *cluster.S3) cpuReading {
+	r := cpuReading{s3: procCPU(s3.Pid()), controller: procCPU(s.c.Controller.Pid()), busy: machineBusy()}
+	for _, n := range s.c.Nodes {
+		r.drivers += procCPU(n.Driver.Pid())
+	}
+	return r
+}
+
+// cpuSince is what each used between two readings.
+func cpuSince(a, b cpuReading) cpuReading {
+	return cpuReading{drivers: b.drivers - a.drivers, s3: b.s3 - a.s3, controller: b.controller - a.controller, busy: b.busy - a.busy}
+}
+
+// clockTicks is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
+const clockTicks = 100
+
+// procCPU is a process's CPU seconds so far, all its threads and the children it waited for.
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses and may hold spaces.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 15 {
+		return 0
+	}
+	var sum float64
+	for _, v := range f[11:15] { // utime stime cutime cstime
+		t, _ := strconv.ParseFloat(v, 64)
+		sum += t
+	}
+	return sum / clockTicks
+}
+
+// machineBusy is the CPU seconds all cores spent busy (not idle, not waiting for I/O) since boot.
+func machineBusy() float64 {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0
+	}
+	var busy float64
+	for k, v := range f[1:9] {
+		if k == 3 || k == 4 {
+			continue
+		}
+		t, _ := strconv.ParseFloat(v, 64)
+		busy += t
+	}
+	return busy / clockTicks
+}
+
+// vmBytes is one line per run: the MiB each node read from S3 and from peers, and the CPU
+// seconds of the run's processes and of the rest of the machine until Running.
+func vmBytes(runs []vmRun) string {
+	var sb strings.Builder
+	cores := float64(runtime.NumCPU())
+	for i, r := range runs {
+		c := r.cpu
+		fmt.Fprintf(&sb, "  run %d, CPU-s: drivers %.2f, S3 %.2f, workload-controller %.2f, rest of the machine %.2f; cores busy %.0f%% of %.2f s\n",
+			i+1, c.drivers, c.s3, c.controller, max(0, c.busy-c.drivers-c.s3-c.controller), 100*c.busy/(cores*r.running.Seconds()), r.running.Seconds())
+		fmt.Fprintf(&sb, "  run %d, MiB from S3 / from peers:", i+1)
+		var s3, peers float64
+		for _, n := range slices.Sorted(maps.Keys(r.fetched)) {
+			f := r.fetched[n]
+			fmt.Fprintf(&sb, " %s %.0f / %.0f,", n, f.source/(1<<20), f.peer/(1<<20))
+			s3, peers = s3+f.source, peers+f.peer
+		}
+		fmt.Fprintf(&sb, " all %.0f / %.0f\n", s3/(1<<20), peers/(1<<20))
+	}
+	return sb.String()
+}
+
+// copyRun is the independent limit of one sample: the same dataset copied from the same server by
+// rclone, once alone and three times at once into three directories.
+type copyRun struct {
+	one, three       time.Duration
+	oneCPU, threeCPU float64 // rclone's CPU seconds (user and system), the three copies' summed
+	load             string
+}
+
+func (c copyRun) ratio() float64 { return c.three.Seconds() / c.one.Seconds() }
+
+// peerCopies copies bucket/prefix with rclone (checksums on: each file's MD5 against the ETag
+// after its transfer, and --checksum) from s3, alone, then three at once, each into a directory
+// of its own on the disk that holds the nodes' pools, synced (staging makes its files durable),
+// and returns both times. The dataset is in the server's page cache as it was for the stagings.
+func peerCopies(b *testing.B, rclone string, s3 *cluster.S3, bucket, prefix string) copyRun {
+	b.Helper()
+	env := append(os.Environ(), "RCLONE_CONFIG=/dev/null", "RCLONE_CONFIG_SRC_TYPE=s3", "RCLONE_CONFIG_SRC_PROVIDER=Other",
+		"RCLONE_CONFIG_SRC_ENDPOINT="+s3.Endpoint, "RCLONE_CONFIG_SRC_ACCESS_KEY_ID="+s3.AccessKey,
+		"RCLONE_CONFIG_SRC_SECRET_ACCESS_KEY="+s3.SecretKey, "RCLONE_CONFIG_SRC_FORCE_PATH_STYLE=true",
+		"RCLONE_CONFIG_SRC_REGION=us-east-1")
+	copies := func(n int) (time.Duration, float64) {
+		dirs := make([]string, n)
+		for i := range dirs {
+			dirs[i] = b.TempDir()
+		}
+		errs, cpu := make([]error, n), make([]float64, n)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i, dir := range dirs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// As many objects in flight as Cistern's staging reads at once (16), as
+				// bench-datasource compares.
+				cmd := exec.Command(rclone, "copy", "--checksum", "--transfers", "16", "src:"+bucket+"/"+prefix, dir)
+				cmd.Env = env
+				out, err := cmd.CombinedOutput()
+				if err != nil {
+					errs[i] = fmt.Errorf("rclone copy: %v: %s", err, out)
+					return
+				}
+				cpu[i] = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+				errs[i] = syncfs(dir)
+			}()
+		}
+		wg.Wait()
+		took := time.Since(start)
+		for i, dir := range dirs {
+			if errs[i] != nil {
+				b.Fatal(errs[i])
+			}
+			checkCopied(b, dir)
+			if err := os.RemoveAll(dir); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var sum float64
+		for _, c := range cpu {
+			sum += c
+		}
+		return took, sum
+	}
+	run := copyRun{load: loadAverage()}
+	run.one, run.oneCPU = copies(1)
+	run.three, run.threeCPU = copies(3)
+	return run
+}
+
+// checkCopied fails unless dir holds the whole dataset: benchObjects files of benchObjectBytes.
+func checkCopied(b *testing.B, dir string) {
+	b.Helper()
+	var files, bytes int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		files, bytes = files+1, bytes+info.Size()
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if files != benchObjects || bytes != benchObjects*benchObjectBytes {
+		b.Fatalf("rclone copied %d files, %d bytes into %s; want %d, %d", files, bytes, dir, benchObjects, benchObjects*benchObjectBytes)
+	}
+}
+
+func syncfs(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Syncfs(fd)
+}
+
+// vmSamples are the VolumeManager benchmark's samples: per turn, replicas 3's time to Running
+// over replicas 1's, and rclone's three copies at once over one alone.
+type vmSamples struct {
+	ready  []float64
+	copies []copyRun
+}
+
+func (v vmSamples) readyRatio() string { return strconv.FormatFloat(medianFloat(v.ready), 'f', 2, 64) }
+
+// table is one line per sample, the limit next to the figure.
+func (v vmSamples) table() string {
+	var sb strings.Builder
+	for i := range v.ready {
+		c := v.copies[i]
+		fmt.Fprintf(&sb, "  sample %d: ready_ratio %.2f; rclone one copy %.2f s (CPU %.2f s), three at once %.2f s (CPU %.2f s), ratio %.2f (load %s)\n",
+			i+1, v.ready[i], c.one.Seconds(), c.oneCPU, c.three.Seconds(), c.threeCPU, c.ratio(), c.load)
+	}
+	return sb.String()
+}
+
+// line is the summary: the median of each ratio with its min and max.
+func (v vmSamples) line() string {
+	var copies []float64
+	for _, c := range v.copies {
+		copies = append(copies, c.ratio())
+	}
+	return fmt.Sprintf("ready_ratio=%s peer_three_copies_ratio=%s samples=%d", spread(v.ready), spread(copies), len(v.ready))
+}
+
+// spread is "median(min-max)", as bench-fanout writes its ratios.
+func spread(f []float64) string {
+	if len(f) == 0 {
+		return "NA"
+	}
+	return fmt.Sprintf("%.2f(%.2f-%.2f)", medianFloat(f), slices.Min(f), slices.Max(f))
+}
+
+func medianFloat(f []float64) float64 {
+	if len(f) == 0 {
+		return 0
+	}
+	f = slices.Sorted(slices.Values(f))
+	if len(f)%2 == 1 {
+		return f[len(f)/2]
+	}
+	return (f[len(f)/2-1] + f[len(f)/2]) / 2
+}
