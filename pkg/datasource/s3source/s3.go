@@ -386,8 +386,9 @@ func (b *body) Checksum() source.Checksum { return b.sum }
 // Verify has nothing to add: reads are pinned with If-Match.
 func (s *Source) Verify(context.Context, source.Object) error { return nil }
 
-// Plan asks the server (HEAD) whether the object carries a full-object checksum; if not, and it
-// is multipart, it returns the part size so reads can align on parts.
+// Plan asks the server (HEAD) whether the object carries a full-object checksum and, if it is
+// multipart, its part size, so that reads can align on parts: its parts' MD5s are what bytes
+// from peers are checked against (a CRC is not enough against a peer choosing the bytes).
 func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, error) {
 	in := &s3.HeadObjectInput{
 		Bucket:  aws.String(s.cfg.Bucket),
@@ -400,7 +401,7 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 	}
 	sum := fullChecksum(out.ChecksumType, out.ChecksumCRC64NVME, out.ChecksumCRC32C, out.ChecksumCRC32,
 		out.ChecksumSHA256, out.ChecksumSHA1)
-	if sum.Algorithm != "" || !strings.Contains(obj.ETag, "-") {
+	if !strings.Contains(obj.ETag, "-") {
 		return source.Plan{Checksum: sum}, nil
 	}
 	in.PartNumber = aws.Int32(1)
@@ -408,9 +409,9 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 		return source.Plan{}, classify(err, "reading part size of %s%s", s.where(), obj.Key)
 	}
 	if aws.ToInt32(out.PartsCount) <= 1 {
-		return source.Plan{}, nil
+		return source.Plan{Checksum: sum}, nil
 	}
-	return source.Plan{PartSize: aws.ToInt64(out.ContentLength)}, nil
+	return source.Plan{Checksum: sum, PartSize: aws.ToInt64(out.ContentLength)}, nil
 }
 
 // CheckRead asks (HEAD, pinned to the listed ETag) whether the credentials may read obj. S3

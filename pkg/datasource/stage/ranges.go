@@ -155,7 +155,13 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if err != nil {
 			return err
 		}
-		if a, ok := crcAlgos[plan.Checksum.Algorithm]; ok {
+		// Parts checked against the multipart ETag (each part's MD5) rather than the CRC when
+		// peers may serve them: a CRC is matched by whoever chooses the bytes, so it cannot
+		// tell a peer's forgery from the object.
+		mp := multipartETag.FindStringSubmatch(o.ETag)
+		byParts := mp != nil && plan.PartSize > 0 && (o.Size+plan.PartSize-1)/plan.PartSize == atoi(mp[1])
+		a, isCRC := crcAlgos[plan.Checksum.Algorithm]
+		if isCRC && !(byParts && j.peers.mayShare()) {
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
 			// Ranges start on MiB boundaries, as direct I/O needs.
@@ -166,16 +172,13 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			}
 			b.crc, b.crcWant = &a, plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
-		} else if checksumHash(plan.Checksum.Algorithm) != nil {
+		} else if !isCRC && checksumHash(plan.Checksum.Algorithm) != nil {
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size, deferred: preferred})
 		}
-		if m := multipartETag.FindStringSubmatch(o.ETag); m != nil && plan.PartSize > 0 && b.crc == nil {
-			parts, _ := strconv.ParseInt(m[1], 10, 64)
-			if (o.Size+plan.PartSize-1)/plan.PartSize == parts {
-				chunk, b.partSize = plan.PartSize, plan.PartSize
-				b.partSums = make([][]byte, parts)
-			}
+		if byParts && b.crc == nil {
+			chunk, b.partSize = plan.PartSize, plan.PartSize
+			b.partSums = make([][]byte, atoi(mp[1]))
 		}
 	}
 	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_RDWR, fileMode(o))
@@ -204,7 +207,10 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	b.left.Store(n)
 	b.chunk = chunk
 	b.from = make([][]peer.Peer, n)
-	b.eligible = b.crc != nil || b.partSize > 0 || md5ETag.MatchString(o.ETag)
+	// Peers may serve ranges of an object checked by a digest a peer cannot forge: its parts'
+	// MD5s, or its own MD5 (verifyBig checks it too when a peer served a range and the CRC was
+	// the check). The CRC alone is not.
+	b.eligible = b.partSize > 0 || md5ETag.MatchString(o.ETag)
 	start := j.peers.readOrder(n, o.Key)
 	for r := range n {
 		k := (start + r) % n
@@ -277,6 +283,10 @@ func (j *Job) verifyBig(ctx context.Context, t task) error {
 		if got := b.crc.encode(crc); got != b.crcWant {
 			return source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
 		}
+		if slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
+			// Bytes a peer chose can match any CRC: they must match the MD5 too (eligible).
+			return md5Whole(b.out.f, o)
+		}
 	case b.partSize > 0:
 		h := md5.New()
 		for _, s := range b.partSums {
@@ -286,13 +296,33 @@ func (j *Job) verifyBig(ctx context.Context, t task) error {
 			return source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
 		}
 	case md5ETag.MatchString(o.ETag):
-		h := md5.New()
-		if _, err := io.Copy(h, io.NewSectionReader(b.out.f, 0, o.Size)); err != nil {
-			return err
-		}
-		if got := hex.EncodeToString(h.Sum(nil)); got != o.ETag {
-			return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
-		}
+		return md5Whole(b.out.f, o)
 	}
 	return nil
+}
+
+// md5Whole checks the object's bytes in f against its MD5 ETag, through a descriptor of its own
+// (f may be written with direct I/O, which a plain read of it cannot use).
+func md5Whole(f *os.File, o source.Object) error {
+	if !md5ETag.MatchString(o.ETag) {
+		return source.Errorf(source.Corrupt, "%q: no MD5 to check bytes from peers against", o.Key)
+	}
+	r, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	h := md5.New()
+	if _, err := io.Copy(h, io.NewSectionReader(r, 0, o.Size)); err != nil {
+		return err
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != o.ETag {
+		return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+	}
+	return nil
+}
+
+func atoi(s string) int64 {
+	n, _ := strconv.ParseInt(s, 10, 64)
+	return n
 }
