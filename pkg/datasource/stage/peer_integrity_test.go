@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/md5"
 	"encoding/hex"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -29,27 +30,49 @@ func TestPeerBytesNeedMoreThanACRC(t *testing.T) {
 	if crcOf(forged) != crcOf(data) || string(forged) == string(data) {
 		t.Fatal("the forgery does not match the object's CRC")
 	}
-	sum := md5.Sum(data)
-	obj := source.Object{Key: "model.bin", Size: int64(len(data)), ETag: hex.EncodeToString(sum[:])}
-	check := func(from []peer.Peer) error {
-		path := filepath.Join(t.TempDir(), "tmp")
-		if err := os.WriteFile(path, forged, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		b := &bigFile{out: newOutput(f, obj.Size, false), crc: &a, crcWant: a.encode(crcOf(data)),
-			rangeSums: []uint64{crcOf(forged)}, chunk: obj.Size, from: [][]peer.Peer{from}}
-		return (&Job{}).verifyBig(context.Background(), task{obj: obj, big: b})
+	// The object uploaded whole (an MD5 ETag) and in parts of 256 KiB (a multipart ETag).
+	const partSize = 256 << 10
+	whole := md5.Sum(data)
+	var partSums []byte
+	for off := 0; off < len(data); off += partSize {
+		s := md5.Sum(data[off : off+partSize])
+		partSums = append(partSums, s[:]...)
 	}
-	if err := check([]peer.Peer{{Node: "node-b"}}); source.KindOf(err) != source.Corrupt {
-		t.Errorf("bytes from a peer that match the CRC but not the MD5: %v, want Corrupt", err)
-	}
-	if err := check(nil); err != nil {
-		t.Errorf("bytes from the source that match its CRC: %v, want accepted", err)
+	for _, c := range []struct {
+		name      string
+		etag      string
+		etagParts int64
+	}{
+		{"MD5 ETag", hex.EncodeToString(whole[:]), 0},
+		{"multipart ETag", fmt.Sprintf("%x-%d", md5.Sum(partSums), len(data)/partSize), partSize},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			obj := source.Object{Key: "model.bin", Size: int64(len(data)), ETag: c.etag}
+			check := func(content []byte, from []peer.Peer) error {
+				path := filepath.Join(t.TempDir(), "tmp")
+				if err := os.WriteFile(path, content, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				f, err := os.OpenFile(path, os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				b := &bigFile{out: newOutput(f, obj.Size, false), crc: &a, crcWant: a.encode(crcOf(data)),
+					rangeSums: []uint64{crcOf(content)}, chunk: obj.Size, from: [][]peer.Peer{from}, etagParts: c.etagParts}
+				return (&Job{}).verifyBig(context.Background(), task{obj: obj, big: b})
+			}
+			peers := []peer.Peer{{Node: "node-b"}}
+			if err := check(forged, peers); source.KindOf(err) != source.Corrupt {
+				t.Errorf("bytes from a peer that match the CRC but not the ETag: %v, want Corrupt", err)
+			}
+			if err := check(data, peers); err != nil {
+				t.Errorf("the object's own bytes from a peer: %v, want accepted", err)
+			}
+			if err := check(forged, nil); err != nil {
+				t.Errorf("bytes from the source that match its CRC: %v, want accepted (the source is trusted)", err)
+			}
+		})
 	}
 }
 

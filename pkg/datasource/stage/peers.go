@@ -7,8 +7,9 @@ package stage
 // What a fetcher takes from a peer it checks against what the source said, with the caller's own
 // credentials: a whole entry against its MD5 ETag from the listing; a large entry, read in
 // ranges, against its multipart ETag (parts aligned with the part size HEAD gave) or its MD5
-// ETag, over the whole entry before it leaves tmp/ (also when the S3 full-object CRC is
-// checked: bytes a peer chose can match any CRC). S3 has no
+// ETag, over the whole entry before it leaves tmp/; an entry checked by its S3 full-object CRC
+// is checked against its ETag too once a peer served a range (bytes a peer chose can match any
+// CRC). S3 has no
 // usable checksum per range of an object uploaded without part checksums, so a range is not
 // checked alone: when a large entry fails, every range a peer served is read again from the
 // source, and each peer whose bytes differ is dropped. An entry with none of these checksums

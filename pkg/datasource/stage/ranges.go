@@ -37,6 +37,9 @@ type bigFile struct {
 	streams  *streams
 	left     atomic.Int64
 	partSize int64 // >0: ranges are the object's multipart parts, each MD5-checked
+	// etagParts, with crc: the object's part size, which ranges from peers are checked by too
+	// (the multipart ETag), as a CRC cannot check bytes a peer chose.
+	etagParts int64
 	partSums [][]byte
 	// crc, when set, checks the object's full-object CRC: one CRC per range, combined.
 	crc       *crcAlgo
@@ -155,13 +158,10 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if err != nil {
 			return err
 		}
-		// Parts checked against the multipart ETag (each part's MD5) rather than the CRC when
-		// peers may serve them: a CRC is matched by whoever chooses the bytes, so it cannot
-		// tell a peer's forgery from the object.
 		mp := multipartETag.FindStringSubmatch(o.ETag)
 		byParts := mp != nil && plan.PartSize > 0 && (o.Size+plan.PartSize-1)/plan.PartSize == atoi(mp[1])
 		a, isCRC := crcAlgos[plan.Checksum.Algorithm]
-		if isCRC && !(byParts && j.peers.mayShare()) {
+		if isCRC {
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
 			// Ranges start on MiB boundaries, as direct I/O needs.
@@ -172,6 +172,9 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			}
 			b.crc, b.crcWant = &a, plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
+			if byParts {
+				b.etagParts = plan.PartSize // what bytes from peers are checked against too
+			}
 		} else if !isCRC && checksumHash(plan.Checksum.Algorithm) != nil {
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size, deferred: preferred})
@@ -208,9 +211,9 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	b.chunk = chunk
 	b.from = make([][]peer.Peer, n)
 	// Peers may serve ranges of an object checked by a digest a peer cannot forge: its parts'
-	// MD5s, or its own MD5 (verifyBig checks it too when a peer served a range and the CRC was
-	// the check). The CRC alone is not.
-	b.eligible = b.partSize > 0 || md5ETag.MatchString(o.ETag)
+	// MD5s, or its own MD5 (when the CRC is the check, verifyBig checks these too once a peer
+	// served a range). The CRC alone is not: bytes a peer chose can match any CRC.
+	b.eligible = b.partSize > 0 || b.etagParts > 0 || md5ETag.MatchString(o.ETag)
 	start := j.peers.readOrder(n, o.Key)
 	for r := range n {
 		k := (start + r) % n
@@ -284,8 +287,8 @@ func (j *Job) verifyBig(ctx context.Context, t task) error {
 			return source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
 		}
 		if slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
-			// Bytes a peer chose can match any CRC: they must match the MD5 too (eligible).
-			return md5Whole(b.out.f, o)
+			// Bytes a peer chose can match any CRC: they must match the ETag's MD5s too.
+			return checkETag(b.out.f, o, b.etagParts)
 		}
 	case b.partSize > 0:
 		h := md5.New()
@@ -296,15 +299,16 @@ func (j *Job) verifyBig(ctx context.Context, t task) error {
 			return source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
 		}
 	case md5ETag.MatchString(o.ETag):
-		return md5Whole(b.out.f, o)
+		return checkETag(b.out.f, o, 0)
 	}
 	return nil
 }
 
-// md5Whole checks the object's bytes in f against its MD5 ETag, through a descriptor of its own
-// (f may be written with direct I/O, which a plain read of it cannot use).
-func md5Whole(f *os.File, o source.Object) error {
-	if !md5ETag.MatchString(o.ETag) {
+// checkETag checks the object's bytes in f against its ETag: its MD5, or, for a multipart
+// object of parts of partSize, the MD5 of its parts' MD5s. Through a descriptor of its own: f
+// may be written with direct I/O, which a plain read of it cannot use.
+func checkETag(f *os.File, o source.Object, partSize int64) error {
+	if !md5ETag.MatchString(o.ETag) && partSize == 0 {
 		return source.Errorf(source.Corrupt, "%q: no MD5 to check bytes from peers against", o.Key)
 	}
 	r, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
@@ -312,11 +316,23 @@ func md5Whole(f *os.File, o source.Object) error {
 		return err
 	}
 	defer r.Close()
-	h := md5.New()
-	if _, err := io.Copy(h, io.NewSectionReader(r, 0, o.Size)); err != nil {
-		return err
+	multipart := partSize > 0
+	if !multipart {
+		partSize = o.Size
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != o.ETag {
+	var sums []byte // the parts' MD5s, one after another
+	for off := int64(0); off < o.Size; off += partSize {
+		h := md5.New()
+		if _, err := io.Copy(h, io.NewSectionReader(r, off, min(partSize, o.Size-off))); err != nil {
+			return err
+		}
+		sums = h.Sum(sums)
+	}
+	got := hex.EncodeToString(sums)
+	if multipart {
+		got = fmt.Sprintf("%x-%d", md5.Sum(sums), len(sums)/md5.Size)
+	}
+	if got != o.ETag {
 		return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
 	}
 	return nil

@@ -39,9 +39,6 @@ type sharing struct {
 // sw is the job's swarm: nil until the node knows a peer of the dataset.
 func (s *sharing) sw() *peer.Swarm { return s.swarm.Load() }
 
-// mayShare reports whether the job may ever fetch from peers (a peer network, an S3 source).
-func (s *sharing) mayShare() bool { return s.joined != nil }
-
 // shared reports whether the job serves peers what it holds (its entries are named).
 func (s *sharing) shared() bool { return s.names.Load() != nil }
 
