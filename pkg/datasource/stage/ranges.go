@@ -40,7 +40,7 @@ type bigFile struct {
 	// etagParts, with crc: the object's part size, which ranges from peers are checked by too
 	// (the multipart ETag), as a CRC cannot check bytes a peer chose.
 	etagParts int64
-	partSums [][]byte
+	partSums  [][]byte
 	// crc, when set, checks the object's full-object CRC: one CRC per range, combined.
 	crc       *crcAlgo
 	crcWant   string
