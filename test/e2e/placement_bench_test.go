@@ -382,6 +382,7 @@ func (s *scenario) volumeManagerRuns(b *testing.B, s3 *cluster.S3, times map[int
 		}
 		out.ready = append(out.ready, times[3][i].Seconds()/times[1][i].Seconds())
 		out.copies = append(out.copies, peerCopies(b, rclone, s3, "datasets", "bench/"+s.ns+fmt.Sprintf("-vm-3-%d", i)))
+		out.disk = append(out.disk, diskWrites(b))
 	}
 	return out
 }

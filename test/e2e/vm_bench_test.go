@@ -261,11 +261,50 @@ func syncfs(dir string) error {
 	return unix.Syncfs(fd)
 }
 
+// diskWrites is the disk's own limit for one sample: `dd` writing the dataset's size (direct I/O,
+// synced, as staging writes large files) once alone, then three times at once, into files on
+// the disk that holds the nodes' pools. All four simulated nodes write their copies to that one
+// disk.
+func diskWrites(b *testing.B) copyRun {
+	b.Helper()
+	writes := func(n int) time.Duration {
+		dir := b.TempDir()
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out, err := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(dir, strconv.Itoa(i)), "bs=4M",
+					"count="+strconv.Itoa(benchObjects*benchObjectBytes/(4<<20)), "oflag=direct", "conv=fsync", "status=none").CombinedOutput()
+				if err != nil {
+					errs[i] = fmt.Errorf("dd: %v: %s", err, out)
+				}
+			}()
+		}
+		wg.Wait()
+		took := time.Since(start)
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			b.Fatal(err)
+		}
+		return took
+	}
+	return copyRun{one: writes(1), three: writes(3), load: loadAverage()}
+}
+
 // vmSamples are the VolumeManager benchmark's samples: per turn, replicas 3's time to Running
-// over replicas 1's, and rclone's three copies at once over one alone.
+// over replicas 1's, rclone's three copies at once over one alone, and the disk's three writes
+// at once over one.
 type vmSamples struct {
 	ready  []float64
 	copies []copyRun
+	disk   []copyRun
 }
 
 func (v vmSamples) readyRatio() string { return strconv.FormatFloat(medianFloat(v.ready), 'f', 2, 64) }
@@ -277,6 +316,10 @@ func (v vmSamples) table() string {
 		c := v.copies[i]
 		fmt.Fprintf(&sb, "  sample %d: ready_ratio %.2f; rclone one copy %.2f s (CPU %.2f s), three at once %.2f s (CPU %.2f s), ratio %.2f (load %s)\n",
 			i+1, v.ready[i], c.one.Seconds(), c.oneCPU, c.three.Seconds(), c.threeCPU, c.ratio(), c.load)
+		if i < len(v.disk) {
+			d := v.disk[i]
+			fmt.Fprintf(&sb, "    disk: one write %.2f s, three at once %.2f s, ratio %.2f\n", d.one.Seconds(), d.three.Seconds(), d.ratio())
+		}
 	}
 	return sb.String()
 }
@@ -287,7 +330,11 @@ func (v vmSamples) line() string {
 	for _, c := range v.copies {
 		copies = append(copies, c.ratio())
 	}
-	return fmt.Sprintf("ready_ratio=%s peer_three_copies_ratio=%s samples=%d", spread(v.ready), spread(copies), len(v.ready))
+	var disk []float64
+	for _, d := range v.disk {
+		disk = append(disk, d.ratio())
+	}
+	return fmt.Sprintf("ready_ratio=%s peer_three_copies_ratio=%s disk_three_writes_ratio=%s samples=%d", spread(v.ready), spread(copies), spread(disk), len(v.ready))
 }
 
 // spread is "median(min-max)", as bench-fanout writes its ratios.
