@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"fmt"
 	"io"
-	"io/fs"
 	"maps"
 	"net/http"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // fetched is what a node's stagings read: from the source (S3) and from peers.
@@ -232,18 +232,7 @@ func peerCopies(b *testing.B, rclone string, s3 *cluster.S3, bucket, prefix stri
 // checkCopied fails unless dir holds the whole dataset: benchObjects files of benchObjectBytes.
 func checkCopied(b *testing.B, dir string) {
 	b.Helper()
-	var files, bytes int64
-	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		files, bytes = files+1, bytes+info.Size()
-		return nil
-	})
+	files, bytes, err := testutil.TreeSize(dir)
 	if err != nil {
 		b.Fatal(err)
 	}

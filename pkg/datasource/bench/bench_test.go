@@ -32,6 +32,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	cparams "github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 type shape struct {
@@ -481,18 +482,7 @@ func writeAWSConfig(b *testing.B, dir string) string {
 // checkCopy fails the benchmark unless dir holds exactly the dataset's objects, by count and
 // size: a copier that exits 0 having skipped or truncated files must not post a fast time.
 func checkCopy(b *testing.B, copier, dir string, sh shape) {
-	var files, bytes int64
-	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		files, bytes = files+1, bytes+info.Size()
-		return nil
-	})
+	files, bytes, err := testutil.TreeSize(dir)
 	if err != nil {
 		b.Fatalf("%s: %v", copier, err)
 	}
