@@ -59,9 +59,6 @@ func (s SourceFetcher) Layout(ctx context.Context, obj source.Object) (Layout, e
 		if err != nil {
 			return Layout{}, err
 		}
-		if plan.Checksum.Algorithm != "" {
-			return Layout{}, nil // one read, checked against the full-object checksum
-		}
 		return Layout{PartSize: plan.PartSize}, nil
 	}
 	return Layout{}, nil

@@ -386,9 +386,8 @@ func (b *body) Checksum() source.Checksum { return b.sum }
 // Verify has nothing to add: reads are pinned with If-Match.
 func (s *Source) Verify(context.Context, source.Object) error { return nil }
 
-// Plan asks the server (HEAD) whether the object carries a full-object checksum and, if it is
-// multipart, its part size, so that reads can align on parts: its parts' MD5s are what bytes
-// from peers are checked against (a CRC is not enough against a peer choosing the bytes).
+// Plan asks the server (HEAD) whether the object carries a full-object checksum; if not, and it
+// is multipart, it returns the part size so reads can align on parts.
 func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, error) {
 	in := &s3.HeadObjectInput{
 		Bucket:  aws.String(s.cfg.Bucket),
@@ -401,17 +400,32 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 	}
 	sum := fullChecksum(out.ChecksumType, out.ChecksumCRC64NVME, out.ChecksumCRC32C, out.ChecksumCRC32,
 		out.ChecksumSHA256, out.ChecksumSHA1)
-	if !strings.Contains(obj.ETag, "-") {
+	if sum.Algorithm != "" {
 		return source.Plan{Checksum: sum}, nil
 	}
-	in.PartNumber = aws.Int32(1)
-	if out, err = s.client.HeadObject(ctx, in); err != nil {
-		return source.Plan{}, classify(err, "reading part size of %s%s", s.where(), obj.Key)
+	partSize, err := s.PartSize(ctx, obj)
+	return source.Plan{PartSize: partSize}, err
+}
+
+// PartSize asks the server (HEAD of part 1, pinned to the listed ETag) the part size of a
+// multipart object; 0 for one uploaded whole.
+func (s *Source) PartSize(ctx context.Context, obj source.Object) (int64, error) {
+	if !strings.Contains(obj.ETag, "-") {
+		return 0, nil
+	}
+	out, err := s.client.HeadObject(ctx, &s3.HeadObjectInput{
+		Bucket:     aws.String(s.cfg.Bucket),
+		Key:        aws.String(s.cfg.Prefix + obj.Key),
+		IfMatch:    aws.String(`"` + obj.ETag + `"`),
+		PartNumber: aws.Int32(1),
+	})
+	if err != nil {
+		return 0, classify(err, "reading part size of %s%s", s.where(), obj.Key)
 	}
 	if aws.ToInt32(out.PartsCount) <= 1 {
-		return source.Plan{Checksum: sum}, nil
+		return 0, nil
 	}
-	return source.Plan{Checksum: sum, PartSize: aws.ToInt64(out.ContentLength)}, nil
+	return aws.ToInt64(out.ContentLength), nil
 }
 
 // CheckRead asks (HEAD, pinned to the listed ETag) whether the credentials may read obj. S3

@@ -69,9 +69,12 @@ type ReadChecker interface {
 // Planner is implemented by sources that can say, before reading a large object, how best to
 // verify it (S3): a full-object checksum is checked over one full read or, for a CRC, over
 // parallel ranges whose CRCs combine; otherwise a multipart object's reads align on its parts,
-// whose MD5s make up its ETag.
+// whose MD5s make up its ETag. PartSize is a multipart object's part size (0: not multipart),
+// which a staging that may take ranges from peers needs even when the object has a CRC: bytes a
+// peer chose can match any CRC, not the parts' MD5s.
 type Planner interface {
 	Plan(ctx context.Context, obj Object) (Plan, error)
+	PartSize(ctx context.Context, obj Object) (int64, error)
 }
 
 // Plan is how to read one large object.

@@ -158,9 +158,16 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if err != nil {
 			return err
 		}
+		partSize := plan.PartSize
 		mp := multipartETag.FindStringSubmatch(o.ETag)
-		byParts := mp != nil && plan.PartSize > 0 && (o.Size+plan.PartSize-1)/plan.PartSize == atoi(mp[1])
 		a, isCRC := crcAlgos[plan.Checksum.Algorithm]
+		if isCRC && mp != nil && j.peers.mayShare() {
+			// Ranges from peers are checked against the parts' MD5s too (etagParts).
+			if partSize, err = p.PartSize(ctx, o); err != nil {
+				return err
+			}
+		}
+		byParts := mp != nil && partSize > 0 && (o.Size+partSize-1)/partSize == atoi(mp[1])
 		if isCRC {
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
@@ -173,14 +180,14 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			b.crc, b.crcWant = &a, plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
 			if byParts {
-				b.etagParts = plan.PartSize // what bytes from peers are checked against too
+				b.etagParts = partSize // what bytes from peers are checked against too
 			}
-		} else if !isCRC && checksumHash(plan.Checksum.Algorithm) != nil {
+		} else if checksumHash(plan.Checksum.Algorithm) != nil {
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size, deferred: preferred})
 		}
 		if byParts && b.crc == nil {
-			chunk, b.partSize = plan.PartSize, plan.PartSize
+			chunk, b.partSize = partSize, partSize
 			b.partSums = make([][]byte, atoi(mp[1]))
 		}
 	}

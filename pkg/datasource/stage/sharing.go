@@ -39,6 +39,10 @@ type sharing struct {
 // sw is the job's swarm: nil until the node knows a peer of the dataset.
 func (s *sharing) sw() *peer.Swarm { return s.swarm.Load() }
 
+// mayShare reports whether the job may fetch from peers at all (a peer network and an S3
+// source), now or once it learns of them.
+func (s *sharing) mayShare() bool { return s.joined != nil }
+
 // shared reports whether the job serves peers what it holds (its entries are named).
 func (s *sharing) shared() bool { return s.names.Load() != nil }
 
