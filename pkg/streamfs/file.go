@@ -112,27 +112,25 @@ func (f *rawFS) joinFirst(fl *fileNode, interrupt <-chan struct{}) bool {
 	st := fl.st
 	fl.mu.Unlock()
 	defer fl.mu.Lock()
-	if !fl.joins(f.m.ctx, st) {
-		return true
-	}
-	ctx, stop := untilInterrupted(f.m.ctx, interrupt)
-	defer stop()
-	f.m.cfg.Join(ctx, fl.line, fl.obj)
-	return f.m.ctx.Err() != nil || ctx.Err() == nil
+	return !fl.joins(f.m.ctx, st) || !fl.join(f.m.ctx, interrupt)
 }
 
-// untilInterrupted is parent, also ended when the kernel interrupts the request: for waits
-// only, never for a fetch other reads may share.
-func untilInterrupted(parent context.Context, interrupt <-chan struct{}) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(parent)
+// join waits for the staging's verified copy of the file (Config.Join, which asks the staging
+// to fetch it next) until ctx ends or the kernel interrupts the request (its reader killed or
+// signalled), and says whether it was the interrupt. Only the wait ends with the request,
+// never a fetch other reads may share.
+func (f *fileNode) join(ctx context.Context, interrupt <-chan struct{}) (interrupted bool) {
+	wait, stop := context.WithCancel(ctx)
+	defer stop()
 	go func() {
 		select {
 		case <-interrupt:
-			cancel()
-		case <-ctx.Done():
+			stop()
+		case <-wait.Done():
 		}
 	}()
-	return ctx, cancel
+	f.m.cfg.Join(wait, f.line, f.obj)
+	return ctx.Err() == nil && wait.Err() != nil
 }
 
 // passThrough registers the file's whole copy, if there is one, as its backing file.
@@ -219,10 +217,7 @@ func (f *fileNode) read(ctx context.Context, interrupt <-chan struct{}, dest []b
 	if f.m.cfg.Join != nil && f.joins(ctx, st) {
 		// The staging fetches the file next, and the read waits for its verified copy rather
 		// than downloading it a second time beside the staging.
-		wait, stop := untilInterrupted(ctx, interrupt)
-		f.m.cfg.Join(wait, f.line, f.obj)
-		interrupted := ctx.Err() == nil && wait.Err() != nil
-		stop()
+		interrupted := f.join(ctx, interrupt)
 		if res, ok := f.readCached(ctx, dest, off, end); ok {
 			return res, 0
 		}
