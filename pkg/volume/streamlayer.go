@@ -159,19 +159,29 @@ func (s *Service) settleStream(ctx context.Context, v *state.Volume, spec *datas
 	return true
 }
 
+// streamSettled is settleStream for a volume whose dataset is not at hand: whether v holds its
+// reference on the cached version (always, for a volume not on a streaming tree).
+func (s *Service) streamSettled(ctx context.Context, v *state.Volume) (bool, error) {
+	if !v.DatasetStream {
+		return true, nil
+	}
+	spec, err := s.layerSpec(*v)
+	if err != nil {
+		return false, err
+	}
+	return s.settleStream(ctx, v, spec), nil
+}
+
 // letGoStream prepares the let-go (unstage, or an inline volume's unpublish) of a volume
 // layered on a streaming tree: it takes the reference on the staged version if it can. A volume
 // whose outputs are uploaded then (handsOff) needs it, as the upload reads the dataset version
 // the volume was made on after the tree is gone: it is let go once its dataset is staged.
 func (s *Service) letGoStream(ctx context.Context, v *state.Volume) error {
-	if !v.DatasetStream {
-		return nil
-	}
-	spec, err := s.layerSpec(*v)
+	settled, err := s.streamSettled(ctx, v)
 	if err != nil {
 		return err
 	}
-	if !s.settleStream(ctx, v, spec) && s.handsOff(*v) {
+	if !settled && s.handsOff(*v) {
 		return status.Errorf(codes.Unavailable, "volume %s: its outputs are uploaded once its dataset, which it streams, is staged on the node; retry later", v.ID)
 	}
 	return nil
@@ -190,14 +200,11 @@ func (s *Service) handOffStreamed(ctx context.Context, v state.Volume, path stri
 // cached version, which the snapshot or clone shares: a volume on a streaming tree does once its
 // dataset is staged; before, Unavailable (the caller retries).
 func (s *Service) settledLayer(v *state.Volume) error {
-	if !v.DatasetStream {
-		return nil
-	}
-	spec, err := s.layerSpec(*v)
+	settled, err := s.streamSettled(context.Background(), v)
 	if err != nil {
 		return err
 	}
-	if !s.settleStream(context.Background(), v, spec) {
+	if !settled {
 		return status.Errorf(codes.Unavailable, "volume %s is layered on its dataset as it streams: it can be snapshotted or cloned once the dataset is staged on the node; retry later", v.ID)
 	}
 	return nil
