@@ -258,30 +258,16 @@ type streamMeasures struct {
 	busyReadAll, busyStagedAll []float64
 }
 
-// cpuTimes is the machine's CPU time from /proc/stat, in clock ticks: all of it, and busy (not
-// idle nor waiting for I/O).
-type cpuTimes struct{ total, busy uint64 }
+// cpuTimes is the machine's CPU seconds (testutil.MachineCPU): all of it, and busy.
+type cpuTimes struct{ total, busy float64 }
 
 func readCPU(t *testing.T) cpuTimes {
 	t.Helper()
-	b, err := os.ReadFile("/proc/stat")
+	total, busy, _, err := testutil.MachineCPU()
 	if err != nil {
 		t.Fatal(err)
 	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	fields := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	var c cpuTimes
-	for i, f := range fields[1:] {
-		n, err := strconv.ParseUint(f, 10, 64)
-		if err != nil {
-			t.Fatalf("/proc/stat: %q: %v", line, err)
-		}
-		c.total += n
-		if i != 3 && i != 4 {
-			c.busy += n
-		}
-	}
-	return c
+	return cpuTimes{total, busy}
 }
 
 // busySince is the share of the CPUs' time that was busy since c.
@@ -290,7 +276,7 @@ func (c cpuTimes) busySince(t *testing.T) float64 {
 	if now.total == c.total {
 		return 0
 	}
-	return float64(now.busy-c.busy) / float64(now.total-c.total)
+	return (now.busy - c.busy) / (now.total - c.total)
 }
 
 // lines renders the line (medians of the per-sample ratios, their min-max in brackets)

@@ -96,48 +96,17 @@ func cpuSince(a, b cpuReading) cpuReading {
 	return cpuReading{drivers: b.drivers - a.drivers, s3: b.s3 - a.s3, controller: b.controller - a.controller, busy: b.busy - a.busy}
 }
 
-// clockTicks is the unit of /proc's CPU times (USER_HZ, 100 on Linux).
-const clockTicks = 100
-
-// procCPU is a process's CPU seconds so far, all its threads and the children it waited for.
+// procCPU is a process's CPU seconds so far, all its threads and the children it waited for
+// (the mount and mkfs a node plugin ran).
 func procCPU(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses and may hold spaces.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 15 {
-		return 0
-	}
-	var sum float64
-	for _, v := range f[11:15] { // utime stime cutime cstime
-		t, _ := strconv.ParseFloat(v, 64)
-		sum += t
-	}
-	return sum / clockTicks
+	own, children := testutil.ProcCPU(pid)
+	return own + children
 }
 
 // machineBusy is the CPU seconds all cores spent busy (not idle, not waiting for I/O) since boot.
 func machineBusy() float64 {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0
-	}
-	var busy float64
-	for k, v := range f[1:9] {
-		if k == 3 || k == 4 {
-			continue
-		}
-		t, _ := strconv.ParseFloat(v, 64)
-		busy += t
-	}
-	return busy / clockTicks
+	_, busy, _, _ := testutil.MachineCPU()
+	return busy
 }
 
 // vmBytes is one line per run: the MiB each node read from S3 and from peers, and the CPU

@@ -14,7 +14,6 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -40,6 +39,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	cparams "github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // s3BytesPerSec is the S3 server's bandwidth, shared by every node.
@@ -357,47 +357,10 @@ func (r result) cpuSplit(cores float64) string {
 		own, r.nodesCPU, r.s3CPU, r.proxyCPU, 100*r.busy/(cores*r.all), 100*max(0, r.busy-own)/(cores*r.all), 100*r.iowait/(cores*r.all))
 }
 
-// machineCPU is the CPU seconds all cores spent busy and waiting for I/O since boot.
-func machineCPU() (busy, iowait float64) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	if len(f) < 9 || f[0] != "cpu" {
-		return 0, 0
-	}
-	for k, v := range f[1:9] {
-		t := atof(v) / clockTicks
-		switch k {
-		case 3: // idle
-		case 4:
-			iowait += t
-		default:
-			busy += t
-		}
-	}
-	return busy, iowait
-}
-
-// clockTicks is the unit of /proc/<pid>/stat's CPU times (USER_HZ, 100 on Linux).
-const clockTicks = 100
-
 // procCPU is a process's CPU seconds so far, all its threads (0 when it is gone).
 func procCPU(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses and may hold spaces.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / clockTicks
+	own, _ := testutil.ProcCPU(pid)
+	return own
 }
 
 func nodesCPU(nodes []*child) float64 {
@@ -460,7 +423,7 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 	}
 	before := th.sent.Load()
 	cpu0, s3cpu0, self0 := nodesCPU(nodes), procCPU(s.Pid()), cpuSeconds()
-	busy0, iowait0 := machineCPU()
+	_, busy0, iowait0, _ := testutil.MachineCPU()
 	for _, c := range nodes {
 		c.start(b)
 	}
@@ -469,7 +432,7 @@ func group(b *testing.B, s *testpeers.S3, th *throttle, work string, n int, peer
 		r.all, r.cpu = max(r.all, secs), r.cpu+cpu
 	}
 	r.nodesCPU, r.s3CPU, r.proxyCPU = nodesCPU(nodes)-cpu0, procCPU(s.Pid())-s3cpu0, cpuSeconds()-self0
-	busy1, iowait1 := machineCPU()
+	_, busy1, iowait1, _ := testutil.MachineCPU()
 	r.busy, r.iowait = busy1-busy0, iowait1-iowait0
 	if late {
 		c := startNode(b, s, work, "node-late", dir, peers, params, poolSize)
