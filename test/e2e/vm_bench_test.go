@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -155,40 +156,25 @@ func peerCopies(b *testing.B, rclone string, s3 *cluster.S3, bucket, prefix stri
 		for i := range dirs {
 			dirs[i] = b.TempDir()
 		}
-		errs, cpu := make([]error, n), make([]float64, n)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for i, dir := range dirs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				// As many objects in flight as Cistern's staging reads at once (16), as
-				// bench-datasource compares.
-				cmd := exec.Command(rclone, "copy", "--checksum", "--transfers", "16", "src:"+bucket+"/"+prefix, dir)
-				cmd.Env = env
-				out, err := cmd.CombinedOutput()
-				if err != nil {
-					errs[i] = fmt.Errorf("rclone copy: %v: %s", err, out)
-					return
-				}
-				cpu[i] = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
-				errs[i] = syncfs(dir)
-			}()
-		}
-		wg.Wait()
-		took := time.Since(start)
-		for i, dir := range dirs {
-			if errs[i] != nil {
-				b.Fatal(errs[i])
+		cpu := make([]float64, n)
+		took := atOnce(b, n, func(i int) error {
+			// As many objects in flight as Cistern's staging reads at once (16), as
+			// bench-datasource compares.
+			cmd := exec.Command(rclone, "copy", "--checksum", "--transfers", "16", "src:"+bucket+"/"+prefix, dirs[i])
+			cmd.Env = env
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("rclone copy: %v: %s", err, out)
 			}
+			cpu[i] = (cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()).Seconds()
+			return syncfs(dirs[i])
+		})
+		var sum float64
+		for i, dir := range dirs {
 			checkCopied(b, dir)
 			if err := os.RemoveAll(dir); err != nil {
 				b.Fatal(err)
 			}
-		}
-		var sum float64
-		for _, c := range cpu {
-			sum += c
+			sum += cpu[i]
 		}
 		return took, sum
 	}
@@ -227,33 +213,38 @@ func diskWrites(b *testing.B) copyRun {
 	b.Helper()
 	writes := func(n int) time.Duration {
 		dir := b.TempDir()
-		errs := make([]error, n)
-		var wg sync.WaitGroup
-		start := time.Now()
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				out, err := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(dir, strconv.Itoa(i)), "bs=4M",
-					"count="+strconv.Itoa(benchObjects*benchObjectBytes/(4<<20)), "oflag=direct", "conv=fsync", "status=none").CombinedOutput()
-				if err != nil {
-					errs[i] = fmt.Errorf("dd: %v: %s", err, out)
-				}
-			}()
-		}
-		wg.Wait()
-		took := time.Since(start)
-		for _, err := range errs {
+		took := atOnce(b, n, func(i int) error {
+			out, err := exec.Command("dd", "if=/dev/zero", "of="+filepath.Join(dir, strconv.Itoa(i)), "bs=4M",
+				"count="+strconv.Itoa(benchObjects*benchObjectBytes/(4<<20)), "oflag=direct", "conv=fsync", "status=none").CombinedOutput()
 			if err != nil {
-				b.Fatal(err)
+				return fmt.Errorf("dd: %v: %s", err, out)
 			}
-		}
+			return nil
+		})
 		if err := os.RemoveAll(dir); err != nil {
 			b.Fatal(err)
 		}
 		return took
 	}
 	return copyRun{one: writes(1), three: writes(3), load: loadAverage()}
+}
+
+// atOnce runs fn(0), …, fn(n-1) at once and returns how long they took together; an error of
+// any fails the benchmark.
+func atOnce(b *testing.B, n int, fn func(i int) error) time.Duration {
+	b.Helper()
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		wg.Go(func() { errs[i] = fn(i) })
+	}
+	wg.Wait()
+	took := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+	return took
 }
 
 // vmSamples are the VolumeManager benchmark's samples: per turn, replicas 3's time to Running
