@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
@@ -211,12 +212,15 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 		t.Errorf("a writable copy changed the node's cache: %v", cached)
 	}
 
-	// spec.state Completed releases the claims and volumes: Completed, and kubelet unstages.
-	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
-		t.Fatal(err)
-	}
-	got.Spec.State = datav1alpha1.RequestCompleted
-	if err := cl.Update(ctx, &got); err != nil {
+	// spec.state Completed releases the claims and volumes: Completed, and kubelet unstages. The
+	// controller writes the object too (its status), so the update is retried on a conflict.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
+			return err
+		}
+		got.Spec.State = datav1alpha1.RequestCompleted
+		return cl.Update(ctx, &got)
+	}); err != nil {
 		t.Fatal(err)
 	}
 	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {

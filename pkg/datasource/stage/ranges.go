@@ -158,17 +158,11 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if err != nil {
 			return err
 		}
-		partSize := plan.PartSize
-		mp := multipartETag.FindStringSubmatch(o.ETag)
-		a, isCRC := crcAlgos[plan.Checksum.Algorithm]
-		if isCRC && mp != nil && j.peers.mayShare() {
-			// Ranges from peers are checked against the parts' MD5s too (etagParts).
-			if partSize, err = p.PartSize(ctx, o); err != nil {
-				return err
-			}
+		partSize, err := j.etagPartSize(ctx, p, o, plan)
+		if err != nil {
+			return err
 		}
-		byParts := mp != nil && partSize > 0 && (o.Size+partSize-1)/partSize == atoi(mp[1])
-		if isCRC {
+		if a, isCRC := crcAlgos[plan.Checksum.Algorithm]; isCRC {
 			// A few long parallel ranges (one per stream, as rclone does): each request has a
 			// cost on the server. Each range is CRC'd; the CRCs combine into the object's.
 			// Ranges start on MiB boundaries, as direct I/O needs.
@@ -179,16 +173,14 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			}
 			b.crc, b.crcWant = &a, plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
-			if byParts {
-				b.etagParts = partSize // what bytes from peers are checked against too
-			}
+			b.etagParts = partSize // what bytes from peers are checked against too
 		} else if checksumHash(plan.Checksum.Algorithm) != nil {
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size, deferred: preferred})
 		}
-		if byParts && b.crc == nil {
+		if partSize > 0 && b.crc == nil {
 			chunk, b.partSize = partSize, partSize
-			b.partSums = make([][]byte, atoi(mp[1]))
+			b.partSums = make([][]byte, (o.Size+partSize-1)/partSize)
 		}
 	}
 	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_RDWR, fileMode(o))
@@ -345,7 +337,24 @@ func checkETag(f *os.File, o source.Object, partSize int64) error {
 	return nil
 }
 
-func atoi(s string) int64 {
-	n, _ := strconv.ParseInt(s, 10, 64)
-	return n
+// etagPartSize is the part size of o when its multipart ETag can check its parts (their count
+// matches), else 0: the plan's, or, for an object its CRC checks, asked only when peers may serve
+// ranges of it, which are checked against the parts' MD5s too (a CRC cannot check bytes a peer
+// chose).
+func (j *Job) etagPartSize(ctx context.Context, p source.Planner, o source.Object, plan source.Plan) (int64, error) {
+	m := multipartETag.FindStringSubmatch(o.ETag)
+	if m == nil {
+		return 0, nil
+	}
+	partSize := plan.PartSize
+	if _, isCRC := crcAlgos[plan.Checksum.Algorithm]; isCRC && j.peers.mayShare() {
+		var err error
+		if partSize, err = p.PartSize(ctx, o); err != nil {
+			return 0, err
+		}
+	}
+	if parts, _ := strconv.ParseInt(m[1], 10, 64); partSize <= 0 || (o.Size+partSize-1)/partSize != parts {
+		return 0, nil
+	}
+	return partSize, nil
 }
