@@ -114,6 +114,10 @@ func TestStreamingBench(t *testing.T) {
 	if os.Getenv("CISTERN_BENCH_STREAM_RCLONE") != "0" {
 		rclone = testpeers.Binary(t, "CISTERN_RCLONE")
 	}
+	// Every case reads from a dropped page cache: on a virtual machine that reports free memory
+	// to its host, that memory's first touch is a host fault per page (testutil.HoldGuestMemory).
+	held := testutil.HoldGuestMemory(t)
+	t.Log(held)
 	var lines []string
 	for _, set := range sets {
 		t.Run(set.name, func(t *testing.T) {
@@ -123,6 +127,7 @@ func TestStreamingBench(t *testing.T) {
 		})
 	}
 	fmt.Println()
+	fmt.Println("  " + held)
 	for _, l := range lines {
 		fmt.Println(l)
 	}
@@ -221,8 +226,12 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 			// The full staging, then the same walk and read.
 			dropPageCache(t)
 			cpu := readCPU(t)
+			s3Before, _ := testutil.ProcCPU(b.s3.Pid())
 			d, target := b.publish(fmt.Sprintf("staged-%d", i), "staged")
 			m.staged = append(m.staged, d)
+			m.busyStaged = append(m.busyStaged, cpu.busySince(t))
+			s3After, _ := testutil.ProcCPU(b.s3.Pid())
+			m.s3Staged = append(m.s3Staged, (s3After-s3Before)/(readCPU(t).total-cpu.total))
 			if readAll {
 				_, all := walkRead(t, target, -1)
 				m.stagedAll = append(m.stagedAll, d+all)
@@ -256,6 +265,9 @@ type streamMeasures struct {
 	// streaming and staged: where both are near 1, the read all is bound by the CPU work, which
 	// a streaming read can only reorder, not overlap.
 	busyReadAll, busyStagedAll []float64
+	// During the staged publish alone: how busy the CPUs were, and the S3 server's share of
+	// them (it runs on the same cores here; a node's S3 is elsewhere).
+	busyStaged, s3Staged []float64
 }
 
 // cpuTimes is the machine's CPU seconds (testutil.MachineCPU): all of it, and busy.
@@ -290,9 +302,10 @@ func (m streamMeasures) lines(set streamSet) []string {
 	}
 	line := fmt.Sprintf("streaming: dataset=%s publish_s=%.3f first_byte_ratio=%s read_all_ratio=%s rclone_mount_ratio=%s cached_read_ratio=%s",
 		set.name, med(m.publish).Seconds(), ratio(m.firstByte, m.get1), ratio(m.readAll, allBase), ratio(m.readAll, m.rclone), ratio(m.cachedPool, m.cachedVol))
-	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s streaming_volume_staged_s=%s read_all_cpu_busy=%s staged_read_all_cpu_busy=%s",
+	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s streaming_volume_staged_s=%s read_all_cpu_busy=%s staged_read_all_cpu_busy=%s staged_publish_cpu_busy=%s staged_publish_s3_cpu=%s",
 		set.name, spreadOr(m.publish), spreadOr(m.staged), spreadOr(m.firstByte), spreadOr(m.get1), spreadOr(m.readAll), spreadOr(m.stagedAll),
-		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool), spreadOr(m.bgStaging), spreadF(m.busyReadAll), spreadF(m.busyStagedAll))
+		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool), spreadOr(m.bgStaging), spreadF(m.busyReadAll), spreadF(m.busyStagedAll),
+		spreadF(m.busyStaged), spreadF(m.s3Staged))
 	return []string{line, detail}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // The placement benchmark's shape (issue: "Measured, on the real control plane").
@@ -65,6 +66,7 @@ func BenchmarkPlacement(b *testing.B) {
 		names[i] = fmt.Sprintf("bench-%c", 'a'+i)
 	}
 	warmNode := names[0]
+	held := testutil.HoldGuestMemory(b)
 	// The components' intervals are their defaults (the driver checks its pools every 10 s, the
 	// provisioner polls capacity every minute), not the e2e suite's short ones: the writes at rest
 	// are what a cluster pays.
@@ -143,7 +145,7 @@ API writes at rest over %s (all %d nodes; leases and the install's Deployment/Da
 		stageOnce, vmTimes[1], vmTimes[3], vmRatio, vmBreakdown(vmRuns[1]), vmBreakdown(vmRuns[3]), settle.Round(time.Second), settling.total, settling.byResource,
 		benchIdle, benchNodes, idle.total, idle.byResource)
 	fmt.Print(vmSampled.table())
-	fmt.Printf("vm: peers=on %s\n", vmSampled.line())
+	fmt.Printf("  %s\nvm: peers=on %s\n", held, vmSampled.line())
 	// Each phase's p50s apart: pooling them would let one phase's many fast starts hide the
 	// other's.
 	fmt.Printf("placement: warm_share=%.2f baseline_share=%.2f warm_p50_s=%s cold_p50_s=%s baseline_warm_p50_s=%s baseline_cold_p50_s=%s vm_ready_ratio=%s idle_writes_per_min=%s\n",
@@ -399,6 +401,7 @@ func BenchmarkVolumeManagerReplicas(b *testing.B) {
 	if peers != "off" {
 		peers = "on"
 	}
+	held := testutil.HoldGuestMemory(b)
 	s := startPlacementCluster(b, "bench-vm", names, benchPoolSize, cluster.NodeOptions{NoPeers: peers == "off"})
 	s3, _ := s3Server(b)
 	datasetClass(b, s.cp, s.ns, "cistern-"+s.ns, "s3://datasets/bench/", s3) // the Secret s3 the VolumeManagers name
@@ -410,7 +413,7 @@ func BenchmarkVolumeManagerReplicas(b *testing.B) {
 	fmt.Printf("VolumeManager time to Running, replicas 1: %v; replicas 3: %v\n  replicas 1: %s\n  replicas 3: %s\nreplicas 1:\n%sreplicas 3:\n%s",
 		times[1], times[3], vmBreakdown(runs[1]), vmBreakdown(runs[3]), vmBytes(runs[1]), vmBytes(runs[3]))
 	fmt.Print(samples.table())
-	fmt.Printf("vm: peers=%s %s\n", peers, samples.line())
+	fmt.Printf("  %s\nvm: peers=%s %s\n", held, peers, samples.line())
 }
 
 // vmStagesAhead says whether the installed VolumeManager API reports per-node staging
