@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -137,7 +138,11 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 	ps := r.partSize(f.Size)
 	n := int((f.Size + ps - 1) / ps)
 	parts := make([]types.CompletedPart, n)
-	g, gctx := errgroup.WithContext(ctx)
+	// A failed part stops new ones but cancels none under way: a request cancelled mid-body
+	// may still be written by the server after the upload is aborted (versitygw then lists the
+	// aborted upload again, holding storage), so every request ends before this returns.
+	var g errgroup.Group
+	var failed atomic.Bool
 	for i := range n {
 		num, off := int32(i+1), int64(i)*ps
 		length := min(ps, f.Size-off)
@@ -145,29 +150,37 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 			parts[i] = up.Alg.part(num, p.ETag, up.Alg.pick(p.ChecksumCRC32C, p.ChecksumCRC64NVME))
 			continue
 		}
-		release, err := r.slot(gctx)
+		if failed.Load() {
+			break
+		}
+		release, err := r.slot(ctx)
 		if err != nil {
 			break
 		}
 		g.Go(func() error {
 			defer release()
-			out, err := r.client.UploadPart(gctx, &s3.UploadPartInput{
+			out, err := r.client.UploadPart(ctx, &s3.UploadPartInput{
 				Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 				UploadId: aws.String(up.ID), PartNumber: aws.Int32(num),
 				Body: io.NewSectionReader(fh, off, length), ContentLength: aws.Int64(length),
 				ChecksumAlgorithm: up.Alg.algorithm(),
 			})
-			if err != nil {
-				return err
+			var sum string
+			if err == nil {
+				sum, err = verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
 			}
-			sum, err := verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
 			if err != nil {
+				failed.Store(true)
 				return err
 			}
 			r.sent(length)
 			parts[i] = up.Alg.part(num, out.ETag, sum)
-			return r.j.append(record{Op: opPart, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID,
-				Part: num, ETag: aws.ToString(out.ETag), Sum: sum}, false)
+			if err := r.j.append(record{Op: opPart, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID,
+				Part: num, ETag: aws.ToString(out.ETag), Sum: sum}, false); err != nil {
+				failed.Store(true)
+				return err
+			}
+			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
