@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -450,14 +452,54 @@ func TestWriteBackClaim(t *testing.T) {
 	if holds := env.driver.volumes.WriteBackHolds(id); holds != "" {
 		t.Errorf("a repeated NodeUnstageVolume started another upload: %s", holds)
 	}
+	if n := writes.Load(); n != 0 {
+		t.Errorf("%d writes to the target after the upload had finished, want 0", n)
+	}
+
+	// Staged and written again: the next upload sends what changed since the last one, not
+	// ckpt.bin again.
+	if err := stage(owner); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: mountCap("")}); err != nil {
+		t.Fatal(err)
+	}
+	again := map[string][]byte{"out/eval.csv": []byte("a,b\n1,2\n3,4\n"), "notes.txt": []byte("second run\n")}
+	writeOutputs(t, target, again)
+	var sent atomic.Int64
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodPut {
+			sent.Add(bodyLength(r))
+		}
+		return testpeers.None
+	})
+	env.unpublishAndUnstage(id)
+	waitFor(t, "the second upload", func() bool { return env.driver.volumes.WriteBackHolds(id) == "" })
+	maps.Copy(want, again)
+	checkOutputs(t, s, "claim/", want)
+	if got, changed := sent.Load(), int64(len(again["out/eval.csv"])+len(again["notes.txt"])); got != changed {
+		t.Errorf("the second upload sent %d bytes, want the %d changed since the first", got, changed)
+	}
+
 	if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
 	events.want(t, claim, true, volume.ReasonOutputTargetRefused, "may not write its outputTarget s3://out/claim/")
 	events.want(t, claim, false, volume.ReasonOutputUploadFinished, "2 objects")
-	if n := writes.Load(); n != 0 {
-		t.Errorf("%d writes to the target after the upload had finished, want 0", n)
+	if _, err := os.Stat(filepath.Join(env.dir, "writeback", "journals", id)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the deleted claim's write-back journal: %v, want it gone", err)
 	}
+}
+
+// bodyLength is the size of what a request sends: its payload's, without the aws-chunked
+// framing of a streamed checksum.
+func bodyLength(r *http.Request) int64 {
+	if d := r.Header.Get("X-Amz-Decoded-Content-Length"); d != "" {
+		n, _ := strconv.ParseInt(d, 10, 64)
+		return n
+	}
+	return max(r.ContentLength, 0)
 }
 
 // TestWriteBackDeletions publishes writable inline volumes whose target mirrors the dataset,

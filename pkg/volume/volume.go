@@ -298,6 +298,12 @@ func (s *Service) Delete(v state.Volume) error {
 	if err := s.releaseLayer(v.Pool, v.DatasetLayer, v.ID); err != nil {
 		return Internal("releasing the volume's dataset layer", err)
 	}
+	if s.wb != nil {
+		// What a claim's uploads put at the target (writeback.Uploader.Keep) goes with it.
+		if err := s.wb.up.Forget(v.ID); err != nil {
+			return Internal("removing the volume's write-back journal", err)
+		}
+	}
 	if err := s.store.DeleteVolume(v.ID); err != nil {
 		return Internal("removing volume state", err)
 	}

@@ -434,10 +434,13 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		return err
 	}
 	klog.Background().V(4).Info("Uploaded volume torn down", "volumeID", id, "took", time.Since(start).String())
-	if v.Ephemeral {
-		if err := s.Delete(v); err != nil {
-			return err
-		}
+	if !v.Ephemeral {
+		// A claim stays, and may be staged and written again: its next upload sends only
+		// what changed since this one (DeleteVolume forgets the journal).
+		return s.wb.settle(id, s.wb.up.Keep)
+	}
+	if err := s.Delete(v); err != nil {
+		return err
 	}
 	return s.wb.forget(id)
 }
@@ -614,7 +617,12 @@ func (w *writeBacks) loadSecrets(id string) (map[string]string, error) {
 	return m, json.Unmarshal(data, &m)
 }
 
-func (w *writeBacks) forget(id string) error {
+// forget ends volume id's write-back with the volume: its journal goes.
+func (w *writeBacks) forget(id string) error { return w.settle(id, w.up.Forget) }
+
+// settle ends volume id's upload: nothing of it is pending, its saved secrets go, and end
+// (Uploader.Forget or Keep) decides what of its journal stays.
+func (w *writeBacks) settle(id string, end func(volume string) error) error {
 	w.mu.Lock()
 	delete(w.pending, id)
 	delete(w.failing, id)
@@ -623,7 +631,7 @@ func (w *writeBacks) forget(id string) error {
 	if err := os.Remove(w.secretsPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	return w.up.Forget(id)
+	return end(id)
 }
 
 func (w *writeBacks) progress(p writeback.Progress) {

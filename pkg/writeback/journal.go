@@ -41,6 +41,10 @@ const (
 	opCheckpoint op = "checkpoint"
 	// opHandoff records the volume let go and its final upload asked for (synced).
 	opHandoff op = "handoff"
+	// opKept ends a complete job of a volume that stays (Uploader.Keep): the files recorded
+	// done before it are at the target as the volume's next job starts (stored), which sends
+	// them again only when changed or no longer there.
+	opKept op = "kept"
 )
 
 // record is one line of the log. Size and MTime identify the file's content: a file recorded
@@ -84,6 +88,10 @@ type journal struct {
 	complete bool
 	// live: checkpoints were taken and the volume was not handed off yet.
 	live bool
+	// stored are the files an earlier job of the volume put at the target (-> checksum), and
+	// kept says no job runs since (opKept).
+	stored map[fileKey]string
+	kept   bool
 }
 
 // openJournal opens (creating when new) the journal of job in dir. A job.json that differs from
@@ -113,7 +121,8 @@ func openJournal(dir string, job Job) (*journal, error) {
 	case !bytes.Equal(have, want):
 		return nil, fmt.Errorf("journal %s is of another job: %s", dir, have)
 	}
-	j := &journal{dir: dir, done: map[fileKey]string{}, uploads: map[fileKey]*upload{}, deleted: map[string]bool{}}
+	j := &journal{dir: dir, done: map[fileKey]string{}, uploads: map[fileKey]*upload{}, deleted: map[string]bool{},
+		stored: map[fileKey]string{}}
 	if err := j.load(); err != nil {
 		return nil, err
 	}
@@ -174,27 +183,38 @@ func (j *journal) apply(r record) {
 		delete(j.uploads, k)
 	case opDeleted:
 		j.deleted[r.Path] = true
-		for k := range j.done {
-			if k.Path == r.Path {
-				delete(j.done, k)
+		for _, m := range []map[fileKey]string{j.done, j.stored} {
+			for k := range m {
+				if k.Path == r.Path {
+					delete(m, k)
+				}
 			}
 		}
 	case opComplete:
 		j.complete = true
 	case opCheckpoint:
-		j.live = !j.complete
+		j.live, j.kept = !j.complete, false
 	case opHandoff:
-		j.live = false
+		j.live, j.kept = false, false
+	case opKept:
+		for k, sum := range j.done {
+			j.stored[k] = sum
+		}
+		j.done, j.uploads, j.deleted = map[fileKey]string{}, map[fileKey]*upload{}, map[string]bool{}
+		j.complete, j.live, j.kept = false, false, true
 	}
 }
 
-// donePaths are the paths of the files whose objects the journal put at the target.
+// donePaths are the paths of the files whose objects the journal put at the target, in this job
+// or an earlier one of the volume (stored).
 func (j *journal) donePaths() map[string]bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	out := make(map[string]bool, len(j.done))
-	for k := range j.done {
-		out[k.Path] = true
+	out := make(map[string]bool, len(j.done)+len(j.stored))
+	for _, m := range []map[fileKey]string{j.done, j.stored} {
+		for k := range m {
+			out[k.Path] = true
+		}
 	}
 	return out
 }
@@ -232,6 +252,15 @@ func (j *journal) isDone(k fileKey) bool {
 	defer j.mu.Unlock()
 	_, ok := j.done[k]
 	return ok
+}
+
+// storedSum is the checksum of k's object as an earlier job put it at the target, when k's
+// content is what that job uploaded.
+func (j *journal) storedSum(k fileKey) (string, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	sum, ok := j.stored[k]
+	return sum, ok
 }
 
 // uploadOf returns a copy of k's multipart upload under way, nil when none.

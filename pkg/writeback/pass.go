@@ -297,8 +297,12 @@ func (r *run) pass(ctx context.Context) error {
 	return r.j.append(record{Op: opComplete}, true)
 }
 
-// upload puts one file at its key, in parts when large.
+// upload puts one file at its key, in parts when large, unless an earlier job of the volume put
+// it there as it is and the target still holds it.
 func (r *run) upload(ctx context.Context, f file) error {
+	if sum, ok := r.j.storedSum(f.fileKey); ok && r.stillStored(ctx, f, sum) {
+		return r.done(f, sum)
+	}
 	src := f.src
 	if src == "" {
 		src = filepath.Join(r.job.Upper, filepath.FromSlash(f.Path))
@@ -334,6 +338,11 @@ func (r *run) upload(ctx context.Context, f file) error {
 	if changed(fh, f) {
 		return fmt.Errorf("%s changed while it was uploaded", f.Path)
 	}
+	return r.done(f, sum)
+}
+
+// done records f's object at the target, with its checksum.
+func (r *run) done(f file, sum string) error {
 	if err := r.j.append(record{Op: opDone, Path: f.Path, Size: f.Size, MTime: f.MTime, Sum: sum}, false); err != nil {
 		return err
 	}
@@ -342,6 +351,28 @@ func (r *run) upload(ctx context.Context, f file) error {
 	r.p.BytesDone += f.Size
 	r.mu.Unlock()
 	return nil
+}
+
+// stillStored reports whether the target holds f's object as an earlier job put it there: its
+// size and the checksum that job recorded (S3: a HEAD; NFS: the file read back).
+func (r *run) stillStored(ctx context.Context, f file, sum string) bool {
+	if sum == "" {
+		return false
+	}
+	if r.nfs != nil {
+		return r.nfs.verify(f.Path, f.Size, sum) == nil
+	}
+	release, err := r.slot(ctx)
+	if err != nil {
+		return false
+	}
+	defer release()
+	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
+		ChecksumMode: types.ChecksumModeEnabled,
+	})
+	return err == nil && aws.ToInt64(out.ContentLength) == f.Size &&
+		(aws.ToString(out.ChecksumCRC32C) == sum || aws.ToString(out.ChecksumCRC64NVME) == sum)
 }
 
 // put uploads a small file in one request; the server verifies its CRC-32C.

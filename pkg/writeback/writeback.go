@@ -8,7 +8,9 @@
 package writeback
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -18,6 +20,8 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/cistern-csi/cistern/pkg/atomicfile"
 )
 
 // Target receives a volume's outputs: an S3 prefix (Bucket), or a directory of an NFS server
@@ -215,37 +219,44 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 }
 
 // Done reports whether volume's write-back is complete: every change at its target. A volume
-// without a journal has none to do, nor has one still in use (checkpoints taken, not handed off).
+// without a journal has none to do, nor has one still in use (checkpoints taken, not handed off)
+// or kept between jobs (Keep).
 func (u *Uploader) Done(volume string) (bool, error) {
 	dir := u.journalDir(volume)
 	if _, err := os.Stat(filepath.Join(dir, jobFile)); errors.Is(err, os.ErrNotExist) {
 		return true, nil
 	}
-	live, complete, err := scanLog(dir)
-	return live || complete, err
+	st, err := scanLog(dir)
+	return st.live || st.complete || st.kept, err
 }
 
-// scanLog reads whether a journal is of a volume still in use, and whether it is complete,
-// without opening it for appending (a checkpoint may be appending).
-func scanLog(dir string) (live, complete bool, err error) {
+// logState is what a journal's log says of its job, read without opening it for appending (a
+// checkpoint may be appending): the volume still in use, the job complete, or the journal kept
+// between jobs of a volume that stays.
+type logState struct{ live, complete, kept bool }
+
+func scanLog(dir string) (logState, error) {
+	var st logState
 	data, err := os.ReadFile(filepath.Join(dir, logFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return false, false, nil
+		return st, nil
 	}
 	if err != nil {
-		return false, false, err
+		return st, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
 		switch line {
 		case `{"op":"complete"}`:
-			complete, live = true, false
+			st.complete, st.live = true, false
 		case `{"op":"checkpoint"}`:
-			live = !complete
+			st.live, st.kept = !st.complete, false
 		case `{"op":"handoff"}`:
-			live = false
+			st.live, st.kept = false, false
+		case `{"op":"kept"}`:
+			st = logState{kept: true}
 		}
 	}
-	return live, complete, nil
+	return st, nil
 }
 
 // Pending returns the jobs whose journals are not complete, to run again after a restart.
@@ -270,6 +281,50 @@ func (u *Uploader) Pending() ([]Job, error) {
 // Forget removes volume's journal, once the caller deleted the data it was for.
 func (u *Uploader) Forget(volume string) error {
 	return os.RemoveAll(u.journalDir(volume))
+}
+
+// Keep ends volume's complete job when the volume stays (a claim, staged again later), where
+// Forget would end it with the volume: its journal keeps only which files' objects are at the
+// target (its log rewritten to their records), so that the volume's next job sends none of them
+// again unless changed since, or no longer at the target (checked first). A journal kept
+// already, or none, is left as it is; one not complete is an error.
+func (u *Uploader) Keep(volume string) error {
+	dir := u.journalDir(volume)
+	job, err := readJob(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	j, err := openJournal(dir, job)
+	if err != nil {
+		return err
+	}
+	_ = j.close()
+	if j.kept {
+		return nil
+	}
+	if !j.complete {
+		return fmt.Errorf("writeback of %s: not complete", volume)
+	}
+	var log bytes.Buffer
+	enc := json.NewEncoder(&log)
+	for k, sum := range j.done {
+		if err := enc.Encode(record{Op: opDone, Path: k.Path, Size: k.Size, MTime: k.MTime, Sum: sum}); err != nil {
+			return err
+		}
+	}
+	if err := enc.Encode(record{Op: opKept}); err != nil {
+		return err
+	}
+	if err := atomicfile.Write(filepath.Join(dir, logFile), ".log-", func(f *os.File) error {
+		_, err := f.Write(log.Bytes())
+		return err
+	}); err != nil {
+		return err
+	}
+	return atomicfile.SyncDir(dir)
 }
 
 // Add records job durably, before the caller lets the volume go: a crash after it resumes the
@@ -301,7 +356,7 @@ func (u *Uploader) Jobs() ([]Job, error) {
 		if err != nil {
 			continue
 		}
-		if live, _, err := scanLog(dir); err == nil && !live {
+		if st, err := scanLog(dir); err == nil && !st.live && !st.kept {
 			out = append(out, job)
 		}
 	}
