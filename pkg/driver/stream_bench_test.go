@@ -21,6 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	gofs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
@@ -219,6 +221,10 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 					}
 					m.cachedVol, m.cachedPool = append(m.cachedVol, vol), append(m.cachedPool, pool)
 				}
+				// FUSE's own cost, next to a read of the pool: the cached tree through
+				// go-fuse's loopback filesystem.
+				loop := loopbackRead(t, tree, b.pool)
+				m.loopback, m.loopbackPool = append(m.loopback, loop), append(m.loopbackPool, coldWalkRead(t, tree, b.pool))
 			}
 			b.unpublish(fmt.Sprintf("stream-%d", i))
 		}
@@ -265,6 +271,9 @@ type streamMeasures struct {
 	// streaming and staged: where both are near 1, the read all is bound by the CPU work, which
 	// a streaming read can only reorder, not overlap.
 	busyReadAll, busyStagedAll []float64
+	// A cached read through go-fuse's loopback filesystem (FUSE passthrough, no Cistern), and
+	// the pool's next to it: what FUSE costs on this machine, a real peer's figure.
+	loopback, loopbackPool []time.Duration
 	// During the staged publish alone: how busy the CPUs were, and the S3 server's share of
 	// them (it runs on the same cores here; a node's S3 is elsewhere).
 	busyStaged, s3Staged []float64
@@ -302,10 +311,10 @@ func (m streamMeasures) lines(set streamSet) []string {
 	}
 	line := fmt.Sprintf("streaming: dataset=%s publish_s=%.3f first_byte_ratio=%s read_all_ratio=%s rclone_mount_ratio=%s cached_read_ratio=%s",
 		set.name, med(m.publish).Seconds(), ratio(m.firstByte, m.get1), ratio(m.readAll, allBase), ratio(m.readAll, m.rclone), ratio(m.cachedPool, m.cachedVol))
-	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s streaming_volume_staged_s=%s read_all_cpu_busy=%s staged_read_all_cpu_busy=%s staged_publish_cpu_busy=%s staged_publish_s3_cpu=%s",
+	detail := fmt.Sprintf("  streaming_samples: dataset=%s publish_s=%s staged_publish_s=%s first_byte_s=%s get_1b_s=%s read_all_s=%s staged_read_all_s=%s rclone_read_all_s=%s cached_volume_s=%s cached_pool_s=%s streaming_volume_staged_s=%s read_all_cpu_busy=%s staged_read_all_cpu_busy=%s staged_publish_cpu_busy=%s staged_publish_s3_cpu=%s fuse_loopback_s=%s fuse_loopback_cached_ratio=%s",
 		set.name, spreadOr(m.publish), spreadOr(m.staged), spreadOr(m.firstByte), spreadOr(m.get1), spreadOr(m.readAll), spreadOr(m.stagedAll),
 		spreadOr(m.rclone), spreadOr(m.cachedVol), spreadOr(m.cachedPool), spreadOr(m.bgStaging), spreadF(m.busyReadAll), spreadF(m.busyStagedAll),
-		spreadF(m.busyStaged), spreadF(m.s3Staged))
+		spreadF(m.busyStaged), spreadF(m.s3Staged), spreadOr(m.loopback), ratio(m.loopbackPool, m.loopback))
 	return []string{line, detail}
 }
 
@@ -618,6 +627,34 @@ func coldWalkRead(t *testing.T, root, pool string) time.Duration {
 	dropPages(t, root)
 	_, all := walkRead(t, root, -1)
 	return all
+}
+
+// loopbackRead times coldWalkRead of dir through go-fuse's loopback filesystem, mounted afresh
+// read-only with the streaming volume's mount options and cache timeouts: FUSE passthrough, each
+// open a round trip to the server, as through a streaming volume.
+func loopbackRead(t *testing.T, dir, pool string) time.Duration {
+	t.Helper()
+	root, err := gofs.NewLoopbackRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := time.Hour
+	opts := &gofs.Options{EntryTimeout: &long, AttrTimeout: &long, MountOptions: fuse.MountOptions{
+		FsName: "loopback", MaxReadAhead: 1 << 20, MaxWrite: 1 << 20, DisableXAttrs: true, Options: []string{"ro"}}}
+	mnt := t.TempDir()
+	server, err := gofs.Mount(mnt, root, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := server.Unmount(); err != nil {
+			t.Error(err)
+		}
+	}()
+	if server.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH == 0 {
+		t.Fatal("the kernel offers no FUSE passthrough")
+	}
+	return coldWalkRead(t, mnt, pool)
 }
 
 // dropPageCache writes out and drops the machine's clean page cache.
