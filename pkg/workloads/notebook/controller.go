@@ -30,6 +30,10 @@ const DefaultTimeout = 30 * time.Minute
 // missingVolumeRetry is how often a job waiting for a PVC or ConfigMap looks again.
 const missingVolumeRetry = 10 * time.Second
 
+// cacheLag is how soon a job whose pod the API server has and the cache not yet looks again
+// (the pod's own event usually comes first).
+const cacheLag = time.Second
+
 // podCreateRetry is how often a job whose pod was refused for a reason that may pass (quota, an
 // admission webhook, a server error) tries again.
 const podCreateRetry = 15 * time.Second
@@ -102,6 +106,15 @@ func (r *Reconciler) step(ctx context.Context, job *v1alpha1.NotebookValidationJ
 	err := r.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: PodName(job)}, &pod)
 	if apierrors.IsNotFound(err) {
 		if st.PodName != "" {
+			// The cache may not have seen the pod this job just created (its status update
+			// can come back first): only the API server tells that the pod is gone.
+			err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: job.Namespace, Name: st.PodName}, &pod)
+			switch {
+			case err == nil:
+				return ctrl.Result{RequeueAfter: cacheLag}, nil
+			case !apierrors.IsNotFound(err):
+				return ctrl.Result{}, err
+			}
 			r.finish(st, v1alpha1.NotebookPhaseFailed, v1alpha1.ReasonPodDeleted, fmt.Sprintf("pod %s was deleted before it finished", st.PodName))
 			return ctrl.Result{}, nil
 		}

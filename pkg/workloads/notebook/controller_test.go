@@ -248,3 +248,51 @@ func TestReconcilerRetriesAndCommits(t *testing.T) {
 		t.Errorf("pods %d %v", len(pods.Items), err)
 	}
 }
+
+// laggingCache is a client whose cache has not seen any pod yet.
+type laggingCache struct{ client.Client }
+
+func (l laggingCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if _, ok := obj.(*corev1.Pod); ok {
+		return apierrors.NewNotFound(corev1.Resource("pods"), key.Name)
+	}
+	return l.Client.Get(ctx, key, obj, opts...)
+}
+
+// TestReconcilerPodNotCachedYet: a job whose status names the pod it created, reconciled before
+// the cache has seen that pod, waits for it rather than failing as if it were deleted; once the
+// API server has no such pod either, it fails.
+func TestReconcilerPodNotCachedYet(t *testing.T) {
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	_ = v1alpha1.AddToScheme(scheme)
+	job := testJob(func(j *v1alpha1.NotebookValidationJob) {
+		j.Status = v1alpha1.NotebookValidationJobStatus{Phase: v1alpha1.NotebookPhasePending, PodName: "nb-validation"}
+	})
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "nb-validation"}}
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(job, pod).WithStatusSubresource(job).Build()
+	r := &Reconciler{Client: laggingCache{c}, APIReader: c, Images: Images{Git: "git"}}
+	ctx := context.Background()
+	key := types.NamespacedName{Namespace: "ns", Name: "nb"}
+	reconcile := func() (ctrl.Result, v1alpha1.NotebookValidationJobStatus) {
+		t.Helper()
+		res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got v1alpha1.NotebookValidationJob
+		if err := c.Get(ctx, key, &got); err != nil {
+			t.Fatal(err)
+		}
+		return res, got.Status
+	}
+	if res, st := reconcile(); st.Phase != v1alpha1.NotebookPhasePending || res.RequeueAfter <= 0 {
+		t.Fatalf("pod not in the cache yet: %+v, %+v; want Pending and a requeue", st, res)
+	}
+	if err := c.Delete(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	if _, st := reconcile(); st.Phase != v1alpha1.NotebookPhaseFailed || !strings.Contains(st.Message, "deleted before it finished") {
+		t.Fatalf("pod gone: %+v, want Failed", st)
+	}
+}
