@@ -94,6 +94,29 @@ func TestKeptJobSendsOnlyChanges(t *testing.T) {
 		t.Errorf("third job, nothing changed: %+v, want nothing sent, every file done", third)
 	}
 
+	// A job complete but not kept (the plugin stopped before Keep): the next hand-off keeps it
+	// first, and its job sends only what changed since.
+	run := func() writeback.Progress {
+		t.Helper()
+		if err := u.Add(job); err != nil {
+			t.Fatal(err)
+		}
+		var last writeback.Progress
+		if err := u.Run(testCtx(t), job, s.Client, func(p writeback.Progress) { last = p }); err != nil {
+			t.Fatal(err)
+		}
+		return last
+	}
+	files["small.txt"] = randBytes(6, 1<<10)
+	writeFile(t, filepath.Join(upper, "small.txt"), files["small.txt"])
+	run() // complete, not kept
+	files["new.txt"] = randBytes(7, 2<<10)
+	writeFile(t, filepath.Join(upper, "new.txt"), files["new.txt"])
+	if last := run(); !last.Done || last.Sent != int64(len(files["new.txt"])) {
+		t.Errorf("the job after one not kept: %+v, want done with only new.txt's %d bytes sent", last, len(files["new.txt"]))
+	}
+	sameObjects(t, objects(t, s.Client, "out", "w/"), files)
+
 	if err := u.Forget("claim"); err != nil {
 		t.Fatal(err)
 	}

@@ -335,6 +335,17 @@ func (u *Uploader) Add(job Job) error {
 	if err != nil {
 		return err
 	}
+	if j.complete {
+		// The volume's last job, complete, was not kept yet (the plugin stopped before Keep):
+		// this hand-off is of its next one, which would otherwise end at once, sending nothing.
+		_ = j.close()
+		if err := u.Keep(job.Volume); err != nil {
+			return err
+		}
+		if j, err = openJournal(u.journalDir(job.Volume), job); err != nil {
+			return err
+		}
+	}
 	if err := j.append(record{Op: opHandoff}, true); err != nil {
 		_ = j.close()
 		return err
