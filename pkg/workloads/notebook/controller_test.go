@@ -39,19 +39,7 @@ func TestReconcilerPhases(t *testing.T) {
 	now := time.Now()
 	r := &Reconciler{Client: c, APIReader: c, Images: Images{Git: "git"}, Now: func() time.Time { return now }}
 	ctx := context.Background()
-	key := types.NamespacedName{Namespace: "ns", Name: "nb"}
-	reconcile := func() (ctrl.Result, *v1alpha1.NotebookValidationJob) {
-		t.Helper()
-		res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got v1alpha1.NotebookValidationJob
-		if err := c.Get(ctx, key, &got); err != nil {
-			t.Fatal(err)
-		}
-		return res, &got
-	}
+	reconcile := func() (ctrl.Result, *v1alpha1.NotebookValidationJob) { return reconcileJob(t, r, c) }
 
 	res, got := reconcile()
 	cond := meta.FindStatusCondition(got.Status.Conditions, v1alpha1.NotebookConditionVolumesReady)
@@ -249,6 +237,21 @@ func TestReconcilerRetriesAndCommits(t *testing.T) {
 	}
 }
 
+// reconcileJob reconciles the job ns/nb once and reads it back from c.
+func reconcileJob(t *testing.T, r *Reconciler, c client.Client) (ctrl.Result, *v1alpha1.NotebookValidationJob) {
+	t.Helper()
+	key := types.NamespacedName{Namespace: "ns", Name: "nb"}
+	res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got v1alpha1.NotebookValidationJob
+	if err := c.Get(context.Background(), key, &got); err != nil {
+		t.Fatal(err)
+	}
+	return res, &got
+}
+
 // laggingCache is a client whose cache has not seen any pod yet.
 type laggingCache struct{ client.Client }
 
@@ -273,17 +276,8 @@ func TestReconcilerPodNotCachedYet(t *testing.T) {
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(job, pod).WithStatusSubresource(job).Build()
 	r := &Reconciler{Client: laggingCache{c}, APIReader: c, Images: Images{Git: "git"}}
 	ctx := context.Background()
-	key := types.NamespacedName{Namespace: "ns", Name: "nb"}
 	reconcile := func() (ctrl.Result, v1alpha1.NotebookValidationJobStatus) {
-		t.Helper()
-		res, err := r.Reconcile(ctx, ctrl.Request{NamespacedName: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got v1alpha1.NotebookValidationJob
-		if err := c.Get(ctx, key, &got); err != nil {
-			t.Fatal(err)
-		}
+		res, got := reconcileJob(t, r, c)
 		return res, got.Status
 	}
 	if res, st := reconcile(); st.Phase != v1alpha1.NotebookPhasePending || res.RequeueAfter <= 0 {
