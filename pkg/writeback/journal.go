@@ -254,6 +254,42 @@ func (j *journal) isDone(k fileKey) bool {
 	return ok
 }
 
+// keep ends a complete job of a volume that stays (Uploader.Keep): the log is rewritten, at
+// once, to the records of the files at the target followed by opKept, and appended to from then
+// on.
+func (j *journal) keep() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var log bytes.Buffer
+	enc := json.NewEncoder(&log)
+	for k, sum := range j.done {
+		if err := enc.Encode(record{Op: opDone, Path: k.Path, Size: k.Size, MTime: k.MTime, Sum: sum}); err != nil {
+			return err
+		}
+	}
+	if err := enc.Encode(record{Op: opKept}); err != nil {
+		return err
+	}
+	path := filepath.Join(j.dir, logFile)
+	if err := atomicfile.Write(path, ".log-", func(f *os.File) error {
+		_, err := f.Write(log.Bytes())
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := atomicfile.SyncDir(j.dir); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	_ = j.f.Close() // the log replaced
+	j.f = f
+	j.apply(record{Op: opKept})
+	return nil
+}
+
 // storedSum is the checksum of k's object as an earlier job put it at the target, when k's
 // content is what that job uploaded.
 func (j *journal) storedSum(k fileKey) (string, bool) {

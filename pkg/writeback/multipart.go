@@ -223,11 +223,8 @@ func (r *run) listParts(ctx context.Context, id string, bucket, key *string) (ma
 // alreadyStored reports whether the object at f's key is f, whole: its size and its FULL_OBJECT
 // checksum of alg (the algorithm of the upload that would have made it).
 func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file, alg sumAlg) (string, bool) {
-	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
-		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
-		ChecksumMode: types.ChecksumModeEnabled,
-	})
-	if err != nil || aws.ToInt64(out.ContentLength) != f.Size || out.ChecksumType != types.ChecksumTypeFullObject {
+	out := r.headOf(ctx, f)
+	if out == nil || out.ChecksumType != types.ChecksumTypeFullObject {
 		return "", false
 	}
 	have := alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME)
@@ -239,6 +236,19 @@ func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file, alg sumAlg
 		return "", false
 	}
 	return sum, true
+}
+
+// headOf is the HEAD of the object at f's key, with its checksums; nil when there is none of f's
+// size.
+func (r *run) headOf(ctx context.Context, f file) *s3.HeadObjectOutput {
+	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
+		ChecksumMode: types.ChecksumModeEnabled,
+	})
+	if err != nil || aws.ToInt64(out.ContentLength) != f.Size {
+		return nil
+	}
+	return out
 }
 
 // abortStale aborts the multipart uploads the journal started for files since changed or gone.

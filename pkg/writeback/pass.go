@@ -367,12 +367,8 @@ func (r *run) stillStored(ctx context.Context, f file, sum string) bool {
 		return false
 	}
 	defer release()
-	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
-		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
-		ChecksumMode: types.ChecksumModeEnabled,
-	})
-	return err == nil && aws.ToInt64(out.ContentLength) == f.Size &&
-		(aws.ToString(out.ChecksumCRC32C) == sum || aws.ToString(out.ChecksumCRC64NVME) == sum)
+	out := r.headOf(ctx, f)
+	return out != nil && (aws.ToString(out.ChecksumCRC32C) == sum || aws.ToString(out.ChecksumCRC64NVME) == sum)
 }
 
 // put uploads a small file in one request; the server verifies its CRC-32C.

@@ -8,9 +8,7 @@
 package writeback
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -20,8 +18,6 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/s3"
-
-	"github.com/cistern-csi/cistern/pkg/atomicfile"
 )
 
 // Target receives a volume's outputs: an S3 prefix (Bucket), or a directory of an NFS server
@@ -301,30 +297,14 @@ func (u *Uploader) Keep(volume string) error {
 	if err != nil {
 		return err
 	}
-	_ = j.close()
-	if j.kept {
+	defer j.close()
+	switch {
+	case j.kept:
 		return nil
-	}
-	if !j.complete {
+	case !j.complete:
 		return fmt.Errorf("writeback of %s: not complete", volume)
 	}
-	var log bytes.Buffer
-	enc := json.NewEncoder(&log)
-	for k, sum := range j.done {
-		if err := enc.Encode(record{Op: opDone, Path: k.Path, Size: k.Size, MTime: k.MTime, Sum: sum}); err != nil {
-			return err
-		}
-	}
-	if err := enc.Encode(record{Op: opKept}); err != nil {
-		return err
-	}
-	if err := atomicfile.Write(filepath.Join(dir, logFile), ".log-", func(f *os.File) error {
-		_, err := f.Write(log.Bytes())
-		return err
-	}); err != nil {
-		return err
-	}
-	return atomicfile.SyncDir(dir)
+	return j.keep()
 }
 
 // Add records job durably, before the caller lets the volume go: a crash after it resumes the
@@ -338,11 +318,8 @@ func (u *Uploader) Add(job Job) error {
 	if j.complete {
 		// The volume's last job, complete, was not kept yet (the plugin stopped before Keep):
 		// this hand-off is of its next one, which would otherwise end at once, sending nothing.
-		_ = j.close()
-		if err := u.Keep(job.Volume); err != nil {
-			return err
-		}
-		if j, err = openJournal(u.journalDir(job.Volume), job); err != nil {
+		if err := j.keep(); err != nil {
+			_ = j.close()
 			return err
 		}
 	}
