@@ -235,9 +235,10 @@ func benchStreamSet(t *testing.T, set streamSet, samples int, rclone string) []s
 			s3Before, _ := testutil.ProcCPU(b.s3.Pid())
 			d, target := b.publish(fmt.Sprintf("staged-%d", i), "staged")
 			m.staged = append(m.staged, d)
-			m.busyStaged = append(m.busyStaged, cpu.busySince(t))
+			end := readCPU(t)
 			s3After, _ := testutil.ProcCPU(b.s3.Pid())
-			m.s3Staged = append(m.s3Staged, (s3After-s3Before)/(readCPU(t).total-cpu.total))
+			m.busyStaged = append(m.busyStaged, cpu.busyTo(end))
+			m.s3Staged = append(m.s3Staged, (s3After-s3Before)/(end.total-cpu.total))
 			if readAll {
 				_, all := walkRead(t, target, -1)
 				m.stagedAll = append(m.stagedAll, d+all)
@@ -292,8 +293,10 @@ func readCPU(t *testing.T) cpuTimes {
 }
 
 // busySince is the share of the CPUs' time that was busy since c.
-func (c cpuTimes) busySince(t *testing.T) float64 {
-	now := readCPU(t)
+func (c cpuTimes) busySince(t *testing.T) float64 { return c.busyTo(readCPU(t)) }
+
+// busyTo is the share of the CPUs' time that was busy from c to now.
+func (c cpuTimes) busyTo(now cpuTimes) float64 {
 	if now.total == c.total {
 		return 0
 	}
