@@ -37,7 +37,7 @@ bench-driver:
 ## Writable dataset volumes: ready layered on the cache vs. copied, ext4 and xfs pools
 bench-writable:
 	@mkdir -p _output
-	CISTERN_BENCH_WRITABLE=1 CISTERN_BENCH_DIR=$(BENCH_DIR) $(GO) test -count=1 -timeout 60m -v -run '^TestWritableReadyBench$$' \
+	CISTERN_BENCH_DIR=$(BENCH_DIR) $(GO) test -tags bench -count=1 -timeout 60m -v -run '^TestWritableReadyBench$$' \
 	  ./pkg/driver/ >_output/bench-writable.txt 2>&1; rc=$$?; \
 	  grep -E '^(writable: |    writable_bench)' _output/bench-writable.txt; \
 	  if [ $$rc -ne 0 ]; then tail -n 40 _output/bench-writable.txt; fi; exit $$rc

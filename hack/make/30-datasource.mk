@@ -99,8 +99,8 @@ bench-streaming: $(VERSITYGW) $(RCLONE) host-packages
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 CISTERN_BENCH_STREAM_CASES=$(BENCH_STREAM_CASES) \
 	  $(GO) test -count=1 -timeout 30m -run '^$$' -bench BenchmarkStreamingFirstByte -benchtime 1x ./pkg/streamfs/
 	@mkdir -p _output
-	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 CISTERN_BENCH_STREAMING=1 \
-	  $(GO) test -count=1 -timeout 90m -v -run '^TestStreamingBench$$' ./pkg/driver/ \
+	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 \
+	  $(GO) test -tags bench -count=1 -timeout 90m -v -run '^TestStreamingBench$$' ./pkg/driver/ \
 	  >_output/bench-streaming.txt 2>&1; rc=$$?; \
 	  grep -E '^(streaming: |  streaming_samples: )' _output/bench-streaming.txt; \
 	  if [ $$rc -ne 0 ]; then tail -n 40 _output/bench-streaming.txt; fi; exit $$rc

@@ -24,10 +24,10 @@ WRITEBACK_SCALE ?= 1
 # ratio goes on the single file's line.
 bench-writeback: s3-tools
 	@mkdir -p _output/bench
-	CISTERN_BENCH_WRITEBACK=1 CISTERN_WRITEBACK_SCALE=$(WRITEBACK_SCALE) CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
+	CISTERN_WRITEBACK_SCALE=$(WRITEBACK_SCALE) CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
 	  CISTERN_UNPUBLISH_RATIO_FILE=$(CURDIR)/_output/bench/unpublish-ratio \
-	  $(GO) test -count=1 -timeout 60m -run '^TestBenchUnpublish$$' -v ./pkg/driver/ | grep -E '^(writeback:|--- |ok|FAIL)|_test.go'; \
+	  $(GO) test -tags bench -count=1 -timeout 60m -run '^TestBenchUnpublish$$' -v ./pkg/driver/ | grep -E '^(writeback:|--- |ok|FAIL)|_test.go'; \
 	  [ $${PIPESTATUS[0]} = 0 ] || exit 1
-	CISTERN_BENCH_WRITEBACK=1 CISTERN_WRITEBACK_SCALE=$(WRITEBACK_SCALE) CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 \
+	CISTERN_WRITEBACK_SCALE=$(WRITEBACK_SCALE) CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_REQUIRE_PEERS=1 \
 	  CISTERN_UNPUBLISH_RATIO_FILE=$(CURDIR)/_output/bench/unpublish-ratio \
-	  $(GO) test -count=1 -timeout 60m -run '^TestBenchWriteback$$' -v ./pkg/writeback/ | grep -E '^(writeback:|--- |ok|FAIL)|_test.go'; exit $${PIPESTATUS[0]}
+	  $(GO) test -tags bench -count=1 -timeout 60m -run '^TestBenchWriteback$$' -v ./pkg/writeback/ | grep -E '^(writeback:|--- |ok|FAIL)|_test.go'; exit $${PIPESTATUS[0]}

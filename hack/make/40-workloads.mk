@@ -59,4 +59,4 @@ test-lws-upstream: k8s-tools lws-tools
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 ## LeaderWorkerSet of 500 groups x 8 pods on a real control plane
 bench-workloads: k8s-tools
-	CISTERN_BENCH=1 $(GO) test -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}
+	$(GO) test -tags bench -count=1 -timeout 30m -v -run TestLeaderWorkerSetScale ./test/workloads/bench/ 2>&1 | tail -n 40; exit $${PIPESTATUS[0]}

@@ -3,6 +3,8 @@
 //
 //	go test -json ./pkg/... | testreport -out _output/test-results/test-driver.jsonl [-v]
 //	testreport -summary _output/test-results/*.jsonl
+//	testreport -gate -target test-driver -tests expected-tests.txt -skips expected-skips.txt run.jsonl
+//	testreport -expected -target test-driver _output/test-results/test-driver.jsonl
 //
 // Without -v it prints what plain `go test` prints: a line per package, and the output of
 // failing tests and packages; it also prints each skipped test with its reason. With -v it prints
@@ -36,7 +38,30 @@ func main() {
 	out := flag.String("out", "", "Append the JSON events to this file.")
 	verbose := flag.Bool("v", false, "Print every line of output, as go test -v.")
 	summary := flag.Bool("summary", false, "Summarise the JSON files given as arguments instead of reading standard input.")
+	gated := flag.Bool("gate", false, "Check the JSON files given as arguments against -tests and -skips for -target (gate.go).")
+	expected := flag.Bool("expected", false, "Print the expected-tests lines of -target: every test that passed in the JSON files given.")
+	var cfg gateConfig
+	flag.StringVar(&cfg.target, "target", "", "The make target the JSON files are of (-gate, -expected).")
+	flag.StringVar(&cfg.tests, "tests", "hack/make/expected-tests.txt", "The tests each target must pass (-gate).")
+	flag.StringVar(&cfg.skips, "skips", "hack/make/expected-skips.txt", "The skips each target may have, with their reasons (-gate).")
+	flag.StringVar(&cfg.module, "module", "github.com/cistern-csi/cistern", "The module that a package's leading '.' stands for.")
 	flag.Parse()
+	if *gated || *expected {
+		ok, err := true, error(nil)
+		if *gated {
+			ok, err = gate(os.Stdout, cfg, flag.Args())
+		} else {
+			err = writeExpected(os.Stdout, cfg.target, cfg.module, flag.Args())
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "testreport:", err)
+			os.Exit(2)
+		}
+		if !ok {
+			os.Exit(1)
+		}
+		return
+	}
 	if *summary {
 		failed, err := summarize(os.Stdout, flag.Args())
 		if err != nil {
@@ -126,16 +151,15 @@ type result struct {
 	output            []string
 }
 
-// summarize lists the skipped and failed tests of the given files and the totals; it reports
-// whether anything failed.
-func summarize(w io.Writer, files []string) (bool, error) {
+// readResults reads the events of files: each test's (and, under "", each package's) result and
+// output, in the order first seen, and the import paths whose build failed.
+func readResults(files []string) (map[[2]string]*result, [][2]string, error) {
 	results := map[[2]string]*result{}
 	var order [][2]string
-	failedBuilds := map[string]bool{}
 	for _, name := range files {
 		f, err := os.Open(name)
 		if err != nil {
-			return false, err
+			return nil, nil, err
 		}
 		sc := bufio.NewScanner(f)
 		sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -145,8 +169,7 @@ func summarize(w io.Writer, files []string) (bool, error) {
 				continue
 			}
 			if ev.Action == "build-fail" {
-				failedBuilds[ev.ImportPath] = true
-				continue
+				ev.Package, ev.Test = ev.ImportPath, buildFailed
 			}
 			key := [2]string{ev.Package, ev.Test}
 			r := results[key]
@@ -158,21 +181,35 @@ func summarize(w io.Writer, files []string) (bool, error) {
 			switch ev.Action {
 			case "output":
 				r.output = append(r.output, ev.Output)
-			case "pass", "fail", "skip":
+			case "pass", "fail", "skip", "build-fail":
 				r.action = ev.Action
 			}
 		}
 		f.Close()
 		if err := sc.Err(); err != nil {
-			return false, fmt.Errorf("%s: %w", name, err)
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
 		}
 	}
+	return results, order, nil
+}
 
+// buildFailed is the test name under which readResults keeps a package whose build failed.
+const buildFailed = "(build failed)"
+
+// summarize lists the skipped and failed tests of the given files and the totals; it reports
+// whether anything failed.
+func summarize(w io.Writer, files []string) (bool, error) {
+	results, order, err := readResults(files)
+	if err != nil {
+		return false, err
+	}
 	var passed, failed, skipped []*result
 	var failedPkgs []string
 	for _, key := range order {
 		r := results[key]
 		switch {
+		case r.action == "build-fail":
+			failedPkgs = append(failedPkgs, r.pkg+" (build failed)")
 		case r.test == "" && r.action == "fail":
 			failedPkgs = append(failedPkgs, r.pkg)
 		case r.test == "":
@@ -187,9 +224,6 @@ func summarize(w io.Writer, files []string) (bool, error) {
 			r.action = "fail"
 			failed = append(failed, r)
 		}
-	}
-	for p := range failedBuilds {
-		failedPkgs = append(failedPkgs, p+" (build failed)")
 	}
 	sort.Strings(failedPkgs)
 

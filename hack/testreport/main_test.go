@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,5 +92,78 @@ func TestSummarize(t *testing.T) {
 	}
 	if !strings.HasSuffix(got, "\ntests: 1 passed, 2 failed, 1 skipped\n") {
 		t.Errorf("summary does not end with the totals:\n%s", got)
+	}
+}
+
+// TestGate holds a target's run to its expected tests and skips: a listed test that did not run
+// (a rename), one that skipped, and a skip nobody listed each fail it; a package the run did not
+// report is not checked (another command of the target runs it).
+func TestGate(t *testing.T) {
+	dir := t.TempDir()
+	run := filepath.Join(dir, "run.jsonl")
+	if err := os.WriteFile(run, []byte(events), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cases := []struct {
+		name, tests, skips string
+		ok                 bool
+		want               []string
+	}{
+		{"every expected test passed, the skip listed", "# c\nt ./a TestOK\nt ./c TestElsewhere\nu ./a TestGone\n", "t ./a TestRoot needs root\n", true,
+			[]string{"gate: t: 1 expected tests of 2 packages checked, 0 problems"}},
+		{"a renamed test", "t ./a TestOK\nt ./a TestRenamed\n", "* ./a TestR* needs root\n", false,
+			[]string{"example.com/a TestRenamed did not run", "expected-tests.txt:2"}},
+		{"an expected test skipped", "t ./a TestRoot\n", "t ./a TestRoot needs root\n", false,
+			[]string{"example.com/a TestRoot skipped (a_test.go:9: needs root) but must pass"}},
+		{"a new skip", "t ./a TestOK\n", "t ./a TestOther reason\n", false,
+			[]string{"example.com/a TestRoot skipped (a_test.go:9: needs root): a skip not in expected-skips.txt"}},
+		{"a failed test", "t ./a TestBad\n", "t ./a TestRoot needs root\n", false,
+			[]string{"example.com/a TestBad did not pass"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := gateConfig{target: "t", module: "example.com", tests: write("tests.txt", tc.tests), skips: write("skips.txt", tc.skips)}
+			var out bytes.Buffer
+			ok, err := gate(&out, cfg, []string{run})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ok != tc.ok {
+				t.Errorf("gate passed = %v, want %v:\n%s", ok, tc.ok, out.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("output lacks %q:\n%s", w, out.String())
+				}
+			}
+		})
+	}
+	t.Run("a skip without a reason is refused", func(t *testing.T) {
+		cfg := gateConfig{target: "t", module: "example.com", tests: write("tests.txt", ""), skips: write("skips.txt", "t ./a TestRoot\n")}
+		if _, err := gate(io.Discard, cfg, []string{run}); err == nil {
+			t.Error("an expected-skips line without a reason was accepted")
+		}
+	})
+}
+
+// TestWriteExpected lists the tests that passed, module-relative, for the target.
+func TestWriteExpected(t *testing.T) {
+	run := filepath.Join(t.TempDir(), "run.jsonl")
+	if err := os.WriteFile(run, []byte(events), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := writeExpected(&out, "t", "example.com", []string{run}); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "t ./a TestOK\n" {
+		t.Errorf("expected lines:\n%s", out.String())
 	}
 }

@@ -16,13 +16,11 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// TestCrashChild is the staging process TestCrashResume kills and restarts.
-func TestCrashChild(t *testing.T) {
-	if os.Getenv("CISTERN_CRASH_CHILD") == "" {
-		t.Skip("helper process of TestCrashResume")
-	}
+// stagingChild is the staging process TestCrashResume kills and restarts.
+func stagingChild(t *testing.T) {
 	var params map[string]string
 	if err := json.Unmarshal([]byte(os.Getenv("CISTERN_CRASH_PARAMS")), &params); err != nil {
 		t.Fatal(err)
@@ -62,8 +60,7 @@ func TestCrashResume(t *testing.T) {
 	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data"))
 	dsDir := filepath.Join(pool, datasource.CacheDirName, spec.ID())
 	child := func() (*exec.Cmd, *bytes.Buffer) {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "CISTERN_CRASH_CHILD=1", "CISTERN_CRASH_PARAMS="+string(params),
+		cmd := testutil.ChildCommand("staging", "CISTERN_CRASH_PARAMS="+string(params),
 			"CISTERN_CRASH_AK="+s.AccessKey, "CISTERN_CRASH_SK="+s.SecretKey, "CISTERN_CRASH_POOL="+pool)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out

@@ -1,3 +1,8 @@
+//go:build bench
+
+// A benchmark written as a test (it needs a *testing.T's helpers and subtests): built only
+// with -tags bench, by make bench-streaming.
+
 package driver
 
 import (
@@ -64,7 +69,7 @@ var streamSets = []streamSet{
 	{"model-20g", 1, 20 << 30},
 }
 
-// TestStreamingBench (make bench-streaming; skipped unless CISTERN_BENCH_STREAMING=1): the cases of
+// TestStreamingBench (make bench-streaming): the cases of
 // issue 25 through the driver, for each dataset, samples interleaved, every baseline measured next
 // to its sample from the same versitygw:
 //
@@ -99,9 +104,6 @@ var streamSets = []streamSet{
 const cachedPairs = 3
 
 func TestStreamingBench(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_STREAMING") != "1" {
-		t.Skip("a benchmark: make bench-streaming")
-	}
 	testutil.RequireRoot(t)
 	samples := 3
 	if n, err := strconv.Atoi(os.Getenv("CISTERN_BENCH_SAMPLES")); err == nil && n > 0 {

@@ -18,6 +18,7 @@ import (
 	cparams "github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // TestStreamingStaticPV: a static PV with dataMode=streaming is staged as soon as its dataset
@@ -25,9 +26,7 @@ import (
 // staging still runs (throttled here to 1 MiB/s; reads join the staging's download); a caller without access gets nothing; unstage
 // unmounts the FUSE filesystem and drops what it fetched. A read-only inline volume streams too.
 func TestStreamingStaticPV(t *testing.T) {
-	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
-		t.Skip("streaming volumes need root and /dev/fuse")
-	}
+	testutil.RequireFUSE(t)
 	env := startDriver(t, testPool{name: "fast"})
 	env.stop()
 	env.cfg.Datasets.BandwidthBytesPerSec = 1 << 20 // staging the 16 MiB set takes 16 s

@@ -23,6 +23,7 @@ import (
 	cparams "github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // The tests of writable dataset volumes layered on a streaming tree (pkg/volume/streamlayer.go):
@@ -40,9 +41,7 @@ var streamedFiles = map[string][]byte{
 // with a FUSE keeper, and a versitygw bucket "models" holding streamedFiles. It returns the
 // dataset's parameters and the secrets that read it.
 func streamingEnv(t *testing.T) (*testEnv, map[string]string, map[string]string, *fusekeeper.Keeper) {
-	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
-		t.Skip("streaming volumes need root and /dev/fuse")
-	}
+	testutil.RequireFUSE(t)
 	env := startDriver(t, testPool{name: "fast", fs: "ext4", size: 1 << 30})
 	k, err := fusekeeper.Listen(filepath.Join(env.dir, "keeper.sock"))
 	if err != nil {
@@ -358,9 +357,7 @@ func TestWritableStreaming(t *testing.T) {
 // made on, which it then references), and then hands the volume to the upload: every change,
 // and nothing unchanged, is at the target, and the volume and its tree are gone.
 func TestWriteBackStreaming(t *testing.T) {
-	if _, err := os.Stat("/dev/fuse"); err != nil || os.Geteuid() != 0 {
-		t.Skip("streaming volumes need root and /dev/fuse")
-	}
+	testutil.RequireFUSE(t)
 	env, s, proxy, _ := writeBackEnv(t)
 	env.stop()
 	env.cfg.Datasets.BandwidthBytesPerSec = 1 << 20

@@ -1,3 +1,8 @@
+//go:build bench
+
+// A benchmark written as a test (it needs a *testing.T's helpers and subtests): built only
+// with -tags bench, by make bench-writable.
+
 package driver
 
 import (
@@ -21,7 +26,7 @@ import (
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// TestWritableReadyBench (make bench-writable; skipped unless CISTERN_BENCH_WRITABLE=1): how
+// TestWritableReadyBench (make bench-writable): how
 // long a new writable volume of a cached dataset takes to be ready, layered on the cache
 // against the copy it replaced (--writable-datasets=copy, measured in the same run, on the same
 // pool and dataset, samples interleaved). Ready is NodeStageVolume plus NodePublishVolume of a
@@ -36,9 +41,6 @@ import (
 // copy baseline writes to memory, not to a disk, so its ratio is the conservative one. Pools are
 // ext4 and xfs, mounted with discard, so that a deleted volume gives its blocks back.
 func TestWritableReadyBench(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_WRITABLE") != "1" {
-		t.Skip("a benchmark: make bench-writable")
-	}
 	testutil.RequireRoot(t)
 	dir := os.Getenv("CISTERN_BENCH_DIR")
 	if dir == "" {

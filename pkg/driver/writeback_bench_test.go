@@ -1,3 +1,8 @@
+//go:build bench
+
+// A benchmark written as a test (it needs a *testing.T's helpers and subtests): built only
+// with -tags bench, by make bench-writeback.
+
 package driver
 
 import (
@@ -17,7 +22,7 @@ import (
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// TestBenchUnpublish (make bench-writeback; skipped unless CISTERN_BENCH_WRITEBACK=1): how long
+// TestBenchUnpublish (make bench-writeback): how long
 // NodeUnpublishVolume of a writable inline volume that names an output target takes with 2 GiB
 // written (one file) against the same volume with nothing written, through the driver's socket,
 // 3 samples each (CISTERN_BENCH_SAMPLES for more), interleaved. The upload that follows runs after the RPC and is waited for
@@ -26,9 +31,6 @@ import (
 // left dirty in the page cache: what the sync the RPC does then costs. CISTERN_WRITEBACK_SCALE
 // divides the size; CISTERN_BENCH_V=4 logs each RPC's steps (pkg/volume/steps.go).
 func TestBenchUnpublish(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_WRITEBACK") == "" {
-		t.Skip("run through make bench-writeback")
-	}
 	testutil.RequireRoot(t)
 	if v := os.Getenv("CISTERN_BENCH_V"); v != "" { // the release's steps are timed at V(4)
 		fs := flag.NewFlagSet("klog", flag.ContinueOnError)

@@ -6,15 +6,14 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cistern-csi/cistern/test/testutil"
 	"golang.org/x/sys/unix"
 )
 
 // TestChanges makes each kind of change through a real overlay (the kernel writes the upper
 // directory) and reads it back.
 func TestChanges(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting an overlay needs root")
-	}
+	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	lower, upper, work, merged := filepath.Join(dir, "lower"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
 	for p, data := range map[string]string{"gone.txt": "x", "kept.txt": "k", "replaced/old.txt": "o", "moved/m.txt": "m", "mode.bin": "data"} {
@@ -27,7 +26,7 @@ func TestChanges(t *testing.T) {
 	}
 	opts := "lowerdir=" + lower + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=on,metacopy=on,index=off"
 	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
-		t.Skipf("overlay with metacopy: %v", err)
+		testutil.Unavailable(t, "overlay with metacopy: %v", err)
 	}
 	mounted := true
 	t.Cleanup(func() {

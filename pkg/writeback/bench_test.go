@@ -1,3 +1,8 @@
+//go:build bench
+
+// A benchmark written as a test (it needs a *testing.T's helpers and subtests): built only
+// with -tags bench, by make bench-writeback.
+
 package writeback_test
 
 import (
@@ -31,9 +36,6 @@ type benchCase struct {
 // prints min/median/max and the ratio of the medians to the fastest peer. CISTERN_WRITEBACK_SCALE
 // divides the sizes (the single file) and counts (the others) for a smaller machine.
 func TestBenchWriteback(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_WRITEBACK") == "" {
-		t.Skip("run through make bench-writeback")
-	}
 	scale, _ := strconv.Atoi(os.Getenv("CISTERN_WRITEBACK_SCALE"))
 	scale = max(scale, 1)
 	rclone := testpeers.Binary(t, "CISTERN_RCLONE")

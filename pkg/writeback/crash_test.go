@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/writeback"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // crashJob is what TestCrashResume's child runs.
@@ -26,13 +26,15 @@ func crashConfig(dir string) writeback.Config {
 	return writeback.Config{Dir: dir, PartSize: 5 << 20, Concurrency: 4}
 }
 
-// TestCrashChild is the uploading process TestCrashResume kills.
-func TestCrashChild(t *testing.T) {
-	if os.Getenv("CISTERN_WRITEBACK_CHILD") == "" {
-		t.Skip("helper process of TestCrashResume")
-	}
+func TestMain(m *testing.M) {
+	testutil.RunChild(map[string]func(*testing.T){"upload": uploadChild})
+	os.Exit(m.Run())
+}
+
+// uploadChild is the uploading process TestCrashResume kills.
+func uploadChild(t *testing.T) {
 	var c crashJob
-	if err := json.Unmarshal([]byte(os.Getenv("CISTERN_WRITEBACK_CHILD")), &c); err != nil {
+	if err := json.Unmarshal([]byte(os.Getenv("CISTERN_WRITEBACK_JOB")), &c); err != nil {
 		t.Fatal(err)
 	}
 	u, err := writeback.New(crashConfig(c.Journal))
@@ -71,8 +73,7 @@ func TestCrashResume(t *testing.T) {
 	journal := t.TempDir()
 	job := writeback.Job{Volume: "pvc-1", Upper: upper, Target: writeback.Target{Bucket: "out", Prefix: "o/"}}
 	params, _ := json.Marshal(crashJob{Endpoint: proxy.URL, AccessKey: s.AccessKey, SecretKey: s.SecretKey, Journal: journal, Job: job})
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "CISTERN_WRITEBACK_CHILD="+string(params))
+	cmd := testutil.ChildCommand("upload", "CISTERN_WRITEBACK_JOB="+string(params))
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/overlayfs"
 	"github.com/cistern-csi/cistern/pkg/writeback"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // overlayVolume stacks a real overlay on lower (the dataset), lets change write through it as a
@@ -26,9 +27,7 @@ func overlayVolume(t *testing.T, lower map[string][]byte, change func(merged str
 // overlayVolumeWith is overlayVolume with more overlay options (e.g. the driver's metacopy).
 func overlayVolumeWith(t *testing.T, options string, lower map[string][]byte, change func(merged string)) (string, map[string][]byte) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting an overlay needs root")
-	}
+	testutil.RequireRoot(t)
 	dir := t.TempDir()
 	lo, up, work, merged := filepath.Join(dir, "lower"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
 	for p, b := range lower {

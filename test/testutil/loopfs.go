@@ -24,6 +24,15 @@ func RequireRoot(t testing.TB) {
 	}
 }
 
+// RequireFUSE is RequireRoot for a test that also mounts FUSE filesystems.
+func RequireFUSE(t testing.TB) {
+	t.Helper()
+	RequireRoot(t)
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		Unavailable(t, "needs /dev/fuse: %v", err)
+	}
+}
+
 // LoopFS creates a filesystem of the given type and size in a sparse image, mounts it on a
 // temporary directory and returns the mount point. Unmount, loop detach and removal happen in
 // t.Cleanup.

@@ -73,12 +73,19 @@ type childResult struct {
 	CPUSeconds float64 `json:"cpu"`
 }
 
-// TestStagingChild is the process whose staging the benchmark times and whose peak memory it
+// The benchmarks' helper processes, by the names copyChild, BenchmarkListingFlood and startNode
+// start them with.
+func TestMain(m *testing.M) {
+	testutil.RunChild(map[string]func(*testing.T){
+		"staging": stagingChild, "transfer-manager": transferManagerChild,
+		"listing-flood": listingFloodChild, "fanout-node": fanoutNodeChild,
+	})
+	os.Exit(m.Run())
+}
+
+// stagingChild is the process whose staging the benchmark times and whose peak memory it
 // reads: it stands for the driver.
-func TestStagingChild(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_CHILD") == "" {
-		t.Skip("helper process of BenchmarkStaging")
-	}
+func stagingChild(t *testing.T) {
 	var params map[string]string
 	json.Unmarshal([]byte(os.Getenv("CISTERN_BENCH_PARAMS")), &params)
 	v, err := cparams.Parse(params, cparams.StorageClass)
@@ -141,13 +148,10 @@ func TestStagingChild(t *testing.T) {
 // (rclone --transfers, the transfer manager's Concurrency, awscli's max_concurrent_requests).
 const peerConcurrency = 16
 
-// TestTransferManagerChild downloads a bucket with the AWS SDK's transfer manager
+// transferManagerChild downloads a bucket with the AWS SDK's transfer manager
 // (DownloadDirectory) in a process of its own, so its CPU time and peak memory are measured as
 // the staging child's are.
-func TestTransferManagerChild(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_CHILD") == "" {
-		t.Skip("helper process of BenchmarkStaging")
-	}
+func transferManagerChild(t *testing.T) {
 	var p struct{ Endpoint, Bucket, Dest string }
 	if err := json.Unmarshal([]byte(os.Getenv("CISTERN_BENCH_PARAMS")), &p); err != nil {
 		t.Fatal(err)
@@ -307,7 +311,7 @@ func BenchmarkStaging(b *testing.B) {
 				{"transfer manager", func() {
 					dst, done := fresh("transfermanager")
 					defer done()
-					tm := copyChild(b, "TestTransferManagerChild", s, map[string]string{
+					tm := copyChild(b, "transfer-manager", s, map[string]string{
 						"endpoint": s.Endpoint, "bucket": bucket, "dest": filepath.Join(dst, "copy")}, "CISTERN_BENCH_CPUPROFILE="+tmProfile)
 					tms = append(tms, seconds(tm.OutsideSeconds))
 					tmRSS, tmCPUs = max(tmRSS, tm.MaxRSSBytes), append(tmCPUs, tm.CPUSeconds)
@@ -414,19 +418,17 @@ func stageChild(b *testing.B, s *testpeers.S3, bucket, fs, profile string) child
 	popDst := filepath.Join(fs, "volume")
 	os.MkdirAll(pool, 0o755)
 	os.MkdirAll(popDst, 0o755)
-	return copyChild(b, "TestStagingChild", s, map[string]string{"source": "s3://" + bucket, "endpoint": s.Endpoint, "pathStyle": "true"},
+	return copyChild(b, "staging", s, map[string]string{"source": "s3://" + bucket, "endpoint": s.Endpoint, "pathStyle": "true"},
 		"CISTERN_BENCH_POOL="+pool, "CISTERN_BENCH_POPULATE="+popDst, "CISTERN_BENCH_CPUPROFILE="+profile)
 }
 
-// copyChild runs test (a child of this benchmark's binary) with params and the server's
-// credentials, and returns what it reports; it fails the benchmark if the child fails.
-func copyChild(b *testing.B, test string, s *testpeers.S3, params map[string]string, env ...string) childResult {
+// copyChild runs child name (TestMain's) with params and the server's credentials, and returns
+// what it reports; it fails the benchmark if the child fails.
+func copyChild(b *testing.B, name string, s *testpeers.S3, params map[string]string, env ...string) childResult {
 	p, _ := json.Marshal(params)
 	dropCaches(b)
-	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(p),
-		"CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey)
-	cmd.Env = append(cmd.Env, env...)
+	cmd := testutil.ChildCommand(name, append([]string{"CISTERN_BENCH_PARAMS=" + string(p),
+		"CISTERN_BENCH_AK=" + s.AccessKey, "CISTERN_BENCH_SK=" + s.SecretKey}, env...)...)
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		b.Fatal(err)
@@ -450,7 +452,7 @@ func copyChild(b *testing.B, test string, s *testpeers.S3, params map[string]str
 	}
 	pr.Close()
 	if err := cmd.Wait(); err != nil {
-		b.Fatalf("%s: %v\n%s", test, err, tail(out.Bytes()))
+		b.Fatalf("%s: %v\n%s", name, err, tail(out.Bytes()))
 	}
 	var res childResult
 	for _, line := range strings.Split(out.String(), "\n") {
@@ -459,7 +461,7 @@ func copyChild(b *testing.B, test string, s *testpeers.S3, params map[string]str
 		}
 	}
 	if res.StageSeconds == 0 || outside == 0 {
-		b.Fatalf("no result from %s:\n%s", test, tail(out.Bytes()))
+		b.Fatalf("no result from %s:\n%s", name, tail(out.Bytes()))
 	}
 	res.OutsideSeconds = outside.Seconds()
 	return res

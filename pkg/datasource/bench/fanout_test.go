@@ -117,12 +117,9 @@ func (d *dirPeers) Peers(string) []peer.Peer {
 	return d.ps
 }
 
-// TestFanoutNodeChild is one node of BenchmarkFanout. It starts serving peers, stages the dataset
+// fanoutNodeChild is one node of BenchmarkFanout. It starts serving peers, stages the dataset
 // when told "go" on stdin, reports its time, and serves until stdin closes.
-func TestFanoutNodeChild(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_CHILD") == "" {
-		t.Skip("helper process of BenchmarkFanout")
-	}
+func fanoutNodeChild(t *testing.T) {
 	var cfg fanoutNode
 	if err := json.Unmarshal([]byte(os.Getenv("CISTERN_BENCH_PARAMS")), &cfg); err != nil {
 		t.Fatal(err)
@@ -259,8 +256,7 @@ func startNode(b *testing.B, s *testpeers.S3, work, name, dir string, peers bool
 	pool, done := freshFS(b, work, name, poolSize)
 	cfg, _ := json.Marshal(fanoutNode{Name: name, Pool: filepath.Join(pool, "pool"), Listen: "127.0.0.1:0", Directory: dir, Peers: peers, Params: params,
 		UploadBytesPerSec: uploadBytesPerSec()})
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFanoutNodeChild$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_BENCH_PARAMS="+string(cfg),
+	cmd := testutil.ChildCommand("fanout-node", "CISTERN_BENCH_PARAMS="+string(cfg),
 		"CISTERN_BENCH_AK="+s.AccessKey, "CISTERN_BENCH_SK="+s.SecretKey)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

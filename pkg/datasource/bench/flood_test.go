@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	cparams "github.com/cistern-csi/cistern/pkg/params"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 // The listing flood (docs/security.md, "Resources a pod author can consume"): pod authors name
@@ -66,13 +66,10 @@ type floodResult struct {
 	Volumes    int     `json:"volumes"`
 }
 
-// TestListingFloodChild is the node plugin under the flood: the driver's default limits, 32
+// listingFloodChild is the node plugin under the flood: the driver's default limits, 32
 // inline volumes at once over 8 flooding endpoints, each retried as kubelet would until it is
 // refused or the window ends.
-func TestListingFloodChild(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH_CHILD") == "" {
-		t.Skip("helper process of BenchmarkListingFlood")
-	}
+func listingFloodChild(t *testing.T) {
 	window, _ := time.ParseDuration(os.Getenv("CISTERN_FLOOD_WINDOW"))
 	var endpoints []string
 	for range 8 {
@@ -125,8 +122,7 @@ func BenchmarkListingFlood(b *testing.B) {
 	if window == "" {
 		window = "2m"
 	}
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestListingFloodChild$", "-test.v")
-	cmd.Env = append(os.Environ(), "CISTERN_BENCH_CHILD=1", "CISTERN_FLOOD_WINDOW="+window)
+	cmd := testutil.ChildCommand("listing-flood", "CISTERN_FLOOD_WINDOW="+window)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		b.Fatalf("flood child: %v\n%s", err, out)

@@ -150,7 +150,7 @@ func TestWebhookSources(t *testing.T) {
 		{"a restore and a dataset: required and preferred", claimPod("from-b", "wffc"),
 			&corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
 				RequiredDuringSchedulingIgnoredDuringExecution:  &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{onNodes("node-b")}},
-				PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{Term([]string{"node-b"})}}}},
+				PreferredDuringSchedulingIgnoredDuringExecution: []corev1.PreferredSchedulingTerm{warmTerm("node-b")}}}},
 		{"the user's required terms each get the requirement; an empty term stays empty; preferred terms kept",
 			withAffinity(claimPod("from-b"), &corev1.Affinity{
 				NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{
@@ -207,7 +207,7 @@ func TestWebhookSourcesReadOnlyForTheDriver(t *testing.T) {
 	if err := build(t).Default(context.Background(), pod); err != nil {
 		t.Fatal(err)
 	}
-	if !equality.Semantic.DeepEqual(pod.Spec.Affinity, preferred(Term([]string{"node-b"}))) {
+	if !equality.Semantic.DeepEqual(pod.Spec.Affinity, preferred(warmTerm("node-b"))) {
 		t.Errorf("another driver's restore was looked up: affinity %+v", pod.Spec.Affinity)
 	}
 	pod = claimPod("wffc", "from-b")

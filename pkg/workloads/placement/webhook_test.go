@@ -70,6 +70,13 @@ func claimPod(claims ...string) *corev1.Pod {
 	return p
 }
 
+// warmTerm is the term the webhook must add for nodes, written out rather than built by Term, so
+// that a change to Term (its weight, key or operator) fails the tests that expect it.
+func warmTerm(nodes ...string) corev1.PreferredSchedulingTerm {
+	return corev1.PreferredSchedulingTerm{Weight: 1, Preference: corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
+		Key: "topology.cistern.csi.dev/node", Operator: "In", Values: nodes}}}}
+}
+
 func preferred(terms ...corev1.PreferredSchedulingTerm) *corev1.Affinity {
 	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{PreferredDuringSchedulingIgnoredDuringExecution: terms}}
 }
@@ -109,7 +116,7 @@ func TestWebhook(t *testing.T) {
 		pool("fast", "node-d", []string{id}, metav1.ConditionFalse, nil),
 		pool("fast", "node-e", []string{other}, metav1.ConditionTrue, map[string]string{"media": "ssd"}),
 	}
-	warm := Term([]string{"node-b", "node-c"})
+	warm := warmTerm("node-b", "node-c")
 	for _, tc := range []struct {
 		name string
 		pod  *corev1.Pod
@@ -117,10 +124,10 @@ func TestWebhook(t *testing.T) {
 	}{
 		{"WaitForFirstConsumer claim: the class's dataset, in its pool, on healthy pools", claimPod("wffc"), preferred(warm)},
 		{"bound claim: the PV's attributes", claimPod("bound"), preferred(warm)},
-		{"class without a pool: any pool holding it", claimPod("wffc-any"), preferred(Term([]string{"node-a", "node-e"}))},
-		{"class with a pool selector: pools matching it", claimPod("wffc-ssd"), preferred(Term([]string{"node-e"}))},
+		{"class without a pool: any pool holding it", claimPod("wffc-any"), preferred(warmTerm("node-a", "node-e"))},
+		{"class with a pool selector: pools matching it", claimPod("wffc-ssd"), preferred(warmTerm("node-e"))},
 		{"two datasets: one term each; a claim used twice counts once", claimPod("wffc", "wffc-any", "bound"),
-			preferred(warm, Term([]string{"node-a", "node-e"}))},
+			preferred(warm, warmTerm("node-a", "node-e"))},
 		// A pod author's own source: the webhook is no oracle of where a guessed dataset is
 		// cached, on a real or a dry-run create.
 		{"failure case - inline volume of the driver: unchanged", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}, Spec: corev1.PodSpec{

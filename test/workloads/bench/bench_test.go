@@ -1,5 +1,10 @@
+//go:build bench
+
+// A benchmark written as a test (it needs a *testing.T's helpers and subtests): built only
+// with -tags bench, by make bench-workloads.
+
 // Package bench measures the workload-controller at scale on a real control plane: a
-// LeaderWorkerSet of 500 groups of 8 pods. Run with `make bench-workloads` (CISTERN_BENCH=1).
+// LeaderWorkerSet of 500 groups of 8 pods. Run with `make bench-workloads` (-tags bench).
 package bench
 
 import (
@@ -111,9 +116,6 @@ func format(m map[string]int, per float64) string {
 }
 
 func TestLeaderWorkerSetScale(t *testing.T) {
-	if os.Getenv("CISTERN_BENCH") == "" {
-		t.Skip("benchmark: run with CISTERN_BENCH=1 (make bench-workloads)")
-	}
 	// The StatefulSet controller must not be the bottleneck being measured: lift its client limits.
 	cp := framework.StartControlPlane(t, framework.Options{
 		ControllerManager:     true,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/workloads/webhookcert"
 	"github.com/cistern-csi/cistern/test/framework"
+	ctestutil "github.com/cistern-csi/cistern/test/testutil"
 )
 
 // PeerTool returns the binary bin of a controller the suites run beside Cistern's (upstream
@@ -32,10 +33,7 @@ func PeerTool(t *testing.T, env, name, bin, target string) (path, config string)
 	}
 	path = filepath.Join(binDir, bin)
 	if _, err := os.Stat(path); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%v (run `make %s`)", err, target)
-		}
-		t.Skipf("%v (run `make %s`)", err, target)
+		ctestutil.Unavailable(t, "%v (run `make %s`)", err, target)
 	}
 	return path, filepath.Join(binDir, "..", "config")
 }
