@@ -175,6 +175,7 @@ func readThroughBound(t *testing.T, served bool) {
 		}()
 	}
 	wg.Wait()
+	settle(t, limit, bound)
 	close(stop)
 	<-sampled
 	if bad.Load() != 0 {
@@ -264,13 +265,7 @@ func TestBackingFilesBound(t *testing.T) {
 	if m.Reads() != 0 {
 		t.Fatalf("%d reads reached the server: the files were not passed through, the test proves nothing", m.Reads())
 	}
-	// The kernel's releases of the last opens may still be on their way; once they are here,
-	// the bound holds.
-	for deadline := time.Now().Add(time.Minute); limit.Open() > bound; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the bound holds %d files a minute after the last read, want at most %d", limit.Open(), bound)
-		}
-	}
+	settle(t, limit, bound)
 	for key := range data {
 		if err := os.Remove(filepath.Join(cached, key)); err != nil {
 			t.Fatal(err)
@@ -285,5 +280,16 @@ func TestBackingFilesBound(t *testing.T) {
 		files, bound, held, limit.Closed(), limit.Open())
 	if held > bound {
 		t.Errorf("%d of the cache's copies are still open (by the kernel, as backing files, or by the plugin), want at most the bound, %d", held, bound)
+	}
+}
+
+// settle waits for the kernel's releases of the last opens, which it sends after close(2) has
+// returned: each leaves its file's registration to the bound, which then holds.
+func settle(t *testing.T, limit *streamfs.OpenFiles, bound int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); limit.Open() > bound; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the bound holds %d files a minute after the last read, want at most %d", limit.Open(), bound)
+		}
 	}
 }
