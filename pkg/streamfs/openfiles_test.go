@@ -240,7 +240,7 @@ func TestBackingFilesBound(t *testing.T) {
 	limit := streamfs.NewOpenFiles(bound)
 	m, err := streamfs.Start(dir, streamfs.Config{Objects: objs, Scratch: t.TempDir(), Files: limit,
 		Fetcher: memFetcher{data: data, partN: 1 << 20},
-		Cached: func(o source.Object) (*os.File, error) { return os.Open(filepath.Join(cached, o.Key)) }})
+		Cached:  func(o source.Object) (*os.File, error) { return os.Open(filepath.Join(cached, o.Key)) }})
 	if err != nil {
 		t.Fatal(err)
 	}
