@@ -12,6 +12,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
+	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
 // options are the flags that are not driver.Config fields as they stand.
@@ -52,7 +53,8 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
 	flag.StringVar(&cfg.Streaming.Keeper, "fuse-keeper", "", "Socket of the FUSE keeper (csi-driver fuse-keeper, run apart from the plugin): streaming volumes' FUSE connections are kept there, so that a restart or upgrade of the plugin loses no read; empty, or no keeper listening: a restart breaks their reads.")
-	flag.IntVar(&cfg.Streaming.MaxOpenFiles, "streaming-max-open-files", streamfs.DefaultMaxOpenFiles, "Most descriptors the node's streaming volumes together hold for the files their pods read: past it the least recently read are closed, and opened again when read (a pod reading many files cannot run the plugin out of descriptors). Keep it well under the plugin's open-files limit; 0 is the default.")
+	flag.IntVar(&cfg.Streaming.MaxOpenFiles, "streaming-max-open-files", streamfs.DefaultMaxOpenFiles, "Most files the node's streaming volumes together hold open for the files their pods read (descriptors, and the backing files the kernel holds for files passed through): past it the least recently read are closed, and opened again when read (a pod reading many files cannot run the plugin out of descriptors, nor the kernel out of open files). Keep it well under the plugin's open-files limit; 0 is the default.")
+	flag.IntVar(&cfg.Streaming.MaxVolumes, "streaming-max-volumes", volume.DefaultMaxStreamingVolumes, "Most streaming volumes the node serves at once (each a FUSE server in the plugin and a record in the FUSE keeper's memory): one more is refused at publish/stage with ResourceExhausted; 0 is the default.")
 	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, writable dataset volumes copied for want of overlayfs, and streaming volumes staged for want of FUSE, as Events on this node's Node object, and the write-back of volumes' outputs (started, failed and retried, finished, target refused) as Events on their pod or claim (needs API access: in-cluster, or --kubeconfig).")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events, --peer-listen and the ServiceAccounts of datasets with roleFrom=serviceAccount; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")

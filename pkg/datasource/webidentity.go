@@ -56,6 +56,37 @@ func (d *Datasets) Credentials(ctx context.Context, spec *Spec, secrets, volumeC
 		SessionName: volumeContext[consts.VolumeContextPodNamespace] + "." + volumeContext["csi.storage.k8s.io/pod.name"]}, nil
 }
 
+// ProofInputs returns what Credentials reads of secrets and of the volume context's tokens, and
+// nothing else: what a process that takes a streaming volume over needs to prove its caller's
+// access again (pkg/volume keeps it in the FUSE keeper's memory). The secret's other keys, and
+// tokens for other audiences, are left out, so a pod's large secret costs the keeper nothing.
+// Called after Credentials accepted the same inputs.
+func (d *Datasets) ProofInputs(spec *Spec, secrets, volumeContext map[string]string) (map[string]string, string) {
+	if spec == nil || spec.Credentials != consts.CredentialsWebIdentity {
+		kept := map[string]string{}
+		for _, k := range []string{SecretAccessKeyID, SecretSecretAccessKey, SecretSessionToken} {
+			if v, ok := secrets[k]; ok {
+				kept[k] = v
+			}
+		}
+		return kept, ""
+	}
+	audience := d.m.cfg.WebIdentityAudience
+	if audience == "" {
+		audience = DefaultWebIdentityAudience
+	}
+	var tokens map[string]saToken
+	if err := json.Unmarshal([]byte(volumeContext[consts.VolumeContextSATokens]), &tokens); err != nil {
+		return nil, ""
+	}
+	t, ok := tokens[audience]
+	if !ok {
+		return nil, ""
+	}
+	b, _ := json.Marshal(map[string]saToken{audience: t})
+	return nil, string(b)
+}
+
 // ServiceAccountRoles reads the role a ServiceAccount names for its pods' web-identity datasets
 // (consts.AnnotationRoleARN, else consts.AnnotationEKSRoleARN); "" when it names none. Errors are
 // source errors (pkg/sarole reads them from the API server).

@@ -39,8 +39,15 @@ type message struct {
 	End   bool   `json:"end,omitempty"`
 }
 
-// maxMessage bounds a message: an ID, and metadata of a few hundred bytes.
-const maxMessage = 64 << 10
+// MaxMeta bounds the metadata of one connection the keeper holds (a server's record of a few
+// KiB: its INIT request, its caller's credentials); a keep with more is refused. With the
+// server's bound on its connections (the plugin's --streaming-max-volumes), it bounds the
+// keeper's memory: a keeper run out of it would start again empty, be handed every connection
+// again, and run out again.
+const MaxMeta = 16 << 10
+
+// maxMessage bounds a message: an ID, and metadata of at most MaxMeta (base64 in JSON).
+const maxMessage = MaxMeta*4/3 + 4<<10
 
 // Keeper holds descriptors until they are dropped or it ends.
 type Keeper struct {
@@ -114,6 +121,11 @@ func (k *Keeper) answer(c *net.UnixConn) {
 	case "keep":
 		if dev == nil {
 			_ = send(c, message{Error: "keep: no descriptor"}, nil)
+			return
+		}
+		if len(req.Meta) > MaxMeta {
+			dev.Close()
+			_ = send(c, message{Error: fmt.Sprintf("keep: %d bytes of metadata, more than %d", len(req.Meta), MaxMeta)}, nil)
 			return
 		}
 		k.mu.Lock()
@@ -202,9 +214,13 @@ func send(c *net.UnixConn, m message, dev *os.File) error {
 
 func receive(c *net.UnixConn) (message, *os.File, error) {
 	b, oob := make([]byte, maxMessage), make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
+	n, oobn, flags, _, err := c.ReadMsgUnix(b, oob)
 	if err != nil {
 		return message{}, nil, err
+	}
+	if flags&unix.MSG_TRUNC != 0 {
+		// Cut at the buffer: refused whole rather than parsed from a part.
+		err = fmt.Errorf("a message of more than %d bytes", maxMessage)
 	}
 	var dev *os.File
 	if oobn > 0 {
@@ -228,7 +244,10 @@ func receive(c *net.UnixConn) (message, *os.File, error) {
 		}
 	}
 	var m message
-	if err := json.Unmarshal(b[:n], &m); err != nil {
+	if err == nil {
+		err = json.Unmarshal(b[:n], &m)
+	}
+	if err != nil {
 		if dev != nil {
 			dev.Close()
 		}
@@ -280,8 +299,12 @@ func exchange(path string, req message, dev *os.File, withDev bool) ([]Held, err
 	}
 }
 
-// Keep hands the keeper at path a copy of dev (the caller keeps its own) with meta, under id.
+// Keep hands the keeper at path a copy of dev (the caller keeps its own) with meta, under id;
+// meta of more than MaxMeta bytes is refused.
 func Keep(path, id string, dev *os.File, meta []byte) error {
+	if len(meta) > MaxMeta {
+		return fmt.Errorf("FUSE keeper: %d bytes of metadata for %s, more than %d", len(meta), id, MaxMeta)
+	}
 	_, err := call(path, message{Op: "keep", Held: Held{ID: id, Meta: meta}}, dev)
 	return err
 }

@@ -30,11 +30,11 @@ type fileNode struct {
 	cached *handle // the cache's copy, once a read found it there (under the mount's OpenFiles)
 	// How opens are answered. The kernel refuses to mix passthrough and cached opens of one
 	// inode, and to change an inode's backing file while it is open; it also keeps opens
-	// across a takeover. So a file is passed through with one backing file, registered once
-	// for the life of the mount (backing), and only while no open answered otherwise may still
-	// be held: viaServer counts this process's, and inherited says an earlier process answered
-	// one (it may be open still).
-	backing   int32
+	// across a takeover. So a file is passed through only while no open answered otherwise may
+	// still be held (viaServer counts this process's, and inherited says an earlier process
+	// answered one: it may be open still), with one registration (backing) kept while any
+	// open answered with it is, and dropped by the bound once none is (backing.go).
+	backing   *backing
 	viaServer int
 	inherited bool
 }
@@ -65,18 +65,21 @@ func (f *rawFS) Open(interrupt <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenO
 	}
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	if f.mayPassThrough(fl) {
+	bid := fl.backing.open()
+	if bid == 0 && f.mayPassThrough(fl) {
 		if !f.joinFirst(fl, interrupt) {
 			// The reader gave up waiting (killed, or a signal): nothing is held for it.
 			return fuse.EINTR
 		}
-		if f.mayPassThrough(fl) {
-			f.passThrough(in.NodeId, fl)
+		// Another open may have passed the file through meanwhile.
+		if bid = fl.backing.open(); bid == 0 && f.mayPassThrough(fl) {
+			bid = f.passThrough(in.NodeId, fl)
 		}
 	}
-	if fl.backing != 0 {
-		out.BackingID = fl.backing
+	if bid != 0 {
+		out.BackingID = bid
 		out.OpenFlags |= fuse.FOPEN_PASSTHROUGH
+		out.Fh = f.passedFh() // its Release ends the open's hold on the registration
 		return fuse.OK
 	}
 	if fl.viaServer == 0 {
@@ -95,8 +98,12 @@ func (f *rawFS) Open(interrupt <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenO
 
 // mayPassThrough reports whether an open of fl may be passed through (fl.mu held).
 func (f *rawFS) mayPassThrough(fl *fileNode) bool {
-	return fl.backing == 0 && fl.viaServer == 0 && !fl.inherited && !f.m.opens.noPassthrough.Load()
+	return fl.viaServer == 0 && !fl.inherited && !f.m.opens.noPassthrough.Load()
 }
+
+// passedFh marks the opens this process passed through, as epoch marks those it answers
+// without passthrough: even, where epoch is odd.
+func (f *rawFS) passedFh() uint64 { return f.epoch&^1 | 2 }
 
 // joinFirst waits, in the open, for the staging's verified copy of a file a read would wait for
 // anyway (Config.Join, joins), so that the open is passed through to it: then every read of the
@@ -133,8 +140,9 @@ func (f *fileNode) join(ctx context.Context, interrupt <-chan struct{}) (interru
 	return ctx.Err() == nil && wait.Err() != nil
 }
 
-// passThrough registers the file's whole copy, if there is one, as its backing file.
-func (f *rawFS) passThrough(id uint64, fl *fileNode) {
+// passThrough registers the file's whole copy, if there is one, as its backing file, for the
+// open being answered, and returns its ID (0: none).
+func (f *rawFS) passThrough(id uint64, fl *fileNode) int32 {
 	// The kernel holds the backing file itself from registration on: this process's descriptor
 	// may be closed at once (the scratch file's), or by the bound (the cache's copy).
 	var bid int32
@@ -147,38 +155,66 @@ func (f *rawFS) passThrough(id uint64, fl *fileNode) {
 		// Every part fetched and verified: the kernel reads the scratch file itself.
 		sf, err := os.Open(fl.st.path)
 		if err != nil {
-			return
+			return 0
 		}
 		defer sf.Close()
 		_ = register(sf)
 	} else if h := fl.cachedLocked(); h == nil {
-		return
+		return 0
 	} else if err := h.use(register); err != nil {
-		return
+		return 0
 	}
 	if errno != 0 {
 		// Not root, or a kernel without passthrough: every read comes here.
 		klog.Background().V(2).Info("streaming volume: no FUSE passthrough, reads are served by the plugin", "errno", errno)
 		f.m.opens.noPassthrough.Store(true)
-		return
+		return 0
 	}
 	if err := f.m.opens.record(id, bid); err != nil {
 		klog.Background().Error(err, "streaming volume: recording a backing file", "key", fl.obj.Key)
 		f.srv.UnregisterBackingFd(bid)
-		return
+		return 0
 	}
-	fl.backing = bid
+	if fl.backing == nil {
+		fl.backing = f.newBacking(id, fl.obj.Key)
+	}
+	fl.backing.adopt(bid)
+	return bid
 }
 
-// Release counts the end of an open this process answered without passthrough.
+// newBacking is node id's registration under the mount's bound. Its drop is recorded before
+// the kernel hears of it: a process taking over in between keeps a registration no one uses
+// (until the mount ends) rather than answering opens with an ID gone.
+func (f *rawFS) newBacking(id uint64, key string) *backing {
+	b := &backing{o: f.m.cfg.Files, drop: func(bid int32) {
+		if err := f.m.opens.record(id, -bid); err != nil {
+			klog.Background().Error(err, "streaming volume: recording a backing file dropped; a process taking the mount over would answer its opens with EIO", "key", key)
+		}
+		if errno := f.srv.UnregisterBackingFd(bid); errno != 0 {
+			klog.Background().Error(errno, "streaming volume: dropping a backing file", "key", key)
+		}
+	}}
+	f.m.trackBacking(b)
+	return b
+}
+
+// Release counts the end of an open: one answered without passthrough, or one passed through
+// (whose last release leaves the file's registration to the bound). Handles of an earlier
+// process's opens carry another mark, and count nothing.
 func (f *rawFS) Release(_ <-chan struct{}, in *fuse.ReleaseIn) {
 	n := f.t.get(in.NodeId)
-	if n == nil || n.file == nil || in.Fh != f.epoch {
+	if n == nil || n.file == nil {
 		return
 	}
-	n.file.mu.Lock()
-	n.file.viaServer--
-	n.file.mu.Unlock()
+	fl := n.file
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	switch {
+	case in.Fh == f.epoch:
+		fl.viaServer--
+	case in.Fh == f.passedFh() && fl.backing != nil:
+		fl.backing.release()
+	}
 }
 
 // Read serves [off, off+len(dest)) once every part it touches is here and verified.

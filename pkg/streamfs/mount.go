@@ -1,7 +1,6 @@
 package streamfs
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -40,6 +39,8 @@ type mount struct {
 	mu      sync.Mutex
 	streams []*stream
 	files   []*handle // cached files reads found in the cache
+	// backings are the files' registrations as backing files (passThrough, openLog.apply).
+	backings []*backing
 	// reads counts the reads that reached this process (not those the kernel passed through).
 	reads atomic.Int64
 	opens *openLog
@@ -58,6 +59,12 @@ func (m *mount) track(s *stream) {
 func (m *mount) trackFile(f *handle) {
 	m.mu.Lock()
 	m.files = append(m.files, f)
+	m.mu.Unlock()
+}
+
+func (m *mount) trackBacking(b *backing) {
+	m.mu.Lock()
+	m.backings = append(m.backings, b)
 	m.mu.Unlock()
 }
 
@@ -210,7 +217,7 @@ func serve(dir string, dev *os.File, initReq []byte, cfg Config, opens *openLog)
 	fs := &rawFS{RawFileSystem: fuse.NewDefaultRawFileSystem(), m: m,
 		epoch: binary.NativeEndian.Uint64(epoch[:]) | 1}
 	fs.t = buildTree(m.ctx, m)
-	opens.apply(fs.t)
+	opens.apply(fs.t, m)
 	first, err := unix.FcntlInt(dev.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		m.cancel()
@@ -274,65 +281,6 @@ func pollOnce(dir string) error {
 	defer unix.Close(fd)
 	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLPRI | unix.POLLOUT}}, 0)
 	return nil
-}
-
-// openLog records, in the scratch directory, what the kernel may still hold of this mount's
-// opens when another process takes it over: the backing files registered (by ID) and the files
-// opened without passthrough. Lines of "<node ID> <backing ID>", 0 for the latter.
-type openLog struct {
-	mu            sync.Mutex
-	f             *os.File
-	held          map[uint64]int32
-	noPassthrough atomic.Bool
-}
-
-const openLogName = ".opens"
-
-func newOpenLog(scratch string) (*openLog, error) {
-	f, err := os.OpenFile(filepath.Join(scratch, openLogName), os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	return &openLog{f: f}, nil
-}
-
-func resumeOpenLog(scratch string) (*openLog, error) {
-	f, err := os.OpenFile(filepath.Join(scratch, openLogName), os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	l := &openLog{f: f, held: map[uint64]int32{}}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var id uint64
-		var bid int32
-		if _, err := fmt.Sscanf(sc.Text(), "%d %d", &id, &bid); err != nil {
-			continue // a line cut short by the old process's end: nothing was answered after it
-		}
-		if old, ok := l.held[id]; !ok || old == 0 {
-			l.held[id] = bid
-		}
-	}
-	return l, sc.Err()
-}
-
-// apply gives the files what an earlier process left.
-func (l *openLog) apply(t *tree) {
-	for id, bid := range l.held {
-		if n := t.get(id); n != nil && n.file != nil {
-			n.file.backing, n.file.inherited = bid, bid == 0
-		}
-	}
-	l.held = nil
-}
-
-// record appends one line; the write reaches the page cache before the kernel hears the answer,
-// which is all a later process on this node needs.
-func (l *openLog) record(id uint64, bid int32) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	_, err := fmt.Fprintf(l.f, "%d %d\n", id, bid)
-	return err
 }
 
 // connName is the name of the FUSE connection of a filesystem on device dev in the FUSE control
@@ -414,8 +362,10 @@ func (mt *Mount) release() {
 	for _, f := range mt.files {
 		f.close()
 	}
-	mt.streams, mt.files = nil, nil
-	if mt.opens.f != nil {
-		mt.opens.f.Close()
+	// The kernel dropped the connection's backing files with it.
+	for _, b := range mt.backings {
+		b.end()
 	}
+	mt.streams, mt.files, mt.backings = nil, nil, nil
+	mt.opens.close()
 }

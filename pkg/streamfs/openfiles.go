@@ -9,24 +9,26 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// DefaultMaxOpenFiles is the bound on the descriptors streaming volumes' files hold when none
-// is given: well under the usual 1,048,576 open files of a container, and above the working set
+// DefaultMaxOpenFiles is the bound on the files streaming volumes hold open when none is given: well under the usual 1,048,576 open files of a container, and above the working set
 // of files a training job reads at once.
 const DefaultMaxOpenFiles = 4096
 
-// OpenFiles bounds the descriptors that the files of streaming volumes hold: the cache's copy
-// of a file, and its scratch file. Each file a pod reads would otherwise keep one open until its
-// volume goes, so a pod reading many files could run the plugin out of descriptors (EMFILE) and
-// break every volume of the node. Past the bound, the file least recently used is closed; it is
-// opened again when next read. One OpenFiles is shared by every mount of a node plugin.
+// OpenFiles bounds the files that streaming volumes hold open: the descriptors of the cache's
+// copy of a file and of its scratch file, and the files registered with the kernel as backing
+// files (backing.go), which the kernel holds open itself. Each file a pod reads would otherwise
+// keep one open until its volume goes, so a pod reading many files could run the plugin out of
+// descriptors (EMFILE), or the kernel out of open files, and break every volume of the node.
+// Past the bound, the file least recently used is closed; it is opened (or registered) again
+// when next read. One OpenFiles is shared by every mount of a node plugin.
 //
-// A file being read or written is never closed: while every open one is in use, the bound is
-// exceeded by as many as are in use (as many as the requests being served), until they end.
+// A file being read or written is never closed, nor a registration an open file holds: while
+// every open one is in use, the bound is exceeded by as many as are in use (as many as the
+// requests being served, and the files the pods hold open), until they end.
 type OpenFiles struct {
 	max    int
 	mu     sync.Mutex
-	idle   list.List // of *handle: open, in use by no one, least recently used at the front
-	open   int       // handles with a file open
+	idle   list.List // of entry: open, in use by no one, least recently used at the front
+	open   int       // handles with a file open, and registrations
 	closed atomic.Int64
 }
 
@@ -38,10 +40,14 @@ func NewOpenFiles(max int) *OpenFiles {
 	return &OpenFiles{max: max}
 }
 
-// Closed is how many files the bound closed so that others could be opened.
+// entry is what the bound closes: a descriptor (*handle) or a registration (*backing).
+type entry interface{ closeLocked() }
+
+// Closed is how many files the bound closed (or registrations it dropped) so that others could
+// be opened.
 func (o *OpenFiles) Closed() int64 { return o.closed.Load() }
 
-// Open is how many descriptors the files under the bound hold.
+// Open is how many files under the bound are open: descriptors, and registrations.
 func (o *OpenFiles) Open() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -144,7 +150,7 @@ func (h *handle) closeLocked() {
 // evictLocked closes idle files, least recently used first, until n more fit under the bound.
 func (o *OpenFiles) evictLocked(n int) {
 	for o.open+n > o.max && o.idle.Len() > 0 {
-		o.idle.Front().Value.(*handle).closeLocked()
+		o.idle.Front().Value.(entry).closeLocked()
 		if o.closed.Add(1) == 1 {
 			// Once: past it, closes are the bound at work, counted in Closed.
 			klog.Background().Info("streaming volumes reached their bound of open files: the least recently read are closed, and opened again when read",

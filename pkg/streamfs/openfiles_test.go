@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -174,6 +175,7 @@ func readThroughBound(t *testing.T, served bool) {
 		}()
 	}
 	wg.Wait()
+	settle(t, limit, bound)
 	close(stop)
 	<-sampled
 	if bad.Load() != 0 {
@@ -203,5 +205,91 @@ func readThroughBound(t *testing.T, served bool) {
 	}
 	if limit.Closed() == 0 {
 		t.Error("the bound closed no file: the test read too few")
+	}
+}
+
+// TestBackingFilesBound opens 20,000 cached files once each, one after another, through a mount
+// bounded to 64 open files, passed through to the kernel: each file passed through is held open
+// by the kernel itself (its backing file), beyond this process's descriptors, so the count is
+// the kernel's. The cache's copies live on a tmpfs of the test's own; once all are deleted, an
+// inode still in use there is a file still open, by this process or by the kernel. At most the
+// bound, where every file ever passed through stayed registered for the life of the mount
+// (20,000).
+func TestBackingFilesBound(t *testing.T) {
+	requireFUSE(t)
+	const files, bound = 20000, 64
+	cached := t.TempDir()
+	if err := syscall.Mount("tmpfs", cached, "tmpfs", 0, "mode=0755,nr_inodes=100000"); err != nil {
+		t.Fatalf("mounting a tmpfs for the cache: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(cached, syscall.MNT_DETACH) })
+	data := map[string][]byte{}
+	var objs []source.Object
+	for i := range files {
+		key := fmt.Sprintf("f%05d", i)
+		data[key] = []byte("the bytes of " + key)
+		objs = append(objs, source.Object{Key: key, Type: source.File, Size: int64(len(data[key]))})
+		if err := os.WriteFile(filepath.Join(cached, key), data[key], 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	limit := streamfs.NewOpenFiles(bound)
+	m, err := streamfs.Start(dir, streamfs.Config{Objects: objs, Scratch: t.TempDir(), Files: limit,
+		Fetcher: memFetcher{data: data, partN: 1 << 20},
+		Cached:  func(o source.Object) (*os.File, error) { return os.Open(filepath.Join(cached, o.Key)) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("unmount: %v", err)
+		}
+	})
+	read := func(i int) {
+		key := fmt.Sprintf("f%05d", i)
+		if got, err := os.ReadFile(filepath.Join(dir, key)); err != nil || !bytes.Equal(got, data[key]) {
+			t.Fatalf("%s: %q, %v; want %q", key, got, err, data[key])
+		}
+	}
+	for i := range files {
+		read(i)
+	}
+	// Read again, long after the bound dropped their registrations: registered again.
+	for i := range 100 {
+		read(i)
+	}
+	if m.Reads() != 0 {
+		t.Fatalf("%d reads reached the server: the files were not passed through, the test proves nothing", m.Reads())
+	}
+	settle(t, limit, bound)
+	for key := range data {
+		if err := os.Remove(filepath.Join(cached, key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(cached, &st); err != nil {
+		t.Fatal(err)
+	}
+	held := int64(st.Files-st.Ffree) - 1 // the tmpfs's root
+	t.Logf("%d files opened once (and 100 again) under a bound of %d: %d of the cache's copies still open after all were deleted; the bound closed %d, holds %d",
+		files, bound, held, limit.Closed(), limit.Open())
+	if held > bound {
+		t.Errorf("%d of the cache's copies are still open (by the kernel, as backing files, or by the plugin), want at most the bound, %d", held, bound)
+	}
+}
+
+// settle waits for the kernel's releases of the last opens, which it sends after close(2) has
+// returned: each leaves its file's registration to the bound, which then holds.
+func settle(t *testing.T, limit *streamfs.OpenFiles, bound int) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); limit.Open() > bound; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the bound holds %d files a minute after the last read, want at most %d", limit.Open(), bound)
+		}
 	}
 }

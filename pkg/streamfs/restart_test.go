@@ -47,6 +47,8 @@ type childConfig struct {
 	Endpoint, AccessKey, SecretKey string
 	Objects                        []source.Object
 	Parts                          map[string][]source.Part
+	// MaxOpenFiles is each process's bound (streamfs.NewOpenFiles).
+	MaxOpenFiles int
 }
 
 // serveChild serves the mount the way the node plugin does: it takes the connection back from
@@ -66,7 +68,7 @@ func serveChild(path string) error {
 	if err != nil {
 		return err
 	}
-	cfg := streamfs.Config{Objects: c.Objects, Scratch: c.Scratch,
+	cfg := streamfs.Config{Objects: c.Objects, Scratch: c.Scratch, Files: streamfs.NewOpenFiles(c.MaxOpenFiles),
 		Fetcher: partsFetcher{streamfs.SourceFetcher{Source: src}, c.Parts},
 		Cached: func(o source.Object) (*os.File, error) {
 			file, err := os.Open(filepath.Join(c.Cached, o.Key))
@@ -112,7 +114,9 @@ func serveChild(path string) error {
 
 // TestRestartLosesNoRead: the process serving a streaming mount is killed (SIGKILL) while
 // several readers read cached and uncached files through it, and a new process takes the
-// connection over from the keeper: every read completes, byte-identical to S3. Twice.
+// connection over from the keeper: every read completes, byte-identical to S3. Twice. Each
+// process's bound is 2 open files, so backing files are dropped and registered again all along:
+// a process taking over must not answer with one dropped before (EIO at open).
 func TestRestartLosesNoRead(t *testing.T) {
 	f := newFixture(t)
 	// Every GET waits: the kills land while reads wait for fetches.
@@ -122,7 +126,7 @@ func TestRestartLosesNoRead(t *testing.T) {
 		}
 		return testpeers.None
 	})
-	srv := startServers(t, f)
+	srv := startServers(t, f, 2)
 	start := srv.start
 	child := start("mounted")
 	unmount := srv.unmount
@@ -242,7 +246,7 @@ type servers struct {
 
 // startServers starts a keeper; the mount goes when the test ends, its connection aborted, so
 // that the keeper's copy and any reader left waiting go too.
-func startServers(t *testing.T, f *fixture) *servers {
+func startServers(t *testing.T, f *fixture, maxOpenFiles int) *servers {
 	ctx, cancel := context.WithCancel(context.Background())
 	keeper, err := fusekeeper.Listen(filepath.Join(t.TempDir(), "keeper.sock"))
 	if err != nil {
@@ -252,7 +256,8 @@ func startServers(t *testing.T, f *fixture) *servers {
 	go func() { served <- keeper.Serve(ctx) }()
 	t.Cleanup(func() { cancel(); <-served })
 	cfg := childConfig{Dir: f.dir, Keeper: keeper.Path(), Scratch: t.TempDir(), Cached: f.cached,
-		Endpoint: f.proxy.URL, AccessKey: f.s3.AccessKey, SecretKey: f.s3.SecretKey, Objects: f.objs, Parts: f.parts}
+		Endpoint: f.proxy.URL, AccessKey: f.s3.AccessKey, SecretKey: f.s3.SecretKey, Objects: f.objs, Parts: f.parts,
+		MaxOpenFiles: maxOpenFiles}
 	s := &servers{keeper: keeper.Path(), cfgPath: filepath.Join(t.TempDir(), "child.json"), t: t, dir: f.dir}
 	b, _ := json.Marshal(cfg)
 	if err := os.WriteFile(s.cfgPath, b, 0o600); err != nil {
@@ -300,7 +305,7 @@ func (s *servers) start(want string) *exec.Cmd {
 // lookup all fail with EIO, none hangs, and nothing is served.
 func TestRefuseAnswersEIO(t *testing.T) {
 	f := newFixture(t)
-	srv := startServers(t, f)
+	srv := startServers(t, f, 0)
 	child := srv.start("mounted")
 	// Opened (and partly read) while the server ran: its next read goes to the next server.
 	open, err := os.Open(filepath.Join(f.dir, "big.bin"))

@@ -12,7 +12,6 @@ import (
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 
-	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/fusekeeper"
 	"github.com/cistern-csi/cistern/pkg/state"
@@ -35,12 +34,22 @@ type StreamingVolumes struct {
 	// OnRefused, when set, is told about a streaming volume taken over whose caller's access
 	// could not be proved again, and why: its reads fail with EIO (an Event on the node).
 	OnRefused func(volumeID, dataset, reason string)
-	// MaxOpenFiles bounds the descriptors all streaming volumes of the node hold for the files
-	// their pods read (past it, the least recently read are closed, and opened again when read):
-	// one bound for the plugin, as a pod author can make many volumes. 0:
-	// streamfs.DefaultMaxOpenFiles.
+	// MaxOpenFiles bounds the files all streaming volumes of the node hold open for the files
+	// their pods read, descriptors and the kernel's backing files (past it, the least recently
+	// read are closed, and opened again when read): one bound for the plugin, as a pod author
+	// can make many volumes. 0: streamfs.DefaultMaxOpenFiles.
 	MaxOpenFiles int
+	// MaxVolumes bounds the streaming volumes the node serves at once: one more is refused
+	// (ResourceExhausted). Each is a FUSE server in the plugin and a record in the keeper's
+	// memory. 0: DefaultMaxStreamingVolumes.
+	MaxVolumes int
 }
+
+// DefaultMaxStreamingVolumes is the bound on a node's streaming volumes when none is given:
+// more than twice kubelet's default of 110 pods a node, each with one. The keeper holds at most
+// fusekeeper.MaxMeta for each (4 MiB in all, under its 64 MiB); the plugin about 0.2 MiB for
+// each idle one (100 mounts: 19 MiB).
+const DefaultMaxStreamingVolumes = 256
 
 // unavailable says why this node cannot serve a streaming volume, or "" when it can.
 func (c StreamingVolumes) unavailable() string {
@@ -77,6 +86,35 @@ type streamMounts struct {
 	m      map[string]*streamMount // by volume ID
 	keeper string
 	files  *streamfs.OpenFiles // the bound every mount's files share
+	// max bounds len(m) and the volumes being mounted (starting) together.
+	max      int
+	starting map[string]bool
+}
+
+func newStreamMounts(c StreamingVolumes) *streamMounts {
+	max := c.MaxVolumes
+	if max <= 0 {
+		max = DefaultMaxStreamingVolumes
+	}
+	return &streamMounts{m: map[string]*streamMount{}, keeper: c.Keeper, files: streamfs.NewOpenFiles(c.MaxOpenFiles),
+		max: max, starting: map[string]bool{}}
+}
+
+// reserve counts volume id, about to be mounted, against the node's bound on streaming volumes,
+// until done; once mounted (add), the volume counts until it stops. Volumes taken over at start
+// count without asking: they are mounted already.
+func (sm *streamMounts) reserve(id string) (done func(), err error) {
+	sm.mu.Lock()
+	defer sm.mu.Unlock()
+	if n := len(sm.m) + len(sm.starting); n >= sm.max {
+		return nil, status.Errorf(codes.ResourceExhausted, "this node serves %d streaming volumes, its most (--streaming-max-volumes); retry when one is unpublished", n)
+	}
+	sm.starting[id] = true
+	return func() {
+		sm.mu.Lock()
+		delete(sm.starting, id)
+		sm.mu.Unlock()
+	}, nil
 }
 
 type streamMount struct {
@@ -170,6 +208,10 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 	if err != nil {
 		return false, "", status.Error(datasource.Code(err), err.Error())
 	}
+	access, err := s.keptAccess(spec, secrets, attrs)
+	if err != nil {
+		return false, "", err
+	}
 	wctx, cancel := budget(ctx, 30*time.Second)
 	defer cancel()
 	st, ds, err := s.datasets.Stream(wctx, rec.Pool, spec, creds, capacity, tv.id)
@@ -181,6 +223,13 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 	case ds == nil:
 		return false, "", status.Errorf(codes.Unavailable, "%s; retry later", st)
 	}
+	// Only a volume that streams counts: a dataset staged meanwhile is served as staged.
+	done, err := s.streams.reserve(tv.id)
+	if err != nil {
+		ds.Release()
+		return false, "", err
+	}
+	defer done()
 	// Recorded before the mount: a restart finds the volume and Unstage releases it.
 	if err := s.store.PutTreeVolume(rec); err != nil {
 		ds.Release()
@@ -204,8 +253,7 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		tv.fallBack(ctx, spec, err.Error())
 		return false, "", nil
 	}
-	m := &streamMount{path: path, fs: fsm, release: ds.Release, version: st.Version,
-		access: keptStream{Secrets: secrets, Tokens: attrs[consts.VolumeContextSATokens]}}
+	m := &streamMount{path: path, fs: fsm, release: ds.Release, version: st.Version, access: access}
 	s.streams.add(tv.id, m)
 	s.keep(ctx, tv.id, m)
 	klog.FromContext(ctx).V(4).Info("Streaming dataset", "volumeID", tv.id, "dataset", spec.String(), "path", path,

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 
@@ -29,14 +31,41 @@ import (
 
 // keptStream is what the keeper holds beside a streaming volume's connection: what the next
 // process needs to serve it (streamfs.Conn) and to prove the caller's access again, which only
-// NodeStageVolume and NodePublishVolume bring: their secrets and the pod's ServiceAccount
-// tokens. It lives in the keeper's memory only, never on disk: the records (state) keep no
-// secret, and a node reboot, which ends the keeper, ends the mounts too.
+// NodeStageVolume and NodePublishVolume bring: of their secrets and the pod's ServiceAccount
+// tokens, what the proof reads (keptAccess). It lives in the keeper's memory only, never on
+// disk: the records (state) keep no secret, and a node reboot, which ends the keeper, ends the
+// mounts too.
 type keptStream struct {
 	Conn    streamfs.Conn     `json:"conn"`
 	Secrets map[string]string `json:"secrets,omitempty"`
-	// Tokens is kubelet's csi.storage.k8s.io/serviceAccount.tokens (web identity).
+	// Tokens is kubelet's csi.storage.k8s.io/serviceAccount.tokens with the web identity's
+	// audience only.
 	Tokens string `json:"tokens,omitempty"`
+}
+
+// keptConnRoom is what a volume's connection adds to its record in the keeper (the INIT request
+// in base64, the manifest's digest, the connection's name: 300 bytes), with room to spare.
+const keptConnRoom = 1 << 10
+
+// keptAccess is what the keeper is to hold of the caller's access: only what the proof reads
+// (Datasets.ProofInputs), within what the keeper holds for one volume (fusekeeper.MaxMeta), so
+// that volumes with large secrets cannot run the keeper out of memory. Called after Credentials
+// accepted the same inputs.
+func (s *Service) keptAccess(spec *datasource.Spec, secrets, attrs map[string]string) (keptStream, error) {
+	var kept keptStream
+	kept.Secrets, kept.Tokens = s.datasets.ProofInputs(spec, secrets, attrs)
+	if s.streaming.Keeper == "" {
+		return kept, nil
+	}
+	b, err := json.Marshal(kept)
+	if err != nil {
+		return keptStream{}, Internal("encoding the record for the FUSE keeper", err)
+	}
+	if len(b) > fusekeeper.MaxMeta-keptConnRoom {
+		return keptStream{}, status.Errorf(codes.InvalidArgument, "the credentials of this streaming volume are %d bytes, more than the %d the FUSE keeper holds for one volume",
+			len(b), fusekeeper.MaxMeta-keptConnRoom)
+	}
+	return kept, nil
 }
 
 // takeOverBudget bounds the proof and listing of one volume taken over; its readers wait

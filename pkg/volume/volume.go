@@ -30,7 +30,6 @@ import (
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
-	"github.com/cistern-csi/cistern/pkg/streamfs"
 )
 
 // Pools is what the service needs of the node's pools; pkg/pool's Manager implements it.
@@ -93,8 +92,7 @@ func New(cfg Config) *Service {
 	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
 		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
-		streams: &streamMounts{m: map[string]*streamMount{}, keeper: cfg.Streaming.Keeper,
-			files: streamfs.NewOpenFiles(cfg.Streaming.MaxOpenFiles)}, streaming: cfg.Streaming}
+		streams: newStreamMounts(cfg.Streaming), streaming: cfg.Streaming}
 	if s.overlayMount == nil {
 		s.overlayMount = mountOverlay
 	}
