@@ -47,6 +47,17 @@ func recordedDataset(v state.Volume) (*datasource.Spec, error) {
 	return spec, nil
 }
 
+// callerNamespace is the namespace a volume is charged to (its share of the node's streaming
+// volumes): the publishing pod's (kubelet's podInfoOnMount, which a pod author cannot override),
+// else, but for an inline volume (whose attributes are the pod author's), the claim's
+// (external-provisioner's, or the VolumeManager controller's); empty for neither.
+func callerNamespace(attrs map[string]string, inline bool) string {
+	if ns := attrs[consts.VolumeContextPodNamespace]; ns != "" || inline {
+		return ns
+	}
+	return attrs[consts.VolumeContextPVCNamespace]
+}
+
 // volumeDataset returns the dataset of an image-backed volume, from its CreateVolume parameters
 // or, for a volume the driver adopted, from the dataset keys of the volume context (which also
 // holds keys the provisioner adds, such as its identity).

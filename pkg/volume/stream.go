@@ -43,6 +43,10 @@ type StreamingVolumes struct {
 	// (ResourceExhausted). Each is a FUSE server in the plugin and a record in the keeper's
 	// memory. 0: DefaultMaxStreamingVolumes.
 	MaxVolumes int
+	// MaxVolumesPerNamespace bounds those of one namespace (callerNamespace; the volumes that
+	// name none share one such bound), so that one namespace cannot take the whole node: one
+	// more is refused (ResourceExhausted). 0: a quarter of MaxVolumes (defaultShare).
+	MaxVolumesPerNamespace int
 }
 
 // DefaultMaxStreamingVolumes is the bound on a node's streaming volumes when none is given:
@@ -50,6 +54,12 @@ type StreamingVolumes struct {
 // fusekeeper.MaxMeta for each (4 MiB in all, under its 64 MiB); the plugin about 0.2 MiB for
 // each idle one (100 mounts: 19 MiB).
 const DefaultMaxStreamingVolumes = 256
+
+// defaultShare is a namespace's share of the node's n streaming volumes when none is given: a
+// quarter (as --staging-concurrency-per-source is of --staging-concurrency), so that it takes at
+// least four namespaces to fill the node; of the default 256, 64: more than half of kubelet's
+// 110 pods a node, each with one.
+func defaultShare(n int) int { return max(1, n/4) }
 
 // unavailable says why this node cannot serve a streaming volume, or "" when it can.
 func (c StreamingVolumes) unavailable() string {
@@ -86,9 +96,10 @@ type streamMounts struct {
 	m      map[string]*streamMount // by volume ID
 	keeper string
 	files  *streamfs.OpenFiles // the bound every mount's files share
-	// max bounds len(m) and the volumes being mounted (starting) together.
-	max      int
-	starting map[string]bool
+	// max bounds len(m) and the volumes being mounted (starting) together; perNamespace those of
+	// one namespace (streamMount.namespace, the value of starting).
+	max, perNamespace int
+	starting          map[string]string
 }
 
 func newStreamMounts(c StreamingVolumes) *streamMounts {
@@ -96,20 +107,32 @@ func newStreamMounts(c StreamingVolumes) *streamMounts {
 	if max <= 0 {
 		max = DefaultMaxStreamingVolumes
 	}
+	share := c.MaxVolumesPerNamespace
+	if share <= 0 {
+		share = defaultShare(max)
+	}
 	return &streamMounts{m: map[string]*streamMount{}, keeper: c.Keeper, files: streamfs.NewOpenFiles(c.MaxOpenFiles),
-		max: max, starting: map[string]bool{}}
+		max: max, perNamespace: share, starting: map[string]string{}}
 }
 
-// reserve counts volume id, about to be mounted, against the node's bound on streaming volumes,
-// until done; once mounted (add), the volume counts until it stops. Volumes taken over at start
-// count without asking: they are mounted already.
-func (sm *streamMounts) reserve(id string) (done func(), err error) {
+// reserve counts volume id of namespace ns, about to be mounted, against the node's bound on
+// streaming volumes and the namespace's share of it, until done; once mounted (add), the volume
+// counts until it stops. Volumes taken over at start count without asking: they are mounted
+// already.
+func (sm *streamMounts) reserve(id, ns string) (done func(), err error) {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	if n := len(sm.m) + len(sm.starting); n >= sm.max {
 		return nil, status.Errorf(codes.ResourceExhausted, "this node serves %d streaming volumes, its most (--streaming-max-volumes); retry when one is unpublished", n)
 	}
-	sm.starting[id] = true
+	if n := sm.inNamespace(ns); n >= sm.perNamespace {
+		who := fmt.Sprintf("namespace %q", ns)
+		if ns == "" {
+			who = "the volumes that name no namespace (an administrator's static PVs)"
+		}
+		return nil, status.Errorf(codes.ResourceExhausted, "this node serves %d streaming volumes of %s, its share (--streaming-max-volumes-per-namespace); retry when one of them is unpublished", n, who)
+	}
+	sm.starting[id] = ns
 	return func() {
 		sm.mu.Lock()
 		delete(sm.starting, id)
@@ -117,9 +140,28 @@ func (sm *streamMounts) reserve(id string) (done func(), err error) {
 	}, nil
 }
 
+// inNamespace counts the streaming volumes of namespace ns, mounted or being mounted. Called
+// with mu held; a walk of at most max entries.
+func (sm *streamMounts) inNamespace(ns string) int {
+	n := 0
+	for _, m := range sm.m {
+		if m.namespace == ns {
+			n++
+		}
+	}
+	for _, s := range sm.starting {
+		if s == ns {
+			n++
+		}
+	}
+	return n
+}
+
 type streamMount struct {
 	path string
-	fs   *streamfs.Mount
+	// namespace is the namespace whose share the volume takes (treeNamespace).
+	namespace string
+	fs        *streamfs.Mount
 	// release gives the dataset back to eviction and closes the caller's source.
 	release func()
 	// access is what the keeper holds besides the connection (keptStream), handed to it again
@@ -179,6 +221,20 @@ func (sm *streamMounts) drop(id string) {
 	}
 }
 
+// treeNamespace is the namespace whose share of the node's streaming volumes tree rec takes: that
+// of the attributes it was served with (callerNamespace), recorded, so that a volume taken over
+// after a restart counts where it counted before. The lower layer of a writable volume is as
+// inline as that volume (an inline volume's or a per-pod copy's is Ephemeral: only its pod
+// names its namespace); one whose volume is not recorded, as an inline one.
+func (s *Service) treeNamespace(rec state.TreeVolume) string {
+	inline := rec.Inline
+	if rec.LayerOf != "" {
+		v, ok := s.store.GetVolume(rec.LayerOf)
+		inline = !ok || v.Ephemeral
+	}
+	return callerNamespace(rec.Parameters, inline)
+}
+
 // streamConfig serves a streamed dataset: what the cache holds, what the staging is yet to fetch
 // once it has (fetched next, Join), the rest fetched from its source with the caller's
 // credentials, within the plugin's one bound on open files.
@@ -224,7 +280,8 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		return false, "", status.Errorf(codes.Unavailable, "%s; retry later", st)
 	}
 	// Only a volume that streams counts: a dataset staged meanwhile is served as staged.
-	done, err := s.streams.reserve(tv.id)
+	ns := s.treeNamespace(rec)
+	done, err := s.streams.reserve(tv.id, ns)
 	if err != nil {
 		ds.Release()
 		return false, "", err
@@ -253,7 +310,7 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		tv.fallBack(ctx, spec, err.Error())
 		return false, "", nil
 	}
-	m := &streamMount{path: path, fs: fsm, release: ds.Release, version: st.Version, access: access}
+	m := &streamMount{path: path, namespace: ns, fs: fsm, release: ds.Release, version: st.Version, access: access}
 	s.streams.add(tv.id, m)
 	s.keep(ctx, tv.id, m)
 	klog.FromContext(ctx).V(4).Info("Streaming dataset", "volumeID", tv.id, "dataset", spec.String(), "path", path,

@@ -197,7 +197,7 @@ func (s *Service) takeOver(ctx context.Context, h fusekeeper.Held, mounts []moun
 		s.refuse(ctx, rec, kept, err.Error())
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release, version: version,
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, namespace: s.treeNamespace(rec), fs: fsm, release: release, version: version,
 		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 	logger.Info("Took over a streaming volume: its reads go on", "path", rec.Path)
 }
@@ -336,5 +336,6 @@ func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, kept keptStr
 		s.streams.drop(rec.ID)
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: func() {}, access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, namespace: s.treeNamespace(rec), fs: fsm, release: func() {},
+		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 }
