@@ -43,6 +43,7 @@ func newStreamVersions(t *testing.T, abandonAfter time.Duration) *streamVersions
 	}
 	e.wantA["gate.bin"], e.wantB["gate.bin"] = randBytes(301, 1<<20), randBytes(302, 1<<20)
 	e.wantA["late.txt"], e.wantB["late.txt"] = randBytes(303, 777), randBytes(304, 777)
+	e.wantA["only-a.txt"] = randBytes(305, 5000) // B has none: its tree cannot stand in for it
 	e.wantB["varying.txt"] = []byte("B's first edition")
 	sa.Bucket(t, "shared")
 	sb.Bucket(t, "shared")
