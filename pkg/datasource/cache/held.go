@@ -171,7 +171,7 @@ func (c *Cache) holdLocked(pool, dir, digest, holder string) (*Held, error) {
 		return nil, err
 	}
 	refs := filepath.Join(h.Path(), RefsDir)
-	if err := os.MkdirAll(refs, 0o755); err == nil {
+	if err = os.MkdirAll(refs, 0o755); err == nil {
 		err = WriteFileSync(filepath.Join(refs, refName(holder)), []byte(holder))
 	}
 	if err != nil {
