@@ -95,7 +95,7 @@ func bindLimitFlags(lim *datasource.Limits) {
 	flag.IntVar(&lim.Listings, "max-concurrent-listings", def.Listings, "Dataset listings (of stagings and access proofs) under way on the node at once; more wait.")
 	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once; more wait.")
 	flag.Int64Var(&lim.MaxGlobWork, "max-dataset-glob-work", def.MaxGlobWork, "Include/exclude matching one listing may do, in pattern bytes times key bytes; past it the dataset is refused.")
-	flag.IntVar(&lim.MaxVersions, "max-dataset-versions", def.MaxVersions, "Ready versions of one dataset a pool keeps side by side, for callers whose listings of the source differ; past it the least recently used unused one is deleted (never one in use).")
+	flag.IntVar(&lim.MaxVersions, "max-dataset-versions", def.MaxVersions, "Ready versions of one dataset a pool keeps side by side, for callers whose listings of the source differ; past it the least recently used unused one is deleted (never one in use). Also the most stagings of one dataset under way at once on a pool.")
 }
 
 func bindPeerFlags(cfg *driver.PeerConfig, o *options) {

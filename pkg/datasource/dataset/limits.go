@@ -44,7 +44,8 @@ type Limits struct {
 	MaxGlobWork int64
 	// MaxVersions bounds the ready versions of one dataset a pool keeps side by side (callers
 	// whose listings differ each get the version they see); past it the least recently used
-	// unused version goes. Versions in use are never deleted.
+	// unused version goes. Versions in use are never deleted. It bounds the stagings of one
+	// dataset under way at once on a pool too (versions staged side by side).
 	MaxVersions int
 }
 

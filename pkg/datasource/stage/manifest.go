@@ -94,9 +94,36 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 	return md, nil
 }
 
+// setAside takes an earlier attempt's directory away from this job when volumes reference it
+// (streaming volumes read what it committed, held by descriptor) and this job's caller sees
+// other data: retired, so that the job stages in a fresh directory instead of discarding those
+// files and staging another version in their place. The same data is resumed in place, as
+// always (resumed).
+func (j *Job) setAside(ctx context.Context) error {
+	if !cache.ManifestExists(j.dir) || cache.RefCount(j.dir) == 0 {
+		return nil
+	}
+	md, err := cache.ReadMeta(j.dir)
+	if err != nil {
+		return nil // resumed lists anew
+	}
+	switch err := j.checkResume(ctx, md); {
+	case err == nil:
+		j.proved = md
+		return nil
+	case !errors.Is(err, access.ErrListingDiffers):
+		return err
+	}
+	klog.FromContext(ctx).Info("retiring a partial staging that streaming volumes read: the source's listing differs from its manifest")
+	return j.e.cfg.Cache.Discard(j.pool, j.dir)
+}
+
 // resumed returns the manifest an earlier attempt left, when this job's caller proves it reads
 // the same data; nil when there is none, or it was discarded.
 func (j *Job) resumed(ctx context.Context) (*cache.Meta, error) {
+	if md := j.proved; md != nil {
+		return md, nil // setAside proved it
+	}
 	if !cache.ManifestExists(j.dir) {
 		return nil, nil
 	}
