@@ -338,7 +338,7 @@ func (s *Service) keepAside(v state.Volume) error {
 		return err
 	}
 	if mountedFrom(s.wb.mountDir(v.ID), dev) {
-		return nil
+		return sealAside(s.wb.mountDir(v.ID))
 	}
 	// A second mount of a block device keeps its superblock's read-only state (EBUSY otherwise:
 	// a volume published read-only is mounted read-only); this mount is made read-only alone.
@@ -349,7 +349,7 @@ func (s *Service) keepAside(v state.Volume) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dev, err)
 	}
-	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+	if err := sealAside(dir); err != nil {
 		_ = unix.Unmount(dir, 0)
 		return fmt.Errorf("making the mount of %s read-only: %w", dev, err)
 	}
@@ -451,7 +451,7 @@ func (s *Service) mountForUpload(v state.Volume) error {
 	unlock := s.wb.lock(v.ID)
 	defer unlock()
 	if dev, err := s.attached(v); err == nil && dev != "" && mountedFrom(s.wb.mountDir(v.ID), dev) {
-		return nil
+		return sealAside(s.wb.mountDir(v.ID))
 	}
 	dev, err := s.attach(v)
 	if err != nil {

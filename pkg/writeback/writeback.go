@@ -116,8 +116,9 @@ type Progress struct {
 	Sent int64
 	// Skipped counts entries that cannot be objects (symlinks, devices, sockets).
 	Skipped int
-	// Deferred counts the files a checkpoint left for the next one: written too recently, or
-	// while they were sent.
+	// Deferred counts the files a checkpoint left for the next one: written too recently, while
+	// they were sent, or changed since the pass listed them (no longer the regular file it
+	// planned to read: open.go).
 	Deferred int
 	// Deletes and DeletesDone count the paths to delete at the target, and those deleted.
 	Deletes, DeletesDone int
