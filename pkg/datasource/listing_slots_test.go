@@ -227,6 +227,11 @@ func TestListingMinRate(t *testing.T) {
 	fast := testpeers.StartProxy(t, s.Endpoint, nil)
 	m := newManager(t, datasource.Config{Limits: datasource.Limits{Listings: 1,
 		ListingMinRate: 1, ListingRateWindow: 2 * time.Second}})
+	// Run stops the staging jobs when it returns: the trickling request ends before its proxy
+	// closes, also when the test fails.
+	rctx, stop := context.WithCancel(ctx)
+	go m.Run(rctx)
+	t.Cleanup(stop)
 	pool := t.TempDir()
 	slowReq := datasource.Request{Spec: mustSpec(t, s3Params(s, slow.URL, "s3://data/slow")), Creds: creds(s), Pool: pool}
 	if _, err := m.Ensure(ctx, slowReq); err != nil {
