@@ -10,6 +10,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
 	"github.com/cistern-csi/cistern/pkg/volume"
@@ -23,6 +24,7 @@ type options struct {
 	writableDatasets, webIdentityRoles                         string
 	nfsUID, nfsGID                                             uint
 	peerAdvertise, peerTokenFile, peerAccounts                 string
+	peerReviews                                                peer.ReviewLimits
 	events, showVersion                                        bool
 	kubeconfig                                                 string
 }
@@ -94,7 +96,10 @@ func bindLimitFlags(lim *datasource.Limits) {
 	flag.DurationVar(&lim.AbandonAfter, "staging-abandon-after", def.AbandonAfter, "A staging no volume asked for in this long is cancelled and its partial data deleted.")
 	flag.IntVar(&lim.PerSource, "staging-concurrency-per-source", 0, "Parallel reads from one source endpoint (S3 endpoint, NFS server); 0 is a quarter of --staging-concurrency.")
 	flag.IntVar(&lim.Listings, "max-concurrent-listings", def.Listings, "Dataset listings (of stagings and access proofs) under way on the node at once; more wait.")
-	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once; more wait.")
+	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once (however its URL is spelt: scheme, host and port); more wait.")
+	flag.IntVar(&lim.ListingsPerNamespace, "max-concurrent-listings-per-namespace", 0, "Dataset listings under way for the callers of one namespace at once; more wait. 0 is a quarter of --max-concurrent-listings.")
+	flag.Float64Var(&lim.ListingMinRate, "listing-min-rate", def.ListingMinRate, "Entries (keys, S3 common prefixes) a second a dataset listing must go through, in every --listing-rate-window; a slower one gives up its listing slot and fails (retried later).")
+	flag.DurationVar(&lim.ListingRateWindow, "listing-rate-window", def.ListingRateWindow, "Window over which --listing-min-rate is measured: a listing that stalls loses its slot after at most this long.")
 	flag.Int64Var(&lim.MaxGlobWork, "max-dataset-glob-work", def.MaxGlobWork, "Include/exclude matching one listing may do, in pattern bytes times key bytes; past it the dataset is refused.")
 	flag.IntVar(&lim.MaxVersions, "max-dataset-versions", def.MaxVersions, "Ready versions of one dataset a pool keeps side by side, for callers whose listings of the source differ; past it the least recently used unused one is deleted (never one in use). Also the most stagings of one dataset under way at once on a pool.")
 }
@@ -106,6 +111,10 @@ func bindPeerFlags(cfg *driver.PeerConfig, o *options) {
 	flag.StringVar(&o.peerAccounts, "peer-service-accounts", "cistern-system/cistern-node", "Comma-separated namespace/name of the ServiceAccounts whose pod-bound tokens the peer port serves.")
 	flag.Int64Var(&cfg.Server.BandwidthBytesPerSec, "peer-upload-bandwidth", 256<<20, "Bytes per second the peer port may send, across peers; 0 is unlimited.")
 	flag.IntVar(&cfg.Server.MaxUploads, "peer-max-uploads", 8, "Requests for pieces the peer port answers at once (a batch of small entries counts as one); more wait briefly, then go to other peers or the source.")
+	def := peer.DefaultReviewLimits
+	flag.IntVar(&o.peerReviews.InFlight, "peer-max-token-reviews", def.InFlight, "TokenReviews of peers' tokens under way at once; requests with an unknown token beyond wait a second, then go to other peers or the source.")
+	flag.IntVar(&o.peerReviews.PerAddressBurst, "peer-token-review-burst", def.PerAddressBurst, "TokenReviews one address may cause at once, charged before each review; then --peer-token-review-rate.")
+	flag.Float64Var(&o.peerReviews.PerAddressRate, "peer-token-review-rate", def.PerAddressRate, "TokenReviews a second one address may cause after its burst; more are refused (429) without a review.")
 }
 
 // complete moves the parsed options into cfg.

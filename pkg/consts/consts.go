@@ -66,6 +66,11 @@ const (
 	// ServiceAccount and namespace in NodePublishVolume's volume context (podInfoOnMount).
 	VolumeContextSAName       = "csi.storage.k8s.io/serviceAccount.name"
 	VolumeContextPodNamespace = "csi.storage.k8s.io/pod.namespace"
+	// VolumeContextPVCNamespace is the claim's namespace: in CreateVolume's parameters
+	// (external-provisioner's --extra-create-metadata), hence in a provisioned volume's record,
+	// and in the volumeAttributes of the PersistentVolumes the VolumeManager controller makes
+	// for the claims of its namespace.
+	VolumeContextPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
 	// CredentialsWebIdentity is ParamCredentials' value for web-identity credentials.
 	CredentialsWebIdentity = "webIdentity"
 	// DefaultWebIdentityAudience is the audience of the ServiceAccount tokens exchanged for a

@@ -81,7 +81,11 @@ func (s *Service) CreateVolume(ctx context.Context, r CreateRequest) (state.Volu
 	}
 	// Before anything is created: a dataset that cannot fit is refused here.
 	if r.Prestage && r.Source == nil {
-		if err := s.Prestage(ctx, r.Name, chosen.Name, r.Size, datasource.SpecOf(pl.Dataset), r.Secrets); err != nil {
+		spec := datasource.SpecOf(pl.Dataset)
+		if spec != nil {
+			spec.Namespace = callerNamespace(r.Parameters, false)
+		}
+		if err := s.Prestage(ctx, r.Name, chosen.Name, r.Size, spec, r.Secrets); err != nil {
 			return state.Volume{}, err
 		}
 	}

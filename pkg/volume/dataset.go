@@ -42,9 +42,21 @@ func recordedDataset(v state.Volume) (*datasource.Spec, error) {
 	}
 	spec := datasource.SpecOf(p.Dataset)
 	if spec != nil {
-		spec.Tenant = tenant
+		spec.Tenant, spec.Namespace = tenant, callerNamespace(v.Parameters, v.Ephemeral)
 	}
 	return spec, nil
+}
+
+// callerNamespace is the namespace a volume's dataset listings are charged to
+// (datasource.Spec.Namespace): the publishing pod's (kubelet's podInfoOnMount, which a pod
+// author cannot override), else, but for an inline volume (whose attributes are the pod
+// author's), the claim's (external-provisioner's, or the VolumeManager controller's); empty for
+// neither.
+func callerNamespace(attrs map[string]string, inline bool) string {
+	if ns := attrs[consts.VolumeContextPodNamespace]; ns != "" || inline {
+		return ns
+	}
+	return attrs[consts.VolumeContextPVCNamespace]
 }
 
 // volumeDataset returns the dataset of an image-backed volume, from its CreateVolume parameters
@@ -64,7 +76,11 @@ func volumeDataset(v state.Volume, volumeContext map[string]string) (*datasource
 	if err != nil {
 		return nil, err
 	}
-	return datasource.SpecOf(p.Dataset), nil
+	spec := datasource.SpecOf(p.Dataset)
+	if spec != nil {
+		spec.Namespace = callerNamespace(volumeContext, false)
+	}
+	return spec, nil
 }
 
 // recordedAttrs is what a volume's record keeps of its volume context: everything but the keys

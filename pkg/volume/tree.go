@@ -241,6 +241,7 @@ func (tv *treeVolume) dataset(attrs map[string]string, use params.Use) (params.V
 	}
 	// A pod author's (inline) or a namespace user's (VolumeManager) dataset: docs/security.md.
 	spec.Tenant = tv.inline || tenantVolume(tv.id)
+	spec.Namespace = callerNamespace(attrs, tv.inline)
 	// A read-only inline volume's dataset is held to its size like a writable one's: the size
 	// it names, or the largest an inline volume may take.
 	capacity := pl.Capacity // a static PV's: the VolumeManager's capacity

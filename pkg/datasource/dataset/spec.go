@@ -28,6 +28,11 @@ type Spec struct {
 	// sets it; it is kept with a staging job (a resumed one stays restricted) but is not part of
 	// the dataset's identity.
 	Tenant bool `json:"tenant,omitempty"`
+	// Namespace is the caller's namespace (the pod's, the claim's, the VolumeManager's), whose
+	// share of the node's listing slots its listings take (Limits.ListingsPerNamespace); empty
+	// for a caller that names none (an administrator's volume staged before any pod). The
+	// caller sets it; it is neither part of the dataset's identity nor kept.
+	Namespace string `json:"-"`
 }
 
 // SpecOf wraps a parsed dataset; nil stays nil.

@@ -30,22 +30,18 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 		return md, err
 	}
 	j.phase.Store(PhaseListing)
-	release, err := j.e.cfg.Listings.Acquire(ctx, j.spec)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	md := &cache.Meta{Spec: j.spec, Created: time.Now().UTC()}
 	filter := j.e.cfg.Limits.Filter(j.spec)
 	var digest cache.Digester
 	tmp := filepath.Join(j.dir, cache.ObjectsFile+".tmp")
-	err = cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
+	err := cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		written := &countingWriter{w: bw}
 		enc := json.NewEncoder(written)
 		limits := j.e.cfg.Limits
 		var listed int64
-		err := j.src.List(ctx, func(o source.Object) error {
+		// Within the node's listing slots, and only while the source keeps listing.
+		err := j.e.cfg.Listings.Source(j.spec, j.src).List(ctx, func(o source.Object) error {
 			if listed++; listed > limits.MaxObjects {
 				return limits.CheckListed(listed)
 			}

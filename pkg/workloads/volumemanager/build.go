@@ -246,6 +246,12 @@ func PersistentVolume(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeCon
 		ReadOnly:         !writable(vc),
 		VolumeAttributes: maps.Clone(attrs),
 	}
+	if csi.VolumeAttributes == nil {
+		csi.VolumeAttributes = map[string]string{}
+	}
+	// The namespace of the claim it is bound to, as external-provisioner names a provisioned
+	// volume's: the node charges the VolumeManager's listings to it (NodeStageVolume names no pod).
+	csi.VolumeAttributes[consts.VolumeContextPVCNamespace] = vm.Namespace
 	if s := vc.Options[datav1alpha1.OptionSecretName]; s != "" {
 		csi.NodeStageSecretRef = &corev1.SecretReference{Name: s, Namespace: vm.Namespace}
 		if writable(vc) {

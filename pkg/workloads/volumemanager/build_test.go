@@ -196,6 +196,10 @@ func TestPersistentVolumeAndClaim(t *testing.T) {
 	if pv.Labels[LabelManager] != "vm" || pv.Labels[LabelNamespace] != "team" || pv.Labels["app"] != "train" {
 		t.Errorf("labels = %v", pv.Labels)
 	}
+	// The node charges the volume's listings to the claim's namespace (NodeStageVolume names no pod).
+	if ns := pv.Spec.CSI.VolumeAttributes[consts.VolumeContextPVCNamespace]; ns != "team" {
+		t.Errorf("PV names namespace %q, want the claim's", ns)
+	}
 	if other := PersistentVolumeClaim(vm, vc, []string{"n1", "n3"}); other.Name == pvc.Name {
 		t.Error("a new node set must get a new claim name")
 	}
