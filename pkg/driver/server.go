@@ -75,6 +75,10 @@ func (s *server) serve(ctx context.Context, endpoint string, timeout time.Durati
 		klog.InfoS("Drain timed out; closing remaining calls")
 		s.grpc.Stop()
 	}
+	// Serve closes the listener, which unlinks the socket, when it returns: when ctx ended before
+	// it began serving, that is after GracefulStop. Waiting for it keeps a late unlink from
+	// removing the socket of the next server on the same path (a restart in the same process).
+	<-errc
 	_ = os.Remove(path)
 	return nil
 }
