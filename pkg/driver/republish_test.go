@@ -99,9 +99,11 @@ func TestWebIdentityRenewedToken(t *testing.T) {
 	ctx := context.Background()
 	target := filepath.Join(env.dir, "target", "trainer-pod")
 	vc := inlineStreaming(proxy.URL)
+	token := ""
 	publish := func(exp time.Time) error {
 		c := maps.Clone(vc)
 		maps.Copy(c, saTokensUntil(t, issuer, "team-a/trainer", "trainer-pod", exp))
+		token = tokenOf(t, c)
 		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "trainer-pod", TargetPath: target,
 			VolumeCapability: mountCap(""), VolumeContext: c, Readonly: true})
 		return err
@@ -121,8 +123,11 @@ func TestWebIdentityRenewedToken(t *testing.T) {
 		_, _ = env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "trainer-pod", TargetPath: target})
 	})
 	read("first.txt")
-	for proxy.Gets("/private/set/late.bin") == 0 { // the staging tries late.bin, and is told to retry
-		time.Sleep(50 * time.Millisecond)
+	// The staging tries late.bin, and is told to retry.
+	for deadline := time.Now().Add(time.Minute); proxy.Gets("/private/set/late.bin") == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the staging did not ask for late.bin within a minute")
+		}
 	}
 	mounts := mountIDs(t, target)
 
@@ -132,6 +137,15 @@ func TestWebIdentityRenewedToken(t *testing.T) {
 	}
 	if got := mountIDs(t, target); got != mounts {
 		t.Errorf("the republish changed the mounts at the target: %s, then %s", mounts, got)
+	}
+	// The first token expires once the staging's retries exchange the next: an exchange of the
+	// first one already under way would meet its expiry. (A staging that never takes the next
+	// token fails at the expiry: the read below says so.)
+	for deadline := time.Now().Add(30 * time.Second); sts.ExchangesOf(token) == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Log("the staging's retries did not exchange the renewed token within 30 s")
+			break
+		}
 	}
 	sts.Advance(70 * time.Minute)
 	held.Store(false)
@@ -316,17 +330,23 @@ func TestLogStripsServiceAccountTokens(t *testing.T) {
 	if !strings.Contains(log, "NodePublishVolume") || !strings.Contains(log, "trainer-pod") {
 		t.Fatalf("the request was not logged at V(5):\n%s", log)
 	}
-	var kubelet map[string]struct{ Token string }
-	if err := json.Unmarshal([]byte(tokens["csi.storage.k8s.io/serviceAccount.tokens"]), &kubelet); err != nil {
-		t.Fatal(err)
-	}
-	token := kubelet[republishAudience].Token
+	token := tokenOf(t, tokens)
 	if signature := token[strings.LastIndex(token, ".")+1:]; strings.Contains(log, signature) {
 		t.Error("the log holds the pod's ServiceAccount token")
 	}
 	if !strings.Contains(log, "***stripped***") {
 		t.Errorf("the log does not say the tokens were stripped:\n%s", log)
 	}
+}
+
+// tokenOf is the pod's token for the STS in a volume context kubelet made.
+func tokenOf(t *testing.T, volumeContext map[string]string) string {
+	t.Helper()
+	var tokens map[string]struct{ Token string }
+	if err := json.Unmarshal([]byte(volumeContext["csi.storage.k8s.io/serviceAccount.tokens"]), &tokens); err != nil {
+		t.Fatal(err)
+	}
+	return tokens[republishAudience].Token
 }
 
 // syncBuffer is a bytes.Buffer that the driver's goroutines may write together.

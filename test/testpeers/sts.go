@@ -114,8 +114,9 @@ type Role struct {
 // audience, expiry), checks the role trusts the token's subject, and answers with the role's keys.
 type STS struct {
 	URL string
-	// Exchanges counts the tokens exchanged for keys.
-	Exchanges func() int
+	// Exchanges counts the tokens exchanged for keys; ExchangesOf those of one token.
+	Exchanges   func() int
+	ExchangesOf func(token string) int
 	// AddRole adds (or replaces) a role the STS hands out.
 	AddRole func(arn string, role Role)
 	// Now is the time the STS checks tokens' expiry against; Advance moves it on by d, so that
@@ -143,7 +144,7 @@ func StartSTS(t testing.TB, issuerURL, audience string, roles map[string]Role) *
 func StartSTSFor(t testing.TB, disc Discovery, audience string, roles map[string]Role) *STS {
 	t.Helper()
 	var mu sync.Mutex
-	n := 0
+	n, of := 0, map[string]int{}
 	var skew time.Duration
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(skew) }
 	roles = maps.Clone(roles)
@@ -170,6 +171,7 @@ func StartSTSFor(t testing.TB, disc Discovery, audience string, roles map[string
 		}
 		mu.Lock()
 		n++
+		of[r.Form.Get("WebIdentityToken")]++
 		mu.Unlock()
 		lifetime := role.KeyLifetime
 		if lifetime == 0 {
@@ -186,11 +188,12 @@ func StartSTSFor(t testing.TB, disc Discovery, audience string, roles map[string
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return &STS{
-		URL:       srv.URL,
-		Exchanges: func() int { mu.Lock(); defer mu.Unlock(); return n },
-		AddRole:   func(arn string, role Role) { mu.Lock(); defer mu.Unlock(); roles[arn] = role },
-		Now:       now,
-		Advance:   func(d time.Duration) { mu.Lock(); defer mu.Unlock(); skew += d },
+		URL:         srv.URL,
+		Exchanges:   func() int { mu.Lock(); defer mu.Unlock(); return n },
+		ExchangesOf: func(token string) int { mu.Lock(); defer mu.Unlock(); return of[token] },
+		AddRole:     func(arn string, role Role) { mu.Lock(); defer mu.Unlock(); roles[arn] = role },
+		Now:         now,
+		Advance:     func(d time.Duration) { mu.Lock(); defer mu.Unlock(); skew += d },
 	}
 }
 
