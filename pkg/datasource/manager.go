@@ -143,6 +143,8 @@ type Manager struct {
 
 	// store serves peers what the cache and the stagings under way hold (peer.CacheStore).
 	store *peer.CacheStore
+	// tokens are the pods' tokens their web-identity reads exchange (podtokens.go).
+	tokens podTokens
 }
 
 // NewManager validates cfg and returns a Manager.

@@ -82,7 +82,7 @@ func (s *Service) keep(ctx context.Context, id string, m *streamMount) {
 		return
 	}
 	defer conn.Dev.Close()
-	kept := m.access
+	kept := s.streams.accessOf(m)
 	kept.Conn = conn
 	meta, err := json.Marshal(kept)
 	if err == nil {
@@ -193,7 +193,7 @@ func (s *Service) takeOver(ctx context.Context, h fusekeeper.Held, mounts []moun
 		return
 	}
 	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: release, version: version,
-		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
+		pod: datasource.PodOf(rec.Parameters), access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 	logger.Info("Took over a streaming volume: its reads go on", "path", rec.Path)
 }
 
@@ -283,5 +283,6 @@ func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, kept keptStr
 		s.streams.drop(rec.ID)
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: func() {}, access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, fs: fsm, release: func() {}, pod: datasource.PodOf(rec.Parameters),
+		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 }

@@ -54,6 +54,16 @@ type Credentials struct {
 	RoleARN, WebIdentityToken string
 	// SessionName names the web identity's session (the pod) in the STS's logs.
 	SessionName string
+	// CurrentToken, when set, gives the pod's newest token at each STS exchange of the reads
+	// made with these credentials (kubelet renews it at every NodePublishVolume): a staging or a
+	// streaming volume outlives the token its request brought. WebIdentityToken is that one,
+	// which names the request's principal.
+	CurrentToken IdentityToken
+}
+
+// IdentityToken gives a web identity's current token (stscreds.IdentityTokenRetriever).
+type IdentityToken interface {
+	GetIdentityToken() ([]byte, error)
 }
 
 // Secret keys read by CredentialsFromSecrets.
