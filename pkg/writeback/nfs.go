@@ -37,7 +37,11 @@ type nfsDest struct {
 const partPrefix = ".cistern-part-"
 
 // dialNFS mounts t's export as uid/gid: its path as given when the server allows, else its
-// longest mountable prefix (servers refuse to mount below an export), the rest looked up.
+// longest mountable prefix (servers refuse to mount below an export), the rest looked up. A
+// target confined to a namespace (Target.Namespace) mounts its shortest mountable prefix
+// instead, the export itself, and is written below the export's <Namespace>/ directory: a
+// tenant naming a path inside another namespace's directory cannot make that directory the
+// export by mounting it directly (knfsd and nfs-ganesha mount any directory of an export).
 func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
 	auth := rpc.NewAuthUnix("cistern", uid, gid).Auth()
 	d := &nfsDest{}
@@ -53,20 +57,23 @@ func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", t, err)
 	}
-	export, rest := "/"+strings.TrimSuffix(t.Prefix, "/"), ""
-	for {
-		d.target, err = d.mount.Mount(export, auth)
-		if err == nil || export == "/" || !strings.HasPrefix(err.Error(), "MNT3ERR_") {
+	segs := strings.Split(strings.TrimSuffix(t.Prefix, "/"), "/")
+	// Longest first: n segments make the export, the rest is looked up below it.
+	n, step, stop := len(segs), -1, -1
+	if t.Namespace != "" {
+		n, step, stop = 1, 1, len(segs)+1
+	}
+	for ; n != stop; n += step {
+		d.target, err = d.mount.Mount("/"+path.Join(segs[:n]...), auth)
+		if err == nil || !strings.HasPrefix(err.Error(), "MNT3ERR_") {
 			break
 		}
-		rest = path.Join(path.Base(export), rest)
-		export = path.Dir(export)
 	}
 	if err != nil {
 		d.mount.Close()
 		return nil, fmt.Errorf("mounting %s: %w", t, err)
 	}
-	d.base = rest
+	d.base = path.Join(append([]string{t.Namespace}, segs[n:]...)...)
 	return d, nil
 }
 

@@ -93,7 +93,9 @@ func (s *Store) Persistent() bool { return s.persistent }
 
 func (s *Store) path(id string) string { return filepath.Join(s.dir, id+suffix) }
 
-func aad(id, expires string) []byte { return []byte("cistern-writeback-credentials\x00" + id + "\x00" + expires) }
+func aad(id, expires string) []byte {
+	return []byte("cistern-writeback-credentials\x00" + id + "\x00" + expires)
+}
 
 // Save seals secrets for volume id, replacing what was saved; a zero expires never expires.
 func (s *Store) Save(id string, secrets map[string]string, expires time.Time) error {
