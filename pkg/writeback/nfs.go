@@ -14,6 +14,8 @@ import (
 
 	nfs "github.com/willscott/go-nfs-client/nfs"
 	"github.com/willscott/go-nfs-client/nfs/rpc"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
 )
 
 // An NFS target (nfs://server[:port]/export/path) receives a volume's outputs as files, through a
@@ -48,11 +50,11 @@ func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
 	var err error
 	if _, _, perr := net.SplitHostPort(t.Host); perr == nil {
 		var c *rpc.Client
-		if c, err = rpc.DialTCP("tcp", t.Host, false); err == nil {
+		if c, err = nfssource.RetryAddrInUse(func() (*rpc.Client, error) { return rpc.DialTCP("tcp", t.Host, false) }); err == nil {
 			d.mount = &nfs.Mount{Client: c}
 		}
 	} else {
-		d.mount, err = nfs.DialMount(t.Host, time.Minute)
+		d.mount, err = nfssource.RetryAddrInUse(func() (*nfs.Mount, error) { return nfs.DialMount(t.Host, time.Minute) })
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", t, err)
@@ -64,7 +66,8 @@ func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
 		n, step, stop = 1, 1, len(segs)+1
 	}
 	for ; n != stop; n += step {
-		d.target, err = d.mount.Mount("/"+path.Join(segs[:n]...), auth)
+		// Through the portmapper, Mount dials the NFS service too.
+		d.target, err = nfssource.RetryAddrInUse(func() (*nfs.Target, error) { return d.mount.Mount("/"+path.Join(segs[:n]...), auth) })
 		if err == nil || !strings.HasPrefix(err.Error(), "MNT3ERR_") {
 			break
 		}
