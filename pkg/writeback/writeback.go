@@ -234,6 +234,12 @@ func (u *Uploader) Done(volume string) (bool, error) {
 	return st.live || st.complete || st.kept || st.expired, err
 }
 
+// Recorded is the job volume's journal is of, when it has one.
+func (u *Uploader) Recorded(volume string) (Job, bool) {
+	job, err := readJob(u.journalDir(volume))
+	return job, err == nil
+}
+
 // HandedOff is when volume's job was last handed off (Add); zero when it is not known (no
 // journal, none yet, or a journal written before hand-offs carried their time).
 func (u *Uploader) HandedOff(volume string) time.Time {
