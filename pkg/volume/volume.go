@@ -305,6 +305,9 @@ func (s *Service) Delete(v state.Volume) error {
 		if err := s.wb.up.Forget(v.ID); err != nil {
 			return Internal("removing the volume's write-back journal", err)
 		}
+		if err := s.wb.creds.Remove(v.ID); err != nil {
+			return Internal("removing the volume's write-back credentials", err)
+		}
 	}
 	if err := s.store.DeleteVolume(v.ID); err != nil {
 		return Internal("removing volume state", err)

@@ -66,6 +66,8 @@ func TestDatasetAttributes(t *testing.T) {
 			AccessMode: corev1.ReadWriteOnce, OutputTarget: "nfs://10.0.0.9/export"}, wantErr: "NFS server 10.0.0.9 is not allowed"},
 		{name: "failure case - s3 output target of an nfs dataset", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data",
 			AccessMode: corev1.ReadWriteOnce, OutputTarget: "s3://results/x"}, wantErr: "a NFS dataset has none"},
+		{name: "failure case - output target naming a claim", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			AccessMode: corev1.ReadWriteOnce, OutputTarget: "s3://results/${pvc.name}"}, wantErr: "placeholder the node has no value for"},
 		{name: "failure case - output target of another scheme", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
 			AccessMode: corev1.ReadWriteOnce, OutputTarget: "http://results/x"}, wantErr: "is not s3://bucket"},
 		{name: "failure case - capacity above 1Pi", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
