@@ -342,7 +342,7 @@ func (c *Controller) setupReconcilers(mgr ctrl.Manager) error {
 	}
 	if cfg.NodeLoss.Enabled {
 		if err := (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("nodeloss"),
-			GracePeriod: cfg.NodeLoss.GracePeriod}).SetupWithManager(mgr); err != nil {
+			DriverName: cfg.driverName(), GracePeriod: cfg.NodeLoss.GracePeriod}).SetupWithManager(mgr); err != nil {
 			return err
 		}
 	}
