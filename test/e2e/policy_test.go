@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -25,6 +26,7 @@ import (
 	nbv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
+	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -62,6 +64,7 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	t.Run("ReleaseAfterSecretGrantRevoked", p.releaseAfterRevocation)
 	t.Run("StoragePoolsOfOwnNode", p.storagePools)
 	t.Run("WorkloadControllerWrites", p.controllerWrites)
+	t.Run("WorkloadControllerStatefulSets", p.controllerStatefulSets)
 }
 
 type policyScenario struct {
@@ -529,4 +532,110 @@ func (p *policyScenario) controllerWrites(t *testing.T) {
 	hostNB := notebook.BuildPod(job, notebook.Images{Git: "alpine/git:2.49.1"})
 	hostNB.Spec.HostNetwork = true
 	refused(t, createPod(hostNB), "no host namespace")
+}
+
+// controllerStatefulSets: the workload-controller's ServiceAccount, which RBAC lets create and
+// update any StatefulSet and create any Service, writes those of LeaderWorkerSets as its builders
+// make them (server-side dry runs), and no other: none without a LeaderWorkerSet or leader pod
+// controlling it by name, none turned into a LeaderWorkerSet's from another's, no Service that
+// is not headless.
+func (p *policyScenario) controllerStatefulSets(t *testing.T) {
+	c := ctx(t)
+	asController := kubernetes.NewForConfigOrDie(framework.ServiceAccountConfig(t, p.cp, cluster.Namespace, cluster.ControllerServiceAccount))
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	createSTS := func(sts *appsv1.StatefulSet) error {
+		_, err := asController.AppsV1().StatefulSets(p.ns).Create(c, sts, dry)
+		return err
+	}
+	createSvc := func(svc *corev1.Service) error {
+		_, err := asController.CoreV1().Services(p.ns).Create(c, svc, dry)
+		return err
+	}
+	set := &nbv1alpha1.LeaderWorkerSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: nbv1alpha1.GroupVersion.String(), Kind: "LeaderWorkerSet"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "train", UID: "0123"},
+		Spec: nbv1alpha1.LeaderWorkerSetSpec{Replicas: ptr.To[int32](1), LeaderWorkerTemplate: nbv1alpha1.LeaderWorkerTemplate{
+			Size: ptr.To[int32](2), WorkerTemplate: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/app:1"}}}}}},
+	}
+	owner := metav1.OwnerReference{APIVersion: set.APIVersion, Kind: set.Kind, Name: set.Name, UID: set.UID,
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}
+	leader, err := lws.LeaderStatefulSet(set, "rev", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.OwnerReferences = []metav1.OwnerReference{owner}
+	eventually(t, time.Minute, "a StatefulSet of no LeaderWorkerSet refused", func(context.Context) error {
+		plain := leader.DeepCopy()
+		plain.OwnerReferences = nil
+		if createSTS(plain) == nil {
+			return errorf("created")
+		}
+		return nil
+	})
+	if err := createSTS(leader); err != nil {
+		t.Fatalf("a leader StatefulSet: %v", err)
+	}
+	leaderPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "train-0", UID: "4567",
+		Labels: map[string]string{nbv1alpha1.GroupIndexLabelKey: "0", nbv1alpha1.RevisionKey: "rev"}}}
+	workers := lws.WorkerStatefulSet(set, leaderPod, nil)
+	if err := createSTS(workers); err != nil {
+		t.Fatalf("a worker StatefulSet: %v", err)
+	}
+	shared := lws.HeadlessService(set, set.Name, map[string]string{nbv1alpha1.SetNameLabelKey: set.Name})
+	shared.OwnerReferences = []metav1.OwnerReference{owner}
+	if err := createSvc(shared); err != nil {
+		t.Fatalf("a LeaderWorkerSet's headless Service: %v", err)
+	}
+
+	const notLWS = "may only write the StatefulSets and Services of LeaderWorkerSets"
+	deployment := leader.DeepCopy()
+	deployment.OwnerReferences[0].APIVersion, deployment.OwnerReferences[0].Kind = "apps/v1", "Deployment"
+	refused(t, createSTS(deployment), notLWS)
+	renamed := leader.DeepCopy()
+	renamed.Name = "kube-proxy"
+	refused(t, createSTS(renamed), notLWS)
+	stray := workers.DeepCopy()
+	stray.OwnerReferences[0].Name = "etcd-0"
+	refused(t, createSTS(stray), notLWS)
+	unlabelled := leader.DeepCopy()
+	delete(unlabelled.Labels, nbv1alpha1.SetNameLabelKey)
+	refused(t, createSTS(unlabelled), notLWS)
+	twoControllers := leader.DeepCopy()
+	twoControllers.OwnerReferences = append(twoControllers.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod",
+		Name: "train-0", UID: "4567", Controller: ptr.To(true)})
+	refused(t, createSTS(twoControllers), notLWS)
+	otherPods := leader.DeepCopy()
+	otherPods.Spec.Template.Labels[nbv1alpha1.SetNameLabelKey] = "other"
+	refused(t, createSTS(otherPods), "makes pods labelled leaderworkerset.sigs.k8s.io/name with its set")
+	balancer := shared.DeepCopy()
+	balancer.Spec.ClusterIP, balancer.Spec.Type = "", corev1.ServiceTypeLoadBalancer
+	refused(t, createSvc(balancer), "is headless")
+	external := shared.DeepCopy()
+	external.Spec.ExternalIPs = []string{"192.0.2.1"}
+	refused(t, createSvc(external), "is headless")
+	unowned := shared.DeepCopy()
+	unowned.OwnerReferences = nil
+	refused(t, createSvc(unowned), notLWS)
+
+	// Someone else's StatefulSet is not made a LeaderWorkerSet's: the object before the update
+	// counts too.
+	theirs := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "train", Labels: map[string]string{"app": "db"}},
+		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "db"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "db", Image: "registry.invalid/db:1"}}}}}}
+	if _, err := p.cp.Client.AppsV1().StatefulSets(p.ns).Create(c, theirs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cp.Client.AppsV1().StatefulSets(p.ns).Delete(context.Background(), theirs.Name, metav1.DeleteOptions{})
+	})
+	taken, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"labels":          map[string]string{nbv1alpha1.SetNameLabelKey: set.Name},
+		"ownerReferences": []metav1.OwnerReference{owner}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = asController.AppsV1().StatefulSets(p.ns).Patch(c, theirs.Name, types.MergePatchType, taken, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+	refused(t, err, notLWS)
 }
