@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
@@ -42,6 +43,11 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	cluster.CreateNamespace(t, cp)
 	cluster.ForgetWebhooks(t, cp)
 	cluster.Install(t, cp)
+	// No controller serves deploy/csi's webhooks here, and the one on node plugins'
+	// PersistentVolumes fails closed: this test is the policies'. The webhook, which reads the
+	// claim a node's volume names, is TestNodePersistentVolumeWebhook's (test/workloads) and
+	// every provisioning of TestE2E's.
+	cluster.ForgetWebhooks(t, cp)
 	nodeA, nodeB := "policy-node-a", "policy-node-b"
 	framework.CreateNode(t, cp, nodeA, nil)
 	framework.CreateNode(t, cp, nodeB, nil)
@@ -62,6 +68,7 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	t.Run("PersistentVolumesOfOwnNode", p.pvNode)
 	t.Run("PersistentVolumeSecretsAndClaims", p.pvSecrets)
 	t.Run("ReleaseAfterSecretGrantRevoked", p.releaseAfterRevocation)
+	t.Run("ClaimsOfOwnNode", p.claims)
 	t.Run("StoragePoolsOfOwnNode", p.storagePools)
 	t.Run("WorkloadControllerWrites", p.controllerWrites)
 	t.Run("WorkloadControllerStatefulSets", p.controllerStatefulSets)
@@ -75,15 +82,22 @@ type policyScenario struct {
 }
 
 const (
-	policyClass      = "cistern-policy"
-	policyOtherClass = "other-policy"
+	policyClass          = "cistern-policy"
+	policyImmediateClass = "cistern-policy-immediate"
+	policyOtherClass     = "other-policy"
 )
 
-// classes creates a Cistern StorageClass and one of another provisioner.
+// classes creates Cistern StorageClasses (WaitForFirstConsumer and Immediate) and one of another
+// provisioner.
 func (p *policyScenario) classes(t *testing.T) {
-	for name, provisioner := range map[string]string{policyClass: consts.DriverName, policyOtherClass: "example.com/other"} {
+	for name, provisioner := range map[string]string{policyClass: consts.DriverName, policyImmediateClass: consts.DriverName,
+		policyOtherClass: "example.com/other"} {
+		mode := storagev1.VolumeBindingWaitForFirstConsumer
+		if name == policyImmediateClass {
+			mode = storagev1.VolumeBindingImmediate
+		}
 		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: provisioner,
-			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}
+			VolumeBindingMode: ptr.To(mode)}
 		if _, err := p.cp.Client.StorageV1().StorageClasses().Create(ctx(t), sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
@@ -351,6 +365,94 @@ func (p *policyScenario) policyPV(name, node string) *corev1.PersistentVolume {
 	}
 }
 
+// claims: RBAC lets the node ServiceAccount update any claim (its provisioner selects its node
+// for a claim of an Immediate class, gives back a claim it cannot provision, protects a clone's
+// source); the policies hold it to those changes, for its own node: no label, no other annotation,
+// no volumeName, no other node, and no claim the scheduler places (WaitForFirstConsumer).
+func (p *policyScenario) claims(t *testing.T) {
+	c := ctx(t)
+	const selected = "volume.kubernetes.io/selected-node"
+	claim := func(name, class, node string) {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: name},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName: ptr.To(class),
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+		if node != "" {
+			pvc.Annotations = map[string]string{selected: node}
+		}
+		if _, err := p.cp.Client.CoreV1().PersistentVolumeClaims(p.ns).Create(c, pvc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// update changes the claim as c would (RBAC grants update, not patch), as a dry run, from a
+	// fresh read: kube-controller-manager annotates the claims meanwhile.
+	update := func(as kubernetes.Interface, name string, change func(*corev1.PersistentVolumeClaim)) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			pvc, err := p.cp.Client.CoreV1().PersistentVolumeClaims(p.ns).Get(c, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			change(pvc)
+			_, err = as.CoreV1().PersistentVolumeClaims(p.ns).Update(c, pvc, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		})
+	}
+	annotate := func(node string) func(*corev1.PersistentVolumeClaim) {
+		return func(pvc *corev1.PersistentVolumeClaim) {
+			if pvc.Annotations == nil {
+				pvc.Annotations = map[string]string{}
+			}
+			if node == "" {
+				delete(pvc.Annotations, selected)
+			} else {
+				pvc.Annotations[selected] = node
+			}
+		}
+	}
+	claim("claim-immediate", policyImmediateClass, "")
+	claim("claim-scheduled", policyClass, "")
+	claim("claim-of-a", policyClass, p.nodeA)
+	claim("claim-of-b", policyClass, p.nodeB)
+
+	eventually(t, time.Minute, "a claim relabelled by a node refused", func(context.Context) error {
+		if update(p.asNode, "claim-of-b", func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Labels = map[string]string{"leaderworkerset.sigs.k8s.io/name": "train"}
+		}) == nil {
+			return errorf("updated")
+		}
+		return nil
+	})
+	// The provisioner's own changes.
+	if err := update(p.asNode, "claim-immediate", annotate(p.nodeA)); err != nil {
+		t.Errorf("node %s taking a claim of an Immediate class: %v", p.nodeA, err)
+	}
+	if err := update(p.asNode, "claim-of-a", annotate("")); err != nil {
+		t.Errorf("node %s giving back a claim it was selected for: %v", p.nodeA, err)
+	}
+	if err := update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Finalizers = append(pvc.Finalizers, "provisioner.storage.kubernetes.io/cloning-protection")
+	}); err != nil {
+		t.Errorf("node %s protecting a clone's source: %v", p.nodeA, err)
+	}
+
+	const onlyThose = "may only change a claim's volume.kubernetes.io/selected-node annotation"
+	refused(t, update(p.asNode, "claim-scheduled", annotate(p.nodeA)), "only select its node for a claim of an Immediate StorageClass")
+	refused(t, update(p.asNode, "claim-immediate", annotate(p.nodeB)), "may only select that node")
+	refused(t, update(p.asNode, "claim-of-b", annotate(p.nodeA)), "may only select that node")
+	refused(t, update(p.asNode, "claim-of-b", annotate("")), "may only select that node")
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Labels = map[string]string{"leaderworkerset.sigs.k8s.io/name": "train"}
+	}), onlyThose)
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Annotations["workloads.cistern.dev/keep-on-node-loss"] = "false"
+	}), onlyThose)
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) { pvc.Spec.VolumeName = "policy-forged" }), onlyThose)
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Finalizers = append(pvc.Finalizers, "example.com/hold")
+	}), onlyThose)
+	refused(t, update(p.unbound, "claim-immediate", annotate(p.nodeA)), "not bound to a pod on a node")
+}
+
 // storagePools: a node publishes, annotates and deletes its own node-local StoragePools; it can
 // neither create, rewrite (labels, status, inventory) nor delete another node's, nor put an
 // inventory or peer endpoint on a shared one.
@@ -601,18 +703,20 @@ func (p *policyScenario) controllerStatefulSets(t *testing.T) {
 	unlabelled := leader.DeepCopy()
 	delete(unlabelled.Labels, nbv1alpha1.SetNameLabelKey)
 	refused(t, createSTS(unlabelled), notLWS)
-	twoControllers := leader.DeepCopy()
-	twoControllers.OwnerReferences = append(twoControllers.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "Pod",
-		Name: "train-0", UID: "4567", Controller: ptr.To(true)})
-	refused(t, createSTS(twoControllers), notLWS)
+	uncontrolled := leader.DeepCopy()
+	uncontrolled.OwnerReferences[0].Controller = nil
+	refused(t, createSTS(uncontrolled), notLWS)
 	otherPods := leader.DeepCopy()
 	otherPods.Spec.Template.Labels[nbv1alpha1.SetNameLabelKey] = "other"
+	otherPods.Spec.Selector.MatchLabels[nbv1alpha1.SetNameLabelKey] = "other"
 	refused(t, createSTS(otherPods), "makes pods labelled leaderworkerset.sigs.k8s.io/name with its set")
 	balancer := shared.DeepCopy()
 	balancer.Spec.ClusterIP, balancer.Spec.Type = "", corev1.ServiceTypeLoadBalancer
+	balancer.Spec.Ports = []corev1.ServicePort{{Port: 80}}
 	refused(t, createSvc(balancer), "is headless")
 	external := shared.DeepCopy()
-	external.Spec.ExternalIPs = []string{"192.0.2.1"}
+	external.Spec.ClusterIP, external.Spec.ExternalIPs = "", []string{"192.0.2.1"}
+	external.Spec.Ports = []corev1.ServicePort{{Port: 80}}
 	refused(t, createSvc(external), "is headless")
 	unowned := shared.DeepCopy()
 	unowned.OwnerReferences = nil
@@ -630,12 +734,14 @@ func (p *policyScenario) controllerStatefulSets(t *testing.T) {
 	t.Cleanup(func() {
 		_ = p.cp.Client.AppsV1().StatefulSets(p.ns).Delete(context.Background(), theirs.Name, metav1.DeleteOptions{})
 	})
-	taken, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"labels":          map[string]string{nbv1alpha1.SetNameLabelKey: set.Name},
-		"ownerReferences": []metav1.OwnerReference{owner}}})
+	// RBAC grants the controller update, not patch.
+	taken, err := p.cp.Client.AppsV1().StatefulSets(p.ns).Get(c, theirs.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = asController.AppsV1().StatefulSets(p.ns).Patch(c, theirs.Name, types.MergePatchType, taken, metav1.PatchOptions{DryRun: []string{metav1.DryRunAll}})
+	taken.Labels = map[string]string{nbv1alpha1.SetNameLabelKey: set.Name}
+	taken.Spec.Template.Labels[nbv1alpha1.SetNameLabelKey] = set.Name
+	taken.OwnerReferences = []metav1.OwnerReference{owner}
+	_, err = asController.AppsV1().StatefulSets(p.ns).Update(c, taken, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
 	refused(t, err, notLWS)
 }

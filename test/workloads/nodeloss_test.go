@@ -118,7 +118,10 @@ func forgedVolumes(t *testing.T, cp *framework.ControlPlane, ns, lost, live stri
 			t.Fatal(err)
 		}
 		// Pending for good: no node has the label.
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name + "-0", Labels: lwsLabels},
+		// A group's leader, as the StatefulSet controller makes it (the pod webhook completes it).
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name + "-0",
+			Labels:      map[string]string{v1alpha1.SetNameLabelKey: "victim", v1alpha1.WorkerIndexLabelKey: "0"},
+			Annotations: map[string]string{v1alpha1.SizeAnnotationKey: "1"}},
 			Spec: corev1.PodSpec{NodeSelector: map[string]string{"cistern.test/nowhere": "true"},
 				Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/app:1"}},
 				Volumes: []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource{
