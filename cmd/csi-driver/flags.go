@@ -10,6 +10,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
+	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
 	"github.com/cistern-csi/cistern/pkg/volume"
@@ -23,6 +24,7 @@ type options struct {
 	writableDatasets, webIdentityRoles                         string
 	nfsUID, nfsGID                                             uint
 	peerAdvertise, peerTokenFile, peerAccounts                 string
+	peerReviews                                                peer.ReviewLimits
 	events, showVersion                                        bool
 	kubeconfig                                                 string
 }
@@ -48,9 +50,12 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.StringVar(&o.httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
 	flag.StringVar(&cfg.Writable.WriteBack.Dir, "writeback-dir", "/var/lib/cistern/writeback", "Directory (on storage that outlives the node plugin) for the journals of uploads of volumes' outputs (outputTarget); empty refuses output targets.")
 	flag.DurationVar(&cfg.Writable.WriteBack.MinInterval, "writeback-min-interval", 5*time.Minute, "Shortest outputInterval (uploads of a volume's outputs at an interval while it is in use) a volume may name; shorter ones are refused at publish. Checkpoints run one at a time on the node.")
-	flag.Int64Var(&cfg.Writable.WriteBack.MaxPendingBytes, "writeback-max-pending-bytes", 100<<30, "Most bytes of outputs not uploaded yet the node may hold: a volume naming an output target is refused at publish while the node holds this much; 0 is unlimited.")
+	flag.Int64Var(&cfg.Writable.WriteBack.MaxPendingBytes, "writeback-max-pending-bytes", 100<<30, "Most bytes of outputs not uploaded yet the node may hold, each namespace's counted up to its share: a volume naming an output target is refused at publish while the node holds this much; 0 is unlimited.")
+	flag.Int64Var(&cfg.Writable.WriteBack.MaxPendingBytesPerNamespace, "writeback-max-pending-bytes-per-namespace", 0, "A namespace's share of --writeback-max-pending-bytes: its volumes naming an output target are refused while it holds this much not uploaded yet, and what it holds past it does not count against the node; 0 is a quarter of --writeback-max-pending-bytes.")
+	flag.DurationVar(&cfg.Writable.WriteBack.MaxAge, "writeback-max-age", 7*24*time.Hour, "How long an upload of a volume's outputs may stay pending after the volume is let go (its target refusing): then it expires, its credentials are deleted, an inline volume is deleted with the outputs not uploaded, a claim keeps them; 0 never expires.")
 	flag.Int64Var(&cfg.Inline.MaxBytes, "max-inline-volume-bytes", 100<<30, "Largest inline ephemeral volume, and largest dataset a read-only inline volume naming no size may cache; 0 is unlimited.")
 	flag.StringVar(&o.inlinePools, "inline-pools", "", "Comma-separated pools inline ephemeral volumes may use; empty allows every pool.")
+	flag.BoolVar(&cfg.VolumeDevSuid, "volume-dev-suid", false, "Mount volumes without nodev,nosuid, so that device nodes and set-user-ID files in them work (for the rare workload that needs them). Off, a device node a pod makes in its volume cannot be opened, and set-user-ID bits are ignored.")
 	flag.StringVar(&cfg.KubeletRoot, "kubelet-root", driver.DefaultKubeletRoot, "kubelet's root directory (its --root-dir): staging and target paths outside it are refused.")
 	flag.StringVar(&cfg.Streaming.Keeper, "fuse-keeper", "", "Socket of the FUSE keeper (csi-driver fuse-keeper, run apart from the plugin): streaming volumes' FUSE connections are kept there, so that a restart or upgrade of the plugin loses no read; empty, or no keeper listening: a restart breaks their reads.")
 	flag.IntVar(&cfg.Streaming.MaxOpenFiles, "streaming-max-open-files", streamfs.DefaultMaxOpenFiles, "Most files the node's streaming volumes together hold open for the files their pods read (descriptors, and the backing files the kernel holds for files passed through): past it the least recently read are closed, and opened again when read (a pod reading many files cannot run the plugin out of descriptors, nor the kernel out of open files). Keep it well under the plugin's open-files limit; 0 is the default.")
@@ -94,9 +99,12 @@ func bindLimitFlags(lim *datasource.Limits) {
 	flag.DurationVar(&lim.AbandonAfter, "staging-abandon-after", def.AbandonAfter, "A staging no volume asked for in this long is cancelled and its partial data deleted.")
 	flag.IntVar(&lim.PerSource, "staging-concurrency-per-source", 0, "Parallel reads from one source endpoint (S3 endpoint, NFS server); 0 is a quarter of --staging-concurrency.")
 	flag.IntVar(&lim.Listings, "max-concurrent-listings", def.Listings, "Dataset listings (of stagings and access proofs) under way on the node at once; more wait.")
-	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once; more wait.")
+	flag.IntVar(&lim.ListingsPerSource, "max-concurrent-listings-per-source", def.ListingsPerSource, "Dataset listings under way against one source endpoint at once (however its URL is spelt: scheme, host and port); more wait.")
+	flag.IntVar(&lim.ListingsPerNamespace, "max-concurrent-listings-per-namespace", 0, "Dataset listings under way for the callers of one namespace at once; more wait. 0 is a quarter of --max-concurrent-listings.")
+	flag.Float64Var(&lim.ListingMinRate, "listing-min-rate", def.ListingMinRate, "Entries (keys, S3 common prefixes) a second a dataset listing must go through, in every --listing-rate-window; a slower one gives up its listing slot and fails (retried later).")
+	flag.DurationVar(&lim.ListingRateWindow, "listing-rate-window", def.ListingRateWindow, "Window over which --listing-min-rate is measured: a listing that stalls loses its slot after at most this long.")
 	flag.Int64Var(&lim.MaxGlobWork, "max-dataset-glob-work", def.MaxGlobWork, "Include/exclude matching one listing may do, in pattern bytes times key bytes; past it the dataset is refused.")
-	flag.IntVar(&lim.MaxVersions, "max-dataset-versions", def.MaxVersions, "Ready versions of one dataset a pool keeps side by side, for callers whose listings of the source differ; past it the least recently used unused one is deleted (never one in use).")
+	flag.IntVar(&lim.MaxVersions, "max-dataset-versions", def.MaxVersions, "Ready versions of one dataset a pool keeps side by side, for callers whose listings of the source differ; past it the least recently used unused one is deleted (never one in use). Also the most stagings of one dataset under way at once on a pool.")
 }
 
 func bindPeerFlags(cfg *driver.PeerConfig, o *options) {
@@ -106,6 +114,10 @@ func bindPeerFlags(cfg *driver.PeerConfig, o *options) {
 	flag.StringVar(&o.peerAccounts, "peer-service-accounts", "cistern-system/cistern-node", "Comma-separated namespace/name of the ServiceAccounts whose pod-bound tokens the peer port serves.")
 	flag.Int64Var(&cfg.Server.BandwidthBytesPerSec, "peer-upload-bandwidth", 256<<20, "Bytes per second the peer port may send, across peers; 0 is unlimited.")
 	flag.IntVar(&cfg.Server.MaxUploads, "peer-max-uploads", 8, "Requests for pieces the peer port answers at once (a batch of small entries counts as one); more wait briefly, then go to other peers or the source.")
+	def := peer.DefaultReviewLimits
+	flag.IntVar(&o.peerReviews.InFlight, "peer-max-token-reviews", def.InFlight, "TokenReviews of peers' tokens under way at once; requests with an unknown token beyond wait a second, then go to other peers or the source.")
+	flag.IntVar(&o.peerReviews.PerAddressBurst, "peer-token-review-burst", def.PerAddressBurst, "TokenReviews one address may cause at once, charged before each review; then --peer-token-review-rate.")
+	flag.Float64Var(&o.peerReviews.PerAddressRate, "peer-token-review-rate", def.PerAddressRate, "TokenReviews a second one address may cause after its burst; more are refused (429) without a review.")
 }
 
 // complete moves the parsed options into cfg.

@@ -71,7 +71,7 @@ func main() {
 	var inventory *discovery.Inventory
 	if cfg.Peers.Listen != "" {
 		var err error
-		if inventory, err = setupPeers(&cfg, o.kubeconfig, o.peerAdvertise, o.peerTokenFile, o.peerAccounts); err != nil {
+		if inventory, err = setupPeers(&cfg, &o); err != nil {
 			exit(err, "Cannot serve peers")
 		}
 	}
@@ -149,11 +149,11 @@ func kubeClient(kubeconfig string) (*rest.Config, kubernetes.Interface, error) {
 
 // setupPeers prepares peer fan-out: the peer port's certificate and authenticator, and the
 // client side that finds peers in the StoragePool inventory (docs/datasets.md).
-func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts string) (*discovery.Inventory, error) {
-	if cfg.NodeID == "" || advertise == "" {
+func setupPeers(cfg *driver.Config, o *options) (*discovery.Inventory, error) {
+	if cfg.NodeID == "" || o.peerAdvertise == "" {
 		return nil, errors.New("--peer-listen needs --node-id and --peer-advertise")
 	}
-	rc, client, err := kubeClient(kubeconfig)
+	rc, client, err := kubeClient(o.kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -166,13 +166,14 @@ func setupPeers(cfg *driver.Config, kubeconfig, advertise, tokenFile, accounts s
 		return nil, err
 	}
 	cfg.Peers.Server.Cert = cert
-	cfg.Peers.Server.Auth = &peer.TokenReviewer{Client: client.AuthenticationV1().TokenReviews(), ServiceAccounts: strings.Split(accounts, ",")}
+	cfg.Peers.Server.Auth = &peer.TokenReviewer{Client: client.AuthenticationV1().TokenReviews(),
+		ServiceAccounts: strings.Split(o.peerAccounts, ","), Limits: o.peerReviews}
 	self := poolpublisher.LabelValue(cfg.NodeID)
 	// Requests name versions bound to the asking node and this one, by the names the
 	// StoragePools publish (peer.BindVersion).
 	cfg.Peers.Server.Self, cfg.Peers.Server.NodeName = self, poolpublisher.LabelValue
-	inventory := discovery.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: advertise, CertHash: hash})
-	token := &peer.TokenFile{Path: tokenFile}
+	inventory := discovery.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: o.peerAdvertise, CertHash: hash})
+	token := &peer.TokenFile{Path: o.peerTokenFile}
 	if cfg.Datasets.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: self, Directory: inventory, Token: token.Token}); err != nil {
 		return nil, err
 	}

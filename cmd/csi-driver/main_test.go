@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/cistern-csi/cistern/pkg/writeback/credstore"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
@@ -47,7 +48,9 @@ func TestBinary(t *testing.T) {
 	sock := filepath.Join(dir, "csi.sock")
 	var logs bytes.Buffer
 	cmd := exec.Command(bin, "--endpoint", "unix://"+sock, "--node-id", "n1", "--pools-config", cfg,
-		"--state-dir", filepath.Join(dir, "state"), "--http-endpoint", addr, "-v", "5")
+		"--state-dir", filepath.Join(dir, "state"), "--writeback-dir", filepath.Join(dir, "writeback"), "--http-endpoint", addr, "-v", "5")
+	// The kernel keeps the key of the write-back's sealed credentials beyond the run (credstore).
+	t.Cleanup(func() { _ = credstore.Drop(filepath.Join(dir, "writeback", "secrets")) })
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ const (
 func (m *Manager) overlay(pool string, byID map[string]*CachedDataset) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for key, j := range m.jobs {
+	for key, js := range m.jobs {
 		id, ok := strings.CutPrefix(key, pool+"\x00")
 		if !ok {
 			continue
@@ -47,10 +47,12 @@ func (m *Manager) overlay(pool string, byID map[string]*CachedDataset) {
 			d = &CachedDataset{ID: id}
 			byID[id] = d
 		}
-		d.Describe(j.Spec())
-		st := j.Status()
+		d.Describe(js[0].Spec())
+		st := stagingProgress(js)
 		d.State, d.BytesDone, d.BytesTotal = DatasetStaging, st.BytesDone, st.BytesTotal
-		d.LastUsed = cache.LaterOf(d.LastUsed, j.Started())
+		for _, j := range js {
+			d.LastUsed = cache.LaterOf(d.LastUsed, j.Started())
+		}
 	}
 	for key, f := range m.lastFail {
 		id, ok := strings.CutPrefix(key, pool+"\x00")
@@ -131,4 +133,16 @@ func (m *Manager) watchProgress(stop <-chan struct{}, interval time.Duration) {
 			m.cache.Changed()
 		}
 	}, interval, stop)
+}
+
+// stagingProgress sums the progress of the stagings under way of one dataset (versions staged
+// side by side).
+func stagingProgress(js []*staging) Status {
+	var st Status
+	for _, j := range js {
+		s := j.Status()
+		st.BytesDone += s.BytesDone
+		st.BytesTotal += s.BytesTotal
+	}
+	return st
 }

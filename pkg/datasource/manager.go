@@ -133,14 +133,18 @@ type Manager struct {
 	// cache holds the datasets in the pools: layout, references, eviction, inventory.
 	cache *cache.Cache
 
-	mu     sync.Mutex
-	jobs   map[string]*staging // pool/id -> running staging
-	failed map[string]error    // pool/id/principal -> last failure, reported once to its caller
+	mu sync.Mutex
+	// jobs are the stagings under way, by pool/id: the one in the dataset's directory first (if
+	// any), then those of other versions beside it (cache.Beside).
+	jobs   map[string][]*staging
+	failed map[string]error // pool/id/principal -> last failure, reported once to its caller
 	// lastFail is the kind of each pool/id's last failure, for the inventory, until the next attempt.
 	lastFail map[string]failure
 
 	// store serves peers what the cache and the stagings under way hold (peer.CacheStore).
 	store *peer.CacheStore
+	// tokens are the pods' tokens their web-identity reads exchange (podtokens.go).
+	tokens podTokens
 }
 
 // NewManager validates cfg and returns a Manager.
@@ -181,7 +185,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		stop:     stop,
 		nfsUID:   NobodyID,
 		nfsGID:   NobodyID,
-		jobs:     map[string]*staging{},
+		jobs:     map[string][]*staging{},
 		failed:   map[string]error{},
 		lastFail: map[string]failure{},
 		limits:   cfg.Limits.WithDefaults(cfg.Concurrency),
@@ -219,6 +223,8 @@ type staging struct {
 	// done is closed when the job ended and left m.jobs; err is then its outcome.
 	done chan struct{}
 	err  error
+	// beside is set for a staging in a directory of its own beside the dataset's (cache.Beside).
+	beside bool
 }
 
 func jobKey(pool, id string) string { return pool + "\x00" + id }
@@ -363,19 +369,20 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 	for kept := 0; ; {
 		pl.Lock()
 		m.mu.Lock()
-		j := m.jobs[key]
+		js := slices.Clone(m.jobs[key])
 		ferr, failed := m.failed[fkey]
-		if failed && j == nil {
+		if failed && len(js) == 0 {
 			delete(m.failed, fkey)
 		}
 		m.mu.Unlock()
 
-		if j != nil {
+		if len(js) > 0 {
 			pl.Unlock()
-			if st, ok, err := m.keptHit(ctx, req, j, who); ok {
-				return st, nil, err
+			st, j, again, err := m.joinOrBeside(ctx, logger, req, js, who)
+			if again {
+				continue
 			}
-			return m.join(ctx, req, j, who)
+			return st, j, err
 		}
 		if failed {
 			pl.Unlock()
@@ -403,7 +410,7 @@ func (m *Manager) ensure(ctx context.Context, req Request) (Status, *staging, er
 			}
 			continue
 		}
-		return m.startStaging(logger, req, pl, key, who)
+		return m.startStaging(logger, req, pl, key, who, dir)
 	}
 }
 
@@ -428,57 +435,6 @@ func (m *Manager) hit(ctx context.Context, req Request, vs []cache.Version) (Sta
 		ObjectsDone: md.Objects, ObjectsTotal: md.Objects, CacheHit: true, Version: v.Digest}, nil
 }
 
-// keptHit serves a caller other than a staging's own a kept version it proves it reads, rather
-// than making it wait for a staging of other data; ok is false when there is none.
-func (m *Manager) keptHit(ctx context.Context, req Request, j *staging, who string) (Status, bool, error) {
-	if j.principal == who {
-		return Status{}, false, nil
-	}
-	vs := cache.ReadyVersions(req.Pool, req.Spec.ID())
-	if len(vs) == 0 {
-		return Status{}, false, nil
-	}
-	st, err := m.hit(ctx, req, vs)
-	if errors.Is(err, access.ErrListingDiffers) {
-		return Status{}, false, nil
-	}
-	return st, true, err
-}
-
-// join hands a staging under way to a caller: at once to the caller that started it; to any
-// other once the manifest is taken and the caller proved it reads the same data. Until then the
-// caller is told only that the dataset is being listed.
-func (m *Manager) join(ctx context.Context, req Request, j *staging, who string) (Status, *staging, error) {
-	j.Want()
-	if j.principal != who {
-		select {
-		case <-j.Listed():
-		case <-j.done:
-			if !j.IsListed() {
-				return checking(req.Spec), j, nil // failed or ended before its listing: the caller retries
-			}
-		case <-ctx.Done():
-			return checking(req.Spec), nil, nil
-		}
-		md, digest := j.Manifest()
-		if err := m.prove(ctx, req, j.Dir(), md, digest); err != nil {
-			switch {
-			case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-				return checking(req.Spec), nil, nil
-			case errors.Is(err, access.ErrListingDiffers):
-				err = source.Wrap(source.Retryable, err, "a staging of other data under this name is under way; it is staged anew for this caller after it ends")
-			}
-			return Status{}, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-		}
-	}
-	st := j.Status()
-	// The job may still be listing: then its size so far is a lower bound.
-	if err := checkCapacity(req, st.BytesTotal, j.Alloc(), j.IsListed()); err != nil {
-		return st, nil, fmt.Errorf("%s: %w", req.Spec.Describe(), err)
-	}
-	return st, j, nil
-}
-
 // admit refuses what this caller may not name: an NFS server that inline volumes may not reach.
 func (m *Manager) admit(spec *Spec) error {
 	if spec.Inline && spec.Scheme == SchemeNFS && !slices.Contains(m.cfg.NFSServers, spec.Host) {
@@ -491,8 +447,14 @@ func (m *Manager) runJob(logger klog.Logger, key string, j *staging) {
 	start := time.Now()
 	err := j.Run(klog.NewContext(m.base, logger))
 	j.Close()
+	if j.beside {
+		err = m.settleBeside(j, err)
+	}
 	m.mu.Lock()
-	delete(m.jobs, key)
+	m.jobs[key] = slices.DeleteFunc(m.jobs[key], func(o *staging) bool { return o == j })
+	if len(m.jobs[key]) == 0 {
+		delete(m.jobs, key)
+	}
 	if err != nil {
 		m.failed[key+"\x00"+j.principal] = err
 		m.recordFailureLocked(key, j.Spec(), err, time.Now())
@@ -632,10 +594,10 @@ func (m *Manager) Run(ctx context.Context) {
 func (m *Manager) Status(pool string, spec *Spec) (Status, bool, error) {
 	id := spec.ID()
 	m.mu.Lock()
-	j := m.jobs[jobKey(pool, id)]
+	js := m.jobs[jobKey(pool, id)]
 	m.mu.Unlock()
-	if j != nil {
-		return j.Status(), true, nil
+	if len(js) > 0 {
+		return js[0].Status(), true, nil
 	}
 	vs := cache.ReadyVersions(pool, id)
 	if len(vs) == 0 {
@@ -664,9 +626,11 @@ func (m *Manager) stagingVersions(id string) []string {
 	var out []string
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, j := range m.jobs {
-		if md := j.Meta(); j.ID() == id && j.Spec().Scheme == SchemeS3 && j.Peering() != nil && md != nil {
-			out = append(out, md.Digest)
+	for _, js := range m.jobs {
+		for _, j := range js {
+			if md := j.Meta(); j.ID() == id && j.Spec().Scheme == SchemeS3 && j.Peering() != nil && md != nil {
+				out = append(out, md.Digest)
+			}
 		}
 	}
 	return out
@@ -676,13 +640,15 @@ func (m *Manager) stagingVersions(id string) []string {
 func (m *Manager) stagingVersion(id, digest string) *peer.Staging {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, j := range m.jobs {
-		if j.ID() != id || j.Spec().Scheme != SchemeS3 {
-			continue
-		}
-		st := j.Peering()
-		if md := j.Meta(); st != nil && md != nil && md.Digest == digest {
-			return st
+	for _, js := range m.jobs {
+		for _, j := range js {
+			if j.ID() != id || j.Spec().Scheme != SchemeS3 {
+				continue
+			}
+			st := j.Peering()
+			if md := j.Meta(); st != nil && md != nil && md.Digest == digest {
+				return st
+			}
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/stage"
 	"github.com/prometheus/client_golang/prometheus"
+	"slices"
 )
 
 // metrics exports staging progress, cache contents and evictions.
@@ -91,16 +92,16 @@ func (c *metrics) Collect(ch chan<- prometheus.Metric) {
 		x.Collect(ch)
 	}
 	c.m.mu.Lock()
-	jobs := make([]*staging, 0, len(c.m.jobs))
-	for _, j := range c.m.jobs {
-		jobs = append(jobs, j)
+	datasets := make([][]*staging, 0, len(c.m.jobs))
+	for _, js := range c.m.jobs {
+		datasets = append(datasets, slices.Clone(js))
 	}
 	c.m.mu.Unlock()
-	for _, j := range jobs {
-		st := j.Status()
-		id := j.Spec().ID()
-		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), j.Pool(), id)
-		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), j.Pool(), id)
+	for _, js := range datasets {
+		// One series per dataset: the versions being staged of it, summed.
+		st := stagingProgress(js)
+		ch <- prometheus.MustNewConstMetric(c.progressDone, prometheus.GaugeValue, float64(st.BytesDone), js[0].Pool(), js[0].ID())
+		ch <- prometheus.MustNewConstMetric(c.progressTotal, prometheus.GaugeValue, float64(st.BytesTotal), js[0].Pool(), js[0].ID())
 	}
 	for _, pool := range c.m.cache.Pools() {
 		bytes, n := cache.ReadyTotals(pool)

@@ -3,10 +3,13 @@ package datasource
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/credentials/stscreds"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
@@ -17,43 +20,46 @@ import (
 // keys (consts.DefaultWebIdentityAudience).
 const DefaultWebIdentityAudience = consts.DefaultWebIdentityAudience
 
-// saToken is one entry of kubelet's csi.storage.k8s.io/serviceAccount.tokens.
-type saToken struct {
-	Token string `json:"token"`
-}
-
 // Credentials returns the credentials a request brings for spec: the CSI secret's keys, or, for
 // a dataset with credentials=webIdentity, the pod's ServiceAccount token for the configured
 // audience (kubelet puts it in NodePublishVolume's volume context when the CSIDriver requests
-// it), to be exchanged for the role's keys. NodeStageVolume has no pod and so no token: a
-// claim's volume waits for its first publish (pkg/volume, webidentity.go), and a static PV's
-// dataset, which is staged there, is refused with InvalidArgument.
+// it), to be exchanged for the role's keys, with the pod's holder that later calls renew
+// (podtokens.go). NodeStageVolume has no pod and so no token: a claim's volume waits for its
+// first publish (pkg/volume, webidentity.go), and a static PV's dataset, which is staged there,
+// is refused with InvalidArgument.
 func (d *Datasets) Credentials(ctx context.Context, spec *Spec, secrets, volumeContext map[string]string) (Credentials, error) {
 	if spec == nil || spec.Credentials != consts.CredentialsWebIdentity {
 		return CredentialsFromSecrets(secrets)
 	}
-	audience := d.m.cfg.WebIdentityAudience
-	if audience == "" {
-		audience = DefaultWebIdentityAudience
-	}
-	raw, ok := volumeContext[consts.VolumeContextSATokens]
-	if !ok {
+	audience := d.m.audience()
+	token, err := podTokenFor(volumeContext, audience)
+	_, passed := volumeContext[consts.VolumeContextSATokens]
+	switch {
+	case errors.Is(err, errNoToken) && !passed:
 		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, which need the pod's ServiceAccount token: kubelet passes none here (the CSIDriver's tokenRequests must name audience %q; a static PV's dataset is staged before any pod: use a StorageClass or an inline volume)", spec.Describe(), audience)
-	}
-	var tokens map[string]saToken
-	if err := json.Unmarshal([]byte(raw), &tokens); err != nil {
-		return Credentials{}, source.Errorf(source.Invalid, "the volume context's %s is not kubelet's JSON", consts.VolumeContextSATokens)
-	}
-	t, ok := tokens[audience]
-	if !ok || t.Token == "" {
+	case errors.Is(err, errNoToken):
 		return Credentials{}, source.Errorf(source.Invalid, "%s uses web-identity credentials, but kubelet passed no token for audience %q: add it to the CSIDriver's tokenRequests", spec.Describe(), audience)
+	case err != nil:
+		return Credentials{}, err
 	}
 	role, err := d.m.webIdentityRole(ctx, spec, volumeContext)
 	if err != nil {
 		return Credentials{}, err
 	}
-	return Credentials{RoleARN: role, WebIdentityToken: t.Token,
-		SessionName: volumeContext[consts.VolumeContextPodNamespace] + "." + volumeContext["csi.storage.k8s.io/pod.name"]}, nil
+	c := Credentials{RoleARN: role, WebIdentityToken: token,
+		SessionName: volumeContext[consts.VolumeContextPodNamespace] + "." + volumeContext[consts.VolumeContextPodName]}
+	if pod := PodOf(volumeContext); pod != "" {
+		c.CurrentToken = d.m.tokens.hold(pod, token)
+	}
+	return c, nil
+}
+
+// audience is the audience of the tokens web-identity datasets exchange.
+func (m *Manager) audience() string {
+	if m.cfg.WebIdentityAudience != "" {
+		return m.cfg.WebIdentityAudience
+	}
+	return DefaultWebIdentityAudience
 }
 
 // ProofInputs returns what Credentials reads of secrets and of the volume context's tokens, and
@@ -71,20 +77,20 @@ func (d *Datasets) ProofInputs(spec *Spec, secrets, volumeContext map[string]str
 		}
 		return kept, ""
 	}
-	audience := d.m.cfg.WebIdentityAudience
-	if audience == "" {
-		audience = DefaultWebIdentityAudience
+	return nil, d.ProofToken(volumeContext)
+}
+
+// ProofToken is, of kubelet's csi.storage.k8s.io/serviceAccount.tokens in volumeContext, the
+// token of the web identity's audience alone, in kubelet's JSON: what a web-identity proof reads.
+// "" when there is none.
+func (d *Datasets) ProofToken(volumeContext map[string]string) string {
+	audience := d.m.audience()
+	t, err := podTokenFor(volumeContext, audience)
+	if err != nil {
+		return ""
 	}
-	var tokens map[string]saToken
-	if err := json.Unmarshal([]byte(volumeContext[consts.VolumeContextSATokens]), &tokens); err != nil {
-		return nil, ""
-	}
-	t, ok := tokens[audience]
-	if !ok {
-		return nil, ""
-	}
-	b, _ := json.Marshal(map[string]saToken{audience: t})
-	return nil, string(b)
+	b, _ := json.Marshal(map[string]saToken{audience: {Token: t}})
+	return string(b)
 }
 
 // ServiceAccountRoles reads the role a ServiceAccount names for its pods' web-identity datasets
@@ -143,5 +149,9 @@ func (m *Manager) webIdentity(c Credentials) *s3source.WebIdentity {
 	if name == "." || name == "" {
 		name = "cistern"
 	}
-	return &s3source.WebIdentity{RoleARN: c.RoleARN, Token: c.WebIdentityToken, STSEndpoint: m.cfg.STSEndpoint, SessionName: name}
+	var token stscreds.IdentityTokenRetriever = s3source.StaticToken(c.WebIdentityToken)
+	if c.CurrentToken != nil {
+		token = c.CurrentToken
+	}
+	return &s3source.WebIdentity{RoleARN: c.RoleARN, Token: token, STSEndpoint: m.cfg.STSEndpoint, SessionName: name}
 }

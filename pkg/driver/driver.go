@@ -61,6 +61,8 @@ type Config struct {
 	Writable volume.WritableDatasets
 	// Streaming configures streaming dataset volumes (dataMode=streaming).
 	Streaming volume.StreamingVolumes
+	// VolumeDevSuid mounts volumes without nodev,nosuid (--volume-dev-suid; docs/security.md).
+	VolumeDevSuid bool
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
 	Datasets datasource.Config
 	// Peers serves this node's datasets to other node plugins (docs/datasets.md, "Peer fan-out");
@@ -185,7 +187,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
 		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable,
-		Streaming: cfg.Streaming})
+		Streaming: cfg.Streaming, DevSuid: cfg.VolumeDevSuid})
 	reg.MustRegister(d.volumes.WriteBackCollectors()...)
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()

@@ -88,7 +88,8 @@ func (s *nodeServer) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstage
 
 // NodePublishVolume bind-mounts the staged filesystem (or the loop device, for block) to the
 // target path, read-only when asked; an inline volume is created (or its dataset's cached tree
-// served) at the target.
+// served) at the target. A publication already in place only renews the pod's credentials
+// (pkg/volume, republish.go).
 func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	d := s.d
 	id, target := req.GetVolumeId(), req.GetTargetPath()
@@ -99,6 +100,8 @@ func (s *nodeServer) NodePublishVolume(ctx context.Context, req *csi.NodePublish
 	if c == nil {
 		return nil, status.Error(codes.InvalidArgument, "volume capability is required")
 	}
+	// kubelet calls again while the pod runs (requiresRepublish), with the pod's current token.
+	d.volumes.RenewCredentials(ctx, req.GetVolumeContext())
 	vol := d.volumes.Open(id, req.GetVolumeContext(), req.GetReadonly())
 	r := volume.PublishRequest{Target: target, StagingPath: req.GetStagingTargetPath(), ReadOnly: req.GetReadonly(),
 		Access: access(c), VolumeContext: req.GetVolumeContext(), Secrets: req.GetSecrets()}

@@ -16,8 +16,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
 )
 
@@ -75,6 +77,10 @@ func (s *server) serve(ctx context.Context, endpoint string, timeout time.Durati
 		klog.InfoS("Drain timed out; closing remaining calls")
 		s.grpc.Stop()
 	}
+	// Serve closes the listener, which unlinks the socket, when it returns: when ctx ended before
+	// it began serving, that is after GracefulStop. Waiting for it keeps a late unlink from
+	// removing the socket of the next server on the same path (a restart in the same process).
+	<-errc
 	_ = os.Remove(path)
 	return nil
 }
@@ -104,7 +110,7 @@ func socketPath(endpoint string) (string, error) {
 func (d *Driver) logAndMeasure(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	logger := klog.FromContext(ctx).WithValues("method", info.FullMethod)
 	ctx = klog.NewContext(ctx, logger)
-	logger.V(5).Info("Request", "request", protosanitizer.StripSecrets(req))
+	logger.V(5).Info("Request", "request", sanitized(req))
 	start := time.Now()
 	var resp any
 	err := d.checkRequest(req)
@@ -125,6 +131,24 @@ func (d *Driver) logAndMeasure(ctx context.Context, req any, info *grpc.UnarySer
 		logger.V(5).Info("Response", "response", protosanitizer.StripSecrets(resp))
 	}
 	return resp, err
+}
+
+// sanitized is a request as the log shows it: protosanitizer strips the fields the CSI spec
+// marks csi_secret, but the pod's ServiceAccount tokens kubelet puts in NodePublishVolume's
+// volume context (the CSIDriver's tokenRequests) are credentials in a field that is not one.
+func sanitized(req any) fmt.Stringer {
+	type withContext interface{ GetVolumeContext() map[string]string }
+	if r, ok := req.(withContext); ok {
+		if _, tokens := r.GetVolumeContext()[consts.VolumeContextSATokens]; tokens {
+			if m, ok := req.(proto.Message); ok {
+				c := proto.Clone(m)
+				// The clone's map is its own: the request handed on keeps its tokens.
+				c.(withContext).GetVolumeContext()[consts.VolumeContextSATokens] = "***stripped***"
+				req = c
+			}
+		}
+	}
+	return protosanitizer.StripSecrets(req)
 }
 
 func (d *Driver) logStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -100,11 +101,18 @@ func TestInlineWebIdentity(t *testing.T) {
 // (namespace/name) under the CSIDriver's tokenRequests and podInfoOnMount.
 func saTokens(t *testing.T, issuer *testpeers.OIDCIssuer, serviceAccount, pod string) map[string]string {
 	t.Helper()
+	return saTokensUntil(t, issuer, serviceAccount, pod, time.Now().Add(time.Hour))
+}
+
+// saTokensUntil is saTokens with a token that expires at exp.
+func saTokensUntil(t *testing.T, issuer *testpeers.OIDCIssuer, serviceAccount, pod string, exp time.Time) map[string]string {
+	t.Helper()
 	const audience = "sts.amazonaws.com"
 	ns, name, _ := strings.Cut(serviceAccount, "/")
-	b, _ := json.Marshal(map[string]map[string]string{audience: {"token": issuer.Token(t, serviceAccount, audience), "expirationTimestamp": "2030-01-01T00:00:00Z"}})
+	b, _ := json.Marshal(map[string]map[string]string{audience: {"token": issuer.TokenUntil(t, serviceAccount, audience, exp),
+		"expirationTimestamp": exp.UTC().Format(time.RFC3339)}})
 	return map[string]string{"csi.storage.k8s.io/serviceAccount.tokens": string(b), "csi.storage.k8s.io/pod.namespace": ns,
-		"csi.storage.k8s.io/pod.name": pod, "csi.storage.k8s.io/serviceAccount.name": name}
+		"csi.storage.k8s.io/pod.name": pod, "csi.storage.k8s.io/pod.uid": "uid-" + pod, "csi.storage.k8s.io/serviceAccount.name": name}
 }
 
 // TestClaimWebIdentity: a claim of a StorageClass with credentials=webIdentity, through the CSI

@@ -30,6 +30,7 @@ import (
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/volume"
 	"github.com/cistern-csi/cistern/pkg/writeback"
+	"github.com/cistern-csi/cistern/pkg/writeback/credstore"
 	"github.com/cistern-csi/cistern/test/testpeers"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
@@ -38,7 +39,8 @@ import (
 // target, writes through it, and unpublishes it while the target refuses writes: NodeUnpublish
 // returns, the volume stays through a driver restart, and once the target accepts, every change
 // (and nothing unchanged) is at the target, byte for byte, and the volume is gone. A caller who
-// may read the dataset but not write the target is refused at publish.
+// may read the dataset but not write the target is refused at publish. The keys kept for the
+// upload are nowhere on the node's disk in plaintext, and still open after the restart.
 func TestWriteBackInline(t *testing.T) {
 	env, s, proxy, events := writeBackEnv(t)
 	ctx := context.Background()
@@ -71,6 +73,8 @@ func TestWriteBackInline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The keys kept for the upload are on the node's disk sealed, never in plaintext.
+	noSecretOnDisk(t, env, s.SecretKey)
 	want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 13<<20+5), "metrics.json": []byte(`{"loss":0.1}`)}
 	writeOutputs(t, target, want)
 	if err := os.WriteFile(filepath.Join(target, "f1"), []byte("changed"), 0o644); err != nil {
@@ -92,7 +96,8 @@ func TestWriteBackInline(t *testing.T) {
 	if n := writeBackMetric(t, env, "cistern_writeback_pending_bytes"); n < 13<<20 {
 		t.Errorf("cistern_writeback_pending_bytes = %v while the outputs wait", n)
 	}
-	env.restart() // a node plugin upgraded mid-upload
+	noSecretOnDisk(t, env, s.SecretKey)
+	env.restart() // a node plugin upgraded mid-upload: the kernel still holds the credentials' key
 	if _, ok := env.driver.volumes.Store().GetVolume(id); !ok {
 		t.Fatal("the volume was deleted before its outputs were uploaded")
 	}
@@ -257,6 +262,8 @@ func writeBackEnvS3(t *testing.T, s3Dir string, pools ...testPool) (*testEnv, *t
 		Uploader: writeback.Config{PartSize: 5 << 20, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 			Settle: time.Second},
 		MinInterval: 100 * time.Millisecond, OnEvent: events.add}
+	// The kernel keeps the key the credentials are sealed with beyond the test (credstore).
+	t.Cleanup(func() { _ = credstore.Drop(filepath.Join(env.cfg.Writable.WriteBack.Dir, "secrets")) })
 	env.start()
 	ctx := context.Background()
 	s := testpeers.StartS3(t, s3Dir)
@@ -798,8 +805,10 @@ func TestWriteBackNeedsLayers(t *testing.T) {
 
 // TestWriteBackNFS publishes a writable inline volume of an S3 dataset whose output target is a
 // directory of an NFS server the administrator allows (go-nfs, NFSv3): what the pod wrote is
-// there, file for file, once it lets the volume go, in a directory named after the pod. A server
-// not allowed is refused before the pod starts.
+// there, file for file, once it lets the volume go, in a directory named after the pod below its
+// namespace's directory of the export. A pod of another namespace naming that very directory
+// writes below its own namespace's, leaving the first one's files as they were: every tenant
+// writes as the node's one NFS identity. A server not allowed is refused before the pod starts.
 func TestWriteBackNFS(t *testing.T) {
 	env, s, proxy, events := writeBackEnv(t)
 	ctx := context.Background()
@@ -809,9 +818,13 @@ func TestWriteBackNFS(t *testing.T) {
 	env.cfg.Datasets.NFSServers = []string{addr}
 	env.start()
 	publish := func(id, target string) (string, error) {
+		ns := "team"
+		if strings.Contains(id, "intruder") {
+			ns = "intruder"
+		}
 		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
 			"pathStyle": "true", "size": "64Mi", "outputTarget": target,
-			"csi.storage.k8s.io/pod.namespace": "team", "csi.storage.k8s.io/pod.name": "train-0", "csi.storage.k8s.io/pod.uid": "uid-1"}
+			"csi.storage.k8s.io/pod.namespace": ns, "csi.storage.k8s.io/pod.name": "train-0", "csi.storage.k8s.io/pod.uid": "uid-1"}
 		path := filepath.Join(env.dir, "target", id)
 		return path, retryUnavailable(t, func() error {
 			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: path,
@@ -830,30 +843,50 @@ func TestWriteBackNFS(t *testing.T) {
 	}
 	want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 9<<20+1), "f1": []byte("changed")}
 	writeOutputs(t, target, want)
-	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+	writeBack := func(id, target string) {
+		t.Helper()
+		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the volume to be written back and deleted", func() bool {
+			_, ok := env.driver.volumes.Store().GetVolume(id)
+			return !ok
+		})
+	}
+	writeBack(id, target)
+	filesAt(t, filepath.Join(export, "team", "runs", "train-0"), want)
+	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-1"}, false, volume.ReasonOutputUploadFinished,
+		"nfs://"+addr+"/export/runs/train-0/ (in namespace team's directory of the export)", "2 objects")
+
+	// A pod of another namespace names the first one's directory: its outputs go below its own.
+	other, err := publish("wb-nfs-intruder", "nfs://"+addr+"/export/team/runs/train-0")
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the volume to be written back and deleted", func() bool {
-		_, ok := env.driver.volumes.Store().GetVolume(id)
-		return !ok
-	})
-	dir := filepath.Join(export, "runs", "train-0")
+	overwrite := map[string][]byte{"f1": []byte("overwritten by another namespace")}
+	writeOutputs(t, other, overwrite)
+	writeBack("wb-nfs-intruder", other)
+	filesAt(t, filepath.Join(export, "team", "runs", "train-0"), want)
+	filesAt(t, filepath.Join(export, "intruder", "team", "runs", "train-0"), overwrite)
+}
+
+// filesAt fails unless dir holds exactly the files of want.
+func filesAt(t *testing.T, dir string, want map[string][]byte) {
+	t.Helper()
 	got := 0
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
 		rel, _ := filepath.Rel(dir, p)
 		b, err := os.ReadFile(p)
 		if w, ok := want[filepath.ToSlash(rel)]; !ok || !bytes.Equal(b, w) {
-			t.Errorf("%s at the target: %d bytes, not what the pod wrote", rel, len(b))
+			t.Errorf("%s in %s: %d bytes, not what its pod wrote", rel, dir, len(b))
 		}
 		got++
 		return err
 	})
 	if err != nil || got != len(want) {
-		t.Errorf("%d files at the target (%v), want %d", got, err, len(want))
+		t.Errorf("%d files in %s (%v), want %d", got, dir, err, len(want))
 	}
-	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-1"}, false, volume.ReasonOutputUploadFinished,
-		"nfs://"+addr+"/export/runs/train-0/", "2 objects")
 }

@@ -19,7 +19,8 @@ import (
 )
 
 // TestOutputEvents records write-back Events about a pod (named with its UID, as kubelet passes
-// it) and a claim (named without: the recorder reads its UID) on a real API server, as the node
+// it) and a claim (named without: the recorder reads its UID; a finished upload, then an expired
+// one) on a real API server, as the node
 // plugin's ServiceAccount with deploy/csi's grant, and finds each the way kubectl describe does:
 // by the object's kind, namespace, name and UID.
 func TestOutputEvents(t *testing.T) {
@@ -56,6 +57,10 @@ func TestOutputEvents(t *testing.T) {
 
 	find(t, cp, "Pod", pod, corev1.EventTypeWarning, volume.ReasonOutputUploadFailed, "AccessDenied")
 	find(t, cp, "PersistentVolumeClaim", pvc, corev1.EventTypeNormal, volume.ReasonOutputUploadFinished, "2 objects")
+	// An upload that expired (--writeback-max-age) is a Warning on its claim.
+	r.Record(volume.Event{Object: volume.ObjectRef{Kind: "PersistentVolumeClaim", Namespace: ns, Name: pvc.Name}, Warning: true,
+		Reason: volume.ReasonOutputUploadExpired, Message: "Upload of volume v2's outputs to s3://out/claim/ expired, pending longer than node node-a allows"})
+	find(t, cp, "PersistentVolumeClaim", pvc, corev1.EventTypeWarning, volume.ReasonOutputUploadExpired, "expired")
 }
 
 // find waits for an Event about an object, selected as kubectl describe selects them.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"sync"
@@ -153,7 +152,7 @@ func (f *rawFS) passThrough(id uint64, fl *fileNode) int32 {
 	}
 	if fl.st != nil && fl.st.complete() {
 		// Every part fetched and verified: the kernel reads the scratch file itself.
-		sf, err := os.Open(fl.st.path)
+		sf, err := f.m.scratch.Open(fl.st.name)
 		if err != nil {
 			return 0
 		}
@@ -382,8 +381,8 @@ func (f *fileNode) stream(ctx context.Context) (*stream, error) {
 	// Not truncated: a process taking the mount over finds the scratch file of an earlier one,
 	// which the kernel may read as a backing file. Its bytes are rewritten, verified and the
 	// same, before this process hands any out.
-	path := filepath.Join(f.m.cfg.Scratch, strconv.FormatInt(f.line, 10))
-	file, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	name := strconv.FormatInt(f.line, 10)
+	file, err := f.m.scratch.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -392,9 +391,9 @@ func (f *fileNode) stream(ctx context.Context) (*stream, error) {
 		return nil, err
 	}
 	f.st = &stream{layout: l, parts: parts, whole: whole, locks: make([]sync.Mutex, len(parts)),
-		have: make([]atomic.Bool, len(parts)), ahead: make([]atomic.Bool, len(parts)), path: path,
+		have: make([]atomic.Bool, len(parts)), ahead: make([]atomic.Bool, len(parts)), name: name,
 		// Opened again without O_CREATE: gone means the mount is.
-		scratch: f.m.cfg.Files.adopt(file, func() (*os.File, error) { return os.OpenFile(path, os.O_RDWR, 0) })}
+		scratch: f.m.cfg.Files.adopt(file, func() (*os.File, error) { return f.m.scratch.OpenFile(name, os.O_RDWR, 0) })}
 	f.st.last.Store(-1)
 	f.m.track(f.st)
 	return f.st, nil
@@ -421,7 +420,7 @@ type stream struct {
 	whole   bool // one part: the object checked as a whole
 	locks   []sync.Mutex
 	have    []atomic.Bool
-	path    string  // the scratch file
+	name    string  // the scratch file, in the mount's scratch directory
 	scratch *handle // the scratch file, under the mount's OpenFiles
 	// last is the part the last read ended in (-1 before any): a read starting there or in the
 	// next part is sequential. Parts, not bytes: the kernel's read-ahead sends several reads at

@@ -34,7 +34,8 @@ type Config struct {
 	Cached func(obj source.Object) (*os.File, error)
 	// Scratch is a directory for the bytes fetched on demand: one sparse file per entry, named
 	// by its manifest line. It must be private to this mount, and outlive a process serving it
-	// that is to be taken over (Resume).
+	// that is to be taken over (Resume). The mount opens it once and holds it: moved or renamed
+	// later, it is still where the mount's bytes go.
 	Scratch string
 	// Fetcher is where missing bytes come from.
 	Fetcher Fetcher

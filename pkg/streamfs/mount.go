@@ -33,6 +33,9 @@ type Mount struct {
 // mount is what the files of one mount share.
 type mount struct {
 	cfg Config
+	// scratch is Config.Scratch, held from the start: the directory the mount's fetched bytes
+	// go to stays the mount's, wherever it is moved (its dataset version retired, say).
+	scratch *os.Root
 	// ctx ends with the mount: fetches stop.
 	ctx     context.Context
 	cancel  context.CancelFunc
@@ -110,12 +113,17 @@ func Start(dir string, cfg Config) (*Mount, error) {
 		dev.Close()
 		return nil, fmt.Errorf("mounting the streaming filesystem at %s: %w", dir, err)
 	}
-	opens, err := newOpenLog(cfg.Scratch)
+	scratch, err := os.OpenRoot(cfg.Scratch)
 	if err == nil {
-		var mt *Mount
-		if mt, err = serve(dir, dev, nil, cfg, opens); err == nil {
-			return mt, nil
+		var opens *openLog
+		if opens, err = newOpenLog(scratch); err == nil {
+			var mt *Mount
+			if mt, err = serve(dir, dev, nil, cfg, scratch, opens); err == nil {
+				return mt, nil
+			}
+			opens.f.Close()
 		}
+		scratch.Close()
 	}
 	_ = unix.Unmount(dir, unix.MNT_DETACH)
 	dev.Close()
@@ -157,11 +165,21 @@ func Resume(dir string, c Conn, cfg Config) (*Mount, error) {
 	if id := manifestID(cfg.Objects); id != c.Manifest {
 		return nil, fmt.Errorf("streamfs: the mount at %s serves manifest %.12s, not %.12s", dir, c.Manifest, id)
 	}
-	opens, err := resumeOpenLog(cfg.Scratch)
+	scratch, err := os.OpenRoot(cfg.Scratch)
 	if err != nil {
 		return nil, err
 	}
-	return takeOver(dir, c, cfg, opens)
+	opens, err := resumeOpenLog(scratch)
+	if err != nil {
+		scratch.Close()
+		return nil, err
+	}
+	mt, err := takeOver(dir, c, cfg, scratch, opens)
+	if err != nil {
+		opens.f.Close()
+		scratch.Close()
+	}
+	return mt, err
 }
 
 // Refuse serves the mount at dir over c, the connection of a server that is gone, without
@@ -173,11 +191,11 @@ func Resume(dir string, c Conn, cfg Config) (*Mount, error) {
 func Refuse(dir string, c Conn, reason string) (*Mount, error) {
 	defer c.Dev.Close()
 	klog.Background().Info("streaming volume: every read answers EIO", "dir", dir, "reason", reason)
-	return takeOver(dir, c, Config{refused: reason}, &openLog{})
+	return takeOver(dir, c, Config{refused: reason}, nil, &openLog{})
 }
 
 // takeOver serves c at dir and asks the kernel to resend what the old server left unanswered.
-func takeOver(dir string, c Conn, cfg Config, opens *openLog) (*Mount, error) {
+func takeOver(dir string, c Conn, cfg Config, scratch *os.Root, opens *openLog) (*Mount, error) {
 	if len(c.Init) < int(unsafe.Sizeof(fuse.InHeader{})) {
 		return nil, errors.New("streamfs: no INIT request to resume with")
 	}
@@ -186,7 +204,7 @@ func takeOver(dir string, c Conn, cfg Config, opens *openLog) (*Mount, error) {
 		return nil, err
 	}
 	dev := os.NewFile(uintptr(fd), "/dev/fuse")
-	mt, err := serve(dir, dev, c.Init, cfg, opens)
+	mt, err := serve(dir, dev, c.Init, cfg, scratch, opens)
 	if err != nil {
 		dev.Close()
 		return nil, err
@@ -206,11 +224,11 @@ func takeOver(dir string, c Conn, cfg Config, opens *openLog) (*Mount, error) {
 // serve answers the connection on dev for the mount at dir. go-fuse reads the kernel's INIT
 // itself from a fresh connection; for one taken over, it is given the recorded INIT on a socket
 // standing in for the device, which the device then replaces under the same descriptor number.
-func serve(dir string, dev *os.File, initReq []byte, cfg Config, opens *openLog) (*Mount, error) {
+func serve(dir string, dev *os.File, initReq []byte, cfg Config, scratch *os.Root, opens *openLog) (*Mount, error) {
 	if cfg.Files == nil {
 		cfg.Files = NewOpenFiles(DefaultMaxOpenFiles)
 	}
-	m := &mount{cfg: cfg, opens: opens}
+	m := &mount{cfg: cfg, scratch: scratch, opens: opens}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	var epoch [8]byte
 	_, _ = rand.Read(epoch[:])
@@ -368,4 +386,7 @@ func (mt *Mount) release() {
 	}
 	mt.streams, mt.files, mt.backings = nil, nil, nil
 	mt.opens.close()
+	if mt.scratch != nil {
+		mt.scratch.Close()
+	}
 }

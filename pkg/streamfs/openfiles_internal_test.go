@@ -136,7 +136,11 @@ func TestBackingsUnderBound(t *testing.T) {
 // TestOpenLogResume: a process taking over reads what holds of each node: its last line, a
 // dropped registration gone; once written again, the log says the same in fewer lines.
 func TestOpenLogResume(t *testing.T) {
-	dir := t.TempDir()
+	dir, err := os.OpenRoot(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dir.Close() })
 	l, err := newOpenLog(dir)
 	if err != nil {
 		t.Fatal(err)

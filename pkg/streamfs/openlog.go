@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 
@@ -23,7 +22,7 @@ import (
 type openLog struct {
 	mu   sync.Mutex
 	f    *os.File
-	path string
+	root *os.Root // the scratch directory, held by the mount
 	// held is what the lines say holds, by node ID; lines is how many the file has.
 	held          map[uint64]int32
 	lines         int
@@ -36,22 +35,20 @@ const openLogName = ".opens"
 // again: a rewrite costs a line per node held, so this many records pay for one.
 const compactSlack = 4096
 
-func newOpenLog(scratch string) (*openLog, error) {
-	path := filepath.Join(scratch, openLogName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+func newOpenLog(scratch *os.Root) (*openLog, error) {
+	f, err := scratch.OpenFile(openLogName, os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	return &openLog{f: f, path: path, held: map[uint64]int32{}}, nil
+	return &openLog{f: f, root: scratch, held: map[uint64]int32{}}, nil
 }
 
-func resumeOpenLog(scratch string) (*openLog, error) {
-	path := filepath.Join(scratch, openLogName)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+func resumeOpenLog(scratch *os.Root) (*openLog, error) {
+	f, err := scratch.OpenFile(openLogName, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	l := &openLog{f: f, path: path, held: map[uint64]int32{}}
+	l := &openLog{f: f, root: scratch, held: map[uint64]int32{}}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var id uint64
@@ -112,7 +109,7 @@ func (l *openLog) record(id uint64, bid int32) error {
 	if l.lines > 2*len(l.held)+compactSlack {
 		if err := l.compactLocked(); err != nil {
 			// The lines still say what holds: only longer.
-			klog.Background().Error(err, "streaming volume: writing the opens log again", "path", l.path)
+			klog.Background().Error(err, "streaming volume: writing the opens log again", "scratch", l.root.Name())
 		}
 	}
 	return nil
@@ -121,8 +118,8 @@ func (l *openLog) record(id uint64, bid int32) error {
 // compactLocked writes what holds to a new file that replaces the log at once: a process taking
 // over reads the one or the other, which say the same.
 func (l *openLog) compactLocked() error {
-	tmp := l.path + ".new"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	tmp := openLogName + ".new"
+	f, err := l.root.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -134,7 +131,7 @@ func (l *openLog) compactLocked() error {
 		f.Close()
 		return err
 	}
-	if err := os.Rename(tmp, l.path); err != nil {
+	if err := l.root.Rename(tmp, openLogName); err != nil {
 		f.Close()
 		return err
 	}

@@ -165,9 +165,19 @@ func (s *Service) checkpoint(ctx context.Context, v state.Volume) error {
 // outputJob is the write-back job of a layered volume that names an output target: the same
 // for its checkpoints and its final upload, so that they share one journal.
 func (s *Service) outputJob(v state.Volume) (writeback.Job, error) {
-	t, err := outputTarget(v.Parameters[consts.ParamOutputTarget], v.Parameters)
+	spec, err := recordedDataset(v)
 	if err != nil {
 		return writeback.Job{}, err
+	}
+	t, err := outputTarget(v.Parameters[consts.ParamOutputTarget], v.Parameters, tenantOutput(spec))
+	if err != nil {
+		return writeback.Job{}, err
+	}
+	// A volume whose journal began before tenants' NFS targets were confined to their namespace
+	// (an upgrade while it was in use) goes on with the target it began with: its journal is of
+	// that job, and a hand-off of another would fail.
+	if rec, ok := s.wb.up.Recorded(v.ID); ok && t.Namespace != "" && rec.Target == (writeback.Target{Host: t.Host, Prefix: t.Prefix}) {
+		t = rec.Target
 	}
 	deletes, _ := strconv.ParseBool(v.Parameters[consts.ParamOutputDeletions]) // checked when it was created
 	return writeback.Job{Volume: v.ID, Upper: filepath.Join(s.wb.mountDir(v.ID), LayerUpperDir), Target: t, Deletes: deletes}, nil

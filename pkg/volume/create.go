@@ -38,7 +38,14 @@ type CreateRequest struct {
 
 // CreateVolume creates a volume, or returns the ready volume of that name when it is what r
 // asks for (AlreadyExists otherwise). A restored or cloned volume stays in its source's pool.
+// The claim's placeholders in an output target are replaced first: the volume records, and
+// returns as its context, the target its claim writes.
 func (s *Service) CreateVolume(ctx context.Context, r CreateRequest) (state.Volume, error) {
+	parameters, err := claimParameters(r.Parameters)
+	if err != nil {
+		return state.Volume{}, err
+	}
+	r.Parameters = parameters
 	if v, ok := s.store.GetVolumeByName(r.Name); ok && v.Ready {
 		if err := sameVolume(v, r); err != nil {
 			return state.Volume{}, err
@@ -81,7 +88,11 @@ func (s *Service) CreateVolume(ctx context.Context, r CreateRequest) (state.Volu
 	}
 	// Before anything is created: a dataset that cannot fit is refused here.
 	if r.Prestage && r.Source == nil {
-		if err := s.Prestage(ctx, r.Name, chosen.Name, r.Size, datasource.SpecOf(pl.Dataset), r.Secrets); err != nil {
+		spec := datasource.SpecOf(pl.Dataset)
+		if spec != nil {
+			spec.Namespace = callerNamespace(r.Parameters, false)
+		}
+		if err := s.Prestage(ctx, r.Name, chosen.Name, r.Size, spec, r.Secrets); err != nil {
 			return state.Volume{}, err
 		}
 	}

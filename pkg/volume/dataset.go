@@ -42,15 +42,16 @@ func recordedDataset(v state.Volume) (*datasource.Spec, error) {
 	}
 	spec := datasource.SpecOf(p.Dataset)
 	if spec != nil {
-		spec.Tenant = tenant
+		spec.Tenant, spec.Namespace = tenant, callerNamespace(v.Parameters, v.Ephemeral)
 	}
 	return spec, nil
 }
 
-// callerNamespace is the namespace a volume is charged to (its share of the node's streaming
-// volumes): the publishing pod's (kubelet's podInfoOnMount, which a pod author cannot override),
-// else, but for an inline volume (whose attributes are the pod author's), the claim's
-// (external-provisioner's, or the VolumeManager controller's); empty for neither.
+// callerNamespace is the namespace a volume is charged to: its dataset listings
+// (datasource.Spec.Namespace) and its share of the node's streaming volumes. The publishing
+// pod's (kubelet's podInfoOnMount, which a pod author cannot override), else, but for an inline
+// volume (whose attributes are the pod author's), the claim's (external-provisioner's, or the
+// VolumeManager controller's); empty for neither.
 func callerNamespace(attrs map[string]string, inline bool) string {
 	if ns := attrs[consts.VolumeContextPodNamespace]; ns != "" || inline {
 		return ns
@@ -75,7 +76,11 @@ func volumeDataset(v state.Volume, volumeContext map[string]string) (*datasource
 	if err != nil {
 		return nil, err
 	}
-	return datasource.SpecOf(p.Dataset), nil
+	spec := datasource.SpecOf(p.Dataset)
+	if spec != nil {
+		spec.Namespace = callerNamespace(volumeContext, false)
+	}
+	return spec, nil
 }
 
 // recordedAttrs is what a volume's record keeps of its volume context: everything but the keys

@@ -153,6 +153,9 @@ func (iv *imageVolume) Publish(ctx context.Context, r PublishRequest) error {
 			return status.Errorf(codes.FailedPrecondition, "volume %s is published at %s for a single writer", iv.id, other)
 		}
 	}
+	if s.inPlace(v.Published, r.Target) {
+		return nil // a republish (republish.go): its pod proved its right when it was published
+	}
 	if v.AccessType == state.Mount {
 		spec, err := volumeDataset(v, r.VolumeContext)
 		if err != nil {
@@ -194,6 +197,9 @@ func (iv *imageVolume) publishInline(ctx context.Context, r PublishRequest) erro
 		return status.Error(codes.InvalidArgument, "inline ephemeral volumes must be mount volumes")
 	}
 	v, exists := s.store.GetVolume(id)
+	if exists && s.inPlace(v.Published, r.Target) {
+		return nil // a republish (republish.go)
+	}
 	if !exists {
 		if p := r.Inline.Params; p.OutputTarget != "" {
 			spec := datasource.SpecOf(p.Dataset)

@@ -168,10 +168,10 @@ func (s *Service) mountLayer(lower, target string) error {
 	return errors.Join(errs...)
 }
 
-// mountOverlay is the overlay mount(2) (Service.overlayMount); tests replace it to play a
-// kernel without overlayfs.
-func mountOverlay(options, target string) error {
-	return unix.Mount("overlay", target, "overlay", 0, options)
+// mountOverlay is the overlay mount(2) (Service.overlayMount, with volumeFlags); tests replace
+// it to play a kernel without overlayfs.
+func mountOverlay(options, target string, flags uintptr) error {
+	return unix.Mount("overlay", target, "overlay", flags, options)
 }
 
 // mountAside mounts the filesystem of dev (mounted already: the superblock is shared) on a

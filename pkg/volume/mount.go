@@ -36,14 +36,48 @@ var fsMountFlags = map[string][]string{
 	"xfs": {"nouuid"},
 }
 
+// Volumes are mounted nodev,nosuid (docs/security.md, "Device nodes and set-user-ID files"): a
+// pod may make device nodes in its volume (CAP_MKNOD is in the container runtimes' default set)
+// and set-user-ID files, and a device node opened through a mount that allows it is the node's
+// device (another volume's loop device), whatever the pod's device cgroup says. The staged
+// filesystem, the overlay stacked on it and every publication get them; a raw block volume,
+// which is a device node, does not. --volume-dev-suid lets both work again, node-wide, for the
+// rare workload that needs them (DevSuid).
+//
+// The plugin's own mounts of a volume's filesystem (mountFilesystem: the write-back's mount
+// aside, a resize's) are nodev,nosuid,noexec always: the plugin reads there and runs nothing.
+const asideFlags = unix.MS_NODEV | unix.MS_NOSUID | unix.MS_NOEXEC
+
+// volumeOptions are the mount options every volume mount gets before the caller's.
+func (s *Service) volumeOptions() []string {
+	if s.devSuid {
+		return nil
+	}
+	return []string{"nodev", "nosuid"}
+}
+
+// volumeFlags are volumeOptions as mount(2) flags.
+func (s *Service) volumeFlags() uintptr {
+	if s.devSuid {
+		return 0
+	}
+	return unix.MS_NODEV | unix.MS_NOSUID
+}
+
 // mountFilesystem mounts the filesystem of type fsType (DefaultFSType when empty) on dev at dir,
-// with its own options (fsMountFlags): a volume's filesystem mounted beside its staging or
-// target path, for a tool or an upload that needs it there.
+// with its own options (fsMountFlags) and asideFlags: a volume's filesystem mounted beside its
+// staging or target path, for a tool or an upload that needs it there.
 func mountFilesystem(dev, dir, fsType string, flags uintptr) error {
 	if fsType == "" {
 		fsType = DefaultFSType
 	}
-	return unix.Mount(dev, dir, fsType, flags, strings.Join(fsMountFlags[fsType], ","))
+	return unix.Mount(dev, dir, fsType, flags|asideFlags, strings.Join(fsMountFlags[fsType], ","))
+}
+
+// sealAside makes a mount aside read-only with asideFlags, also one a plugin of an earlier
+// version made (a bind remount sets the mount's flags to exactly those given).
+func sealAside(dir string) error {
+	return unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY|asideFlags, "")
 }
 
 // withFSMountFlags returns flags with the filesystem's own options added when missing.
@@ -81,7 +115,7 @@ func (s *Service) mountDevice(dev, target string, v state.Volume, flags []string
 	if fs == "" {
 		fs = DefaultFSType
 	}
-	flags = withFSMountFlags(fs, flags)
+	flags = withFSMountFlags(fs, append(s.volumeOptions(), flags...))
 	if !v.Formatted {
 		// A fresh image of ours: no probe needed before mkfs.
 		args := append(append([]string{}, formatOptions[fs]...), dev)
@@ -158,15 +192,25 @@ func (s *Service) bindMount(source, target string, block, readOnly bool, flags [
 		return nil
 	}
 	if !readOnly && len(flags) == 0 {
-		// The common case: one bind mount(2). mount-utils runs mount(8) twice for a bind
-		// (bind, then a remount that applies options), which only read-only or flagged
-		// publications need.
+		// The common case: a bind mount(2), and the remount that applies volumeFlags (a bind
+		// takes its source's, which a tree's pool may not have). mount-utils runs mount(8)
+		// twice for a bind, which only read-only or flagged publications need.
 		if err := unix.Mount(source, target, "", unix.MS_BIND, ""); err != nil {
 			return Internal("bind-mounting volume", err)
 		}
+		if f := s.volumeFlags(); f != 0 && !block {
+			if err := unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_BIND|f, ""); err != nil {
+				_ = unix.Unmount(target, 0)
+				return Internal("making the volume's mount nodev,nosuid", err)
+			}
+		}
 		return nil
 	}
-	opts := append([]string{"bind"}, flags...)
+	opts := []string{"bind"}
+	if !block {
+		opts = append(opts, s.volumeOptions()...)
+	}
+	opts = append(opts, flags...)
 	if readOnly {
 		opts = append(opts, "ro")
 	}

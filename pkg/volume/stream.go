@@ -165,8 +165,10 @@ type streamMount struct {
 	// release gives the dataset back to eviction and closes the caller's source.
 	release func()
 	// access is what the keeper holds besides the connection (keptStream), handed to it again
-	// when it restarts.
+	// when it restarts, and when the pod's token is renewed (republish.go): under mu.
 	access keptStream
+	// pod is the pod the caller's access is of (datasource.PodOf); "" for none (a static PV's).
+	pod string
 	// version is the manifest digest the caller proved it reads (empty when refused).
 	version string
 }
@@ -310,7 +312,7 @@ func (tv *treeVolume) serveStreaming(ctx context.Context, rec state.TreeVolume, 
 		tv.fallBack(ctx, spec, err.Error())
 		return false, "", nil
 	}
-	m := &streamMount{path: path, namespace: ns, fs: fsm, release: ds.Release, version: st.Version, access: access}
+	m := &streamMount{path: path, namespace: ns, fs: fsm, release: ds.Release, version: st.Version, pod: datasource.PodOf(attrs), access: access}
 	s.streams.add(tv.id, m)
 	s.keep(ctx, tv.id, m)
 	klog.FromContext(ctx).V(4).Info("Streaming dataset", "volumeID", tv.id, "dataset", spec.String(), "path", path,

@@ -5,11 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"maps"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -22,8 +19,6 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/cache"
-	"github.com/cistern-csi/cistern/pkg/datasource/source"
 	"github.com/cistern-csi/cistern/pkg/fusekeeper"
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
@@ -87,7 +82,7 @@ func (s *Service) keep(ctx context.Context, id string, m *streamMount) {
 		return
 	}
 	defer conn.Dev.Close()
-	kept := m.access
+	kept := s.streams.accessOf(m)
 	kept.Conn = conn
 	meta, err := json.Marshal(kept)
 	if err == nil {
@@ -198,7 +193,7 @@ func (s *Service) takeOver(ctx context.Context, h fusekeeper.Held, mounts []moun
 		return
 	}
 	s.streams.add(rec.ID, &streamMount{path: rec.Path, namespace: s.treeNamespace(rec), fs: fsm, release: release, version: version,
-		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
+		pod: datasource.PodOf(rec.Parameters), access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 	logger.Info("Took over a streaming volume: its reads go on", "path", rec.Path)
 }
 
@@ -213,9 +208,9 @@ func mountedAt(mounts []mount.MountInfo, path, conn string) bool {
 	return false
 }
 
-// resume proves the caller of rec again with the credentials kept, and serves its connection:
-// the dataset as it streams, or its staged tree if the staging finished meanwhile. It returns
-// the version proved.
+// resume proves the caller of rec again with the credentials kept, and serves its connection
+// from the version the volume referenced, held by descriptor, wherever it is now: as it streams,
+// or staged if the staging finished meanwhile. It returns the version proved.
 func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept keptStream) (*streamfs.Mount, func(), string, error) {
 	s := tv.s
 	spec, capacity, err := tv.servedDataset(rec)
@@ -232,73 +227,25 @@ func (tv *treeVolume) resume(ctx context.Context, rec state.TreeVolume, kept kep
 	}
 	wctx, cancel := context.WithTimeout(ctx, takeOverBudget)
 	defer cancel()
-	st, ds, err := s.datasets.Stream(wctx, rec.Pool, spec, creds, capacity, rec.ID)
+	st, ds, err := s.datasets.ResumeStream(wctx, rec.Pool, spec, creds, capacity, rec.ID)
 	switch {
 	case err != nil:
 		return nil, nil, "", fmt.Errorf("proving the caller's access again: %w", err)
-	case ds == nil && !st.Ready():
-		return nil, nil, "", fmt.Errorf("the dataset's listing did not come within %v (%s)", takeOverBudget, st)
 	case ds == nil:
-		fsm, release, err := tv.resumeStaged(rec, spec, st.Version, kept.Conn)
-		return fsm, release, st.Version, err
+		return nil, nil, "", fmt.Errorf("the dataset's listing did not come within %v (%s)", takeOverBudget, st)
 	}
 	dev, err := dupConn(kept.Conn)
 	if err != nil {
 		ds.Release()
 		return nil, nil, "", err
 	}
+	// Resume serves it only if its manifest is the one the kernel's node IDs came from.
 	fsm, err := streamfs.Resume(rec.Path, dev, s.streamConfig(ds))
 	if err != nil {
 		ds.Release()
 		return nil, nil, "", err
 	}
 	return fsm, ds.Release, st.Version, nil
-}
-
-// resumeStaged serves a connection over the staged version the caller proved it reads: every
-// file is in the cache. The reference it takes goes at release (Unserve), as a staged volume's.
-func (tv *treeVolume) resumeStaged(rec state.TreeVolume, spec *datasource.Spec, version string, c streamfs.Conn) (*streamfs.Mount, func(), error) {
-	tree, err := tv.s.datasets.Serve(rec.Pool, spec, version, rec.ID)
-	if err != nil {
-		return nil, nil, err
-	}
-	dir := filepath.Dir(tree)
-	var objs []source.Object
-	if err := cache.EachObject(dir, func(_ int64, o source.Object) error { objs = append(objs, o); return nil }); err != nil {
-		return nil, nil, fmt.Errorf("reading the manifest: %w", err)
-	}
-	cached := func(o source.Object) (*os.File, error) {
-		f, err := os.OpenInRoot(tree, o.Key)
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
-		}
-		return f, err
-	}
-	dev, err := dupConn(c)
-	if err != nil {
-		return nil, nil, err
-	}
-	scratch := filepath.Join(dir, datasource.StreamDir, cache.RefName(rec.ID))
-	fsm, err := streamfs.Resume(rec.Path, dev, streamfs.Config{Objects: objs, Cached: cached,
-		Scratch: scratch, Files: tv.s.streams.files, Fetcher: stagedOnly{}})
-	if err != nil {
-		return nil, nil, err
-	}
-	// The scratch directory the earlier process made goes with the volume, as Streaming's does.
-	return fsm, func() { _ = os.RemoveAll(scratch) }, nil
-}
-
-// stagedOnly fetches nothing: a staged dataset's files are all in the cache.
-type stagedOnly struct{}
-
-var errStaged = errors.New("the dataset is staged: every file is in the cache")
-
-func (stagedOnly) Layout(context.Context, source.Object) (streamfs.Layout, error) {
-	return streamfs.Layout{}, errStaged
-}
-
-func (stagedOnly) Open(context.Context, source.Object, int64, int64) (io.ReadCloser, error) {
-	return nil, errStaged
 }
 
 // dupConn is c with a copy of its descriptor (Resume takes the one it is given, also when it
@@ -336,6 +283,6 @@ func (s *Service) refuse(ctx context.Context, rec state.TreeVolume, kept keptStr
 		s.streams.drop(rec.ID)
 		return
 	}
-	s.streams.add(rec.ID, &streamMount{path: rec.Path, namespace: s.treeNamespace(rec), fs: fsm, release: func() {},
+	s.streams.add(rec.ID, &streamMount{path: rec.Path, namespace: s.treeNamespace(rec), fs: fsm, release: func() {}, pod: datasource.PodOf(rec.Parameters),
 		access: keptStream{Secrets: kept.Secrets, Tokens: kept.Tokens}})
 }

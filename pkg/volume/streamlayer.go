@@ -9,7 +9,7 @@ package volume
 // plugin as the overlay does and the FUSE keeper's takeover serves it again. The volume takes
 // its reference on the cached version (the layered volumes' guarantee of the same bytes for
 // its whole life, and what the write-back reads) once that version is staged, at its next
-// let-go or staging (settleStream); until then the streaming tree pins the dataset.
+// let-go or staging (settleStream); until then the streaming tree references (and holds) its version.
 
 import (
 	"context"

@@ -68,6 +68,9 @@ func (tv *treeVolume) Publish(ctx context.Context, r PublishRequest) error {
 		return status.Error(codes.InvalidArgument, "a dataset volume must be a mount volume")
 	}
 	if tv.inline {
+		if tv.rec != nil && tv.rec.Path == r.Target && tv.served() {
+			return nil // a republish (republish.go)
+		}
 		return tv.serve(ctx, r.Target, r.VolumeContext, r.Secrets, params.Inline)
 	}
 	if tv.rec == nil {
@@ -106,6 +109,9 @@ func (tv *treeVolume) publishCopy(ctx context.Context, r PublishRequest, pl para
 	s := tv.s
 	id := copyID(tv.id, r.Target)
 	v, exists := s.store.GetVolume(id)
+	if exists && s.inPlace(v.Published, r.Target) {
+		return nil // a republish (republish.go)
+	}
 	if !exists {
 		attrs := tv.rec.Parameters
 		if pl.OutputTarget != "" {
@@ -241,6 +247,7 @@ func (tv *treeVolume) dataset(attrs map[string]string, use params.Use) (params.V
 	}
 	// A pod author's (inline) or a namespace user's (VolumeManager) dataset: docs/security.md.
 	spec.Tenant = tv.inline || tenantVolume(tv.id)
+	spec.Namespace = callerNamespace(attrs, tv.inline)
 	// A read-only inline volume's dataset is held to its size like a writable one's: the size
 	// it names, or the largest an inline volume may take.
 	capacity := pl.Capacity // a static PV's: the VolumeManager's capacity

@@ -55,6 +55,8 @@ type Config struct {
 	Writable WritableDatasets
 	// Streaming configures streaming dataset volumes (stream.go).
 	Streaming StreamingVolumes
+	// DevSuid mounts volumes without nodev,nosuid (--volume-dev-suid; mount.go).
+	DevSuid bool
 }
 
 // InlineLimits bound inline ephemeral volumes, which any pod author writes: their size (a
@@ -80,6 +82,8 @@ type Service struct {
 	writable WritableDatasets
 	// overlayMount mounts an overlay with the given options: mountOverlay but in tests.
 	overlayMount func(options, target string) error
+	// devSuid: volumes mounted without nodev,nosuid (Config.DevSuid).
+	devSuid bool
 	// streams are the streaming volumes this process serves (stream.go).
 	streams   *streamMounts
 	streaming StreamingVolumes
@@ -92,9 +96,9 @@ func New(cfg Config) *Service {
 	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
 		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
-		streams: newStreamMounts(cfg.Streaming), streaming: cfg.Streaming}
+		streams: newStreamMounts(cfg.Streaming), streaming: cfg.Streaming, devSuid: cfg.DevSuid}
 	if s.overlayMount == nil {
-		s.overlayMount = mountOverlay
+		s.overlayMount = func(options, target string) error { return mountOverlay(options, target, s.volumeFlags()) }
 	}
 	if s.wb = newWriteBacks(cfg.Writable.WriteBack); s.wb != nil {
 		s.wb.node = cfg.NodeID
@@ -300,6 +304,9 @@ func (s *Service) Delete(v state.Volume) error {
 		// What a claim's uploads put at the target (writeback.Uploader.Keep) goes with it.
 		if err := s.wb.up.Forget(v.ID); err != nil {
 			return Internal("removing the volume's write-back journal", err)
+		}
+		if err := s.wb.creds.Remove(v.ID); err != nil {
+			return Internal("removing the volume's write-back credentials", err)
 		}
 	}
 	if err := s.store.DeleteVolume(v.ID); err != nil {

@@ -3,7 +3,6 @@ package volume
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -23,17 +22,29 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/state"
 	"github.com/cistern-csi/cistern/pkg/writeback"
+	"github.com/cistern-csi/cistern/pkg/writeback/credstore"
 )
 
 // WriteBack configures the write-back of writable dataset volumes that name an output target
 // (docs/datasets.md, "Write-back"). Inline volumes only, so far.
 type WriteBack struct {
-	// Dir holds the journals of the uploads and the credentials they use, on storage that
-	// outlives the node plugin (--writeback-dir). Empty: output targets are refused.
+	// Dir holds the journals of the uploads and the credentials they use (sealed,
+	// pkg/writeback/credstore), on storage that outlives the node plugin (--writeback-dir).
+	// Empty: output targets are refused.
 	Dir string
 	// MaxPendingBytes bounds what the node holds that is not uploaded yet: a volume that names an
-	// output target is refused at publish while the node holds this much (0: no bound).
+	// output target is refused at publish while the node holds this much (0: no bound). Each
+	// namespace's uploads count up to its share (writeback_budget.go).
 	MaxPendingBytes int64
+	// MaxPendingBytesPerNamespace is a namespace's share of MaxPendingBytes: its volumes naming
+	// an output target are refused while it holds this much, and what it holds past it does not
+	// count against the node (--writeback-max-pending-bytes-per-namespace; 0: a quarter of
+	// MaxPendingBytes).
+	MaxPendingBytesPerNamespace int64
+	// MaxAge is how long an upload may stay pending after its hand-off; then it expires
+	// (writeback_expiry.go): its credentials are deleted and so is an inline volume's data, a
+	// claim keeps its own (--writeback-max-age; 0: never).
+	MaxAge time.Duration
 	// MinInterval is the shortest outputInterval (checkpoints) a volume may name
 	// (--writeback-min-interval).
 	MinInterval time.Duration
@@ -51,6 +62,8 @@ type WriteBack struct {
 type writeBacks struct {
 	cfg WriteBack
 	up  *writeback.Uploader
+	// creds keeps the credentials of the uploads to S3 targets, sealed (writeback_creds.go).
+	creds *credstore.Store
 
 	// ctx ends the uploads when the node plugin stops (StopWriteBacks); wg waits for them.
 	ctx    context.Context
@@ -59,8 +72,12 @@ type writeBacks struct {
 
 	mu      sync.Mutex
 	pending map[string]int64 // volume -> bytes not at the target yet
-	running map[string]bool  // volumes with an upload goroutine
-	locks   map[string]*volumeLock
+	// namespace is whose outputs each upload holds (writeback_budget.go); expired counts the
+	// uploads that expired (metrics).
+	namespace map[string]string
+	expired   int64
+	running   map[string]bool // volumes with an upload goroutine
+	locks     map[string]*volumeLock
 	// live are the checkpoints of volumes in use (checkpoint.go); checkpointing lets one run
 	// at a time.
 	live          map[string]*liveVolume
@@ -90,6 +107,12 @@ func (w *writeBacks) start(s *Service, job writeback.Job, delay time.Duration) {
 		return
 	}
 	w.running[job.Volume] = true
+	if v, ok := s.store.GetVolume(job.Volume); ok {
+		w.namespace[job.Volume] = namespaceOf(v.Parameters)
+		if _, known := w.pending[job.Volume]; !known {
+			w.pending[job.Volume] = v.CapacityBytes // at most; the upload's first pass tells
+		}
+	}
 	w.outputsChanged()
 	w.wg.Add(1)
 	go func() {
@@ -115,29 +138,15 @@ func newWriteBacks(cfg WriteBack) *writeBacks {
 		klog.Background().Error(err, "Write-back disabled")
 		return nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	return &writeBacks{cfg: cfg, up: up, ctx: ctx, cancel: cancel, pending: map[string]int64{}, running: map[string]bool{}, locks: map[string]*volumeLock{},
-		live: map[string]*liveVolume{}, checkpointing: make(chan struct{}, 1), failing: map[string]bool{}, changed: make(chan struct{})}
-}
-
-// outputTarget is an output target with the pod's placeholders replaced.
-func outputTarget(raw string, attrs map[string]string) (writeback.Target, error) {
-	for _, v := range []struct{ name, key string }{
-		{consts.PodNamespaceVar, consts.VolumeContextPodNamespace}, {consts.PodNameVar, consts.VolumeContextPodName},
-	} {
-		if strings.Contains(raw, v.name) {
-			val := attrs[v.key]
-			if val == "" || val == "." || val == ".." || strings.Contains(val, "/") {
-				return writeback.Target{}, status.Errorf(codes.InvalidArgument, "%s %q uses %s, but kubelet passed no pod information (podInfoOnMount)", consts.ParamOutputTarget, raw, v.name)
-			}
-			raw = strings.ReplaceAll(raw, v.name, val)
-		}
-	}
-	t, err := writeback.ParseTarget(raw)
+	creds, err := openCreds(cfg.Dir)
 	if err != nil {
-		return writeback.Target{}, status.Error(codes.InvalidArgument, err.Error())
+		klog.Background().Error(err, "Write-back disabled")
+		return nil
 	}
-	return t, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	return &writeBacks{cfg: cfg, up: up, creds: creds, ctx: ctx, cancel: cancel, pending: map[string]int64{}, namespace: map[string]string{},
+		running: map[string]bool{}, locks: map[string]*volumeLock{}, live: map[string]*liveVolume{}, checkpointing: make(chan struct{}, 1),
+		failing: map[string]bool{}, changed: make(chan struct{})}
 }
 
 // checkOutput is the publish-time check of a volume that names an output target: the node has
@@ -160,10 +169,10 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if err := s.checkInterval(volumeContext); err != nil {
 		return err
 	}
-	if held := s.wb.held(); s.wb.cfg.MaxPendingBytes > 0 && held >= s.wb.cfg.MaxPendingBytes {
-		return status.Errorf(codes.ResourceExhausted, "node %s holds %d bytes of outputs not uploaded yet, the most --writeback-max-pending-bytes allows; retry later", s.nodeID, held)
+	if err := s.wb.admit(s.nodeID, namespaceOf(volumeContext)); err != nil {
+		return err
 	}
-	t, err := outputTarget(raw, volumeContext)
+	t, err := outputTarget(raw, volumeContext, tenantOutput(spec))
 	if err != nil {
 		return err
 	}
@@ -173,6 +182,15 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if spec.Credentials == consts.CredentialsWebIdentity {
 		return status.Errorf(codes.InvalidArgument, "%s needs credentials from a secret: a web identity's token expires with the pod, before its outputs are uploaded", consts.ParamOutputTarget)
 	}
+	if err := s.probeS3(ctx, id, t, spec, secrets, volumeContext); err != nil {
+		return err
+	}
+	return s.wb.saveSecrets(id, secrets)
+}
+
+// probeS3 writes and deletes a probe object under t with secrets: PermissionDenied when they may
+// not write there.
+func (s *Service) probeS3(ctx context.Context, id string, t writeback.Target, spec *datasource.Spec, secrets, volumeContext map[string]string) error {
 	client, err := s.outputClient(ctx, spec, secrets, volumeContext, t.Bucket)
 	if err != nil {
 		return err
@@ -188,7 +206,7 @@ func (s *Service) checkOutput(ctx context.Context, id, raw string, spec *datasou
 	if _, err := client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: aws.String(t.Bucket), Key: key}); err != nil {
 		klog.FromContext(ctx).Info("Could not delete the write probe", "volumeID", id, "key", *key, "err", err.Error())
 	}
-	return s.wb.saveSecrets(id, secrets)
+	return nil
 }
 
 // checkNFSOutput is checkOutput's for an NFS target: the server is one the volume may name, and
@@ -302,6 +320,7 @@ func (s *Service) handOff(ctx context.Context, v state.Volume, path string, st *
 	if err := unmountTargetSteps(s.mounter, path, st); err != nil {
 		return Internal("unmounting "+path, err)
 	}
+	s.wb.expireCreds(ctx, v.ID, time.Now())
 	if err := s.wb.up.Add(job); err != nil {
 		return Internal("recording the volume's write-back", err)
 	}
@@ -314,11 +333,6 @@ func (s *Service) handOff(ctx context.Context, v state.Volume, path string, st *
 	}
 	st.done("state")
 	klog.FromContext(ctx).Info("Volume let go; uploading its outputs", "volumeID", v.ID, "target", job.Target.String())
-	s.wb.mu.Lock()
-	if _, known := s.wb.pending[v.ID]; !known {
-		s.wb.pending[v.ID] = v.CapacityBytes // at most; the upload's first pass tells
-	}
-	s.wb.mu.Unlock()
 	s.wb.start(s, job, handOffDelay)
 	return nil
 }
@@ -338,7 +352,7 @@ func (s *Service) keepAside(v state.Volume) error {
 		return err
 	}
 	if mountedFrom(s.wb.mountDir(v.ID), dev) {
-		return nil
+		return sealAside(s.wb.mountDir(v.ID))
 	}
 	// A second mount of a block device keeps its superblock's read-only state (EBUSY otherwise:
 	// a volume published read-only is mounted read-only); this mount is made read-only alone.
@@ -349,7 +363,7 @@ func (s *Service) keepAside(v state.Volume) error {
 	if err != nil {
 		return fmt.Errorf("mount %s: %w", dev, err)
 	}
-	if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+	if err := sealAside(dir); err != nil {
 		_ = unix.Unmount(dir, 0)
 		return fmt.Errorf("making the mount of %s read-only: %w", dev, err)
 	}
@@ -372,18 +386,26 @@ func mountedFrom(dir, dev string) bool {
 }
 
 // upload runs a handed-off volume's write-back until it is complete (then an inline volume is
-// deleted).
-// Failures are retried with backoff (writeback.Uploader.Run), never dropped: the volume stays.
+// deleted), or until it expires (writeback_expiry.go). Failures are retried with backoff
+// (writeback.Uploader.Run), never dropped: the volume stays until then.
 func (s *Service) upload(id string, job writeback.Job) {
 	logger := klog.Background().WithValues("volumeID", id, "target", job.Target.String())
+	ctx, cancel := s.wb.uploadContext(id)
+	defer cancel()
 	for wait := time.Second; ; wait = min(2*wait, 5*time.Minute) {
-		err := s.uploadOnce(id, job)
+		err := ctx.Err()
 		if err == nil {
-			logger.Info("Outputs uploaded")
-			return
+			if err = s.uploadOnce(ctx, id, job); err == nil {
+				logger.Info("Outputs uploaded")
+				return
+			}
 		}
 		if s.wb.ctx.Err() != nil {
 			return // the node plugin stops; the next one resumes
+		}
+		if ctx.Err() != nil {
+			s.expire(id, job)
+			return
 		}
 		logger.Error(err, "Write-back failed; retrying", "in", wait)
 		s.wb.setFailing(id, true)
@@ -395,8 +417,7 @@ func (s *Service) upload(id string, job writeback.Job) {
 				id, job.Target, err, wait)
 		}
 		select {
-		case <-s.wb.ctx.Done():
-			return
+		case <-ctx.Done():
 		case <-time.After(wait):
 		}
 	}
@@ -407,12 +428,12 @@ func (s *Service) upload(id string, job writeback.Job) {
 // detaches its loop device and deletes an inline volume. A failed or interrupted pass keeps the
 // mount for the next one, or for the next node plugin (a restart or an upgrade: the loop device
 // outlives the process, and the mount too unless it goes with the container's mount namespace).
-func (s *Service) uploadOnce(id string, job writeback.Job) error {
+func (s *Service) uploadOnce(ctx context.Context, id string, job writeback.Job) error {
 	v, ok := s.store.GetVolume(id)
 	if !ok {
 		return s.wb.forget(id) // deleted already, after an earlier complete upload
 	}
-	client, err := s.uploadInputs(context.Background(), v, &job)
+	client, err := s.uploadInputs(ctx, v, &job)
 	if err != nil {
 		return err
 	}
@@ -420,7 +441,7 @@ func (s *Service) uploadOnce(id string, job writeback.Job) error {
 		return err
 	}
 	events := &uploadEvents{w: s.wb, attrs: v.Parameters, id: id, target: job.Target.String()}
-	err = s.wb.up.Run(s.wb.ctx, job, client, func(p writeback.Progress) {
+	err = s.wb.up.Run(ctx, job, client, func(p writeback.Progress) {
 		s.wb.progress(p)
 		events.report(p)
 	})
@@ -451,7 +472,7 @@ func (s *Service) mountForUpload(v state.Volume) error {
 	unlock := s.wb.lock(v.ID)
 	defer unlock()
 	if dev, err := s.attached(v); err == nil && dev != "" && mountedFrom(s.wb.mountDir(v.ID), dev) {
-		return nil
+		return sealAside(s.wb.mountDir(v.ID))
 	}
 	dev, err := s.attach(v)
 	if err != nil {
@@ -482,13 +503,17 @@ func (s *Service) releaseAside(v state.Volume) error {
 }
 
 // checkStageOutput is NodeStageVolume's check of a claim that names an output target: the
-// upload of its last use is done, and the stage secrets may write the target.
+// upload of its last use is done, and the stage secrets may write the target. An upload still
+// under way that lost its credentials (a reboot) gets the stage's (regainCreds).
 func (s *Service) checkStageOutput(ctx context.Context, v state.Volume, r StageRequest) error {
 	raw := v.Parameters[consts.ParamOutputTarget]
 	if raw == "" {
 		return nil
 	}
 	if msg := s.WriteBackHolds(v.ID); msg != "" {
+		if err := s.regainCreds(ctx, v, r); err != nil {
+			return err
+		}
 		return status.Errorf(codes.Unavailable, "%s; retry later", msg)
 	}
 	if strings.Contains(raw, consts.PodNamespaceVar) || strings.Contains(raw, consts.PodNameVar) {
@@ -517,6 +542,7 @@ func (s *Service) resumeWriteBacks() {
 		return
 	}
 	s.resumeCheckpoints()
+	s.sweepCreds()
 	jobs, err := s.wb.up.Jobs()
 	if err != nil {
 		klog.Background().Error(err, "Listing write-backs to resume")
@@ -584,39 +610,6 @@ func (w *writeBacks) mountAt(v state.Volume, dev string, flags uintptr) (string,
 	return dir, mountFilesystem(dev, dir, v.FSType, flags)
 }
 
-func (w *writeBacks) secretsPath(id string) string {
-	return filepath.Join(w.cfg.Dir, "secrets", id+".json")
-}
-
-// saveSecrets keeps the credentials an upload needs after the pod, and its secret, are gone:
-// readable by root only, on the node that already holds them, removed with the journal.
-func (w *writeBacks) saveSecrets(id string, secrets map[string]string) error {
-	data, err := json.Marshal(secrets)
-	if err != nil {
-		return Internal("encoding write-back credentials", err)
-	}
-	p := w.secretsPath(id)
-	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-		return Internal("saving write-back credentials", err)
-	}
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		return Internal("saving write-back credentials", err)
-	}
-	return nil
-}
-
-func (w *writeBacks) loadSecrets(id string) (map[string]string, error) {
-	data, err := os.ReadFile(w.secretsPath(id))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil // anonymous
-	}
-	if err != nil {
-		return nil, err
-	}
-	var m map[string]string
-	return m, json.Unmarshal(data, &m)
-}
-
 // forget ends volume id's write-back with the volume: its journal goes.
 func (w *writeBacks) forget(id string) error { return w.settle(id, w.up.Forget) }
 
@@ -625,10 +618,11 @@ func (w *writeBacks) forget(id string) error { return w.settle(id, w.up.Forget) 
 func (w *writeBacks) settle(id string, end func(volume string) error) error {
 	w.mu.Lock()
 	delete(w.pending, id)
+	delete(w.namespace, id)
 	delete(w.failing, id)
 	w.outputsChanged()
 	w.mu.Unlock()
-	if err := os.Remove(w.secretsPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := w.creds.Remove(id); err != nil {
 		return err
 	}
 	return end(id)
@@ -668,15 +662,4 @@ func (w *writeBacks) setFailing(id string, failing bool) {
 		}
 		w.outputsChanged()
 	}
-}
-
-// held is what the node holds of outputs not uploaded yet.
-func (w *writeBacks) held() int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var n int64
-	for _, b := range w.pending {
-		n += b
-	}
-	return n
 }

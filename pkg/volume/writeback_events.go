@@ -15,13 +15,7 @@ const (
 	ReasonOutputUploadStarted  = "OutputUploadStarted"
 	ReasonOutputUploadFailed   = "OutputUploadFailed"
 	ReasonOutputUploadFinished = "OutputUploadFinished"
-)
-
-// The keys external-provisioner adds to CreateVolume's parameters with --extra-create-metadata:
-// the claim a dynamic volume is for.
-const (
-	paramPVCName      = "csi.storage.k8s.io/pvc/name"
-	paramPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
+	ReasonOutputUploadExpired  = "OutputUploadExpired"
 )
 
 // ObjectRef names the Kubernetes object a volume's Events are about. UID may be empty (a claim:
@@ -45,7 +39,7 @@ func eventObject(attrs map[string]string) (ObjectRef, bool) {
 	if name, ns := attrs[consts.VolumeContextPodName], attrs[consts.VolumeContextPodNamespace]; name != "" && ns != "" {
 		return ObjectRef{Kind: "Pod", Namespace: ns, Name: name, UID: attrs[consts.VolumeContextPodUID]}, true
 	}
-	if name, ns := attrs[paramPVCName], attrs[paramPVCNamespace]; name != "" && ns != "" {
+	if name, ns := attrs[consts.ParamPVCName], attrs[consts.ParamPVCNamespace]; name != "" && ns != "" {
 		return ObjectRef{Kind: "PersistentVolumeClaim", Namespace: ns, Name: name}, true
 	}
 	return ObjectRef{}, false

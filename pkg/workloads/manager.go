@@ -34,6 +34,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/nodeloss"
+	"github.com/cistern-csi/cistern/pkg/workloads/nodevolume"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 	"github.com/cistern-csi/cistern/pkg/workloads/snapshotnode"
@@ -342,7 +343,7 @@ func (c *Controller) setupReconcilers(mgr ctrl.Manager) error {
 	}
 	if cfg.NodeLoss.Enabled {
 		if err := (&nodeloss.Reconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("nodeloss"),
-			GracePeriod: cfg.NodeLoss.GracePeriod}).SetupWithManager(mgr); err != nil {
+			DriverName: cfg.driverName(), GracePeriod: cfg.NodeLoss.GracePeriod}).SetupWithManager(mgr); err != nil {
 			return err
 		}
 	}
@@ -361,6 +362,7 @@ func (c *Controller) setupWebhooks(mgr ctrl.Manager, scheme *runtime.Scheme, cer
 		return err
 	}
 	notebook.RegisterWebhooks(mgr.GetWebhookServer())
+	nodevolume.Register(mgr.GetWebhookServer(), scheme, mgr.GetAPIReader(), c.cfg.driverName())
 	if !c.cfg.DisablePodPlacement {
 		placement.Register(mgr.GetWebhookServer(), scheme, mgr.GetAPIReader(), c.cfg.driverName())
 	}

@@ -39,8 +39,12 @@ const (
 	// opCheckpoint starts a checkpoint, an upload while the volume is in use (synced): a
 	// journal with checkpoints and no handoff is a volume still in use, not a job to resume.
 	opCheckpoint op = "checkpoint"
-	// opHandoff records the volume let go and its final upload asked for (synced).
+	// opHandoff records the volume let go and its final upload asked for (synced), and when
+	// (At): an upload's age limit counts from it.
 	opHandoff op = "handoff"
+	// opExpired ends a job that was pending past its age limit (Uploader.Expire): nothing
+	// resumes it, and it holds the volume no more; a later hand-off goes on from the journal.
+	opExpired op = "expired"
 	// opKept ends a complete job of a volume that stays (Uploader.Keep): the files recorded
 	// done before it are at the target as the volume's next job starts (stored), which sends
 	// them again only when changed or no longer there.
@@ -61,6 +65,8 @@ type record struct {
 	// Alg is a multipart upload's checksum algorithm; empty in journals written before CRC-32C,
 	// whose uploads were started with CRC-64/NVME.
 	Alg sumAlg `json:"alg,omitempty"`
+	// At is a hand-off's time (Unix seconds); 0 in journals written before it was recorded.
+	At int64 `json:"at,omitempty"`
 }
 
 // fileKey identifies a file's content in the journal.
@@ -196,6 +202,8 @@ func (j *journal) apply(r record) {
 		j.live, j.kept = !j.complete, false
 	case opHandoff:
 		j.live, j.kept = false, false
+	case opExpired:
+		j.live = false
 	case opKept:
 		for k, sum := range j.done {
 			j.stored[k] = sum

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 )
 
 // TestJournalTornTail replays a log whose last record a crash cut short: the whole records count,
@@ -48,5 +49,41 @@ func TestJournalTornTail(t *testing.T) {
 	}
 	if _, err := openJournal(dir, Job{Volume: "v", Upper: "/other", Target: Target{Bucket: "b"}}); err == nil {
 		t.Error("a journal was resumed for another job")
+	}
+}
+
+// TestJournalExpired: a handed-off job records when; once expired it holds the volume no more
+// and is not resumed, what it put at the target still recorded, and a later hand-off of the same
+// job makes it pending again.
+func TestJournalExpired(t *testing.T) {
+	u, err := New(Config{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := Job{Volume: "v", Upper: "/u", Target: Target{Bucket: "b"}}
+	before := time.Now().Add(-time.Second)
+	if err := u.Add(job); err != nil {
+		t.Fatal(err)
+	}
+	if at := u.HandedOff("v"); at.Before(before) || at.After(time.Now()) {
+		t.Errorf("handed off at %v, want now", at)
+	}
+	if done, _ := u.Done("v"); done {
+		t.Fatal("a handed-off job is done")
+	}
+	if err := u.Expire("v"); err != nil {
+		t.Fatal(err)
+	}
+	if done, _ := u.Done("v"); !done {
+		t.Error("an expired job still holds its volume")
+	}
+	if jobs, _ := u.Jobs(); len(jobs) != 0 {
+		t.Errorf("an expired job is resumed: %v", jobs)
+	}
+	if err := u.Add(job); err != nil {
+		t.Fatal(err)
+	}
+	if jobs, _ := u.Jobs(); len(jobs) != 1 {
+		t.Errorf("handed off again after it expired: jobs %v, want it", jobs)
 	}
 }

@@ -14,6 +14,8 @@ import (
 
 	nfs "github.com/willscott/go-nfs-client/nfs"
 	"github.com/willscott/go-nfs-client/nfs/rpc"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
 )
 
 // An NFS target (nfs://server[:port]/export/path) receives a volume's outputs as files, through a
@@ -37,36 +39,44 @@ type nfsDest struct {
 const partPrefix = ".cistern-part-"
 
 // dialNFS mounts t's export as uid/gid: its path as given when the server allows, else its
-// longest mountable prefix (servers refuse to mount below an export), the rest looked up.
+// longest mountable prefix (servers refuse to mount below an export), the rest looked up. A
+// target confined to a namespace (Target.Namespace) mounts its shortest mountable prefix
+// instead, the export itself, and is written below the export's <Namespace>/ directory: a
+// tenant naming a path inside another namespace's directory cannot make that directory the
+// export by mounting it directly (knfsd and nfs-ganesha mount any directory of an export).
 func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
 	auth := rpc.NewAuthUnix("cistern", uid, gid).Auth()
 	d := &nfsDest{}
 	var err error
 	if _, _, perr := net.SplitHostPort(t.Host); perr == nil {
 		var c *rpc.Client
-		if c, err = rpc.DialTCP("tcp", t.Host, false); err == nil {
+		if c, err = nfssource.RetryAddrInUse(func() (*rpc.Client, error) { return rpc.DialTCP("tcp", t.Host, false) }); err == nil {
 			d.mount = &nfs.Mount{Client: c}
 		}
 	} else {
-		d.mount, err = nfs.DialMount(t.Host, time.Minute)
+		d.mount, err = nfssource.RetryAddrInUse(func() (*nfs.Mount, error) { return nfs.DialMount(t.Host, time.Minute) })
 	}
 	if err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", t, err)
 	}
-	export, rest := "/"+strings.TrimSuffix(t.Prefix, "/"), ""
-	for {
-		d.target, err = d.mount.Mount(export, auth)
-		if err == nil || export == "/" || !strings.HasPrefix(err.Error(), "MNT3ERR_") {
+	segs := strings.Split(strings.TrimSuffix(t.Prefix, "/"), "/")
+	// Longest first: n segments make the export, the rest is looked up below it.
+	n, step, stop := len(segs), -1, -1
+	if t.Namespace != "" {
+		n, step, stop = 1, 1, len(segs)+1
+	}
+	for ; n != stop; n += step {
+		// Through the portmapper, Mount dials the NFS service too.
+		d.target, err = nfssource.RetryAddrInUse(func() (*nfs.Target, error) { return d.mount.Mount("/"+path.Join(segs[:n]...), auth) })
+		if err == nil || !strings.HasPrefix(err.Error(), "MNT3ERR_") {
 			break
 		}
-		rest = path.Join(path.Base(export), rest)
-		export = path.Dir(export)
 	}
 	if err != nil {
 		d.mount.Close()
 		return nil, fmt.Errorf("mounting %s: %w", t, err)
 	}
-	d.base = rest
+	d.base = path.Join(append([]string{t.Namespace}, segs[n:]...)...)
 	return d, nil
 }
 

@@ -1,6 +1,7 @@
 package writeback_test
 
 import (
+	"bytes"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -91,4 +92,64 @@ func nfsTarget(t *testing.T, export, url string) {
 	}
 	delete(got, "ckpt/.cistern-part-model.bin")
 	sameObjects(t, got, seen)
+}
+
+// TestNFSTargetNamespace writes back a tenant's volume whose target is confined to its
+// namespace (Target.Namespace) to go-nfs and nfs-ganesha: the files land below the export's
+// <namespace>/ directory, at the path the tenant named, and a path naming another namespace's
+// directory lands below the tenant's own, leaving the other's files as they were. The probe
+// writes there too. Servers that mount any directory of their export (nfs-ganesha; go-nfs made to
+// here, as knfsd does) cannot be made to root the tenant's directory inside the other's.
+func TestNFSTargetNamespace(t *testing.T) {
+	t.Run("go-nfs", func(t *testing.T) {
+		export := t.TempDir()
+		nfsNamespaceTarget(t, export, "nfs://"+testpeers.StartNFS(t, export)+"/export")
+	})
+	t.Run("go-nfs mounting subdirectories", func(t *testing.T) {
+		export := t.TempDir()
+		nfsNamespaceTarget(t, export, "nfs://"+testpeers.StartNFSSubdirs(t, export)+"/export")
+	})
+	t.Run("nfs-ganesha", func(t *testing.T) {
+		export := t.TempDir()
+		nfsNamespaceTarget(t, export, "nfs://"+testpeers.StartGanesha(t, export)+export)
+	})
+}
+
+func nfsNamespaceTarget(t *testing.T, export, url string) {
+	theirs := filepath.Join(export, "victim", "runs", "model.bin")
+	writeFile(t, theirs, []byte("the victim namespace's own outputs"))
+	upper, seen := overlayVolume(t, map[string][]byte{"kept": []byte("k")}, func(m string) {
+		writeFile(t, filepath.Join(m, "model.bin"), randBytes(31, 3<<20+7))
+	})
+	u, err := writeback.New(writeback.Config{Dir: t.TempDir(), NFSUID: uint32(os.Getuid()), NFSGID: uint32(os.Getgid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{"runs", "victim/runs"} {
+		target, err := writeback.ParseTarget(url + "/" + rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		target.Namespace = "tenant"
+		if err := writeback.ProbeNFS(target, uint32(os.Getuid()), uint32(os.Getgid()), ".probe"); err != nil {
+			t.Fatalf("probe of %s: %v", target, err)
+		}
+		job := writeback.Job{Volume: "v-" + strings.ReplaceAll(rel, "/", "-"), Upper: upper, Target: target}
+		if err := u.Add(job); err != nil {
+			t.Fatal(err)
+		}
+		if err := u.Run(testCtx(t), job, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join(export, "tenant", rel, "model.bin"))
+		if err != nil || !bytes.Equal(got, seen["model.bin"]) {
+			t.Errorf("%s: %d bytes below the tenant's directory (%v), want what the pod wrote", rel, len(got), err)
+		}
+	}
+	if got, err := os.ReadFile(theirs); err != nil || string(got) != "the victim namespace's own outputs" {
+		t.Errorf("the other namespace's file: %q, %v; want it untouched", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(export, "runs")); !os.IsNotExist(err) {
+		t.Errorf("a confined target wrote outside its namespace's directory: %v", err)
+	}
 }

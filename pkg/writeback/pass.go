@@ -19,6 +19,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
 	"github.com/cistern-csi/cistern/pkg/overlayfs"
 )
@@ -36,6 +37,9 @@ type run struct {
 	live bool
 	// nfs is the NFS target of this pass, mounted; nil for S3.
 	nfs *nfsDest
+	// upper and lower are the trees this pass reads files beneath (open.go); lower is nil
+	// when no file comes from it.
+	upper, lower *tree
 	// patientHTTP is client's HTTP client without its response-header timeout (patient).
 	patientHTTP aws.HTTPClient
 	patientOnce sync.Once
@@ -49,9 +53,12 @@ type run struct {
 // file is a changed regular file of the upper directory.
 type file struct {
 	fileKey
-	// src is where its bytes are when not in the upper directory: the dataset file a renamed
-	// file or directory comes from (its lower layer), which the pods did not write.
-	src string
+	// id is the file the plan listed, which alone is read (open.go).
+	id identity
+	// from is where its bytes are when not in the upper directory: the dataset file a renamed
+	// file or directory comes from, relative to the lower directory, which the pods did not
+	// write.
+	from string
 }
 
 // plan lists the job's files and, when asked, its deletions.
@@ -67,20 +74,24 @@ func (r *run) plan() (files []file, deletes []string, skipped int, err error) {
 	for _, c := range changes {
 		switch c.Kind {
 		case overlayfs.Written:
-			fi, err := os.Lstat(filepath.Join(r.job.Upper, filepath.FromSlash(c.Path)))
+			st, err := r.upper.stat(filepath.FromSlash(c.Path))
+			if r.live && errors.Is(err, errNotPlanned) {
+				r.deferred() // changed since the walk listed it: the next checkpoint sees it
+				continue
+			}
 			if err != nil {
 				return nil, nil, 0, err
 			}
-			if !fi.Mode().IsRegular() {
+			if st.Mode&unix.S_IFMT != unix.S_IFREG {
 				skipped++ // S3 has no symlinks, devices or sockets
 				continue
 			}
 			present[c.Path] = true
-			if r.live && fi.ModTime().UnixNano() > recent {
+			if r.live && st.Mtim.Nano() > recent {
 				r.deferred()
 				continue
 			}
-			files = append(files, file{fileKey: fileKey{Path: c.Path, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}})
+			files = append(files, file{fileKey: fileKey{Path: c.Path, Size: st.Size, MTime: st.Mtim.Nano()}, id: identityOf(&st)})
 		case overlayfs.Deleted, overlayfs.Opaque:
 			if r.job.Deletes {
 				replaced = append(replaced, c)
@@ -140,11 +151,15 @@ func (r *run) renamed(c overlayfs.Change) ([]file, error) {
 		if !d.Type().IsRegular() {
 			return nil
 		}
-		fi, err := d.Info()
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		from, err := filepath.Rel(r.job.Lower, p)
 		if err != nil {
 			return err
 		}
-		out = append(out, file{fileKey: fileKey{Path: to, Size: fi.Size(), MTime: fi.ModTime().UnixNano()}, src: p})
+		out = append(out, file{fileKey: fileKey{Path: to, Size: st.Size, MTime: st.Mtim.Nano()}, id: identityOf(&st), from: from})
 		return nil
 	})
 	return out, err
@@ -241,9 +256,21 @@ func (r *run) deletions(replaced []overlayfs.Change, written map[string]bool) ([
 // pass uploads every file and makes every deletion not yet recorded, then records the job
 // complete. Its first failure ends it; the next pass goes on from the journal.
 func (r *run) pass(ctx context.Context) error {
+	var err error
+	if r.upper, err = openTree(r.job.Upper); err != nil {
+		return err
+	}
+	defer func() { r.upper.close(); r.lower.close(); r.upper, r.lower = nil, nil }()
 	files, deletes, skipped, err := r.plan()
 	if err != nil {
 		return err
+	}
+	for _, f := range files {
+		if f.from != "" && r.lower == nil {
+			if r.lower, err = openTree(r.job.Lower); err != nil {
+				return err
+			}
+		}
 	}
 	if r.job.Target.NFS() {
 		if r.nfs, err = dialNFS(r.job.Target, r.cfg.NFSUID, r.cfg.NFSGID); err != nil {
@@ -303,13 +330,19 @@ func (r *run) upload(ctx context.Context, f file) error {
 	if sum, ok := r.j.storedSum(f.fileKey); ok && r.stillStored(ctx, f, sum) {
 		return r.done(f, sum)
 	}
-	src := f.src
-	if src == "" {
-		src = filepath.Join(r.job.Upper, filepath.FromSlash(f.Path))
+	t, rel := r.upper, filepath.FromSlash(f.Path)
+	if f.from != "" {
+		t, rel = r.lower, f.from
 	}
-	fh, err := os.Open(src)
+	fh, err := t.open(rel, f)
+	if r.live && errors.Is(err, errNotPlanned) {
+		r.deferred() // changed since the plan: the next checkpoint plans it again
+		return nil
+	}
 	if err != nil {
-		return err
+		// The final upload: the volume is no longer written, so its next pass plans what is
+		// there now; other bytes in the place of the planned file are never sent.
+		return fmt.Errorf("upload %s to %s: %w; not sent", f.Path, r.job.Target, err)
 	}
 	defer fh.Close()
 	var sum string

@@ -9,6 +9,7 @@ package writeback
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -26,6 +27,10 @@ type Target struct {
 	Bucket string `json:"bucket,omitempty"`
 	Host   string `json:"host,omitempty"`
 	Prefix string `json:"prefix,omitempty"` // "" or ending in "/"
+	// Namespace, for an NFS target, confines it to the directory of that name right under the
+	// export: Prefix's path below the export is written below <export>/<Namespace>/ (nfs.go).
+	// Every tenant writes as the node's one NFS identity; this keeps each to its own directory.
+	Namespace string `json:"namespace,omitempty"`
 }
 
 // ParseTarget reads s3://bucket[/prefix] or nfs://server[:port]/export[/path].
@@ -56,6 +61,9 @@ func ParseTarget(s string) (Target, error) {
 }
 
 func (t Target) String() string {
+	if t.NFS() && t.Namespace != "" {
+		return "nfs://" + t.Host + "/" + t.Prefix + " (in namespace " + t.Namespace + "'s directory of the export)"
+	}
 	if t.NFS() {
 		return "nfs://" + t.Host + "/" + t.Prefix
 	}
@@ -116,8 +124,9 @@ type Progress struct {
 	Sent int64
 	// Skipped counts entries that cannot be objects (symlinks, devices, sockets).
 	Skipped int
-	// Deferred counts the files a checkpoint left for the next one: written too recently, or
-	// while they were sent.
+	// Deferred counts the files a checkpoint left for the next one: written too recently, while
+	// they were sent, or changed since the pass listed them (no longer the regular file it
+	// planned to read: open.go).
 	Deferred int
 	// Deletes and DeletesDone count the paths to delete at the target, and those deleted.
 	Deletes, DeletesDone int
@@ -214,22 +223,64 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 	}
 }
 
-// Done reports whether volume's write-back is complete: every change at its target. A volume
-// without a journal has none to do, nor has one still in use (checkpoints taken, not handed off)
-// or kept between jobs (Keep).
+// Done reports whether volume's write-back holds nothing: every change at its target, or the
+// job expired (Expire). A volume without a journal has none to do, nor has one still in use
+// (checkpoints taken, not handed off) or kept between jobs (Keep).
 func (u *Uploader) Done(volume string) (bool, error) {
 	dir := u.journalDir(volume)
 	if _, err := os.Stat(filepath.Join(dir, jobFile)); errors.Is(err, os.ErrNotExist) {
 		return true, nil
 	}
 	st, err := scanLog(dir)
-	return st.live || st.complete || st.kept, err
+	return st.live || st.complete || st.kept || st.expired, err
+}
+
+// Recorded is the job volume's journal is of, when it has one.
+func (u *Uploader) Recorded(volume string) (Job, bool) {
+	job, err := readJob(u.journalDir(volume))
+	return job, err == nil
+}
+
+// HandedOff is when volume's job was last handed off (Add); zero when it is not known (no
+// journal, none yet, or a journal written before hand-offs carried their time).
+func (u *Uploader) HandedOff(volume string) time.Time {
+	st, err := scanLog(u.journalDir(volume))
+	if err != nil || st.handedOff == 0 {
+		return time.Time{}
+	}
+	return time.Unix(st.handedOff, 0)
+}
+
+// Expire ends volume's job that is not complete, pending past its age limit: it is no longer
+// resumed (Jobs) nor holds the volume (Done); the journal keeps what is at the target, so that a
+// later hand-off of the same job (a claim staged and let go again) sends only the rest.
+func (u *Uploader) Expire(volume string) error {
+	dir := u.journalDir(volume)
+	job, err := readJob(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	j, err := openJournal(dir, job)
+	if err != nil {
+		return err
+	}
+	if err := j.append(record{Op: opExpired}, true); err != nil {
+		_ = j.close()
+		return err
+	}
+	return j.close()
 }
 
 // logState is what a journal's log says of its job, read without opening it for appending (a
-// checkpoint may be appending): the volume still in use, the job complete, or the journal kept
-// between jobs of a volume that stays.
-type logState struct{ live, complete, kept bool }
+// checkpoint may be appending): the volume still in use, the job complete, expired, or the
+// journal kept between jobs of a volume that stays; and the last hand-off's time.
+type logState struct {
+	live, complete, kept, expired bool
+	handedOff                     int64
+}
 
 func scanLog(dir string) (logState, error) {
 	var st logState
@@ -241,14 +292,20 @@ func scanLog(dir string) (logState, error) {
 		return st, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		switch line {
-		case `{"op":"complete"}`:
+		switch {
+		case line == `{"op":"complete"}`:
 			st.complete, st.live = true, false
-		case `{"op":"checkpoint"}`:
-			st.live, st.kept = !st.complete, false
-		case `{"op":"handoff"}`:
-			st.live, st.kept = false, false
-		case `{"op":"kept"}`:
+		case line == `{"op":"checkpoint"}`:
+			st.live, st.kept, st.expired = !st.complete, false, false
+		case strings.HasPrefix(line, `{"op":"handoff"`):
+			st.live, st.kept, st.expired = false, false, false
+			var r record
+			if json.Unmarshal([]byte(line), &r) == nil {
+				st.handedOff = r.At
+			}
+		case line == `{"op":"expired"}`:
+			st.live, st.expired = false, true
+		case line == `{"op":"kept"}`:
 			st = logState{kept: true}
 		}
 	}
@@ -323,15 +380,15 @@ func (u *Uploader) Add(job Job) error {
 			return err
 		}
 	}
-	if err := j.append(record{Op: opHandoff}, true); err != nil {
+	if err := j.append(record{Op: opHandoff, At: time.Now().Unix()}, true); err != nil {
 		_ = j.close()
 		return err
 	}
 	return j.close()
 }
 
-// Jobs returns every recorded job, complete or not, but those of volumes still in use: the
-// caller finishes each (a complete one only needs its data deleted and Forget).
+// Jobs returns every recorded job, complete or not, but those of volumes still in use and those
+// expired: the caller finishes each (a complete one only needs its data deleted and Forget).
 func (u *Uploader) Jobs() ([]Job, error) {
 	entries, err := os.ReadDir(u.cfg.Dir)
 	if err != nil {
@@ -344,7 +401,7 @@ func (u *Uploader) Jobs() ([]Job, error) {
 		if err != nil {
 			continue
 		}
-		if st, err := scanLog(dir); err == nil && !st.live && !st.kept {
+		if st, err := scanLog(dir); err == nil && !st.live && !st.kept && !st.expired {
 			out = append(out, job)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	storagev1 "k8s.io/api/storage/v1"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
@@ -25,6 +27,7 @@ import (
 	nbv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
+	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/pkg/workloads/volumemanager"
 	"github.com/cistern-csi/cistern/test/e2e/cluster"
@@ -40,6 +43,11 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	cluster.CreateNamespace(t, cp)
 	cluster.ForgetWebhooks(t, cp)
 	cluster.Install(t, cp)
+	// No controller serves deploy/csi's webhooks here, and the one on node plugins'
+	// PersistentVolumes fails closed: this test is the policies'. The webhook, which reads the
+	// claim a node's volume names, is TestNodePersistentVolumeWebhook's (test/workloads) and
+	// every provisioning of TestE2E's.
+	cluster.ForgetWebhooks(t, cp)
 	nodeA, nodeB := "policy-node-a", "policy-node-b"
 	framework.CreateNode(t, cp, nodeA, nil)
 	framework.CreateNode(t, cp, nodeB, nil)
@@ -60,8 +68,10 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	t.Run("PersistentVolumesOfOwnNode", p.pvNode)
 	t.Run("PersistentVolumeSecretsAndClaims", p.pvSecrets)
 	t.Run("ReleaseAfterSecretGrantRevoked", p.releaseAfterRevocation)
+	t.Run("ClaimsOfOwnNode", p.claims)
 	t.Run("StoragePoolsOfOwnNode", p.storagePools)
 	t.Run("WorkloadControllerWrites", p.controllerWrites)
+	t.Run("WorkloadControllerStatefulSets", p.controllerStatefulSets)
 }
 
 type policyScenario struct {
@@ -72,15 +82,22 @@ type policyScenario struct {
 }
 
 const (
-	policyClass      = "cistern-policy"
-	policyOtherClass = "other-policy"
+	policyClass          = "cistern-policy"
+	policyImmediateClass = "cistern-policy-immediate"
+	policyOtherClass     = "other-policy"
 )
 
-// classes creates a Cistern StorageClass and one of another provisioner.
+// classes creates Cistern StorageClasses (WaitForFirstConsumer and Immediate) and one of another
+// provisioner.
 func (p *policyScenario) classes(t *testing.T) {
-	for name, provisioner := range map[string]string{policyClass: consts.DriverName, policyOtherClass: "example.com/other"} {
+	for name, provisioner := range map[string]string{policyClass: consts.DriverName, policyImmediateClass: consts.DriverName,
+		policyOtherClass: "example.com/other"} {
+		mode := storagev1.VolumeBindingWaitForFirstConsumer
+		if name == policyImmediateClass {
+			mode = storagev1.VolumeBindingImmediate
+		}
 		sc := &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Provisioner: provisioner,
-			VolumeBindingMode: ptr.To(storagev1.VolumeBindingWaitForFirstConsumer)}
+			VolumeBindingMode: ptr.To(mode)}
 		if _, err := p.cp.Client.StorageV1().StorageClasses().Create(ctx(t), sc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
@@ -348,6 +365,94 @@ func (p *policyScenario) policyPV(name, node string) *corev1.PersistentVolume {
 	}
 }
 
+// claims: RBAC lets the node ServiceAccount update any claim (its provisioner selects its node
+// for a claim of an Immediate class, gives back a claim it cannot provision, protects a clone's
+// source); the policies hold it to those changes, for its own node: no label, no other annotation,
+// no volumeName, no other node, and no claim the scheduler places (WaitForFirstConsumer).
+func (p *policyScenario) claims(t *testing.T) {
+	c := ctx(t)
+	const selected = "volume.kubernetes.io/selected-node"
+	claim := func(name, class, node string) {
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: name},
+			Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+				StorageClassName: ptr.To(class),
+				Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
+		if node != "" {
+			pvc.Annotations = map[string]string{selected: node}
+		}
+		if _, err := p.cp.Client.CoreV1().PersistentVolumeClaims(p.ns).Create(c, pvc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// update changes the claim as c would (RBAC grants update, not patch), as a dry run, from a
+	// fresh read: kube-controller-manager annotates the claims meanwhile.
+	update := func(as kubernetes.Interface, name string, change func(*corev1.PersistentVolumeClaim)) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			pvc, err := p.cp.Client.CoreV1().PersistentVolumeClaims(p.ns).Get(c, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			change(pvc)
+			_, err = as.CoreV1().PersistentVolumeClaims(p.ns).Update(c, pvc, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		})
+	}
+	annotate := func(node string) func(*corev1.PersistentVolumeClaim) {
+		return func(pvc *corev1.PersistentVolumeClaim) {
+			if pvc.Annotations == nil {
+				pvc.Annotations = map[string]string{}
+			}
+			if node == "" {
+				delete(pvc.Annotations, selected)
+			} else {
+				pvc.Annotations[selected] = node
+			}
+		}
+	}
+	claim("claim-immediate", policyImmediateClass, "")
+	claim("claim-scheduled", policyClass, "")
+	claim("claim-of-a", policyClass, p.nodeA)
+	claim("claim-of-b", policyClass, p.nodeB)
+
+	eventually(t, time.Minute, "a claim relabelled by a node refused", func(context.Context) error {
+		if update(p.asNode, "claim-of-b", func(pvc *corev1.PersistentVolumeClaim) {
+			pvc.Labels = map[string]string{"leaderworkerset.sigs.k8s.io/name": "train"}
+		}) == nil {
+			return errorf("updated")
+		}
+		return nil
+	})
+	// The provisioner's own changes.
+	if err := update(p.asNode, "claim-immediate", annotate(p.nodeA)); err != nil {
+		t.Errorf("node %s taking a claim of an Immediate class: %v", p.nodeA, err)
+	}
+	if err := update(p.asNode, "claim-of-a", annotate("")); err != nil {
+		t.Errorf("node %s giving back a claim it was selected for: %v", p.nodeA, err)
+	}
+	if err := update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Finalizers = append(pvc.Finalizers, "provisioner.storage.kubernetes.io/cloning-protection")
+	}); err != nil {
+		t.Errorf("node %s protecting a clone's source: %v", p.nodeA, err)
+	}
+
+	const onlyThose = "may only change a claim's volume.kubernetes.io/selected-node annotation"
+	refused(t, update(p.asNode, "claim-scheduled", annotate(p.nodeA)), "only select its node for a claim of an Immediate StorageClass")
+	refused(t, update(p.asNode, "claim-immediate", annotate(p.nodeB)), "may only select that node")
+	refused(t, update(p.asNode, "claim-of-b", annotate(p.nodeA)), "may only select that node")
+	refused(t, update(p.asNode, "claim-of-b", annotate("")), "may only select that node")
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Labels = map[string]string{"leaderworkerset.sigs.k8s.io/name": "train"}
+	}), onlyThose)
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Annotations["workloads.cistern.dev/keep-on-node-loss"] = "false"
+	}), onlyThose)
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) { pvc.Spec.VolumeName = "policy-forged" }), onlyThose)
+	refused(t, update(p.asNode, "claim-of-a", func(pvc *corev1.PersistentVolumeClaim) {
+		pvc.Finalizers = append(pvc.Finalizers, "example.com/hold")
+	}), onlyThose)
+	refused(t, update(p.unbound, "claim-immediate", annotate(p.nodeA)), "not bound to a pod on a node")
+}
+
 // storagePools: a node publishes, annotates and deletes its own node-local StoragePools; it can
 // neither create, rewrite (labels, status, inventory) nor delete another node's, nor put an
 // inventory or peer endpoint on a shared one.
@@ -529,4 +634,114 @@ func (p *policyScenario) controllerWrites(t *testing.T) {
 	hostNB := notebook.BuildPod(job, notebook.Images{Git: "alpine/git:2.49.1"})
 	hostNB.Spec.HostNetwork = true
 	refused(t, createPod(hostNB), "no host namespace")
+}
+
+// controllerStatefulSets: the workload-controller's ServiceAccount, which RBAC lets create and
+// update any StatefulSet and create any Service, writes those of LeaderWorkerSets as its builders
+// make them (server-side dry runs), and no other: none without a LeaderWorkerSet or leader pod
+// controlling it by name, none turned into a LeaderWorkerSet's from another's, no Service that
+// is not headless.
+func (p *policyScenario) controllerStatefulSets(t *testing.T) {
+	c := ctx(t)
+	asController := kubernetes.NewForConfigOrDie(framework.ServiceAccountConfig(t, p.cp, cluster.Namespace, cluster.ControllerServiceAccount))
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	createSTS := func(sts *appsv1.StatefulSet) error {
+		_, err := asController.AppsV1().StatefulSets(p.ns).Create(c, sts, dry)
+		return err
+	}
+	createSvc := func(svc *corev1.Service) error {
+		_, err := asController.CoreV1().Services(p.ns).Create(c, svc, dry)
+		return err
+	}
+	set := &nbv1alpha1.LeaderWorkerSet{
+		TypeMeta:   metav1.TypeMeta{APIVersion: nbv1alpha1.GroupVersion.String(), Kind: "LeaderWorkerSet"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "train", UID: "0123"},
+		Spec: nbv1alpha1.LeaderWorkerSetSpec{Replicas: ptr.To[int32](1), LeaderWorkerTemplate: nbv1alpha1.LeaderWorkerTemplate{
+			Size: ptr.To[int32](2), WorkerTemplate: corev1.PodTemplateSpec{Spec: corev1.PodSpec{
+				Containers: []corev1.Container{{Name: "main", Image: "registry.invalid/app:1"}}}}}},
+	}
+	owner := metav1.OwnerReference{APIVersion: set.APIVersion, Kind: set.Kind, Name: set.Name, UID: set.UID,
+		Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}
+	leader, err := lws.LeaderStatefulSet(set, "rev", 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader.OwnerReferences = []metav1.OwnerReference{owner}
+	eventually(t, time.Minute, "a StatefulSet of no LeaderWorkerSet refused", func(context.Context) error {
+		plain := leader.DeepCopy()
+		plain.OwnerReferences = nil
+		if createSTS(plain) == nil {
+			return errorf("created")
+		}
+		return nil
+	})
+	if err := createSTS(leader); err != nil {
+		t.Fatalf("a leader StatefulSet: %v", err)
+	}
+	leaderPod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "train-0", UID: "4567",
+		Labels: map[string]string{nbv1alpha1.GroupIndexLabelKey: "0", nbv1alpha1.RevisionKey: "rev"}}}
+	workers := lws.WorkerStatefulSet(set, leaderPod, nil)
+	if err := createSTS(workers); err != nil {
+		t.Fatalf("a worker StatefulSet: %v", err)
+	}
+	shared := lws.HeadlessService(set, set.Name, map[string]string{nbv1alpha1.SetNameLabelKey: set.Name})
+	shared.OwnerReferences = []metav1.OwnerReference{owner}
+	if err := createSvc(shared); err != nil {
+		t.Fatalf("a LeaderWorkerSet's headless Service: %v", err)
+	}
+
+	const notLWS = "may only write the StatefulSets and Services of LeaderWorkerSets"
+	deployment := leader.DeepCopy()
+	deployment.OwnerReferences[0].APIVersion, deployment.OwnerReferences[0].Kind = "apps/v1", "Deployment"
+	refused(t, createSTS(deployment), notLWS)
+	renamed := leader.DeepCopy()
+	renamed.Name = "kube-proxy"
+	refused(t, createSTS(renamed), notLWS)
+	stray := workers.DeepCopy()
+	stray.OwnerReferences[0].Name = "etcd-0"
+	refused(t, createSTS(stray), notLWS)
+	unlabelled := leader.DeepCopy()
+	delete(unlabelled.Labels, nbv1alpha1.SetNameLabelKey)
+	refused(t, createSTS(unlabelled), notLWS)
+	uncontrolled := leader.DeepCopy()
+	uncontrolled.OwnerReferences[0].Controller = nil
+	refused(t, createSTS(uncontrolled), notLWS)
+	otherPods := leader.DeepCopy()
+	otherPods.Spec.Template.Labels[nbv1alpha1.SetNameLabelKey] = "other"
+	otherPods.Spec.Selector.MatchLabels[nbv1alpha1.SetNameLabelKey] = "other"
+	refused(t, createSTS(otherPods), "makes pods labelled leaderworkerset.sigs.k8s.io/name with its set")
+	balancer := shared.DeepCopy()
+	balancer.Spec.ClusterIP, balancer.Spec.Type = "", corev1.ServiceTypeLoadBalancer
+	balancer.Spec.Ports = []corev1.ServicePort{{Port: 80}}
+	refused(t, createSvc(balancer), "is headless")
+	external := shared.DeepCopy()
+	external.Spec.ClusterIP, external.Spec.ExternalIPs = "", []string{"192.0.2.1"}
+	external.Spec.Ports = []corev1.ServicePort{{Port: 80}}
+	refused(t, createSvc(external), "is headless")
+	unowned := shared.DeepCopy()
+	unowned.OwnerReferences = nil
+	refused(t, createSvc(unowned), notLWS)
+
+	// Someone else's StatefulSet is not made a LeaderWorkerSet's: the object before the update
+	// counts too.
+	theirs := &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: p.ns, Name: "train", Labels: map[string]string{"app": "db"}},
+		Spec: appsv1.StatefulSetSpec{Replicas: ptr.To[int32](0), Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "db"}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "db", Image: "registry.invalid/db:1"}}}}}}
+	if _, err := p.cp.Client.AppsV1().StatefulSets(p.ns).Create(c, theirs, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cp.Client.AppsV1().StatefulSets(p.ns).Delete(context.Background(), theirs.Name, metav1.DeleteOptions{})
+	})
+	// RBAC grants the controller update, not patch.
+	taken, err := p.cp.Client.AppsV1().StatefulSets(p.ns).Get(c, theirs.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken.Labels = map[string]string{nbv1alpha1.SetNameLabelKey: set.Name}
+	taken.Spec.Template.Labels[nbv1alpha1.SetNameLabelKey] = set.Name
+	taken.OwnerReferences = []metav1.OwnerReference{owner}
+	_, err = asController.AppsV1().StatefulSets(p.ns).Update(c, taken, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+	refused(t, err, notLWS)
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/writeback/credstore"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
@@ -173,6 +174,8 @@ func startCluster(t *testing.T) *cluster {
 	// --writeback-dir: the journals of the notebook outputs' uploads (notebook_test.go), the run's own.
 	c.node.DriverArgs = []string{"--sts-endpoint=" + c.sts.URL, "--s3-ca-bundles=" + c.caBundles, "--kubeconfig=" + c.cp.Kubeconfig,
 		"--writeback-dir=" + filepath.Join(dir, "writeback")}
+	// The kernel keeps the key of the uploads' sealed credentials beyond the run (credstore).
+	t.Cleanup(func() { _ = credstore.Drop(filepath.Join(dir, "writeback", "secrets")) })
 	c.node.StartDriver(t)
 	c.node.StartProvisioner(t, c.cp)
 	c.ns = framework.CreateNamespace(t, c.cp, "e2enode")

@@ -32,6 +32,9 @@ type Fault struct {
 	StripChecksums bool
 	// Flip corrupts the first byte of a successful response's body, headers untouched.
 	Flip bool
+	// Trickle forwards the body one byte at a time, this long apart: a server that answers,
+	// only never quite.
+	Trickle time.Duration
 }
 
 // None is the zero fault.
@@ -128,6 +131,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			w.Write(first[:])
 		}
 	}
+	if f.Trickle > 0 {
+		trickle(w, r, resp.Body, f.Trickle)
+		return
+	}
 	if f.ResetAfter < 0 {
 		io.Copy(w, resp.Body)
 		return
@@ -151,4 +158,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		tc.SetLinger(0) // RST, not FIN
 	}
 	conn.Close()
+}
+
+// trickle copies body to w a byte every d, until it ends or the client goes.
+func trickle(w http.ResponseWriter, r *http.Request, body io.Reader, d time.Duration) {
+	var b [1]byte
+	for {
+		if _, err := io.ReadFull(body, b[:]); err != nil {
+			return
+		}
+		if _, err := w.Write(b[:]); err != nil {
+			return
+		}
+		w.(http.Flusher).Flush()
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+			return
+		}
+	}
 }

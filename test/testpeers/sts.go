@@ -58,10 +58,16 @@ func StartOIDCIssuer(t testing.TB) *OIDCIssuer {
 // Token is a ServiceAccount token of namespace/name for audience, valid for an hour.
 func (i *OIDCIssuer) Token(t testing.TB, serviceAccount, audience string) string {
 	t.Helper()
+	return i.TokenUntil(t, serviceAccount, audience, time.Now().Add(time.Hour))
+}
+
+// TokenUntil is Token expiring at exp (kubelet's tokenRequests choose a token's lifetime).
+func (i *OIDCIssuer) TokenUntil(t testing.TB, serviceAccount, audience string, exp time.Time) string {
+	t.Helper()
 	ns, name, _ := strings.Cut(serviceAccount, "/")
 	return signJWT(t, i.key, map[string]any{
 		"iss": i.URL, "sub": "system:serviceaccount:" + ns + ":" + name, "aud": []string{audience},
-		"iat": time.Now().Unix(), "exp": time.Now().Add(time.Hour).Unix(),
+		"iat": time.Now().Unix(), "exp": exp.Unix(),
 	})
 }
 
@@ -97,6 +103,10 @@ type Role struct {
 	// Trusts are the token subjects (system:serviceaccount:<ns>:<name>) that may take the role.
 	Trusts               []string
 	AccessKey, SecretKey string
+	// KeyLifetime is how long the keys of one exchange last (their Expiration); 0: an hour. The
+	// SDK exchanges again from five minutes before they expire, so a shorter one makes every S3
+	// request of the holder exchange its token first.
+	KeyLifetime time.Duration
 }
 
 // STS is an AssumeRoleWithWebIdentity endpoint as AWS STS answers it, for an OIDC issuer: it
@@ -104,10 +114,16 @@ type Role struct {
 // audience, expiry), checks the role trusts the token's subject, and answers with the role's keys.
 type STS struct {
 	URL string
-	// Exchanges counts the tokens exchanged for keys.
-	Exchanges func() int
+	// Exchanges counts the tokens exchanged for keys; ExchangesOf those of one token.
+	Exchanges   func() int
+	ExchangesOf func(token string) int
 	// AddRole adds (or replaces) a role the STS hands out.
 	AddRole func(arn string, role Role)
+	// Now is the time the STS checks tokens' expiry against; Advance moves it on by d, so that
+	// a test lets tokens expire without waiting for them (the keys it hands out still expire by
+	// the wall clock, KeyLifetime after the exchange, as the SDK that holds them reads it).
+	Now     func() time.Time
+	Advance func(d time.Duration)
 }
 
 // Discovery is where an STS reads an issuer's OIDC discovery document: URL (the issuer's URL
@@ -128,7 +144,9 @@ func StartSTS(t testing.TB, issuerURL, audience string, roles map[string]Role) *
 func StartSTSFor(t testing.TB, disc Discovery, audience string, roles map[string]Role) *STS {
 	t.Helper()
 	var mu sync.Mutex
-	n := 0
+	n, of := 0, map[string]int{}
+	var skew time.Duration
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return time.Now().Add(skew) }
 	roles = maps.Clone(roles)
 	if roles == nil {
 		roles = map[string]Role{}
@@ -139,7 +157,7 @@ func StartSTSFor(t testing.TB, disc Discovery, audience string, roles map[string
 			stsError(w, http.StatusBadRequest, "InvalidAction", "only AssumeRoleWithWebIdentity")
 			return
 		}
-		sub, err := verifyToken(disc, audience, r.Form.Get("WebIdentityToken"))
+		sub, err := verifyToken(disc, audience, r.Form.Get("WebIdentityToken"), now())
 		if err != nil {
 			stsError(w, http.StatusBadRequest, "InvalidIdentityToken", err.Error())
 			return
@@ -153,21 +171,29 @@ func StartSTSFor(t testing.TB, disc Discovery, audience string, roles map[string
 		}
 		mu.Lock()
 		n++
+		of[r.Form.Get("WebIdentityToken")]++
 		mu.Unlock()
+		lifetime := role.KeyLifetime
+		if lifetime == 0 {
+			lifetime = time.Hour
+		}
 		w.Header().Set("Content-Type", "text/xml")
 		fmt.Fprintf(w, `<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">
 <AssumeRoleWithWebIdentityResult><SubjectFromWebIdentityToken>%s</SubjectFromWebIdentityToken>
 <Credentials><AccessKeyId>%s</AccessKeyId><SecretAccessKey>%s</SecretAccessKey>
 <Expiration>%s</Expiration></Credentials></AssumeRoleWithWebIdentityResult>
 <ResponseMetadata><RequestId>test</RequestId></ResponseMetadata></AssumeRoleWithWebIdentityResponse>`,
-			xmlEscape(sub), xmlEscape(role.AccessKey), xmlEscape(role.SecretKey), time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+			xmlEscape(sub), xmlEscape(role.AccessKey), xmlEscape(role.SecretKey), time.Now().Add(lifetime).UTC().Format(time.RFC3339))
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return &STS{
-		URL:       srv.URL,
-		Exchanges: func() int { mu.Lock(); defer mu.Unlock(); return n },
-		AddRole:   func(arn string, role Role) { mu.Lock(); defer mu.Unlock(); roles[arn] = role },
+		URL:         srv.URL,
+		Exchanges:   func() int { mu.Lock(); defer mu.Unlock(); return n },
+		ExchangesOf: func(token string) int { mu.Lock(); defer mu.Unlock(); return of[token] },
+		AddRole:     func(arn string, role Role) { mu.Lock(); defer mu.Unlock(); roles[arn] = role },
+		Now:         now,
+		Advance:     func(d time.Duration) { mu.Lock(); defer mu.Unlock(); skew += d },
 	}
 }
 
@@ -185,8 +211,9 @@ func xmlEscape(s string) string {
 }
 
 // verifyToken checks a JWT against the issuer's published keys (RS256 or ES256, as
-// kube-apiserver signs with an RSA or a P-256 key) and returns its subject.
-func verifyToken(d Discovery, audience, token string) (string, error) {
+// kube-apiserver signs with an RSA or a P-256 key), and that it has not expired by now, and
+// returns its subject.
+func verifyToken(d Discovery, audience, token string, now time.Time) (string, error) {
 	parts := strings.Split(token, ".")
 	if len(parts) != 3 {
 		return "", fmt.Errorf("not a JWT")
@@ -230,7 +257,7 @@ func verifyToken(d Discovery, audience, token string) (string, error) {
 		return "", fmt.Errorf("issuer %q is not %q", c.Iss, disc.Issuer)
 	case !slices.Contains(c.Aud, audience):
 		return "", fmt.Errorf("audience %v is not %q", c.Aud, audience)
-	case time.Now().Unix() >= c.Exp:
+	case now.Unix() >= c.Exp:
 		return "", fmt.Errorf("token expired")
 	}
 	return c.Sub, nil

@@ -40,9 +40,17 @@ func setup(t *testing.T) *framework.ControlPlane {
 		cl = c
 		// The controller runs as its ServiceAccount with the RBAC of deploy/, so the manifests
 		// are tested along with the code.
-		if _, err := testutil.RenderWithRBAC(t, cp); err != nil {
+		rendered, err := testutil.RenderWithRBAC(t, cp)
+		if err != nil {
 			return err
 		}
+		// And under its admission policy: every PersistentVolume, pod, StatefulSet and Service
+		// the suite's controller makes passes it.
+		policy, err := rendered.Named("cistern-workload-controller-writes").YAML("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+		if err != nil {
+			return err
+		}
+		framework.ApplyYAML(t, cp, policy)
 		return startController(framework.ServiceAccountConfig(t, cp, testutil.ControllerNamespace, testutil.ControllerSA))
 	})
 }

@@ -255,12 +255,7 @@ func (p *Prover) fullProof(ctx context.Context, open Opener, spec *dataset.Spec,
 		return err
 	}
 	defer src.Close()
-	release, err := p.cfg.Listings.Acquire(ctx, spec)
-	if err != nil {
-		return err
-	}
-	got, err := cache.ListingDigest(ctx, src, spec, p.cfg.Limits)
-	release()
+	got, err := cache.ListingDigest(ctx, p.cfg.Listings.Source(spec, src), spec, p.cfg.Limits)
 	if err != nil {
 		return err
 	}

@@ -124,10 +124,5 @@ func (p *Prover) list(ctx context.Context, open Opener, spec *dataset.Spec) (str
 		return "", err
 	}
 	defer src.Close()
-	release, err := p.cfg.Listings.Acquire(ctx, spec)
-	if err != nil {
-		return "", err
-	}
-	defer release()
-	return cache.ListingDigest(ctx, src, spec, p.cfg.Limits)
+	return cache.ListingDigest(ctx, p.cfg.Listings.Source(spec, src), spec, p.cfg.Limits)
 }

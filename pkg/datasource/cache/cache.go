@@ -217,6 +217,9 @@ func (c *Cache) Release(pool, id, volumeID string) error {
 	dir := DatasetDir(pool, id)
 	err := os.Remove(filepath.Join(dir, RefsDir, refName(volumeID)))
 	if err == nil || !IsNotExist(err) {
+		if err == nil {
+			_ = os.RemoveAll(filepath.Join(dir, StreamDir, refName(volumeID))) // a streaming volume's, left by an earlier process
+		}
 		Touch(dir)
 		c.Changed()
 		return err
@@ -229,6 +232,7 @@ func (c *Cache) Release(pool, id, volumeID string) error {
 		if err != nil {
 			return err
 		}
+		_ = os.RemoveAll(filepath.Join(r, StreamDir, refName(volumeID)))
 		c.Changed()
 		if !strings.Contains(filepath.Base(r), RetiredSep) {
 			Touch(r)

@@ -164,7 +164,7 @@ func total(pool string, byID map[string]*CachedDataset, others []string, limit i
 	for _, name := range others {
 		dir := DatasetDir(pool, name)
 		md, err := ReadMeta(dir)
-		if err == nil {
+		if err == nil && IsReady(dir) { // a staging beside the current one, or retired before it was ready: not all there
 			inv.Bytes += md.Bytes
 		}
 		id := IDOf(name)

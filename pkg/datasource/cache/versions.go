@@ -22,11 +22,50 @@ import (
 )
 
 // VersionSep separates a dataset ID from the digest of a ready version kept beside the current
-// one; RetiredSep from the suffix of a version that only its volumes still use.
+// one; RetiredSep from the suffix of a version that only its volumes still use; StagingSep from
+// the suffix of a version being staged beside a staging under way in <id>/ (Beside).
 const (
 	VersionSep = ".version-"
 	RetiredSep = ".retired-"
+	StagingSep = ".staging-"
 )
+
+// Beside is a new directory's name for a version of dataset id staged on pool while another
+// staging of it runs in <id>/ (one whose streaming volumes read it, say): once ready it becomes a
+// kept version (Settle), and a failed one goes (Discard); it is never resumed.
+func Beside(pool, id string) string {
+	return DatasetDir(pool, id) + StagingSep + strconv.FormatInt(time.Now().UnixNano(), 36)
+}
+
+// Settle makes the version staged in dir beside the current one (Beside), ready with digest, a
+// kept version of its dataset; when that version is kept (or current) already, this copy goes
+// instead (retired while volumes read it). Then at most maxVersions-1 versions stay kept.
+func (c *Cache) Settle(pool, dir, digest string, maxVersions int) error {
+	pl := c.Lock(pool)
+	pl.Lock()
+	defer pl.Unlock()
+	defer c.Changed()
+	id := IDOf(filepath.Base(dir))
+	to := KeptDir(pool, id, digest)
+	_, err := os.Stat(to)
+	cur, ready := readyVersion(DatasetDir(pool, id))
+	switch {
+	case err == nil || ready && cur.Digest == digest:
+		if err := c.retireLocked(pool, filepath.Base(dir)); err != nil {
+			return err
+		}
+	case !IsNotExist(err):
+		return err
+	default:
+		if err := os.Rename(dir, to); err != nil {
+			return err
+		}
+		if err := SyncDir(Dir(pool)); err != nil {
+			return err
+		}
+	}
+	return c.TrimLocked(pool, id, maxVersions-1)
+}
 
 // IDOf is the dataset ID of a cache directory's name (a current, kept or retired version).
 func IDOf(name string) string { id, _, _ := strings.Cut(name, "."); return id }

@@ -1,9 +1,7 @@
 package dataset
 
 import (
-	"context"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
@@ -35,16 +33,24 @@ type Limits struct {
 	// PerSource bounds the node's concurrent reads from one source endpoint (an S3 endpoint,
 	// an NFS server), so one slow server cannot hold every staging slot.
 	PerSource int
-	// Listings and ListingsPerSource bound the listings (stagings' and access proofs') under
-	// way on the node, and against one source endpoint: each holds a CPU and a connection for
-	// as long as the source keeps answering, and any pod author can start one.
-	Listings, ListingsPerSource int
+	// Listings, ListingsPerSource and ListingsPerNamespace bound the listings (stagings' and
+	// access proofs') under way on the node, against one source endpoint (SourceKey), and for
+	// the callers of one namespace (Spec.Namespace): each holds a CPU and a connection for as
+	// long as the source keeps answering, and any pod author can start one.
+	Listings, ListingsPerSource, ListingsPerNamespace int
+	// ListingMinRate (entries a second) and ListingRateWindow: a listing that goes through
+	// fewer than ListingMinRate × ListingRateWindow entries (keys, and S3 common prefixes) in
+	// any window of its slots loses them, with a Retryable error: a server that trickles or
+	// stalls its answers holds a slot for one window, not for as long as it likes.
+	ListingMinRate    float64
+	ListingRateWindow time.Duration
 	// MaxGlobWork bounds the include/exclude matching one listing may do, in units of pattern
 	// bytes times key bytes (source.Work).
 	MaxGlobWork int64
 	// MaxVersions bounds the ready versions of one dataset a pool keeps side by side (callers
 	// whose listings differ each get the version they see); past it the least recently used
-	// unused version goes. Versions in use are never deleted.
+	// unused version goes. Versions in use are never deleted. It bounds the stagings of one
+	// dataset under way at once on a pool too (versions staged side by side).
 	MaxVersions int
 }
 
@@ -61,11 +67,14 @@ var DefaultLimits = Limits{
 	AbandonAfter:      15 * time.Minute,
 	Listings:          8,
 	ListingsPerSource: 2,
+	ListingMinRate:    10,
+	ListingRateWindow: time.Minute,
 	MaxGlobWork:       1 << 36,
 	MaxVersions:       4,
 }
 
-// WithDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency.
+// WithDefaults fills unset limits; PerSource defaults to a quarter of the node's concurrency,
+// ListingsPerNamespace to a quarter of its listings.
 func (l Limits) WithDefaults(concurrency int) Limits {
 	d := DefaultLimits
 	set := func(v *int64, def int64) {
@@ -100,6 +109,15 @@ func (l Limits) WithDefaults(concurrency int) Limits {
 	}
 	if l.ListingsPerSource <= 0 {
 		l.ListingsPerSource = d.ListingsPerSource
+	}
+	if l.ListingsPerNamespace <= 0 {
+		l.ListingsPerNamespace = max(1, l.Listings/4)
+	}
+	if l.ListingMinRate <= 0 {
+		l.ListingMinRate = d.ListingMinRate
+	}
+	if l.ListingRateWindow <= 0 {
+		l.ListingRateWindow = d.ListingRateWindow
 	}
 	set(&l.MaxGlobWork, d.MaxGlobWork)
 	if l.MaxVersions <= 0 {
@@ -149,58 +167,4 @@ func (l Limits) Filter(spec *Spec) source.Filter {
 // ReadTimeout is how long a read of n bytes may take.
 func (l Limits) ReadTimeout(n int64) time.Duration {
 	return l.ReadGrace + time.Duration(float64(n)/float64(l.MinThroughput)*float64(time.Second))
-}
-
-// SourceKey names the endpoint a source reads from, for per-source concurrency.
-func SourceKey(s *Spec) string {
-	switch s.Scheme {
-	case SchemeS3:
-		if s.Endpoint != "" {
-			return "s3 " + s.Endpoint
-		}
-		return "s3 " + s.Region
-	case SchemeNFS:
-		return "nfs " + s.Host
-	}
-	return string(s.Scheme)
-}
-
-// ListingSlots bound the listings (stagings' and access proofs') under way on the node and
-// against one source endpoint (Limits.Listings, Limits.ListingsPerSource).
-type ListingSlots struct {
-	node      chan struct{}
-	perSource int
-
-	mu      sync.Mutex
-	sources map[string]chan struct{}
-}
-
-// NewListingSlots returns the listing slots of a node with limits l (defaults filled).
-func NewListingSlots(l Limits) *ListingSlots {
-	return &ListingSlots{node: make(chan struct{}, l.Listings), perSource: l.ListingsPerSource, sources: map[string]chan struct{}{}}
-}
-
-// Acquire waits for a listing slot of the node and of spec's source endpoint, in that order,
-// and returns their release; a listing waiting for its source holds no node slot.
-func (s *ListingSlots) Acquire(ctx context.Context, spec *Spec) (func(), error) {
-	key := SourceKey(spec)
-	s.mu.Lock()
-	perSource := s.sources[key]
-	if perSource == nil {
-		perSource = make(chan struct{}, s.perSource)
-		s.sources[key] = perSource
-	}
-	s.mu.Unlock()
-	select {
-	case perSource <- struct{}{}:
-	case <-ctx.Done():
-		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the source")
-	}
-	select {
-	case s.node <- struct{}{}:
-	case <-ctx.Done():
-		<-perSource
-		return nil, source.Wrap(source.Retryable, context.Cause(ctx), "waiting for a listing slot of the node")
-	}
-	return func() { <-s.node; <-perSource }, nil
 }

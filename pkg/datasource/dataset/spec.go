@@ -28,6 +28,11 @@ type Spec struct {
 	// sets it; it is kept with a staging job (a resumed one stays restricted) but is not part of
 	// the dataset's identity.
 	Tenant bool `json:"tenant,omitempty"`
+	// Namespace is the caller's namespace (the pod's, the claim's, the VolumeManager's), whose
+	// share of the node's listing slots its listings take (Limits.ListingsPerNamespace); empty
+	// for a caller that names none (an administrator's volume staged before any pod). The
+	// caller sets it; it is neither part of the dataset's identity nor kept.
+	Namespace string `json:"-"`
 }
 
 // SpecOf wraps a parsed dataset; nil stays nil.
@@ -49,6 +54,16 @@ type Credentials struct {
 	RoleARN, WebIdentityToken string
 	// SessionName names the web identity's session (the pod) in the STS's logs.
 	SessionName string
+	// CurrentToken, when set, gives the pod's newest token at each STS exchange of the reads
+	// made with these credentials (kubelet renews it at every NodePublishVolume): a staging or a
+	// streaming volume outlives the token its request brought. WebIdentityToken is that one,
+	// which names the request's principal.
+	CurrentToken IdentityToken
+}
+
+// IdentityToken gives a web identity's current token (stscreds.IdentityTokenRetriever).
+type IdentityToken interface {
+	GetIdentityToken() ([]byte, error)
 }
 
 // Secret keys read by CredentialsFromSecrets.

@@ -40,12 +40,12 @@ func New(host, dir string, uid, gid uint32) (*Source, error) {
 	var err error
 	if _, _, perr := net.SplitHostPort(host); perr == nil {
 		var c *rpc.Client
-		c, err = retryAddrInUse(func() (*rpc.Client, error) { return rpc.DialTCP("tcp", host, false) })
+		c, err = RetryAddrInUse(func() (*rpc.Client, error) { return rpc.DialTCP("tcp", host, false) })
 		if err == nil {
 			s.mount = &nfs.Mount{Client: c}
 		}
 	} else {
-		s.mount, err = retryAddrInUse(func() (*nfs.Mount, error) { return nfs.DialMount(host, time.Minute) })
+		s.mount, err = RetryAddrInUse(func() (*nfs.Mount, error) { return nfs.DialMount(host, time.Minute) })
 	}
 	if err != nil {
 		return nil, classify(err, "connecting to %s", s.where)
@@ -53,7 +53,7 @@ func New(host, dir string, uid, gid uint32) (*Source, error) {
 	export, rest := dir, ""
 	for {
 		// Through the portmapper, Mount dials the NFS service too.
-		s.target, err = retryAddrInUse(func() (*nfs.Target, error) { return s.mount.Mount(export, auth) })
+		s.target, err = RetryAddrInUse(func() (*nfs.Target, error) { return s.mount.Mount(export, auth) })
 		if err == nil || export == "/" || !mountRefused(err) {
 			break
 		}
@@ -77,10 +77,10 @@ func New(host, dir string, uid, gid uint32) (*Source, error) {
 	return s, nil
 }
 
-// retryAddrInUse calls dial again, a few times, while it fails with EADDRINUSE: the client
+// RetryAddrInUse calls dial again, a few times, while it fails with EADDRINUSE: the client
 // library binds each connection to a random local port in 49152-65535 and, unless privileged,
 // tries no other when that one is taken.
-func retryAddrInUse[T any](dial func() (T, error)) (T, error) {
+func RetryAddrInUse[T any](dial func() (T, error)) (T, error) {
 	v, err := dial()
 	for try := 1; try < 8 && errors.Is(err, syscall.EADDRINUSE); try++ {
 		v, err = dial()

@@ -22,7 +22,7 @@ func TestRetryAddrInUse(t *testing.T) {
 	}
 
 	calls := 0
-	got, err := retryAddrInUse(func() (int, error) {
+	got, err := RetryAddrInUse(func() (int, error) {
 		calls++
 		if calls < 3 {
 			return 0, inUse
@@ -34,13 +34,13 @@ func TestRetryAddrInUse(t *testing.T) {
 	}
 
 	calls = 0
-	if _, err := retryAddrInUse(func() (int, error) { calls++; return 0, inUse }); err == nil || calls != 8 {
+	if _, err := RetryAddrInUse(func() (int, error) { calls++; return 0, inUse }); err == nil || calls != 8 {
 		t.Errorf("always in use: %v after %d calls, want the error after 8", err, calls)
 	}
 
 	calls = 0
 	refused := errors.New("connection refused")
-	if _, err := retryAddrInUse(func() (int, error) { calls++; return 0, refused }); err != refused || calls != 1 {
+	if _, err := RetryAddrInUse(func() (int, error) { calls++; return 0, refused }); err != refused || calls != 1 {
 		t.Errorf("another error: %v after %d calls, want it at once", err, calls)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"golang.org/x/time/rate"
 	authnv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,15 +35,61 @@ type TokenReviewer struct {
 	// TTL is how long an answer is remembered (0: one minute), so a busy peer port costs one
 	// TokenReview per client per TTL. A token revoked with its pod is refused after at most TTL.
 	TTL time.Duration
+	// Limits bound the TokenReviews the port's callers cause; zero fields are
+	// DefaultReviewLimits'.
+	Limits ReviewLimits
 
-	// failures rate-limits the tokens each address may have reviewed and refused.
-	failures failureLimiter
+	// addrs charges each address the TokenReviews it causes, before each is made.
+	addrs addrLimiter
+	// inFlight holds a slot per TokenReview under way (Limits.InFlight).
+	inFlight chan struct{}
+	// flights makes one TokenReview of a token that concurrent requests bring.
+	flights singleflight.Group
 
-	mu sync.Mutex
+	once sync.Once
+	mu   sync.Mutex
 	// cache holds node plugins' tokens, refused those that are not: answers about random tokens
 	// (any pod on the network can send them) never push out a node plugin's, which would cost a
 	// TokenReview on its next request.
 	cache, refused map[[32]byte]reviewed
+}
+
+// ReviewLimits bound the TokenReviews the peer port makes on its callers' behalf: any pod that
+// reaches the port can send tokens, and each token the port does not know costs the API server
+// a TokenReview.
+type ReviewLimits struct {
+	// InFlight bounds the TokenReviews under way at once, whatever the addresses; a request
+	// beyond waits up to QueueWait for one, then is refused as busy (503) and goes to another
+	// peer or the source.
+	InFlight  int
+	QueueWait time.Duration
+	// PerAddressRate (a second) and PerAddressBurst bound the TokenReviews one address causes.
+	// Each is charged before its review, so concurrent requests cannot all pass a check that
+	// none of them was charged for yet.
+	PerAddressRate  float64
+	PerAddressBurst int
+}
+
+// DefaultReviewLimits are the limits a zero ReviewLimits field gets, and the driver flags'
+// defaults. A node plugin's token costs one review per TTL, so a burst of 10 and one a second
+// slow only a pod guessing tokens (or replaying stale ones).
+var DefaultReviewLimits = ReviewLimits{InFlight: 4, QueueWait: time.Second, PerAddressRate: 1, PerAddressBurst: 10}
+
+func (l ReviewLimits) withDefaults() ReviewLimits {
+	d := DefaultReviewLimits
+	if l.InFlight <= 0 {
+		l.InFlight = d.InFlight
+	}
+	if l.QueueWait <= 0 {
+		l.QueueWait = d.QueueWait
+	}
+	if l.PerAddressRate <= 0 {
+		l.PerAddressRate = d.PerAddressRate
+	}
+	if l.PerAddressBurst <= 0 {
+		l.PerAddressBurst = d.PerAddressBurst
+	}
+	return l
 }
 
 type reviewed struct {
@@ -56,26 +103,52 @@ const maxReviews = 1024
 
 // Authenticate implements Authenticator.
 func (r *TokenReviewer) Authenticate(ctx context.Context, token string) (string, error) {
+	r.once.Do(func() {
+		r.Limits = r.Limits.withDefaults()
+		r.inFlight = make(chan struct{}, r.Limits.InFlight)
+		r.addrs.limits = r.Limits
+	})
 	key := sha256.Sum256([]byte(token))
-	now := time.Now()
-	r.mu.Lock()
-	for _, m := range []map[[32]byte]reviewed{r.cache, r.refused} {
-		if c, ok := m[key]; ok && now.Before(c.until) {
-			r.mu.Unlock()
+	if c, ok := r.remembered(key); ok {
+		return c.node, c.err
+	}
+	addr := RemoteAddr(ctx)
+	v, err, _ := r.flights.Do(string(key[:]), func() (any, error) {
+		if c, ok := r.remembered(key); ok { // a flight that just ended answered it
 			return c.node, c.err
 		}
+		return r.reviewFor(ctx, addr, key, token)
+	})
+	node, _ := v.(string)
+	return node, err
+}
+
+// remembered is the answer about a token reviewed within the TTL.
+func (r *TokenReviewer) remembered(key [32]byte) (reviewed, bool) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range []map[[32]byte]reviewed{r.cache, r.refused} {
+		if c, ok := m[key]; ok && now.Before(c.until) {
+			return c, true
+		}
 	}
-	r.mu.Unlock()
-	addr := RemoteAddr(ctx)
-	if !r.failures.mayTry(addr) {
+	return reviewed{}, false
+}
+
+// reviewFor reviews a token for addr, charged to addr first and within the in-flight slots, and
+// remembers the answer.
+func (r *TokenReviewer) reviewFor(ctx context.Context, addr string, key [32]byte, token string) (string, error) {
+	if !r.addrs.allow(addr) {
 		return "", ErrRateLimited
 	}
+	if err := r.acquire(ctx); err != nil {
+		return "", err
+	}
 	node, err := r.review(ctx, token)
+	<-r.inFlight
 	if err != nil && !errors.Is(err, ErrUnauthenticated) {
 		return "", err // the API server did not answer: nothing is learnt about the token
-	}
-	if err != nil {
-		r.failures.failed(addr)
 	}
 	ttl := r.TTL
 	if ttl <= 0 {
@@ -90,8 +163,27 @@ func (r *TokenReviewer) Authenticate(ctx context.Context, token string) (string,
 	if *m == nil || len(*m) >= maxReviews {
 		*m = map[[32]byte]reviewed{}
 	}
-	(*m)[key] = reviewed{node: node, err: err, until: now.Add(ttl)}
+	(*m)[key] = reviewed{node: node, err: err, until: time.Now().Add(ttl)}
 	return node, err
+}
+
+// acquire waits up to QueueWait for an in-flight slot; ErrReviewsBusy when none came.
+func (r *TokenReviewer) acquire(ctx context.Context) error {
+	select {
+	case r.inFlight <- struct{}{}:
+		return nil
+	default:
+	}
+	t := time.NewTimer(r.Limits.QueueWait)
+	defer t.Stop()
+	select {
+	case r.inFlight <- struct{}{}:
+		return nil
+	case <-t.C:
+		return ErrReviewsBusy
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 func (r *TokenReviewer) review(ctx context.Context, token string) (string, error) {
@@ -161,49 +253,37 @@ func (f *TokenFile) Token() (string, error) {
 	return f.token, nil
 }
 
-// ErrRateLimited refuses a token from an address whose tokens were refused too often lately,
+// ErrRateLimited refuses a token from an address that caused too many TokenReviews lately,
 // before any TokenReview.
-var ErrRateLimited = fmt.Errorf("%w: too many refused tokens from this address", ErrUnauthenticated)
+var ErrRateLimited = fmt.Errorf("%w: too many token reviews from this address", ErrUnauthenticated)
 
-// An address whose tokens are refused may try again at failureRate, after a burst of
-// failureBurst: a node plugin's token is never refused, so only a pod guessing (or replaying
-// stale tokens) is slowed, and each of its guesses costs the API server a TokenReview.
-const (
-	failureRate  = rate.Limit(1)
-	failureBurst = 10
-	// maxFailingAddrs bounds the addresses remembered; past it they are all forgotten (each then
-	// gets one more burst).
-	maxFailingAddrs = 4096
-)
+// ErrReviewsBusy refuses a token, unknown and not reviewed, while ReviewLimits.InFlight
+// TokenReviews are under way: the caller goes to another peer or the source.
+var ErrReviewsBusy = errors.New("too many token reviews under way")
 
-type failureLimiter struct {
+// maxAddrs bounds the addresses remembered; past it they are all forgotten (each then gets one
+// more burst, and the in-flight slots still bound what they cost at once).
+const maxAddrs = 4096
+
+// addrLimiter charges each address the TokenReviews it causes.
+type addrLimiter struct {
+	limits ReviewLimits
+
 	mu    sync.Mutex
 	addrs map[string]*rate.Limiter
 }
 
-func (f *failureLimiter) limiter(addr string) *rate.Limiter {
-	if f.addrs == nil || len(f.addrs) >= maxFailingAddrs {
+// allow charges addr one TokenReview, or reports that its allowance is spent.
+func (f *addrLimiter) allow(addr string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.addrs == nil || len(f.addrs) >= maxAddrs {
 		f.addrs = map[string]*rate.Limiter{}
 	}
 	l := f.addrs[addr]
 	if l == nil {
-		l = rate.NewLimiter(failureRate, failureBurst)
+		l = rate.NewLimiter(rate.Limit(f.limits.PerAddressRate), f.limits.PerAddressBurst)
 		f.addrs[addr] = l
 	}
-	return l
-}
-
-// mayTry reports whether addr may have a token reviewed now.
-func (f *failureLimiter) mayTry(addr string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	l, ok := f.addrs[addr]
-	return !ok || l.Tokens() >= 1
-}
-
-// failed charges a refused token to addr.
-func (f *failureLimiter) failed(addr string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.limiter(addr).Allow()
+	return l.Allow()
 }

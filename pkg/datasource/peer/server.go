@@ -90,7 +90,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		servedBytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "served_bytes_total",
 			Help: "Bytes of dataset pieces served to other nodes."}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "cistern_peer", Name: "requests_total",
-			Help: "Peer requests by answer: ok, unauthenticated, ratelimited, notheld, busy, invalid, failed."}, []string{"answer"}),
+			Help: "Peer requests by answer: ok, unauthenticated, ratelimited, notheld, busy (uploads or token reviews), invalid, failed."}, []string{"answer"}),
 	}
 	if cfg.BandwidthBytesPerSec > 0 {
 		s.limiter = rate.NewLimiter(rate.Limit(cfg.BandwidthBytesPerSec), int(min(cfg.BandwidthBytesPerSec, copyChunk)))
@@ -141,8 +141,12 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	node, err := s.cfg.Auth.Authenticate(withRemote(r.Context(), remoteIP(r)), token)
-	if errors.Is(err, ErrRateLimited) {
-		s.refuse(w, http.StatusTooManyRequests, "ratelimited", "too many refused tokens from this address")
+	switch {
+	case errors.Is(err, ErrRateLimited):
+		s.refuse(w, http.StatusTooManyRequests, "ratelimited", "too many token reviews from this address")
+		return
+	case errors.Is(err, ErrReviewsBusy):
+		s.refuse(w, http.StatusServiceUnavailable, "busy", "too many token reviews under way")
 		return
 	}
 	if err != nil {

@@ -162,12 +162,21 @@ const (
 
 // List lists every key under the prefix. fn is called from one goroutine at a time.
 func (s *Source) List(ctx context.Context, fn func(source.Object) error) error {
+	return s.ListCounting(ctx, fn, nil)
+}
+
+// ListCounting is List, calling seen (when set) for every key and common prefix listed
+// (source.CountingLister).
+func (s *Source) ListCounting(ctx context.Context, fn func(source.Object) error, seen func()) error {
 	var (
 		mu     sync.Mutex
 		listed atomic.Int64
 	)
 	// count charges one key or common prefix to the listing's bound.
 	count := func() error {
+		if seen != nil {
+			seen()
+		}
 		if n := listed.Add(1); s.cfg.MaxListed > 0 && n > s.cfg.MaxListed {
 			return source.Errorf(source.TooLarge, "it has more than %d entries, counting every key and common prefix listed, the most a dataset may have on this node", s.cfg.MaxListed)
 		}

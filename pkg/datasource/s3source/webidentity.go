@@ -16,8 +16,12 @@ import (
 type WebIdentity struct {
 	// RoleARN is the role to assume; the role's trust policy names the ServiceAccounts it trusts.
 	RoleARN string
-	// Token is the pod's ServiceAccount token (a JWT of the cluster's issuer).
-	Token string
+	// Token gives the pod's ServiceAccount token (a JWT of the cluster's issuer) at each
+	// exchange: the keys are renewed before they expire, and the token they were exchanged
+	// for may have expired by then (kubelet's last for an hour), so a holder that kubelet's
+	// republishes renew (pkg/datasource, webidentity.go) keeps a long read going; StaticToken
+	// for one that is not renewed.
+	Token stscreds.IdentityTokenRetriever
 	// STSEndpoint is the STS to ask (the administrator's flag); empty: AWS STS of the region.
 	STSEndpoint string
 	// SessionName names the session in the STS's and the S3 server's logs (the pod).
@@ -34,15 +38,15 @@ func (w *WebIdentity) credentials(region string, hc *http.Client) aws.Credential
 	if w.STSEndpoint != "" {
 		opts.BaseEndpoint = aws.String(w.STSEndpoint)
 	}
-	p := stscreds.NewWebIdentityRoleProvider(sts.New(opts), w.RoleARN, staticToken(w.Token), func(o *stscreds.WebIdentityRoleOptions) {
+	p := stscreds.NewWebIdentityRoleProvider(sts.New(opts), w.RoleARN, w.Token, func(o *stscreds.WebIdentityRoleOptions) {
 		o.RoleSessionName = w.SessionName
 		o.Duration = webIdentityDuration
 	})
 	return aws.NewCredentialsCache(p, func(o *aws.CredentialsCacheOptions) { o.ExpiryWindow = 5 * time.Minute })
 }
 
-// staticToken hands the STS the token kubelet gave NodePublishVolume; kubelet gives a fresh one
-// on the next call.
-type staticToken string
+// StaticToken is a token that is not renewed: the keys of the exchanges after it expired are
+// refused.
+type StaticToken string
 
-func (t staticToken) GetIdentityToken() ([]byte, error) { return []byte(t), nil }
+func (t StaticToken) GetIdentityToken() ([]byte, error) { return []byte(t), nil }

@@ -24,7 +24,7 @@ func TestWebIdentity(t *testing.T) {
 	})
 	list := func(token string) ([]source.Object, error) {
 		src, err := New(Config{Bucket: "private", Prefix: "set/", Endpoint: s.Endpoint, PathStyle: true,
-			WebIdentity: &WebIdentity{RoleARN: role, Token: token, STSEndpoint: sts.URL, SessionName: "team-a-trainer-pod"}})
+			WebIdentity: &WebIdentity{RoleARN: role, Token: StaticToken(token), STSEndpoint: sts.URL, SessionName: "team-a-trainer-pod"}})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -46,6 +46,14 @@ type Source interface {
 	Close() error
 }
 
+// CountingLister is implemented by sources whose listings go through entries they do not hand to
+// List's fn (S3's common prefixes): ListCounting is List, and calls seen for every entry gone
+// through, handed to fn or not, from any goroutine. The minimum listing rate counts them
+// (dataset.ListingSlots).
+type CountingLister interface {
+	ListCounting(ctx context.Context, fn func(Object) error, seen func()) error
+}
+
 // Checksum is an object's full-object checksum as S3 carries it: the algorithm (CRC32, CRC32C,
 // CRC64NVME, SHA1, SHA256) and its base64 value. The zero value is "none".
 type Checksum struct {

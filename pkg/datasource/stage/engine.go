@@ -32,6 +32,10 @@ type Cache interface {
 	MakeRoom(ctx context.Context, pool, dir string, alloc int64) error
 	// Changed records that the inventory would now read differently.
 	Changed()
+	// Discard takes away the directory of a staging that cannot go on: deleted, or retired
+	// while volumes reference it (streaming volumes read what it committed, held by
+	// descriptor), never left for another version to be staged in place.
+	Discard(pool, dir string) error
 }
 
 // Peers is the node's peer network as a job sees it (peer.Network).
@@ -189,11 +193,12 @@ func (e *Engine) sourceSlots(spec *dataset.Spec) chan struct{} {
 	return ch
 }
 
-// watchInterest cancels the job when nobody asked for it in AbandonAfter.
+// watchInterest cancels the job when nobody asked for it in AbandonAfter and no streaming
+// volume reads from it.
 func (j *Job) watchInterest(ctx context.Context, cancel context.CancelCauseFunc) {
 	after := j.e.cfg.Limits.AbandonAfter
 	_ = wait.PollUntilContextCancel(ctx, min(after/4, time.Minute), false, func(context.Context) (bool, error) {
-		if time.Since(time.Unix(0, j.wanted.Load())) <= after {
+		if j.serving.Load() > 0 || time.Since(time.Unix(0, j.wanted.Load())) <= after {
 			return false, nil
 		}
 		cancel(errAbandoned)

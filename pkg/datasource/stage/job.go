@@ -50,8 +50,14 @@ type Job struct {
 	tmp  [cache.TmpShards]*dir
 	// resuming is set when staging/ already held files at start.
 	resuming bool
+	// proved is the manifest an earlier attempt left that this job's caller proved it reads
+	// (setAside), resumed without a second proof.
+	proved *cache.Meta
 	// wanted is when a caller last asked for the dataset (UnixNano); see Limits.AbandonAfter.
 	wanted atomic.Int64
+	// serving counts the streaming volumes served from the job (Serve): while one is, the job
+	// is wanted.
+	serving atomic.Int64
 	// sourceSlots bound the node's reads from the job's source endpoint.
 	sourceSlots chan struct{}
 	// md is the committed manifest's cache.Meta, set before listed is closed.
@@ -81,6 +87,20 @@ func (e *Engine) New(spec *dataset.Spec, capacity int64, pool, dir string, src s
 
 // Want records that a caller asked for the dataset (Limits.AbandonAfter).
 func (j *Job) Want() { j.wanted.Store(time.Now().UnixNano()) }
+
+// Serve records a streaming volume served from the job: the job is not abandoned while the
+// volume reads from it, even when its reads never reach the plugin (passed through to the
+// cache's files) and nobody calls again. The returned func ends it, and counts as a want.
+func (j *Job) Serve() (done func()) {
+	j.serving.Add(1)
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			j.Want()
+			j.serving.Add(-1)
+		})
+	}
+}
 
 // Listed is closed once the manifest is taken: the dataset's size and version are known.
 func (j *Job) Listed() <-chan struct{} { return j.listed }
@@ -162,6 +182,9 @@ func (j *Job) Run(ctx context.Context) (err error) {
 			err = j.failed(ctx, err)
 		}
 	}()
+	if err := j.setAside(ctx); err != nil {
+		return err
+	}
 	closeDirs, err := j.openDirs()
 	if err != nil {
 		return err
@@ -205,8 +228,9 @@ func (j *Job) failed(ctx context.Context, err error) error {
 	}
 	j.phase.Store(PhaseFailed)
 	if errors.Is(err, errAbandoned) || ctx.Err() == nil && source.IsPermanent(err) {
-		// Nothing is left behind of a dataset that cannot be staged.
-		if rerr := cache.RemoveAllQuick(j.dir); rerr != nil {
+		// Nothing is left behind of a dataset that cannot be staged, but what streaming
+		// volumes still read (retired).
+		if rerr := j.e.cfg.Cache.Discard(j.pool, j.dir); rerr != nil {
 			klog.FromContext(ctx).Error(rerr, "cleaning up failed dataset")
 		}
 	}

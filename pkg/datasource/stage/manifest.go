@@ -30,22 +30,18 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 		return md, err
 	}
 	j.phase.Store(PhaseListing)
-	release, err := j.e.cfg.Listings.Acquire(ctx, j.spec)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	md := &cache.Meta{Spec: j.spec, Created: time.Now().UTC()}
 	filter := j.e.cfg.Limits.Filter(j.spec)
 	var digest cache.Digester
 	tmp := filepath.Join(j.dir, cache.ObjectsFile+".tmp")
-	err = cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
+	err := cache.WriteAtomic(filepath.Join(j.dir, cache.ObjectsFile), func(f *os.File) error {
 		bw := bufio.NewWriterSize(f, 256<<10)
 		written := &countingWriter{w: bw}
 		enc := json.NewEncoder(written)
 		limits := j.e.cfg.Limits
 		var listed int64
-		err := j.src.List(ctx, func(o source.Object) error {
+		// Within the node's listing slots, and only while the source keeps listing.
+		err := j.e.cfg.Listings.Source(j.spec, j.src).List(ctx, func(o source.Object) error {
 			if listed++; listed > limits.MaxObjects {
 				return limits.CheckListed(listed)
 			}
@@ -94,9 +90,36 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 	return md, nil
 }
 
+// setAside takes an earlier attempt's directory away from this job when volumes reference it
+// (streaming volumes read what it committed, held by descriptor) and this job's caller sees
+// other data: retired, so that the job stages in a fresh directory instead of discarding those
+// files and staging another version in their place. The same data is resumed in place, as
+// always (resumed).
+func (j *Job) setAside(ctx context.Context) error {
+	if !cache.ManifestExists(j.dir) || cache.RefCount(j.dir) == 0 {
+		return nil
+	}
+	md, err := cache.ReadMeta(j.dir)
+	if err != nil {
+		return nil // resumed lists anew
+	}
+	switch err := j.checkResume(ctx, md); {
+	case err == nil:
+		j.proved = md
+		return nil
+	case !errors.Is(err, access.ErrListingDiffers):
+		return err
+	}
+	klog.FromContext(ctx).Info("retiring a partial staging that streaming volumes read: the source's listing differs from its manifest")
+	return j.e.cfg.Cache.Discard(j.pool, j.dir)
+}
+
 // resumed returns the manifest an earlier attempt left, when this job's caller proves it reads
 // the same data; nil when there is none, or it was discarded.
 func (j *Job) resumed(ctx context.Context) (*cache.Meta, error) {
+	if md := j.proved; md != nil {
+		return md, nil // setAside proved it
+	}
 	if !cache.ManifestExists(j.dir) {
 		return nil, nil
 	}

@@ -4,6 +4,12 @@
 // that node alone) pins its pod to that node; when the node is gone, the pod the StatefulSet
 // recreates stays Pending forever. sig-storage's local-static-provisioner has a node-cleanup
 // controller for the same reason.
+//
+// A PersistentVolume's claimRef is only the volume's word: node plugins create volumes (the
+// provisioner in node-deployment mode) and a compromised one could write a volume pinned to itself
+// that names any claim. So a claim is released only when it is bound to the volume (its
+// spec.volumeName, which the PV controller writes) with the UID the volume names, and only for
+// volumes of the driver: never a claim of another namespace or driver that a forged volume names.
 package nodeloss
 
 import (
@@ -40,6 +46,8 @@ const KeepAnnotation = "workloads.cistern.dev/keep-on-node-loss"
 type Reconciler struct {
 	client.Client
 	Recorder events.EventRecorder
+	// DriverName is the CSI driver whose volumes count; consts.DriverName when empty.
+	DriverName string
 	// GracePeriod is how long a node may be not Ready (or unreachable: Unknown) before it counts
 	// as lost; 0 counts only a deleted Node.
 	GracePeriod time.Duration
@@ -73,7 +81,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	pending := false
 	for i := range pvs.Items {
 		pv := &pvs.Items[i]
-		if PinnedNode(pv) != req.Name || pv.Spec.ClaimRef == nil {
+		if !r.ours(pv) || PinnedNode(pv) != req.Name {
 			continue
 		}
 		held, err := r.release(ctx, pv, req.Name, why)
@@ -89,6 +97,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{RequeueAfter: releaseRecheck}, nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// ours says whether pv is a volume of the driver bound (by its claimRef) to a claim.
+func (r *Reconciler) ours(pv *corev1.PersistentVolume) bool {
+	driver := r.DriverName
+	if driver == "" {
+		driver = consts.DriverName
+	}
+	return pv.Spec.CSI != nil && pv.Spec.CSI.Driver == driver && pv.Spec.ClaimRef != nil
 }
 
 // releaseRecheck is how soon a lost node is looked at again while a claim it released is still
@@ -120,16 +137,20 @@ func (r *Reconciler) lost(ctx context.Context, name string) (bool, time.Duration
 
 // release deletes a LeaderWorkerSet claim bound to pv, and the pods of its group that hold it and
 // do not run on a live node (bound to the lost node: at once, with no grace period; or Pending
-// unscheduled), so the StatefulSet controller makes both again. It says whether the claim is still
-// there.
+// unscheduled), so the StatefulSet controller makes both again. The claim must be bound to pv both
+// ways: pv's claimRef names it with its UID, and its volumeName is pv. It says whether the claim is
+// still there.
 func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, node, why string) (bool, error) {
 	ref := pv.Spec.ClaimRef
 	var pvc corev1.PersistentVolumeClaim
 	if err := r.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, &pvc); err != nil {
 		return false, client.IgnoreNotFound(err)
 	}
+	if !boundTo(&pvc, pv) {
+		return false, nil
+	}
 	lws, ok := pvc.Labels[v1alpha1.SetNameLabelKey]
-	if !ok || pvc.UID != ref.UID && ref.UID != "" || pvc.Annotations[KeepAnnotation] == "true" {
+	if !ok || pvc.Annotations[KeepAnnotation] == "true" {
 		return false, nil
 	}
 	logger := klog.FromContext(ctx).WithValues("node", node, "claim", klog.KObj(&pvc), "leaderworkerset", lws)
@@ -172,6 +193,14 @@ func (r *Reconciler) release(ctx context.Context, pv *corev1.PersistentVolume, n
 	return true, nil
 }
 
+// boundTo says whether pvc and pv name each other: pv's claimRef the claim with its UID (a claim
+// made again under the name is another claim), the claim's volumeName pv.
+func boundTo(pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume) bool {
+	ref := pv.Spec.ClaimRef
+	return ref != nil && ref.UID != "" && ref.UID == pvc.UID && ref.Namespace == pvc.Namespace && ref.Name == pvc.Name &&
+		pvc.Spec.VolumeName == pv.Name
+}
+
 func usesClaim(pod *corev1.Pod, claim string) bool {
 	for _, v := range pod.Spec.Volumes {
 		if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ClaimName == claim {
@@ -212,7 +241,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		if !ok {
 			return nil
 		}
-		if n := PinnedNode(pv); n != "" && pv.Spec.ClaimRef != nil {
+		if n := PinnedNode(pv); n != "" && r.ours(pv) {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Name: n}}}
 		}
 		return nil

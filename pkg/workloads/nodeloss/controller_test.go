@@ -25,6 +25,8 @@ func pinned(name, node, claim string, key string) *corev1.PersistentVolume {
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PersistentVolumeSpec{
 			ClaimRef: &corev1.ObjectReference{Namespace: "ns", Name: claim, UID: types.UID("uid-" + claim)},
+			PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{
+				Driver: consts.DriverName, VolumeHandle: name}},
 			NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
 				MatchExpressions: []corev1.NodeSelectorRequirement{{Key: key, Operator: corev1.NodeSelectorOpIn, Values: []string{node}}}}}}},
 		},
@@ -55,8 +57,9 @@ func TestPinnedNode(t *testing.T) {
 // not run elsewhere; other claims, claims marked to keep, and pods on live nodes stay.
 func TestReleaseOnNodeLoss(t *testing.T) {
 	now := time.Now()
-	claim := func(name string, lws bool, keep bool) *corev1.PersistentVolumeClaim {
-		c := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)}}
+	claim := func(name, volume string, lws bool, keep bool) *corev1.PersistentVolumeClaim {
+		c := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name, UID: types.UID("uid-" + name)},
+			Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volume}}
 		if lws {
 			c.Labels = map[string]string{v1alpha1.SetNameLabelKey: "train"}
 		}
@@ -101,8 +104,9 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 				pinned("pv-other", "a", "scratch", corev1.LabelHostname),
 				pinned("pv-kept", "a", "data-train-1", corev1.LabelHostname),
 				pinned("pv-elsewhere", "b", "data-train-2", corev1.LabelHostname),
-				claim("data-train-0", true, false), claim("data-train-0-1", true, false), claim("data-train-0-2", true, false), claim("scratch", false, false),
-				claim("data-train-1", true, true), claim("data-train-2", true, false),
+				claim("data-train-0", "pv-leader", true, false), claim("data-train-0-1", "pv-worker", true, false),
+				claim("data-train-0-2", "pv-worker-2", true, false), claim("scratch", "pv-other", false, false),
+				claim("data-train-1", "pv-kept", true, true), claim("data-train-2", "pv-elsewhere", true, false),
 				pod("train-0", "", "data-train-0"),                   // recreated, Pending: cannot be scheduled
 				pod("train-0-1", "a", "data-train-0-1"),              // on the lost node
 				terminating(pod("train-0-2", "a", "data-train-0-2")), // on the lost node, an eviction begun
@@ -169,5 +173,53 @@ func TestReleaseOnNodeLoss(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A volume's claimRef is only its writer's word: volumes a node could forge — naming a claim of
+// another namespace that is bound elsewhere, a claim made again under the name (another UID, or
+// none named) that names the volume, or a volume of another driver — release no claim and no pod
+// when their node is lost.
+func TestForgedVolumesReleaseNothing(t *testing.T) {
+	lwsClaim := func(ns, name, uid, volume string) *corev1.PersistentVolumeClaim {
+		return &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid),
+			Labels: map[string]string{v1alpha1.SetNameLabelKey: "train"}}, Spec: corev1.PersistentVolumeClaimSpec{VolumeName: volume}}
+	}
+	pending := func(ns, name, claim string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{v1alpha1.SetNameLabelKey: "train"}},
+			Spec: corev1.PodSpec{Volumes: []corev1.Volume{{Name: "data",
+				VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: claim}}}}}}
+	}
+	forged := pinned("pv-forged", "a", "victim", corev1.LabelHostname)
+	forged.Spec.ClaimRef.Namespace, forged.Spec.ClaimRef.UID = "team-b", "uid-victim"
+	remade := pinned("pv-remade", "a", "remade", corev1.LabelHostname) // names uid-remade
+	noUID := pinned("pv-no-uid", "a", "unnamed", corev1.LabelHostname)
+	noUID.Spec.ClaimRef.UID = ""
+	otherDriver := pinned("pv-other-driver", "a", "foreign", corev1.LabelHostname)
+	otherDriver.Spec.CSI.Driver = "other.csi.dev"
+	objs := []client.Object{
+		forged, pinned("pv-victim", "b", "victim", corev1.LabelHostname), remade, noUID, otherDriver,
+		lwsClaim("team-b", "victim", "uid-victim", "pv-victim"), pending("team-b", "victim-0", "victim"),
+		lwsClaim("ns", "remade", "uid-remade-again", "pv-remade"), pending("ns", "remade-0", "remade"),
+		lwsClaim("ns", "unnamed", "uid-unnamed", "pv-no-uid"), pending("ns", "unnamed-0", "unnamed"),
+		lwsClaim("ns", "foreign", "uid-foreign", "pv-other-driver"), pending("ns", "foreign-0", "foreign"),
+	}
+	scheme := runtime.NewScheme()
+	_ = clientgoscheme.AddToScheme(scheme)
+	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	r := &Reconciler{Client: c}
+	res, err := r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Name: "a"}})
+	if err != nil || res.RequeueAfter != 0 {
+		t.Fatalf("requeue after %v, error %v", res.RequeueAfter, err)
+	}
+	for _, key := range []types.NamespacedName{{Namespace: "team-b", Name: "victim"}, {Namespace: "ns", Name: "remade"},
+		{Namespace: "ns", Name: "unnamed"}, {Namespace: "ns", Name: "foreign"}} {
+		if err := c.Get(context.Background(), key, &corev1.PersistentVolumeClaim{}); err != nil {
+			t.Errorf("claim %s: %v", key, err)
+		}
+		pod := types.NamespacedName{Namespace: key.Namespace, Name: key.Name + "-0"}
+		if err := c.Get(context.Background(), pod, &corev1.Pod{}); err != nil {
+			t.Errorf("pod %s: %v", pod, err)
+		}
 	}
 }

@@ -138,8 +138,9 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 
 // checkOutputTarget holds an output target to the rules the node applies to a tenant's, so that
 // a VolumeManager the node would refuse at each pod's start is Failed at once: a writer access
-// mode (only pods' writable copies have outputs), an S3 target only on an S3 dataset (its
-// endpoint and keys write it), an NFS target only on a server the administrator allows.
+// mode (only pods' writable copies have outputs), no placeholder but the pod's, an S3 target only
+// on an S3 dataset (its endpoint and keys write it), an NFS target only on a server the
+// administrator allows.
 func checkOutputTarget(vc *datav1alpha1.VolumeConfig, cfg Config) error {
 	if vc.OutputTarget == "" {
 		return nil
@@ -147,7 +148,11 @@ func checkOutputTarget(vc *datav1alpha1.VolumeConfig, cfg Config) error {
 	if !writable(vc) {
 		return fmt.Errorf("outputTarget needs a writer accessMode: what is uploaded is each pod's writable copy")
 	}
-	u, err := url.Parse(strings.NewReplacer(consts.PodNamespaceVar, "ns", consts.PodNameVar, "pod").Replace(vc.OutputTarget))
+	filled := strings.NewReplacer(consts.PodNamespaceVar, "ns", consts.PodNameVar, "pod").Replace(vc.OutputTarget)
+	if strings.Contains(filled, "${") {
+		return fmt.Errorf("outputTarget %q holds a placeholder the node has no value for: a VolumeManager's target takes %s and %s", vc.OutputTarget, consts.PodNamespaceVar, consts.PodNameVar)
+	}
+	u, err := url.Parse(filled)
 	if err != nil {
 		return fmt.Errorf("outputTarget %q: %w", vc.OutputTarget, err)
 	}
@@ -246,6 +251,12 @@ func PersistentVolume(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeCon
 		ReadOnly:         !writable(vc),
 		VolumeAttributes: maps.Clone(attrs),
 	}
+	if csi.VolumeAttributes == nil {
+		csi.VolumeAttributes = map[string]string{}
+	}
+	// The namespace of the claim it is bound to, as external-provisioner names a provisioned
+	// volume's: the node charges the VolumeManager's listings to it (NodeStageVolume names no pod).
+	csi.VolumeAttributes[consts.VolumeContextPVCNamespace] = vm.Namespace
 	if s := vc.Options[datav1alpha1.OptionSecretName]; s != "" {
 		csi.NodeStageSecretRef = &corev1.SecretReference{Name: s, Namespace: vm.Namespace}
 		if writable(vc) {

@@ -1,6 +1,9 @@
 package volumemanager
 
 import (
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
@@ -66,6 +70,8 @@ func TestDatasetAttributes(t *testing.T) {
 			AccessMode: corev1.ReadWriteOnce, OutputTarget: "nfs://10.0.0.9/export"}, wantErr: "NFS server 10.0.0.9 is not allowed"},
 		{name: "failure case - s3 output target of an nfs dataset", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data",
 			AccessMode: corev1.ReadWriteOnce, OutputTarget: "s3://results/x"}, wantErr: "a NFS dataset has none"},
+		{name: "failure case - output target naming a claim", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
+			AccessMode: corev1.ReadWriteOnce, OutputTarget: "s3://results/${pvc.name}"}, wantErr: "placeholder the node has no value for"},
 		{name: "failure case - output target of another scheme", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
 			AccessMode: corev1.ReadWriteOnce, OutputTarget: "http://results/x"}, wantErr: "is not s3://bucket"},
 		{name: "failure case - capacity above 1Pi", vc: datav1alpha1.VolumeConfig{SourceType: "S3", SourceURL: "s3://b/p",
@@ -122,9 +128,10 @@ func TestSelectNodes(t *testing.T) {
 	}
 	gpuAffinity := &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
 		NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "gpu", Operator: "In", Values: []string{"true"}}}}}}}
-	// n5 and n6 report StoragePools: n6 has the most room, n5 already holds the dataset (which
+	// n5 and n6 report StoragePools with room (n6 more), n5 already holds the dataset (which
 	// counts for nothing: the namespace has not proved it may read that copy), n7 has too little
-	// room for the capacity. cp is a control-plane node.
+	// room for the capacity. This volume's order (Spread) takes n5 before n6. cp is a
+	// control-plane node.
 	cp := node("cp", gpu, corev1.Taint{Key: "node-role.kubernetes.io/control-plane", Effect: corev1.TaintEffectNoSchedule})
 	nodes = append(nodes, cp)
 	nodes = append(nodes, node("n5", gpu), node("n6", gpu), node("n7", gpu))
@@ -140,10 +147,10 @@ func TestSelectNodes(t *testing.T) {
 		allowCP bool
 		want    []string
 	}{
-		{name: "the most room first, never one without room", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+		{name: "nodes with room first, never one without room", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
 			want: []string{"n5", "n6"}},
-		{name: "failure case - a cache holding the dataset is no reason to choose a node", vc: datav1alpha1.VolumeConfig{Replicas: 1, NodeAffinity: gpuAffinity},
-			want: []string{"n6"}},
+		{name: "by the volume's order, not by the room reported", vc: datav1alpha1.VolumeConfig{Replicas: 1, NodeAffinity: gpuAffinity},
+			want: []string{"n5"}},
 		{name: "nodes without a StoragePool come after those with room", vc: datav1alpha1.VolumeConfig{Replicas: 4, NodeAffinity: gpuAffinity},
 			want: []string{"n2", "n4", "n5", "n6"}},
 		{name: "current nodes are kept over warmer ones", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
@@ -152,14 +159,14 @@ func TestSelectNodes(t *testing.T) {
 		{name: "toleration admits the tainted node", vc: datav1alpha1.VolumeConfig{Replicas: 6, NodeAffinity: gpuAffinity,
 			Tolerations: []corev1.Toleration{{Key: "dedicated", Operator: "Equal", Value: "ml", Effect: "NoSchedule"}}}, want: []string{"n2", "n3", "n4", "n5", "n6"}},
 		{name: "current nodes are kept", vc: datav1alpha1.VolumeConfig{Replicas: 2}, current: []string{"n4", "n1"}, want: []string{"n1", "n4"}},
-		{name: "a current node that is no longer eligible is replaced by the roomiest", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
-			current: []string{"n1", "n4"}, want: []string{"n4", "n6"}},
+		{name: "a current node that is no longer eligible is replaced by one with room", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
+			current: []string{"n1", "n4"}, want: []string{"n4", "n5"}},
 		{name: "a drained node is replaced", vc: datav1alpha1.VolumeConfig{Replicas: 2, NodeAffinity: gpuAffinity},
-			current: []string{"n2", "drained"}, want: []string{"n2", "n6"}},
+			current: []string{"n2", "drained"}, want: []string{"n2", "n5"}},
 		{name: "failure case - tolerating everything does not reach a control-plane node", vc: datav1alpha1.VolumeConfig{Replicas: 8, NodeAffinity: gpuAffinity,
 			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}, want: []string{"n2", "n3", "n4", "n5", "n6"}},
 		{name: "failure case - a current control-plane node is left", vc: datav1alpha1.VolumeConfig{Replicas: 1, NodeAffinity: gpuAffinity,
-			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}, current: []string{"cp"}, want: []string{"n6"}},
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}, current: []string{"cp"}, want: []string{"n5"}},
 		{name: "the administrator allows control-plane nodes", vc: datav1alpha1.VolumeConfig{Replicas: 8, NodeAffinity: gpuAffinity,
 			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}}}, allowCP: true, want: []string{"cp", "n2", "n3", "n4", "n5", "n6"}},
 	}
@@ -168,11 +175,52 @@ func TestSelectNodes(t *testing.T) {
 	nodes = append(nodes, drained)
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := Placement{Nodes: nodes, Inventories: inv, DatasetID: "ds", Capacity: 1 << 30, AllowControlPlane: tc.allowCP}
+			p := Placement{Nodes: nodes, Inventories: inv, DatasetID: "ds", Capacity: 1 << 30, AllowControlPlane: tc.allowCP, Spread: "0123/data"}
 			if d := cmp.Diff(tc.want, SelectNodes(&tc.vc, p, tc.current)); d != "" {
 				t.Errorf("nodes (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// TestSelectNodesSpreads: new volumes are spread over the nodes with room by an order of their
+// own, not by what the nodes report. A node reporting a petabyte free (it writes its own
+// StoragePools) gets its share of 200 VolumeManagers, not all of them, and a cache holding the
+// dataset changes no choice.
+func TestSelectNodesSpreads(t *testing.T) {
+	var nodes []corev1.Node
+	inv := map[string]*NodeInventory{}
+	for i := range 10 {
+		name := fmt.Sprintf("node-%d", i)
+		nodes = append(nodes, node(name, nil))
+		inv[name] = &NodeInventory{Free: int64(10+i) << 30, Ready: map[string]bool{}}
+	}
+	inv["node-3"].Free = 1 << 50
+	cached := maps.Clone(inv)
+	cached["node-7"] = &NodeInventory{Free: inv["node-7"].Free, Ready: map[string]bool{"ds": true}}
+	for _, replicas := range []int32{1, 3} {
+		chosen := map[string]int{}
+		const volumes = 200
+		for i := range volumes {
+			vm := &datav1alpha1.VolumeManager{ObjectMeta: metav1.ObjectMeta{UID: types.UID(fmt.Sprintf("uid-%d", i))}}
+			vc := &datav1alpha1.VolumeConfig{ID: "data", Replicas: replicas}
+			p := Placement{Nodes: nodes, Inventories: inv, DatasetID: "ds", Capacity: 1 << 30, Spread: SpreadKey(vm, vc)}
+			got := SelectNodes(vc, p, nil)
+			p.Inventories = cached
+			if other := SelectNodes(vc, p, nil); !slices.Equal(got, other) {
+				t.Errorf("volume %d: %v, with the dataset cached on node-7 %v", i, got, other)
+			}
+			for _, n := range got {
+				chosen[n]++
+			}
+		}
+		// Fair is volumes × replicas / 10 nodes; an even spread stays well within twice that.
+		fair := volumes * int(replicas) / 10
+		for name := range inv {
+			if chosen[name] == 0 || chosen[name] > 2*fair {
+				t.Errorf("%d replicas: %s chosen for %d of %d volumes (fair share %d): %v", replicas, name, chosen[name], volumes, fair, chosen)
+			}
+		}
 	}
 }
 
@@ -195,6 +243,10 @@ func TestPersistentVolumeAndClaim(t *testing.T) {
 	}
 	if pv.Labels[LabelManager] != "vm" || pv.Labels[LabelNamespace] != "team" || pv.Labels["app"] != "train" {
 		t.Errorf("labels = %v", pv.Labels)
+	}
+	// The node charges the volume's listings to the claim's namespace (NodeStageVolume names no pod).
+	if ns := pv.Spec.CSI.VolumeAttributes[consts.VolumeContextPVCNamespace]; ns != "team" {
+		t.Errorf("PV names namespace %q, want the claim's", ns)
 	}
 	if other := PersistentVolumeClaim(vm, vc, []string{"n1", "n3"}); other.Name == pvc.Name {
 		t.Error("a new node set must get a new claim name")

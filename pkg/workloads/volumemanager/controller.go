@@ -298,7 +298,7 @@ func (r *Reconciler) reconcileVolume(ctx context.Context, vm *datav1alpha1.Volum
 	c := capacity(vc)
 	current := currentPlacement(vc, w.pvs, w.nodes, r.Config.AllowControlPlane)
 	chosen := SelectNodes(vc, Placement{Nodes: w.nodes, Inventories: w.inventories, DatasetID: datasetID, Capacity: c.Value(),
-		AllowControlPlane: r.Config.AllowControlPlane}, current)
+		AllowControlPlane: r.Config.AllowControlPlane, Spread: SpreadKey(vm, vc)}, current)
 
 	servingClaim, servingNodes := servingVolume(vm, vc, w, current)
 	if len(chosen) < int(vc.Replicas) {

@@ -2,6 +2,8 @@ package volumemanager
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
 	"slices"
 	"strings"
 
@@ -143,20 +145,34 @@ type Placement struct {
 	Capacity    int64
 	// AllowControlPlane is Config.AllowControlPlane.
 	AllowControlPlane bool
+	// Spread orders the nodes that can hold the volume: the VolumeManager's UID and the volume's
+	// ID (SpreadKey), so each volume has its own order of the nodes.
+	Spread string
+}
+
+// SpreadKey is a volume's Placement.Spread.
+func SpreadKey(vm *datav1alpha1.VolumeManager, vc *datav1alpha1.VolumeConfig) string {
+	return string(vm.UID) + "/" + vc.ID
 }
 
 // SelectNodes picks replicas eligible nodes, by the driver's node id (topology value). Nodes
-// already chosen stay while they are eligible, so data is not moved without need. New ones are
-// taken by the most free space in a pool, then by name; a node whose pools report less room than
-// the capacity is never taken (a node with no StoragePool yet is taken last). Whether a node's
-// cache already holds the dataset plays no part: the VolumeManager's namespace has not proved it
-// may read that copy (its stager pods do that, on the nodes chosen), and a choice that followed
-// the caches would tell a namespace user where a guessed bucket and prefix are cached. It returns
-// fewer than replicas when not enough nodes qualify.
+// already chosen stay while they are eligible, so data is not moved without need. A node whose
+// pools report less room than the capacity is never taken, and a node with no StoragePool yet is
+// taken last. The others are taken in an order of their own for each volume (rendezvous hashing
+// of p.Spread and the node's name), not by the room they report: a node writes its own
+// StoragePools, so a compromised one could report any free space, and if the most room went
+// first it would be chosen by every new volume and get every VolumeManager's Secrets through its
+// kubelet. Hashing spreads volumes evenly over the nodes with room, stays the same from one
+// reconcile to the next, and is a number no node can raise. Whether a node's cache already holds
+// the dataset plays no part either: the VolumeManager's namespace has not proved it may read that
+// copy (its stager pods do that, on the nodes chosen), and a choice that followed the caches
+// would tell a namespace user where a guessed bucket and prefix are cached. It returns fewer than
+// replicas when not enough nodes qualify.
 func SelectNodes(vc *datav1alpha1.VolumeConfig, p Placement, current []string) []string {
 	type candidate struct {
-		id   string
-		free int64
+		id     string
+		noPool bool
+		rank   uint64
 	}
 	eligible := map[string]bool{}
 	var cands []candidate
@@ -167,17 +183,23 @@ func SelectNodes(vc *datav1alpha1.VolumeConfig, p Placement, current []string) [
 		}
 		id := n.Labels[consts.TopologyKey]
 		eligible[id] = true
-		c := candidate{id: id, free: -1}
-		if inv := p.Inventories[n.Name]; inv != nil {
-			c.free = inv.Free
-			if c.free >= 0 && c.free < p.Capacity {
+		c := candidate{id: id, noPool: true, rank: spreadRank(p.Spread, n.Name)}
+		if inv := p.Inventories[n.Name]; inv != nil && inv.Free >= 0 {
+			if inv.Free < p.Capacity {
 				continue // no room, now
 			}
+			c.noPool = false
 		}
 		cands = append(cands, c)
 	}
 	slices.SortFunc(cands, func(a, b candidate) int {
-		if c := cmp.Compare(b.free, a.free); c != 0 {
+		if a.noPool != b.noPool {
+			if a.noPool {
+				return 1
+			}
+			return -1
+		}
+		if c := cmp.Compare(a.rank, b.rank); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.id, b.id)
@@ -198,4 +220,11 @@ func SelectNodes(vc *datav1alpha1.VolumeConfig, p Placement, current []string) [
 	}
 	slices.Sort(out)
 	return out
+}
+
+// spreadRank is node's place in the order of key: the first 8 bytes of SHA-256(key, node), by the
+// Kubernetes node name, which a node cannot change (the topology value is the node's to set).
+func spreadRank(key, node string) uint64 {
+	h := sha256.Sum256([]byte(key + "\x00" + node))
+	return binary.BigEndian.Uint64(h[:8])
 }

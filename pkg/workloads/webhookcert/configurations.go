@@ -10,6 +10,7 @@ import (
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
+	"github.com/cistern-csi/cistern/pkg/workloads/nodevolume"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook"
 	"github.com/cistern-csi/cistern/pkg/workloads/placement"
 )
@@ -110,9 +111,30 @@ func Configurations(cc ClientConfigFunc, caBundle []byte, lwsAPI schema.GroupVer
 				Rules: rule(workloadsv1alpha1.GroupVersion, "notebookvalidationjobs", create, update), FailurePolicy: fail, SideEffects: none,
 				AdmissionReviewVersions: versions,
 			},
+			nodeVolumeWebhook(withCA(nodevolume.Path)),
 		},
 	}
 	return mutating, validating
+}
+
+// nodeVolumeWebhook sends the API server's PersistentVolume creations and updates by the node
+// plugin's ServiceAccount, and no one else's, to pkg/workloads/nodevolume. It fails closed: while
+// the controller is down, nodes provision no volume (their provisioners retry), rather than write
+// volumes no one checked.
+func nodeVolumeWebhook(cc admissionregistrationv1.WebhookClientConfig) admissionregistrationv1.ValidatingWebhook {
+	return admissionregistrationv1.ValidatingWebhook{
+		Name: "vnodepersistentvolume.workloads.cistern.dev", ClientConfig: cc,
+		Rules: []admissionregistrationv1.RuleWithOperations{{
+			Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+			Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
+				Resources: []string{"persistentvolumes"}, Scope: ptr.To(admissionregistrationv1.ClusterScope)},
+		}},
+		FailurePolicy:           ptr.To(admissionregistrationv1.Fail),
+		SideEffects:             ptr.To(admissionregistrationv1.SideEffectClassNone),
+		AdmissionReviewVersions: []string{"v1"},
+		MatchConditions: []admissionregistrationv1.MatchCondition{{
+			Name: "cistern-node-service-account", Expression: nodevolume.ServiceAccountExpression}},
+	}
 }
 
 // placementWebhook sends the API server only pod creations that may name a dataset (a claim, a

@@ -70,6 +70,19 @@ func (r Rendered) YAML(kinds ...string) (string, error) {
 	return strings.Join(docs, "\n---\n"), nil
 }
 
+// Named are the objects of r named name.
+func (r Rendered) Named(name string) Rendered {
+	out := Rendered{}
+	for kind, objs := range r {
+		for _, o := range objs {
+			if meta, _ := o["metadata"].(map[string]any); meta["name"] == name {
+				out[kind] = append(out[kind], o)
+			}
+		}
+	}
+	return out
+}
+
 // RBACKinds are the kinds the suites install from a rendered install to run the controller as its
 // ServiceAccount: everything but the workloads and the Service-mode webhook configurations.
 var RBACKinds = []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
