@@ -255,16 +255,8 @@ func (u *Uploader) HandedOff(volume string) time.Time {
 // resumed (Jobs) nor holds the volume (Done); the journal keeps what is at the target, so that a
 // later hand-off of the same job (a claim staged and let go again) sends only the rest.
 func (u *Uploader) Expire(volume string) error {
-	dir := u.journalDir(volume)
-	job, err := readJob(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	j, err := openJournal(dir, job)
-	if err != nil {
+	j, err := u.openJobJournal(volume)
+	if j == nil || err != nil {
 		return err
 	}
 	if err := j.append(record{Op: opExpired}, true); err != nil {
@@ -272,6 +264,19 @@ func (u *Uploader) Expire(volume string) error {
 		return err
 	}
 	return j.close()
+}
+
+// openJobJournal opens the journal of volume's recorded job; nil, nil when it has none.
+func (u *Uploader) openJobJournal(volume string) (*journal, error) {
+	dir := u.journalDir(volume)
+	job, err := readJob(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return openJournal(dir, job)
 }
 
 // logState is what a journal's log says of its job, read without opening it for appending (a
@@ -342,16 +347,8 @@ func (u *Uploader) Forget(volume string) error {
 // again unless changed since, or no longer at the target (checked first). A journal kept
 // already, or none, is left as it is; one not complete is an error.
 func (u *Uploader) Keep(volume string) error {
-	dir := u.journalDir(volume)
-	job, err := readJob(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	j, err := openJournal(dir, job)
-	if err != nil {
+	j, err := u.openJobJournal(volume)
+	if j == nil || err != nil {
 		return err
 	}
 	defer j.close()

@@ -48,23 +48,11 @@ func (c *Cache) Settle(pool, dir, digest string, maxVersions int) error {
 	id := IDOf(filepath.Base(dir))
 	to := KeptDir(pool, id, digest)
 	_, err := os.Stat(to)
-	cur, ready := readyVersion(DatasetDir(pool, id))
-	switch {
-	case err == nil || ready && cur.Digest == digest:
-		if err := c.retireLocked(pool, filepath.Base(dir)); err != nil {
-			return err
-		}
-	case !IsNotExist(err):
+	if err != nil && !IsNotExist(err) {
 		return err
-	default:
-		if err := os.Rename(dir, to); err != nil {
-			return err
-		}
-		if err := SyncDir(Dir(pool)); err != nil {
-			return err
-		}
 	}
-	return c.TrimLocked(pool, id, maxVersions-1)
+	cur, ready := readyVersion(DatasetDir(pool, id))
+	return c.keepAsLocked(pool, id, filepath.Base(dir), to, err == nil || ready && cur.Digest == digest, maxVersions)
 }
 
 // IDOf is the dataset ID of a cache directory's name (a current, kept or retired version).
@@ -154,15 +142,24 @@ func (c *Cache) Keep(pool, id, digest string, maxVersions int) error {
 	}
 	defer c.Changed()
 	to := KeptDir(pool, id, digest)
-	switch _, err := os.Stat(to); {
-	case err == nil: // the same version is kept already: this copy goes with its volumes
-		if err := c.retireLocked(pool, id); err != nil {
+	_, err = os.Stat(to)
+	if err != nil && !IsNotExist(err) {
+		return err
+	}
+	// The same version kept already: this copy goes with its volumes.
+	return c.keepAsLocked(pool, id, id, to, err == nil, maxVersions)
+}
+
+// keepAsLocked makes the cache directory name (of dataset id, on pool) the kept version to,
+// unless that version is kept (or current) already (have): then this copy is retired, for the
+// volumes that read it. Then at most maxVersions-1 versions of id stay kept.
+func (c *Cache) keepAsLocked(pool, id, name, to string, have bool, maxVersions int) error {
+	if have {
+		if err := c.retireLocked(pool, name); err != nil {
 			return err
 		}
-	case !IsNotExist(err):
-		return err
-	default:
-		if err := os.Rename(dir, to); err != nil {
+	} else {
+		if err := os.Rename(filepath.Join(Dir(pool), name), to); err != nil {
 			return err
 		}
 		if err := SyncDir(Dir(pool)); err != nil {
