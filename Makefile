@@ -131,6 +131,17 @@ test:
 	  TEST_CHECK_PACKAGES=$(if $(filter file,$(origin TEST_TARGETS)),1) \
 	  TEST_SECOND_LANE="$(TEST_SECOND_LANE)" hack/make/run-tests.sh $(TEST_TARGETS)
 
+# What make test leaves out to stay within CI's 20 warm minutes: the full Kubernetes storage e2e
+# runs, the upstream LeaderWorkerSet comparison, the full fault suite, long fuzzing and every
+# benchmark (docs/testing.md, "What make test runs"), after make test itself, going on after a
+# failure.
+TEST_ALL_EXTRA := test-lws-upstream e2e-k8s chaos fuzz $(BENCH_TARGETS)
+.PHONY: test-all
+## make test, then the full e2e, LWS comparison, fault, fuzz and benchmark runs it leaves out
+test-all:
+	@rc=0; $(MAKE) --no-print-directory test || rc=1; \
+	  $(MAKE) -k --no-print-directory $(TEST_ALL_EXTRA) || rc=1; exit $$rc
+
 # The tests each target must pass (hack/testreport/gate.go), rewritten from the results of a full
 # `make test` (CI=true, so that nothing skipped for want of root or a tool): review the diff, and
 # say in the commit why a test left the list.
