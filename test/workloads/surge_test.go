@@ -51,7 +51,9 @@ func updateLWS(t *testing.T, key client.ObjectKey, mod func(*v1alpha1.LeaderWork
 	t.Helper()
 	ctx := testutil.Context(t)
 	var cur v1alpha1.LeaderWorkerSet
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	// DefaultBackoff, not DefaultRetry: the controller writes the object too (its finalizer,
+	// annotations), and five tries within 50 ms all lost to it once at a load of 20.
+	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		if err := cl.Get(ctx, key, &cur); err != nil {
 			return err
 		}
