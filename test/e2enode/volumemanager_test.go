@@ -214,7 +214,7 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 
 	// spec.state Completed releases the claims and volumes: Completed, and kubelet unstages. The
 	// controller writes the object too (its status), so the update is retried on a conflict.
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}

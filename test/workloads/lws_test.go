@@ -242,7 +242,7 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 	})
 	scale := func(n int32) {
 		t.Helper()
-		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 			var l v1alpha1.LeaderWorkerSet
 			if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &l); err != nil {
 				return err
@@ -376,7 +376,7 @@ func TestLeaderWorkerSetGroupRestart(t *testing.T) {
 		})
 
 		// Report a container restart in worker rs-0-1, as its kubelet would.
-		if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 			var w corev1.Pod
 			if err := cl.Get(ctx, types.NamespacedName{Namespace: ns, Name: "rs-0-1"}, &w); err != nil {
 				return err
@@ -444,7 +444,7 @@ func TestLeaderWorkerSetAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The controller writes status meanwhile: retry conflicts, not refusals.
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		var cur v1alpha1.LeaderWorkerSet
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &cur); err != nil {
 			return err

@@ -437,7 +437,7 @@ func TestNotebookJobPrivateRepoGolden(t *testing.T) {
 func changePodStatus(t *testing.T, pod *corev1.Pod, change func(*corev1.Pod)) {
 	t.Helper()
 	ctx := testutil.Context(t)
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(pod), pod); err != nil {
 			return err
 		}

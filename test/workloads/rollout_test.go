@@ -63,7 +63,7 @@ func TestLeaderWorkerSetRollout(t *testing.T) {
 		}
 	}
 
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		var cur v1alpha1.LeaderWorkerSet
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(l), &cur); err != nil {
 			return err

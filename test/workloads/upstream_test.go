@@ -70,7 +70,7 @@ func TestLeaderWorkerSetSubGroups(t *testing.T) {
 			return nil
 		})
 	}
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		var cur v1alpha1.LeaderWorkerSet
 		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: "sg"}, &cur); err != nil {
 			return err
