@@ -18,7 +18,7 @@ test-driver:
 # listed as skipped subtests.
 ## csi-sanity against the real driver
 sanity:
-	$(GO_TEST) -count=1 -v ./sanity/... ./test/specgate/... | grep -E '^(--- |ok|FAIL|PASS)|Passed|Failed|Skipped|(specgate|_test)\.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+	$(GO_TEST) -count=1 -v ./sanity/... ./test/specgate/... | grep -E '^(gate: |--- |ok|FAIL|PASS)|Passed|Failed|Skipped|(specgate|_test)\.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # 100 volumes of 64 MiB through the driver vs. the same steps done directly; CreateVolume with
 # 1,000 existing volumes vs. 10. BENCH_DIR should be on the disk you care about.

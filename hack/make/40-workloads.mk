@@ -54,7 +54,7 @@ test-workloads: k8s-tools kueue-tools
 ## Upstream LeaderWorkerSet and the drop-in on two control planes, compared field by field
 test-lws-upstream: k8s-tools lws-tools
 	$(GO_TEST) -count=1 -timeout 30m -v ./test/workloads/upstreamdiff/ 2>&1 | \
-	  grep -E '^(=== RUN|\s*--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+|^\s+[0-9]+ [A-Z]' ; exit $${PIPESTATUS[0]}
+	  grep -E '^(gate: |=== RUN|\s*--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+|^\s+[0-9]+ [A-Z]' ; exit $${PIPESTATUS[0]}
 
 # LeaderWorkerSet of 500 groups x 8 pods; figures in _output/bench/workloads.txt.
 ## LeaderWorkerSet of 500 groups x 8 pods on a real control plane

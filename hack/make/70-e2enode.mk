@@ -59,7 +59,7 @@ e2e-node:
 	@$(REQUIRE_NODE); \
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images host-packages $(VERSITYGW) && \
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 $(GO_TEST) -count=1 -timeout 25m -v -run '$(E2E_NODE_RUN)' ./test/e2enode/... | \
-	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+	  grep -E '^(gate: |=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|e2enode_test.go|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # The install suite (TestInstall in test/e2enode): deploy/csi applied with `kubectl apply
 # --server-side -k` (an overlay changing only image references and the pools ConfigMap), then
@@ -80,7 +80,7 @@ e2e-install:
 	(cd hack/images && $(GO) build -o $(REGISTRY_BIN) ./registry) && \
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 35m -v -run '$(E2E_INSTALL_RUN)' ./test/e2enode/... | \
-	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+	  grep -E '^(gate: |=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # Node loss (TestLWSNodeLoss in test/e2enode): a LeaderWorkerSet group on dataset claims runs on
 # one of two kubelet nodes in their own network namespaces (the storage e2e suite's nodes), each
@@ -94,4 +94,4 @@ e2e-nodeloss:
 	@$(REQUIRE_NODE); \
 	$(MAKE) --no-print-directory k8s-tools kubelet-tools csi-tools node-tools node-images $(VERSITYGW) && \
 	CISTERN_VERSITYGW=$(VERSITYGW) $(GO_TEST) -count=1 -timeout 20m -v -run 'TestLWSNodeLoss$$' ./test/e2enode/... | \
-	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+	  grep -E '^(gate: |=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}

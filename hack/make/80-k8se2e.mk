@@ -56,7 +56,7 @@ e2e-k8s:
 	CISTERN_IMAGES=$(IMAGES_DIR)/images.json CISTERN_REGISTRY_BIN=$(REGISTRY_BIN) CISTERN_REQUIRE_PEERS=1 CISTERN_VERSITYGW=$(VERSITYGW) \
 	  CISTERN_SNAPSHOT_CRDS=$$crds CISTERN_SNAPSHOT_CONTROLLER=$$controller CISTERN_K8S_E2E_RUNS=$(K8S_E2E_RUNS) CISTERN_K8S_E2E_FOCUS='$(K8S_E2E_FOCUS)' CISTERN_K8S_E2E_NODES=$(K8S_E2E_NODES) \
 	  $(GO_TEST) -count=1 -timeout 3h -v -run TestK8sStorageE2E ./test/e2enode/... | \
-	  grep -E '^(=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|(_test|specgate)\.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+	  grep -E '^(gate: |=== RUN|--- |\s+--- |ok|FAIL|PASS|panic)|(_test|specgate)\.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 # The representative part `make test` runs (K8S_E2E_RUNS=subset: provisioning from a claim,
 # volumes, subPath, block, CSI inline and generic ephemeral volumes, a snapshot and its restore),

@@ -13,7 +13,7 @@ chaos: $(VERSITYGW)
 	@CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 CISTERN_CHAOS_SEED=$(CHAOS_SEED) \
 	  CISTERN_CHAOS_ROUNDS=$(CHAOS_ROUNDS) CISTERN_CHAOS_LOAD=$(CHAOS_LOAD) \
 	  $(GO_TEST) -count=1 -timeout 90m -v -run TestChaos ./test/chaos/ | \
-	  grep -E '^(--- |ok|FAIL|PASS|panic|chaos: |load: )|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
+	  grep -E '^(gate: |--- |ok|FAIL|PASS|panic|chaos: |load: )|_test.go:[0-9]+' ; exit $${PIPESTATUS[0]}
 
 TEST_TARGETS += chaos-short
 ## The bounded fault suite of make test (every fault once, 50 volumes)
