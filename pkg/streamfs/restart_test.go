@@ -201,10 +201,17 @@ func TestRestartLosesNoRead(t *testing.T) {
 	})
 
 	// waitFor polls a counter: reads, not time, say when to go on.
+	// A server that dies unasked fails every read at once (ENOTCONN): say so, with how it ended.
 	waitFor := func(what string, ok func() bool) {
 		for deadline := time.Now().Add(2 * time.Minute); !ok(); time.Sleep(time.Millisecond) {
+			if err := child.died(); err != nil {
+				t.Fatalf("waiting for %s: the server process %v, %d files read, %d failed", what, err, whole.Load(), failed.Load())
+			}
 			if time.Now().After(deadline) {
-				t.Fatalf("waiting for %s: %d files read, %d failed", what, whole.Load(), failed.Load())
+				errMu.Lock()
+				first := errs[:min(len(errs), 5)]
+				errMu.Unlock()
+				t.Fatalf("waiting for %s: %d files read, %d failed, the first: %q", what, whole.Load(), failed.Load(), first)
 			}
 		}
 	}
@@ -216,10 +223,9 @@ func TestRestartLosesNoRead(t *testing.T) {
 			return whole.Load() >= before+4 && inRead.Load() >= 2 && inFetch.Load() >= 1
 		})
 		inFlight = append(inFlight, inFetch.Load())
-		if err := child.Process.Signal(syscall.SIGKILL); err != nil {
+		if err := child.kill(); err != nil {
 			t.Fatal(err)
 		}
-		_ = child.Wait()
 		t.Logf("kill %d: %d readers of uncached files inside read(2), %d files read so far", k+1, inFlight[k], whole.Load())
 		child = start("resumed")
 	}
@@ -274,8 +280,38 @@ func (s *servers) unmount() {
 	_ = syscall.Unmount(s.dir, syscall.MNT_DETACH)
 }
 
+// server is one server process.
+type server struct {
+	cmd    *exec.Cmd
+	killed atomic.Bool
+	exited chan struct{}
+	err    error // how it ended, once exited is closed
+}
+
+// kill SIGKILLs the server and waits for its end.
+func (p *server) kill() error {
+	p.killed.Store(true)
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	<-p.exited
+	return nil
+}
+
+// died says how the server ended, if it ended without being killed (a panic, a race report).
+func (p *server) died() error {
+	select {
+	case <-p.exited:
+		if !p.killed.Load() {
+			return fmt.Errorf("exited unasked: %v", p.err)
+		}
+	default:
+	}
+	return nil
+}
+
 // start starts a server process, which says want ("mounted" or "resumed") once it serves.
-func (s *servers) start(want string) *exec.Cmd {
+func (s *servers) start(want string) *server {
 	t := s.t
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+s.cfgPath)
@@ -287,8 +323,10 @@ func (s *servers) start(want string) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	p := &server{cmd: cmd, exited: make(chan struct{})}
 	line, err := bufio.NewReader(out).ReadString('\n')
+	go func() { p.err = cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() { _ = p.kill() })
 	if err != nil || line != want+"\n" {
 		t.Fatalf("server process: %q, %v; want %q", line, err, want)
 	}
@@ -297,7 +335,7 @@ func (s *servers) start(want string) *exec.Cmd {
 			t.Fatal(err)
 		}
 	}
-	return cmd
+	return p
 }
 
 // TestRefuseAnswersEIO: a mount whose server died and whose caller's access cannot be proved
@@ -317,8 +355,9 @@ func TestRefuseAnswersEIO(t *testing.T) {
 	if _, err := open.Read(buf); err != nil {
 		t.Fatal(err)
 	}
-	_ = child.Process.Kill()
-	_ = child.Wait()
+	if err := child.kill(); err != nil {
+		t.Fatal(err)
+	}
 	held, err := fusekeeper.Take(srv.keeper)
 	if err != nil || len(held) != 1 {
 		t.Fatalf("keeper holds %d connections, %v", len(held), err)
