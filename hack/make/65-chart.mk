@@ -9,7 +9,7 @@ export CISTERN_HELM := $(HELM)
 # deploy/csi's files that are templates in the chart, and what the chart leaves to the user
 # (the Namespace: `helm install --namespace`; the examples).
 CHART_TEMPLATED := namespace.yaml driver/csidriver.yaml driver/pools.yaml driver/peer-networkpolicy.yaml \
-  driver/fuse-keeper.yaml driver/node/daemonset.yaml workload-controller/deployment.yaml snapshots/csi-snapshotter.yaml
+  driver/fuse-keeper.yaml driver/node/daemonset.yaml workload-controller/deployment.yaml workload-controller/pdb.yaml snapshots/csi-snapshotter.yaml
 
 .PHONY: generate-chart test-chart helm
 generate: generate-chart

@@ -32,3 +32,35 @@ securityContext:
   readOnlyRootFilesystem: true
   capabilities: {drop: [ALL]}
 {{- end }}
+
+{{/* What every pod of the chart has: its annotations (podAnnotations) and the registries' pull
+secrets (imagePullSecrets), indented for a pod template's metadata and spec. */}}
+{{- define "cistern.podAnnotations" -}}
+{{- with .Values.podAnnotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "cistern.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The extra variables of every container (env: a proxy's HTTP_PROXY, HTTPS_PROXY, NO_PROXY),
+after the container's own: cistern.env for a container with variables, cistern.envList for one
+without. */}}
+{{- define "cistern.env" -}}
+{{- with .Values.env }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "cistern.envList" -}}
+{{- with .Values.env }}
+env:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
