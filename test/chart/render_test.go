@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -158,7 +159,7 @@ func compare(t *testing.T, want, got objects) {
 
 // renderKustomize renders the given kustomizations of deploy/csi (its base is ".") with its
 // components, in an overlay that points the images at testImages' registry and tag, as the one
-// `make push` writes does.
+// `make push` writes does (with the replacements that copy the controller's image again).
 func renderKustomize(t *testing.T, resources []string, components ...string) objects {
 	t.Helper()
 	out := filepath.Join(repoRoot(), "_output")
@@ -181,6 +182,21 @@ func renderKustomize(t *testing.T, resources []string, components ...string) obj
 	k := fmt.Sprintf("resources: [%s]\ncomponents: [%s]\nimages:\n", strings.Join(res, ", "), strings.Join(comps, ", "))
 	for _, img := range []string{"node", "workload-controller"} {
 		k += fmt.Sprintf("- {name: cistern/%s, newName: registry.example.com/cistern/%s, newTag: dev}\n", img, img)
+	}
+	// As `make push` writes it (hack/images/release ControllerImageReplacements): the
+	// comparison and stager images follow the controller's, in the base.
+	if slices.Contains(resources, ".") {
+		k += `replacements:
+- source:
+    kind: Deployment
+    name: cistern-workload-controller
+    fieldPath: spec.template.spec.containers.[name=controller].image
+  targets:
+  - select: {kind: Deployment, name: cistern-workload-controller}
+    fieldPaths:
+    - spec.template.spec.containers.[name=controller].env.[name=COMPARE_IMAGE].value
+    - spec.template.spec.containers.[name=controller].env.[name=STAGER_IMAGE].value
+`
 	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
