@@ -2,7 +2,7 @@
 TEST_TARGETS += e2e
 
 DEMO_DIR ?= /var/tmp/cistern-demo
-# Images are tagged with the version (git describe); deploy/csi names them cistern/node and
+# Images are tagged with the version (make version: git describe --tags); deploy/csi names them cistern/node and
 # cistern/workload-controller, and a kustomize images: entry points it at a registry and tag.
 IMAGE_TAG ?= $(VERSION)
 IMAGES_DIR := $(CURDIR)/_output/images
