@@ -29,8 +29,8 @@ var helmLabels = []string{"app.kubernetes.io/managed-by", "app.kubernetes.io/ins
 // objects are rendered objects by "Kind namespace/name".
 type objects map[string]map[string]any
 
-// TestChartMatchesKustomize: the chart with default values installs exactly what deploy/csi
-// installs, and each switch of the chart what the kustomize component or overlay of the same
+// TestChartMatchesKustomize: the chart with default values (and testImages) installs exactly
+// what deploy/csi installs with an overlay setting the same images, and each switch of the chart what the kustomize component or overlay of the same
 // name adds; the only object the chart leaves out is the Namespace (`helm install --namespace`).
 // An object added to deploy/csi and not to the chart, or a flag changed in one and not the
 // other, fails here.
