@@ -36,14 +36,14 @@ securityContext:
 {{/* What every pod of the chart has: its annotations (podAnnotations) and the registries' pull
 secrets (imagePullSecrets), indented for a pod template's metadata and spec. */}}
 {{- define "cistern.podAnnotations" -}}
-{{- with .Values.podAnnotations }}
+{{- with .Values.podAnnotations -}}
 annotations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
 {{- define "cistern.imagePullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .Values.imagePullSecrets -}}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
@@ -53,13 +53,13 @@ imagePullSecrets:
 after the container's own: cistern.env for a container with variables, cistern.envList for one
 without. */}}
 {{- define "cistern.env" -}}
-{{- with .Values.env }}
+{{- with .Values.env -}}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
 
 {{- define "cistern.envList" -}}
-{{- with .Values.env }}
+{{- with .Values.env -}}
 env:
   {{- toYaml . | nindent 2 }}
 {{- end }}
