@@ -68,6 +68,8 @@ type suite struct {
 	n       *node
 	s3      *testpeers.S3
 	proxy   *testpeers.Proxy
+	// endpoint is the S3 endpoint volumes name: the proxy's (TestChaosChecks bypasses it).
+	endpoint string
 	rng     *rand.Rand
 	secrets map[string]string
 	// The fault applied to object GETs: the first `left` of them get it.
@@ -83,6 +85,7 @@ func newSuite(t *testing.T, seed uint64) *suite {
 	s.s3 = testpeers.StartS3(t, "")
 	s.s3.Bucket(t, "chaos")
 	s.proxy = testpeers.StartProxy(t, s.s3.Endpoint, s.chooser)
+	s.endpoint = s.proxy.URL
 	s.secrets = map[string]string{"accessKeyID": s.s3.AccessKey, "secretAccessKey": s.s3.SecretKey}
 	s.n = startNode(t, 1<<30)
 	return s
@@ -136,7 +139,7 @@ func (s *suite) dataset(prefix string, files int, maxSize int) map[string][]byte
 
 func (s *suite) inlineContext(prefix string) map[string]string {
 	return map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://chaos/" + prefix,
-		"endpoint": s.proxy.URL, "pathStyle": "true", "size": "64Mi"}
+		"endpoint": s.endpoint, "pathStyle": "true", "size": "64Mi"}
 }
 
 // compare says how the tree at dir differs from want ("" when identical).
@@ -464,7 +467,7 @@ func (s *suite) inlineRound(i int, fault, prefix string, want map[string][]byte)
 // NodeStageVolume is cut by SIGKILLs, then staged, published, checked and deleted.
 func (s *suite) stagedRound(i int, prefix string, want map[string][]byte) result {
 	resp, err := retryCreate(s, fmt.Sprintf("chaos-staged-%d", i), map[string]string{"source": "s3://chaos/" + prefix,
-		"endpoint": s.proxy.URL, "pathStyle": "true", "pool": "fast"})
+		"endpoint": s.endpoint, "pathStyle": "true", "pool": "fast"})
 	if err != nil {
 		if cleanError(err) {
 			return result{outcome: "failed_clean", detail: err.Error()}
