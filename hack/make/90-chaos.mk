@@ -28,4 +28,4 @@ TEST_TARGETS += chaos-short
 ## The bounded fault suite of make test (every fault once, 50 volumes over 5 datasets)
 chaos-short:
 	@$(MAKE) --no-print-directory chaos CHAOS_ROUNDS=11 CHAOS_LOAD=50 CHAOS_LOAD_DATASETS=5 \
-	  CHAOS_MIN_FAULTS=5 CHAOS_MIN_KILLS=5
+	  CHAOS_MIN_FAULTS=10 CHAOS_MIN_KILLS=5
