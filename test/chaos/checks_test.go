@@ -191,5 +191,13 @@ func TestChaosChecks(t *testing.T) {
 		if races := testutil.RaceReports([]byte("I1203 driver log\n==================\n")); len(races) != 0 {
 			t.Errorf("a log without a race: %q", races)
 		}
+		// The node's check reads its driver's log, of every process it started.
+		n := &node{logPath: filepath.Join(t.TempDir(), "driver.log")}
+		if err := os.WriteFile(n.logPath, append([]byte("I1203 started\n"), out...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if races := n.raceReports(); len(races) != 1 {
+			t.Errorf("the node found %d reports in its log", len(races))
+		}
 	})
 }
