@@ -64,14 +64,14 @@ var faults = []string{faultSlowDown, fault500, faultReset, faultTruncated, fault
 	faultDenied, faultPoolFull, faultKillStage, faultKillPublish, faultKillUnpub}
 
 type suite struct {
-	t       *testing.T
-	n       *node
-	s3      *testpeers.S3
-	proxy   *testpeers.Proxy
+	t     *testing.T
+	n     *node
+	s3    *testpeers.S3
+	proxy *testpeers.Proxy
 	// endpoint is the S3 endpoint volumes name: the proxy's (TestChaosChecks bypasses it).
 	endpoint string
-	rng     *rand.Rand
-	secrets map[string]string
+	rng      *rand.Rand
+	secrets  map[string]string
 	// The fault applied to object GETs: the first `left` of them get it.
 	mu    sync.Mutex
 	fault testpeers.Fault
