@@ -304,7 +304,10 @@ func TestChaos(t *testing.T) {
 		t.Logf("round %d: %s: %s (faults delivered %d, kills mid-call %d, missed %d) %s", i, fault, r.outcome, r.delivered, r.kills, r.missed, r.detail)
 	}
 	chaos := tl.String()
-	load := s.runLoad(loadN, loadDatasets)
+	load, problems := s.runLoad(loadN, loadDatasets)
+	for _, p := range problems {
+		t.Error(p)
+	}
 	t.Log(chaos)
 	t.Log(load)
 	fmt.Println(chaos)

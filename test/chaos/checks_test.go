@@ -92,6 +92,18 @@ func TestChaosChecks(t *testing.T) {
 		}
 	})
 
+	// Load volumes that bypass the proxy come up right, but with no fault delivered to their
+	// datasets: the load fails.
+	t.Run("a load without faults fails", func(t *testing.T) {
+		s.endpoint = s.s3.Endpoint
+		line, problems := s.runLoad(4, 2)
+		s.endpoint = s.proxy.URL
+		if len(problems) != 2 || !strings.Contains(problems[0], "no fault was delivered") || !strings.Contains(line, "faults_delivered=0") ||
+			!strings.Contains(line, "errors=0") {
+			t.Errorf("%s; problems %q", line, problems)
+		}
+	})
+
 	// A kill armed at a point the call never reaches kills nothing and is not counted; one armed
 	// at a point it reaches lands there, inside the call.
 	t.Run("a kill counts only at a point reached", func(t *testing.T) {

@@ -54,10 +54,10 @@ func datasetOf(path string) string {
 // runLoad publishes n read-only inline volumes over `datasets` datasets at once on the node, as n
 // pods starting together would, with the first GET of every object faulted; it times each from
 // its first call to its success and checks it byte for byte. Every dataset must have had a fault
-// delivered, and every volume must come up right.
-func (s *suite) runLoad(n, datasets int) string {
+// delivered, and every volume must come up right: problems says what did not.
+func (s *suite) runLoad(n, datasets int) (line string, problems []string) {
 	if n == 0 {
-		return "load: volumes=0"
+		return "load: volumes=0", nil
 	}
 	datasets = max(1, min(datasets, n))
 	want := make([]map[string][]byte, datasets)
@@ -74,6 +74,12 @@ func (s *suite) runLoad(n, datasets int) string {
 	}()
 	durations := make([]float64, n)
 	var errs atomic.Int64
+	var mu sync.Mutex
+	problem := func(format string, args ...any) {
+		mu.Lock()
+		problems = append(problems, fmt.Sprintf(format, args...))
+		mu.Unlock()
+	}
 	var wg sync.WaitGroup
 	for k := range n {
 		wg.Go(func() {
@@ -89,12 +95,12 @@ func (s *suite) runLoad(n, datasets int) string {
 			durations[k] = time.Since(start).Seconds()
 			if err != nil {
 				errs.Add(1)
-				s.t.Errorf("load volume %d: %v", k, err)
+				problem("load volume %d: %v", k, err)
 				return
 			}
 			if d := compare(target, want[k%datasets]); d != "" {
 				errs.Add(1)
-				s.t.Errorf("load volume %d: %s", k, d)
+				problem("load volume %d: %s", k, d)
 			}
 		})
 	}
@@ -107,22 +113,22 @@ func (s *suite) runLoad(n, datasets int) string {
 			return err
 		}); err != nil {
 			errs.Add(1)
-			s.t.Errorf("unpublish load volume %d: %v", k, err)
+			problem("unpublish load volume %d: %v", k, err)
 		}
 	}
 	if l := s.settledLeaks(); len(l) > 0 {
-		s.t.Errorf("load: leaked %v", l)
+		problem("load: leaked %v", l)
 	}
 	delivered := 0
 	for d := range datasets {
 		got := s.proxy.Delivered(fmt.Sprintf("load/load-%d", d))
 		if got == 0 {
-			s.t.Errorf("load: no fault was delivered while dataset load-%d was staged", d)
+			problem("load: no fault was delivered while dataset load-%d was staged", d)
 		}
 		delivered += got
 	}
 	sort.Float64s(durations)
 	q := func(p float64) float64 { return durations[int(p*float64(n-1)+0.5)] }
 	return fmt.Sprintf("load: volumes=%d datasets=%d faults_delivered=%d p50_s=%.2f p99_s=%.2f errors=%d",
-		n, datasets, delivered, q(0.5), q(0.99), errs.Load())
+		n, datasets, delivered, q(0.5), q(0.99), errs.Load()), problems
 }
