@@ -46,6 +46,9 @@ var None = Fault{ResetAfter: -1}
 type Proxy struct {
 	URL      string
 	Requests atomic.Int64
+	// Received counts the request body bytes forwarded to the server (uploads, as sent on the
+	// wire: aws-chunked framing and trailers included).
+	Received atomic.Int64
 	mu       sync.Mutex
 	// gets counts object GETs by path.
 	gets map[string]int
@@ -133,7 +136,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, f.Body)
 		return
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), r.Body)
+	body := r.Body
+	if r.ContentLength != 0 { // an empty body stays http.NoBody: a wrapped one would go chunked
+		body = countingBody{r.Body, &p.Received}
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
@@ -196,6 +203,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		tc.SetLinger(0) // RST, not FIN
 	}
 	conn.Close()
+}
+
+// countingBody adds what is read through it to n.
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c countingBody) Read(b []byte) (int, error) {
+	k, err := c.ReadCloser.Read(b)
+	c.n.Add(int64(k))
+	return k, err
 }
 
 // trickle copies body to w a byte every d, until it ends or the client goes.
