@@ -91,7 +91,7 @@ var k8sE2ERuns = []k8sE2ERun{
 		focus: `External.Storage.*cistern\.csi\.dev`,
 		skip:  `\[Disruptive\]|\[Serial\]|\[Feature:VolumeAttributesClass\]|\[Feature:SELinux\]|\[Feature:VolumeSnapshotDataSource\]`},
 	{name: "expansion",
-		focus:      `External.Storage.*cistern\.csi\.dev.*(\(allowExpansion\)\] volume-expand should resize volume|ephemeral should support expansion of pvcs created for ephemeral pvcs)`,
+		focus:      `External.Storage.*cistern\.csi\.dev.*(\(allowExpansion\)\] volume-expand should resize volume|Generic Ephemeral-volume .*\] ephemeral should support expansion of pvcs created for ephemeral pvcs)`,
 		skip:       `\[Disruptive\]|\[Serial\]`,
 		testDriver: k8sE2ETestDriverXFS},
 	{name: "snapshots",
