@@ -51,27 +51,10 @@ type options struct {
 }
 
 func main() {
-	klog.InitFlags(nil)
 	var o options
-	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig; empty: in-cluster.")
-	flag.StringVar(&o.master, "master", "", "API server URL, overriding the kubeconfig's.")
-	flag.StringVar(&o.csiAddress, "csi-address", "/run/csi/socket", "Path of the CSI driver socket.")
-	flag.DurationVar(&o.timeout, "timeout", 10*time.Second, "Timeout of each CSI call.")
-	flag.DurationVar(&o.resync, "resync-period", 10*time.Minute, "Resync period of the informers.")
-	flag.IntVar(&o.workers, "workers", 10, "Claims expanded at once.")
-	flag.DurationVar(&o.retryStart, "retry-interval-start", time.Second, "First retry interval of a failed expansion; it doubles with each failure.")
-	flag.DurationVar(&o.retryMax, "retry-interval-max", 5*time.Minute, "Longest retry interval of a failed expansion.")
-	flag.Float64Var(&o.qps, "kube-api-qps", 5, "QPS of the API server client.")
-	flag.IntVar(&o.burst, "kube-api-burst", 10, "Burst of the API server client.")
-	flag.StringVar(&o.httpEndpoint, "http-endpoint", "", "Address of /healthz (and the leader election check), e.g. :8080; empty: none.")
-	flag.BoolVar(&o.nodeDeployment, "node-deployment", false, "Expand only the volumes whose node affinity matches the node NODE_NAME names.")
-	flag.BoolVar(&o.leaderElection, "leader-election", false, "Enable leader election.")
-	flag.StringVar(&o.leNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; default: the pod's.")
-	flag.DurationVar(&o.leLease, "leader-election-lease-duration", 15*time.Second, "Leader election lease duration.")
-	flag.DurationVar(&o.leRenew, "leader-election-renew-deadline", 10*time.Second, "Leader election renew deadline.")
-	flag.DurationVar(&o.leRetry, "leader-election-retry-period", 5*time.Second, "Leader election retry period.")
-	showVersion := flag.Bool("version", false, "Print the version and exit.")
-	flag.Bool("handle-volume-inuse-error", true, "Accepted for upstream's manifests; this stand-in does not track in-use claims.")
+	fs := flag.CommandLine
+	klog.InitFlags(fs)
+	showVersion := bindFlags(fs, &o)
 	flag.Parse()
 	if *showVersion {
 		fmt.Println(os.Args[0], version)
@@ -83,6 +66,29 @@ func main() {
 		klog.ErrorS(err, "csi-resizer failed")
 		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
+}
+
+// bindFlags defines upstream's flags (and --node-deployment) on fs, into o; it returns --version.
+func bindFlags(fs *flag.FlagSet, o *options) *bool {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "Path of a kubeconfig; empty: in-cluster.")
+	fs.StringVar(&o.master, "master", "", "API server URL, overriding the kubeconfig's.")
+	fs.StringVar(&o.csiAddress, "csi-address", "/run/csi/socket", "Path of the CSI driver socket.")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "Timeout of each CSI call.")
+	fs.DurationVar(&o.resync, "resync-period", 10*time.Minute, "Resync period of the informers.")
+	fs.IntVar(&o.workers, "workers", 10, "Claims expanded at once.")
+	fs.DurationVar(&o.retryStart, "retry-interval-start", time.Second, "First retry interval of a failed expansion; it doubles with each failure.")
+	fs.DurationVar(&o.retryMax, "retry-interval-max", 5*time.Minute, "Longest retry interval of a failed expansion.")
+	fs.Float64Var(&o.qps, "kube-api-qps", 5, "QPS of the API server client.")
+	fs.IntVar(&o.burst, "kube-api-burst", 10, "Burst of the API server client.")
+	fs.StringVar(&o.httpEndpoint, "http-endpoint", "", "Address of /healthz (and the leader election check), e.g. :8080; empty: none.")
+	fs.BoolVar(&o.nodeDeployment, "node-deployment", false, "Expand only the volumes whose node affinity matches the node NODE_NAME names.")
+	fs.BoolVar(&o.leaderElection, "leader-election", false, "Enable leader election.")
+	fs.StringVar(&o.leNamespace, "leader-election-namespace", "", "Namespace of the leader election Lease; default: the pod's.")
+	fs.DurationVar(&o.leLease, "leader-election-lease-duration", 15*time.Second, "Leader election lease duration.")
+	fs.DurationVar(&o.leRenew, "leader-election-renew-deadline", 10*time.Second, "Leader election renew deadline.")
+	fs.DurationVar(&o.leRetry, "leader-election-retry-period", 5*time.Second, "Leader election retry period.")
+	fs.Bool("handle-volume-inuse-error", true, "Accepted for upstream's manifests; this stand-in does not track in-use claims.")
+	return fs.Bool("version", false, "Print the version and exit.")
 }
 
 func run(ctx context.Context, o options) error {

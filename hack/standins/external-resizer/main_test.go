@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"flag"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +13,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/kubernetes-csi/csi-lib-utils/connection"
 	"google.golang.org/grpc"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 )
 
 type identity struct {
@@ -82,5 +86,52 @@ func TestNodeDeploymentFlags(t *testing.T) {
 func TestSanitize(t *testing.T) {
 	if got := sanitize("cistern.csi.dev"); got != "cistern-csi-dev" {
 		t.Errorf("sanitize = %q", got)
+	}
+}
+
+// The arguments the storage e2e suite's component passes (test/k8se2e/resizer) parse, so that
+// a renamed flag fails here rather than in a crash-looping container.
+func TestComponentFlagsParse(t *testing.T) {
+	data, err := os.ReadFile("../../../test/k8se2e/resizer/kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var component struct {
+		Patches []struct {
+			Patch string `json:"patch"`
+		} `json:"patches"`
+	}
+	if err := yaml.Unmarshal(data, &component); err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for _, p := range component.Patches {
+		var ops []struct {
+			Value struct {
+				Name string   `json:"name"`
+				Args []string `json:"args"`
+			} `json:"value"`
+		}
+		if err := yaml.Unmarshal([]byte(p.Patch), &ops); err != nil {
+			t.Fatal(err)
+		}
+		for _, op := range ops {
+			if op.Value.Name == "csi-resizer" {
+				args = op.Value.Args
+			}
+		}
+	}
+	if len(args) == 0 {
+		t.Fatal("no csi-resizer container arguments in the component")
+	}
+	fs := flag.NewFlagSet("csi-resizer", flag.ContinueOnError)
+	klog.InitFlags(fs)
+	var o options
+	bindFlags(fs, &o)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	if !o.nodeDeployment || o.csiAddress != "/csi/csi.sock" {
+		t.Errorf("parsed %+v", o)
 	}
 }
