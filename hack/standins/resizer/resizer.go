@@ -48,6 +48,7 @@ import (
 	storagelisters "k8s.io/client-go/listers/storage/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
@@ -422,15 +423,37 @@ func (c *Controller) markFailed(ctx context.Context, pvc *corev1.PersistentVolum
 	}
 }
 
-// updateStatus applies change to a copy of the claim's status and writes it when it changed
-// (a conflict is an error: the queue retries with the claim as it now is).
+// updateStatus applies change to a copy of the claim's status and writes it when it changed. A
+// conflict (kube-controller-manager annotates the claim as it grows, kubelet writes its status)
+// is retried on the claim as the API server has it: losing the write that follows a successful
+// ControllerExpandVolume would call the driver again, and the driver's answer to a volume
+// already at the size need not say again that the node must expand it.
 func (c *Controller) updateStatus(ctx context.Context, pvc *corev1.PersistentVolumeClaim, change func(*corev1.PersistentVolumeClaimStatus)) (*corev1.PersistentVolumeClaim, error) {
-	next := pvc.DeepCopy()
-	change(&next.Status)
-	if statusEqual(pvc.Status, next.Status) {
-		return pvc, nil
+	claims := c.cfg.Client.CoreV1().PersistentVolumeClaims(pvc.Namespace)
+	cur, out := pvc, pvc
+	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		next := cur.DeepCopy()
+		change(&next.Status)
+		if statusEqual(cur.Status, next.Status) {
+			out = cur
+			return nil
+		}
+		updated, err := claims.UpdateStatus(ctx, next, metav1.UpdateOptions{})
+		if apierrors.IsConflict(err) {
+			if latest, gerr := claims.Get(ctx, pvc.Name, metav1.GetOptions{}); gerr == nil {
+				cur = latest
+			}
+		}
+		if err != nil {
+			return err
+		}
+		out = updated
+		return nil
+	})
+	if err != nil {
+		return pvc, err
 	}
-	return c.cfg.Client.CoreV1().PersistentVolumeClaims(pvc.Namespace).UpdateStatus(ctx, next, metav1.UpdateOptions{})
+	return out, nil
 }
 
 // setVolumeCapacity writes the volume's spec.capacity with a merge patch (the volume's other

@@ -2,6 +2,7 @@ package resizer
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -14,11 +15,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
@@ -372,5 +375,36 @@ func TestRunRetries(t *testing.T) {
 	pvc, _ := get(t, client)
 	if got := conditionTypes(pvc); got != "Other" {
 		t.Errorf("conditions = %s after success", got)
+	}
+}
+
+// A conflict on the claim's status after the driver expanded the volume is retried on the
+// claim as it is now, not by expanding again.
+func TestStatusConflictRetried(t *testing.T) {
+	e := &expander{nodeRequired: true}
+	c, client, _ := newFixture().start(t, e)
+	updates := 0
+	client.PrependReactor("update", "persistentvolumeclaims", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "status" {
+			return false, nil, nil
+		}
+		updates++
+		if updates == 2 { // the write after ControllerExpandVolume
+			return true, nil, apierrors.NewConflict(corev1.Resource("persistentvolumeclaims"), "data", errors.New("changed"))
+		}
+		return false, nil, nil
+	})
+	if err := c.Sync(context.Background(), "ns/data"); err != nil {
+		t.Fatal(err)
+	}
+	pvc, _ := get(t, client)
+	if got := pvc.Status.AllocatedResourceStatuses[corev1.ResourceStorage]; got != corev1.PersistentVolumeClaimNodeResizePending {
+		t.Errorf("allocatedResourceStatuses = %v", pvc.Status.AllocatedResourceStatuses)
+	}
+	if n := e.count(); n != 1 {
+		t.Errorf("%d ControllerExpandVolume calls, want 1", n)
+	}
+	if updates != 3 {
+		t.Errorf("%d status updates, want 3 (one refused)", updates)
 	}
 }
