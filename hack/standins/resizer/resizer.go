@@ -220,16 +220,34 @@ func (c *Controller) Sync(ctx context.Context, key string) error {
 	} else if err != nil {
 		return err
 	}
-	pv, ok, err := c.volumeToExpand(pvc)
-	if err != nil || !ok {
+	if _, ok, err := c.volumeToExpand(pvc, nil); err != nil || !ok {
+		return err
+	}
+	// The caches may lag behind this controller's own writes (the volume's new capacity seen
+	// before the claim's NodeResizePending): decide again on both as the API server has them,
+	// so that a volume already expanded is not expanded again, which a driver may answer
+	// without node_expansion_required, finishing a claim whose filesystem never grew.
+	pvc, err = c.cfg.Client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	pv, err := c.cfg.Client.CoreV1().PersistentVolumes().Get(ctx, pvc.Spec.VolumeName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if _, ok, err := c.volumeToExpand(pvc, pv); err != nil || !ok {
 		return err
 	}
 	return c.expand(ctx, pvc, pv)
 }
 
-// volumeToExpand returns the claim's PersistentVolume when the claim asks for more than it has
-// and the volume is this controller's to expand now.
-func (c *Controller) volumeToExpand(pvc *corev1.PersistentVolumeClaim) (*corev1.PersistentVolume, bool, error) {
+// volumeToExpand returns the claim's PersistentVolume (pv, or the cache's when nil) when the
+// claim asks for more than it has and the volume is this controller's to expand now.
+func (c *Controller) volumeToExpand(pvc *corev1.PersistentVolumeClaim, pv *corev1.PersistentVolume) (*corev1.PersistentVolume, bool, error) {
 	if pvc.Status.Phase != corev1.ClaimBound || pvc.Spec.VolumeName == "" {
 		return nil, false, nil
 	}
@@ -238,11 +256,14 @@ func (c *Controller) volumeToExpand(pvc *corev1.PersistentVolumeClaim) (*corev1.
 	if request.Cmp(capacity) <= 0 {
 		return nil, false, nil
 	}
-	pv, err := c.volumes.Get(pvc.Spec.VolumeName)
-	if apierrors.IsNotFound(err) {
-		return nil, false, nil
-	} else if err != nil {
-		return nil, false, err
+	if pv == nil {
+		var err error
+		pv, err = c.volumes.Get(pvc.Spec.VolumeName)
+		if apierrors.IsNotFound(err) {
+			return nil, false, nil
+		} else if err != nil {
+			return nil, false, err
+		}
 	}
 	if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != c.cfg.DriverName {
 		return nil, false, nil

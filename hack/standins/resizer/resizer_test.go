@@ -408,3 +408,39 @@ func TestStatusConflictRetried(t *testing.T) {
 		t.Errorf("%d status updates, want 3 (one refused)", updates)
 	}
 }
+
+// The caches may show the volume already grown but not yet the claim's NodeResizePending: the
+// claim and volume as the API server has them decide, and the volume is not expanded again.
+func TestStaleCacheNotExpandedAgain(t *testing.T) {
+	f := newFixture()
+	stale := f.pvc.DeepCopy()
+	stale.Status.AllocatedResourceStatuses = map[corev1.ResourceName]corev1.ClaimResourceStatus{corev1.ResourceStorage: corev1.PersistentVolumeClaimControllerResizeInProgress}
+	f.pv.Spec.Capacity[corev1.ResourceStorage] = resource.MustParse("2Gi")
+	f.pvc.Status.AllocatedResourceStatuses = map[corev1.ResourceName]corev1.ClaimResourceStatus{corev1.ResourceStorage: corev1.PersistentVolumeClaimNodeResizePending}
+	f.pvc.Status.Conditions = []corev1.PersistentVolumeClaimCondition{{Type: corev1.PersistentVolumeClaimFileSystemResizePending, Status: corev1.ConditionTrue}}
+	client := fake.NewClientset(f.class, f.pv, f.pvc)
+	e := &expander{}
+	c, err := New(Config{Client: client, DriverName: driver, Expander: e})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The informers are not started: their stores hold what the test puts in them.
+	for _, add := range []struct {
+		inf cache.SharedIndexInformer
+		obj runtime.Object
+	}{
+		{c.factory.Core().V1().PersistentVolumeClaims().Informer(), stale},
+		{c.factory.Core().V1().PersistentVolumes().Informer(), f.pv},
+		{c.factory.Storage().V1().StorageClasses().Informer(), f.class},
+	} {
+		if err := add.inf.GetStore().Add(add.obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Sync(context.Background(), "ns/data"); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count(); n != 0 {
+		t.Errorf("%d ControllerExpandVolume calls, want 0: kubelet's turn", n)
+	}
+}
