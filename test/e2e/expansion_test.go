@@ -18,14 +18,15 @@ import (
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// expansion: a claim of cistern-fast (allowVolumeExpansion) on node-a grows from 32Mi to 64Mi
+// expansion: a claim of an expandable class (pool bulk) on node-a grows from 32Mi to 64Mi
 // through the external-resizer stand-in (hack/standins/external-resizer, as the storage e2e
 // suite runs it in the node pod: --node-deployment, the node's token, test/k8se2e/resizer's
 // ClusterRole): ControllerExpandVolume, the PV's capacity, the claim's FileSystemResizePending,
 // NodeResizePending and allocatedResources, under deploy/csi's node policies. Then what kubelet
 // does: the volume staged (the driver grows ext4 offline at staging: online ext4 growth needs
-// CAP_SYS_RESOURCE, not granted here) and NodeExpandVolume, and the filesystem is 64Mi. Node-b's
-// resizer runs too and leaves node-a's volume alone. The ClusterRole is removed at the end.
+// CAP_SYS_RESOURCE, not granted here) and NodeExpandVolume, and the filesystem has grown.
+// Node-b's resizer runs too and leaves node-a's volume alone. The ClusterRole is removed at the
+// end.
 func (s *scenario) expansion(t *testing.T) {
 	cs := s.cp.Client
 	bin := filepath.Join(t.TempDir(), "csi-resizer")
@@ -46,7 +47,17 @@ func (s *scenario) expansion(t *testing.T) {
 		framework.StartCommand(t, node+"-csi-resizer", cmd)
 	}
 
-	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim("grows", "cistern-fast", "32Mi"), metav1.CreateOptions{}); err != nil {
+	// node-a's bulk pool: the earlier scenarios leave its fast pool nearly full.
+	framework.ApplyYAML(t, s.cp, `
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: cistern-bulk-expandable}
+provisioner: cistern.csi.dev
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+parameters: {pool: bulk, csi.storage.k8s.io/fstype: ext4}
+`)
+	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim("grows", "cistern-bulk-expandable", "32Mi"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cs.CoreV1().Pods(s.ns).Create(ctx(t), newPod("grows", "grows", map[string]string{corev1.LabelHostname: nodeA}), metav1.CreateOptions{}); err != nil {
