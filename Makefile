@@ -14,9 +14,18 @@ TOOLS := $(CISTERN_CACHE)/tools
 ## Builds the binaries (same as build)
 all: build
 
-# Every path that builds the binaries (build, demo, e2e, images) stamps this; --version prints it.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# Every path that builds the binaries (build, demo, e2e, images) stamps this; --version prints it,
+# and it is the images' tag. A release is its tag (`git describe --tags`: v0.2.0, or
+# v0.2.0-3-gabc1234 after it); before any tag, the chart's version with the commit, so that an
+# untagged build never takes the release's name; without git, the chart's version.
+CHART_VERSION := $(shell sed -n 's/^version: *//p' charts/cistern/Chart.yaml)
+VERSION ?= $(shell git describe --tags --dirty 2>/dev/null || \
+  { c=$$(git describe --always --dirty 2>/dev/null) && echo v$(CHART_VERSION)-dev-$$c; } || echo v$(CHART_VERSION))
 export VERSION
+.PHONY: version
+## Prints the version make stamps the binaries and images with
+version:
+	@echo $(VERSION)
 LDFLAGS := -X main.version=$(VERSION)
 ## Builds Cistern's commands into bin/
 build:

@@ -2,7 +2,7 @@
 TEST_TARGETS += e2e
 
 DEMO_DIR ?= /var/tmp/cistern-demo
-# Images are tagged with the version (git describe); deploy/csi names them cistern/node and
+# Images are tagged with the version (make version: git describe --tags); deploy/csi names them cistern/node and
 # cistern/workload-controller, and a kustomize images: entry points it at a registry and tag.
 IMAGE_TAG ?= $(VERSION)
 IMAGES_DIR := $(CURDIR)/_output/images
@@ -116,12 +116,13 @@ test-images: images
 kind-up:
 	$(KIND) create cluster --name $(KIND_CLUSTER) --config deploy/kind/kind-config.yaml
 
-# deploy/csi with the images of this build (kustomize images: entries in _output/deploy-kind).
+# deploy/csi with the images of this build (kustomize images: entries in _output/deploy-kind), and
+# the replacements that copy the controller's image into COMPARE_IMAGE and STAGER_IMAGE after them.
 ## Installs deploy/csi with this build's images into the kind cluster
 kind-deploy: kind-load
 	@mkdir -p _output/deploy-kind
-	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: \"%s\"\n- name: cistern/workload-controller\n  newTag: \"%s\"\n' \
-	  $(IMAGE_TAG) $(IMAGE_TAG) >_output/deploy-kind/kustomization.yaml
+	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: \"%s\"\n- name: cistern/workload-controller\n  newTag: \"%s\"\n%s' \
+	  $(IMAGE_TAG) $(IMAGE_TAG) "$$(sed -n '/^replacements:/,$$p' deploy/csi/workload-controller/kustomization.yaml)" >_output/deploy-kind/kustomization.yaml
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) apply --server-side -k _output/deploy-kind
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) wait --for=condition=Established crd --all --timeout=60s
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) -n cistern-system rollout status daemonset/cistern-node --timeout=180s

@@ -1,15 +1,17 @@
 # The Helm chart (charts/cistern). Its fixed objects (CRDs, RBAC, admission policies, webhook
 # configurations) are copies of deploy/csi's files under charts/cistern/files, made here and
 # checked by `make verify`; the objects with settings (the node DaemonSets, the controller, the
-# CSIDriver, the pools, the peer NetworkPolicy) are templates. test-chart renders the chart and
-# the kustomize base and compares the objects, so the two cannot drift (test/chart).
+# CSIDriver, the pools, the peer NetworkPolicy, the controller's PodDisruptionBudget) are
+# templates. test-chart renders the chart and the kustomize base and compares the objects, so the
+# two cannot drift, and checks the chart's values, schema and pods with the helm command
+# (test/chart).
 HELM_VERSION := v3.22.0
 HELM := $(TOOLS)/helm-$(HELM_VERSION)/helm
 export CISTERN_HELM := $(HELM)
 # deploy/csi's files that are templates in the chart, and what the chart leaves to the user
 # (the Namespace: `helm install --namespace`; the examples).
 CHART_TEMPLATED := namespace.yaml driver/csidriver.yaml driver/pools.yaml driver/peer-networkpolicy.yaml \
-  driver/fuse-keeper.yaml driver/node/daemonset.yaml workload-controller/deployment.yaml snapshots/csi-snapshotter.yaml
+  driver/fuse-keeper.yaml driver/node/daemonset.yaml workload-controller/deployment.yaml workload-controller/pdb.yaml snapshots/csi-snapshotter.yaml
 
 .PHONY: generate-chart test-chart helm
 generate: generate-chart
@@ -35,6 +37,6 @@ TEST_SECOND_LANE += test-chart
 # 10 minutes ran out on the fifth of five.
 ## Lints charts/cistern and compares its rendered objects with the kustomize base
 test-chart: $(HELM)
-	$(HELM) lint --strict charts/cistern
-	$(HELM) lint --strict charts/cistern --set snapshots.enabled=true --set leaderWorkerSet.upstreamAPI=true
+	$(HELM) lint --strict charts/cistern -f charts/cistern/examples/registry.yaml
+	$(HELM) lint --strict charts/cistern -f charts/cistern/examples/registry.yaml --set snapshots.enabled=true --set leaderWorkerSet.upstreamAPI=true
 	cd test/chart && $(GO) vet ./... && $(GO_TEST) -count=1 -timeout 30m ./...

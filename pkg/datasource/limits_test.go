@@ -1,16 +1,21 @@
 package datasource_test
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/test/testpeers"
@@ -110,13 +115,39 @@ func TestSlowReadsAndDeadline(t *testing.T) {
 }
 
 // TestAbandonedStagingCancelled: a staging nobody asks for any more is cancelled and its partial
-// data deleted.
+// data deleted. It is shown to have staged first: the server answers the first object and holds
+// the second, so the staging has that object's bytes on the pool and a read in flight when it is
+// abandoned; that read is then given up by the client, and the staging and its bytes are gone.
 func TestAbandonedStagingCancelled(t *testing.T) {
 	ctx := testCtx(t)
 	s := testpeers.StartS3(t, "")
 	s.Bucket(t, "data")
-	smallTree(21, 8, 1000).upload(t, s, "data", "set/")
-	proxy := testpeers.StartProxy(t, s.Endpoint, delayObjects(time.Second))
+	tree := smallTree(21, 8, 1000)
+	tree.upload(t, s, "data", "set/")
+	var (
+		mu              sync.Mutex
+		answered        []string // the object GETs let through
+		held, cancelled = make(chan struct{}), make(chan struct{})
+	)
+	proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method != http.MethodGet || r.URL.Query().Get("list-type") != "" {
+			return testpeers.None
+		}
+		mu.Lock()
+		if len(answered) == 0 {
+			answered = append(answered, r.URL.Path)
+			mu.Unlock()
+			return testpeers.None
+		}
+		mu.Unlock()
+		select {
+		case held <- struct{}{}: // the second object's GET: held until the client goes
+			<-r.Context().Done()
+			close(cancelled)
+		case <-r.Context().Done():
+		}
+		return testpeers.Fault{Status: http.StatusServiceUnavailable, Code: "SlowDown"}
+	})
 	spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data/set"))
 	pool := t.TempDir()
 	m := newManager(t, datasource.Config{Concurrency: 1, Limits: datasource.Limits{AbandonAfter: 400 * time.Millisecond}})
@@ -124,17 +155,59 @@ func TestAbandonedStagingCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := filepath.Join(pool, datasource.CacheDirName, spec.ID())
-	deadline := time.Now().Add(time.Minute)
-	for {
-		_, known, _ := m.Status(pool, spec)
-		if !known && !exists(dir) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("abandoned staging still there (running %v, dir %v)", known, exists(dir))
-		}
-		time.Sleep(50 * time.Millisecond)
+	select {
+	case <-held:
+	case <-time.After(time.Minute):
+		t.Fatal("the staging never read a second object")
 	}
+	// Staging, with the first object's bytes on the pool.
+	st, known, err := m.Status(pool, spec)
+	if err != nil || !known || st.Ready() || st.ObjectsTotal != int64(len(tree)) || st.ObjectsDone < 1 {
+		t.Fatalf("staging with the first object read: status %+v, known %v, err %v", st, known, err)
+	}
+	mu.Lock()
+	first := strings.TrimPrefix(answered[0], "/data/set/")
+	mu.Unlock()
+	if staged := stagedCopies(t, dir, tree[first]); staged == 0 {
+		t.Fatalf("%s read, but no copy of its %d bytes under %s", first, len(tree[first]), dir)
+	}
+
+	select {
+	case <-cancelled:
+	case <-time.After(time.Minute):
+		t.Fatal("the read in flight was never given up")
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		_, known, _ := m.Status(pool, spec)
+		return !known && !exists(dir), nil
+	}); err != nil {
+		_, known, _ := m.Status(pool, spec)
+		t.Fatalf("abandoned staging still there (running %v, dir %v): %v", known, exists(dir), err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(answered) != 1 {
+		t.Errorf("object GETs answered: %v, want the first only", answered)
+	}
+}
+
+// stagedCopies counts the regular files under dir holding exactly want.
+func stagedCopies(t *testing.T, dir string, want []byte) int {
+	t.Helper()
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		if b, err := os.ReadFile(p); err == nil && bytes.Equal(b, want) {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // TestSlowSourceLeavesSlots: one slow server holds at most its share of the node's staging

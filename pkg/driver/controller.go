@@ -308,7 +308,10 @@ func (s *controllerServer) ControllerExpandVolume(ctx context.Context, req *csi.
 		return nil, err
 	}
 	if size <= v.CapacityBytes {
-		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: false}, nil
+		// Grown already, perhaps by this same request retried (external-resizer repeats a call
+		// whose answer it lost): a filesystem may not have followed yet, and the node's growth
+		// is idempotent, so it is asked for again rather than the resize marked finished.
+		return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.CapacityBytes, NodeExpansionRequired: v.AccessType == state.Mount}, nil
 	}
 	if _, err := d.volumes.Grow(v, size); err != nil {
 		return nil, err

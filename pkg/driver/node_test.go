@@ -160,6 +160,12 @@ func TestOnlineExpansion(t *testing.T) {
 			if err != nil || !ex.GetNodeExpansionRequired() || ex.GetCapacityBytes() != newSize {
 				t.Fatalf("ControllerExpandVolume: %v %v", ex, err)
 			}
+			// A resizer that lost the answer asks again: the filesystem has not grown yet, so
+			// the node's expansion is still required.
+			ex, err = env.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}})
+			if err != nil || !ex.GetNodeExpansionRequired() || ex.GetCapacityBytes() != newSize {
+				t.Fatalf("ControllerExpandVolume repeated: %v %v", ex, err)
+			}
 			nex, err := env.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target,
 				StagingTargetPath: filepath.Join(env.dir, "staging", id), VolumeCapability: mountCap(fs)})
 			if err != nil || nex.GetCapacityBytes() != newSize {

@@ -18,6 +18,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/image"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/testpoint"
 )
 
 // imageVolume is a volume with an image on a pool: staged and published, or inline.
@@ -369,6 +370,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	if dev, err = s.attach(*v); err != nil {
 		return "", false, err
 	}
+	testpoint.Reach(testpoint.ImageAttached, v.ID)
 	if v.DatasetLayer != "" && isOverlay(target) {
 		return dev, false, nil // mounted by an earlier attempt
 	}
@@ -380,6 +382,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	if err := s.mountDevice(dev, target, *v, flags); err != nil {
 		return undo(err)
 	}
+	testpoint.Reach(testpoint.ImageMounted, v.ID)
 	if !v.Formatted || v.NeedsGrow {
 		// A lost Formatted flag would let a later stage format over data.
 		v.Formatted, v.NeedsGrow = true, false
@@ -413,6 +416,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 		if err := s.fillOrLayer(ctx, v, spec, version, target); err != nil {
 			return undo(err)
 		}
+		testpoint.Reach(testpoint.ImageFilled, v.ID)
 	}
 	return dev, false, nil
 }

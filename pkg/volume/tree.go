@@ -17,6 +17,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/pkg/pool"
 	"github.com/cistern-csi/cistern/pkg/state"
+	"github.com/cistern-csi/cistern/pkg/testpoint"
 )
 
 // treeVolume is a dataset's cached tree bind-mounted read-only, with no image: a static PV
@@ -212,10 +213,12 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		return Internal("saving dataset volume state", err)
 	}
 	tv.rec = &rec
+	testpoint.Reach(testpoint.TreeReferenced, tv.id)
 	tree, err := s.datasets.Serve(poolName, spec, version, tv.id)
 	if err != nil {
 		return status.Error(datasource.Code(err), err.Error())
 	}
+	testpoint.Reach(testpoint.TreeServed, tv.id)
 	if !tv.inline {
 		// A static PV's publications bind the tree itself; see state.TreeVolume.Tree.
 		rec.Tree = tree
@@ -231,6 +234,7 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 	if err := s.bindMount(tree, path, false, true, nil); err != nil {
 		return err
 	}
+	testpoint.Reach(testpoint.TreeMounted, tv.id)
 	klog.FromContext(ctx).V(4).Info("Serving cached dataset read-only", "volumeID", tv.id, "dataset", spec.String(), "path", path)
 	return nil
 }
@@ -282,9 +286,11 @@ func (tv *treeVolume) release(ctx context.Context, path string) error {
 	if err := mount.CleanupMountPoint(path, s.mounter, true); err != nil {
 		return Internal("unmounting dataset", err)
 	}
+	testpoint.Reach(testpoint.TreeUnmounted, t.ID)
 	if err := s.datasets.Unserve(t.Pool, t.DatasetID, t.ID); err != nil {
 		return Internal("releasing dataset", err)
 	}
+	testpoint.Reach(testpoint.TreeUnserved, t.ID)
 	if err := s.store.DeleteTreeVolume(t.ID); err != nil {
 		return Internal("removing dataset volume state", err)
 	}

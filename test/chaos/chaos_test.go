@@ -18,11 +18,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,7 +28,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/cistern-csi/cistern/pkg/testpoint"
 	"github.com/cistern-csi/cistern/test/testpeers"
+	"github.com/cistern-csi/cistern/test/testutil"
 )
 
 func envInt(t *testing.T, name string, def int) int {
@@ -64,16 +64,31 @@ var faults = []string{faultSlowDown, fault500, faultReset, faultTruncated, fault
 	faultDenied, faultPoolFull, faultKillStage, faultKillPublish, faultKillUnpub}
 
 type suite struct {
-	t       *testing.T
-	n       *node
-	s3      *testpeers.S3
-	proxy   *testpeers.Proxy
-	rng     *rand.Rand
-	secrets map[string]string
+	t     *testing.T
+	n     *node
+	s3    *testpeers.S3
+	proxy *testpeers.Proxy
+	// endpoint is the S3 endpoint volumes name: the proxy's (TestChaosChecks bypasses it).
+	endpoint string
+	rng      *rand.Rand
+	secrets  map[string]string
 	// The fault applied to object GETs: the first `left` of them get it.
 	mu    sync.Mutex
 	fault testpeers.Fault
 	left  int
+	// load, when set, faults the first GET of every object instead (load_test.go).
+	load *loadFaults
+}
+
+func newSuite(t *testing.T, seed uint64) *suite {
+	s := &suite{t: t, rng: rand.New(rand.NewPCG(seed, 29))}
+	s.s3 = testpeers.StartS3(t, "")
+	s.s3.Bucket(t, "chaos")
+	s.proxy = testpeers.StartProxy(t, s.s3.Endpoint, s.chooser)
+	s.endpoint = s.proxy.URL
+	s.secrets = map[string]string{"accessKeyID": s.s3.AccessKey, "secretAccessKey": s.s3.SecretKey}
+	s.n = startNode(t, 1<<30)
+	return s
 }
 
 // chooser applies the round's fault to the first object GETs.
@@ -83,6 +98,9 @@ func (s *suite) chooser(r *http.Request, _ int64) testpeers.Fault {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.load != nil {
+		return s.load.choose(r.URL.Path)
+	}
 	if s.left == 0 {
 		return testpeers.None
 	}
@@ -92,17 +110,23 @@ func (s *suite) chooser(r *http.Request, _ int64) testpeers.Fault {
 	return s.fault
 }
 
-func (s *suite) setFault(f testpeers.Fault, n int) {
+// setFault applies f, counted by the proxy under name, to the next n object GETs (-1: all).
+func (s *suite) setFault(name string, f testpeers.Fault, n int) {
+	f.Name = name
 	s.mu.Lock()
 	s.fault, s.left = f, n
 	s.mu.Unlock()
 }
 
+// minFile is the smallest file of a dataset: larger than any cut (ResetAfter), so that every
+// cut fault the proxy is asked for leaves body to cut, and is delivered.
+const minFile = 8 << 10
+
 // dataset uploads a new dataset of a few files of random sizes and returns its files.
 func (s *suite) dataset(prefix string, files int, maxSize int) map[string][]byte {
 	want := map[string][]byte{}
 	for i := range files {
-		b := make([]byte, 1+s.rng.IntN(maxSize))
+		b := make([]byte, minFile+s.rng.IntN(maxSize))
 		for j := range b {
 			b[j] = byte(s.rng.Uint32())
 		}
@@ -115,7 +139,7 @@ func (s *suite) dataset(prefix string, files int, maxSize int) map[string][]byte
 
 func (s *suite) inlineContext(prefix string) map[string]string {
 	return map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://chaos/" + prefix,
-		"endpoint": s.proxy.URL, "pathStyle": "true", "size": "64Mi"}
+		"endpoint": s.endpoint, "pathStyle": "true", "size": "64Mi"}
 }
 
 // compare says how the tree at dir differs from want ("" when identical).
@@ -187,19 +211,80 @@ func cleanError(err error) bool {
 	return false
 }
 
-type tally struct{ rounds, faults, recovered, failedClean, corrupted, leaked int }
+// result is how a round ended and what of its fault reached the driver.
+type result struct {
+	outcome, detail string
+	// delivered is how many object GETs the proxy applied the round's fault to.
+	delivered int
+	// kills are the SIGKILLs that landed inside the call, at a point the driver reported
+	// reaching and was held at; missed, the kills armed at points the call never reached.
+	kills, missed int
+}
+
+type tally struct {
+	rounds, delivered, kills, recovered, failedClean, undelivered, corrupted, leaked int
+}
+
+// s3Fault says whether the proxy delivers fault; kill faults are delivered as kills.
+func s3Fault(fault string) bool {
+	return fault != faultPoolFull && !killFault(fault)
+}
+
+func killFault(fault string) bool {
+	return fault == faultKillStage || fault == faultKillPublish || fault == faultKillUnpub
+}
+
+// add counts round r under fault and returns what is wrong with it. A fault counts only when it
+// reached the driver: a round whose S3 fault the proxy never applied (the proxy bypassed, the
+// dataset a cache hit) or whose kill landed at no point of the call proves nothing, and fails.
+func (tl *tally) add(fault string, r result) []string {
+	tl.rounds++
+	tl.delivered += r.delivered
+	tl.kills += r.kills
+	var problems []string
+	undelivered := s3Fault(fault) && r.delivered == 0 || killFault(fault) && r.kills == 0
+	// A persistent fault (access denied, a full pool) must fail cleanly, every other one be
+	// recovered from: a run in which everything failed cleanly (say, the S3 endpoint refused)
+	// compares nothing.
+	persistent := fault == faultDenied || fault == faultPoolFull
+	switch {
+	case r.outcome == "corrupted":
+		tl.corrupted++
+		problems = append(problems, "CORRUPTED: "+r.detail)
+	case r.outcome != "recovered" && r.outcome != "failed_clean":
+		problems = append(problems, r.outcome+": "+r.detail)
+	case undelivered:
+		tl.undelivered++
+		problems = append(problems, fmt.Sprintf("the fault was not delivered (%d applied, %d kills mid-call, %d missed): the round proves nothing", r.delivered, r.kills, r.missed))
+	case r.outcome == "recovered":
+		tl.recovered++
+		if persistent {
+			problems = append(problems, "recovered from a fault that must fail cleanly")
+		}
+	default:
+		tl.failedClean++
+		if !persistent {
+			problems = append(problems, "failed (cleanly) where it must recover: "+r.detail)
+		}
+	}
+	return problems
+}
+
+func (tl tally) String() string {
+	return fmt.Sprintf("chaos: rounds=%d faults_delivered=%d kills_mid_call=%d recovered=%d failed_clean=%d undelivered=%d corrupted=%d leaked=%d",
+		tl.rounds, tl.delivered, tl.kills, tl.recovered, tl.failedClean, tl.undelivered, tl.corrupted, tl.leaked)
+}
 
 func TestChaos(t *testing.T) {
 	seed := uint64(envInt(t, "CISTERN_CHAOS_SEED", 1))
 	rounds := envInt(t, "CISTERN_CHAOS_ROUNDS", len(faults))
 	loadN := envInt(t, "CISTERN_CHAOS_LOAD", 200)
-	s := &suite{t: t, rng: rand.New(rand.NewPCG(seed, 29))}
-	s.s3 = testpeers.StartS3(t, "")
-	s.s3.Bucket(t, "chaos")
-	s.proxy = testpeers.StartProxy(t, s.s3.Endpoint, s.chooser)
-	s.secrets = map[string]string{"accessKeyID": s.s3.AccessKey, "secretAccessKey": s.s3.SecretKey}
-	s.n = startNode(t, 1<<30)
-	t.Logf("seed %d, %d rounds (CISTERN_CHAOS_SEED, CISTERN_CHAOS_ROUNDS)", seed, rounds)
+	loadDatasets := envInt(t, "CISTERN_CHAOS_LOAD_DATASETS", 20)
+	// What the run must have shown to mean anything (make chaos and chaos-short set them).
+	minFaults := envInt(t, "CISTERN_CHAOS_MIN_FAULTS", 1)
+	minKills := envInt(t, "CISTERN_CHAOS_MIN_KILLS", 1)
+	s := newSuite(t, seed)
+	t.Logf("seed %d, %d rounds (CISTERN_CHAOS_SEED, CISTERN_CHAOS_ROUNDS); driver built with -race: %v", seed, rounds, testutil.RaceBinaries())
 
 	var tl tally
 	for i := range rounds {
@@ -208,43 +293,31 @@ func TestChaos(t *testing.T) {
 			s.rng.Shuffle(len(faults), func(a, b int) { faults[a], faults[b] = faults[b], faults[a] })
 		}
 		fault := faults[i%len(faults)]
-		outcome, detail := s.round(i, fault)
-		tl.rounds++
-		tl.faults++
-		// A persistent fault (access denied, a full pool) must fail cleanly, every other one be
-		// recovered from: a run in which everything failed cleanly (say, the S3 endpoint refused)
-		// compares nothing.
-		persistent := fault == faultDenied || fault == faultPoolFull
-		switch outcome {
-		case "recovered":
-			tl.recovered++
-			if persistent {
-				t.Errorf("round %d (%s): recovered from a fault that must fail cleanly", i, fault)
-			}
-		case "failed_clean":
-			tl.failedClean++
-			if !persistent {
-				t.Errorf("round %d (%s): failed (cleanly) where it must recover: %s", i, fault, detail)
-			}
-		case "corrupted":
-			tl.corrupted++
-			t.Errorf("round %d (%s): CORRUPTED: %s", i, fault, detail)
-		default:
-			t.Errorf("round %d (%s): %s: %s", i, fault, outcome, detail)
+		r := s.round(i, fault)
+		for _, p := range tl.add(fault, r) {
+			t.Errorf("round %d (%s): %s", i, fault, p)
 		}
 		if l := s.settledLeaks(); len(l) > 0 {
 			tl.leaked++
 			t.Errorf("round %d (%s): leaked %v", i, fault, l)
 		}
-		t.Logf("round %d: %s: %s %s", i, fault, outcome, detail)
+		t.Logf("round %d: %s: %s (faults delivered %d, kills mid-call %d, missed %d) %s", i, fault, r.outcome, r.delivered, r.kills, r.missed, r.detail)
 	}
-	chaos := fmt.Sprintf("chaos: rounds=%d faults=%d recovered=%d failed_clean=%d corrupted=%d leaked=%d",
-		tl.rounds, tl.faults, tl.recovered, tl.failedClean, tl.corrupted, tl.leaked)
-	load := s.load(loadN)
+	chaos := tl.String()
+	load, problems := s.runLoad(loadN, loadDatasets)
+	for _, p := range problems {
+		t.Error(p)
+	}
 	t.Log(chaos)
 	t.Log(load)
 	fmt.Println(chaos)
 	fmt.Println(load)
+	if tl.delivered < minFaults {
+		t.Errorf("%d faults delivered, want at least %d (CISTERN_CHAOS_MIN_FAULTS)", tl.delivered, minFaults)
+	}
+	if tl.kills < minKills {
+		t.Errorf("%d kills mid-call, want at least %d (CISTERN_CHAOS_MIN_KILLS)", tl.kills, minKills)
+	}
 }
 
 // settledLeaks waits briefly for background cleanup (trash removal), then lists leaks.
@@ -260,26 +333,10 @@ func (s *suite) settledLeaks() []string {
 }
 
 // round runs one volume's life under fault and says how it ended.
-func (s *suite) round(i int, fault string) (outcome, detail string) {
+func (s *suite) round(i int, fault string) result {
 	prefix := fmt.Sprintf("round-%d", i)
 	want := s.dataset(prefix, 3+s.rng.IntN(4), 3<<20)
-	s.setFault(testpeers.None, 0)
-	switch fault {
-	case faultSlowDown:
-		s.setFault(testpeers.Fault{Status: http.StatusServiceUnavailable, Code: "SlowDown", ResetAfter: -1}, 4)
-	case fault500:
-		s.setFault(testpeers.Fault{Status: http.StatusInternalServerError, Code: "InternalError", ResetAfter: -1}, 4)
-	case faultReset:
-		s.setFault(testpeers.Fault{ResetAfter: int64(1 + s.rng.IntN(4096))}, 3)
-	case faultTruncated:
-		s.setFault(testpeers.Fault{ResetAfter: int64(1 + s.rng.IntN(4096)), Truncate: true}, 3)
-	case faultStall:
-		s.setFault(testpeers.Fault{ResetAfter: 1024, Stall: 2 * time.Minute}, 2)
-	case faultWrongBytes:
-		s.setFault(testpeers.Fault{ResetAfter: -1, Flip: true}, 3)
-	case faultDenied:
-		s.setFault(testpeers.Fault{Status: http.StatusForbidden, Code: "AccessDenied", ResetAfter: -1}, -1)
-	case faultPoolFull:
+	if fault == faultPoolFull {
 		// Leave less room than the dataset needs.
 		filler := filepath.Join(s.n.pool, "filler")
 		fillPool(s.t, s.n.pool, filler, 2<<20)
@@ -296,11 +353,41 @@ func (s *suite) round(i int, fault string) (outcome, detail string) {
 			s.s3.Put(s.t, "chaos", prefix+"/"+name, b)
 		}
 	}
-	defer s.setFault(testpeers.None, 0)
-	if fault == faultKillStage {
-		return s.stagedRound(i, prefix, want)
+	return s.roundOn(i, fault, prefix, want)
+}
+
+// roundOn runs round i under fault on the dataset at prefix, which holds want.
+func (s *suite) roundOn(i int, fault, prefix string, want map[string][]byte) result {
+	switch fault {
+	case faultSlowDown:
+		s.setFault(fault, testpeers.Fault{Status: http.StatusServiceUnavailable, Code: "SlowDown", ResetAfter: -1}, 4)
+	case fault500:
+		s.setFault(fault, testpeers.Fault{Status: http.StatusInternalServerError, Code: "InternalError", ResetAfter: -1}, 4)
+	case faultReset:
+		s.setFault(fault, testpeers.Fault{ResetAfter: int64(1 + s.rng.IntN(4096))}, 3)
+	case faultTruncated:
+		s.setFault(fault, testpeers.Fault{ResetAfter: int64(1 + s.rng.IntN(4096)), Truncate: true}, 3)
+	case faultStall:
+		s.setFault(fault, testpeers.Fault{ResetAfter: 1024, Stall: 2 * time.Minute}, 2)
+	case faultWrongBytes:
+		s.setFault(fault, testpeers.Fault{ResetAfter: -1, Flip: true}, 3)
+	case faultDenied:
+		s.setFault(fault, testpeers.Fault{Status: http.StatusForbidden, Code: "AccessDenied", ResetAfter: -1}, -1)
+	default:
+		s.setFault("", testpeers.None, 0)
 	}
-	return s.inlineRound(i, fault, prefix, want)
+	defer s.setFault("", testpeers.None, 0)
+	before := s.proxy.Delivered(fault)
+	var r result
+	if fault == faultKillStage {
+		r = s.stagedRound(i, prefix, want)
+	} else {
+		r = s.inlineRound(i, fault, prefix, want)
+	}
+	if s3Fault(fault) {
+		r.delivered = s.proxy.Delivered(fault) - before
+	}
+	return r
 }
 
 func fillPool(t *testing.T, pool, path string, leave int64) {
@@ -326,9 +413,18 @@ func fillPool(t *testing.T, pool, path string, leave int64) {
 	_ = f.Sync()
 }
 
+// The points of each call a kill may land at (pkg/testpoint), in the order the call passes them.
+var (
+	publishPoints = []string{testpoint.StagingFileCommitted, testpoint.StagingSynced,
+		testpoint.TreeReferenced, testpoint.TreeServed, testpoint.TreeMounted}
+	unpublishPoints = []string{testpoint.TreeUnmounted, testpoint.TreeUnserved}
+	stagePoints     = []string{testpoint.StagingFileCommitted, testpoint.StagingSynced,
+		testpoint.ImageAttached, testpoint.ImageMounted, testpoint.ImageFilled}
+)
+
 // inlineRound publishes a read-only inline dataset volume (the dataset is staged at publish),
 // checks it, and unpublishes it; kill faults SIGKILL the driver during publish or unpublish.
-func (s *suite) inlineRound(i int, fault, prefix string, want map[string][]byte) (string, string) {
+func (s *suite) inlineRound(i int, fault, prefix string, want map[string][]byte) result {
 	id := fmt.Sprintf("chaos-inline-%d", i)
 	target := filepath.Join(s.n.dir, "pods", id, "volume")
 	vc := s.inlineContext(prefix)
@@ -341,43 +437,45 @@ func (s *suite) inlineRound(i int, fault, prefix string, want map[string][]byte)
 		_, err := s.n.nodeC().NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
 		return err
 	}
+	var r result
 	if fault == faultKillPublish {
-		s.killDuring(publish)
+		r.kills, r.missed = s.killsDuring(publish, publishPoints)
 	}
 	err := retry(3*time.Minute, publish)
-	outcome, detail := "recovered", ""
+	r.outcome = "recovered"
 	switch {
 	case err != nil && cleanError(err):
-		outcome, detail = "failed_clean", err.Error()
+		r.outcome, r.detail = "failed_clean", err.Error()
 	case err != nil:
-		outcome, detail = "failed_unclear", err.Error()
+		r.outcome, r.detail = "failed_unclear", err.Error()
 	default:
 		if d := compare(target, want); d != "" {
-			outcome, detail = "corrupted", d
+			r.outcome, r.detail = "corrupted", d
 		}
 	}
 	if fault == faultKillUnpub && err == nil {
-		s.killDuring(unpublish)
+		r.kills, r.missed = s.killsDuring(unpublish, unpublishPoints)
 	}
 	if err := retry(time.Minute, unpublish); err != nil {
-		return "failed_unclear", "unpublish: " + err.Error()
+		r.outcome, r.detail = "failed_unclear", "unpublish: "+err.Error()
+		return r
 	}
 	if _, err := os.Stat(target); !errors.Is(err, fs.ErrNotExist) {
-		return "leaked", "target left behind"
+		r.outcome, r.detail = "leaked", "target left behind"
 	}
-	return outcome, detail
+	return r
 }
 
 // stagedRound is a dynamic dataset volume (an ext4 image filled from the dataset) whose
-// NodeStageVolume is cut by a SIGKILL, then staged, published, checked and deleted.
-func (s *suite) stagedRound(i int, prefix string, want map[string][]byte) (string, string) {
+// NodeStageVolume is cut by SIGKILLs, then staged, published, checked and deleted.
+func (s *suite) stagedRound(i int, prefix string, want map[string][]byte) result {
 	resp, err := retryCreate(s, fmt.Sprintf("chaos-staged-%d", i), map[string]string{"source": "s3://chaos/" + prefix,
-		"endpoint": s.proxy.URL, "pathStyle": "true", "pool": "fast"})
+		"endpoint": s.endpoint, "pathStyle": "true", "pool": "fast"})
 	if err != nil {
 		if cleanError(err) {
-			return "failed_clean", err.Error()
+			return result{outcome: "failed_clean", detail: err.Error()}
 		}
-		return "failed_unclear", "CreateVolume: " + err.Error()
+		return result{outcome: "failed_unclear", detail: "CreateVolume: " + err.Error()}
 	}
 	vol := resp.GetVolume()
 	staging := filepath.Join(s.n.dir, "staging", vol.VolumeId)
@@ -387,12 +485,16 @@ func (s *suite) stagedRound(i int, prefix string, want map[string][]byte) (strin
 			VolumeCapability: mountCap(), VolumeContext: vol.VolumeContext, Secrets: s.secrets})
 		return err
 	}
-	s.killDuring(stage)
-	outcome, detail := "recovered", ""
+	r := result{outcome: "recovered"}
+	r.kills, r.missed = s.killsDuring(stage, stagePoints)
+	fail := func(what string, err error) result {
+		r.outcome, r.detail = "failed_unclear", what+": "+err.Error()
+		return r
+	}
 	if err := retry(3*time.Minute, stage); err != nil {
-		outcome, detail = "failed_unclear", "stage: "+err.Error()
+		r.outcome, r.detail = "failed_unclear", "stage: "+err.Error()
 		if cleanError(err) {
-			outcome = "failed_clean"
+			r.outcome = "failed_clean"
 		}
 	} else {
 		if err := retry(time.Minute, func(ctx context.Context) error {
@@ -400,31 +502,31 @@ func (s *suite) stagedRound(i int, prefix string, want map[string][]byte) (strin
 				TargetPath: target, VolumeCapability: mountCap(), VolumeContext: vol.VolumeContext})
 			return err
 		}); err != nil {
-			return "failed_unclear", "publish: " + err.Error()
+			return fail("publish", err)
 		}
 		if d := compare(target, want); d != "" {
-			outcome, detail = "corrupted", d
+			r.outcome, r.detail = "corrupted", d
 		}
 		if err := retry(time.Minute, func(ctx context.Context) error {
 			_, err := s.n.nodeC().NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: vol.VolumeId, TargetPath: target})
 			return err
 		}); err != nil {
-			return "failed_unclear", "unpublish: " + err.Error()
+			return fail("unpublish", err)
 		}
 	}
 	if err := retry(time.Minute, func(ctx context.Context) error {
 		_, err := s.n.nodeC().NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging})
 		return err
 	}); err != nil {
-		return "failed_unclear", "unstage: " + err.Error()
+		return fail("unstage", err)
 	}
 	if err := retry(time.Minute, func(ctx context.Context) error {
 		_, err := s.n.ctrlC().DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol.VolumeId})
 		return err
 	}); err != nil {
-		return "failed_unclear", "delete: " + err.Error()
+		return fail("delete", err)
 	}
-	return outcome, detail
+	return r
 }
 
 // waitPoolRoom waits, once the filler is gone, until the driver offers a volume's room on the
@@ -455,79 +557,52 @@ func retryCreate(s *suite, name string, params map[string]string) (*csi.CreateVo
 	return resp, err
 }
 
-// killDuring starts call and SIGKILLs the driver at a random moment of it (seeded), then starts
-// the driver again.
-func (s *suite) killDuring(call func(ctx context.Context) error) {
-	delay := time.Duration(s.rng.IntN(1500)) * time.Millisecond
+// killsPerRound is how many times a kill round SIGKILLs the driver inside its call: each time
+// the call is made again, as kubelet retries it, and held at one of its points.
+const killsPerRound = 3
+
+// killsDuring makes call up to killsPerRound times, each time SIGKILLing the driver at the first
+// point it reaches of a tail of points (where the tail starts, the seed decides). It stops when
+// a call ends without reaching one (done, or failed before it): that kill is missed, not counted.
+func (s *suite) killsDuring(call func(ctx context.Context) error, points []string) (kills, missed int) {
+	for range killsPerRound {
+		at := s.killAt(call, points[s.rng.IntN(len(points)):]...)
+		if at == "" {
+			return kills, missed + 1
+		}
+		kills++
+		s.t.Logf("killed at %s", at)
+	}
+	return kills, missed
+}
+
+// killAt starts call with the driver to hold it at the first of points it reaches, SIGKILLs the
+// driver there and starts it again. It returns the point and its subject, or "" when the call
+// ended without reaching any (nothing killed).
+func (s *suite) killAt(call func(ctx context.Context) error, points ...string) string {
+	s.n.points.arm(points...)
 	done := make(chan struct{})
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		_ = call(ctx)
-		close(done)
 	}()
 	select {
-	case <-time.After(delay):
+	case at := <-s.n.points.held:
+		s.n.kill()
+		s.n.points.release()
+		<-done
+		s.n.restarts++
+		s.n.start()
+		return at
 	case <-done:
+		s.n.points.disarm()
+		return ""
 	}
-	s.n.restart()
-	<-done
 }
 
 func mountCap() *csi.VolumeCapability {
 	return &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
-}
-
-// load publishes n read-only inline volumes of one dataset at once on the node, as n pods
-// starting together would, and times each from its first call to its success.
-func (s *suite) load(n int) string {
-	if n == 0 {
-		return "load: volumes=0"
-	}
-	want := s.dataset("load", 8, 1<<20)
-	vc := s.inlineContext("load")
-	durations := make([]float64, n)
-	var errs atomic.Int64
-	var wg sync.WaitGroup
-	for k := range n {
-		wg.Go(func() {
-			id := fmt.Sprintf("chaos-load-%d", k)
-			target := filepath.Join(s.n.dir, "pods", id, "volume")
-			start := time.Now()
-			err := retry(5*time.Minute, func(ctx context.Context) error {
-				_, err := s.n.nodeC().NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
-					VolumeCapability: mountCap(), VolumeContext: vc, Readonly: true, Secrets: s.secrets})
-				return err
-			})
-			durations[k] = time.Since(start).Seconds()
-			if err != nil {
-				errs.Add(1)
-				s.t.Errorf("load volume %d: %v", k, err)
-				return
-			}
-			if d := compare(target, want); d != "" {
-				errs.Add(1)
-				s.t.Errorf("load volume %d: %s", k, d)
-			}
-		})
-	}
-	wg.Wait()
-	for k := range n {
-		id := fmt.Sprintf("chaos-load-%d", k)
-		target := filepath.Join(s.n.dir, "pods", id, "volume")
-		if err := retry(time.Minute, func(ctx context.Context) error {
-			_, err := s.n.nodeC().NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
-			return err
-		}); err != nil {
-			errs.Add(1)
-			s.t.Errorf("unpublish load volume %d: %v", k, err)
-		}
-	}
-	if l := s.settledLeaks(); len(l) > 0 {
-		s.t.Errorf("load: leaked %v", l)
-	}
-	sort.Float64s(durations)
-	q := func(p float64) float64 { return durations[int(p*float64(n-1)+0.5)] }
-	return fmt.Sprintf("load: volumes=%d p50_s=%.2f p99_s=%.2f errors=%d", n, q(0.5), q(0.99), errs.Load())
 }

@@ -31,6 +31,7 @@ type node struct {
 	sock     string
 	logPath  string
 	extra    []string // flags besides the suite's own
+	points   *points  // the driver's test points (pkg/testpoint), where kills land
 	cmd      *exec.Cmd
 	exited   chan struct{}
 	mu       sync.Mutex // guards the clients, replaced at each start
@@ -58,7 +59,8 @@ func startNode(t *testing.T, poolBytes int64, extra ...string) *node {
 	dir := t.TempDir()
 	n := &node{t: t, dir: dir, bin: filepath.Join(dir, "csi-driver"), sock: filepath.Join(dir, "csi.sock"),
 		logPath: filepath.Join(dir, "driver.log"), extra: extra}
-	build := testutil.GoBuild(n.bin, "./cmd/csi-driver")
+	// Under CI=true with the race detector: a race report in its log fails the test (below).
+	build := testutil.GoBuildRace(n.bin, "./cmd/csi-driver")
 	build.Dir = kit.RepoRoot()
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the driver: %v\n%s", err, out)
@@ -67,10 +69,14 @@ func startNode(t *testing.T, poolBytes int64, extra ...string) *node {
 	if err := os.WriteFile(filepath.Join(dir, "pools.yaml"), []byte("pools:\n- name: fast\n  path: "+n.pool+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	n.points = startPoints(t, dir)
 	t.Cleanup(func() {
 		n.stop()
 		testutil.UnmountUnder(dir)
 		testutil.DetachLoopsUnder(n.pool)
+		if races := n.raceReports(); len(races) > 0 {
+			t.Errorf("the driver reported %d data races; the first:\n%s", len(races), races[0])
+		}
 		if t.Failed() {
 			t.Logf("driver log: %s", n.logPath)
 			if b, err := os.ReadFile(n.logPath); err == nil {
@@ -100,6 +106,7 @@ func (n *node) start() {
 		// The test S3 server (and its fault proxy) is on loopback, named in volumes as tenants do.
 		"--tenant-s3-endpoints=127.0.0.1")
 	n.cmd.Args = append(n.cmd.Args, n.extra...)
+	n.cmd.Env = append(os.Environ(), n.points.env())
 	n.cmd.Stdout, n.cmd.Stderr = log, log
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := n.cmd.Start(); err != nil {
@@ -131,6 +138,15 @@ func (n *node) start() {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// raceReports are the race detector's reports in the driver's log, of every process so far.
+func (n *node) raceReports() []string {
+	b, err := os.ReadFile(n.logPath)
+	if err != nil {
+		return nil
+	}
+	return testutil.RaceReports(b)
 }
 
 // kill SIGKILLs the driver, as the kernel's OOM killer or a node crash would.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -28,8 +29,8 @@ var helmLabels = []string{"app.kubernetes.io/managed-by", "app.kubernetes.io/ins
 // objects are rendered objects by "Kind namespace/name".
 type objects map[string]map[string]any
 
-// TestChartMatchesKustomize: the chart with default values installs exactly what deploy/csi
-// installs, and each switch of the chart what the kustomize component or overlay of the same
+// TestChartMatchesKustomize: the chart with default values (and testImages) installs exactly
+// what deploy/csi installs with an overlay setting the same images, and each switch of the chart what the kustomize component or overlay of the same
 // name adds; the only object the chart leaves out is the Namespace (`helm install --namespace`).
 // An object added to deploy/csi and not to the chart, or a flag changed in one and not the
 // other, fails here.
@@ -47,9 +48,9 @@ func TestChartMatchesKustomize(t *testing.T) {
 		{name: "labelled pools profile", values: "pools: {labelledProfiles: [nvme]}", overlays: []string{"examples/pools-profile"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			want := renderKustomize(t, tc.components...)
+			want := renderKustomize(t, []string{"."}, tc.components...)
 			for _, o := range tc.overlays {
-				for k, v := range renderKustomizeDir(t, filepath.Join(repoRoot(), "deploy", "csi", o)) {
+				for k, v := range renderKustomize(t, []string{o}) {
 					want[k] = v
 				}
 			}
@@ -156,7 +157,10 @@ func compare(t *testing.T, want, got objects) {
 	}
 }
 
-func renderKustomize(t *testing.T, components ...string) objects {
+// renderKustomize renders the given kustomizations of deploy/csi (its base is ".") with its
+// components, in an overlay that points the images at testImages' registry and tag, as the one
+// `make push` writes does (with the replacements that copy the controller's image again).
+func renderKustomize(t *testing.T, resources []string, components ...string) objects {
 	t.Helper()
 	out := filepath.Join(repoRoot(), "_output")
 	if err := os.MkdirAll(out, 0o755); err != nil {
@@ -168,11 +172,32 @@ func renderKustomize(t *testing.T, components ...string) objects {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	base, _ := filepath.Rel(dir, filepath.Join(repoRoot(), "deploy", "csi"))
-	var comps []string
+	var res, comps []string
+	for _, r := range resources {
+		res = append(res, filepath.Join(base, r))
+	}
 	for _, c := range components {
 		comps = append(comps, filepath.Join(base, c))
 	}
-	k := fmt.Sprintf("resources: [%s]\ncomponents: [%s]\n", base, strings.Join(comps, ", "))
+	k := fmt.Sprintf("resources: [%s]\ncomponents: [%s]\nimages:\n", strings.Join(res, ", "), strings.Join(comps, ", "))
+	for _, img := range []string{"node", "workload-controller"} {
+		k += fmt.Sprintf("- {name: cistern/%s, newName: registry.example.com/cistern/%s, newTag: dev}\n", img, img)
+	}
+	// As `make push` writes it (hack/images/release ControllerImageReplacements): the
+	// comparison and stager images follow the controller's, in the base.
+	if slices.Contains(resources, ".") {
+		k += `replacements:
+- source:
+    kind: Deployment
+    name: cistern-workload-controller
+    fieldPath: spec.template.spec.containers.[name=controller].image
+  targets:
+  - select: {kind: Deployment, name: cistern-workload-controller}
+    fieldPaths:
+    - spec.template.spec.containers.[name=controller].env.[name=COMPARE_IMAGE].value
+    - spec.template.spec.containers.[name=controller].env.[name=STAGER_IMAGE].value
+`
+	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +230,13 @@ func renderChart(t *testing.T, ns, values string) objects {
 				labels, _ := md["labels"].(map[string]any)
 				for _, l := range helmLabels {
 					delete(labels, l)
+				}
+				// What only Helm reads: the CRDs kept on uninstall (TestChartCRDsKept).
+				if annotations, _ := md["annotations"].(map[string]any); annotations != nil {
+					delete(annotations, "helm.sh/resource-policy")
+					if len(annotations) == 0 {
+						delete(md, "annotations")
+					}
 				}
 				if all[k] != nil {
 					t.Errorf("the chart renders %s twice", k)
@@ -245,6 +277,11 @@ func renderFiles(t *testing.T, ns, values string) map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	images, err := chartutil.ReadValues([]byte(testImages))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals = chartutil.CoalesceTables(vals, images)
 	opts := chartutil.ReleaseOptions{Name: "cistern", Namespace: ns, Revision: 1, IsInstall: true}
 	renderVals, err := chartutil.ToRenderValues(chrt, vals, opts, chartutil.DefaultCapabilities)
 	if err != nil {

@@ -104,11 +104,23 @@ func (h *helmInstall) upgrade(t *testing.T, in *install, suffix string) {
 	t.Logf("helm upgrade:\n%s", out)
 }
 
-// uninstall removes the release, then the namespace the README had the user create.
+// uninstall removes the release, checks that it kept the CRDs (crds.keep), deletes them as
+// docs/upgrading.md says, then the namespace the README had the user create.
 func (h *helmInstall) uninstall(t *testing.T, in *install) {
 	t.Helper()
 	start := time.Now()
 	out := h.run(t, in, "uninstall", helmRelease, "--wait", "--timeout=3m", "--ignore-not-found")
 	t.Logf("helm uninstall (%s):\n%s", time.Since(start).Round(time.Second), out)
+	var crds []string
+	for _, f := range strings.Fields(kubectlOutput(in.cp, "get", "crd", "-l", "app.kubernetes.io/part-of=cistern", "-o", "name")) {
+		if strings.HasPrefix(f, "customresourcedefinition") {
+			crds = append(crds, f)
+		}
+	}
+	// StoragePool, LeaderWorkerSet, NotebookValidationJob, VolumeManager.
+	if len(crds) != 4 {
+		t.Errorf("helm uninstall kept %d CRDs, want 4: %v", len(crds), crds)
+	}
+	kubectlOutput(in.cp, "delete", "crd", "-l", "app.kubernetes.io/part-of=cistern", "--wait=true", "--timeout=3m")
 	kubectlOutput(in.cp, "delete", "namespace", installNamespace, "--wait=true", "--timeout=3m", "--ignore-not-found")
 }

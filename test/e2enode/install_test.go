@@ -493,7 +493,18 @@ kind: Kustomization
 resources:
 - %s
 %simages:
-%spatches:
+%s# The notebook comparison and stager images follow the controller's (as make push writes it).
+replacements:
+- source:
+    kind: Deployment
+    name: cistern-workload-controller
+    fieldPath: spec.template.spec.containers.[name=controller].image
+  targets:
+  - select: {kind: Deployment, name: cistern-workload-controller}
+    fieldPaths:
+    - spec.template.spec.containers.[name=controller].env.[name=COMPARE_IMAGE].value
+    - spec.template.spec.containers.[name=controller].env.[name=STAGER_IMAGE].value
+patches:
 %s- patch: |-
     apiVersion: v1
     kind: ConfigMap

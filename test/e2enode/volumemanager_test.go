@@ -25,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
@@ -213,14 +212,14 @@ func testVolumeManager(t *testing.T, c *cluster, d *dataset) {
 	}
 
 	// spec.state Completed releases the claims and volumes: Completed, and kubelet unstages. The
-	// controller writes the object too (its status), so the update is retried on a conflict.
-	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
-			return err
-		}
-		got.Spec.State = datav1alpha1.RequestCompleted
-		return cl.Update(ctx, &got)
-	}); err != nil {
+	// controller writes the object too (its status), so the change is a merge patch, which
+	// carries no resourceVersion to conflict with those writes.
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
+		t.Fatal(err)
+	}
+	base := got.DeepCopy()
+	got.Spec.State = datav1alpha1.RequestCompleted
+	if err := cl.Patch(ctx, &got, client.MergeFrom(base)); err != nil {
 		t.Fatal(err)
 	}
 	err = wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {

@@ -35,6 +35,8 @@ type Fault struct {
 	// Trickle forwards the body one byte at a time, this long apart: a server that answers,
 	// only never quite.
 	Trickle time.Duration
+	// Name counts the fault under this name in Delivered when the proxy applied it.
+	Name string
 }
 
 // None is the zero fault.
@@ -44,17 +46,22 @@ var None = Fault{ResetAfter: -1}
 type Proxy struct {
 	URL      string
 	Requests atomic.Int64
+	// Received counts the request body bytes forwarded to the server (uploads, as sent on the
+	// wire: aws-chunked framing and trailers included).
+	Received atomic.Int64
 	mu       sync.Mutex
 	// gets counts object GETs by path.
-	gets   map[string]int
-	choose func(r *http.Request, n int64) Fault
-	target string
+	gets map[string]int
+	// delivered counts, by Fault.Name, the requests a fault was applied to.
+	delivered map[string]int
+	choose    func(r *http.Request, n int64) Fault
+	target    string
 }
 
 // StartProxy starts a proxy to target (http://host:port). choose may be nil (no faults) and can
 // be replaced with SetFaults.
 func StartProxy(t testing.TB, target string, choose func(r *http.Request, n int64) Fault) *Proxy {
-	p := &Proxy{target: target, gets: map[string]int{}, choose: choose}
+	p := &Proxy{target: target, gets: map[string]int{}, delivered: map[string]int{}, choose: choose}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	p.URL = srv.URL
@@ -75,6 +82,22 @@ func (p *Proxy) Gets(path string) int {
 	return p.gets[path]
 }
 
+// Delivered returns how many requests a fault named name was applied to: answered with its
+// error, delayed, or cut, stalled, trickled, stripped or flipped with body left to cut. A fault
+// chosen for a request whose response it could not change (a reset after a body shorter than
+// ResetAfter, a flip of an error answer) is not counted, nor one for a request that never came.
+func (p *Proxy) Delivered(name string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.delivered[name]
+}
+
+func (p *Proxy) deliver(f Fault) {
+	p.mu.Lock()
+	p.delivered[f.Name]++
+	p.mu.Unlock()
+}
+
 var transport = &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -89,21 +112,35 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if choose != nil {
 		f = choose(r, n)
 	}
+	applied := false // counted once, when the fault has changed what the client gets
+	deliver := func() {
+		if !applied {
+			applied = true
+			p.deliver(f)
+		}
+	}
 	if f.Delay > 0 {
 		time.Sleep(f.Delay)
+		deliver()
 	}
 	if f.Status != 0 {
+		deliver()
 		w.Header().Set("Content-Type", "application/xml")
 		w.WriteHeader(f.Status)
 		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>`+f.Code+`</Code><Message>injected</Message></Error>`)
 		return
 	}
 	if f.Body != "" {
+		deliver()
 		w.Header().Set("Content-Type", "application/xml")
 		io.WriteString(w, f.Body)
 		return
 	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), r.Body)
+	body := r.Body
+	if r.ContentLength != 0 { // an empty body stays http.NoBody: a wrapped one would go chunked
+		body = countingBody{r.Body, &p.Received}
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), body)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
@@ -119,6 +156,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer resp.Body.Close()
 	for k, v := range resp.Header {
 		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") {
+			deliver()
 			continue
 		}
 		w.Header()[k] = v
@@ -129,9 +167,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if n, _ := io.ReadFull(resp.Body, first[:]); n == 1 {
 			first[0] ^= 0xff
 			w.Write(first[:])
+			deliver()
 		}
 	}
 	if f.Trickle > 0 {
+		deliver()
 		trickle(w, r, resp.Body, f.Trickle)
 		return
 	}
@@ -141,6 +181,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	io.CopyN(w, resp.Body, f.ResetAfter)
 	w.(http.Flusher).Flush()
+	// The cut is a fault only when body is left: one byte more says so (never sent).
+	var more [1]byte
+	if n, _ := io.ReadFull(resp.Body, more[:]); n == 1 {
+		deliver()
+	}
 	if f.Truncate {
 		return // short of the Content-Length: the server closes the connection
 	}
@@ -158,6 +203,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		tc.SetLinger(0) // RST, not FIN
 	}
 	conn.Close()
+}
+
+// countingBody adds what is read through it to n.
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c countingBody) Read(b []byte) (int, error) {
+	k, err := c.ReadCloser.Read(b)
+	c.n.Add(int64(k))
+	return k, err
 }
 
 // trickle copies body to w a byte every d, until it ends or the client goes.

@@ -242,13 +242,8 @@ func TestLeaderWorkerSetScale(t *testing.T) {
 	})
 	scale := func(n int32) {
 		t.Helper()
-		if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-			var l v1alpha1.LeaderWorkerSet
-			if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &l); err != nil {
-				return err
-			}
+		if _, err := patchLWS(ctx, client.ObjectKeyFromObject(lws), func(l *v1alpha1.LeaderWorkerSet) {
 			l.Spec.Replicas = ptr.To(n)
-			return cl.Update(ctx, &l)
 		}); err != nil {
 			t.Fatal(err)
 		}
@@ -443,14 +438,9 @@ func TestLeaderWorkerSetAdmission(t *testing.T) {
 	if err := cl.Create(ctx, lws); err != nil {
 		t.Fatal(err)
 	}
-	// The controller writes status meanwhile: retry conflicts, not refusals.
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		var cur v1alpha1.LeaderWorkerSet
-		if err := cl.Get(ctx, client.ObjectKeyFromObject(lws), &cur); err != nil {
-			return err
-		}
+	// The controller writes status meanwhile: a patch, which cannot conflict with it.
+	_, err := patchLWS(ctx, client.ObjectKeyFromObject(lws), func(cur *v1alpha1.LeaderWorkerSet) {
 		cur.Spec.LeaderWorkerTemplate.VolumeClaimTemplates[0].Spec.Resources.Requests[corev1.ResourceStorage] = resource.MustParse("5Gi")
-		return cl.Update(ctx, &cur)
 	})
 	if err == nil || !strings.Contains(err.Error(), "spec.leaderWorkerTemplate.volumeClaimTemplates: Forbidden: volumeClaimTemplates cannot be changed") {
 		t.Errorf("claim template change: %v", err)

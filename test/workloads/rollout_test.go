@@ -7,7 +7,6 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -63,13 +62,8 @@ func TestLeaderWorkerSetRollout(t *testing.T) {
 		}
 	}
 
-	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		var cur v1alpha1.LeaderWorkerSet
-		if err := cl.Get(ctx, client.ObjectKeyFromObject(l), &cur); err != nil {
-			return err
-		}
+	if _, err := patchLWS(ctx, client.ObjectKeyFromObject(l), func(cur *v1alpha1.LeaderWorkerSet) {
 		cur.Spec.LeaderWorkerTemplate.WorkerTemplate.Spec.Containers[0].Image = "registry.invalid/app:2"
-		return cl.Update(ctx, &cur)
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -70,13 +69,8 @@ func TestLeaderWorkerSetSubGroups(t *testing.T) {
 			return nil
 		})
 	}
-	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		var cur v1alpha1.LeaderWorkerSet
-		if err := cl.Get(ctx, client.ObjectKey{Namespace: ns, Name: "sg"}, &cur); err != nil {
-			return err
-		}
+	_, err := patchLWS(ctx, client.ObjectKey{Namespace: ns, Name: "sg"}, func(cur *v1alpha1.LeaderWorkerSet) {
 		cur.Spec.LeaderWorkerTemplate.SubGroupPolicy.SubGroupSize = ptr.To[int32](5)
-		return cl.Update(ctx, &cur)
 	})
 	if err == nil || !strings.Contains(err.Error(), "spec.leaderWorkerTemplate.subGroupPolicy.subGroupSize: Invalid value: 5: field is immutable") {
 		t.Errorf("subGroupSize change: %v", err)

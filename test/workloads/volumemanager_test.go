@@ -226,14 +226,12 @@ func TestVolumeManager(t *testing.T) {
 	}
 
 	// Drop the invalid volume; stage imagenet on one node: Pending. Then on the other: Ready.
+	mark := markReconciles(t, "volumemanager")
 	got.Spec.VolumeConfigs = got.Spec.VolumeConfigs[:1]
 	if err := cl.Update(ctx, &got); err != nil {
 		t.Fatal(err)
 	}
-	// The node's cache stages the same source: before this VolumeManager's stager mounted its
-	// claim there, that may be another tenant's staging, and nothing of it shows.
-	publishInventory(t, chosen[0], ds, spapi.DatasetStaging, "")
-	testutil.Eventually(t, time.Minute, "Staging, the node's inventory not shown before the stager ran", func() error {
+	testutil.Eventually(t, time.Minute, "Pending, the node Staging", func() error {
 		if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 			return err
 		}
@@ -243,12 +241,24 @@ func TestVolumeManager(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(2 * time.Second) // a reconcile that read the inventory would have written it by now
+	mark.wait(t, "dropping the invalid volume")
+	// The node's cache stages the same source: before this VolumeManager's stager mounted its
+	// claim there, that may be another tenant's staging, and nothing of it shows. Once the
+	// controller has reconciled the StoragePool change, the VolumeManager is as it was: not
+	// written at all, so no progress in it.
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
 		t.Fatal(err)
 	}
-	if n := got.Status.Volumes[0].Nodes[0]; n.BytesDone != 0 || n.BytesTotal != 0 || strings.Contains(n.Message, "of") && strings.Contains(n.Message, "MiB") {
-		t.Errorf("another staging's progress shown before the stager ran: %+v", n)
+	rv := got.ResourceVersion
+	mark = markReconciles(t, "volumemanager")
+	publishInventory(t, chosen[0], ds, spapi.DatasetStaging, "")
+	mark.wait(t, "another staging in the node's inventory")
+	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {
+		t.Fatal(err)
+	}
+	if n := got.Status.Volumes[0].Nodes[0]; got.ResourceVersion != rv || n.State != datav1alpha1.NodeStaging ||
+		n.BytesDone != 0 || n.BytesTotal != 0 || strings.Contains(n.Message, " of ") {
+		t.Errorf("another staging's inventory read before the stager ran: written %s -> %s, %+v", rv, got.ResourceVersion, n)
 	}
 	publishInventory(t, chosen[0], ds, spapi.DatasetReady, "")
 	stagerRan(t, ns, chosen[0])
@@ -288,8 +298,8 @@ func TestVolumeManager(t *testing.T) {
 	// At rest, a StoragePool change reconciles the VolumeManager without writing it. On the node
 	// it does not use: publishInventory replaces a node's inventory, and on a chosen node that
 	// would take the dataset away.
-	rv := got.ResourceVersion
-	mark := markReconciles(t, "volumemanager")
+	rv = got.ResourceVersion
+	mark = markReconciles(t, "volumemanager")
 	publishInventory(t, third, "other", spapi.DatasetReady, "")
 	mark.wait(t, "a StoragePool change")
 	if err := cl.Get(ctx, client.ObjectKeyFromObject(vm), &got); err != nil {

@@ -224,7 +224,7 @@ func pushCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	k := fmt.Sprintf("# Written by `make push`: deploy/csi with the pushed images.\napiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\nimages:\n%s", rel, strings.Join(entries, ""))
+	k := fmt.Sprintf("# Written by `make push`: deploy/csi with the pushed images.\napiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- %s\nimages:\n%s%s", rel, strings.Join(entries, ""), ControllerImageReplacements)
 	path := filepath.Join(*overlay, "kustomization.yaml")
 	fmt.Printf("%s: kubectl apply --server-side -k %s\n", path, *overlay)
 	return os.WriteFile(path, []byte(k), 0o644)
@@ -260,6 +260,24 @@ func Push(path, registry string) (src, dst string, err error) {
 	}
 	return src, dstTag.String(), nil
 }
+
+// ControllerImageReplacements is what an overlay of deploy/csi with images: entries needs besides
+// them: kustomize builds deploy/csi first, its copy of the controller's image into COMPARE_IMAGE
+// and STAGER_IMAGE included, so that only a copy in the overlay, which kustomize runs after the
+// overlay's images: entries, names the overlay's image there.
+const ControllerImageReplacements = `# The notebook comparison and VolumeManager stager images are the controller's: copied again
+# after this kustomization's images: entries (deploy/csi's own copy ran before them).
+replacements:
+- source:
+    kind: Deployment
+    name: cistern-workload-controller
+    fieldPath: spec.template.spec.containers.[name=controller].image
+  targets:
+  - select: {kind: Deployment, name: cistern-workload-controller}
+    fieldPaths:
+    - spec.template.spec.containers.[name=controller].env.[name=COMPARE_IMAGE].value
+    - spec.template.spec.containers.[name=controller].env.[name=STAGER_IMAGE].value
+`
 
 // KustomizeImage is the kustomize images: entry that replaces src's name and tag by dst's.
 func KustomizeImage(src, dst string) string {

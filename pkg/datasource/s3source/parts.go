@@ -2,6 +2,7 @@ package s3source
 
 import (
 	"context"
+	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -25,6 +26,7 @@ func (s *Source) Parts(ctx context.Context, obj source.Object) ([]source.Part, e
 	}
 	var parts []source.Part
 	var off int64
+	marker := 0 // the last part number listed
 	in := &s3.GetObjectAttributesInput{
 		Bucket:           aws.String(s.cfg.Bucket),
 		Key:              aws.String(s.cfg.Prefix + obj.Key),
@@ -61,7 +63,12 @@ func (s *Source) Parts(ctx context.Context, obj source.Object) ([]source.Part, e
 		if !aws.ToBool(out.ObjectParts.IsTruncated) || out.ObjectParts.NextPartNumberMarker == nil {
 			break
 		}
-		in.PartNumberMarker = out.ObjectParts.NextPartNumberMarker
+		next, err := strconv.Atoi(aws.ToString(out.ObjectParts.NextPartNumberMarker))
+		if err != nil || next <= marker {
+			return nil, nil // a list that does not move on would be asked for forever
+		}
+		marker = next
+		in.PartNumberMarker = aws.String(strconv.Itoa(next))
 	}
 	if off != obj.Size {
 		return nil, nil // parts that do not add up to the object say nothing a read can rely on

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/testpoint"
 )
 
 func fileMode(o source.Object) os.FileMode {
@@ -35,6 +36,7 @@ func (j *Job) commit(i int64, o source.Object) error {
 		return conflictErr(o.Key, err)
 	}
 	j.objsDone.Add(1)
+	testpoint.Reach(testpoint.StagingFileCommitted, j.id)
 	j.peers.holding.Commit(j.peers.rank(i))
 	j.prefer.committed(i)
 	return nil
@@ -90,6 +92,7 @@ func (j *Job) finish(ctx context.Context, md *cache.Meta) error {
 	if err != nil {
 		return err
 	}
+	testpoint.Reach(testpoint.StagingSynced, j.id)
 	if err := j.root.Rename(cache.StagingDir, cache.TreeDir); err != nil {
 		return err
 	}
