@@ -227,12 +227,15 @@ func TestK8sStorageE2E(t *testing.T) {
 			Registry:    registry,
 			RegistryVia: net.JoinHostPort(n.HostIP, registryPort),
 			Mirrored:    []string{"registry.k8s.io", "docker.io"},
-			PodRoutes:   []string{framework.KubernetesServiceIP + "/32"},
-			Imported:    []string{"pause"},
-			Subnet:      n.PodSubnet,
-			Gateway:     n.PodGateway,
-			LogName:     "containerd-" + name,
-			Enter:       n.Enter,
+			// And the host's end of the node's link: the API server calls the
+			// workload-controller's webhooks (the node-created PV policy among them) at their
+			// pod addresses from there, and without this route their answers had no way back.
+			PodRoutes: []string{framework.KubernetesServiceIP + "/32", n.HostIP + "/32"},
+			Imported:  []string{"pause"},
+			Subnet:    n.PodSubnet,
+			Gateway:   n.PodGateway,
+			LogName:   "containerd-" + name,
+			Enter:     n.Enter,
 		})
 		k := realnode.StartKubeletWith(t, cp, ca, bins.Kubelet, realnode.KubeletOptions{
 			NodeName: name, RootDir: realnode.KubeletRootDir, RuntimeSocket: cd.Socket, CgroupRoot: n.CgroupRoot,
