@@ -34,7 +34,8 @@ node-tools: host-packages
 
 # The pause, checker, git and papermill images as tarballs for `ctr images import`, and for the
 # install suite the sidecar images deploy/csi names (csi-provisioner from csi-tools, stand-ins
-# for node-driver-registrar and livenessprobe) and the S3 server's (versitygw, static, from
+# for node-driver-registrar and livenessprobe; the external-resizer stand-in the storage e2e suite
+# adds) and the S3 server's (versitygw, static, from
 # 30-datasource.mk); seconds to build, once per content (hack/images/node-images.sh).
 ## Builds the node suites' images as tarballs
 node-images: $(BUSYBOX) csi-tools $(VERSITYGW)

@@ -34,15 +34,18 @@ k8s-e2e-images: $(BUSYBOX) k8s-e2e-tools snapshotter-tools
 	  -csi-snapshotter $(SNAPSHOTTER_BIN)/csi-snapshotter -snapshot-controller $(SNAPSHOTTER_BIN)/snapshot-controller
 
 # The suite (TestK8sStorageE2E in test/e2enode): nodes in their own network namespaces, deploy/csi
-# with the snapshots component, external-snapshotter's CRDs and snapshot-controller, then ginkgo
+# with the snapshots component and the external-resizer stand-in (test/k8se2e/resizer),
+# external-snapshotter's CRDs and snapshot-controller, then ginkgo
 # runs of e2e.test: "storage" (every External Storage test the testdriver enables, without
-# [Disruptive], [Serial] and features needing absent components), "snapshots"
+# [Disruptive], [Serial] and features needing absent components; offline expansion),
+# "expansion" (the expansion tests that grow a volume in use, with xfs as the default
+# filesystem: test/k8se2e/testdriver-xfs.yaml), "snapshots"
 # ([Feature:VolumeSnapshotDataSource]) and "streaming" (the CSI inline read-only volume test with
 # streaming dataset volumes, test/k8se2e/testdriver-streaming.yaml, over a public dataset on an
 # S3 server of the test). K8S_E2E_RUNS=subset runs the part `make test` runs;
 # K8S_E2E_RUNS=focus K8S_E2E_FOCUS='<regexp>' the tests matching a regular expression.
 # Same machine requirements as e2e-node.
-K8S_E2E_RUNS ?= storage,snapshots,streaming
+K8S_E2E_RUNS ?= storage,expansion,snapshots,streaming
 K8S_E2E_NODES ?= 2
 SNAPSHOTTER_CLIENT := github.com/kubernetes-csi/external-snapshotter/client/v8
 .PHONY: e2e-k8s

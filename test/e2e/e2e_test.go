@@ -86,6 +86,8 @@ parameters: {pool: bulk}
 	t.Run("NodeEventsRoleNamespaced", s.nodeEventsRole)
 	t.Run("WorkloadControllerSecretsByName", s.controllerRBAC)
 	t.Run("ControllerMetricsNeedAuthorization", s.controllerMetrics)
+	// Last: it grants the node ServiceAccount the resizer's ClusterRole while it runs.
+	t.Run("ClaimExpandedThroughResizer", s.expansion)
 }
 
 type scenario struct {

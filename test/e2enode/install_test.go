@@ -458,8 +458,9 @@ func writeInstallOverlay(t *testing.T, dir, registry string, refs []string, pool
 	var images strings.Builder
 	for _, ref := range refs {
 		repo, tag, _ := strings.Cut(ref, ":")
-		// Quoted: a tag of digits only (a short commit hash can be) would be a YAML number.
-		fmt.Fprintf(&images, "- name: %s\n  newName: %s/%s\n  newTag: %q\n", repo, registry, repo, tag)
+		// Quoted: a tag of digits only (a short commit hash can be) would be a YAML number. The
+		// registry serves localhost/PATH (a test image's registry) as PATH.
+		fmt.Fprintf(&images, "- name: %s\n  newName: %s/%s\n  newTag: %q\n", repo, registry, strings.TrimPrefix(repo, "localhost/"), tag)
 	}
 	var comps strings.Builder
 	if len(components) > 0 {

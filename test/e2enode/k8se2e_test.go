@@ -1,6 +1,7 @@
 package e2enode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -55,6 +56,8 @@ const (
 	// before --repo-root applies, so it gets the absolute path. The StorageClass file it names
 	// is resolved against --repo-root.
 	k8sE2ETestDriver = "test/k8se2e/testdriver.yaml"
+	// The testdriver of the "expansion" run: the same driver with xfs as its default filesystem.
+	k8sE2ETestDriverXFS = "test/k8se2e/testdriver-xfs.yaml"
 )
 
 // k8sE2ERun is one ginkgo run of e2e.test.
@@ -65,13 +68,19 @@ type k8sE2ERun struct {
 	// dataMode: streaming over a public S3 dataset) rather than testdriver.yaml, and is held
 	// to the streaming path (checkStreamed).
 	streaming bool
+	// testDriver is the run's testdriver, relative to the repository (default k8sE2ETestDriver).
+	testDriver string
 }
 
 // The storage e2e runs. "storage" is every External Storage test of the testdriver without
 // [Disruptive] and [Serial] (they restart kubelet or need the whole cluster) and without the
 // [Feature:...] tests that need a component absent here: VolumeAttributesClass (its
-// modifications are driven by external-resizer, which cannot be built here), SELinux (no SELinux
-// on these hosts); VolumeSnapshotDataSource runs on its own in "snapshots". "subset" is the
+// modifications are driven by external-resizer, which cannot be built here; its stand-in only
+// expands), SELinux (no SELinux on these hosts); VolumeSnapshotDataSource runs on its own in
+// "snapshots". "expansion" is the expansion tests that grow a volume in use, with xfs as the
+// default filesystem (test/k8se2e/testdriver-xfs.yaml): ext4 grows online only with
+// CAP_SYS_RESOURCE, which these machines do not grant, so testdriver.yaml (ext4 by default)
+// declares offline expansion only and "storage" runs those. "subset" is the
 // representative part `make test` runs (docs/testing.md). "streaming" is the CSI ephemeral test
 // that fits a read-only inline volume, with streaming volumes: the other two that take a CSI
 // inline volume of the testdriver ("two pods which have the same volume definition", "multiple
@@ -81,6 +90,10 @@ var k8sE2ERuns = []k8sE2ERun{
 	{name: "storage",
 		focus: `External.Storage.*cistern\.csi\.dev`,
 		skip:  `\[Disruptive\]|\[Serial\]|\[Feature:VolumeAttributesClass\]|\[Feature:SELinux\]|\[Feature:VolumeSnapshotDataSource\]`},
+	{name: "expansion",
+		focus:      `External.Storage.*cistern\.csi\.dev.*(\(allowExpansion\)\] volume-expand should resize volume|Generic Ephemeral-volume .*\] ephemeral should support expansion of pvcs created for ephemeral pvcs)`,
+		skip:       `\[Disruptive\]|\[Serial\]`,
+		testDriver: k8sE2ETestDriverXFS},
 	{name: "snapshots",
 		focus: `External.Storage.*cistern\.csi\.dev.*\[Feature:VolumeSnapshotDataSource\]`,
 		skip:  `\[Disruptive\]|\[Serial\]`},
@@ -106,7 +119,7 @@ func TestK8sStorageE2E(t *testing.T) {
 	requireMachine(t)
 	lockHost(t)
 	bins := realnode.FindBinaries(t)
-	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "busybox")
+	bins.RequireImages(t, "csi-provisioner", "node-driver-registrar", "livenessprobe", "csi-resizer", "busybox")
 	release := releaseImages(t)
 	e2eBin := os.Getenv(K8sE2EBinEnv)
 	for _, f := range []string{"e2e.test", "ginkgo"} {
@@ -234,7 +247,7 @@ func TestK8sStorageE2E(t *testing.T) {
 	t.Logf("%d nodes Ready %s after start", nodes, time.Since(begin).Round(time.Second))
 
 	t.Run("install", func(t *testing.T) {
-		installForE2E(t, cp, dir, registry, release, crds, controller, names, driverArgs)
+		installForE2E(t, cp, dir, registry, []string{release["node"].Ref, release["workload-controller"].Ref, bins.Images["csi-resizer"].Ref}, crds, controller, names, driverArgs)
 		if streaming != nil {
 			streaming.applyPolicy(t, cp, root)
 		}
@@ -258,7 +271,8 @@ dockerLibraryRegistry: %[1]s/library
 	for _, r := range runs {
 		t.Run(r.name, func(t *testing.T) {
 			if !r.streaming {
-				runGinkgo(t, cp, root, e2eBin, filepath.Join(root, k8sE2ETestDriver), repoList, logs, r)
+				driver := cmp.Or(r.testDriver, k8sE2ETestDriver)
+				runGinkgo(t, cp, root, e2eBin, filepath.Join(root, driver), repoList, logs, r)
 				return
 			}
 			w := watchPodVolumes(netnsNodes)
@@ -268,11 +282,12 @@ dockerLibraryRegistry: %[1]s/library
 	}
 }
 
-// selectRuns returns the runs K8sE2ERunsEnv names (default: storage, snapshots and streaming).
+// selectRuns returns the runs K8sE2ERunsEnv names (default: storage, expansion, snapshots and
+// streaming).
 func selectRuns(t *testing.T) []k8sE2ERun {
 	want := os.Getenv(K8sE2ERunsEnv)
 	if want == "" {
-		want = "storage,snapshots,streaming"
+		want = "storage,expansion,snapshots,streaming"
 	}
 	all := k8sE2ERuns
 	if f := os.Getenv(K8sE2EFocusEnv); f != "" {
@@ -296,9 +311,10 @@ func selectRuns(t *testing.T) []k8sE2ERun {
 
 // installForE2E installs what the suite tests: the VolumeSnapshot CRDs and upstream's
 // snapshot-controller (distributed snapshotting, as node-local volumes need), and deploy/csi
-// with the snapshots component through an overlay as a user writes one (driverArgs added to the
-// node plugin's flags); then waits for every node's pod and the controllers.
-func installForE2E(t *testing.T, cp *framework.ControlPlane, dir, registry string, release map[string]realnode.ImageEntry, crds, controller string, nodes, driverArgs []string) {
+// with the snapshots component and the external-resizer stand-in (test/k8se2e/resizer) through
+// an overlay as a user writes one (images, the refs served by the registry; driverArgs added to
+// the node plugin's flags); then waits for every node's pod and the controllers.
+func installForE2E(t *testing.T, cp *framework.ControlPlane, dir, registry string, images []string, crds, controller string, nodes, driverArgs []string) {
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", crds)
 
 	sc := filepath.Join(dir, "snapshot-controller")
@@ -342,7 +358,8 @@ patches:
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", sc)
 
 	overlay := filepath.Join(dir, "overlay")
-	writeInstallOverlay(t, overlay, registry, []string{release["node"].Ref, release["workload-controller"].Ref}, k8sE2EPoolDir, driverArgs, "snapshots")
+	// Components are named relative to deploy/csi.
+	writeInstallOverlay(t, overlay, registry, images, k8sE2EPoolDir, driverArgs, "snapshots", "../../test/k8se2e/resizer")
 	framework.Kubectl(t, cp, "apply", "--server-side", "-k", overlay)
 
 	ctx, cancel := context.WithTimeout(context.Background(), installTimeout)

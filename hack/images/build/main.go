@@ -9,7 +9,7 @@
 // tarballs. The test images are under localhost/, so nothing ever tries to pull them. With
 // -csi-provisioner it also makes the sidecar images of deploy/csi under their upstream names
 // (csi-provisioner from that binary, stand-ins for node-driver-registrar and livenessprobe from
-// hack/standins), which the install suite serves from a registry on loopback. With -versitygw it
+// hack/standins) and the external-resizer stand-in, which the install suite serves from a registry on loopback. With -versitygw it
 // also makes an image of that static S3 server, which the install suite runs as a pod.
 //
 //	go run ./build -out _output/k8s-e2e-images -busybox BUSYBOX -agnhost PATH -csi-snapshotter PATH -snapshot-controller PATH
@@ -71,6 +71,7 @@ const (
 	provisionerRef = "registry.k8s.io/sig-storage/csi-provisioner:v6.4.0"
 	registrarRef   = "registry.k8s.io/sig-storage/csi-node-driver-registrar:v2.17.0"
 	livenessRef    = "registry.k8s.io/sig-storage/livenessprobe:v2.19.0"
+	resizerRef     = "localhost/cistern/csi-resizer:v1"
 	busyboxRef     = "busybox:1.37"
 )
 
@@ -117,6 +118,11 @@ func images(busybox, provisioner, versitygw string) []image {
 			files: []file{{path: "/csi-node-driver-registrar", rootPkg: "./hack/standins/node-driver-registrar"}}},
 		image{Name: "livenessprobe", Ref: livenessRef, entrypoint: "/livenessprobe", path: "/",
 			files: []file{{path: "/livenessprobe", rootPkg: "./hack/standins/livenessprobe"}}},
+		// No manifest of deploy/csi names an external-resizer (upstream's has no node
+		// deployment): the storage e2e suite adds this stand-in to the node pod itself
+		// (test/k8se2e/resizer), under a name of this project.
+		image{Name: "csi-resizer", Ref: resizerRef, entrypoint: "/csi-resizer", path: "/",
+			files: []file{{path: "/csi-resizer", rootPkg: "./hack/standins/external-resizer"}}},
 		// deploy/csi/examples run busybox:1.37; this is Debian's static busybox (another
 		// version) with a link per applet, as the busybox image has them.
 		image{Name: "busybox", Ref: busyboxRef, path: "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
