@@ -159,11 +159,15 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 		return nil, err
 	}
 	exec := utilexec.New()
+	// Without systemd: the plugin mounts from its own container, where no systemd scope can
+	// outlive it, and mount.New's lazy detection of systemd, written by whichever mount runs
+	// first, is a data race between concurrent NodePublishVolume calls (found by the fault
+	// suite's race-built driver).
 	d := &Driver{
 		cfg:     cfg,
 		pools:   pool.NewManager(pc),
 		locks:   newKeyLocks(),
-		mounter: mount.NewSafeFormatAndMount(mount.New(""), exec),
+		mounter: mount.NewSafeFormatAndMount(mount.NewWithoutSystemd(""), exec),
 		resizer: mount.NewResizeFs(exec),
 		metrics: metrics.NewCSIMetricsManagerForPlugin(cfg.DriverName),
 		ready:   make(chan struct{}),
