@@ -85,7 +85,10 @@ type writeBacks struct {
 	// refusals counts failed passes and checkpoints the checkpoints taken (metrics); node
 	// labels the metrics.
 	refusals, checkpoints int64
-	node                  string
+	// unconfirmed counts the uploads stopped because the target confirmed neither a checksum
+	// nor an MD5 (metrics).
+	unconfirmed int64
+	node        string
 	// failing are the uploads whose last pass failed; gen and changed are OutputsGeneration's
 	// (writeback_report.go).
 	failing map[string]bool
@@ -403,6 +406,15 @@ func (s *Service) upload(id string, job writeback.Job) {
 		if s.wb.ctx.Err() != nil {
 			return // the node plugin stops; the next one resumes
 		}
+		if errors.Is(err, writeback.ErrUnconfirmed) {
+			// Sending again would end the same way: the upload waits for its expiry, or for
+			// the next node plugin, which tries once more (the server may be fixed by then).
+			logger.Error(err, "Write-back stopped: the target does not confirm what it stores; the data is kept until the upload expires")
+			<-ctx.Done()
+			if s.wb.ctx.Err() != nil {
+				return
+			}
+		}
 		if ctx.Err() != nil {
 			s.expire(id, job)
 			return
@@ -629,13 +641,17 @@ func (w *writeBacks) settle(id string, end func(volume string) error) error {
 }
 
 func (w *writeBacks) progress(p writeback.Progress) {
-	if p.Err != nil {
+	unconfirmed := errors.Is(p.Err, writeback.ErrUnconfirmed)
+	if p.Err != nil && !unconfirmed {
 		klog.Background().Error(p.Err, "Write-back refused; retrying with backoff, the volume's data kept", "volumeID", p.Volume, "attempt", p.Attempt,
 			"bytesDone", p.BytesDone, "bytes", p.Bytes)
 	}
 	w.mu.Lock()
 	if p.Err != nil {
 		w.refusals++
+	}
+	if unconfirmed {
+		w.unconfirmed++
 	}
 	if p.Done {
 		delete(w.pending, p.Volume)

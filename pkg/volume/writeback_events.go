@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,6 +17,9 @@ const (
 	ReasonOutputUploadFailed   = "OutputUploadFailed"
 	ReasonOutputUploadFinished = "OutputUploadFinished"
 	ReasonOutputUploadExpired  = "OutputUploadExpired"
+	// ReasonOutputUploadUnconfirmed: the target confirmed neither the checksum nor the MD5 of
+	// what it stored (writeback.ErrUnconfirmed); the upload is not retried.
+	ReasonOutputUploadUnconfirmed = "OutputUploadUnconfirmed"
 )
 
 // ObjectRef names the Kubernetes object a volume's Events are about. UID may be empty (a claim:
@@ -71,6 +75,10 @@ func (e *uploadEvents) report(p writeback.Progress) {
 		e.w.emit(e.attrs, false, ReasonOutputUploadFinished,
 			"Outputs of volume %s are at %s: %d objects, %d bytes (%d sent by this node plugin), %d deleted, %d entries skipped (not files); the volume's data is released",
 			e.id, e.target, p.FilesDone, p.BytesDone, p.Sent, p.DeletesDone, p.Skipped)
+	case errors.Is(p.Err, writeback.ErrUnconfirmed):
+		e.w.emit(e.attrs, true, ReasonOutputUploadUnconfirmed,
+			"Upload of volume %s's outputs to %s stopped: %v; %d of %d objects, %d of %d bytes confirmed. Sending again would not confirm them: the upload is not retried, the data is kept until it expires (a restarted node plugin tries once more)",
+			e.id, e.target, p.Err, p.FilesDone, p.Files, p.BytesDone, p.Bytes)
 	case p.Err != nil:
 		e.w.emit(e.attrs, true, ReasonOutputUploadFailed,
 			"Upload of volume %s's outputs to %s failed (attempt %d): %v; %d of %d objects, %d of %d bytes done; retrying in %s, the data is kept",

@@ -7,6 +7,7 @@ type writeBackCollector struct {
 	w                                       *writeBacks
 	pending, volumes, refusals, checkpoints *prometheus.Desc
 	counted, byNamespace, expired           *prometheus.Desc
+	unconfirmed                             *prometheus.Desc
 }
 
 // WriteBackCollectors are the write-back's metrics; none when write-back is off.
@@ -22,13 +23,14 @@ func (s *Service) WriteBackCollectors() []prometheus.Collector {
 		volumes:     prometheus.NewDesc("cistern_writeback_volumes", "Volumes whose outputs are being uploaded, their data kept until done.", labels, nil),
 		refusals:    prometheus.NewDesc("cistern_writeback_refusals_total", "Upload passes and checkpoints that failed (the target refused or could not be reached); each is retried with backoff.", labels, nil),
 		checkpoints: prometheus.NewDesc("cistern_writeback_checkpoints_total", "Checkpoints taken: uploads of what changed in a volume in use (outputInterval).", labels, nil),
+		unconfirmed: prometheus.NewDesc("cistern_writeback_unconfirmed_total", "Uploads stopped, not retried, because the target confirmed neither the checksum nor the MD5 of what it stored (an encrypted bucket's ETags); their data kept until they expire.", labels, nil),
 		expired:     prometheus.NewDesc("cistern_writeback_expired_total", "Uploads that expired, pending longer than --writeback-max-age: their credentials deleted, an inline volume's outputs deleted with it, a claim's kept in it.", labels, nil),
 	}
 	return []prometheus.Collector{c}
 }
 
 func (c *writeBackCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.pending, c.counted, c.byNamespace, c.volumes, c.refusals, c.checkpoints, c.expired} {
+	for _, d := range []*prometheus.Desc{c.pending, c.counted, c.byNamespace, c.volumes, c.refusals, c.checkpoints, c.expired, c.unconfirmed} {
 		ch <- d
 	}
 }
@@ -37,7 +39,7 @@ func (c *writeBackCollector) Collect(ch chan<- prometheus.Metric) {
 	w := c.w
 	u := w.usage()
 	w.mu.Lock()
-	running, refusals, checkpoints, expired := len(w.running), w.refusals, w.checkpoints, w.expired
+	running, refusals, checkpoints, expired, unconfirmed := len(w.running), w.refusals, w.checkpoints, w.expired, w.unconfirmed
 	w.mu.Unlock()
 	node := w.node
 	ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(u.total), node)
@@ -49,4 +51,5 @@ func (c *writeBackCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.refusals, prometheus.CounterValue, float64(refusals), node)
 	ch <- prometheus.MustNewConstMetric(c.checkpoints, prometheus.CounterValue, float64(checkpoints), node)
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(expired), node)
+	ch <- prometheus.MustNewConstMetric(c.unconfirmed, prometheus.CounterValue, float64(unconfirmed), node)
 }

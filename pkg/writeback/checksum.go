@@ -1,13 +1,25 @@
 package writeback
 
 import (
+	"context"
+	"crypto/md5"
 	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"hash"
 	"hash/crc32"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go/middleware"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/minio/crc64nvme"
 )
 
@@ -69,3 +81,117 @@ func (a sumAlg) part(num int32, etag *string, sum string) types.CompletedPart {
 	}
 	return p
 }
+
+// bodySums are what one read of a body sent gives: its checksum of the upload's algorithm (the
+// x-amz-checksum-* header, verified by a server with flexible checksums) and its MD5
+// (Content-MD5, which every S3 server verifies, refusing a body that differs with BadDigest).
+type bodySums struct {
+	sum string // base64, as S3 spells it
+	md5 []byte
+}
+
+// sums reads n bytes of fh at off once for both.
+func (a sumAlg) sums(fh *os.File, off, n int64) (bodySums, error) {
+	h, m := a.hash(), md5.New()
+	if _, err := io.Copy(io.MultiWriter(h, m), io.NewSectionReader(fh, off, n)); err != nil {
+		return bodySums{}, err
+	}
+	return bodySums{sum: sumString(h), md5: m.Sum(nil)}, nil
+}
+
+// contentMD5 is the Content-MD5 header of the body.
+func (b bodySums) contentMD5() *string {
+	s := base64.StdEncoding.EncodeToString(b.md5)
+	return &s
+}
+
+// confirmMD5 is a record's Confirm when the server confirmed the bytes by an ETag that is their
+// MD5 (a server without flexible checksums); "" is by the checksum of the upload's algorithm.
+const confirmMD5 = "md5"
+
+// proof is how the server confirmed that an object holds the file's bytes: its checksum (Sum),
+// or, from a server that answers none (Ceph RGW before flexible checksums), its ETag being the
+// MD5 of the body (ETag, unquoted, lower case) or, for a multipart object, the MD5 of its parts'
+// MD5s and their count (md5hex-N) with parts of PartSize bytes.
+type proof struct {
+	Sum, ETag string
+	PartSize  int64
+}
+
+// byMD5 says the server confirmed the bytes by their MD5 ETag.
+func (p proof) byMD5() bool { return p.Sum == "" && p.ETag != "" }
+
+// confirm says whether the server's answer to a body sent with sent confirms it: the checksum
+// it answered is the one sent, or, when it answered none, its ETag is the body's MD5. A server
+// that answers neither confirms nothing (ErrUnconfirmed), and the object is not taken as stored.
+func confirm(sent bodySums, answered string, etag *string) (proof, error) {
+	switch {
+	case answered != "" && answered != sent.sum:
+		return proof{}, fmt.Errorf("the server answered checksum %s for a body whose checksum is %s", answered, sent.sum)
+	case answered != "":
+		return proof{Sum: answered}, nil
+	case normETag(etag) == hex.EncodeToString(sent.md5):
+		return proof{ETag: normETag(etag)}, nil
+	}
+	return proof{}, unconfirmed(etag)
+}
+
+// ErrUnconfirmed is an upload the server confirmed neither by a checksum nor by an MD5 ETag
+// (an ETag of another kind: SSE-KMS, SSE-C, or a server's own scheme). Sending it again would
+// not change that, so a job that meets it stops (Run) instead of retrying, and nothing of it is
+// taken as stored.
+var ErrUnconfirmed = errors.New("the server confirmed neither the object's checksum nor its MD5")
+
+func unconfirmed(etag *string) error {
+	return fmt.Errorf("%w (no x-amz-checksum in its answer, and its ETag %q is not the MD5 of the bytes sent: an encrypted bucket, SSE-KMS or SSE-C, answers such ETags); not retried", ErrUnconfirmed, aws.ToString(etag))
+}
+
+// normETag is an ETag without its quotes, in lower case.
+func normETag(etag *string) string { return strings.ToLower(strings.Trim(aws.ToString(etag), `"`)) }
+
+// multipartETag is the ETag S3 gives an object completed from parts of these MD5s: the MD5 of
+// their concatenation, a dash, their count.
+func multipartETag(md5s [][]byte) string {
+	h := md5.New()
+	for _, m := range md5s {
+		h.Write(m)
+	}
+	return hex.EncodeToString(h.Sum(nil)) + "-" + strconv.Itoa(len(md5s))
+}
+
+// md5Of is the MD5 of n bytes of fh at off.
+func md5Of(fh *os.File, off, n int64) ([]byte, error) {
+	h := md5.New()
+	if _, err := io.Copy(h, io.NewSectionReader(fh, off, n)); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
+}
+
+// fileMultipartETag is the multipart ETag of size bytes of fh sent in parts of ps bytes.
+func fileMultipartETag(fh *os.File, size, ps int64) (string, error) {
+	var md5s [][]byte
+	for off := int64(0); off < size; off += ps {
+		m, err := md5Of(fh, off, min(ps, size-off))
+		if err != nil {
+			return "", err
+		}
+		md5s = append(md5s, m)
+	}
+	return multipartETag(md5s), nil
+}
+
+// unsignedOverTLS has a request whose checksum and Content-MD5 were read from the file first
+// (sums) sign no payload hash over HTTPS ("UNSIGNED-PAYLOAD", as the SDK's own trailing
+// checksums do: TLS protects the body, and the server verifies both sums): the signer would
+// otherwise read the body once more for its SHA-256. Over plain HTTP the payload stays signed.
+// The body goes plain, not aws-chunked, which servers without flexible checksums also read.
+var unsignedOverTLS = s3.WithAPIOptions(func(st *middleware.Stack) error {
+	return st.Finalize.Insert(middleware.FinalizeMiddlewareFunc("cistern:UnsignedOverTLS",
+		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
+			if req, ok := in.Request.(*smithyhttp.Request); ok && req.IsHTTPS() {
+				ctx = v4.SetPayloadHash(ctx, "UNSIGNED-PAYLOAD")
+			}
+			return next.HandleFinalize(ctx, in)
+		}), (*v4.ComputePayloadSHA256)(nil).ID(), middleware.Before)
+})

@@ -30,7 +30,7 @@ const (
 type op string
 
 const (
-	opDone     op = "done"     // a file's object is at the target, whole, checksum verified
+	opDone     op = "done"     // a file's object is at the target, whole, confirmed (Confirm)
 	opUpload   op = "upload"   // a multipart upload started for a file
 	opPart     op = "part"     // one part of it is at the target
 	opAborted  op = "aborted"  // a multipart upload no file will complete was aborted
@@ -62,11 +62,37 @@ type record struct {
 	Part   int32  `json:"part,omitempty"`
 	ETag   string `json:"etag,omitempty"`
 	Sum    string `json:"sum,omitempty"` // base64, as S3 spells it: of the upload's Alg for a part
+	// Confirm is how the server confirmed a file's object or a part (checksum.go, proof): ""
+	// by its checksum (Sum), confirmMD5 by an ETag that is the MD5 of the bytes (ETag; a part's
+	// Sum is then the checksum sent, which the server did not answer). A resumed upload keeps
+	// to it, and the next job's probe of what the target holds (stillStored) checks it.
+	Confirm string `json:"confirm,omitempty"`
+	// PartSize is the part size of a multipart upload (its opUpload and opDone): a resumed
+	// upload keeps it, and a multipart ETag is checked with it. 0 in journals written before.
+	PartSize int64 `json:"partSize,omitempty"`
 	// Alg is a multipart upload's checksum algorithm; empty in journals written before CRC-32C,
 	// whose uploads were started with CRC-64/NVME.
 	Alg sumAlg `json:"alg,omitempty"`
 	// At is a hand-off's time (Unix seconds); 0 in journals written before it was recorded.
 	At int64 `json:"at,omitempty"`
+}
+
+// proof is how a done record says the server confirmed its object.
+func (r record) proof() proof {
+	p := proof{Sum: r.Sum, PartSize: r.PartSize}
+	if r.Confirm == confirmMD5 {
+		p.Sum, p.ETag = "", r.ETag
+	}
+	return p
+}
+
+// doneRecord records k's object at the target, confirmed by p.
+func doneRecord(k fileKey, p proof) record {
+	r := record{Op: opDone, Path: k.Path, Size: k.Size, MTime: k.MTime, Sum: p.Sum, PartSize: p.PartSize}
+	if p.byMD5() {
+		r.Confirm, r.ETag = confirmMD5, p.ETag
+	}
+	return r
 }
 
 // fileKey identifies a file's content in the journal.
@@ -77,9 +103,10 @@ type fileKey struct {
 
 // upload is a multipart upload under way, as the journal knows it.
 type upload struct {
-	ID    string
-	Alg   sumAlg
-	Parts map[int32]record
+	ID       string
+	Alg      sumAlg
+	PartSize int64 // 0: started by a journal that did not record it
+	Parts    map[int32]record
 }
 
 // journal is a job's journal, open for appending.
@@ -88,15 +115,15 @@ type journal struct {
 
 	mu       sync.Mutex
 	f        *os.File
-	done     map[fileKey]string // -> checksum
+	done     map[fileKey]proof
 	uploads  map[fileKey]*upload
 	deleted  map[string]bool
 	complete bool
 	// live: checkpoints were taken and the volume was not handed off yet.
 	live bool
-	// stored are the files an earlier job of the volume put at the target (-> checksum), and
-	// kept says no job runs since (opKept).
-	stored map[fileKey]string
+	// stored are the files an earlier job of the volume put at the target, and kept says no job
+	// runs since (opKept).
+	stored map[fileKey]proof
 	kept   bool
 }
 
@@ -127,8 +154,8 @@ func openJournal(dir string, job Job) (*journal, error) {
 	case !bytes.Equal(have, want):
 		return nil, fmt.Errorf("journal %s is of another job: %s", dir, have)
 	}
-	j := &journal{dir: dir, done: map[fileKey]string{}, uploads: map[fileKey]*upload{}, deleted: map[string]bool{},
-		stored: map[fileKey]string{}}
+	j := &journal{dir: dir, done: map[fileKey]proof{}, uploads: map[fileKey]*upload{}, deleted: map[string]bool{},
+		stored: map[fileKey]proof{}}
 	if err := j.load(); err != nil {
 		return nil, err
 	}
@@ -172,7 +199,7 @@ func (j *journal) apply(r record) {
 	k := fileKey{r.Path, r.Size, r.MTime}
 	switch r.Op {
 	case opDone:
-		j.done[k] = r.Sum
+		j.done[k] = r.proof()
 		delete(j.uploads, k)
 		delete(j.deleted, r.Path) // made again after it was deleted (checkpoints)
 	case opUpload:
@@ -180,7 +207,7 @@ func (j *journal) apply(r record) {
 		if alg == "" {
 			alg = algCRC64NVME
 		}
-		j.uploads[k] = &upload{ID: r.Upload, Alg: alg, Parts: map[int32]record{}}
+		j.uploads[k] = &upload{ID: r.Upload, Alg: alg, PartSize: r.PartSize, Parts: map[int32]record{}}
 	case opPart:
 		if u := j.uploads[k]; u != nil && u.ID == r.Upload {
 			u.Parts[r.Part] = r
@@ -189,7 +216,7 @@ func (j *journal) apply(r record) {
 		delete(j.uploads, k)
 	case opDeleted:
 		j.deleted[r.Path] = true
-		for _, m := range []map[fileKey]string{j.done, j.stored} {
+		for _, m := range []map[fileKey]proof{j.done, j.stored} {
 			for k := range m {
 				if k.Path == r.Path {
 					delete(m, k)
@@ -205,10 +232,10 @@ func (j *journal) apply(r record) {
 	case opExpired:
 		j.live = false
 	case opKept:
-		for k, sum := range j.done {
-			j.stored[k] = sum
+		for k, p := range j.done {
+			j.stored[k] = p
 		}
-		j.done, j.uploads, j.deleted = map[fileKey]string{}, map[fileKey]*upload{}, map[string]bool{}
+		j.done, j.uploads, j.deleted = map[fileKey]proof{}, map[fileKey]*upload{}, map[string]bool{}
 		j.complete, j.live, j.kept = false, false, true
 	}
 }
@@ -219,7 +246,7 @@ func (j *journal) donePaths() map[string]bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	out := make(map[string]bool, len(j.done)+len(j.stored))
-	for _, m := range []map[fileKey]string{j.done, j.stored} {
+	for _, m := range []map[fileKey]proof{j.done, j.stored} {
 		for k := range m {
 			out[k.Path] = true
 		}
@@ -270,8 +297,8 @@ func (j *journal) keep() error {
 	defer j.mu.Unlock()
 	var log bytes.Buffer
 	enc := json.NewEncoder(&log)
-	for k, sum := range j.done {
-		if err := enc.Encode(record{Op: opDone, Path: k.Path, Size: k.Size, MTime: k.MTime, Sum: sum}); err != nil {
+	for k, p := range j.done {
+		if err := enc.Encode(doneRecord(k, p)); err != nil {
 			return err
 		}
 	}
@@ -298,13 +325,13 @@ func (j *journal) keep() error {
 	return nil
 }
 
-// storedSum is the checksum of k's object as an earlier job put it at the target, when k's
-// content is what that job uploaded.
-func (j *journal) storedSum(k fileKey) (string, bool) {
+// storedProof is how the server confirmed k's object as an earlier job put it at the target,
+// when k's content is what that job uploaded.
+func (j *journal) storedProof(k fileKey) (proof, bool) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	sum, ok := j.stored[k]
-	return sum, ok
+	p, ok := j.stored[k]
+	return p, ok
 }
 
 // uploadOf returns a copy of k's multipart upload under way, nil when none.
@@ -315,7 +342,7 @@ func (j *journal) uploadOf(k fileKey) *upload {
 	if u == nil {
 		return nil
 	}
-	c := &upload{ID: u.ID, Alg: u.Alg, Parts: make(map[int32]record, len(u.Parts))}
+	c := &upload{ID: u.ID, Alg: u.Alg, PartSize: u.PartSize, Parts: make(map[int32]record, len(u.Parts))}
 	for n, p := range u.Parts {
 		c.Parts[n] = p
 	}

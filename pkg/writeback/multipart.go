@@ -2,10 +2,14 @@ package writeback
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -25,11 +29,27 @@ func (r *run) partSize(size int64) int64 {
 	return ps
 }
 
+// partSizeMeta is the user metadata (x-amz-meta-cistern-part-size) a multipart object is
+// created with: its part size in bytes, so that a reader of a server that does not tell it
+// (HEAD ?partNumber= ignored) can check the object's multipart ETag against its bytes.
+const partSizeMeta = "cistern-part-size"
+
+// upPartSize is the part size of up (the configured one for an upload a journal started
+// without recording it).
+func (r *run) upPartSize(up *upload, f file) int64 {
+	if up != nil && up.PartSize > 0 {
+		return up.PartSize
+	}
+	return r.partSize(f.Size)
+}
+
 // multipart uploads a large file in parts, resuming the upload the journal recorded: a part the
-// server holds whose checksum is the one recorded for it, or of the file's bytes, is not sent
-// again. Each part's checksum (CRC-32C; checksum.go) is verified by the server as it arrives,
-// and the completed object is a FULL_OBJECT checksum that the server composes from them.
-func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error) {
+// server holds that the journal or the file's bytes confirm (heldPart) is not sent again. Each
+// part goes with its checksum (CRC-32C; checksum.go) and its Content-MD5, and is confirmed by
+// the checksum the server answers or, from a server without flexible checksums, by its ETag,
+// the part's MD5; the completed object by its FULL_OBJECT checksum, which the server composes
+// from the parts', or by its multipart ETag.
+func (r *run) multipart(ctx context.Context, fh *os.File, f file) (proof, error) {
 	t := r.job.Target
 	bucket, key := aws.String(t.Bucket), aws.String(t.key(f.Path))
 	held := map[int32]types.Part{}
@@ -39,36 +59,39 @@ func (r *run) multipart(ctx context.Context, fh *os.File, f file) (string, error
 		switch {
 		case isMissing(err):
 			// Completed before the crash could record it, or aborted: the object tells which.
-			if sum, ok := r.alreadyStored(ctx, fh, f, up.Alg); ok {
-				return sum, nil
+			if p, ok := r.alreadyStored(ctx, fh, f, up); ok {
+				return p, nil
 			}
 			up = nil
 		case err != nil:
-			return "", err
+			return proof{}, err
 		default:
 			held = parts
 		}
 	}
 	if up == nil {
+		ps := r.partSize(f.Size)
 		out, err := r.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
 			Bucket: bucket, Key: key,
 			ChecksumAlgorithm: algCRC32C.algorithm(), ChecksumType: types.ChecksumTypeFullObject,
+			Metadata: map[string]string{partSizeMeta: strconv.FormatInt(ps, 10)},
 		})
 		if err != nil {
-			return "", err
+			return proof{}, err
 		}
-		up = &upload{ID: aws.ToString(out.UploadId), Alg: algCRC32C}
+		up = &upload{ID: aws.ToString(out.UploadId), Alg: algCRC32C, PartSize: ps}
 		// Synced: an upload the journal forgot would hold storage on the server for ever.
-		if err := r.j.append(record{Op: opUpload, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID, Alg: up.Alg}, true); err != nil {
-			return "", err
+		if err := r.j.append(record{Op: opUpload, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID, Alg: up.Alg,
+			PartSize: ps}, true); err != nil {
+			return proof{}, err
 		}
 	}
 	parts, err := r.sendParts(ctx, fh, f, up, held)
 	if err != nil {
-		return "", err
+		return proof{}, err
 	}
 	if r.live && changed(fh, f) {
-		return "", errors.New("written while it was sent") // never completed: the next pass aborts it
+		return proof{}, errors.New("written while it was sent") // never completed: the next pass aborts it
 	}
 	return r.complete(ctx, fh, f, up, parts)
 }
@@ -85,23 +108,36 @@ const completeTimeout = 30 * time.Minute
 // completeTimeout (TestSlowComplete); an upload the server no longer knows (a retry after an
 // answer lost on the way) is taken as done when the object at the key is this file
 // (TestCompleteAnswerLost).
-func (r *run) complete(ctx context.Context, fh *os.File, f file, up *upload, parts []types.CompletedPart) (string, error) {
+func (r *run) complete(ctx context.Context, fh *os.File, f file, up *upload, sent sentParts) (proof, error) {
 	ctx, cancel := context.WithTimeout(ctx, completeTimeout)
 	defer cancel()
 	out, err := r.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)), UploadId: aws.String(up.ID),
 		ChecksumType:    types.ChecksumTypeFullObject,
-		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts},
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: sent.parts},
 	}, r.patient)
 	if isMissing(err) {
-		if sum, ok := r.alreadyStored(ctx, fh, f, up.Alg); ok {
-			return sum, nil
+		if p, ok := r.alreadyStored(ctx, fh, f, up); ok {
+			return p, nil
 		}
 	}
 	if err != nil {
-		return "", err
+		return proof{}, err
 	}
-	return verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
+	ps := r.upPartSize(up, f)
+	if sum := up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME); sum != "" {
+		return proof{Sum: sum, PartSize: ps}, nil
+	}
+	// No checksum: a server without flexible checksums, or one answering a Complete sent again
+	// while it assembled the object (versitygw). Its ETag is then the parts' multipart ETag.
+	want, err := sent.etag(fh, f.Size, ps)
+	if err != nil {
+		return proof{}, err
+	}
+	if normETag(out.ETag) != want {
+		return proof{}, unconfirmed(out.ETag)
+	}
+	return proof{ETag: want, PartSize: ps}, nil
 }
 
 // patient has a request wait for its answer without the client's response-header timeout
@@ -133,11 +169,33 @@ func (r *run) closePatient() {
 	}
 }
 
+// sentParts are an upload's parts as Complete names them, and each part's MD5 where this pass
+// knows it (sent by it, or its ETag confirmed as the MD5), for the multipart ETag.
+type sentParts struct {
+	parts []types.CompletedPart
+	md5s  [][]byte
+}
+
+// etag is the multipart ETag of the parts, of ps bytes each: the MD5s this pass does not know
+// are read from the file.
+func (s sentParts) etag(fh *os.File, size, ps int64) (string, error) {
+	for i, m := range s.md5s {
+		if m == nil {
+			off := int64(i) * ps
+			var err error
+			if s.md5s[i], err = md5Of(fh, off, min(ps, size-off)); err != nil {
+				return "", err
+			}
+		}
+	}
+	return multipartETag(s.md5s), nil
+}
+
 // sendParts sends the parts the server does not hold yet, in parallel.
-func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, held map[int32]types.Part) ([]types.CompletedPart, error) {
-	ps := r.partSize(f.Size)
+func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, held map[int32]types.Part) (sentParts, error) {
+	ps := r.upPartSize(up, f)
 	n := int((f.Size + ps - 1) / ps)
-	parts := make([]types.CompletedPart, n)
+	out := sentParts{parts: make([]types.CompletedPart, n), md5s: make([][]byte, n)}
 	// A failed part stops new ones but cancels none under way: a request cancelled mid-body
 	// may still be written by the server after the upload is aborted (versitygw then lists the
 	// aborted upload again, holding storage), so every request ends before this returns.
@@ -146,9 +204,11 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 	for i := range n {
 		num, off := int32(i+1), int64(i)*ps
 		length := min(ps, f.Size-off)
-		if p, ok := held[num]; ok && aws.ToInt64(p.Size) == length && r.sameBytes(fh, off, length, up, p) {
-			parts[i] = up.Alg.part(num, p.ETag, up.Alg.pick(p.ChecksumCRC32C, p.ChecksumCRC64NVME))
-			continue
+		if p, ok := held[num]; ok && aws.ToInt64(p.Size) == length {
+			if cp, m, ok := r.heldPart(fh, off, length, up, p); ok {
+				out.parts[i], out.md5s[i] = cp, m
+				continue
+			}
 		}
 		if failed.Load() {
 			break
@@ -159,49 +219,89 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 		}
 		g.Go(func() error {
 			defer release()
-			out, err := r.client.UploadPart(ctx, &s3.UploadPartInput{
-				Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
-				UploadId: aws.String(up.ID), PartNumber: aws.Int32(num),
-				Body: io.NewSectionReader(fh, off, length), ContentLength: aws.Int64(length),
-				ChecksumAlgorithm: up.Alg.algorithm(),
-			})
-			var sum string
-			if err == nil {
-				sum, err = verified(up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
-			}
+			cp, m, err := r.sendPart(ctx, fh, f, up, num, off, length)
 			if err != nil {
 				failed.Store(true)
 				return err
 			}
-			r.sent(length)
-			parts[i] = up.Alg.part(num, out.ETag, sum)
-			if err := r.j.append(record{Op: opPart, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID,
-				Part: num, ETag: aws.ToString(out.ETag), Sum: sum}, false); err != nil {
-				failed.Store(true)
-				return err
-			}
+			out.parts[i], out.md5s[i] = cp, m
 			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, err
+		return sentParts{}, err
 	}
-	return parts, ctx.Err()
+	return out, ctx.Err()
 }
 
-// sameBytes reports whether a part the server holds is the file's bytes at off: its checksum is
-// the one the journal recorded when it was sent, or (sent but not recorded before a crash) the
-// checksum of those bytes now, in the upload's algorithm.
-func (r *run) sameBytes(fh *os.File, off, n int64, up *upload, p types.Part) bool {
+// sendPart sends one part with its checksum and Content-MD5, read from the file first, and
+// records it once the server confirmed it.
+func (r *run) sendPart(ctx context.Context, fh *os.File, f file, up *upload, num int32, off, length int64) (types.CompletedPart, []byte, error) {
+	sums, err := up.Alg.sums(fh, off, length)
+	if err != nil {
+		return types.CompletedPart{}, nil, err
+	}
+	in := &s3.UploadPartInput{
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
+		UploadId: aws.String(up.ID), PartNumber: aws.Int32(num),
+		Body: io.NewSectionReader(fh, off, length), ContentLength: aws.Int64(length),
+		ChecksumAlgorithm: up.Alg.algorithm(), ContentMD5: sums.contentMD5(),
+	}
+	if up.Alg == algCRC64NVME {
+		in.ChecksumCRC64NVME = aws.String(sums.sum)
+	} else {
+		in.ChecksumCRC32C = aws.String(sums.sum)
+	}
+	out, err := r.client.UploadPart(ctx, in, unsignedOverTLS)
+	if err != nil {
+		return types.CompletedPart{}, nil, err
+	}
+	p, err := confirm(sums, up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME), out.ETag)
+	if err != nil {
+		return types.CompletedPart{}, nil, fmt.Errorf("part %d: %w", num, err)
+	}
+	r.sent(length)
+	rec := record{Op: opPart, Path: f.Path, Size: f.Size, MTime: f.MTime, Upload: up.ID, Part: num, ETag: aws.ToString(out.ETag), Sum: sums.sum}
+	if p.byMD5() {
+		rec.Confirm = confirmMD5
+	}
+	if err := r.j.append(rec, false); err != nil {
+		return types.CompletedPart{}, nil, err
+	}
+	return up.Alg.part(num, out.ETag, sums.sum), sums.md5, nil
+}
+
+// heldPart says whether a part the server holds is the file's bytes at off, and what completes
+// the upload with it (its checksum, and its MD5 when known). A part the journal recorded is
+// checked as it was confirmed when sent: the checksum and ETag the server lists are the
+// recorded ones, or (confirmed by MD5) its ETag is. One sent but not recorded before a crash is
+// checked against the file's bytes now: their checksum, or, from a server that lists none, their
+// MD5, which an MD5 ETag is.
+func (r *run) heldPart(fh *os.File, off, n int64, up *upload, p types.Part) (types.CompletedPart, []byte, bool) {
+	num := aws.ToInt32(p.PartNumber)
 	have := up.Alg.pick(p.ChecksumCRC32C, p.ChecksumCRC64NVME)
-	if have == "" {
-		return false
+	rec, recorded := up.Parts[num]
+	switch {
+	case recorded && rec.Confirm == confirmMD5:
+		etag := normETag(&rec.ETag)
+		m, err := hex.DecodeString(etag)
+		return up.Alg.part(num, p.ETag, rec.Sum), m, err == nil && rec.Sum != "" && normETag(p.ETag) == etag
+	case recorded && rec.Sum != "":
+		return up.Alg.part(num, p.ETag, have), nil, have != "" && rec.Sum == have && rec.ETag == aws.ToString(p.ETag)
 	}
-	if rec := up.Parts[aws.ToInt32(p.PartNumber)]; rec.Sum != "" {
-		return rec.Sum == have && rec.ETag == aws.ToString(p.ETag)
+	sums, err := up.Alg.sums(fh, off, n)
+	if err != nil {
+		return types.CompletedPart{}, nil, false
 	}
-	sum, err := up.Alg.of(fh, off, n)
-	return err == nil && sum == have
+	md5hex := hex.EncodeToString(sums.md5)
+	if have != "" {
+		var m []byte
+		if normETag(p.ETag) == md5hex {
+			m = sums.md5
+		}
+		return up.Alg.part(num, p.ETag, have), m, sums.sum == have
+	}
+	return up.Alg.part(num, p.ETag, sums.sum), sums.md5, normETag(p.ETag) == md5hex
 }
 
 // listParts returns the parts the server holds of an upload.
@@ -220,22 +320,28 @@ func (r *run) listParts(ctx context.Context, id string, bucket, key *string) (ma
 	return out, nil
 }
 
-// alreadyStored reports whether the object at f's key is f, whole: its size and its FULL_OBJECT
-// checksum of alg (the algorithm of the upload that would have made it).
-func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file, alg sumAlg) (string, bool) {
+// alreadyStored reports whether the object at f's key is f, whole, as up would have made it:
+// its size and its FULL_OBJECT checksum of up's algorithm or, from a server without flexible
+// checksums, its multipart ETag, recomputed from the file with up's part size.
+func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file, up *upload) (proof, bool) {
 	out := r.headOf(ctx, f)
-	if out == nil || out.ChecksumType != types.ChecksumTypeFullObject {
-		return "", false
+	if out == nil {
+		return proof{}, false
 	}
-	have := alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME)
-	if have == "" {
-		return "", false
+	ps := r.upPartSize(up, f)
+	if have := up.Alg.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME); have != "" {
+		if out.ChecksumType != types.ChecksumTypeFullObject {
+			return proof{}, false
+		}
+		sum, err := up.Alg.of(fh, 0, f.Size)
+		return proof{Sum: have, PartSize: ps}, err == nil && sum == have
 	}
-	sum, err := alg.of(fh, 0, f.Size)
-	if err != nil || sum != have {
-		return "", false
+	etag := normETag(out.ETag)
+	if !strings.HasSuffix(etag, "-"+strconv.FormatInt((f.Size+ps-1)/ps, 10)) {
+		return proof{}, false
 	}
-	return sum, true
+	want, err := fileMultipartETag(fh, f.Size, ps)
+	return proof{ETag: want, PartSize: ps}, err == nil && want == etag
 }
 
 // headOf is the HEAD of the object at f's key, with its checksums; nil when there is none of f's

@@ -327,8 +327,8 @@ func (r *run) pass(ctx context.Context) error {
 // upload puts one file at its key, in parts when large, unless an earlier job of the volume put
 // it there as it is and the target still holds it.
 func (r *run) upload(ctx context.Context, f file) error {
-	if sum, ok := r.j.storedSum(f.fileKey); ok && r.stillStored(ctx, f, sum) {
-		return r.done(f, sum)
+	if p, ok := r.j.storedProof(f.fileKey); ok && r.stillStored(ctx, f, p) {
+		return r.done(f, p)
 	}
 	t, rel := r.upper, filepath.FromSlash(f.Path)
 	if f.from != "" {
@@ -345,17 +345,17 @@ func (r *run) upload(ctx context.Context, f file) error {
 		return fmt.Errorf("upload %s to %s: %w; not sent", f.Path, r.job.Target, err)
 	}
 	defer fh.Close()
-	var sum string
+	var p proof
 	switch {
 	case r.nfs != nil:
-		sum, err = r.nfs.put(ctx, fh, f.Size, f.Path, func() bool { return !r.live || !changed(fh, f) })
+		p.Sum, err = r.nfs.put(ctx, fh, f.Size, f.Path, func() bool { return !r.live || !changed(fh, f) })
 		if err == nil {
 			r.sent(f.Size)
 		}
 	case f.Size >= r.cfg.PartSize:
-		sum, err = r.multipart(ctx, fh, f)
+		p, err = r.multipart(ctx, fh, f)
 	default:
-		sum, err = r.put(ctx, fh, f)
+		p, err = r.put(ctx, fh, f)
 	}
 	if r.live && changed(fh, f) {
 		// Written while it was sent: left for the next round. The server refused a torn small
@@ -371,12 +371,12 @@ func (r *run) upload(ctx context.Context, f file) error {
 	if changed(fh, f) {
 		return fmt.Errorf("%s changed while it was uploaded", f.Path)
 	}
-	return r.done(f, sum)
+	return r.done(f, p)
 }
 
-// done records f's object at the target, with its checksum.
-func (r *run) done(f file, sum string) error {
-	if err := r.j.append(record{Op: opDone, Path: f.Path, Size: f.Size, MTime: f.MTime, Sum: sum}, false); err != nil {
+// done records f's object at the target, with how the server confirmed it.
+func (r *run) done(f file, p proof) error {
+	if err := r.j.append(doneRecord(f.fileKey, p), false); err != nil {
 		return err
 	}
 	r.mu.Lock()
@@ -387,13 +387,14 @@ func (r *run) done(f file, sum string) error {
 }
 
 // stillStored reports whether the target holds f's object as an earlier job put it there: its
-// size and the checksum that job recorded (S3: a HEAD; NFS: the file read back).
-func (r *run) stillStored(ctx context.Context, f file, sum string) bool {
-	if sum == "" {
+// size and what confirmed it then, the checksum or (a server without flexible checksums) the MD5
+// ETag that job recorded (S3: a HEAD; NFS: the file read back).
+func (r *run) stillStored(ctx context.Context, f file, p proof) bool {
+	if p.Sum == "" && !p.byMD5() {
 		return false
 	}
 	if r.nfs != nil {
-		return r.nfs.verify(f.Path, f.Size, sum) == nil
+		return p.Sum != "" && r.nfs.verify(f.Path, f.Size, p.Sum) == nil
 	}
 	release, err := r.slot(ctx)
 	if err != nil {
@@ -401,45 +402,38 @@ func (r *run) stillStored(ctx context.Context, f file, sum string) bool {
 	}
 	defer release()
 	out := r.headOf(ctx, f)
-	return out != nil && (aws.ToString(out.ChecksumCRC32C) == sum || aws.ToString(out.ChecksumCRC64NVME) == sum)
+	switch {
+	case out == nil:
+		return false
+	case p.byMD5():
+		return normETag(out.ETag) == p.ETag
+	}
+	return aws.ToString(out.ChecksumCRC32C) == p.Sum || aws.ToString(out.ChecksumCRC64NVME) == p.Sum
 }
 
-// put uploads a small file in one request; the server verifies its CRC-32C.
-func (r *run) put(ctx context.Context, fh *os.File, f file) (string, error) {
+// put uploads a small file in one request, with its CRC-32C and Content-MD5, read from the file
+// before it is sent: a write while it is sent (a checkpoint) makes the server refuse the bytes,
+// so a torn file never shows at the target. The server's answer confirms them (confirm).
+func (r *run) put(ctx context.Context, fh *os.File, f file) (proof, error) {
 	release, err := r.slot(ctx)
 	if err != nil {
-		return "", err
+		return proof{}, err
 	}
 	defer release()
-	in := &s3.PutObjectInput{
+	sums, err := algCRC32C.sums(fh, 0, f.Size)
+	if err != nil {
+		return proof{}, err
+	}
+	out, err := r.client.PutObject(ctx, &s3.PutObjectInput{
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 		Body: io.NewSectionReader(fh, 0, f.Size), ContentLength: aws.Int64(f.Size),
-		ChecksumAlgorithm: algCRC32C.algorithm(),
-	}
-	if r.live {
-		// The checksum of the bytes before they are sent: a write while they are sent makes
-		// the server refuse them, so a torn file never shows at the target.
-		sum, err := algCRC32C.of(fh, 0, f.Size)
-		if err != nil {
-			return "", err
-		}
-		in.ChecksumCRC32C = aws.String(sum)
-	}
-	out, err := r.client.PutObject(ctx, in)
+		ChecksumAlgorithm: algCRC32C.algorithm(), ChecksumCRC32C: aws.String(sums.sum), ContentMD5: sums.contentMD5(),
+	}, unsignedOverTLS)
 	if err != nil {
-		return "", err
+		return proof{}, err
 	}
 	r.sent(f.Size)
-	return verified(algCRC32C.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME))
-}
-
-// verified is the checksum the server answered with: a server that answers none did not check
-// the one sent, and the object is not taken as stored.
-func verified(sum string) (string, error) {
-	if sum == "" {
-		return "", errors.New("the server did not confirm the object's checksum")
-	}
-	return sum, nil
+	return confirm(sums, algCRC32C.pick(out.ChecksumCRC32C, out.ChecksumCRC64NVME), out.ETag)
 }
 
 // delete removes the objects of a path the pods deleted: its key, and, when the job knows no

@@ -1,10 +1,11 @@
 // Package writeback uploads what the pods of a writable dataset volume created or changed (and,
 // when asked, deleted) to an S3 prefix, after they let the volume go (docs/datasets.md,
 // "Write-back"). It reads the overlay's upper directory (pkg/overlayfs), so unchanged dataset
-// files are never uploaded; large files go in parts, each part's CRC-32C verified by the
-// server; a journal per volume (journal.go) lets a restarted node plugin resume where it stopped,
-// with nothing lost or uploaded twice; a target that refuses is retried with backoff for as long
-// as the caller lets Run go on. The caller deletes the volume's data only once Done says so.
+// files are never uploaded; large files go in parts; each body goes with its CRC-32C and MD5,
+// which the server verifies, and the server's answer confirms what it holds (checksum.go); a
+// journal per volume (journal.go) lets a restarted node plugin resume where it stopped, with
+// nothing lost or uploaded twice; a target that refuses is retried with backoff for as long as
+// the caller lets Run go on. The caller deletes the volume's data only once Done says so.
 package writeback
 
 import (
@@ -182,7 +183,9 @@ func (u *Uploader) journalDir(volume string) string {
 // backoff that doubles up to MaxBackoff. It returns nil once the journal records the job
 // complete, ctx's error when cancelled (the journal keeps what was done, and a later Run goes
 // on from there), and an error at once only for a job that cannot start (no journal, no upper
-// directory). report, when set, is called from one goroutine at a time.
+// directory), or for a target that confirms neither a checksum nor an MD5 ETag (ErrUnconfirmed:
+// a pass again would send everything again, to the same end). report, when set, is called from
+// one goroutine at a time.
 func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report func(Progress)) error {
 	if _, err := os.Stat(job.Upper); err != nil {
 		return fmt.Errorf("writeback of %s: %w", job.Volume, err)
@@ -210,10 +213,17 @@ func (u *Uploader) Run(ctx context.Context, job Job, client *s3.Client, report f
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		unconfirmed := errors.Is(err, ErrUnconfirmed)
 		r.mu.Lock()
 		r.p.Err, r.p.RetryIn = err, wait
+		if unconfirmed {
+			r.p.RetryIn = 0
+		}
 		r.mu.Unlock()
 		r.publish()
+		if unconfirmed {
+			return fmt.Errorf("writeback of %s: %w", job.Volume, err)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

@@ -35,6 +35,10 @@ type Fault struct {
 	// Trickle forwards the body one byte at a time, this long apart: a server that answers,
 	// only never quite.
 	Trickle time.Duration
+	// Legacy answers as an S3 server without flexible checksums would (legacy.go).
+	Legacy bool
+	// FlipRequest corrupts the first byte of the request body on its way to the server.
+	FlipRequest bool
 	// Name counts the fault under this name in Delivered when the proxy applied it.
 	Name string
 }
@@ -136,9 +140,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, f.Body)
 		return
 	}
+	if f.Legacy && legacyRefuses(w, r) {
+		deliver()
+		return
+	}
 	body := r.Body
 	if r.ContentLength != 0 { // an empty body stays http.NoBody: a wrapped one would go chunked
-		body = countingBody{r.Body, &p.Received}
+		if f.FlipRequest {
+			body = &flippedBody{ReadCloser: body}
+			deliver()
+		}
+		body = countingBody{body, &p.Received}
 	}
 	out, err := http.NewRequestWithContext(r.Context(), r.Method, p.target+r.URL.RequestURI(), body)
 	if err != nil {
@@ -155,16 +167,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer resp.Body.Close()
 	for k, v := range resp.Header {
-		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") {
+		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") || f.Legacy && legacyHeader(r, k) {
 			deliver()
 			continue
 		}
 		w.Header()[k] = v
 	}
+	var respBody io.Reader = resp.Body
+	if f.Legacy {
+		var changed bool
+		if respBody, changed = legacyAnswer(w, r, resp); changed {
+			deliver()
+		}
+	}
 	w.WriteHeader(resp.StatusCode)
 	if f.Flip && resp.StatusCode/100 == 2 {
 		var first [1]byte
-		if n, _ := io.ReadFull(resp.Body, first[:]); n == 1 {
+		if n, _ := io.ReadFull(respBody, first[:]); n == 1 {
 			first[0] ^= 0xff
 			w.Write(first[:])
 			deliver()
@@ -172,18 +191,18 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if f.Trickle > 0 {
 		deliver()
-		trickle(w, r, resp.Body, f.Trickle)
+		trickle(w, r, respBody, f.Trickle)
 		return
 	}
 	if f.ResetAfter < 0 {
-		io.Copy(w, resp.Body)
+		io.Copy(w, respBody)
 		return
 	}
-	io.CopyN(w, resp.Body, f.ResetAfter)
+	io.CopyN(w, respBody, f.ResetAfter)
 	w.(http.Flusher).Flush()
 	// The cut is a fault only when body is left: one byte more says so (never sent).
 	var more [1]byte
-	if n, _ := io.ReadFull(resp.Body, more[:]); n == 1 {
+	if n, _ := io.ReadFull(respBody, more[:]); n == 1 {
 		deliver()
 	}
 	if f.Truncate {
