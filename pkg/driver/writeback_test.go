@@ -499,6 +499,70 @@ func TestWriteBackClaim(t *testing.T) {
 	}
 }
 
+// TestWriteBackClaimLegacy writes through a claim whose output target answers as an S3 server
+// without flexible checksums (the test proxy's legacy mode on the output bucket: Ceph RGW 16):
+// the upload completes in one pass, confirmed by MD5 ETags, and the claim's next upload, one file
+// changed, sends only that file.
+func TestWriteBackClaimLegacy(t *testing.T) {
+	env, s, proxy, events := writeBackEnv(t)
+	var sent atomic.Int64
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		if !strings.HasPrefix(r.URL.Path, "/out") {
+			return testpeers.None
+		}
+		if r.Method == http.MethodPut {
+			sent.Add(bodyLength(r))
+		}
+		return testpeers.Fault{Legacy: true, ResetAfter: -1}
+	})
+	ctx := context.Background()
+	owner := map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}
+	vol, err := env.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "claim", CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{mountCap("")}, Secrets: owner,
+		Parameters: map[string]string{"source": "s3://shared/set", "endpoint": proxy.URL, "pathStyle": "true", "pool": "fast", "outputTarget": "s3://out/claim",
+			"csi.storage.k8s.io/pvc/name": "work", "csi.storage.k8s.io/pvc/namespace": "team"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := vol.Volume.VolumeId
+	staging, target := filepath.Join(env.dir, "staging", id), filepath.Join(env.dir, "target", id)
+	write := func(files map[string][]byte) {
+		t.Helper()
+		if err := retryUnavailable(t, func() error {
+			_, err := env.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: mountCap(""), VolumeContext: vol.Volume.VolumeContext, Secrets: owner})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+			TargetPath: target, VolumeCapability: mountCap("")}); err != nil {
+			t.Fatal(err)
+		}
+		writeOutputs(t, target, files)
+		sent.Store(0)
+		env.unpublishAndUnstage(id)
+		waitFor(t, "the claim's outputs to be uploaded", func() bool { return env.driver.volumes.WriteBackHolds(id) == "" })
+	}
+	want := map[string][]byte{"out/eval.csv": []byte("a,b\n1,2\n"), "ckpt.bin": randomBytes(t, 12<<20+7)}
+	write(want)
+	checkOutputs(t, s, "claim/", want)
+	claim := volume.ObjectRef{Kind: "PersistentVolumeClaim", Namespace: "team", Name: "work"}
+	if events.has(claim, true, volume.ReasonOutputUploadFailed) {
+		t.Error("an upload pass failed against the legacy server")
+	}
+	again := map[string][]byte{"out/eval.csv": []byte("a,b\n1,2\n3,4\n")}
+	write(again)
+	maps.Copy(want, again)
+	checkOutputs(t, s, "claim/", want)
+	if got := sent.Load(); got != int64(len(again["out/eval.csv"])) {
+		t.Errorf("the second upload sent %d bytes, want only the changed file's %d (the probe's empty object aside)", got, len(again["out/eval.csv"]))
+	}
+	if _, err := env.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // bodyLength is the size of what a request sends: its payload's, without the aws-chunked
 // framing of a streamed checksum.
 func bodyLength(r *http.Request) int64 {

@@ -87,3 +87,54 @@ func TestJournalExpired(t *testing.T) {
 		t.Errorf("handed off again after it expired: jobs %v, want it", jobs)
 	}
 }
+
+// TestJournalKeepsConfirmation replays and keeps (Uploader.Keep) files confirmed by a checksum and
+// by an MD5 ETag (a server without flexible checksums): each comes back with how it was confirmed,
+// and a multipart upload with its part size.
+func TestJournalKeepsConfirmation(t *testing.T) {
+	dir := t.TempDir()
+	job := Job{Volume: "v", Upper: "/u", Target: Target{Bucket: "b"}}
+	j, err := openJournal(dir, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byCRC, byMD5, big := fileKey{"a", 1, 2}, fileKey{"b", 3, 4}, fileKey{"c", 40 << 20, 5}
+	want := map[fileKey]proof{byCRC: {Sum: "AAAAAA=="}, byMD5: {ETag: "0cc175b9c0f1b6a831c399e269772661"},
+		big: {ETag: "6e2ac5e6b2a4b3e1a8b1b8fb0f0b9d1b-5", PartSize: 8 << 20}}
+	for k, p := range want {
+		if err := j.append(doneRecord(k, p), false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := j.append(record{Op: opUpload, Path: "d", Size: 9, MTime: 9, Upload: "u1", Alg: algCRC32C, PartSize: 6 << 20}, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.append(record{Op: opComplete}, true); err != nil {
+		t.Fatal(err)
+	}
+	j.close()
+	j, err = openJournal(dir, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if up := j.uploadOf(fileKey{"d", 9, 9}); up == nil || up.PartSize != 6<<20 {
+		t.Errorf("upload replayed as %+v, want its part size", up)
+	}
+	if err := j.keep(); err != nil {
+		t.Fatal(err)
+	}
+	j.close()
+	j, err = openJournal(dir, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.close()
+	for k, p := range want {
+		if got, ok := j.storedProof(k); !ok || got != p {
+			t.Errorf("%s kept as %+v (%v), want %+v", k.Path, got, ok, p)
+		}
+	}
+	if !want[byMD5].byMD5() || want[byCRC].byMD5() {
+		t.Error("byMD5 misreads a proof")
+	}
+}

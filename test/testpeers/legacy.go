@@ -59,8 +59,9 @@ func legacyAnswer(w http.ResponseWriter, r *http.Request, resp *http.Response) (
 		}
 		return resp.Body, changed
 	}
-	if resp.StatusCode/100 != 2 || !strings.Contains(resp.Header.Get("Content-Type"), "xml") {
-		return resp.Body, false
+	if q := r.URL.Query(); resp.StatusCode/100 != 2 || r.Method == http.MethodHead ||
+		!(q.Has("uploadId") || q.Has("uploads") || q.Has("list-type") || q.Has("versions")) {
+		return resp.Body, false // not an XML answer of the API (an object's bytes, which may be XML)
 	}
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
