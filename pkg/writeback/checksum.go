@@ -1,7 +1,6 @@
 package writeback
 
 import (
-	"context"
 	"crypto/md5"
 	"encoding/base64"
 	"encoding/hex"
@@ -15,11 +14,7 @@ import (
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
-	"github.com/aws/smithy-go/middleware"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
 	"github.com/minio/crc64nvme"
 )
 
@@ -180,18 +175,3 @@ func fileMultipartETag(fh *os.File, size, ps int64) (string, error) {
 	}
 	return multipartETag(md5s), nil
 }
-
-// unsignedOverTLS has a request whose checksum and Content-MD5 were read from the file first
-// (sums) sign no payload hash over HTTPS ("UNSIGNED-PAYLOAD", as the SDK's own trailing
-// checksums do: TLS protects the body, and the server verifies both sums): the signer would
-// otherwise read the body once more for its SHA-256. Over plain HTTP the payload stays signed.
-// The body goes plain, not aws-chunked, which servers without flexible checksums also read.
-var unsignedOverTLS = s3.WithAPIOptions(func(st *middleware.Stack) error {
-	return st.Finalize.Insert(middleware.FinalizeMiddlewareFunc("cistern:UnsignedOverTLS",
-		func(ctx context.Context, in middleware.FinalizeInput, next middleware.FinalizeHandler) (middleware.FinalizeOutput, middleware.Metadata, error) {
-			if req, ok := in.Request.(*smithyhttp.Request); ok && req.IsHTTPS() {
-				ctx = v4.SetPayloadHash(ctx, "UNSIGNED-PAYLOAD")
-			}
-			return next.HandleFinalize(ctx, in)
-		}), (*v4.ComputePayloadSHA256)(nil).ID(), middleware.Before)
-})

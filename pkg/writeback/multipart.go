@@ -252,7 +252,7 @@ func (r *run) sendPart(ctx context.Context, fh *os.File, f file, up *upload, num
 	} else {
 		in.ChecksumCRC32C = aws.String(sums.sum)
 	}
-	out, err := r.client.UploadPart(ctx, in, unsignedOverTLS)
+	out, err := r.client.UploadPart(ctx, in)
 	if err != nil {
 		return types.CompletedPart{}, nil, err
 	}

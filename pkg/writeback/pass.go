@@ -428,7 +428,7 @@ func (r *run) put(ctx context.Context, fh *os.File, f file) (proof, error) {
 		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)),
 		Body: io.NewSectionReader(fh, 0, f.Size), ContentLength: aws.Int64(f.Size),
 		ChecksumAlgorithm: algCRC32C.algorithm(), ChecksumCRC32C: aws.String(sums.sum), ContentMD5: sums.contentMD5(),
-	}, unsignedOverTLS)
+	})
 	if err != nil {
 		return proof{}, err
 	}
