@@ -217,6 +217,10 @@ func (r *run) sendParts(ctx context.Context, fh *os.File, f file, up *upload, he
 		if err != nil {
 			break
 		}
+		if failed.Load() { // a part failed while this one waited for its slot
+			release()
+			break
+		}
 		g.Go(func() error {
 			defer release()
 			cp, m, err := r.sendPart(ctx, fh, f, up, num, off, length)
