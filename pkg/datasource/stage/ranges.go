@@ -290,7 +290,8 @@ func (j *Job) verifyBig(ctx context.Context, t task) (checked string, err error)
 			crc = b.crc.combine(crc, b.rangeSums[k], min(b.chunk, o.Size-int64(k)*b.chunk))
 		}
 		if got := b.crc.encode(crc); got != b.crcWant {
-			return "", source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
+			return "", source.Errorf(source.Corrupt, "%q: %s checksum %s does not match %s", o.Key,
+				strings.ToUpper(b.crcName), got, b.crcWant)
 		}
 		if slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
 			// Bytes a peer chose can match any CRC: they must match the ETag's MD5s too.
