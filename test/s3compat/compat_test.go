@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -358,9 +359,12 @@ func caseWriteBack(t *testing.T, s *testpeers.S3, bucket string) string {
 		t.Fatal(err)
 	}
 	var last writeback.Progress
-	if err := u.Run(ctx, writeback.Job{Volume: "vol-wb", Upper: upper, Target: target}, s.Client,
+	// Bounded: an upload the server cannot confirm is retried, not given up.
+	rctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	if err := u.Run(rctx, writeback.Job{Volume: "vol-wb", Upper: upper, Target: target}, s.Client,
 		func(p writeback.Progress) { last = p }); err != nil {
-		t.Fatal(err)
+		t.Fatalf("write-back: %v (last pass: %v)", err, last.Err)
 	}
 	if !last.Done || last.FilesDone != len(want) {
 		t.Errorf("progress %+v, want done with %d files", last, len(want))

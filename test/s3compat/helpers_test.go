@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2/ktesting"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/datasource/stage"
 	"github.com/cistern-csi/cistern/pkg/params"
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
@@ -121,7 +122,8 @@ func waitStaged(ctx context.Context, t *testing.T, m *datasource.Manager, req da
 }
 
 // verified is what the engine checked staged files against, from
-// cistern_dataset_verified_files_total: "md5(3)+crc64nvme(1)", by label, or "" when nothing.
+// cistern_dataset_verified_files_total: "md5(3)+crc64nvme(1)", by label. A file staged
+// unchecked fails the test.
 func verified(t *testing.T, m *datasource.Manager) string {
 	t.Helper()
 	reg := prometheus.NewRegistry()
@@ -136,7 +138,12 @@ func verified(t *testing.T, m *datasource.Manager) string {
 			continue
 		}
 		for _, mt := range mf.GetMetric() {
-			out = append(out, fmt.Sprintf("%s(%d)", mt.GetLabel()[0].GetValue(), int(mt.GetCounter().GetValue())))
+			check, n := mt.GetLabel()[0].GetValue(), int(mt.GetCounter().GetValue())
+			if check == stage.CheckedNone {
+				// Bytes compared equal here, but the engine itself checked nothing.
+				t.Errorf("%d files staged with no check against the source", n)
+			}
+			out = append(out, fmt.Sprintf("%s(%d)", check, n))
 		}
 	}
 	slices.Sort(out)
