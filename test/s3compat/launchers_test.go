@@ -1,4 +1,4 @@
-package testpeers
+package s3compat
 
 import (
 	"context"
@@ -9,16 +9,18 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/cistern-csi/cistern/test/testpeers"
 	"github.com/cistern-csi/cistern/test/testutil"
 )
 
-// TestStartRGW starts the Ceph cluster, writes and reads an object through radosgw, and checks
-// that Close leaves no directory behind.
-func TestStartRGW(t *testing.T) {
-	if err := RGWAvailable(); err != nil {
+// TestRGWCleanup starts a Ceph cluster of its own, writes and reads an object through radosgw,
+// and checks that Close stops it and leaves no directory behind.
+func TestRGWCleanup(t *testing.T) {
+	if err := testpeers.RGWAvailable(); err != nil {
 		testutil.Unavailable(t, "%v", err)
 	}
-	r, err := StartRGW(context.Background(), t.TempDir())
+	parent := t.TempDir()
+	r, err := testpeers.StartRGW(context.Background(), parent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,9 +37,11 @@ func TestStartRGW(t *testing.T) {
 	if err != nil || string(got) != "hello" {
 		t.Fatalf("read back %q: %v", got, err)
 	}
-	dir := r.dir
 	r.Close()
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("cluster directory left behind: %v", err)
+	if ents, err := os.ReadDir(parent); err != nil || len(ents) != 0 {
+		t.Fatalf("left behind: %v %v", ents, err)
+	}
+	if _, err := r.Client.ListBuckets(context.Background(), &s3.ListBucketsInput{}); err == nil {
+		t.Fatal("radosgw still answers after Close")
 	}
 }
