@@ -1,7 +1,8 @@
 # S3 compatibility (test/s3compat): the same staging, streaming and write-back cases against
 # every S3 server we support: versitygw (built by 30-datasource.mk), SeaweedFS (built here from
 # the pinned module) and Ceph RGW (Debian's packages: one monitor, one in-memory OSD, radosgw).
-# SeaweedFS publishes no semver tags: the pin is the pseudo-version of its 4.53 release commit.
+# SeaweedFS tags its releases without a "v" (not semver), so the pin is a pseudo-version: the
+# master commit of 2026-11-09, whose weed reports version 4.53.
 SEAWEEDFS_VERSION := v0.0.0-20261109003541-7506e5f91cd6
 SEAWEEDFS := $(CISTERN_CACHE)/seaweedfs-$(SEAWEEDFS_VERSION)/bin/weed
 SEAWEEDFS_MOD := hack/tools/seaweedfs
