@@ -73,8 +73,8 @@ func StartSeaweedFS(ctx context.Context, bin, parent string) (w *SeaweedFS, err 
 	}
 	port := func(i int) string { return strconv.Itoa(p[i]) }
 	w.d, err = startDaemon("weed", filepath.Join(dir, "weed.log"), bin, "server",
-		"-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir="+data, "-volume.max=16",
-		"-master.port="+port(1), "-master.port.grpc="+port(2), "-master.volumeSizeLimitMB=256",
+		"-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir="+data, "-volume.max=256",
+		"-master.port="+port(1), "-master.port.grpc="+port(2), "-master.volumeSizeLimitMB=64",
 		"-master.telemetry=false",
 		"-volume.port="+port(3), "-volume.port.grpc="+port(4),
 		"-filer", "-filer.port="+port(5), "-filer.port.grpc="+port(6),
