@@ -45,23 +45,36 @@ func RGWAvailable() error {
 
 // StartRGW starts the cluster in a fresh directory under parent ("" for the system's temporary
 // directory) and creates an S3 user. On failure everything started is stopped and removed, and
-// the error carries the end of the failing daemon's log.
-func StartRGW(ctx context.Context, parent string) (r *RGW, err error) {
+// the error carries the end of the failing daemon's log. A port taken by another process
+// between being chosen and bound fails an attempt: it is tried three times, on new ports.
+func StartRGW(ctx context.Context, parent string) (*RGW, error) {
 	if err := RGWAvailable(); err != nil {
 		return nil, err
 	}
+	var errs []error
+	for range 3 {
+		r, err := startRGW(ctx, parent)
+		if err == nil || ctx.Err() != nil {
+			return r, err
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func startRGW(ctx context.Context, parent string) (r *RGW, err error) {
 	start := time.Now()
 	dir, err := os.MkdirTemp(parent, "cistern-rgw-")
 	if err != nil {
 		return nil, err
 	}
-	r = &RGW{dir: dir, conf: filepath.Join(dir, "ceph.conf")}
+	c := &RGW{dir: dir, conf: filepath.Join(dir, "ceph.conf")}
 	defer func() {
 		if err != nil {
-			r.Close()
-			r = nil
+			c.Close() // not r: a failing return has already set it to nil
 		}
 	}()
+	r = c
 	ports, err := kit.FreePorts(2)
 	if err != nil {
 		return nil, err
@@ -89,6 +102,10 @@ func StartRGW(ctx context.Context, parent string) (r *RGW, err error) {
 	}
 	if err := r.daemon("ceph-mon", "-c", r.conf, "-f", "-i", "a"); err != nil {
 		return nil, err
+	}
+	monAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	if err := kit.WaitListening(monAddr, time.Minute, r.daemons[0].done); err != nil {
+		return nil, fmt.Errorf("ceph-mon: %w; log:\n%s", err, tailFile(filepath.Join(dir, "log", "mon.a.log"), 20))
 	}
 	// The OSD's id comes from the monitor, which takes the first command once it has quorum.
 	if err := r.run(ctx, "ceph", "-c", r.conf, "--connect-timeout", "60", "osd", "create"); err != nil {

@@ -51,13 +51,13 @@ func StartSeaweedFS(ctx context.Context, bin, parent string) (w *SeaweedFS, err 
 	if err != nil {
 		return nil, err
 	}
-	w = &SeaweedFS{dir: dir}
+	c := &SeaweedFS{dir: dir}
 	defer func() {
 		if err != nil {
-			w.Close()
-			w = nil
+			c.Close() // not w: a failing return has already set it to nil
 		}
 	}()
+	w = c
 	p, err := kit.FreePorts(8)
 	if err != nil {
 		return nil, err
