@@ -27,6 +27,8 @@ type SeaweedFS struct {
 	Setup time.Duration
 	dir   string
 	d     *daemon
+	// sockets are the gRPC sockets weed makes in /tmp whatever its flags, by service and port.
+	sockets []string
 }
 
 // SeaweedFSBinary is $CISTERN_SEAWEEDFS (make seaweedfs builds it into the cache), or "".
@@ -72,6 +74,9 @@ func StartSeaweedFS(ctx context.Context, bin, parent string) (w *SeaweedFS, err 
 		return nil, err
 	}
 	port := func(i int) string { return strconv.Itoa(p[i]) }
+	for svc, i := range map[string]int{"master": 2, "volume": 4, "filer": 6, "s3": 7} {
+		c.sockets = append(c.sockets, fmt.Sprintf("/tmp/seaweedfs-%s-grpc-%d.sock", svc, p[i]))
+	}
 	w.d, err = startDaemon("weed", filepath.Join(dir, "weed.log"), bin, "server",
 		"-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-dir="+data, "-volume.max=256",
 		"-master.port="+port(1), "-master.port.grpc="+port(2), "-master.volumeSizeLimitMB=64",
@@ -135,10 +140,13 @@ func probeWrite(ctx context.Context, c *s3.Client, timeout time.Duration) error 
 	}
 }
 
-// Close stops weed and removes its directory.
+// Close stops weed and removes its directory and sockets.
 func (w *SeaweedFS) Close() {
 	if w.d != nil {
 		w.d.stop()
+	}
+	for _, f := range w.sockets {
+		_ = os.Remove(f)
 	}
 	if err := os.RemoveAll(w.dir); err != nil {
 		fmt.Fprintf(os.Stderr, "removing %s: %v\n", w.dir, err)
