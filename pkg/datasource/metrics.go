@@ -20,6 +20,8 @@ type metrics struct {
 	// peer or source URL: the series stay two per dataset.
 	fetchedBytes *prometheus.CounterVec
 	wrongPieces  prometheus.Counter
+	// verified counts files staged from a source, by what their bytes were checked against.
+	verified *prometheus.CounterVec
 	// streamFetches counts what streaming volumes fetched on demand, by result.
 	streamFetches *prometheus.CounterVec
 	// streamJoins counts streaming reads that waited for the staging's own download, by result.
@@ -52,6 +54,8 @@ func newMetrics(m *Manager) *metrics {
 			Help: "Streaming reads of files not yet staged that waited for the staging to fetch them first, by result: joined (read from the cache), or fetched (the staging ended without the file: fetched on demand)."}, []string{"result"}),
 		wrongPieces: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_wrong_pieces_total",
 			Help: "Pieces from peers that failed verification (the peer is dropped and the piece read again)."}),
+		verified: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "verified_files_total",
+			Help: "Files staged from a source, by what their bytes were checked against: the source's full-object checksum (crc32, crc32c, crc64nvme, sha256), md5 (a single-part ETag), multipart-md5 (the part MD5s of a multipart ETag), or none (the source gave nothing to check)."}, []string{"checksum"}),
 		// Datasets are named by ID only: a source URL names a tenant's bucket or server, and
 		// metrics are read by people who may not read the tenant's data.
 		progressDone: prometheus.NewDesc(ns+"_staging_bytes_done", "Bytes staged so far by a staging in progress.",
@@ -67,14 +71,14 @@ func newMetrics(m *Manager) *metrics {
 
 // staging is the counters the staging engine moves.
 func (c *metrics) staging() stage.Metrics {
-	return stage.Metrics{Retries: c.retries, Fetched: c.fetchedBytes, WrongPieces: c.wrongPieces}
+	return stage.Metrics{Retries: c.retries, Fetched: c.fetchedBytes, WrongPieces: c.wrongPieces, Verified: c.verified}
 }
 
 // Collector returns the Prometheus collector of the manager's metrics.
 func (m *Manager) Collector() prometheus.Collector { return m.metrics }
 
 func (c *metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces, c.streamFetches, c.streamJoins}
+	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces, c.verified, c.streamFetches, c.streamJoins}
 }
 
 func (c *metrics) Describe(ch chan<- *prometheus.Desc) {

@@ -68,6 +68,24 @@ type Metrics struct {
 	Fetched *prometheus.CounterVec
 	// WrongPieces counts pieces from peers that failed verification.
 	WrongPieces prometheus.Counter
+	// Verified counts files staged from a source, by the check their bytes passed (Checked*).
+	Verified *prometheus.CounterVec
+}
+
+// What a staged file's bytes were checked against: the source's full-object checksum (its
+// algorithm, lower case: crc32, crc32c, crc64nvme, sha256), the MD5 ETag of a single-part
+// object, the part MD5s of a multipart ETag, or nothing the source gave (CheckedNone).
+const (
+	CheckedMD5          = "md5"
+	CheckedMultipartMD5 = "multipart-md5"
+	CheckedNone         = "none"
+)
+
+// verified counts one staged file under the check it passed.
+func (m Metrics) verified(check string) {
+	if m.Verified != nil {
+		m.Verified.WithLabelValues(check).Inc()
+	}
 }
 
 // Origins of fetched bytes.

@@ -331,7 +331,7 @@ func (j *Job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 		newHash = md5.New
 	}
 	out := newOutput(f, o.Size, o.Size >= directMinSize)
-	verified, sum, err := j.readInto(ctx, o, out, 0, o.Size, newHash, pr)
+	checked, sum, err := j.readInto(ctx, o, out, 0, o.Size, newHash, pr)
 	if err == nil {
 		err = out.finish()
 	}
@@ -340,8 +340,14 @@ func (j *Job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
 		return err
 	}
-	if !verified && newHash != nil && hex.EncodeToString(sum) != o.ETag {
+	switch {
+	case checked != "":
+	case newHash == nil:
+		checked = CheckedNone
+	case hex.EncodeToString(sum) != o.ETag:
 		err = source.Errorf(source.Corrupt, "%q: MD5 %x does not match ETag %s", o.Key, sum, o.ETag)
+	default:
+		checked = CheckedMD5
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
@@ -354,5 +360,9 @@ func (j *Job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
 		return err
 	}
-	return j.commit(i, o)
+	if err := j.commit(i, o); err != nil {
+		return err
+	}
+	j.e.cfg.Metrics.verified(checked)
+	return nil
 }

@@ -60,7 +60,8 @@ func TestPeerBytesNeedMoreThanACRC(t *testing.T) {
 				defer f.Close()
 				b := &bigFile{out: newOutput(f, obj.Size, false), crc: &a, crcWant: a.encode(crcOf(data)),
 					rangeSums: []uint64{crcOf(content)}, chunk: obj.Size, from: [][]peer.Peer{from}, etagParts: c.etagParts}
-				return (&Job{}).verifyBig(context.Background(), task{obj: obj, big: b})
+				_, err = (&Job{}).verifyBig(context.Background(), task{obj: obj, big: b})
+				return err
 			}
 			peers := []peer.Peer{{Node: "node-b"}}
 			if err := check(forged, peers); source.KindOf(err) != source.Corrupt {

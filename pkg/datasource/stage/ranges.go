@@ -15,6 +15,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -41,8 +42,9 @@ type bigFile struct {
 	// (the multipart ETag), as a CRC cannot check bytes a peer chose.
 	etagParts int64
 	partSums  [][]byte
-	// crc, when set, checks the object's full-object CRC: one CRC per range, combined.
+	// crc, when set, checks the object's full-object CRC (crcName): one CRC per range, combined.
 	crc       *crcAlgo
+	crcName   string
 	crcWant   string
 	rangeSums []uint64
 	chunk     int64
@@ -171,7 +173,7 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			if !j.peers.shared() {
 				chunk = max(chunk, ((o.Size+rangesPerObject-1)/rangesPerObject+1<<20-1)&^(1<<20-1))
 			}
-			b.crc, b.crcWant = &a, plan.Checksum.Value
+			b.crc, b.crcName, b.crcWant = &a, strings.ToLower(plan.Checksum.Algorithm), plan.Checksum.Value
 			b.rangeSums = make([]uint64, (o.Size+chunk-1)/chunk)
 			b.etagParts = partSize // what bytes from peers are checked against too
 		} else if checksumHash(plan.Checksum.Algorithm) != nil {
@@ -247,14 +249,14 @@ func (j *Job) fetchRange(ctx context.Context, t task) error {
 	// Last range: verify the whole object. When it fails and peers served ranges of it, those
 	// ranges are read again from the source, the peers whose bytes differ dropped, and the
 	// object checked again.
-	err = j.verifyBig(ctx, t)
+	checked, err := j.verifyBig(ctx, t)
 	if source.KindOf(err) == source.Corrupt && slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
 		klog.FromContext(ctx).Info("an entry with ranges from peers fails verification; reading them again from the source",
 			"key", t.obj.Key, "err", err)
 		if _, err := j.blame(ctx, t); err != nil {
 			return err
 		}
-		err = j.verifyBig(ctx, t)
+		checked, err = j.verifyBig(ctx, t)
 	}
 	if err != nil {
 		return err
@@ -270,11 +272,16 @@ func (j *Job) fetchRange(ctx context.Context, t task) error {
 	if err := j.src.Verify(ctx, t.obj); err != nil {
 		return err
 	}
-	return j.commit(t.i, t.obj)
+	if err := j.commit(t.i, t.obj); err != nil {
+		return err
+	}
+	j.e.cfg.Metrics.verified(checked)
+	return nil
 }
 
-// verifyBig checks a large object read in ranges against the checksum the source gave for it.
-func (j *Job) verifyBig(ctx context.Context, t task) error {
+// verifyBig checks a large object read in ranges against the checksum the source gave for it,
+// and says which (Checked*).
+func (j *Job) verifyBig(ctx context.Context, t task) (checked string, err error) {
 	b, o := t.big, t.obj
 	switch {
 	case b.crc != nil:
@@ -283,24 +290,27 @@ func (j *Job) verifyBig(ctx context.Context, t task) error {
 			crc = b.crc.combine(crc, b.rangeSums[k], min(b.chunk, o.Size-int64(k)*b.chunk))
 		}
 		if got := b.crc.encode(crc); got != b.crcWant {
-			return source.Errorf(source.Corrupt, "%q: checksum %s does not match %s", o.Key, got, b.crcWant)
+			return "", source.Errorf(source.Corrupt, "%q: %s checksum %s does not match %s", o.Key,
+				strings.ToUpper(b.crcName), got, b.crcWant)
 		}
 		if slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
 			// Bytes a peer chose can match any CRC: they must match the ETag's MD5s too.
-			return checkETag(b.out.f, o, b.etagParts)
+			return b.crcName, checkETag(b.out.f, o, b.etagParts)
 		}
+		return b.crcName, nil
 	case b.partSize > 0:
 		h := md5.New()
 		for _, s := range b.partSums {
 			h.Write(s)
 		}
 		if got := fmt.Sprintf("%x-%d", h.Sum(nil), len(b.partSums)); got != o.ETag {
-			return source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+			return "", source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
 		}
+		return CheckedMultipartMD5, nil
 	case md5ETag.MatchString(o.ETag):
-		return checkETag(b.out.f, o, 0)
+		return CheckedMD5, checkETag(b.out.f, o, 0)
 	}
-	return nil
+	return CheckedNone, nil
 }
 
 // checkETag checks the object's bytes in f against its ETag: its MD5, or, for a multipart

@@ -9,6 +9,7 @@ import (
 	"hash"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,10 +26,10 @@ var bufPool = sync.Pool{New: func() any { b := alignedBuf(copyBufSize); return &
 
 // readInto copies [off, off+n) of o into f at off, retrying transient failures with exponential
 // backoff and full jitter, resuming where the last attempt stopped. A full read of an object that
-// comes with a full-object checksum is checked against it (verified); otherwise, when newHash is
-// set, the range's digest is returned for the caller to check. With pr, peers may serve the
+// comes with a full-object checksum is checked against it (checked names its algorithm);
+// otherwise, when newHash is set, the range's digest is returned for the caller to check. With pr, peers may serve the
 // bytes (peers.go); pr records which did.
-func (j *Job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash, pr *pieceRead) (verified bool, sum []byte, err error) {
+func (j *Job) readInto(ctx context.Context, o source.Object, f *output, off, n int64, newHash func() hash.Hash, pr *pieceRead) (checked string, sum []byte, err error) {
 	r := &rangeRead{o: o, f: f, off: off, n: n, newHash: newHash, pr: pr}
 	for attempt := 0; ; {
 		actx, cancel := context.WithTimeoutCause(ctx, j.e.cfg.Limits.ReadTimeout(n-r.written), errTooSlow)
@@ -38,7 +39,7 @@ func (j *Job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 			return j.checkRead(r)
 		}
 		if ctx.Err() != nil {
-			return false, nil, context.Cause(ctx)
+			return "", nil, context.Cause(ctx)
 		}
 		if via != nil {
 			// A peer that fails, is slow or goes away costs no retry: the next read goes to
@@ -51,13 +52,13 @@ func (j *Job) readInto(ctx context.Context, o source.Object, f *output, off, n i
 		}
 		if attempt++; source.KindOf(err) != source.Retryable || attempt >= j.e.cfg.Retries {
 			j.bytesDone.Add(-r.written)
-			return false, nil, err
+			return "", nil, err
 		}
 		j.e.cfg.Metrics.Retries.Inc()
 		klog.FromContext(ctx).V(2).Info("retrying read", "key", o.Key, "attempt", attempt+1, "err", err)
 		if err := sleepBackoff(ctx, attempt); err != nil {
 			j.bytesDone.Add(-r.written)
-			return false, nil, err
+			return "", nil, err
 		}
 	}
 }
@@ -120,20 +121,20 @@ func (j *Job) readOnce(ctx context.Context, r *rangeRead) (via *peer.Peer, err e
 }
 
 // checkRead checks a complete read against the full-object checksum the source sent with it
-// (verified), or returns the digest for the caller to check.
-func (j *Job) checkRead(r *rangeRead) (verified bool, sum []byte, err error) {
+// (checked names its algorithm), or returns the digest for the caller to check.
+func (j *Job) checkRead(r *rangeRead) (checked string, sum []byte, err error) {
 	switch {
 	case r.want.Algorithm != "":
 		if got := encodeChecksum(r.h.Sum(nil)); got != r.want.Value {
 			j.bytesDone.Add(-r.written)
-			return false, nil, source.Errorf(source.Corrupt, "%q: %s checksum %s does not match %s",
+			return "", nil, source.Errorf(source.Corrupt, "%q: %s checksum %s does not match %s",
 				r.o.Key, r.want.Algorithm, got, r.want.Value)
 		}
-		return true, nil, nil
+		return strings.ToLower(r.want.Algorithm), nil, nil
 	case r.h != nil:
-		return false, r.h.Sum(nil), nil
+		return "", r.h.Sum(nil), nil
 	}
-	return false, nil, nil
+	return "", nil, nil
 }
 
 func sleepBackoff(ctx context.Context, attempt int) error {
