@@ -38,16 +38,18 @@ func readyObservations(t *testing.T, d *Driver) map[string]uint64 {
 	return out
 }
 
-// wantReady checks that the time to ready was observed n times for mode and never for another.
-func wantReady(t *testing.T, d *Driver, mode string, n uint64) {
+// wantReady checks the count of cistern_volume_ready_seconds of each mode: want's, none of others.
+func wantReady(t *testing.T, d *Driver, want map[string]uint64) {
 	t.Helper()
 	got := readyObservations(t, d)
 	for m, c := range got {
-		if m != mode && c != 0 {
-			t.Errorf("cistern_volume_ready_seconds{mode=%q} count %d, want none", m, c)
+		if c != want[m] {
+			t.Errorf("cistern_volume_ready_seconds{mode=%q} count %d, want %d", m, c, want[m])
 		}
 	}
-	if got[mode] != n {
-		t.Errorf("cistern_volume_ready_seconds{mode=%q} count %d, want %d (all: %v)", mode, got[mode], n, got)
+	for m, c := range want {
+		if _, ok := got[m]; !ok && c != 0 {
+			t.Errorf("no cistern_volume_ready_seconds{mode=%q}, want count %d", m, c)
+		}
 	}
 }
