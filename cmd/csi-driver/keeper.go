@@ -11,6 +11,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/fusekeeper"
+	"github.com/cistern-csi/cistern/pkg/logflags"
 )
 
 // runKeeper is `csi-driver fuse-keeper`: it holds copies of the streaming volumes' FUSE
@@ -19,9 +20,12 @@ import (
 // keeps private to root (the socket trusts whoever reaches it).
 func runKeeper(args []string) {
 	fs := flag.NewFlagSet("fuse-keeper", flag.ExitOnError)
-	klog.InitFlags(fs)
+	logCfg := logflags.Register(fs)
 	socket := fs.String("socket", "/var/lib/cistern/fuse-keeper/keeper.sock", "The keeper's unix socket; its directory is made private to the keeper's user (mode 0700).")
 	_ = fs.Parse(args)
+	if err := logflags.Apply(logCfg); err != nil {
+		exit(err, "Invalid logging flags")
+	}
 	dir := filepath.Dir(*socket)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		exit(err, "Cannot make the keeper's directory")

@@ -23,6 +23,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
+	"github.com/cistern-csi/cistern/pkg/logflags"
 	"github.com/cistern-csi/cistern/pkg/outputevents"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/pkg/sarole"
@@ -38,12 +39,15 @@ func main() {
 	}
 	cfg := driver.Config{VendorVersion: version}
 	var o options
-	klog.InitFlags(nil)
+	logCfg := logflags.Register(flag.CommandLine)
 	bindFlags(&cfg, &o)
 	flag.Parse()
 	if o.showVersion {
 		fmt.Println(version)
 		return
+	}
+	if err := logflags.Apply(logCfg); err != nil {
+		exit(err, "Invalid logging flags")
 	}
 	if err := o.complete(&cfg); err != nil {
 		exit(err, "Invalid flags")

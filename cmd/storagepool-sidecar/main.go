@@ -16,6 +16,7 @@ import (
 	"github.com/kubernetes-csi/csi-lib-utils/standardflags"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/logflags"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher/sidecar"
 )
@@ -24,7 +25,7 @@ import (
 var version = "dev"
 
 func main() {
-	klog.InitFlags(nil)
+	logCfg := logflags.Register(flag.CommandLine)
 	// --csi-address, --kubeconfig, --leader-election*, --kube-api-*, --http-endpoint,
 	// --metrics-*, --version: the flags every CSI sidecar has.
 	standardflags.RegisterCommonFlags(flag.CommandLine)
@@ -40,6 +41,10 @@ func main() {
 	if standardflags.Configuration.ShowVersion {
 		fmt.Println(version)
 		return
+	}
+	if err := logflags.Apply(logCfg); err != nil {
+		klog.ErrorS(err, "Invalid logging flags")
+		klog.FlushAndExit(klog.ExitFlushTimeout, 1)
 	}
 	cfg.Standard = standardflags.Configuration
 	cfg.ListPageSize = int32(pageSize)

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/logflags"
 	"github.com/cistern-csi/cistern/pkg/workloads"
 	"github.com/cistern-csi/cistern/pkg/workloads/notebook/compare"
 )
@@ -26,7 +27,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == compare.Command {
 		os.Exit(compare.Main(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	klog.InitFlags(nil)
+	logCfg := logflags.Register(flag.CommandLine)
 	var cfg workloads.Config
 	var o options
 	bindFlags(&cfg, &o)
@@ -34,6 +35,10 @@ func main() {
 	if o.showVersion {
 		fmt.Println(version)
 		return
+	}
+	if err := logflags.Apply(logCfg); err != nil {
+		klog.ErrorS(err, "Invalid logging flags")
+		os.Exit(2)
 	}
 	logger := klog.Background()
 	if err := o.complete(&cfg); err != nil {

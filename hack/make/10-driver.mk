@@ -3,9 +3,11 @@ TEST_TARGETS += test-driver sanity
 BENCH_TARGETS += bench-driver bench-writable
 
 # Packages whose tests need nothing but root, loop devices and mkfs, and the pure ones (fakes, no
-# root).
-DRIVER_PKGS := ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./pkg/overlayfs/... ./cmd/csi-driver/...
-DRIVER_UNIT_PKGS := ./pkg/consts/... ./pkg/ids/... ./pkg/state/... ./pkg/params/... ./pkg/sarole/... ./pkg/volume/... ./pkg/testpoint/...
+# root); test/scrape also needs Debian's prometheus (a real Prometheus scrapes the node plugin
+# and the storagepool-sidecar).
+DRIVER_PKGS := ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./pkg/overlayfs/... ./cmd/csi-driver/... ./test/scrape/...
+HOST_PACKAGES += prometheus=prometheus
+DRIVER_UNIT_PKGS := ./pkg/consts/... ./pkg/logflags/... ./pkg/ids/... ./pkg/state/... ./pkg/params/... ./pkg/sarole/... ./pkg/volume/... ./pkg/testpoint/...
 
 .PHONY: test-driver sanity bench-driver bench-writable
 ## Driver, pool and state tests with real mounts and the S3 server

@@ -228,6 +228,7 @@ func TestDatasetStaticPV(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFiles(t, target, want)
+	wantReady(t, env.driver, map[string]uint64{"tree": 1})
 	if err := os.WriteFile(filepath.Join(target, "x"), []byte("x"), 0o644); !errors.Is(err, unix.EROFS) {
 		t.Fatalf("write to a shared dataset: %v, want EROFS", err)
 	}
@@ -519,6 +520,8 @@ func TestDatasetStageRetriedDuringDownload(t *testing.T) {
 	}
 	checkFiles(t, staging, map[string]string{"config.json": "{}"})
 	t.Logf("%d attempts, %d answered Unavailable", attempts, waiting)
+	// One volume made ready, timed once across its attempts.
+	wantReady(t, env.driver, map[string]uint64{"layer": 1})
 
 	// Restaging a filled volume neither formats nor waits for the dataset again.
 	if _, err := env.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
@@ -531,6 +534,7 @@ func TestDatasetStageRetriedDuringDownload(t *testing.T) {
 	if n := run.mkfs(); n != 1 {
 		t.Errorf("mkfs ran %d times after a restage, want once", n)
 	}
+	wantReady(t, env.driver, map[string]uint64{"layer": 1}) // a restage is not timed again
 	if _, err := env.node.NodeUnstageVolume(context.Background(), &csi.NodeUnstageVolumeRequest{VolumeId: vol.VolumeId, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
 	}

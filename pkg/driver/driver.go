@@ -193,6 +193,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable,
 		Streaming: cfg.Streaming, DevSuid: cfg.VolumeDevSuid})
 	reg.MustRegister(d.volumes.WriteBackCollectors()...)
+	reg.MustRegister(d.volumes.ReadyCollectors()...)
 	d.volumes.MigrateTreeRecords(cfg.StateDir)
 	d.volumes.Recover()
 	// Before any call: a streaming volume's readers wait for its takeover, never for a call.

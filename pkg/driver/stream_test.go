@@ -61,6 +61,7 @@ func TestStreamingStaticPV(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("staged in %v", time.Since(start))
+	wantReady(t, env.driver, map[string]uint64{"stream": 1}) // served before the dataset is staged
 	parsed, err := volume.ParseParams(vc, cparams.StaticPV)
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +115,9 @@ func TestStreamingStaticPV(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(inline, "weights.bin")); err != nil || !bytes.Equal(got, files["weights.bin"]) {
 		t.Errorf("inline weights.bin: %d bytes, err %v", len(got), err)
 	}
+	// Staged by now: the inline volume is served the cached tree; the refused intruder is not
+	// timed.
+	wantReady(t, env.driver, map[string]uint64{"stream": 1, "tree": 1})
 	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: "inline-llm", TargetPath: inline}); err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +172,7 @@ func TestStreamingFallsBackWithoutFUSE(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkFiles(t, target, want)
+	wantReady(t, env.driver, map[string]uint64{"tree": 1}) // staged, not streamed
 	if len(reasons) == 0 || !strings.Contains(reasons[0], "no-fuse") {
 		t.Errorf("fallbacks reported: %q, want one naming the missing device", reasons)
 	}

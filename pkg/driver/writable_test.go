@@ -427,6 +427,7 @@ func TestWritableLayerFallback(t *testing.T) {
 			vol := env.writableVolume("copied", src, "ext4", 96<<20)
 			target := env.stagePublish(vol, "ext4")
 			checkFiles(t, target, want)
+			wantReady(t, env.driver, map[string]uint64{"copy": 1})
 			if fileSum(t, filepath.Join(target, "big.bin")) != fileSum(t, filepath.Join(src, "set", "big.bin")) {
 				t.Fatal("big.bin differs from its source")
 			}

@@ -94,6 +94,7 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 		}
 	}
 	s.stopCheckpoints(iv.id)
+	s.ready.forget(iv.id)
 	st.done("checkpoints")
 	if ok && s.handsOff(v) {
 		return s.handOffStreamed(ctx, v, path, st)
@@ -356,6 +357,7 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 	var version string // of the dataset, which the caller proved it may read
 	var lower string   // its streaming tree, when it streams
 	if fill {
+		s.ready.start(v.ID)
 		if lower, version, err = s.streamOrAwait(ctx, v, spec, target, secrets, volumeContext); err != nil {
 			return "", false, err
 		}
@@ -412,11 +414,13 @@ func (s *Service) mountImage(ctx context.Context, v *state.Volume, target string
 		if err := s.layerStream(ctx, v, spec, version, lower, target); err != nil {
 			return undo(err)
 		}
+		s.ready.ready(v.ID, readyStream)
 	case fill:
 		if err := s.fillOrLayer(ctx, v, spec, version, target); err != nil {
 			return undo(err)
 		}
 		testpoint.Reach(testpoint.ImageFilled, v.ID)
+		s.ready.ready(v.ID, filledMode(*v))
 	}
 	return dev, false, nil
 }

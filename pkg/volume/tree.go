@@ -55,6 +55,7 @@ func (tv *treeVolume) Stage(ctx context.Context, r StageRequest) error {
 
 // Unstage releases a static PV's dataset.
 func (tv *treeVolume) Unstage(ctx context.Context, path string) error {
+	tv.s.ready.forget(tv.id)
 	if tv.rec == nil || tv.inline {
 		return status.Errorf(codes.NotFound, "volume %s does not exist", tv.id)
 	}
@@ -162,6 +163,7 @@ func copyID(id, target string) string {
 // Unpublish unmounts the target; a read-only inline volume releases its dataset with it, and a
 // writable copy of a static PV is deleted.
 func (tv *treeVolume) Unpublish(ctx context.Context, target string) error {
+	tv.s.ready.forget(tv.id)
 	if tv.inline && tv.rec != nil {
 		return tv.release(ctx, target)
 	}
@@ -228,6 +230,7 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		if err := os.MkdirAll(path, 0o750); err != nil {
 			return Internal("creating staging path", err)
 		}
+		s.ready.ready(tv.id, readyTree)
 		klog.FromContext(ctx).V(4).Info("Staged cached dataset", "volumeID", tv.id, "dataset", spec.String(), "tree", tree)
 		return nil
 	}
@@ -235,6 +238,7 @@ func (tv *treeVolume) serve(ctx context.Context, path string, attrs, secrets map
 		return err
 	}
 	testpoint.Reach(testpoint.TreeMounted, tv.id)
+	s.ready.ready(tv.id, readyTree)
 	klog.FromContext(ctx).V(4).Info("Serving cached dataset read-only", "volumeID", tv.id, "dataset", spec.String(), "path", path)
 	return nil
 }
@@ -268,8 +272,14 @@ func (tv *treeVolume) dataset(attrs map[string]string, use params.Use) (params.V
 // reads; a streaming volume is served at once instead (served), unless its dataset is staged
 // already or this node cannot stream: then it is staged as any other.
 func (tv *treeVolume) awaitOrStream(ctx context.Context, rec state.TreeVolume, spec *datasource.Spec, capacity int64, secrets, attrs map[string]string, streaming bool) (served bool, version string, err error) {
+	if tv.rec == nil { // a first attempt; a staged volume's repeated stage is not timed
+		tv.s.ready.start(tv.id)
+	}
 	if streaming {
 		if served, version, err = tv.serveStreaming(ctx, rec, spec, capacity, secrets, attrs); err != nil || served || version != "" {
+			if served {
+				tv.s.ready.ready(tv.id, readyStream)
+			}
 			return served, version, err
 		}
 	}
@@ -280,6 +290,7 @@ func (tv *treeVolume) awaitOrStream(ctx context.Context, rec state.TreeVolume, s
 // release unmounts the volume's path and drops its reference and record.
 func (tv *treeVolume) release(ctx context.Context, path string) error {
 	s, t := tv.s, tv.rec
+	s.ready.forget(t.ID)
 	if err := s.streams.stop(t.ID); err != nil {
 		return Internal("unmounting streaming dataset", err)
 	}

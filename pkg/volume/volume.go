@@ -89,6 +89,8 @@ type Service struct {
 	streaming StreamingVolumes
 	// wb uploads volumes' outputs (writeback.go); nil when write-back is off.
 	wb *writeBacks
+	// ready times dataset volumes to their data being ready (ready_metrics.go).
+	ready *readyClock
 }
 
 // New returns a Service over cfg.
@@ -96,7 +98,8 @@ func New(cfg Config) *Service {
 	s := &Service{nodeID: cfg.NodeID, store: cfg.Store, pools: cfg.Pools, images: cfg.Images,
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
 		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
-		streams: newStreamMounts(cfg.Streaming), streaming: cfg.Streaming, devSuid: cfg.DevSuid}
+		streams: newStreamMounts(cfg.Streaming), streaming: cfg.Streaming, devSuid: cfg.DevSuid,
+		ready: newReadyClock()}
 	if s.overlayMount == nil {
 		s.overlayMount = func(options, target string) error { return mountOverlay(options, target, s.volumeFlags()) }
 	}
@@ -312,6 +315,7 @@ func (s *Service) Delete(v state.Volume) error {
 	if err := s.store.DeleteVolume(v.ID); err != nil {
 		return Internal("removing volume state", err)
 	}
+	s.ready.forget(v.ID)
 	s.pools.UpdateCapacity(v.Pool)
 	return nil
 }

@@ -1,0 +1,143 @@
+package chart
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
+	"helm.sh/helm/v3/pkg/engine"
+	"sigs.k8s.io/yaml"
+)
+
+// TestChartLoggingFormat: logging.format reaches every container that runs a Cistern binary (the
+// node plugin, its storagepool-sidecar, the FUSE keeper, the controller); the schema refuses a
+// format the binaries do not know.
+func TestChartLoggingFormat(t *testing.T) {
+	got := renderChart(t, namespace, "logging: {format: json}")
+	n := 0
+	for k, o := range got {
+		spec, _ := nested(o, "spec", "template", "spec").(map[string]any)
+		cs, _ := spec["containers"].([]any)
+		for _, c := range cs {
+			c := c.(map[string]any)
+			if image, _ := c["image"].(string); !strings.HasPrefix(image, "registry.example.com/cistern/") {
+				continue
+			}
+			n++
+			b, _ := yaml.Marshal(c["args"])
+			if !strings.Contains(string(b), "--logging-format=json") {
+				t.Errorf("%s container %s has no --logging-format=json:\n%s", k, c["name"], b)
+			}
+		}
+	}
+	if n != 4 {
+		t.Errorf("%d containers run Cistern's images, want 4 (driver, storagepool-sidecar, keeper, controller)", n)
+	}
+	if out, err := helmLint(t, testImages, "logging: {format: yaml}"); err == nil || !strings.Contains(out, "format") {
+		t.Errorf("helm lint --strict with logging.format yaml: %v, want refused:\n%s", err, out)
+	}
+}
+
+// TestChartServiceMonitor: metrics.serviceMonitor is off by default (no metrics Service, no
+// ServiceMonitor); on, it adds a Service for the node plugin's and the controller's metrics, a
+// ServiceMonitor for each only where the cluster serves monitoring.coreos.com/v1, and opens the
+// node plugin's metrics port in the peer NetworkPolicy to the peers it names; on with the metrics
+// on the pod's loopback it fails, saying why.
+func TestChartServiceMonitor(t *testing.T) {
+	const on = `metrics: {nodeEndpoint: ":9809", serviceMonitor: {enabled: true, labels: {release: prom},
+  from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]}}`
+	const (
+		nodeSvc  = "Service cistern-system/cistern-node-metrics"
+		ctrlSvc  = "Service cistern-system/cistern-workload-controller-metrics"
+		nodeSM   = "ServiceMonitor cistern-system/cistern-node"
+		ctrlSM   = "ServiceMonitor cistern-system/cistern-workload-controller"
+		netpol   = "NetworkPolicy cistern-system/cistern-node-peers"
+		monitors = "monitoring.coreos.com/v1/ServiceMonitor"
+	)
+	for _, tc := range []struct {
+		name, values string
+		apis         []string
+		want, absent []string
+	}{
+		{name: "defaults", apis: []string{monitors}, absent: []string{nodeSvc, ctrlSvc, nodeSM, ctrlSM}},
+		{name: "enabled without the API", values: on, want: []string{nodeSvc, ctrlSvc}, absent: []string{nodeSM, ctrlSM}},
+		{name: "enabled", values: on, apis: []string{monitors}, want: []string{nodeSvc, ctrlSvc, nodeSM, ctrlSM}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := renderWithAPIs(t, tc.values, tc.apis...)
+			for _, k := range tc.want {
+				if got[k] == nil {
+					t.Errorf("no %s in %v", k, keys(got))
+				}
+			}
+			for _, k := range tc.absent {
+				if got[k] != nil {
+					t.Errorf("%s rendered", k)
+				}
+			}
+			b, _ := yaml.Marshal(got[netpol])
+			if opened := strings.Contains(string(b), "port: 9809"); opened != (tc.values != "") {
+				t.Errorf("NetworkPolicy opens the metrics port: %v, want %v:\n%s", opened, tc.values != "", b)
+			}
+		})
+	}
+	got := renderWithAPIs(t, on, monitors)
+	for k, want := range map[string][]string{
+		nodeSvc: {"clusterIP: None", "app.kubernetes.io/name: cistern-node", "port: 9809"},
+		ctrlSvc: {"app.kubernetes.io/name: cistern-workload-controller", "targetPort: metrics"},
+		nodeSM:  {"release: prom", "port: metrics", "app.kubernetes.io/component: node-metrics"},
+		ctrlSM:  {"release: prom", "port: https-metrics", "scheme: https", "bearerTokenFile:"},
+		netpol:  {"kubernetes.io/metadata.name: monitoring"},
+	} {
+		b, _ := yaml.Marshal(got[k])
+		for _, w := range want {
+			if !strings.Contains(string(b), w) {
+				t.Errorf("%s has no %q:\n%s", k, w, b)
+			}
+		}
+	}
+	b, _ := yaml.Marshal(got["DaemonSet cistern-system/cistern-node"])
+	if !strings.Contains(string(b), "--http-endpoint=:9809") {
+		t.Errorf("the driver does not serve metrics on the pod's address:\n%s", b)
+	}
+	out, err := helmTemplate(t, "metrics: {serviceMonitor: {enabled: true}}")
+	if err == nil || !strings.Contains(out, "metrics.nodeEndpoint") {
+		t.Errorf("serviceMonitor with metrics on the loopback: %v, want a failure naming metrics.nodeEndpoint:\n%s", err, out)
+	}
+}
+
+// renderWithAPIs renders the chart as renderChart does, for a cluster that also serves apis
+// (group/version/kind, as helm's --api-versions).
+func renderWithAPIs(t *testing.T, values string, apis ...string) objects {
+	t.Helper()
+	chrt, err := loader.Load(filepath.Join(repoRoot(), "charts", "cistern"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vals, err := chartutil.ReadValues([]byte(testImages + values))
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := *chartutil.DefaultCapabilities
+	caps.APIVersions = append(append(chartutil.VersionSet{}, caps.APIVersions...), apis...)
+	opts := chartutil.ReleaseOptions{Name: "cistern", Namespace: namespace, Revision: 1, IsInstall: true}
+	renderVals, err := chartutil.ToRenderValues(chrt, vals, opts, &caps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := engine.Render(chrt, renderVals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := objects{}
+	for name, content := range files {
+		if strings.HasSuffix(name, ".yaml") {
+			for k, o := range parse(t, name, content) {
+				all[k] = o
+			}
+		}
+	}
+	return all
+}
