@@ -8,6 +8,7 @@ SEAWEEDFS := $(CISTERN_CACHE)/seaweedfs-$(SEAWEEDFS_VERSION)/bin/weed
 SEAWEEDFS_MOD := hack/tools/seaweedfs
 
 .PHONY: seaweedfs test-s3-compat
+TEST_TARGETS += test-s3-compat
 
 ## Builds SeaweedFS's weed into the cache
 seaweedfs: $(SEAWEEDFS)
