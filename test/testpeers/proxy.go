@@ -30,6 +30,10 @@ type Fault struct {
 	Truncate bool
 	// StripChecksums hides the object's S3 checksums, as servers without them would.
 	StripChecksums bool
+	// Legacy answers as an old S3 server (Ceph RGW 16) does: no flexible checksums
+	// (StripChecksums), GetObjectAttributes refused (403 AccessDenied), and a HEAD of a part
+	// (?partNumber=) answered as a plain HEAD of the whole object, without x-amz-mp-parts-count.
+	Legacy bool
 	// Flip corrupts the first byte of a successful response's body, headers untouched.
 	Flip bool
 	// Trickle forwards the body one byte at a time, this long apart: a server that answers,
@@ -41,6 +45,13 @@ type Fault struct {
 
 // None is the zero fault.
 var None = Fault{ResetAfter: -1}
+
+// LegacyS3 is a chooser (StartProxy, SetFaults) that makes the server an old S3 server for every
+// request (Fault.Legacy), counted as "legacy". Other faults compose with it: set them on what it
+// returns.
+func LegacyS3(*http.Request, int64) Fault {
+	return Fault{ResetAfter: -1, Legacy: true, StripChecksums: true, Name: "legacy"}
+}
 
 // Proxy forwards to an S3 server and injects faults chosen per request.
 type Proxy struct {
@@ -130,6 +141,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>`+f.Code+`</Code><Message>injected</Message></Error>`)
 		return
 	}
+	if f.Legacy && r.URL.Query().Has("attributes") {
+		deliver()
+		w.Header().Set("Content-Type", "application/xml")
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>`)
+		return
+	}
 	if f.Body != "" {
 		deliver()
 		w.Header().Set("Content-Type", "application/xml")
@@ -154,6 +172,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	if f.Legacy && r.Method == http.MethodHead && r.URL.Query().Has("partNumber") {
+		// The part's answer as the whole object's (the query is signed: it is forwarded as is).
+		if cr := resp.Header.Get("Content-Range"); cr != "" {
+			if _, total, ok := strings.Cut(cr, "/"); ok {
+				resp.Header.Set("Content-Length", total)
+			}
+		}
+		resp.Header.Del("Content-Range")
+		resp.Header.Del("X-Amz-Mp-Parts-Count")
+		deliver()
+	}
 	for k, v := range resp.Header {
 		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") {
 			deliver()

@@ -5,10 +5,7 @@ package stage
 
 import (
 	"context"
-	"crypto/md5"
-	"encoding/hex"
 	"errors"
-	"hash"
 	"math"
 	"os"
 	"path"
@@ -292,7 +289,7 @@ func (j *Job) do(ctx context.Context, t task) error {
 	}
 	var err error
 	for attempt := 0; attempt < 3; {
-		pr := &pieceRead{i: j.peers.rank(t.i), eligible: md5ETag.MatchString(t.obj.ETag), owner: j.peers.owner(t)}
+		pr := &pieceRead{i: j.peers.rank(t.i), eligible: checkableWhole(t.obj), owner: j.peers.owner(t)}
 		if err = j.fetchWhole(ctx, t.i, t.obj, pr); source.KindOf(err) != source.Corrupt {
 			break
 		}
@@ -310,6 +307,9 @@ func (j *Job) do(ctx context.Context, t task) error {
 			klog.FromContext(ctx).Info("verification failed, fetching again", "key", t.obj.Key, "err", err)
 		}
 	}
+	if errors.Is(err, errNoSizeMatches) {
+		return j.sizeUnverifiable(ctx, t.obj, err)
+	}
 	return err
 }
 
@@ -326,10 +326,7 @@ func (j *Job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 	if err != nil {
 		return err
 	}
-	var newHash func() hash.Hash
-	if md5ETag.MatchString(o.ETag) {
-		newHash = md5.New
-	}
+	newHash, sizes := wholeCheck(o)
 	out := newOutput(f, o.Size, o.Size >= directMinSize)
 	verified, sum, err := j.readInto(ctx, o, out, 0, o.Size, newHash, pr)
 	if err == nil {
@@ -340,8 +337,12 @@ func (j *Job) fetchWhole(ctx context.Context, i int64, o source.Object, pr *piec
 		_ = j.dirs.remove(j.tmpDirOf(i), tmpBase(i))
 		return err
 	}
-	if !verified && newHash != nil && hex.EncodeToString(sum) != o.ETag {
-		err = source.Errorf(source.Corrupt, "%q: MD5 %x does not match ETag %s", o.Key, sum, o.ETag)
+	switch {
+	case verified:
+	case newHash != nil:
+		err = checkWhole(o, sum, sizes)
+	case o.ETag != "": // an S3 object nothing checks (other sources have no ETag)
+		err = j.unverifiable(ctx, o, uncheckable(o))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
