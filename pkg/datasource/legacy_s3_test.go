@@ -242,8 +242,8 @@ func TestStreamingLegacyS3(t *testing.T) {
 	s := testpeers.StartS3(t, "")
 	s.Bucket(t, "data")
 	want := dataset{
-		"many.bin": randBytes(51, 6*5*mib+1234),   // one likely part size
-		"two.bin":  randBytes(52, 9*mib),          // several
+		"many.bin": randBytes(51, 6*5*mib+1234),    // one likely part size
+		"two.bin":  randBytes(52, 9*mib),           // several
 		"odd.bin":  randBytes(53, 2*(5*mib+7)+mib), // none matches
 	}
 	putParts(t, s, "many.bin", want["many.bin"], 5*mib, nil)

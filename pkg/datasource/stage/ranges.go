@@ -181,16 +181,8 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size, deferred: preferred})
 		}
-		switch {
-		case b.crc != nil:
-		case partSize > 0:
-			chunk, b.partSize, b.inferred = partSize, partSize, inferred
-			b.partSums = make([][]byte, (o.Size+partSize-1)/partSize)
-		case len(sizes) > 0:
-			b.sizes = sizes
-		case !etag.IsMD5(o.ETag):
-			// Nothing checks it: refused before any byte is read, or served unchecked.
-			if err := j.unverifiable(ctx, o, uncheckable(o)); err != nil {
+		if b.crc == nil {
+			if chunk, err = j.checkByETag(ctx, b, o, chunk, partSize, sizes, inferred); err != nil {
 				return err
 			}
 		}
@@ -235,6 +227,23 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		}
 	}
 	return nil
+}
+
+// checkByETag sets b, a large entry o without a CRC, to be checked by its ETag (partCheck's
+// partSize, sizes, inferred), and returns its ranges' size: its part size when one is known.
+func (j *Job) checkByETag(ctx context.Context, b *bigFile, o source.Object, chunk, partSize int64, sizes []int64, inferred bool) (int64, error) {
+	switch {
+	case partSize > 0:
+		b.partSize, b.inferred = partSize, inferred
+		b.partSums = make([][]byte, (o.Size+partSize-1)/partSize)
+		return partSize, nil
+	case len(sizes) > 0:
+		b.sizes = sizes
+	case !etag.IsMD5(o.ETag):
+		// Nothing checks it: refused before any byte is read, or served unchecked.
+		return chunk, j.unverifiable(ctx, o, uncheckable(o))
+	}
+	return chunk, nil
 }
 
 func (j *Job) fetchRange(ctx context.Context, t task) error {
