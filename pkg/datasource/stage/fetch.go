@@ -288,10 +288,18 @@ func (j *Job) do(ctx context.Context, t task) error {
 		return j.fetchRange(ctx, t)
 	}
 	var err error
+	fromPeers := checkableWhole(t.obj)
 	for attempt := 0; attempt < 3; {
-		pr := &pieceRead{i: j.peers.rank(t.i), eligible: checkableWhole(t.obj), owner: j.peers.owner(t)}
+		pr := &pieceRead{i: j.peers.rank(t.i), eligible: fromPeers, owner: j.peers.owner(t)}
 		if err = j.fetchWhole(ctx, t.i, t.obj, pr); source.KindOf(err) != source.Corrupt {
 			break
+		}
+		if len(pr.peers) > 0 && errors.Is(err, errNoSizeMatches) {
+			// An honest peer's bytes of an object of an unusual part size match under no
+			// likely part size either: the peer is not blamed, the entry is read from the
+			// source.
+			fromPeers = false
+			continue
 		}
 		if len(pr.peers) > 0 {
 			// A peer served a wrong byte: it is dropped, and the entry read again elsewhere.
