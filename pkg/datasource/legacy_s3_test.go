@@ -109,11 +109,15 @@ func TestStageLegacyS3(t *testing.T) {
 		// Parts of no whole MiB, the size recorded by the uploader (as Cistern's write-back does).
 		"hinted.bin": randBytes(34, 2*(5*mib+7)+mib),
 		"plain.bin":  randBytes(35, 3000),
+		// One part (ETag "<md5>-1"): the object whole, in parallel ranges.
+		"one.bin": randBytes(36, 9*mib),
 	}
 	for k, v := range want {
 		switch k {
 		case "plain.bin":
 			s.Put(t, "data", "ok/"+k, v)
+		case "one.bin":
+			putParts(t, s, "ok/"+k, v, 16*mib, nil)
 		case "hinted.bin":
 			putParts(t, s, "ok/"+k, v, 5*mib+7, map[string]string{source.PartSizeMetadata: strconv.Itoa(5*mib + 7)})
 		default:

@@ -115,7 +115,9 @@ func (j *Job) partCheck(ctx context.Context, p source.Planner, o source.Object, 
 	case 0:
 		return 0, nil, true, nil
 	case 1:
-		return sizes[0], nil, true, nil
+		if parts > 1 { // one part is the object whole: its ranges stay parallel, checked at the end
+			return sizes[0], nil, true, nil
+		}
 	}
 	return 0, sizes, true, nil
 }
