@@ -21,7 +21,7 @@ type options struct {
 	mode, httpEndpoint                                         string
 	defaultSize                                                int64
 	inlinePools, localSourceRoots, tenantEndpoints, nfsServers string
-	writableDatasets, webIdentityRoles                         string
+	writableDatasets, webIdentityRoles, unverifiable           string
 	nfsUID, nfsGID                                             uint
 	peerAdvertise, peerTokenFile, peerAccounts                 string
 	peerReviews                                                peer.ReviewLimits
@@ -61,7 +61,7 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.IntVar(&cfg.Streaming.MaxOpenFiles, "streaming-max-open-files", streamfs.DefaultMaxOpenFiles, "Most files the node's streaming volumes together hold open for the files their pods read (descriptors, and the backing files the kernel holds for files passed through): past it the least recently read are closed, and opened again when read (a pod reading many files cannot run the plugin out of descriptors, nor the kernel out of open files). Keep it well under the plugin's open-files limit; 0 is the default.")
 	flag.IntVar(&cfg.Streaming.MaxVolumes, "streaming-max-volumes", volume.DefaultMaxStreamingVolumes, "Most streaming volumes the node serves at once (each a FUSE server in the plugin and a record in the FUSE keeper's memory): one more is refused at publish/stage with ResourceExhausted; 0 is the default.")
 	flag.IntVar(&cfg.Streaming.MaxVolumesPerNamespace, "streaming-max-volumes-per-namespace", 0, "Most streaming volumes of one namespace (the pod's; for a PersistentVolume, its claim's as external-provisioner names it) the node serves at once: one more is refused at publish/stage with ResourceExhausted while other namespaces still get theirs. Volumes that name no namespace (an administrator's static PVs) share one such bound. 0 is a quarter of --streaming-max-volumes.")
-	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, writable dataset volumes copied for want of overlayfs, and streaming volumes staged for want of FUSE, as Events on this node's Node object, and the write-back of volumes' outputs (started, failed and retried, finished, target refused) as Events on their pod or claim (needs API access: in-cluster, or --kubeconfig).")
+	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, writable dataset volumes copied for want of overlayfs, streaming volumes staged for want of FUSE, and objects nothing could check (--unverifiable-objects), as Events on this node's Node object, and the write-back of volumes' outputs (started, failed and retried, finished, target refused) as Events on their pod or claim (needs API access: in-cluster, or --kubeconfig).")
 	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events, --peer-listen and the ServiceAccounts of datasets with roleFrom=serviceAccount; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 }
@@ -82,6 +82,7 @@ func bindDatasetFlags(cfg *datasource.Config, o *options) {
 	flag.DurationVar(&cfg.AccessProofTTL, "dataset-access-ttl", datasource.DefaultAccessProofTTL, "How long a caller's full proof of access to a cached dataset (its own listing matching the cache) is remembered; within it a cache hit costs one pinned read. 0 lists on every hit.")
 	flag.StringVar(&o.writableDatasets, "writable-datasets", "layer", "How a writable volume of a cached dataset gets its data: layer (an overlay on the cached tree, ready at once; a copy where overlayfs cannot be mounted) or copy (a full copy, as before).")
 	flag.StringVar(&o.nfsServers, "nfs-servers", "", "Comma-separated NFS servers (host or host:port, as written in nfs:// URLs) that inline volumes may name; empty refuses nfs:// in inline volumes.")
+	flag.StringVar(&o.unverifiable, "unverifiable-objects", string(datasource.RefuseUnverifiable), "What becomes of an S3 object nothing can check (a server that reports no checksum and no part size, with a multipart ETag that matches under no likely part size): refuse (its dataset's staging fails, a streaming read of it gets EIO) or serve (unchecked). Either is counted (cistern_dataset_unverifiable_objects_total) and, with --events, recorded as an Event on the node.")
 	flag.UintVar(&o.nfsUID, "nfs-uid", datasource.NobodyID, "AUTH_UNIX uid the NFS client presents.")
 	flag.UintVar(&o.nfsGID, "nfs-gid", datasource.NobodyID, "AUTH_UNIX gid the NFS client presents.")
 }
@@ -133,6 +134,9 @@ func (o *options) complete(cfg *driver.Config) error {
 		return fmt.Errorf("invalid --tenant-s3-endpoints: %w", err)
 	}
 	cfg.Datasets.TenantEndpoints = allow
+	if cfg.Datasets.UnverifiableObjects, err = datasource.ParseUnverifiablePolicy(o.unverifiable); err != nil {
+		return fmt.Errorf("invalid --unverifiable-objects: %w", err)
+	}
 	if o.nfsServers != "" {
 		cfg.Datasets.NFSServers = strings.Split(o.nfsServers, ",")
 	}

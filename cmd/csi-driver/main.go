@@ -59,6 +59,7 @@ func main() {
 		}
 		defer rec.Stop()
 		cfg.Datasets.OnEvict = rec.Evicted
+		cfg.Datasets.OnUnverifiable = rec.Unverifiable
 		cfg.Writable.OnCopy = rec.WritableCopied
 		cfg.Streaming.OnFallback = rec.StreamingStaged
 		cfg.Streaming.OnRefused = rec.StreamingRefused

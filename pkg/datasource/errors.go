@@ -16,6 +16,7 @@ import (
 //	invalid parameter                        InvalidArgument
 //	credentials refused, root not allowed    PermissionDenied
 //	bucket, key, export missing; unsafe key  FailedPrecondition (fixing the source fixes it)
+//	object nothing can check, refused        FailedPrecondition (or --unverifiable-objects)
 //	object changed during staging            Aborted (a retry takes a new manifest)
 //	dataset larger than the volume           OutOfRange
 //	pool full even after eviction            ResourceExhausted
@@ -42,7 +43,7 @@ func Code(err error) codes.Code {
 		return codes.InvalidArgument
 	case source.Denied:
 		return codes.PermissionDenied
-	case source.NotFound, source.Unsafe:
+	case source.NotFound, source.Unsafe, source.Unverifiable:
 		return codes.FailedPrecondition
 	case source.Changed:
 		return codes.Aborted

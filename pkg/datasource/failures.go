@@ -80,15 +80,16 @@ func failureReason(err error) string {
 		return "Error"
 	}
 	reason := map[source.Kind]string{
-		source.Retryable: "Unavailable",
-		source.Invalid:   "Invalid",
-		source.Denied:    "Denied",
-		source.NotFound:  "NotFound",
-		source.Unsafe:    "Unsafe",
-		source.Changed:   "Changed",
-		source.TooLarge:  "TooLarge",
-		source.Corrupt:   "Corrupt",
-		source.NoSpace:   "NoSpace",
+		source.Retryable:    "Unavailable",
+		source.Invalid:      "Invalid",
+		source.Denied:       "Denied",
+		source.NotFound:     "NotFound",
+		source.Unsafe:       "Unsafe",
+		source.Changed:      "Changed",
+		source.TooLarge:     "TooLarge",
+		source.Corrupt:      "Corrupt",
+		source.NoSpace:      "NoSpace",
+		source.Unverifiable: "Unverifiable",
 	}[se.Kind]
 	if reason == "" {
 		return "Error"

@@ -45,6 +45,11 @@ type Config struct {
 	Retries int
 	// OnEvict is told about every eviction (the driver turns it into an event).
 	OnEvict func(EvictEvent)
+	// UnverifiableObjects is what becomes of objects nothing can check (flag
+	// --unverifiable-objects; "": RefuseUnverifiable). OnUnverifiable is told of each (the
+	// driver turns it into an event).
+	UnverifiableObjects UnverifiablePolicy
+	OnUnverifiable      func(UnverifiableEvent)
 	// EvictInterval is how often Run checks watermarks (0: one minute).
 	EvictInterval time.Duration
 	// ProgressInterval is how often, while a dataset is being staged, the inventory generation
@@ -170,6 +175,12 @@ func NewManager(cfg Config) (*Manager, error) {
 	if cfg.ProgressInterval <= 0 {
 		cfg.ProgressInterval = 5 * time.Second
 	}
+	if cfg.UnverifiableObjects == "" {
+		cfg.UnverifiableObjects = RefuseUnverifiable
+	}
+	if err := cfg.UnverifiableObjects.validate(); err != nil {
+		return nil, err
+	}
 	var roots []string
 	for _, r := range cfg.LocalSourceRoots {
 		if !filepath.IsAbs(r) {
@@ -204,7 +215,7 @@ func NewManager(cfg Config) (*Manager, error) {
 	m.store = &peer.CacheStore{Staging: m.stagingVersion, Stagings: m.stagingVersions, Pools: m.cache.Pools}
 	ec := stage.Config{Concurrency: cfg.Concurrency, BandwidthBytesPerSec: cfg.BandwidthBytesPerSec,
 		ChunkSize: cfg.ChunkSize, Retries: cfg.Retries, Limits: m.limits, Listings: listings, Cache: m.cache,
-		Metrics: m.metrics.staging()}
+		Metrics: m.metrics.staging(), Unverifiable: m.unverifiable}
 	if cfg.Peers != nil {
 		ec.Peers = cfg.Peers // a nil *peer.Network stays a nil interface
 	}

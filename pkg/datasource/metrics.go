@@ -22,6 +22,8 @@ type metrics struct {
 	wrongPieces  prometheus.Counter
 	// verified counts files staged from a source, by what their bytes were checked against.
 	verified *prometheus.CounterVec
+	// unverifiable counts objects nothing could check, by action (refused, served).
+	unverifiable *prometheus.CounterVec
 	// streamFetches counts what streaming volumes fetched on demand, by result.
 	streamFetches *prometheus.CounterVec
 	// streamJoins counts streaming reads that waited for the staging's own download, by result.
@@ -52,6 +54,8 @@ func newMetrics(m *Manager) *metrics {
 			Help: "Parts or objects streaming volumes fetched on demand, by result: ok, or refused (failed its check, changed since the listing, or unreadable: the read got EIO)."}, []string{"result"}),
 		streamJoins: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "stream_joins_total",
 			Help: "Streaming reads of files not yet staged that waited for the staging to fetch them first, by result: joined (read from the cache), or fetched (the staging ended without the file: fetched on demand)."}, []string{"result"}),
+		unverifiable: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "unverifiable_objects_total",
+			Help: "Objects staged or streamed that nothing could check (no checksum, no part size, no likely part size matching the multipart ETag), by action: refused (the default), or served (--unverifiable-objects=serve)."}, []string{"action"}),
 		wrongPieces: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Name: "peer_wrong_pieces_total",
 			Help: "Pieces from peers that failed verification (the peer is dropped and the piece read again)."}),
 		verified: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Name: "verified_files_total",
@@ -78,7 +82,7 @@ func (c *metrics) staging() stage.Metrics {
 func (m *Manager) Collector() prometheus.Collector { return m.metrics }
 
 func (c *metrics) counters() []prometheus.Collector {
-	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces, c.verified, c.streamFetches, c.streamJoins}
+	return []prometheus.Collector{c.stagings, c.stagedBytes, c.retries, c.cacheHits, c.evictions, c.evictedBytes, c.fetchedBytes, c.wrongPieces, c.verified, c.streamFetches, c.streamJoins, c.unverifiable}
 }
 
 func (c *metrics) Describe(ch chan<- *prometheus.Desc) {

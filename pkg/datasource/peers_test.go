@@ -238,11 +238,16 @@ func TestPeerFanout(t *testing.T) {
 	s.PutMultipart(t, "data", "set/big/multi.bin", int64(len(multi)), 5<<20, func(i int, buf []byte) { copy(buf, multi[i*(5<<20):]) })
 	want["big/multi.bin"] = multi
 
-	for _, strip := range []bool{true, false} {
-		name := "with S3 checksums"
-		if strip {
-			name = "MD5 ETags only"
-		}
+	for _, mode := range []struct {
+		name string
+		base testpeers.Fault
+	}{
+		{"MD5 ETags only", testpeers.Fault{ResetAfter: -1, StripChecksums: true}},
+		{"with S3 checksums", testpeers.None},
+		// No checksums, no part sizes: multi.bin is checked under the part sizes inferred.
+		{"old S3 server", testpeers.LegacyS3(nil, 0)},
+	} {
+		name := mode.name
 		t.Run(name, func(t *testing.T) {
 			var gets, heads atomic.Int64
 			proxy := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
@@ -252,7 +257,7 @@ func TestPeerFanout(t *testing.T) {
 				if r.Method == http.MethodHead {
 					heads.Add(1)
 				}
-				return testpeers.Fault{ResetAfter: -1, StripChecksums: strip}
+				return mode.base
 			})
 			spec := mustSpec(t, s3Params(s, proxy.URL, "s3://data/set"))
 			// Low watermarks: the test pools share a disk other work fills.
@@ -361,7 +366,7 @@ func TestPeerFanout(t *testing.T) {
 					if (r.Method == http.MethodGet || r.Method == http.MethodHead) && !r.URL.Query().Has("list-type") {
 						return testpeers.Fault{Status: http.StatusForbidden, Code: "AccessDenied", ResetAfter: -1}
 					}
-					return testpeers.Fault{ResetAfter: -1, StripChecksums: strip}
+					return mode.base
 				})
 				spy := &spying{Store: a}
 				pa := startPeer(t, "a", spy)
@@ -394,9 +399,11 @@ func TestPeerFanout(t *testing.T) {
 				*dirs[0], *dirs[1] = peers{ps[1]}, peers{ps[0]}
 				slow := testpeers.StartProxy(t, s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
 					if r.Method == http.MethodGet && !r.URL.Query().Has("list-type") {
-						return testpeers.Fault{ResetAfter: -1, StripChecksums: strip, Delay: 20 * time.Millisecond}
+						f := mode.base
+						f.Delay = 20 * time.Millisecond
+						return f
 					}
-					return testpeers.Fault{ResetAfter: -1, StripChecksums: strip}
+					return mode.base
 				})
 				spec := mustSpec(t, s3Params(s, slow.URL, "s3://data/set"))
 				var wg sync.WaitGroup

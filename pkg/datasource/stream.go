@@ -35,9 +35,12 @@ type Streaming struct {
 	// OnFetch counts a fetch on demand and its outcome (metrics).
 	OnFetch func(key string, off, n int64, err error)
 	// Room makes room for n bytes on the pool, as staging does: never below the low watermark.
-	Room    func(ctx context.Context, n int64) error
-	held    *cache.Held
-	release func()
+	Room func(ctx context.Context, n int64) error
+	// Unverifiable applies the node's policy to an object nothing can check (err says why): nil
+	// serves it, an error refuses it.
+	Unverifiable func(ctx context.Context, obj source.Object, err error) error
+	held         *cache.Held
+	release      func()
 	// job is the staging that fills the held directory, the one whose manifest the caller proved
 	// it reads; nil when none does (it ended, or the volume was taken over from another process
 	// and no staging fills that directory).
@@ -248,8 +251,11 @@ func (m *Manager) heldStream(req Request, h *cache.Held, j *staging, volumeID st
 		}
 		m.metrics.streamJoins.WithLabelValues(result).Inc()
 	}
+	unverifiable := func(ctx context.Context, obj source.Object, err error) error {
+		return m.unverifiable(ctx, id, obj, err)
+	}
 	var once sync.Once
-	return &Streaming{Objects: h.Objects, Source: src, Scratch: scratch, OnFetch: onFetch, Room: room, held: h, job: j, onJoin: onJoin, release: func() {
+	return &Streaming{Objects: h.Objects, Source: src, Scratch: scratch, OnFetch: onFetch, Room: room, Unverifiable: unverifiable, held: h, job: j, onJoin: onJoin, release: func() {
 		once.Do(func() {
 			src.Close()
 			served()

@@ -11,11 +11,11 @@ import (
 	"hash"
 	"hash/crc32"
 	"io"
-	"regexp"
 	"strconv"
 
 	"github.com/minio/crc64nvme"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/etag"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
 
@@ -34,9 +34,12 @@ type Layout struct {
 	// Parts, when set, cover the object in order, each with its own checksum: a read fetches
 	// and checks only the parts it touches.
 	Parts []source.Part
-	// PartSize is the size of a multipart object's parts when they have no checksum of their
-	// own: the whole object is read and checked against its ETag, the MD5 of the parts' MD5s.
-	PartSize int64
+	// PartSizes are the part sizes a multipart object's ETag is checked under when its parts
+	// have no checksum of their own: the one the server reports, or, when it reports none
+	// (Inferred), those likely from the object's size and part count (package etag). The whole
+	// object is read and checked against its ETag, the MD5 of the parts' MD5s.
+	PartSizes []int64
+	Inferred  bool
 }
 
 // SourceFetcher fetches from a dataset source: parts with checksums where the source reports
@@ -54,12 +57,16 @@ func (s SourceFetcher) Layout(ctx context.Context, obj source.Object) (Layout, e
 			return Layout{Parts: parts}, nil
 		}
 	}
-	if p, ok := s.Source.(source.Planner); ok && multipartETag.MatchString(obj.ETag) {
+	parts := etag.Parts(obj.ETag)
+	if p, ok := s.Source.(source.Planner); ok && parts > 0 {
 		plan, err := p.Plan(ctx, obj)
 		if err != nil {
 			return Layout{}, err
 		}
-		return Layout{PartSize: plan.PartSize}, nil
+		if etag.Fits(obj.Size, parts, plan.PartSize) {
+			return Layout{PartSizes: []int64{plan.PartSize}}, nil
+		}
+		return Layout{PartSizes: etag.Candidates(obj.Size, parts, plan.PartSizeHint), Inferred: true}, nil
 	}
 	return Layout{}, nil
 }
@@ -69,11 +76,7 @@ func (s SourceFetcher) Open(ctx context.Context, obj source.Object, off, n int64
 	return s.Source.Open(ctx, obj, off, n)
 }
 
-var (
-	md5ETag       = regexp.MustCompile(`^[0-9a-f]{32}$`)
-	multipartETag = regexp.MustCompile(`^[0-9a-f]{32}-([0-9]+)$`)
-	castagnoli    = crc32.MakeTable(crc32.Castagnoli)
-)
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // newHash returns the hash of an S3 checksum algorithm, or nil for one not known here.
 func newHash(algorithm string) hash.Hash {
@@ -112,42 +115,34 @@ func (c *sumChecker) check() error {
 	return nil
 }
 
-// partsChecker computes a multipart ETag: the MD5 of the parts' MD5s, then "-<parts>".
+// partsChecker computes a multipart ETag, the MD5 of the parts' MD5s, under each part size the
+// object may have been uploaded with; inferred says they are not the server's.
 type partsChecker struct {
-	partSize, inPart int64
-	part             hash.Hash
-	sums             []byte
-	parts            int
-	etag, what       string
-}
-
-func (c *partsChecker) Write(p []byte) (int, error) {
-	n := len(p)
-	for len(p) > 0 {
-		k := min(int64(len(p)), c.partSize-c.inPart)
-		c.part.Write(p[:k])
-		p, c.inPart = p[k:], c.inPart+k
-		if c.inPart == c.partSize {
-			c.endPart()
-		}
-	}
-	return n, nil
-}
-
-func (c *partsChecker) endPart() {
-	c.sums, c.parts, c.inPart = c.part.Sum(c.sums), c.parts+1, 0
-	c.part.Reset()
+	*etag.Multi
+	sizes      []int64
+	size       int64
+	inferred   bool
+	etag, what string
 }
 
 func (c *partsChecker) check() error {
-	if c.inPart > 0 {
-		c.endPart()
+	if _, ok := etag.Match(c.Sum(nil), c.sizes, c.size, c.etag); ok {
+		return nil
 	}
-	sum := md5.Sum(c.sums)
-	if got := hex.EncodeToString(sum[:]) + "-" + strconv.Itoa(c.parts); got != c.etag {
-		return source.Errorf(source.Corrupt, "%s: parts' MD5 %s does not match ETag %s", c.what, got, c.etag)
+	if c.inferred {
+		return source.Errorf(source.Unverifiable,
+			"%s: the server reports no checksum and no part size, and ETag %s matches under none of the likely part sizes %v (a byte is wrong, or the parts were of another size)",
+			c.what, c.etag, c.sizes)
 	}
-	return nil
+	return source.Errorf(source.Corrupt, "%s: parts' MD5s do not match ETag %s", c.what, c.etag)
+}
+
+// uncheckable is the check of an S3 object nothing checks: always unverifiable.
+type uncheckable struct{ what, etag string }
+
+func (uncheckable) Write(p []byte) (int, error) { return len(p), nil }
+func (c uncheckable) check() error {
+	return source.Errorf(source.Unverifiable, "%s: the server reports no checksum and no part size, and ETag %q checks nothing", c.what, c.etag)
 }
 
 // sizeOnly is the check of sources with nothing finer than a size (NFS, node-local): the
@@ -159,7 +154,7 @@ func (sizeOnly) check() error                { return nil }
 
 // wholeChecker picks what a whole-object read is checked against, as the staging engine does:
 // the full-object checksum the response carries, the MD5 ETag of a single-part object, or the
-// parts' MD5s of a multipart one.
+// parts' MD5s of a multipart one. An S3 object none of these checks is unverifiable.
 func wholeChecker(obj source.Object, l Layout, rc io.Reader) checker {
 	what := strconv.Quote(obj.Key)
 	if c, ok := rc.(source.Checksummed); ok {
@@ -169,11 +164,14 @@ func wholeChecker(obj source.Object, l Layout, rc io.Reader) checker {
 			}
 		}
 	}
-	if md5ETag.MatchString(obj.ETag) {
+	switch {
+	case etag.IsMD5(obj.ETag):
 		return &etagChecker{Hash: md5.New(), etag: obj.ETag, what: what}
-	}
-	if multipartETag.MatchString(obj.ETag) && l.PartSize > 0 {
-		return &partsChecker{partSize: l.PartSize, part: md5.New(), etag: obj.ETag, what: what}
+	case etag.Parts(obj.ETag) > 0 && len(l.PartSizes) > 0:
+		return &partsChecker{Multi: etag.NewMulti(l.PartSizes), sizes: l.PartSizes, size: obj.Size,
+			inferred: l.Inferred, etag: obj.ETag, what: what}
+	case obj.ETag != "": // other sources have no ETag
+		return uncheckable{what: what, etag: obj.ETag}
 	}
 	return sizeOnly{}
 }

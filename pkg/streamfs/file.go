@@ -516,7 +516,7 @@ func (s *stream) fetchOnce(ctx context.Context, f *fileNode, k int) error {
 	return nil
 }
 
-// fetch reads part k into the scratch file, checking it as it streams.
+// fetch reads part k into the scratch file, checked; an object nothing checks goes to the policy.
 func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
 	p := s.parts[k]
 	ctx, cancel := context.WithTimeout(ctx, f.m.cfg.FetchTimeout)
@@ -526,6 +526,20 @@ func (s *stream) fetch(ctx context.Context, f *fileNode, k int) error {
 			return err
 		}
 	}
+	err := s.read(ctx, f, p)
+	if source.KindOf(err) == source.Unverifiable && len(s.layout.PartSizes) > 0 {
+		// Matched under no likely part size: read again, so that bytes damaged on the way are
+		// not taken for an unusual part size.
+		err = s.read(ctx, f, p)
+	}
+	if source.KindOf(err) == source.Unverifiable && f.m.cfg.Unverifiable != nil {
+		err = f.m.cfg.Unverifiable(ctx, f.obj, err)
+	}
+	return err
+}
+
+// read reads part p into the scratch file, checking it as it streams.
+func (s *stream) read(ctx context.Context, f *fileNode, p source.Part) error {
 	rc, err := f.m.cfg.Fetcher.Open(ctx, f.obj, p.Off, p.N)
 	if err != nil {
 		return err

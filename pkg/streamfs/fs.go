@@ -57,6 +57,9 @@ type Config struct {
 	Files *OpenFiles
 	// OnFetch, when set, is told of every on-demand fetch and its outcome (metrics, tests).
 	OnFetch func(key string, off, n int64, err error)
+	// Unverifiable, when set, decides what becomes of an object nothing can check (err says
+	// why): nil serves it, an error refuses its reads (EIO). Nil refuses every such object.
+	Unverifiable func(ctx context.Context, obj source.Object, err error) error
 	// refused, when set, is why the mount serves nothing (Refuse).
 	refused string
 }

@@ -242,7 +242,7 @@ func (s *Service) treeNamespace(rec state.TreeVolume) string {
 // credentials, within the plugin's one bound on open files.
 func (s *Service) streamConfig(ds *datasource.Streaming) streamfs.Config {
 	return streamfs.Config{Objects: ds.Objects, Cached: ds.Cached, Join: ds.Join, Scratch: ds.Scratch, Files: s.streams.files,
-		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room}
+		Fetcher: streamfs.SourceFetcher{Source: ds.Source}, OnFetch: ds.OnFetch, Room: ds.Room, Unverifiable: ds.Unverifiable}
 }
 
 // serveStreaming publishes a read-only dataset volume at path as soon as the dataset is listed

@@ -95,7 +95,7 @@ func TestChartReleaseNamespace(t *testing.T) {
 func TestChartValues(t *testing.T) {
 	got := renderChart(t, namespace, `
 image: {registry: registry.example.com/storage/, tag: v1.2.3}
-node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--v=5], s3: {caBundles: {secret: minio-ca}, allowPlainHTTP: true},
+node: {limits: {maxDatasetBytes: 2199023255552}, extraArgs: [--v=5], s3: {caBundles: {secret: minio-ca}, allowPlainHTTP: true, unverifiableObjects: serve},
   webIdentity: {audience: sts.example.com, stsEndpoint: "https://sts.example.com", roles: "arn:aws:iam::1:role/team-*"}}
 peer: {port: 7000, networkPolicy: {enabled: false}}
 csiDriver: {tokenRequests: [{audience: vault, expirationSeconds: 600}]}
@@ -111,6 +111,7 @@ nodePVPolicy: {secretNamespaces: "default,datasets"}
 		"--v=5",
 		"--s3-ca-bundles=/etc/cistern/s3-ca-bundles",
 		"--s3-allow-plain-http",
+		"--unverifiable-objects=serve",
 		"secretName: minio-ca",
 		"--web-identity-audience=sts.example.com",
 		"--sts-endpoint=https://sts.example.com",

@@ -328,7 +328,7 @@ func streamCheck(ctx context.Context, t *testing.T, f streamfs.SourceFetcher, o 
 	switch {
 	case regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(o.ETag):
 		return stage.CheckedMD5
-	case l.PartSize > 0:
+	case len(l.PartSizes) > 0:
 		return stage.CheckedMultipartMD5
 	}
 	return stage.CheckedNone

@@ -30,13 +30,16 @@ type Fault struct {
 	Truncate bool
 	// StripChecksums hides the object's S3 checksums, as servers without them would.
 	StripChecksums bool
+	// Legacy answers as an old S3 server (Ceph RGW 16) does: no flexible checksums
+	// (StripChecksums), GetObjectAttributes refused (403 AccessDenied), and a HEAD of a part
+	// (?partNumber=) answered as a plain HEAD of the whole object, without x-amz-mp-parts-count
+	// (legacy.go).
+	Legacy bool
 	// Flip corrupts the first byte of a successful response's body, headers untouched.
 	Flip bool
 	// Trickle forwards the body one byte at a time, this long apart: a server that answers,
 	// only never quite.
 	Trickle time.Duration
-	// Legacy answers as an S3 server without flexible checksums would (legacy.go).
-	Legacy bool
 	// FlipRequest corrupts the first byte of the request body on its way to the server.
 	FlipRequest bool
 	// Name counts the fault under this name in Delivered when the proxy applied it.
@@ -45,6 +48,13 @@ type Fault struct {
 
 // None is the zero fault.
 var None = Fault{ResetAfter: -1}
+
+// LegacyS3 is a chooser (StartProxy, SetFaults) that makes the server an old S3 server for every
+// request (Fault.Legacy), counted as "legacy". Other faults compose with it: set them on what it
+// returns.
+func LegacyS3(*http.Request, int64) Fault {
+	return Fault{ResetAfter: -1, Legacy: true, StripChecksums: true, Name: "legacy"}
+}
 
 // Proxy forwards to an S3 server and injects faults chosen per request.
 type Proxy struct {

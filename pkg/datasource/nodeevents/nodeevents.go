@@ -1,7 +1,7 @@
 // Package nodeevents records what dataset staging does to a node's disks as Events on its Node
 // object, where `kubectl describe node` shows them: evictions from the dataset cache, writable
-// dataset volumes copied because they could not be layered on it, and streaming volumes staged
-// because the node cannot stream.
+// dataset volumes copied because they could not be layered on it, streaming volumes staged
+// because the node cannot stream, and objects of datasets that nothing could check.
 package nodeevents
 
 import (
@@ -81,3 +81,17 @@ func (r *Recorder) StreamingRefused(volumeID, dataset, reason string) {
 
 // Stop flushes pending Events (as far as the broadcaster does) and stops recording.
 func (r *Recorder) Stop() { r.broadcaster.Shutdown() }
+
+// ReasonUnverifiable is the reason of the Event of an object nothing could check.
+const ReasonUnverifiable = "UnverifiableObject"
+
+// Unverifiable records an object of a dataset that nothing could check, refused or served
+// unchecked; it is the dataset manager's OnUnverifiable.
+func (r *Recorder) Unverifiable(e datasource.UnverifiableEvent) {
+	action := "refused: its dataset is not served (--unverifiable-objects=serve serves such objects)"
+	if e.Served {
+		action = "served unchecked (--unverifiable-objects=serve)"
+	}
+	r.recorder.Eventf(r.node, corev1.EventTypeWarning, ReasonUnverifiable,
+		"Object %q of dataset %s has nothing to check it by, %s: %s", e.Key, e.Dataset, action, e.Reason)
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -396,7 +397,8 @@ func (b *body) Checksum() source.Checksum { return b.sum }
 func (s *Source) Verify(context.Context, source.Object) error { return nil }
 
 // Plan asks the server (HEAD) whether the object carries a full-object checksum; if not, and it
-// is multipart, it returns the part size so reads can align on parts.
+// is multipart, it returns the part size so reads can align on parts. The part size its uploader
+// recorded (source.PartSizeMetadata) comes with it, for servers that report none.
 func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, error) {
 	in := &s3.HeadObjectInput{
 		Bucket:  aws.String(s.cfg.Bucket),
@@ -409,11 +411,15 @@ func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, erro
 	}
 	sum := fullChecksum(out.ChecksumType, out.ChecksumCRC64NVME, out.ChecksumCRC32C, out.ChecksumCRC32,
 		out.ChecksumSHA256, out.ChecksumSHA1)
-	if sum.Algorithm != "" {
-		return source.Plan{Checksum: sum}, nil
+	plan := source.Plan{Checksum: sum}
+	if hint, err := strconv.ParseInt(out.Metadata[source.PartSizeMetadata], 10, 64); err == nil && hint > 0 {
+		plan.PartSizeHint = hint
 	}
-	partSize, err := s.PartSize(ctx, obj)
-	return source.Plan{PartSize: partSize}, err
+	if sum.Algorithm != "" {
+		return plan, nil
+	}
+	plan.PartSize, err = s.PartSize(ctx, obj)
+	return plan, err
 }
 
 // PartSize asks the server (HEAD of part 1, pinned to the listed ETag) the part size of a

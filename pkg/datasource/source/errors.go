@@ -29,6 +29,11 @@ const (
 	Corrupt
 	// NoSpace is a pool without room for the dataset, even after evicting unused datasets.
 	NoSpace
+	// Unverifiable is an object nothing can check: no full-object checksum, and an ETag that is
+	// neither its MD5 nor a multipart ETag whose part size is known or matches one inferred (an
+	// old server that reports neither checksums nor parts). Refused unless the administrator
+	// serves such objects (--unverifiable-objects).
+	Unverifiable
 )
 
 func (k Kind) String() string {
@@ -51,6 +56,8 @@ func (k Kind) String() string {
 		return "corrupt"
 	case NoSpace:
 		return "no space"
+	case Unverifiable:
+		return "unverifiable"
 	}
 	return "unknown"
 }

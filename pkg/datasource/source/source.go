@@ -89,9 +89,18 @@ type Planner interface {
 type Plan struct {
 	// Checksum is the object's full-object checksum, if it has one.
 	Checksum Checksum
-	// PartSize is the size of the object's parts (all but the last), 0 when not multipart.
+	// PartSize is the size of the object's parts (all but the last) as the server reports it,
+	// 0 when not multipart or not reported.
 	PartSize int64
+	// PartSizeHint is the part size the uploader recorded with the object (Cistern's write-back:
+	// PartSizeMetadata), 0 if none: a candidate to check the multipart ETag by, not a fact.
+	PartSizeHint int64
 }
+
+// PartSizeMetadata is the S3 user metadata (x-amz-meta-cistern-part-size, decimal bytes) in which
+// Cistern's write-back records the part size of a multipart upload, for servers that do not
+// report it.
+const PartSizeMetadata = "cistern-part-size"
 
 // Part is a range of an object with a checksum of its own (an S3 multipart part uploaded with a
 // checksum): a reader can check it without reading the rest of the object.

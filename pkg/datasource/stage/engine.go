@@ -112,6 +112,10 @@ type Config struct {
 	// Peers, when set, lets jobs read S3 datasets from other nodes; nil reads the source only.
 	Peers   Peers
 	Metrics Metrics
+	// Unverifiable decides what becomes of an entry of dataset id that nothing can check (err,
+	// of kind source.Unverifiable, says why): nil serves it unchecked, an error refuses it and
+	// fails the staging. nil refuses every such entry.
+	Unverifiable func(ctx context.Context, id string, obj source.Object, err error) error
 }
 
 // Engine runs the staging jobs of a node within its shared limits.

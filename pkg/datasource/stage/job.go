@@ -7,7 +7,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -20,11 +19,6 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
-)
-
-var (
-	md5ETag       = regexp.MustCompile(`^[0-9a-f]{32}$`)
-	multipartETag = regexp.MustCompile(`^[0-9a-f]{32}-([0-9]+)$`)
 )
 
 // Job stages one dataset into one pool's cache. Memory stays bounded whatever the dataset size:

@@ -4,12 +4,15 @@ import (
 	"context"
 	"crypto/md5"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/etag"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -60,8 +63,7 @@ func TestPeerBytesNeedMoreThanACRC(t *testing.T) {
 				defer f.Close()
 				b := &bigFile{out: newOutput(f, obj.Size, false), crc: &a, crcWant: a.encode(crcOf(data)),
 					rangeSums: []uint64{crcOf(content)}, chunk: obj.Size, from: [][]peer.Peer{from}, etagParts: c.etagParts}
-				_, err = (&Job{}).verifyBig(context.Background(), task{obj: obj, big: b})
-				return err
+				return (&Job{}).verifyBig(context.Background(), task{obj: obj, big: b})
 			}
 			peers := []peer.Peer{{Node: "node-b"}}
 			if err := check(forged, peers); source.KindOf(err) != source.Corrupt {
@@ -126,3 +128,67 @@ func forgeCRC(t *testing.T, a crcAlgo, data, evil []byte, fix int) []byte {
 	}
 	return out
 }
+
+// TestPeerBytesUnderInferredPartSizes: an object of a server that reports no part size is
+// checked by its multipart ETag under the part sizes inferred for it, one (its ranges aligned on
+// it) or several (checked at once at the end). A peer's bytes that match under none are Corrupt,
+// never unverifiable, whatever the node's policy for unverifiable objects: they are read again
+// from the source.
+func TestPeerBytesUnderInferredPartSizes(t *testing.T) {
+	const mib = 1 << 20
+	data := make([]byte, 9*mib) // 2 parts of 5 MiB: 5, 6, 7 and 8 MiB fit
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	sums := make([][]byte, 0, 2)
+	for off := 0; off < len(data); off += 5 * mib {
+		s := md5.Sum(data[off:min(off+5*mib, len(data))])
+		sums = append(sums, s[:])
+	}
+	obj := source.Object{Key: "model.bin", Size: int64(len(data)), ETag: etag.Of(slices.Concat(sums...))}
+	wrong := slices.Clone(data)
+	wrong[6*mib] ^= 1
+	serve := &Engine{cfg: Config{Unverifiable: func(context.Context, string, source.Object, error) error { return nil }}}
+	for _, c := range []struct {
+		name string
+		big  func() *bigFile
+	}{
+		{"several part sizes", func() *bigFile { return &bigFile{sizes: etag.Candidates(obj.Size, 2, 0)} }},
+		{"one part size, inferred", func() *bigFile {
+			return &bigFile{partSize: 5 * mib, inferred: true, partSums: [][]byte{sums[0], md5Of(wrong[5*mib:])}}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			check := func(content []byte, from []peer.Peer) error {
+				path := filepath.Join(t.TempDir(), "tmp")
+				if err := os.WriteFile(path, content, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				f, err := os.OpenFile(path, os.O_RDWR, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				b := c.big()
+				b.out, b.chunk, b.from = newOutput(f, obj.Size, false), obj.Size, [][]peer.Peer{from}
+				if b.partSize > 0 && string(content) == string(data) {
+					b.partSums = sums
+				}
+				return (&Job{e: serve}).verifyBig(context.Background(), task{obj: obj, big: b})
+			}
+			peers := []peer.Peer{{Node: "node-b"}}
+			if err := check(wrong, peers); source.KindOf(err) != source.Corrupt {
+				t.Errorf("a wrong byte from a peer: %v, want Corrupt", err)
+			}
+			if err := check(wrong, nil); !errors.Is(err, errNoSizeMatches) {
+				t.Errorf("a wrong byte from the source: %v, want it read again (no part size matches)", err)
+			}
+			if err := check(data, peers); err != nil {
+				t.Errorf("the object's own bytes from a peer: %v, want accepted", err)
+			}
+		})
+	}
+}
+
+func md5Of(b []byte) []byte { s := md5.Sum(b); return s[:] }

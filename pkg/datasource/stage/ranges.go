@@ -1,20 +1,16 @@
 package stage
 
 // Large entries, read in parallel ranges and verified once the last range is in: against the
-// S3 full-object CRC (one CRC per range, combined), the MD5s of the multipart parts, or the MD5
-// ETag.
+// S3 full-object CRC (one CRC per range, combined), the MD5s of the multipart parts (under the
+// part size the server reports, or those inferred: verify.go), or the MD5 ETag.
 
 import (
 	"context"
 	"crypto/md5"
-	"encoding/hex"
 	"errors"
-	"fmt"
 	"hash"
-	"io"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
+	"github.com/cistern-csi/cistern/pkg/datasource/etag"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
 )
@@ -38,6 +35,12 @@ type bigFile struct {
 	streams  *streams
 	left     atomic.Int64
 	partSize int64 // >0: ranges are the object's multipart parts, each MD5-checked
+	// inferred says partSize is not the server's but inferred or recorded: a mismatch may be a
+	// wrong part size, not a wrong byte (verify.go).
+	inferred bool
+	// sizes, when set, are the part sizes inferred for a multipart object, checked in one pass
+	// over the file once it is in.
+	sizes []int64
 	// etagParts, with crc: the object's part size, which ranges from peers are checked by too
 	// (the multipart ETag), as a CRC cannot check bytes a peer chose.
 	etagParts int64
@@ -160,7 +163,7 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		if err != nil {
 			return err
 		}
-		partSize, err := j.etagPartSize(ctx, p, o, plan)
+		partSize, sizes, inferred, err := j.partCheck(ctx, p, o, plan)
 		if err != nil {
 			return err
 		}
@@ -180,9 +183,10 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 			// A checksum that cannot be combined (SHA): one read, checked as it streams.
 			return send(ctx, tasks, task{i: i, obj: o, n: o.Size, deferred: preferred})
 		}
-		if partSize > 0 && b.crc == nil {
-			chunk, b.partSize = partSize, partSize
-			b.partSums = make([][]byte, (o.Size+partSize-1)/partSize)
+		if b.crc == nil {
+			if chunk, err = j.checkByETag(ctx, b, o, chunk, partSize, sizes, inferred); err != nil {
+				return err
+			}
 		}
 	}
 	f, err := j.dirs.create(j.tmpDirOf(i), tmpBase(i), os.O_RDWR, fileMode(o))
@@ -212,9 +216,10 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 	b.chunk = chunk
 	b.from = make([][]peer.Peer, n)
 	// Peers may serve ranges of an object checked by a digest a peer cannot forge: its parts'
-	// MD5s, or its own MD5 (when the CRC is the check, verifyBig checks these too once a peer
-	// served a range). The CRC alone is not: bytes a peer chose can match any CRC.
-	b.eligible = b.partSize > 0 || b.etagParts > 0 || md5ETag.MatchString(o.ETag)
+	// MD5s (under the server's part size or inferred ones), or its own MD5 (when the CRC is the
+	// check, verifyBig checks these too once a peer served a range). The CRC alone is not: bytes
+	// a peer chose can match any CRC. Nor is nothing (an unverifiable object served).
+	b.eligible = b.partSize > 0 || b.etagParts > 0 || len(b.sizes) > 0 || etag.IsMD5(o.ETag)
 	start := j.peers.readOrder(n, o.Key)
 	for r := range n {
 		k := (start + r) % n
@@ -224,6 +229,23 @@ func (j *Job) sendRanges(ctx context.Context, tasks chan<- task, i int64, o sour
 		}
 	}
 	return nil
+}
+
+// checkByETag sets b, a large entry o without a CRC, to be checked by its ETag (partCheck's
+// partSize, sizes, inferred), and returns its ranges' size: its part size when one is known.
+func (j *Job) checkByETag(ctx context.Context, b *bigFile, o source.Object, chunk, partSize int64, sizes []int64, inferred bool) (int64, error) {
+	switch {
+	case partSize > 0:
+		b.partSize, b.inferred = partSize, inferred
+		b.partSums = make([][]byte, (o.Size+partSize-1)/partSize)
+		return partSize, nil
+	case len(sizes) > 0:
+		b.sizes = sizes
+	case !etag.IsMD5(o.ETag):
+		// Nothing checks it: refused before any byte is read, or served unchecked.
+		return chunk, j.unverifiable(ctx, o, uncheckable(o))
+	}
+	return chunk, nil
 }
 
 func (j *Job) fetchRange(ctx context.Context, t task) error {
@@ -249,14 +271,25 @@ func (j *Job) fetchRange(ctx context.Context, t task) error {
 	// Last range: verify the whole object. When it fails and peers served ranges of it, those
 	// ranges are read again from the source, the peers whose bytes differ dropped, and the
 	// object checked again.
-	checked, err := j.verifyBig(ctx, t)
+	err = j.verifyBig(ctx, t)
 	if source.KindOf(err) == source.Corrupt && slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
 		klog.FromContext(ctx).Info("an entry with ranges from peers fails verification; reading them again from the source",
 			"key", t.obj.Key, "err", err)
 		if _, err := j.blame(ctx, t); err != nil {
 			return err
 		}
-		checked, err = j.verifyBig(ctx, t)
+		err = j.verifyBig(ctx, t)
+	}
+	if errors.Is(err, errNoSizeMatches) {
+		// No inferred part size matches: read it all again from the source, so that bytes
+		// damaged on the way are not taken for an unusual part size.
+		klog.FromContext(ctx).Info("an entry matches under none of its likely part sizes; reading it again from the source",
+			"key", t.obj.Key, "err", err)
+		if err = j.reread(ctx, t); err == nil {
+			if err = j.verifyBig(ctx, t); errors.Is(err, errNoSizeMatches) {
+				err = j.sizeUnverifiable(ctx, t.obj, err)
+			}
+		}
 	}
 	if err != nil {
 		return err
@@ -275,14 +308,44 @@ func (j *Job) fetchRange(ctx context.Context, t task) error {
 	if err := j.commit(t.i, t.obj); err != nil {
 		return err
 	}
-	j.e.cfg.Metrics.verified(checked)
+	j.e.cfg.Metrics.verified(b.checkedBy(t.obj))
 	return nil
 }
 
-// verifyBig checks a large object read in ranges against the checksum the source gave for it,
-// and says which (Checked*).
-func (j *Job) verifyBig(ctx context.Context, t task) (checked string, err error) {
+// checkedBy names what verifyBig checked o's bytes against (Checked*, or the CRC's name).
+func (b *bigFile) checkedBy(o source.Object) string {
+	switch {
+	case b.crc != nil:
+		return b.crcName
+	case b.partSize > 0, len(b.sizes) > 0:
+		return CheckedMultipartMD5
+	case etag.IsMD5(o.ETag):
+		return CheckedMD5
+	}
+	return CheckedNone
+}
+
+// reread reads every range of large entry t again from the source.
+func (j *Job) reread(ctx context.Context, t task) error {
+	b := t.big
+	for k := range b.from {
+		off := int64(k) * b.chunk
+		n := min(b.chunk, t.obj.Size-off)
+		_, sum, err := j.readInto(ctx, t.obj, b.out, off, n, b.rangeHash(), nil)
+		if err != nil {
+			return err
+		}
+		j.bytesDone.Add(-n) // counted once already
+		b.setSum(k, sum)
+		b.from[k] = nil
+	}
+	return nil
+}
+
+// verifyBig checks a large object read in ranges against the checksum the source gave for it.
+func (j *Job) verifyBig(ctx context.Context, t task) error {
 	b, o := t.big, t.obj
+	fromPeers := slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 })
 	switch {
 	case b.crc != nil:
 		crc := b.rangeSums[0]
@@ -290,81 +353,34 @@ func (j *Job) verifyBig(ctx context.Context, t task) (checked string, err error)
 			crc = b.crc.combine(crc, b.rangeSums[k], min(b.chunk, o.Size-int64(k)*b.chunk))
 		}
 		if got := b.crc.encode(crc); got != b.crcWant {
-			return "", source.Errorf(source.Corrupt, "%q: %s checksum %s does not match %s", o.Key,
+			return source.Errorf(source.Corrupt, "%q: %s checksum %s does not match %s", o.Key,
 				strings.ToUpper(b.crcName), got, b.crcWant)
 		}
-		if slices.ContainsFunc(b.from, func(p []peer.Peer) bool { return len(p) > 0 }) {
+		if fromPeers {
 			// Bytes a peer chose can match any CRC: they must match the ETag's MD5s too.
-			return b.crcName, checkETag(b.out.f, o, b.etagParts)
-		}
-		return b.crcName, nil
-	case b.partSize > 0:
-		h := md5.New()
-		for _, s := range b.partSums {
-			h.Write(s)
-		}
-		if got := fmt.Sprintf("%x-%d", h.Sum(nil), len(b.partSums)); got != o.ETag {
-			return "", source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
-		}
-		return CheckedMultipartMD5, nil
-	case md5ETag.MatchString(o.ETag):
-		return CheckedMD5, checkETag(b.out.f, o, 0)
-	}
-	return CheckedNone, nil
-}
-
-// checkETag checks the object's bytes in f against its ETag: its MD5, or, for a multipart
-// object of parts of partSize, the MD5 of its parts' MD5s. Through a descriptor of its own: f
-// may be written with direct I/O, which a plain read of it cannot use.
-func checkETag(f *os.File, o source.Object, partSize int64) error {
-	if !md5ETag.MatchString(o.ETag) && partSize == 0 {
-		return source.Errorf(source.Corrupt, "%q: no MD5 to check bytes from peers against", o.Key)
-	}
-	r, err := os.Open(fmt.Sprintf("/proc/self/fd/%d", f.Fd()))
-	if err != nil {
-		return err
-	}
-	defer r.Close()
-	multipart := partSize > 0
-	if !multipart {
-		partSize = o.Size
-	}
-	var sums []byte // the parts' MD5s, one after another
-	for off := int64(0); off < o.Size; off += partSize {
-		h := md5.New()
-		if _, err := io.Copy(h, io.NewSectionReader(r, off, min(partSize, o.Size-off))); err != nil {
+			var sizes []int64
+			if b.etagParts > 0 {
+				sizes = []int64{b.etagParts}
+			}
+			_, err := checkETag(b.out.f, o, sizes)
 			return err
 		}
-		sums = h.Sum(sums)
-	}
-	got := hex.EncodeToString(sums)
-	if multipart {
-		got = fmt.Sprintf("%x-%d", md5.Sum(sums), len(sums)/md5.Size)
-	}
-	if got != o.ETag {
-		return source.Errorf(source.Corrupt, "%q: MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+	case b.partSize > 0:
+		if got := etag.Of(slices.Concat(b.partSums...)); got != o.ETag {
+			if b.inferred {
+				return noSizeMatches(o, []int64{b.partSize})
+			}
+			return source.Errorf(source.Corrupt, "%q: multipart MD5 %s does not match ETag %s", o.Key, got, o.ETag)
+		}
+	case len(b.sizes) > 0:
+		if _, err := checkETag(b.out.f, o, b.sizes); source.KindOf(err) == source.Corrupt {
+			return noSizeMatches(o, b.sizes)
+		} else if err != nil {
+			return err
+		}
+	case etag.IsMD5(o.ETag):
+		_, err := checkETag(b.out.f, o, nil)
+		return err
 	}
 	return nil
-}
-
-// etagPartSize is the part size of o when its multipart ETag can check its parts (their count
-// matches), else 0: the plan's, or, for an object its CRC checks, asked only when peers may serve
-// ranges of it, which are checked against the parts' MD5s too (a CRC cannot check bytes a peer
-// chose).
-func (j *Job) etagPartSize(ctx context.Context, p source.Planner, o source.Object, plan source.Plan) (int64, error) {
-	m := multipartETag.FindStringSubmatch(o.ETag)
-	if m == nil {
-		return 0, nil
-	}
-	partSize := plan.PartSize
-	if _, isCRC := crcAlgos[plan.Checksum.Algorithm]; isCRC && j.peers.mayShare() {
-		var err error
-		if partSize, err = p.PartSize(ctx, o); err != nil {
-			return 0, err
-		}
-	}
-	if parts, _ := strconv.ParseInt(m[1], 10, 64); partSize <= 0 || (o.Size+partSize-1)/partSize != parts {
-		return 0, nil
-	}
-	return partSize, nil
 }

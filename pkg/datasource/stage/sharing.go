@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cistern-csi/cistern/pkg/datasource/etag"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 )
 
@@ -57,7 +58,7 @@ func (s *sharing) holds(t task) bool {
 	if t.big != nil {
 		return t.big.eligible && s.sw().Holds(s.rank(t.i), t.off, t.n)
 	}
-	return md5ETag.MatchString(t.obj.ETag) && s.sw().Holds(s.rank(t.i), 0, t.obj.Size)
+	return checkableWhole(t.obj) && s.sw().Holds(s.rank(t.i), 0, t.obj.Size)
 }
 
 // busy reports whether a peer is reading task t's piece from the source now, and holds it
@@ -66,7 +67,7 @@ func (s *sharing) busy(t task) bool {
 	if s.sw() == nil {
 		return false
 	}
-	off, n, eligible := int64(0), t.obj.Size, md5ETag.MatchString(t.obj.ETag)
+	off, n, eligible := int64(0), t.obj.Size, checkableWhole(t.obj)
 	if t.big != nil {
 		off, n, eligible = t.off, t.n, t.big.eligible
 	}
@@ -131,7 +132,7 @@ func (s *sharing) readOrder(n int64, salt string) int64 {
 // batchEligible reports whether task t is a whole entry small enough for a batch that a peer's
 // bytes can be checked for (its MD5 ETag).
 func (s *sharing) batchEligible(t task) bool {
-	return s.sw() != nil && t.big == nil && t.obj.Size > 0 && t.obj.Size <= batchEntry && md5ETag.MatchString(t.obj.ETag)
+	return s.sw() != nil && t.big == nil && t.obj.Size > 0 && t.obj.Size <= batchEntry && etag.IsMD5(t.obj.ETag)
 }
 
 // batchable reports whether task t goes into a batch: eligible, and a peer that serves batches
