@@ -734,14 +734,18 @@ func (p *policyScenario) controllerStatefulSets(t *testing.T) {
 	t.Cleanup(func() {
 		_ = p.cp.Client.AppsV1().StatefulSets(p.ns).Delete(context.Background(), theirs.Name, metav1.DeleteOptions{})
 	})
-	// RBAC grants the controller update, not patch.
-	taken, err := p.cp.Client.AppsV1().StatefulSets(p.ns).Get(c, theirs.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	taken.Labels = map[string]string{nbv1alpha1.SetNameLabelKey: set.Name}
-	taken.Spec.Template.Labels[nbv1alpha1.SetNameLabelKey] = set.Name
-	taken.OwnerReferences = []metav1.OwnerReference{owner}
-	_, err = asController.AppsV1().StatefulSets(p.ns).Update(c, taken, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+	// RBAC grants the controller update, not patch. kube-controller-manager writes the
+	// StatefulSet's status meanwhile: an update that lost to it is made again on the new object.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		taken, err := p.cp.Client.AppsV1().StatefulSets(p.ns).Get(c, theirs.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		taken.Labels = map[string]string{nbv1alpha1.SetNameLabelKey: set.Name}
+		taken.Spec.Template.Labels[nbv1alpha1.SetNameLabelKey] = set.Name
+		taken.OwnerReferences = []metav1.OwnerReference{owner}
+		_, err = asController.AppsV1().StatefulSets(p.ns).Update(c, taken, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err
+	})
 	refused(t, err, notLWS)
 }
