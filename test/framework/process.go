@@ -6,11 +6,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/cistern-csi/cistern/test/framework/kit"
@@ -71,8 +69,8 @@ func startProcess(logDir, name string, cmd *exec.Cmd) (*Process, error) {
 	fmt.Fprintf(log, "+ %s\n", strings.Join(cmd.Args, " "))
 	cmd.Stdout, cmd.Stderr = log, log
 	// Own process group, so Stop reaches the children too; SIGKILL if the test binary dies.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := spawn(cmd); err != nil {
+	cmd.SysProcAttr = nil
+	if err := kit.StartGroup(cmd); err != nil {
 		return nil, err
 	}
 	p := &Process{Name: name, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
@@ -117,43 +115,6 @@ func (p *Process) WaitListening(addr string, timeout time.Duration) error {
 func (p *Process) Stop() {
 	p.stopOnce.Do(func() {
 		p.stopped.Store(true)
-		pgid := p.cmd.Process.Pid
-		_ = syscall.Kill(-pgid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(stopGracePeriod):
-		}
-		// Children that outlived the leader, or a leader that ignored SIGTERM.
-		if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			fmt.Fprintf(os.Stderr, "killing process group of %s: %v\n", p.Name, err)
-		}
-		<-p.done
+		kit.StopGroup(p.Name, p.cmd.Process.Pid, p.done, stopGracePeriod)
 	})
-}
-
-// Children get Pdeathsig when the *thread* that forked them exits, not the process. Forking from
-// one goroutine locked to a thread that never exits makes it mean "when the test binary dies".
-var (
-	spawnOnce sync.Once
-	spawnReqs chan spawnReq
-)
-
-type spawnReq struct {
-	cmd *exec.Cmd
-	err chan error
-}
-
-func spawn(cmd *exec.Cmd) error {
-	spawnOnce.Do(func() {
-		spawnReqs = make(chan spawnReq)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for req := range spawnReqs {
-				req.err <- req.cmd.Start()
-			}
-		}()
-	})
-	req := spawnReq{cmd: cmd, err: make(chan error, 1)}
-	spawnReqs <- req
-	return <-req.err
 }
