@@ -10,7 +10,6 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -144,16 +143,6 @@ func unconfirmed(etag *string) error {
 // normETag is an ETag without its quotes, in lower case.
 func normETag(etag *string) string { return strings.ToLower(strings.Trim(aws.ToString(etag), `"`)) }
 
-// multipartETag is the ETag S3 gives an object completed from parts of these MD5s: the MD5 of
-// their concatenation, a dash, their count.
-func multipartETag(md5s [][]byte) string {
-	h := md5.New()
-	for _, m := range md5s {
-		h.Write(m)
-	}
-	return hex.EncodeToString(h.Sum(nil)) + "-" + strconv.Itoa(len(md5s))
-}
-
 // md5Of is the MD5 of n bytes of fh at off.
 func md5Of(fh *os.File, off, n int64) ([]byte, error) {
 	h := md5.New()
@@ -161,17 +150,4 @@ func md5Of(fh *os.File, off, n int64) ([]byte, error) {
 		return nil, err
 	}
 	return h.Sum(nil), nil
-}
-
-// fileMultipartETag is the multipart ETag of size bytes of fh sent in parts of ps bytes.
-func fileMultipartETag(fh *os.File, size, ps int64) (string, error) {
-	var md5s [][]byte
-	for off := int64(0); off < size; off += ps {
-		m, err := md5Of(fh, off, min(ps, size-off))
-		if err != nil {
-			return "", err
-		}
-		md5s = append(md5s, m)
-	}
-	return multipartETag(md5s), nil
 }

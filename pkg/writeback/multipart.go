@@ -8,8 +8,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +17,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/cistern-csi/cistern/pkg/datasource/etag"
 )
 
 // partSize is the part size for a file of size bytes: the configured one, larger when the file
@@ -188,7 +190,7 @@ func (s sentParts) etag(fh *os.File, size, ps int64) (string, error) {
 			}
 		}
 	}
-	return multipartETag(s.md5s), nil
+	return etag.Of(slices.Concat(s.md5s...)), nil
 }
 
 // sendParts sends the parts the server does not hold yet, in parallel.
@@ -340,12 +342,16 @@ func (r *run) alreadyStored(ctx context.Context, fh *os.File, f file, up *upload
 		sum, err := up.Alg.of(fh, 0, f.Size)
 		return proof{Sum: have, PartSize: ps}, err == nil && sum == have
 	}
-	etag := normETag(out.ETag)
-	if !strings.HasSuffix(etag, "-"+strconv.FormatInt((f.Size+ps-1)/ps, 10)) {
+	tag := normETag(out.ETag)
+	if !etag.Fits(f.Size, etag.Parts(tag), ps) {
 		return proof{}, false
 	}
-	want, err := fileMultipartETag(fh, f.Size, ps)
-	return proof{ETag: want, PartSize: ps}, err == nil && want == etag
+	m := etag.NewMulti([]int64{ps})
+	if _, err := io.Copy(m, io.NewSectionReader(fh, 0, f.Size)); err != nil {
+		return proof{}, false
+	}
+	_, ok := etag.Match(m.Sum(nil), []int64{ps}, f.Size, tag)
+	return proof{ETag: tag, PartSize: ps}, ok
 }
 
 // headOf is the HEAD of the object at f's key, with its checksums; nil when there is none of f's
