@@ -57,16 +57,13 @@ func (s SourceFetcher) Layout(ctx context.Context, obj source.Object) (Layout, e
 			return Layout{Parts: parts}, nil
 		}
 	}
-	parts := etag.Parts(obj.ETag)
-	if p, ok := s.Source.(source.Planner); ok && parts > 0 {
+	if p, ok := s.Source.(source.Planner); ok && etag.Parts(obj.ETag) > 0 {
 		plan, err := p.Plan(ctx, obj)
 		if err != nil {
 			return Layout{}, err
 		}
-		if etag.Fits(obj.Size, parts, plan.PartSize) {
-			return Layout{PartSizes: []int64{plan.PartSize}}, nil
-		}
-		return Layout{PartSizes: etag.Candidates(obj.Size, parts, plan.PartSizeHint), Inferred: true}, nil
+		sizes, inferred := etag.PartSizes(obj.Size, obj.ETag, plan.PartSize, plan.PartSizeHint)
+		return Layout{PartSizes: sizes, Inferred: inferred}, nil
 	}
 	return Layout{}, nil
 }

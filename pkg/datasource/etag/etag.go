@@ -84,6 +84,21 @@ func Candidates(size, parts, hint int64) []int64 {
 	return out[:min(len(out), MaxCandidates)]
 }
 
+// PartSizes are the part sizes a multipart ETag tag of an object of size bytes is checked under:
+// the one the server reported when it fits (inferred false), otherwise the Candidates from the
+// part count and the uploader's recorded hint (inferred true: a mismatch under them may be an
+// unusual part size rather than damage). None for an ETag that is not multipart.
+func PartSizes(size int64, tag string, reported, hint int64) (sizes []int64, inferred bool) {
+	parts := Parts(tag)
+	switch {
+	case parts == 0:
+		return nil, false
+	case Fits(size, parts, reported):
+		return []int64{reported}, false
+	}
+	return Candidates(size, parts, hint), true
+}
+
 // Of is the ETag of parts' MD5s (each md5.Size bytes, one after another), as a multipart upload
 // of len(sums)/md5.Size parts gets it.
 func Of(sums []byte) string {

@@ -77,3 +77,25 @@ func TestMultiMatches(t *testing.T) {
 		t.Error("parts of 3 MiB matched under candidates without it")
 	}
 }
+
+// PartSizes trusts the server's part size only when it fits the ETag's part count.
+func TestPartSizes(t *testing.T) {
+	tag := upload(make([]byte, 8*mib), 5*mib) // 2 parts
+	for _, c := range []struct {
+		name           string
+		tag            string
+		reported, hint int64
+		want           []int64
+		inferred       bool
+	}{
+		{"reported fits", tag, 5 * mib, 6 * mib, []int64{5 * mib}, false},
+		{"reported does not fit: inferred", tag, 3 * mib, 0, []int64{5 * mib, 4 * mib, 6 * mib, 7 * mib}, true},
+		{"none reported: the hint", tag, 0, 6 * mib, []int64{6 * mib}, true},
+		{"not multipart", "0123456789abcdef0123456789abcdef", 5 * mib, 0, nil, false},
+	} {
+		got, inferred := PartSizes(8*mib, c.tag, c.reported, c.hint)
+		if !slices.Equal(got, c.want) || inferred != c.inferred {
+			t.Errorf("%s: PartSizes = %v, %v; want %v, %v", c.name, got, inferred, c.want, c.inferred)
+		}
+	}
+}

@@ -95,8 +95,7 @@ func uncheckable(o source.Object) error {
 // ranges of it, which are checked against the parts' MD5s too (a CRC cannot check bytes a peer
 // chose).
 func (j *Job) partCheck(ctx context.Context, p source.Planner, o source.Object, plan source.Plan) (partSize int64, sizes []int64, inferred bool, err error) {
-	parts := etag.Parts(o.ETag)
-	if parts == 0 {
+	if etag.Parts(o.ETag) == 0 {
 		return 0, nil, false, nil
 	}
 	partSize = plan.PartSize
@@ -108,16 +107,15 @@ func (j *Job) partCheck(ctx context.Context, p source.Planner, o source.Object, 
 			return 0, nil, false, err
 		}
 	}
-	if etag.Fits(o.Size, parts, partSize) {
-		return partSize, nil, false, nil
-	}
-	switch sizes = etag.Candidates(o.Size, parts, plan.PartSizeHint); len(sizes) {
-	case 0:
+	sizes, inferred = etag.PartSizes(o.Size, o.ETag, partSize, plan.PartSizeHint)
+	switch {
+	case !inferred:
+		return sizes[0], nil, false, nil
+	case len(sizes) == 0:
 		return 0, nil, true, nil
-	case 1:
-		if parts > 1 { // one part is the object whole: its ranges stay parallel, checked at the end
-			return sizes[0], nil, true, nil
-		}
+	case len(sizes) == 1 && etag.Parts(o.ETag) > 1:
+		// One part is the object whole: its ranges stay parallel, checked at the end.
+		return sizes[0], nil, true, nil
 	}
 	return 0, sizes, true, nil
 }
