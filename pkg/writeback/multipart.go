@@ -136,10 +136,28 @@ func (r *run) complete(ctx context.Context, fh *os.File, f file, up *upload, sen
 	if err != nil {
 		return proof{}, err
 	}
-	if normETag(out.ETag) != want {
-		return proof{}, unconfirmed(out.ETag)
+	tag := out.ETag
+	if normETag(tag) == "" {
+		tag = r.completedETag(ctx, f, out.VersionId)
+	}
+	if normETag(tag) != want {
+		return proof{}, unconfirmed(tag)
 	}
 	return proof{ETag: want, PartSize: ps}, nil
+}
+
+// completedETag is the ETag of the object Complete made, for a server that answered Complete
+// with an empty one (Ceph RGW 16 does, though its HEAD then gives the multipart ETag): the
+// version Complete named, or else the object at the key, which holds this file only if that
+// ETag is the one its parts make.
+func (r *run) completedETag(ctx context.Context, f file, version *string) *string {
+	out, err := r.client.HeadObject(ctx, &s3.HeadObjectInput{
+		Bucket: aws.String(r.job.Target.Bucket), Key: aws.String(r.job.Target.key(f.Path)), VersionId: version,
+	})
+	if err != nil || aws.ToInt64(out.ContentLength) != f.Size {
+		return nil
+	}
+	return out.ETag
 }
 
 // patient has a request wait for its answer without the client's response-header timeout

@@ -12,14 +12,18 @@ import (
 // What Fault.Legacy does: the proxy plays an S3 server without flexible checksums (Ceph RGW 16,
 // as Debian ships it) in front of versitygw. Its answers carry no x-amz-checksum-* header and
 // no checksum in their XML (PutObject, UploadPart, CompleteMultipartUpload, ListParts, HEAD);
-// GetObjectAttributes is refused with 403 AccessDenied; a HEAD ?partNumber= answers for the
-// whole object, without x-amz-mp-parts-count. The requests go to versitygw as signed (a
+// CompleteMultipartUpload answers an empty ETag (the object's HEAD gives it); GetObjectAttributes
+// is refused with 403 AccessDenied; a HEAD ?partNumber= answers for the whole object, without
+// x-amz-mp-parts-count. The requests go to versitygw as signed (a
 // header or a query removed would break their signature), so it still verifies what they
 // carry; only its answers are those of the older server.
 
 // checksumXML matches the checksum elements of an S3 XML answer (ChecksumCRC32C, ChecksumType,
 // ChecksumAlgorithm, ...).
 var checksumXML = regexp.MustCompile(`<Checksum[A-Za-z0-9]*>[^<]*</Checksum[A-Za-z0-9]*>`)
+
+// etagXML matches the ETag element of an S3 XML answer.
+var etagXML = regexp.MustCompile(`<ETag>[^<]*</ETag>`)
 
 // legacyRefuses answers a request the older server does not serve; false when it serves it.
 func legacyRefuses(w http.ResponseWriter, r *http.Request) bool {
@@ -68,6 +72,10 @@ func legacyAnswer(w http.ResponseWriter, r *http.Request, resp *http.Response) (
 		return bytes.NewReader(body), false
 	}
 	stripped := checksumXML.ReplaceAll(body, nil)
+	if r.Method == http.MethodPost && r.URL.Query().Has("uploadId") {
+		// RGW 16 answers CompleteMultipartUpload with an empty ETag (its HEAD gives it).
+		stripped = etagXML.ReplaceAll(stripped, []byte("<ETag></ETag>"))
+	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(stripped)))
 	return bytes.NewReader(stripped), len(stripped) != len(body)
 }
