@@ -38,6 +38,11 @@ func s3Server(t testing.TB) (*cluster.S3, map[string]string) {
 // pool in classes, a WaitForFirstConsumer StorageClass of that pool whose source is s3's sample
 // dataset at endpoint, staged with that Secret.
 func sampleClassesYAML(ns, secret string, s3 *cluster.S3, endpoint string, classes map[string]string) string {
+	return datasetClassesYAML(ns, secret, s3, endpoint, "s3://datasets/sample/", classes)
+}
+
+// datasetClassesYAML is sampleClassesYAML for the dataset at source.
+func datasetClassesYAML(ns, secret string, s3 *cluster.S3, endpoint, source string, classes map[string]string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `apiVersion: v1
 kind: Secret
@@ -53,12 +58,12 @@ provisioner: cistern.csi.dev
 volumeBindingMode: WaitForFirstConsumer
 parameters:
   pool: %[2]s
-  source: s3://datasets/sample/
+  source: %[6]s
   endpoint: %[3]s
   pathStyle: "true"
   csi.storage.k8s.io/node-stage-secret-name: %[4]s
   csi.storage.k8s.io/node-stage-secret-namespace: %[5]s
-`, name, classes[name], endpoint, secret, ns)
+`, name, classes[name], endpoint, secret, ns, source)
 	}
 	return b.String()
 }

@@ -80,6 +80,7 @@ parameters: {pool: bulk}
 	t.Run("LeaderWorkerSetClaims", s.leaderWorkerSet)
 	t.Run("DatasetStagedOnNode", s.dataset)
 	t.Run("DatasetFanOut", s.datasetFanOut)
+	t.Run("DatasetFanOutStartingTogether", s.datasetFanOutTogether)
 	t.Run("PeerPortServesOnlyNodePlugins", s.peerPort)
 	t.Run("VolumeManagerReplicas", s.volumeManager)
 	t.Run("NodeServiceAccountLeastPrivilege", s.rbac)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,7 +38,6 @@ func (s *scenario) datasetFanOut(t *testing.T) {
 		}
 		return testpeers.None
 	})
-	cs := s.cp.Client
 	framework.ApplyYAML(t, s.cp, sampleClassesYAML(s.ns, "fanout-s3", s3, proxy.URL,
 		map[string]string{"cistern-fanout-fast": "fast", "cistern-fanout-bulk": "bulk"}))
 	v, err := params.Parse(map[string]string{"pool": "fast", "source": "s3://datasets/sample/", "endpoint": proxy.URL, "pathStyle": "true"}, params.StorageClass)
@@ -49,27 +49,9 @@ func (s *scenario) datasetFanOut(t *testing.T) {
 
 	stage := func(node, pool string) {
 		t.Helper()
-		name := "fanout-" + node
-		if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim(name, "cistern-fanout-"+pool, "16Mi"), metav1.CreateOptions{}); err != nil {
+		pv := s.claimOn(t, "fanout-"+node, "cistern-fanout-"+pool, "16Mi", node)
+		if err := s.publishOn(t, node, pv, secrets, sums); err != nil {
 			t.Fatal(err)
-		}
-		if _, err := cs.CoreV1().Pods(s.ns).Create(ctx(t), newPod(name, name, map[string]string{corev1.LabelHostname: node}), metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		pv := boundPV(t, cs, s.ns, name)
-		stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[node].Socket, pv, secrets, s.c.Nodes[node].KubeletRoot)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := m.Unmount(context.Background()); err != nil {
-				t.Error(err)
-			}
-		})
-		if err := cluster.VerifyFiles(m.TargetPath, sums); err != nil {
-			t.Errorf("published volume on %s: %v", node, err)
 		}
 	}
 
@@ -104,9 +86,111 @@ func (s *scenario) datasetFanOut(t *testing.T) {
 	}
 }
 
+// datasetFanOutTogether: node-a and node-b are asked for the same dataset, which neither holds,
+// at the same moment, with each object GET from S3 held back 400 ms (a slow object store). Each
+// finds the other staging through the StoragePool inventory as it goes, so between them they read
+// less than the dataset twice from S3 (counted at the proxy), and each volume matches the source.
+func (s *scenario) datasetFanOutTogether(t *testing.T) {
+	s3, _ := s3Server(t)
+	const count, size = 24, 1 << 20
+	sums, err := s3.RandomDataset(ctx(t), "datasets", "together", count, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testpeers.StartProxy(t, s3.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+		if q := r.URL.Query(); r.Method == http.MethodGet && !q.Has("list-type") && !q.Has("attributes") {
+			return testpeers.Fault{ResetAfter: -1, Delay: 400 * time.Millisecond, Name: "slow-get"}
+		}
+		return testpeers.None
+	})
+	framework.ApplyYAML(t, s.cp, datasetClassesYAML(s.ns, "together-s3", s3, proxy.URL, "s3://datasets/together/",
+		map[string]string{"cistern-together-fast": "fast", "cistern-together-bulk": "bulk"}))
+	secrets := map[string]string{"accessKeyID": s3.AccessKey, "secretAccessKey": s3.SecretKey}
+	pvs := map[string]*corev1.PersistentVolume{}
+	for node, pool := range map[string]string{nodeA: "bulk", nodeB: "fast"} {
+		pvs[node] = s.claimOn(t, "together-"+node, "cistern-together-"+pool, "32Mi", node)
+	}
+	var wg sync.WaitGroup
+	for node, pv := range pvs {
+		wg.Go(func() {
+			if err := s.publishOn(t, node, pv, secrets, sums); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if proxy.Delivered("slow-get") < count {
+		t.Fatalf("the proxy held back %d object GETs, fewer than the %d objects: S3 was not read through it", proxy.Delivered("slow-get"), count)
+	}
+	total := int64(count * size)
+	got := proxy.Sent.Load()
+	t.Logf("fanout-together: nodes=2 dataset_bytes=%d s3_bytes=%d ratio=%.2f", total, got, float64(got)/float64(total))
+	if got >= 2*total {
+		t.Errorf("S3 sent %d bytes for a %d-byte dataset staged on 2 nodes together: the nodes did not share it", got, total)
+	}
+	v, err := params.Parse(map[string]string{"pool": "fast", "source": "s3://datasets/together/", "endpoint": proxy.URL, "pathStyle": "true"}, params.StorageClass)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A node that read nothing from its peer has no such series; one of the two must.
+	var fromPeers float64
+	for _, node := range []string{nodeA, nodeB} {
+		if v, ok := metricValue(t, s.c.Nodes[node].MetricsAddress, fmt.Sprintf(`cistern_dataset_fetched_bytes_total{dataset=%q,origin="peer"}`, v.Dataset.ID())); ok {
+			fromPeers += v
+		}
+	}
+	if fromPeers == 0 {
+		t.Error("neither node counted bytes from its peer")
+	}
+}
+
+// claimOn creates a claim of class and a pod on node that uses it, and returns the claim's PV
+// once it is bound.
+func (s *scenario) claimOn(t *testing.T, name, class, size, node string) *corev1.PersistentVolume {
+	t.Helper()
+	cs := s.cp.Client
+	if _, err := cs.CoreV1().PersistentVolumeClaims(s.ns).Create(ctx(t), newClaim(name, class, size), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Pods(s.ns).Create(ctx(t), newPod(name, name, map[string]string{corev1.LabelHostname: node}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return boundPV(t, cs, s.ns, name)
+}
+
+// publishOn stages and publishes pv on node as kubelet does, with the Secret's data, checks its
+// files against sums, and unmounts it when the test ends. Safe to call from any goroutine.
+func (s *scenario) publishOn(t *testing.T, node string, pv *corev1.PersistentVolume, secrets, sums map[string]string) error {
+	stageCtx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	m, err := cluster.StageAndPublish(stageCtx, s.c.Nodes[node].Socket, pv, secrets, s.c.Nodes[node].KubeletRoot)
+	if err != nil {
+		return fmt.Errorf("%s: %w", node, err)
+	}
+	t.Cleanup(func() {
+		if err := m.Unmount(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := cluster.VerifyFiles(m.TargetPath, sums); err != nil {
+		return fmt.Errorf("published volume on %s: %w", node, err)
+	}
+	return nil
+}
+
 // metric reads one sample from a driver's /metrics; a series the driver does not export fails
 // the test (never 0: a renamed counter must not pass a check for 0).
 func metric(t *testing.T, addr, series string) float64 {
+	t.Helper()
+	v, ok := metricValue(t, addr, series)
+	if !ok {
+		t.Fatalf("the driver's /metrics at %s has no %s", addr, series)
+	}
+	return v
+}
+
+// metricValue reads one sample from a driver's /metrics, and whether the driver exports it.
+func metricValue(t *testing.T, addr, series string) (float64, bool) {
 	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
@@ -123,11 +207,10 @@ func metric(t *testing.T, addr, series string) float64 {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return f
+			return f, true
 		}
 	}
-	t.Fatalf("the driver's /metrics at %s has no %s", addr, series)
-	return 0
+	return 0, false
 }
 
 // peerPort: the peer port serves only node plugins: a node plugin's pod-bound peer token is

@@ -63,6 +63,9 @@ type Proxy struct {
 	// Received counts the request body bytes forwarded to the server (uploads, as sent on the
 	// wire: aws-chunked framing and trailers included).
 	Received atomic.Int64
+	// Sent counts the response body bytes read from the server for its clients (object bytes,
+	// listings, error answers).
+	Sent atomic.Int64
 	mu       sync.Mutex
 	// gets counts object GETs by path.
 	gets map[string]int
@@ -176,6 +179,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer resp.Body.Close()
+	resp.Body = countingBody{resp.Body, &p.Sent}
 	for k, v := range resp.Header {
 		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") || f.Legacy && legacyHeader(r, k) {
 			deliver()
