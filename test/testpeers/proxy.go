@@ -66,7 +66,7 @@ type Proxy struct {
 	// Sent counts the response body bytes read from the server for its clients (object bytes,
 	// listings, error answers).
 	Sent atomic.Int64
-	mu       sync.Mutex
+	mu   sync.Mutex
 	// gets counts object GETs by path.
 	gets map[string]int
 	// delivered counts, by Fault.Name, the requests a fault was applied to.
