@@ -385,8 +385,11 @@ func TestPeerFanout(t *testing.T) {
 
 			t.Run("swarm", func(t *testing.T) {
 				// Two nodes stage together, each serving the other what it has: both end with
-				// the same bytes. (How much each reads from S3 depends on timing: make
-				// bench-fanout measures it.)
+				// the same bytes. The second starts once the first has read a quarter of the
+				// dataset from S3, so it has pieces to take from a peer however loaded the
+				// machine is (started at the same instant, each may read its partner's share
+				// itself once its patience ends; how much nodes starting together read from S3
+				// is what make bench-fanout measures).
 				var ms [2]*datasource.Manager
 				var ps [2]peer.Peer
 				dirs := [2]*peers{{}, {}}
@@ -414,6 +417,12 @@ func TestPeerFanout(t *testing.T) {
 							t.Error(err)
 						}
 					})
+					for deadline := time.Now().Add(time.Minute); k == 0 && fetched(t, ms[0], "source") < float64(sumSizes(want))/4; {
+						if time.Now().After(deadline) {
+							t.Fatal("the first node read less than a quarter of the dataset from S3 in a minute")
+						}
+						time.Sleep(10 * time.Millisecond)
+					}
 				}
 				wg.Wait()
 				for k := range ms {
