@@ -173,9 +173,17 @@ func expectedDigests(sh shape) map[string][sha256.Size]byte {
 	return want
 }
 
-// checkIdentical fails the benchmark unless dir holds exactly the objects of want, each with the
-// same bytes: a fast copy of the wrong data, or of part of it, is no result.
+// checkIdentical fails the benchmark unless dir holds exactly the dataset (identical).
 func checkIdentical(b *testing.B, copier, dir string, want map[string][sha256.Size]byte) {
+	if err := identical(dir, want); err != nil {
+		b.Fatalf("%s copied the dataset wrong: %v", copier, err)
+	}
+}
+
+// identical reports how dir differs from want (its objects' SHA-256 by key), or nil when it holds
+// exactly those objects with the same bytes: a fast copy of the wrong data, or of part of it, is
+// no result.
+func identical(dir string, want map[string][sha256.Size]byte) error {
 	seen := 0
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -199,9 +207,7 @@ func checkIdentical(b *testing.B, copier, dir string, want map[string][sha256.Si
 	if err == nil && seen != len(want) {
 		err = fmt.Errorf("%d of the %d objects", seen, len(want))
 	}
-	if err != nil {
-		b.Fatalf("%s copied the dataset wrong: %v", copier, err)
-	}
+	return err
 }
 
 func fileDigest(path string) ([sha256.Size]byte, error) {
