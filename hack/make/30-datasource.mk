@@ -36,10 +36,11 @@ test-datasource: $(VERSITYGW) k8s-tools
 ## Dataset staging vs. rclone, the transfer manager, awscli and cp -r
 bench-datasource: HOST_PACKAGES += $(AWSCLI)=awscli
 # Figures go to docs/benchmarks.md ("Dataset staging" section) by hand from the printed table.
-# Every copier is required: a missing or failing one fails the benchmark.
+# Every copier is required: a missing or failing one fails the benchmark. It also runs
+# bench-datasource-servers (32-s3compat.mk): the same staging from each S3 server against rclone.
 bench-datasource: s3-tools host-packages
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_RCLONE=$(RCLONE) CISTERN_AWSCLI=$(AWSCLI) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench BenchmarkStaging -benchtime 1x -v ./pkg/datasource/bench/
+	  $(GO) test -count=1 -timeout 60m -run '^$$' -bench '^BenchmarkStaging$$' -benchtime 1x -v ./pkg/datasource/bench/
 
 # The driver's dataset tests (pkg/driver/dataset_test.go) need the S3 server too.
 test-driver: $(VERSITYGW)
