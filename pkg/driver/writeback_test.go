@@ -305,6 +305,25 @@ func (l *eventLog) want(t *testing.T, obj volume.ObjectRef, warning bool, reason
 	}
 }
 
+// hasAny reports whether an Event of reason, about any object, holds every one of texts.
+func (l *eventLog) hasAny(reason string, texts ...string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+next:
+	for _, e := range l.events {
+		if e.Reason != reason {
+			continue
+		}
+		for _, s := range texts {
+			if !strings.Contains(e.Message, s) {
+				continue next
+			}
+		}
+		return true
+	}
+	return false
+}
+
 // has reports whether an Event of reason about obj holds every one of texts.
 func (l *eventLog) has(obj volume.ObjectRef, warning bool, reason string, texts ...string) bool {
 	l.mu.Lock()
@@ -818,6 +837,54 @@ func TestWriteBackCheckpoints(t *testing.T) {
 	}
 	if n := writeBackMetric(t, env, "cistern_writeback_checkpoints_total"); n < 1 {
 		t.Errorf("cistern_writeback_checkpoints_total = %v", n)
+	}
+}
+
+// TestCheckpointsUnconfirmed: a volume in use whose target answers PUTs with an ETag that is
+// not the body's MD5, and no checksum (an SSE-KMS bucket), stops its checkpoints after the
+// first one, as the final upload stops: the same bytes sent again would not be confirmed either.
+// The final upload tries once more and keeps the data.
+func TestCheckpointsUnconfirmed(t *testing.T) {
+	env, s, proxy, events := writeBackEnv(t)
+	ctx := context.Background()
+	var puts atomic.Int32
+	proxy.SetFaults(func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/out/") {
+			if r.URL.Path == "/out/kms/step.txt" { // not the write probe at publish
+				puts.Add(1)
+			}
+			return testpeers.Fault{ResetAfter: -1, StripChecksums: true, ETag: `"a1b2c3d4e5f60718293a4b5c6d7e8f90"`, Name: "kms-etag"}
+		}
+		return testpeers.None
+	})
+	vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "s3://shared/set", "endpoint": proxy.URL,
+		"pathStyle": "true", "size": "64Mi", "outputTarget": "s3://out/kms", "outputInterval": "200ms",
+		"csi.storage.k8s.io/pod.name": "train-0", "csi.storage.k8s.io/pod.namespace": "team"}
+	id, target := "wb-kms", filepath.Join(env.dir, "target", "wb-kms")
+	if err := retryUnavailable(t, func() error {
+		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+			VolumeCapability: mountCap(""), VolumeContext: vc, Secrets: map[string]string{"accessKeyID": s.AccessKey, "secretAccessKey": s.SecretKey}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	writeOutputs(t, target, map[string][]byte{"step.txt": []byte("1")})
+	waitFor(t, "the checkpoints to stop", func() bool { return events.hasAny(volume.ReasonOutputUploadUnconfirmed, "Checkpoints of volume wb-kms", "stopped") })
+	taken := writeBackMetric(t, env, "cistern_writeback_checkpoints_total")
+	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the final upload to stop unconfirmed", func() bool {
+		return events.hasAny(volume.ReasonOutputUploadUnconfirmed, "Upload of volume wb-kms", "not retried")
+	})
+	if n := puts.Load(); n != 2 || proxy.Delivered("kms-etag") < 2 {
+		t.Errorf("%d PUTs of step.txt (%d answered with the ETag), want 2: the one checkpoint and the final upload", n, proxy.Delivered("kms-etag"))
+	}
+	if n := writeBackMetric(t, env, "cistern_writeback_checkpoints_total"); n != taken {
+		t.Errorf("cistern_writeback_checkpoints_total went from %v to %v after the checkpoints stopped", taken, n)
+	}
+	if _, ok := env.driver.volumes.Store().GetVolume(id); !ok {
+		t.Error("the volume's data was deleted with its outputs unconfirmed")
 	}
 }
 

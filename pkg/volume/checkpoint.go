@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -71,7 +72,9 @@ func (s *Service) startCheckpoints(v state.Volume) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				s.checkpointOnce(ctx, v.ID)
+				if !s.checkpointOnce(ctx, v.ID) {
+					return
+				}
 			}
 		}
 	}()
@@ -101,21 +104,24 @@ func (s *Service) stopCheckpoints(id string) {
 
 // checkpointOnce takes one checkpoint of a volume in use, one at a time on the node. A failure
 // is logged and reported; the next checkpoint, or the final upload, goes on from the journal.
-func (s *Service) checkpointOnce(ctx context.Context, id string) {
+// It says whether the checkpoints go on: not once the target confirmed neither the checksum
+// nor the MD5 of what it stored (writeback.ErrUnconfirmed), since every later checkpoint would
+// send the same bytes to end the same way; the final upload tries once more.
+func (s *Service) checkpointOnce(ctx context.Context, id string) bool {
 	select {
 	case s.wb.checkpointing <- struct{}{}:
 		defer func() { <-s.wb.checkpointing }()
 	case <-ctx.Done():
-		return
+		return false
 	}
 	v, ok := s.store.GetVolume(id)
 	if !ok || v.Device == "" {
-		return
+		return true
 	}
 	logger := klog.Background().WithValues("volumeID", id)
 	err := s.checkpoint(ctx, v)
 	if ctx.Err() != nil {
-		return // the volume is let go: its final upload follows
+		return false // the volume is let go: its final upload follows
 	}
 	s.wb.mu.Lock()
 	s.wb.checkpoints++
@@ -123,10 +129,16 @@ func (s *Service) checkpointOnce(ctx context.Context, id string) {
 		s.wb.refusals++
 	}
 	s.wb.mu.Unlock()
-	if err != nil {
+	switch {
+	case errors.Is(err, writeback.ErrUnconfirmed):
+		logger.Error(err, "Checkpoints stopped: the target does not confirm what it stores; the final upload tries once more")
+		s.wb.emit(v.Parameters, true, ReasonOutputUploadUnconfirmed, "Checkpoints of volume %s's outputs stopped: %v; the final upload tries once more when the volume is let go", id, err)
+		return false
+	case err != nil:
 		logger.Error(err, "Checkpoint failed; the next one, or the final upload, goes on from here")
 		s.wb.emit(v.Parameters, true, ReasonOutputUploadFailed, "Checkpoint of volume %s's outputs failed: %v; the next checkpoint or the final upload goes on from here", id, err)
 	}
+	return true
 }
 
 // checkpoint mounts the volume's filesystem, in use, aside (the same filesystem: its upper

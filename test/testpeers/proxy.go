@@ -42,6 +42,9 @@ type Fault struct {
 	Trickle time.Duration
 	// FlipRequest corrupts the first byte of the request body on its way to the server.
 	FlipRequest bool
+	// ETag answers this ETag header instead of the server's, as an SSE-KMS bucket answers one
+	// that is not the MD5 of the body.
+	ETag string
 	// Name counts the fault under this name in Delivered when the proxy applied it.
 	Name string
 }
@@ -184,6 +187,10 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if f.StripChecksums && strings.HasPrefix(strings.ToLower(k), "x-amz-checksum") || f.Legacy && legacyHeader(r, k) {
 			deliver()
 			continue
+		}
+		if f.ETag != "" && http.CanonicalHeaderKey(k) == "Etag" {
+			deliver()
+			v = []string{f.ETag}
 		}
 		w.Header()[k] = v
 	}
