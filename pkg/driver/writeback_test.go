@@ -869,7 +869,9 @@ func TestCheckpointsUnconfirmed(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeOutputs(t, target, map[string][]byte{"step.txt": []byte("1")})
-	waitFor(t, "the checkpoints to stop", func() bool { return events.hasAny(volume.ReasonOutputUploadUnconfirmed, "Checkpoints of volume wb-kms", "stopped") })
+	waitFor(t, "the checkpoints to stop", func() bool {
+		return events.hasAny(volume.ReasonOutputUploadUnconfirmed, "Checkpoints of volume wb-kms", "stopped")
+	})
 	taken := writeBackMetric(t, env, "cistern_writeback_checkpoints_total")
 	if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 		t.Fatal(err)
