@@ -27,6 +27,53 @@ var ganeshas atomic.Int32
 // the test ends. Root only; skips (fails under CISTERN_REQUIRE_PEERS) without the binaries.
 func StartGanesha(t testing.TB, dir string) string {
 	t.Helper()
+	return StartGaneshaExports(t, GaneshaExport{Dir: dir})
+}
+
+// GaneshaExport is one export of a StartGaneshaExports server: Dir, read-write over NFSv3 with
+// AUTH_SYS, at the server's path Dir. ganesha checks every request's uid and gid (after
+// squashing) against the files' owners and modes, as the kernel does for a local process.
+type GaneshaExport struct {
+	Dir string
+	// Squash is the export's squash rule: "" (No_Root_Squash: every uid as the client says),
+	// Root_Squash (uid 0 becomes the anonymous identity) or All_Squash (every uid does).
+	Squash string
+	// AnonUID and AnonGID are the anonymous identity squashed requests take; 0 leaves ganesha's
+	// (65534).
+	AnonUID, AnonGID uint32
+}
+
+// config is the export's EXPORT block, with id id.
+func (e GaneshaExport) config(id int) string {
+	squash := e.Squash
+	if squash == "" {
+		squash = "No_Root_Squash"
+	}
+	anon := ""
+	if e.AnonUID != 0 {
+		anon += fmt.Sprintf("  Anonymous_Uid = %d;\n", e.AnonUID)
+	}
+	if e.AnonGID != 0 {
+		anon += fmt.Sprintf("  Anonymous_Gid = %d;\n", e.AnonGID)
+	}
+	return fmt.Sprintf(`EXPORT {
+  Export_Id = %[1]d;
+  Path = %[2]q;
+  Pseudo = %[2]q;
+  Protocols = 3;
+  Transports = TCP;
+  Access_Type = RW;
+  Squash = %[3]s;
+%[4]s  SecType = sys;
+  FSAL { Name = VFS; }
+}
+`, id, e.Dir, squash, anon)
+}
+
+// StartGaneshaExports is StartGanesha serving several exports from one server (one start, a few
+// seconds, for the tests of several export rules).
+func StartGaneshaExports(t testing.TB, exports ...GaneshaExport) string {
+	t.Helper()
 	testutil.RequireRoot(t)
 	for _, b := range []string{"ganesha.nfsd", "rpcbind", "ip", "unshare"} {
 		if _, err := exec.LookPath(b); err != nil {
@@ -56,24 +103,18 @@ func StartGanesha(t testing.TB, dir string) string {
 	work := t.TempDir()
 	conf := filepath.Join(work, "ganesha.conf")
 	// NFSv3 only (no NFSv4 grace period, recovery directory or ID mapping); NLM and RQUOTA off.
+	var blocks strings.Builder
+	for i, e := range exports {
+		blocks.WriteString(e.config(i + 1))
+	}
 	if err := os.WriteFile(conf, fmt.Appendf(nil, `NFS_CORE_PARAM {
   Protocols = 3;
   Enable_NLM = false;
   Enable_RQUOTA = false;
 }
-EXPORT {
-  Export_Id = 1;
-  Path = %[1]q;
-  Pseudo = %[1]q;
-  Protocols = 3;
-  Transports = TCP;
-  Access_Type = RW;
-  Squash = No_Root_Squash;
-  SecType = sys;
-  FSAL { Name = VFS; }
-}
+%s
 LOG { Default_Log_Level = EVENT; }
-`, dir), 0o644); err != nil {
+`, blocks.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	logFile := filepath.Join(work, "ganesha.log")
