@@ -6,11 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	nfs "github.com/willscott/go-nfs-client/nfs"
+	"github.com/willscott/go-nfs-client/nfs/rpc"
 
 	"github.com/cistern-csi/cistern/test/testutil"
 )
@@ -146,7 +150,7 @@ exec ganesha.nfsd -F -f %q -L %q -p /run/ganesha/pid -N NIV_EVENT`, conf, logFil
 		}
 		_ = out.Close()
 	})
-	// Ready once both MOUNT's and NFS's ports answer; ganesha registers them with rpcbind first.
+	// Ready once rpcbind tells MOUNT's and NFS's ports and both answer.
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if ganeshaListens(serverIP) {
@@ -167,10 +171,22 @@ exec ganesha.nfsd -F -f %q -L %q -p /run/ganesha/pid -N NIV_EVENT`, conf, logFil
 	}
 }
 
-// ganeshaListens says whether rpcbind and ganesha's NFS port answer at ip.
+// ganeshaListens says whether rpcbind at ip knows MOUNT's and NFS's ports (version 3, TCP) and
+// both accept connections: ganesha listens on 2049 before it registers MOUNT, and a client
+// asking rpcbind in between would be told port 0.
 func ganeshaListens(ip string) bool {
-	for _, port := range []string{"111", "2049"} {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, port), time.Second)
+	pm, err := rpc.DialPortmapper("tcp", ip)
+	if err != nil {
+		return false
+	}
+	defer pm.Close()
+	for _, prog := range []rpc.Mapping{{Prog: nfs.MountProg, Vers: nfs.MountVers}, {Prog: nfs.Nfs3Prog, Vers: nfs.Nfs3Vers}} {
+		prog.Prot = rpc.IPProtoTCP
+		port, err := pm.Getport(prog)
+		if err != nil || port == 0 {
+			return false
+		}
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(port)), time.Second)
 		if err != nil {
 			return false
 		}
