@@ -2,10 +2,12 @@ package datasource_test
 
 import (
 	"bytes"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -123,4 +125,41 @@ func findName(t *testing.T, dir string, b []byte) string {
 		t.Fatal(err)
 	}
 	return found
+}
+
+// TestNFSIdentityStreaming: a streaming volume of an NFS dataset (nfs-ganesha) with a file the
+// node's identity may not read is handed out once listed, as any streaming volume: it lists that
+// file, but a read of it fails with EACCES, and its bytes are never served, nor in the pool; the
+// dataset's staging fails PermissionDenied, naming the file.
+func TestNFSIdentityStreaming(t *testing.T) {
+	ctx := testCtx(t)
+	export := t.TempDir()
+	secret := []byte("only uid 1000 reads this")
+	dataset{"set/public.bin": []byte("anyone")}.writeDir(t, export)
+	private(t, filepath.Join(export, "set", "secret.bin"), secret, 1000)
+	exp := testpeers.NFSServers[1].Start(t, export)
+	pool := t.TempDir()
+	id := uint32(2000)
+	m := newManager(t, datasource.Config{NFSUID: &id, NFSGID: &id})
+	req := datasource.Request{Spec: mustSpec(t, map[string]string{"source": exp.URL("set")}), Pool: pool}
+	st, s, err := m.Stream(ctx, req, "vol-nfs")
+	if err != nil || s == nil {
+		t.Fatalf("stream: %v, %v (a stream: %v)", st, err, s != nil)
+	}
+	t.Cleanup(s.Release)
+	mnt, fsm := mountStream(t, s, false)
+	t.Cleanup(func() { _ = fsm.Close() })
+	if got, err := os.ReadFile(filepath.Join(mnt, "public.bin")); err != nil || string(got) != "anyone" {
+		t.Errorf("public.bin: %q, %v", got, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(mnt, "secret.bin")); !errors.Is(err, syscall.EACCES) {
+		t.Errorf("secret.bin: %q, %v; want EACCES", got, err)
+	}
+	if p := findName(t, pool, secret); p != "" {
+		t.Errorf("the file the identity may not read is in the pool at %s", p)
+	}
+	_, err = stage(ctx, t, m, req)
+	if datasource.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "secret.bin") {
+		t.Fatalf("staging: %v (%v), want PermissionDenied naming secret.bin", datasource.Code(err), err)
+	}
 }
