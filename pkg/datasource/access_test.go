@@ -264,26 +264,28 @@ func TestResumeProvesAccess(t *testing.T) {
 // TestNFSInlineNeedsAllowList: an inline volume (any pod author writes one) may name an NFS
 // server only when the administrator allows it.
 func TestNFSInlineNeedsAllowList(t *testing.T) {
-	ctx := testCtx(t)
-	export := t.TempDir()
-	want := smallTree(12, 3, 100)
-	want.writeDir(t, filepath.Join(export, "data"))
-	addr := testpeers.StartNFS(t, export)
-	params := map[string]string{"source": "nfs://" + addr + "/export/data"}
-	parsed, err := cparams.Parse(params, cparams.Inline)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inline := datasource.SpecOf(parsed.Dataset)
-	pool := t.TempDir()
-	_, err = newManager(t, datasource.Config{}).Wait(ctx, datasource.Request{Spec: inline, Pool: pool})
-	wantCode(t, err, codes.PermissionDenied)
-	m := newManager(t, datasource.Config{NFSServers: []string{addr}})
-	if _, err := stage(ctx, t, m, datasource.Request{Spec: inline, Pool: pool}); err != nil {
-		t.Fatal(err)
-	}
-	tree, _ := m.TreePath(pool, inline)
-	checkTree(t, tree, want)
+	testpeers.EachNFSServer(t, func(t *testing.T, srv testpeers.NFSServer) {
+		ctx := testCtx(t)
+		export := t.TempDir()
+		want := smallTree(12, 3, 100)
+		want.writeDir(t, filepath.Join(export, "data"))
+		exp := srv.Start(t, export)
+		params := map[string]string{"source": exp.URL("data")}
+		parsed, err := cparams.Parse(params, cparams.Inline)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inline := datasource.SpecOf(parsed.Dataset)
+		pool := t.TempDir()
+		_, err = newManager(t, datasource.Config{}).Wait(ctx, datasource.Request{Spec: inline, Pool: pool})
+		wantCode(t, err, codes.PermissionDenied)
+		m := newManager(t, datasource.Config{NFSServers: []string{exp.Host}})
+		if _, err := stage(ctx, t, m, datasource.Request{Spec: inline, Pool: pool}); err != nil {
+			t.Fatal(err)
+		}
+		tree, _ := m.TreePath(pool, inline)
+		checkTree(t, tree, want)
+	})
 }
 
 // TestProofsBounded: a pod author who names many credentials makes the node run at most a few

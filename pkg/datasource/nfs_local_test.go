@@ -13,58 +13,66 @@ import (
 	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
-// TestStageNFS stages a directory below an export from a real NFSv3 server (userspace client),
-// keeping relative symlinks that stay inside.
+// TestStageNFS stages a directory below an export from a real NFSv3 server (userspace client,
+// as nobody: the files are world-readable), keeping relative symlinks that stay inside.
 func TestStageNFS(t *testing.T) {
-	ctx := testCtx(t)
-	export := t.TempDir()
-	want := smallTree(5, 30, 70<<10)
-	want["big.bin"] = randBytes(5, 5<<20+3)
-	want.writeDir(t, filepath.Join(export, "datasets", "one"))
-	dataset{"elsewhere.bin": []byte("not part of it")}.writeDir(t, export)
-	if err := os.Symlink("../d00/e0/f00000.bin", filepath.Join(export, "datasets", "one", "d01", "link")); err != nil {
-		t.Fatal(err)
-	}
-	addr := testpeers.StartNFS(t, export)
-	pool := t.TempDir()
-	m := newManager(t, datasource.Config{ChunkSize: 1 << 20})
-	spec := mustSpec(t, map[string]string{"source": "nfs://" + addr + "/export/datasets/one"})
-	if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool}); err != nil {
-		t.Fatal(err)
-	}
-	tree, _ := m.TreePath(pool, spec)
-	checkTree(t, tree, want)
-	if l, err := os.Readlink(filepath.Join(tree, "d01", "link")); err != nil || l != "../d00/e0/f00000.bin" {
-		t.Fatalf("symlink: %q %v", l, err)
-	}
+	testpeers.EachNFSServer(t, func(t *testing.T, srv testpeers.NFSServer) {
+		ctx := testCtx(t)
+		export := t.TempDir()
+		want := smallTree(5, 30, 70<<10)
+		want["big.bin"] = randBytes(5, 5<<20+3)
+		want.writeDir(t, filepath.Join(export, "datasets", "one"))
+		dataset{"elsewhere.bin": []byte("not part of it")}.writeDir(t, export)
+		if err := os.Symlink("../d00/e0/f00000.bin", filepath.Join(export, "datasets", "one", "d01", "link")); err != nil {
+			t.Fatal(err)
+		}
+		exp := srv.Start(t, export)
+		pool := t.TempDir()
+		m := newManager(t, datasource.Config{ChunkSize: 1 << 20})
+		spec := mustSpec(t, map[string]string{"source": exp.URL("datasets/one")})
+		if _, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool}); err != nil {
+			t.Fatal(err)
+		}
+		tree, _ := m.TreePath(pool, spec)
+		checkTree(t, tree, want)
+		if l, err := os.Readlink(filepath.Join(tree, "d01", "link")); err != nil || l != "../d00/e0/f00000.bin" {
+			t.Fatalf("symlink: %q %v", l, err)
+		}
+	})
 }
 
 // TestNFSSymlinkOutside refuses a dataset whose symlink points outside it.
 func TestNFSSymlinkOutside(t *testing.T) {
-	ctx := testCtx(t)
-	export := t.TempDir()
-	dataset{"a/x.bin": []byte("x")}.writeDir(t, export)
-	os.Symlink("/etc/passwd", filepath.Join(export, "a", "passwd"))
-	addr := testpeers.StartNFS(t, export)
-	pool := t.TempDir()
-	m := newManager(t, datasource.Config{})
-	spec := mustSpec(t, map[string]string{"source": "nfs://" + addr + "/export"})
-	_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool})
-	if datasource.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "a/passwd") {
-		t.Fatalf("got %v", err)
-	}
+	testpeers.EachNFSServer(t, func(t *testing.T, srv testpeers.NFSServer) {
+		ctx := testCtx(t)
+		export := t.TempDir()
+		dataset{"a/x.bin": []byte("x")}.writeDir(t, export)
+		if err := os.Symlink("/etc/passwd", filepath.Join(export, "a", "passwd")); err != nil {
+			t.Fatal(err)
+		}
+		exp := srv.Start(t, export)
+		pool := t.TempDir()
+		m := newManager(t, datasource.Config{})
+		spec := mustSpec(t, map[string]string{"source": exp.URL("")})
+		_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: pool})
+		if datasource.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "a/passwd") {
+			t.Fatalf("got %v", err)
+		}
+	})
 }
 
 // TestNFSMissingPath fails fast with not found.
 func TestNFSMissingPath(t *testing.T) {
-	ctx := testCtx(t)
-	addr := testpeers.StartNFS(t, t.TempDir())
-	m := newManager(t, datasource.Config{})
-	spec := mustSpec(t, map[string]string{"source": "nfs://" + addr + "/export/nope"})
-	_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: t.TempDir()})
-	if datasource.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("got %v", err)
-	}
+	testpeers.EachNFSServer(t, func(t *testing.T, srv testpeers.NFSServer) {
+		ctx := testCtx(t)
+		exp := srv.Start(t, t.TempDir())
+		m := newManager(t, datasource.Config{})
+		spec := mustSpec(t, map[string]string{"source": exp.URL("nope")})
+		_, err := stage(ctx, t, m, datasource.Request{Spec: spec, Pool: t.TempDir()})
+		if datasource.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "not found") {
+			t.Fatalf("got %v", err)
+		}
+	})
 }
 
 // TestStageLocal copies a node directory under an allowed root, and refuses everything else.

@@ -37,6 +37,32 @@ func datasetEnv(t *testing.T) (*testEnv, string) {
 	return env, src
 }
 
+// nfsExport is a directory one of testpeers.NFSServers exports for a driver test.
+type nfsExport struct {
+	testpeers.NFSExport
+	name string // the server's name, for subtests and volume IDs
+	dir  string // the exported directory
+}
+
+// startNFSServers serves a directory, filled by fill, from each of testpeers.NFSServers and
+// restarts env's driver with them allowed in inline volumes (--nfs-servers).
+func startNFSServers(t *testing.T, env *testEnv, fill func(dir string)) []nfsExport {
+	t.Helper()
+	var exports []nfsExport
+	for _, srv := range testpeers.NFSServers {
+		dir := t.TempDir()
+		fill(dir)
+		exports = append(exports, nfsExport{NFSExport: srv.Start(t, dir), name: srv.Name, dir: dir})
+	}
+	env.stop()
+	env.cfg.Datasets.NFSServers = nil
+	for _, e := range exports {
+		env.cfg.Datasets.NFSServers = append(env.cfg.Datasets.NFSServers, e.Host)
+	}
+	env.start()
+	return exports
+}
+
 func writeTree(t *testing.T, dir string, files map[string]string) {
 	t.Helper()
 	for k, v := range files {
@@ -375,48 +401,46 @@ func TestDatasetStaticPVsShareTree(t *testing.T) {
 	}
 }
 
-// TestDatasetInline: CSI inline volumes with an NFS dataset, read-only (shared cached tree) and
-// writable (own copy); file:// is refused since any pod author writes inline volumes.
+// TestDatasetInline: CSI inline volumes with an NFS dataset (go-nfs and nfs-ganesha, the node's
+// identity nobody reading world-readable files), read-only (shared cached tree) and writable
+// (own copy); file:// is refused since any pod author writes inline volumes.
 func TestDatasetInline(t *testing.T) {
 	env, src := datasetEnv(t)
 	ctx := context.Background()
-	export := filepath.Join(env.dir, "export")
-	writeTree(t, filepath.Join(export, "data"), want)
-	addr := testpeers.StartNFS(t, export)
-	env.stop() // inline volumes may name only the NFS servers the administrator allows
-	env.cfg.Datasets.NFSServers = []string{addr}
-	env.start()
+	exports := startNFSServers(t, env, func(dir string) { writeTree(t, filepath.Join(dir, "data"), want) })
 	mc := mountCap("")
-	for _, tc := range []struct {
-		name     string
-		readOnly bool
-	}{{"read-only", true}, {"writable", false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			id := "inline-" + tc.name
-			target := filepath.Join(env.dir, "target", id)
-			vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "nfs://" + addr + "/export/data", "size": "32Mi"}
-			if err := retryUnavailable(t, func() error {
-				_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
-					VolumeCapability: mc, VolumeContext: vc, Readonly: tc.readOnly})
-				return err
-			}); err != nil {
-				t.Fatal(err)
-			}
-			checkFiles(t, target, want)
-			if !tc.readOnly && !isOverlayMount(t, target) {
-				t.Error("the writable inline volume is not layered on the cache")
-			}
-			err := os.WriteFile(filepath.Join(target, "new"), []byte("x"), 0o644)
-			if tc.readOnly != errors.Is(err, unix.EROFS) {
-				t.Fatalf("write: %v (read-only %v)", err, tc.readOnly)
-			}
-			if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := os.Stat(target); !os.IsNotExist(err) {
-				t.Fatalf("target left behind: %v", err)
-			}
-		})
+	for _, srv := range exports {
+		for _, tc := range []struct {
+			name     string
+			readOnly bool
+		}{{"read-only", true}, {"writable", false}} {
+			t.Run(srv.name+"/"+tc.name, func(t *testing.T) {
+				id := "inline-" + srv.name + "-" + tc.name
+				target := filepath.Join(env.dir, "target", id)
+				vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": srv.URL("data"), "size": "32Mi"}
+				if err := retryUnavailable(t, func() error {
+					_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, TargetPath: target,
+						VolumeCapability: mc, VolumeContext: vc, Readonly: tc.readOnly})
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+				checkFiles(t, target, want)
+				if !tc.readOnly && !isOverlayMount(t, target) {
+					t.Error("the writable inline volume is not layered on the cache")
+				}
+				err := os.WriteFile(filepath.Join(target, "new"), []byte("x"), 0o644)
+				if tc.readOnly != errors.Is(err, unix.EROFS) {
+					t.Fatalf("write: %v (read-only %v)", err, tc.readOnly)
+				}
+				if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := os.Stat(target); !os.IsNotExist(err) {
+					t.Fatalf("target left behind: %v", err)
+				}
+			})
+		}
 	}
 	t.Run("failure case - file source inline", func(t *testing.T) {
 		_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-file",
@@ -609,13 +633,18 @@ func TestInlineDatasetTenants(t *testing.T) {
 		}
 	}
 
-	export := filepath.Join(env.dir, "export")
-	writeTree(t, filepath.Join(export, "data"), want)
-	addr := testpeers.StartNFS(t, export)
-	_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: "inline-nfs",
-		TargetPath: filepath.Join(env.dir, "target", "inline-nfs"), VolumeCapability: mountCap(""), Readonly: true,
-		VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": "nfs://" + addr + "/export/data"}})
-	wantCode(t, err, codes.PermissionDenied, "--nfs-servers")
+	for _, srv := range testpeers.NFSServers {
+		t.Run("failure case - inline "+srv.Name+" not allowed", func(t *testing.T) {
+			export := t.TempDir()
+			writeTree(t, filepath.Join(export, "data"), want)
+			exp := srv.Start(t, export)
+			id := "inline-nfs-" + srv.Name
+			_, err := env.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id,
+				TargetPath: filepath.Join(env.dir, "target", id), VolumeCapability: mountCap(""), Readonly: true,
+				VolumeContext: map[string]string{"csi.storage.k8s.io/ephemeral": "true", "source": exp.URL("data")}})
+			wantCode(t, err, codes.PermissionDenied, "--nfs-servers")
+		})
+	}
 }
 
 // TestStaticPVKeepsItsVersion: a static PV's publications bind the dataset version its staging

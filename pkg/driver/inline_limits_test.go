@@ -11,22 +11,16 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
 	"github.com/cistern-csi/cistern/pkg/volume"
-	"github.com/cistern-csi/cistern/test/testpeers"
 )
 
 // TestInlineLimits: an inline volume (any pod author writes one) takes no more than the
 // administrator's largest inline size and only the pools allowed for inline volumes; a read-only
-// inline dataset is held to its size like a writable one.
+// inline dataset (NFS, from go-nfs and from nfs-ganesha) is held to its size like a writable one.
 func TestInlineLimits(t *testing.T) {
 	env := startDriver(t, testPool{name: "fast"}, testPool{name: "scratch"})
 	ctx := context.Background()
-	export := filepath.Join(env.dir, "export")
-	writeTree(t, filepath.Join(export, "data"), want)
-	addr := testpeers.StartNFS(t, export)
-	env.stop()
 	env.cfg.Inline = volume.InlineLimits{MaxBytes: 64 << 20, Pools: []string{"scratch"}}
-	env.cfg.Datasets.NFSServers = []string{addr}
-	env.start()
+	exports := startNFSServers(t, env, func(dir string) { writeTree(t, filepath.Join(dir, "data"), want) })
 	publish := func(id string, readOnly bool, attrs map[string]string) error {
 		vc := map[string]string{"csi.storage.k8s.io/ephemeral": "true"}
 		for k, v := range attrs {
@@ -38,8 +32,6 @@ func TestInlineLimits(t *testing.T) {
 			return err
 		})
 	}
-	nfs := "nfs://" + addr + "/export/data"
-
 	wantCode(t, publish("too-big", false, map[string]string{"size": "128Mi"}), codes.OutOfRange, "--max-inline-volume-bytes")
 	wantCode(t, publish("wrong-pool", false, map[string]string{"size": "32Mi", "pool": "fast"}), codes.PermissionDenied, "--inline-pools")
 	if err := publish("scratch-vol", false, map[string]string{"size": "32Mi"}); err != nil {
@@ -48,14 +40,19 @@ func TestInlineLimits(t *testing.T) {
 	if m, _ := filepath.Glob(filepath.Join(env.pools[1].path, ".cistern", "volumes", "scratch-vol*")); len(m) != 1 {
 		t.Fatalf("the inline volume is not in the scratch pool: %v", m)
 	}
-	// Read-only: the dataset's files take more than the 4 KiB the volume names.
-	wantCode(t, publish("ro-small", true, map[string]string{"source": nfs, "size": "4Ki"}), codes.OutOfRange, "room for")
-	if err := publish("ro-default", true, map[string]string{"source": nfs}); err != nil {
-		t.Fatal(err)
-	}
-	checkFiles(t, filepath.Join(env.dir, "target", "ro-default"), want)
-	if m, _ := filepath.Glob(filepath.Join(env.pools[1].path, datasource.CacheDirName, "*", "tree")); len(m) != 1 {
-		t.Fatalf("the read-only inline dataset is not cached in the scratch pool: %v", m)
+	for i, srv := range exports {
+		t.Run(srv.name, func(t *testing.T) {
+			nfs := srv.URL("data")
+			// Read-only: the dataset's files take more than the 4 KiB the volume names.
+			wantCode(t, publish("ro-small-"+srv.name, true, map[string]string{"source": nfs, "size": "4Ki"}), codes.OutOfRange, "room for")
+			if err := publish("ro-default-"+srv.name, true, map[string]string{"source": nfs}); err != nil {
+				t.Fatal(err)
+			}
+			checkFiles(t, filepath.Join(env.dir, "target", "ro-default-"+srv.name), want)
+			if m, _ := filepath.Glob(filepath.Join(env.pools[1].path, datasource.CacheDirName, "*", "tree")); len(m) != i+1 {
+				t.Fatalf("the read-only inline dataset is not cached in the scratch pool: %v", m)
+			}
+		})
 	}
 }
 

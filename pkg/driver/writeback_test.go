@@ -937,19 +937,31 @@ func TestWriteBackNeedsLayers(t *testing.T) {
 }
 
 // TestWriteBackNFS publishes a writable inline volume of an S3 dataset whose output target is a
-// directory of an NFS server the administrator allows (go-nfs, NFSv3): what the pod wrote is
-// there, file for file, once it lets the volume go, in a directory named after the pod below its
+// directory of an NFS server the administrator allows (go-nfs, and nfs-ganesha, which enforces
+// the node's AUTH_SYS identity: uid 1000 here, the exports' owner): what the pod wrote is there,
+// file for file, once it lets the volume go, in a directory named after the pod below its
 // namespace's directory of the export. A pod of another namespace naming that very directory
 // writes below its own namespace's, leaving the first one's files as they were: every tenant
-// writes as the node's one NFS identity. A server not allowed is refused before the pod starts.
+// writes as the node's one NFS identity. A server not allowed is refused before the pod starts,
+// and so is a directory the identity may not write (ganesha: a root-owned one).
 func TestWriteBackNFS(t *testing.T) {
 	env, s, proxy, events := writeBackEnv(t)
 	ctx := context.Background()
-	export := t.TempDir()
-	addr := testpeers.StartNFS(t, export)
-	env.stop()
-	env.cfg.Datasets.NFSServers = []string{addr}
-	env.start()
+	const identity = 1000
+	id32 := uint32(identity)
+	env.cfg.Datasets.NFSUID, env.cfg.Datasets.NFSGID = &id32, &id32
+	env.cfg.Writable.WriteBack.Uploader.NFSUID, env.cfg.Writable.WriteBack.Uploader.NFSGID = identity, identity
+	// Each export and its team/ are the identity's; team/locked is root's (mode 0755).
+	exports := startNFSServers(t, env, func(dir string) {
+		if err := os.MkdirAll(filepath.Join(dir, "team", "locked"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range []string{dir, filepath.Join(dir, "team")} {
+			if err := os.Chown(d, identity, identity); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 	publish := func(id, target string) (string, error) {
 		ns := "team"
 		if strings.Contains(id, "intruder") {
@@ -969,14 +981,7 @@ func TestWriteBackNFS(t *testing.T) {
 		_, err := publish("wb-nfs-other", "nfs://127.0.0.1:1/export/x")
 		wantCode(t, err, codes.PermissionDenied, "--nfs-servers")
 	})
-	id := "wb-nfs"
-	target, err := publish(id, "nfs://"+addr+"/export/runs/${pod.name}")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 9<<20+1), "f1": []byte("changed")}
-	writeOutputs(t, target, want)
-	writeBack := func(id, target string) {
+	writeBack := func(t *testing.T, id, target string) {
 		t.Helper()
 		if _, err := env.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 			t.Fatal(err)
@@ -986,21 +991,45 @@ func TestWriteBackNFS(t *testing.T) {
 			return !ok
 		})
 	}
-	writeBack(id, target)
-	filesAt(t, filepath.Join(export, "team", "runs", "train-0"), want)
-	events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-1"}, false, volume.ReasonOutputUploadFinished,
-		"nfs://"+addr+"/export/runs/train-0/ (in namespace team's directory of the export)", "2 objects")
+	for _, srv := range exports {
+		t.Run(srv.name, func(t *testing.T) {
+			id := "wb-nfs-" + srv.name
+			target, err := publish(id, srv.URL("runs/${pod.name}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string][]byte{"ckpt/model.bin": randomBytes(t, 9<<20+1), "f1": []byte("changed")}
+			writeOutputs(t, target, want)
+			writeBack(t, id, target)
+			filesAt(t, filepath.Join(srv.dir, "team", "runs", "train-0"), want)
+			events.want(t, volume.ObjectRef{Kind: "Pod", Namespace: "team", Name: "train-0", UID: "uid-1"}, false, volume.ReasonOutputUploadFinished,
+				srv.URL("runs/train-0")+"/ (in namespace team's directory of the export)", "2 objects")
 
-	// A pod of another namespace names the first one's directory: its outputs go below its own.
-	other, err := publish("wb-nfs-intruder", "nfs://"+addr+"/export/team/runs/train-0")
-	if err != nil {
-		t.Fatal(err)
+			// A pod of another namespace names the first one's directory: its outputs go below its own.
+			other, err := publish("wb-nfs-intruder-"+srv.name, srv.URL("team/runs/train-0"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			overwrite := map[string][]byte{"f1": []byte("overwritten by another namespace")}
+			writeOutputs(t, other, overwrite)
+			writeBack(t, "wb-nfs-intruder-"+srv.name, other)
+			filesAt(t, filepath.Join(srv.dir, "team", "runs", "train-0"), want)
+			filesAt(t, filepath.Join(srv.dir, "intruder", "team", "runs", "train-0"), overwrite)
+		})
 	}
-	overwrite := map[string][]byte{"f1": []byte("overwritten by another namespace")}
-	writeOutputs(t, other, overwrite)
-	writeBack("wb-nfs-intruder", other)
-	filesAt(t, filepath.Join(export, "team", "runs", "train-0"), want)
-	filesAt(t, filepath.Join(export, "intruder", "team", "runs", "train-0"), overwrite)
+	// go-nfs lets every identity write everywhere; ganesha refuses uid 1000 a root-owned directory.
+	t.Run("failure case - ganesha: a directory the identity may not write", func(t *testing.T) {
+		srv := exports[len(exports)-1]
+		id := "wb-nfs-denied"
+		_, err := publish(id, srv.URL("locked/${pod.name}"))
+		wantCode(t, err, codes.PermissionDenied, "access denied to AUTH_SYS uid 1000 gid 1000")
+		if _, ok := env.driver.volumes.Store().GetVolume(id); ok {
+			t.Error("the refused volume was kept")
+		}
+		if ents, err := os.ReadDir(filepath.Join(srv.dir, "team", "locked")); err != nil || len(ents) != 0 {
+			t.Errorf("the refused probe left %v in the locked directory (%v)", ents, err)
+		}
+	})
 }
 
 // filesAt fails unless dir holds exactly the files of want.

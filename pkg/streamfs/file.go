@@ -269,6 +269,9 @@ func (f *fileNode) read(ctx context.Context, interrupt <-chan struct{}, dest []b
 	}
 	if err != nil {
 		klog.FromContext(ctx).Error(err, "streaming read refused", "key", f.obj.Key, "off", off, "len", end-off)
+		if source.KindOf(err) == source.Denied {
+			return nil, syscall.EACCES // the source refuses the caller this file (an NFS file's mode)
+		}
 		return nil, syscall.EIO
 	}
 	n, err := st.scratch.readAt(dest[:end-off], off)

@@ -33,6 +33,8 @@ type nfsDest struct {
 	mount  *nfs.Mount
 	target *nfs.Target
 	base   string // the target's directory inside the mounted export
+	// uid and gid are the AUTH_SYS identity requests carry, named in refusals.
+	uid, gid uint32
 }
 
 // partPrefix names the temporary file a file is written to before its rename.
@@ -46,7 +48,7 @@ const partPrefix = ".cistern-part-"
 // export by mounting it directly (knfsd and nfs-ganesha mount any directory of an export).
 func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
 	auth := rpc.NewAuthUnix("cistern", uid, gid).Auth()
-	d := &nfsDest{}
+	d := &nfsDest{uid: uid, gid: gid}
 	var err error
 	if _, _, perr := net.SplitHostPort(t.Host); perr == nil {
 		var c *rpc.Client
@@ -74,7 +76,7 @@ func dialNFS(t Target, uid, gid uint32) (*nfsDest, error) {
 	}
 	if err != nil {
 		d.mount.Close()
-		return nil, fmt.Errorf("mounting %s: %w", t, err)
+		return nil, d.explain(err, "mounting", t.String())
 	}
 	d.base = path.Join(append([]string{t.Namespace}, segs[n:]...)...)
 	return d, nil
@@ -102,11 +104,11 @@ func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stabl
 	}
 	part := path.Join(path.Dir(final), partPrefix+path.Base(final))
 	if err := d.target.Remove(part); err != nil && !notExist(err) {
-		return "", err
+		return "", d.explain(err, "removing", part)
 	}
 	f, err := d.target.OpenFile(part, 0o644)
 	if err != nil {
-		return "", err
+		return "", d.explain(err, "creating", part)
 	}
 	h := algCRC32C.hash()
 	_, err = io.Copy(f, io.TeeReader(io.NewSectionReader(fh, 0, n), &ctxWriter{ctx: ctx, w: h}))
@@ -114,7 +116,7 @@ func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stabl
 		err = cerr // COMMIT: the bytes are on the server's stable storage
 	}
 	if err != nil {
-		return "", err
+		return "", d.explain(err, "writing", part)
 	}
 	sum := sumString(h)
 	if err := d.verify(part, n, sum); err != nil {
@@ -125,7 +127,7 @@ func (d *nfsDest) put(ctx context.Context, fh *os.File, n int64, p string, stabl
 		return "", errors.New("written while it was sent")
 	}
 	if err := d.target.Rename(part, final); err != nil {
-		return "", err
+		return "", d.explain(err, "renaming into place", final)
 	}
 	return sum, nil
 }
@@ -163,7 +165,7 @@ func (d *nfsDest) mkdirAll(dir string) error {
 		return err
 	}
 	if _, err := d.target.Mkdir(dir, 0o755); err != nil && !exists(err) {
-		return err
+		return d.explain(err, "making directory", dir)
 	}
 	return nil
 }
@@ -180,14 +182,26 @@ func (d *nfsDest) remove(p string, all bool) error {
 	case err != nil:
 		return err
 	case fi.IsDir() && all:
-		return d.target.RemoveAll(full)
+		return d.explain(d.target.RemoveAll(full), "removing", full)
 	case fi.IsDir():
 		return nil // a dataset directory is not a file: its files are deleted one by one
 	}
 	if err := d.target.Remove(full); err != nil && !notExist(err) {
-		return err
+		return d.explain(err, "removing", full)
 	}
 	return nil
+}
+
+// explain says what the server refused, where (a path inside the export) and, for a refusal, to
+// whom: NFS3ERR_ACCES alone names none of them.
+func (d *nfsDest) explain(err error, op, p string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, os.ErrPermission), strings.Contains(err.Error(), "ACCES"), strings.Contains(err.Error(), "PERM"):
+		return fmt.Errorf("%s %s: access denied to AUTH_SYS uid %d gid %d: %w", op, p, d.uid, d.gid, err)
+	}
+	return fmt.Errorf("%s %s: %w", op, p, err)
 }
 
 func notExist(err error) bool {
@@ -224,7 +238,7 @@ func ProbeNFS(t Target, uid, gid uint32, name string) error {
 	}
 	p := d.full(name)
 	if _, err := d.target.Create(p, 0o644); err != nil && !exists(err) {
-		return err
+		return d.explain(err, "creating", p)
 	}
-	return d.target.Remove(p)
+	return d.explain(d.target.Remove(p), "removing", p)
 }

@@ -2,11 +2,14 @@ package writeback_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cistern-csi/cistern/pkg/writeback"
 	"github.com/cistern-csi/cistern/test/testpeers"
@@ -19,13 +22,9 @@ import (
 // pod deleted is deleted there, a temporary file a crash left is replaced and none stays; a
 // checkpoint's files are not sent again by the final upload, nor by a second run.
 func TestNFSTarget(t *testing.T) {
-	t.Run("go-nfs", func(t *testing.T) {
+	testpeers.EachNFSServer(t, func(t *testing.T, srv testpeers.NFSServer) {
 		export := t.TempDir()
-		nfsTarget(t, export, "nfs://"+testpeers.StartNFS(t, export)+"/export")
-	})
-	t.Run("nfs-ganesha", func(t *testing.T) {
-		export := t.TempDir()
-		nfsTarget(t, export, "nfs://"+testpeers.StartGanesha(t, export)+export)
+		nfsTarget(t, export, srv.Start(t, export).URL(""))
 	})
 }
 
@@ -101,17 +100,13 @@ func nfsTarget(t *testing.T, export, url string) {
 // writes there too. Servers that mount any directory of their export (nfs-ganesha; go-nfs made to
 // here, as knfsd does) cannot be made to root the tenant's directory inside the other's.
 func TestNFSTargetNamespace(t *testing.T) {
-	t.Run("go-nfs", func(t *testing.T) {
+	testpeers.EachNFSServer(t, func(t *testing.T, srv testpeers.NFSServer) {
 		export := t.TempDir()
-		nfsNamespaceTarget(t, export, "nfs://"+testpeers.StartNFS(t, export)+"/export")
+		nfsNamespaceTarget(t, export, srv.Start(t, export).URL(""))
 	})
 	t.Run("go-nfs mounting subdirectories", func(t *testing.T) {
 		export := t.TempDir()
 		nfsNamespaceTarget(t, export, "nfs://"+testpeers.StartNFSSubdirs(t, export)+"/export")
-	})
-	t.Run("nfs-ganesha", func(t *testing.T) {
-		export := t.TempDir()
-		nfsNamespaceTarget(t, export, "nfs://"+testpeers.StartGanesha(t, export)+export)
 	})
 }
 
@@ -151,5 +146,80 @@ func nfsNamespaceTarget(t *testing.T, export, url string) {
 	}
 	if _, err := os.Stat(filepath.Join(export, "runs")); !os.IsNotExist(err) {
 		t.Errorf("a confined target wrote outside its namespace's directory: %v", err)
+	}
+}
+
+// TestNFSTargetDenied writes back to nfs-ganesha (which enforces AUTH_UNIX) a volume whose
+// target directory the node's NFS identity may not write: the probe says so, each pass fails
+// with an error naming the file, the target and the identity, nothing appears in the directory
+// (not even a temporary file), and the volume's data stays; once the identity may write there
+// (here: the node plugin restarted as the directory's owner), the same job completes.
+func TestNFSTargetDenied(t *testing.T) {
+	export := t.TempDir()
+	locked := filepath.Join(export, "locked")
+	if err := os.Mkdir(locked, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(locked, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(export, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exp := testpeers.NFSExport{Host: testpeers.StartGanesha(t, export), Path: export}
+	upper, seen := overlayVolume(t, map[string][]byte{"kept": []byte("k")}, func(m string) {
+		writeFile(t, filepath.Join(m, "out", "model.bin"), randBytes(41, 1<<20+5))
+	})
+	target, err := writeback.ParseTarget(exp.URL("locked/run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const refused = "access denied to AUTH_SYS uid 2000 gid 2000"
+	if err := writeback.ProbeNFS(target, 2000, 2000, ".probe"); err == nil || !strings.Contains(err.Error(), refused) {
+		t.Fatalf("probe as uid 2000: %v, want %q", err, refused)
+	}
+	dir := t.TempDir()
+	job := writeback.Job{Volume: "v", Upper: upper, Target: target}
+	u, err := writeback.New(writeback.Config{Dir: dir, NFSUID: 2000, NFSGID: 2000, MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Add(job); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	var failed []error
+	err = u.Run(ctx, job, nil, func(p writeback.Progress) {
+		if p.Err != nil {
+			failed = append(failed, p.Err)
+		}
+		if len(failed) == 2 {
+			cancel() // a second pass refused as the first
+		}
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want it to keep retrying until cancelled", err)
+	}
+	for _, e := range failed {
+		if !strings.Contains(e.Error(), "upload out/model.bin to "+target.String()) || !strings.Contains(e.Error(), refused) {
+			t.Errorf("a pass failed with %q, want the file, the target and %q", e, refused)
+		}
+	}
+	if done, err := u.Done("v"); done || err != nil {
+		t.Fatalf("Done: %v %v, want the job kept", done, err)
+	}
+	if ents, err := os.ReadDir(locked); err != nil || len(ents) != 0 {
+		t.Fatalf("the locked directory holds %v (%v)", ents, err)
+	}
+	owner, err := writeback.New(writeback.Config{Dir: dir, NFSUID: 1000, NFSGID: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.Run(testCtx(t), job, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(locked, "run", "out", "model.bin"))
+	if err != nil || !bytes.Equal(got, seen["out/model.bin"]) {
+		t.Fatalf("after the owner's pass: %d bytes (%v), want what the pod wrote", len(got), err)
 	}
 }

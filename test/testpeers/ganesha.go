@@ -6,11 +6,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	nfs "github.com/willscott/go-nfs-client/nfs"
+	"github.com/willscott/go-nfs-client/nfs/rpc"
 
 	"github.com/cistern-csi/cistern/test/testutil"
 )
@@ -26,6 +30,53 @@ var ganeshas atomic.Int32
 // export's path at the server is dir itself. Everything (processes, namespace, link) goes when
 // the test ends. Root only; skips (fails under CISTERN_REQUIRE_PEERS) without the binaries.
 func StartGanesha(t testing.TB, dir string) string {
+	t.Helper()
+	return StartGaneshaExports(t, GaneshaExport{Dir: dir})
+}
+
+// GaneshaExport is one export of a StartGaneshaExports server: Dir, read-write over NFSv3 with
+// AUTH_SYS, at the server's path Dir. ganesha checks every request's uid and gid (after
+// squashing) against the files' owners and modes, as the kernel does for a local process.
+type GaneshaExport struct {
+	Dir string
+	// Squash is the export's squash rule: "" (No_Root_Squash: every uid as the client says),
+	// Root_Squash (uid 0 becomes the anonymous identity) or All_Squash (every uid does).
+	Squash string
+	// AnonUID and AnonGID are the anonymous identity squashed requests take; 0 leaves ganesha's
+	// (65534).
+	AnonUID, AnonGID uint32
+}
+
+// config is the export's EXPORT block, with id id.
+func (e GaneshaExport) config(id int) string {
+	squash := e.Squash
+	if squash == "" {
+		squash = "No_Root_Squash"
+	}
+	anon := ""
+	if e.AnonUID != 0 {
+		anon += fmt.Sprintf("  Anonymous_Uid = %d;\n", e.AnonUID)
+	}
+	if e.AnonGID != 0 {
+		anon += fmt.Sprintf("  Anonymous_Gid = %d;\n", e.AnonGID)
+	}
+	return fmt.Sprintf(`EXPORT {
+  Export_Id = %[1]d;
+  Path = %[2]q;
+  Pseudo = %[2]q;
+  Protocols = 3;
+  Transports = TCP;
+  Access_Type = RW;
+  Squash = %[3]s;
+%[4]s  SecType = sys;
+  FSAL { Name = VFS; }
+}
+`, id, e.Dir, squash, anon)
+}
+
+// StartGaneshaExports is StartGanesha serving several exports from one server (one start, a few
+// seconds, for the tests of several export rules).
+func StartGaneshaExports(t testing.TB, exports ...GaneshaExport) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 	for _, b := range []string{"ganesha.nfsd", "rpcbind", "ip", "unshare"} {
@@ -56,24 +107,18 @@ func StartGanesha(t testing.TB, dir string) string {
 	work := t.TempDir()
 	conf := filepath.Join(work, "ganesha.conf")
 	// NFSv3 only (no NFSv4 grace period, recovery directory or ID mapping); NLM and RQUOTA off.
+	var blocks strings.Builder
+	for i, e := range exports {
+		blocks.WriteString(e.config(i + 1))
+	}
 	if err := os.WriteFile(conf, fmt.Appendf(nil, `NFS_CORE_PARAM {
   Protocols = 3;
   Enable_NLM = false;
   Enable_RQUOTA = false;
 }
-EXPORT {
-  Export_Id = 1;
-  Path = %[1]q;
-  Pseudo = %[1]q;
-  Protocols = 3;
-  Transports = TCP;
-  Access_Type = RW;
-  Squash = No_Root_Squash;
-  SecType = sys;
-  FSAL { Name = VFS; }
-}
+%s
 LOG { Default_Log_Level = EVENT; }
-`, dir), 0o644); err != nil {
+`, blocks.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	logFile := filepath.Join(work, "ganesha.log")
@@ -105,7 +150,7 @@ exec ganesha.nfsd -F -f %q -L %q -p /run/ganesha/pid -N NIV_EVENT`, conf, logFil
 		}
 		_ = out.Close()
 	})
-	// Ready once both MOUNT's and NFS's ports answer; ganesha registers them with rpcbind first.
+	// Ready once rpcbind tells MOUNT's and NFS's ports and both answer.
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if ganeshaListens(serverIP) {
@@ -126,10 +171,22 @@ exec ganesha.nfsd -F -f %q -L %q -p /run/ganesha/pid -N NIV_EVENT`, conf, logFil
 	}
 }
 
-// ganeshaListens says whether rpcbind and ganesha's NFS port answer at ip.
+// ganeshaListens says whether rpcbind at ip knows MOUNT's and NFS's ports (version 3, TCP) and
+// both accept connections: ganesha listens on 2049 before it registers MOUNT, and a client
+// asking rpcbind in between would be told port 0.
 func ganeshaListens(ip string) bool {
-	for _, port := range []string{"111", "2049"} {
-		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, port), time.Second)
+	pm, err := rpc.DialPortmapper("tcp", ip)
+	if err != nil {
+		return false
+	}
+	defer pm.Close()
+	for _, prog := range []rpc.Mapping{{Prog: nfs.MountProg, Vers: nfs.MountVers}, {Prog: nfs.Nfs3Prog, Vers: nfs.Nfs3Vers}} {
+		prog.Prot = rpc.IPProtoTCP
+		port, err := pm.Getport(prog)
+		if err != nil || port == 0 {
+			return false
+		}
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(ip, strconv.Itoa(port)), time.Second)
 		if err != nil {
 			return false
 		}

@@ -8,10 +8,10 @@
 //     bucket name is not enough: servers that resolve a bucket per credential would otherwise let
 //     one tenant plant files that another is served;
 //   - every file of the manifest may be read by the caller, pinned to its listed ETag: one HEAD
-//     per file on S3 (source.ReadChecker), in parallel. List rights are not read rights, and read
-//     rights differ per object under prefix policies and object ACLs, so a sample proves nothing
-//     of the other files. Sources without per-tenant credentials (NFS as the node's uid, node-local
-//     paths) read one file.
+//     per file on S3, an ACCESS per file on NFS (source.ReadChecker), in parallel. List rights are
+//     not read rights, and read rights differ per object under prefix policies and object ACLs,
+//     and per file under NFS owners and modes, so a sample proves nothing of the other files.
+//     Node-local paths, read by the plugin's one identity, read one file.
 //
 // A proof is remembered per (dataset version, caller) for Config.TTL (the driver's
 // --dataset-access-ttl); within it a hit costs one pinned read, which notices credentials revoked

@@ -67,7 +67,7 @@ type Checksummed interface {
 }
 
 // ReadChecker is implemented by sources whose read rights can differ from entry to entry (S3:
-// object ACLs, bucket policies by prefix or key). CheckRead asks the server, with the source's
+// object ACLs, bucket policies by prefix or key; NFS: owners, groups and modes). CheckRead asks the server, with the source's
 // credentials and without transferring data, whether obj may be read as listed (pinned to its
 // ETag): nil, or a Denied, Changed or NotFound error.
 type ReadChecker interface {
