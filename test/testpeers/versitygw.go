@@ -48,7 +48,7 @@ func VersitygwBinary() string {
 		home, _ := os.UserHomeDir()
 		cache = filepath.Join(home, ".cache", "cistern")
 	}
-	p := filepath.Join(cache, "versitygw-"+VersitygwVersion, "bin", "versitygw")
+	p := filepath.Join(cache, "versitygw-"+VersitygwVersion, "bin", "versitygw-static") // as hack/make/30-datasource.mk builds it
 	if _, err := os.Stat(p); err != nil {
 		return ""
 	}
