@@ -27,6 +27,58 @@ var ganeshas atomic.Int32
 // the test ends. Root only; skips (fails under CISTERN_REQUIRE_PEERS) without the binaries.
 func StartGanesha(t testing.TB, dir string) string {
 	t.Helper()
+	return startGanesha(t, dir, false)
+}
+
+// StartGaneshaNFSv4 is StartGanesha serving NFSv4 as well as NFSv3, on port 2049 of the address
+// it returns: the export's pseudo path (where NFSv4 clients find it) is dir too. The server
+// starts graceless (no 90 s grace period: it has no clients to recover), sends and takes owners
+// as numbers (no ID mapping: AUTH_SYS uids are what the files carry), and caches no attributes,
+// so that a file the test changes under dir is seen changed at once.
+func StartGaneshaNFSv4(t testing.TB, dir string) string {
+	t.Helper()
+	return startGanesha(t, dir, true)
+}
+
+// ganeshaConf is the configuration: NLM and RQUOTA off; NFSv3 only unless v4, which adds NFSv4
+// with its recovery directory under work.
+func ganeshaConf(dir, work string, v4 bool) []byte {
+	protocols, v4conf, attrs := "3", "", ""
+	if v4 {
+		protocols = "3, 4"
+		// Tests change files under dir directly: attributes are read from it every time.
+		attrs = "\n  Attr_Expiration_Time = 0;"
+		v4conf = fmt.Sprintf(`NFSv4 {
+  Graceless = true;
+  Allow_Numeric_Owners = true;
+  Only_Numeric_Owners = true;
+  RecoveryBackend = fs;
+  RecoveryRoot = %q;
+}
+`, filepath.Join(work, "recovery"))
+	}
+	return fmt.Appendf(nil, `NFS_CORE_PARAM {
+  Protocols = %[2]s;
+  Enable_NLM = false;
+  Enable_RQUOTA = false;
+}
+%[3]sEXPORT {
+  Export_Id = 1;
+  Path = %[1]q;
+  Pseudo = %[1]q;
+  Protocols = %[2]s;
+  Transports = TCP;
+  Access_Type = RW;
+  Squash = No_Root_Squash;
+  SecType = sys;%[4]s
+  FSAL { Name = VFS; }
+}
+LOG { Default_Log_Level = EVENT; }
+`, dir, protocols, v4conf, attrs)
+}
+
+func startGanesha(t testing.TB, dir string, v4 bool) string {
+	t.Helper()
 	testutil.RequireRoot(t)
 	for _, b := range []string{"ganesha.nfsd", "rpcbind", "ip", "unshare"} {
 		if _, err := exec.LookPath(b); err != nil {
@@ -55,25 +107,7 @@ func StartGanesha(t testing.TB, dir string) string {
 
 	work := t.TempDir()
 	conf := filepath.Join(work, "ganesha.conf")
-	// NFSv3 only (no NFSv4 grace period, recovery directory or ID mapping); NLM and RQUOTA off.
-	if err := os.WriteFile(conf, fmt.Appendf(nil, `NFS_CORE_PARAM {
-  Protocols = 3;
-  Enable_NLM = false;
-  Enable_RQUOTA = false;
-}
-EXPORT {
-  Export_Id = 1;
-  Path = %[1]q;
-  Pseudo = %[1]q;
-  Protocols = 3;
-  Transports = TCP;
-  Access_Type = RW;
-  Squash = No_Root_Squash;
-  SecType = sys;
-  FSAL { Name = VFS; }
-}
-LOG { Default_Log_Level = EVENT; }
-`, dir), 0o644); err != nil {
+	if err := os.WriteFile(conf, ganeshaConf(dir, work, v4), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	logFile := filepath.Join(work, "ganesha.log")
