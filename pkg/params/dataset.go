@@ -39,9 +39,12 @@ type Dataset struct {
 	// RoleFrom "serviceAccount" takes the role from the publishing pod's ServiceAccount
 	// annotation instead of RoleARN (the STS still decides whether that ServiceAccount may
 	// take it).
-	RoleFrom string   `json:"roleFrom,omitempty"`
-	Include  []string `json:"include,omitempty"`
-	Exclude  []string `json:"exclude,omitempty"`
+	RoleFrom string `json:"roleFrom,omitempty"`
+	// NFSVersion is "4" for an nfs:// dataset read over NFSv4, its path in the server's NFSv4
+	// namespace; empty for NFSv3.
+	NFSVersion string   `json:"nfsVersion,omitempty"`
+	Include    []string `json:"include,omitempty"`
+	Exclude    []string `json:"exclude,omitempty"`
 
 	// Parsed source location.
 	Bucket string `json:"-"` // s3
@@ -70,6 +73,9 @@ func (s *Dataset) parseSource(inline bool) error {
 	s.Scheme = Scheme(u.Scheme)
 	switch s.Scheme {
 	case SchemeS3:
+		if s.NFSVersion != "" {
+			return source.Errorf(source.Invalid, "nfsVersion applies to nfs:// sources only")
+		}
 		if u.Host == "" {
 			return source.Errorf(source.Invalid, "source %q names no bucket", s.Source)
 		}
@@ -101,6 +107,9 @@ func (s *Dataset) parseSource(inline bool) error {
 			return source.Errorf(source.Invalid, "roleARN and roleFrom name the role twice: give one")
 		}
 	case SchemeNFS, SchemeLocal:
+		if s.Scheme == SchemeLocal && s.NFSVersion != "" {
+			return source.Errorf(source.Invalid, "nfsVersion applies to nfs:// sources only")
+		}
 		if s.Endpoint != "" || s.Region != "" || s.PathStyle || s.CABundle != "" || s.Credentials != "" || s.RoleARN != "" || s.RoleFrom != "" {
 			return source.Errorf(source.Invalid, "endpoint, region, pathStyle, caBundle, credentials, roleARN and roleFrom apply to s3:// sources only")
 		}
@@ -140,8 +149,13 @@ func (s *Dataset) parseSource(inline bool) error {
 // ID names the dataset: sources with the same location, endpoint and filters share a cache entry.
 func (s *Dataset) ID() string {
 	// Canonical fields only: "s3://b/p" and "s3://b/p/" are one dataset.
-	b, _ := json.Marshal([]any{s.Scheme, s.Bucket, s.Prefix, s.Host, s.Path, s.Endpoint, s.Region,
-		s.PathStyle, s.Include, s.Exclude})
+	// NFSv4 paths are another namespace than NFSv3 exports; NFSv3's IDs stay as they were.
+	fields := []any{s.Scheme, s.Bucket, s.Prefix, s.Host, s.Path, s.Endpoint, s.Region,
+		s.PathStyle, s.Include, s.Exclude}
+	if s.NFSVersion != "" {
+		fields = append(fields, "nfsVersion="+s.NFSVersion)
+	}
+	b, _ := json.Marshal(fields)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
 }
@@ -151,6 +165,9 @@ func (s *Dataset) String() string {
 	out := s.Source
 	if s.Endpoint != "" {
 		out += " via " + s.Endpoint
+	}
+	if s.NFSVersion != "" {
+		out += " (NFSv" + s.NFSVersion + ")"
 	}
 	return out
 }
