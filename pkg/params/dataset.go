@@ -71,11 +71,11 @@ func (s *Dataset) parseSource(inline bool) error {
 		return source.Errorf(source.Invalid, "source %q must not have a query or fragment", s.Source)
 	}
 	s.Scheme = Scheme(u.Scheme)
+	if s.NFSVersion != "" && s.Scheme != SchemeNFS {
+		return source.Errorf(source.Invalid, "nfsVersion applies to nfs:// sources only")
+	}
 	switch s.Scheme {
 	case SchemeS3:
-		if s.NFSVersion != "" {
-			return source.Errorf(source.Invalid, "nfsVersion applies to nfs:// sources only")
-		}
 		if u.Host == "" {
 			return source.Errorf(source.Invalid, "source %q names no bucket", s.Source)
 		}
@@ -107,9 +107,6 @@ func (s *Dataset) parseSource(inline bool) error {
 			return source.Errorf(source.Invalid, "roleARN and roleFrom name the role twice: give one")
 		}
 	case SchemeNFS, SchemeLocal:
-		if s.Scheme == SchemeLocal && s.NFSVersion != "" {
-			return source.Errorf(source.Invalid, "nfsVersion applies to nfs:// sources only")
-		}
 		if s.Endpoint != "" || s.Region != "" || s.PathStyle || s.CABundle != "" || s.Credentials != "" || s.RoleARN != "" || s.RoleFrom != "" {
 			return source.Errorf(source.Invalid, "endpoint, region, pathStyle, caBundle, credentials, roleARN and roleFrom apply to s3:// sources only")
 		}
