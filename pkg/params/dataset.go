@@ -71,9 +71,6 @@ func (s *Dataset) parseSource(inline bool) error {
 		return source.Errorf(source.Invalid, "source %q must not have a query or fragment", s.Source)
 	}
 	s.Scheme = Scheme(u.Scheme)
-	if s.NFSVersion != "" && s.Scheme != SchemeNFS {
-		return source.Errorf(source.Invalid, "nfsVersion applies to nfs:// sources only")
-	}
 	switch s.Scheme {
 	case SchemeS3:
 		if u.Host == "" {

@@ -170,6 +170,9 @@ func Parse(m map[string]string, use Use) (Volume, error) {
 	if err := d.parseSource(use == Inline); err != nil {
 		return Volume{}, err
 	}
+	if d.NFSVersion != "" && d.Scheme != SchemeNFS {
+		return Volume{}, source.Errorf(source.Invalid, "parameter %s applies to nfs:// sources only", consts.ParamNFSVersion)
+	}
 	d.Inline = use == Inline
 	v.Dataset = &d
 	return v, nil
