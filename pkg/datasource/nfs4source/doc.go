@@ -8,8 +8,6 @@
 // that require NFSv4.1 or later (Azure Files' NFS shares) refuse it.
 package nfs4source
 
-import "github.com/cistern-csi/cistern/pkg/datasource/source"
-
 // Config says where a dataset is and who reads it.
 type Config struct {
 	// Host is "server" (NFS on port 2049) or "server:port".
@@ -21,8 +19,4 @@ type Config struct {
 	UID, GID uint32
 	// MaxIdle is how many idle connections are kept for later reads (0: 8).
 	MaxIdle int
-}
-
-func unsupported(cfg Config) error {
-	return source.Errorf(source.Invalid, "nfs://%s%s with nfsVersion 4: this build has no NFSv4 support (built without libnfs)", cfg.Host, cfg.Path)
 }
