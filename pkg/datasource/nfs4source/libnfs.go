@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -36,6 +37,9 @@ import (
 // libnfs contexts are not safe for concurrent use: a conn has one user at a time.
 type conn struct {
 	nfs *C.struct_nfs_context
+	// renewed is when the client's NFSv4.0 lease was last renewed: at SETCLIENTID (the mount),
+	// and by every OPEN, READ and CLOSE since; LOOKUP, GETATTR and READDIR renew nothing.
+	renewed time.Time
 }
 
 var conns atomic.Uint64
@@ -100,6 +104,7 @@ func dial(host, dir string, uid, gid uint32) (*conn, error) {
 		defer c.close()
 		return nil, c.err(rc)
 	}
+	c.renewed = time.Now()
 	return c, nil
 }
 
@@ -186,6 +191,7 @@ func (c *conn) open(p string) (*file, error) {
 	if rc := C.nfs_open(c.nfs, cp, C.O_RDONLY|C.O_NOFOLLOW, &fh); rc != 0 {
 		return nil, c.err(rc)
 	}
+	c.renewed = time.Now()
 	return &file{c: c, fh: fh}, nil
 }
 
@@ -203,6 +209,7 @@ func (f *file) pread(p []byte, off int64) (int, error) {
 	if rc < 0 {
 		return 0, f.c.err(rc)
 	}
+	f.c.renewed = time.Now()
 	return int(rc), nil
 }
 

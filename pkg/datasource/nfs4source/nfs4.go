@@ -16,9 +16,10 @@ import (
 // Supported says whether this build reads NFSv4 (cgo and -tags libnfs).
 const Supported = true
 
-// idleMax is how long an idle connection is kept. libnfs 4.0 never renews its NFSv4.0 lease;
-// only its own calls do, and a lease that lapses (60 s on nfs-ganesha, 90 s on most servers)
-// takes the client ID with it. A connection idle for less is safe to use again.
+// idleMax is how long after its lease was last renewed a connection is used again. libnfs 4.0
+// sends no RENEW: only OPEN, READ and CLOSE renew the lease, and one that lapses (60 s on
+// nfs-ganesha, 90 s on most servers) takes the client ID and its opens with it. A connection
+// that only listed, or sat idle, for longer is closed instead.
 const idleMax = 30 * time.Second
 
 // readChunk is the most one READ asks for; servers answer 1 MiB at most and fewer bytes are no
@@ -32,12 +33,7 @@ type Source struct {
 	where string
 
 	mu   sync.Mutex
-	idle []idleConn
-}
-
-type idleConn struct {
-	c     *conn
-	since time.Time
+	idle []*conn
 }
 
 // New connects to cfg.Host as cfg.UID/GID and checks that cfg.Path is a directory there.
@@ -65,13 +61,13 @@ func New(cfg Config) (source.Source, error) {
 func (s *Source) get() (*conn, error) {
 	s.mu.Lock()
 	for len(s.idle) > 0 {
-		ic := s.idle[len(s.idle)-1]
+		c := s.idle[len(s.idle)-1]
 		s.idle = s.idle[:len(s.idle)-1]
-		if time.Since(ic.since) < idleMax {
+		if time.Since(c.renewed) < idleMax {
 			s.mu.Unlock()
-			return ic.c, nil
+			return c, nil
 		}
-		ic.c.close()
+		c.close()
 	}
 	s.mu.Unlock()
 	c, err := dial(s.cfg.Host, s.cfg.Path, s.cfg.UID, s.cfg.GID)
@@ -89,7 +85,7 @@ func (s *Source) put(c *conn) {
 		c.close()
 		return
 	}
-	s.idle = append(s.idle, idleConn{c: c, since: time.Now()})
+	s.idle = append(s.idle, c)
 }
 
 // drop closes a connection a failed call may have left in an unknown state.
@@ -186,8 +182,13 @@ func (s *Source) Open(_ context.Context, obj source.Object, off, n int64) (io.Re
 	}
 	f, err := c.open("/" + obj.Key)
 	if err != nil {
-		s.put(c) // a refused open leaves the connection as it was
-		return nil, classify(err, "opening %s", obj.Key)
+		err = classify(err, "opening %s", obj.Key)
+		if source.KindOf(err) == source.Retryable {
+			s.drop(c) // the server did not answer, or the client ID is gone: not for reuse
+		} else {
+			s.put(c) // a refused open leaves the connection as it was
+		}
+		return nil, err
 	}
 	st, err := f.stat()
 	if err != nil || !st.isReg() || version(st) != obj.Version {
@@ -269,8 +270,8 @@ func (s *Source) Verify(_ context.Context, obj source.Object) error {
 func (s *Source) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, ic := range s.idle {
-		ic.c.close()
+	for _, c := range s.idle {
+		c.close()
 	}
 	s.idle = nil
 	return nil
