@@ -4,8 +4,13 @@
 # `make images` builds both.
 ARG GO_VERSION=1.26
 
+# The binaries are static but the csi-driver, which reads NFSv4 datasets through libnfs (cgo,
+# -tags libnfs): it links bookworm's libc and libnfs, which the node stage installs.
 FROM golang:${GO_VERSION}-bookworm AS build
 WORKDIR /src
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnfs-dev \
+ && rm -rf /var/lib/apt/lists/*
 ENV GOFLAGS=-mod=readonly CGO_ENABLED=0
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/root/go/pkg/mod go mod download
@@ -13,13 +18,15 @@ COPY cmd/ cmd/
 COPY pkg/ pkg/
 ARG VERSION=dev
 RUN --mount=type=cache,target=/root/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ ./cmd/...
+    go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ ./cmd/storagepool-sidecar ./cmd/workload-controller \
+ && CGO_ENABLED=1 go build -tags libnfs -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/ ./cmd/csi-driver
 
 # The node plugin formats, checks and grows filesystems and attaches loop devices: it needs
-# e2fsprogs, xfsprogs and util-linux (losetup, mount, blkid). It runs privileged, as root.
+# e2fsprogs, xfsprogs and util-linux (losetup, mount, blkid); libnfs13 for NFSv4 datasets. It
+# runs privileged, as root.
 FROM debian:bookworm-slim AS node
 RUN apt-get update \
- && apt-get install -y --no-install-recommends e2fsprogs xfsprogs util-linux mount ca-certificates \
+ && apt-get install -y --no-install-recommends e2fsprogs xfsprogs util-linux mount ca-certificates libnfs13 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/csi-driver /out/storagepool-sidecar /usr/local/bin/
 ENTRYPOINT ["/usr/local/bin/csi-driver"]

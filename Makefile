@@ -3,6 +3,12 @@ SHELL := /bin/bash
 GO ?= go
 # Every module's go.mod and go.sum are complete and tidy: builds read them, never edit them.
 export GOFLAGS ?= -mod=readonly
+# Every build and test make runs has the libnfs tag: the node plugin reads NFSv4 datasets through
+# libnfs (cgo; pkg/datasource/nfs4source, Debian's libnfs-dev from HOST_PACKAGES). Static builds
+# (CGO_ENABLED=0: the controller image's) leave it out by the tag's cgo constraint. A -tags on a
+# command line replaces this one. GO_TAGS= builds without it.
+GO_TAGS ?= libnfs
+GOFLAGS := $(strip $(filter-out -tags=$(GO_TAGS),$(GOFLAGS)) $(if $(GO_TAGS),-tags=$(GO_TAGS)))
 BIN := $(CURDIR)/bin
 # Built peers (Kubernetes, etcd, CSI sidecars, S3 server, ...) are cached per version here.
 export CISTERN_CACHE ?= $(HOME)/.cache/cistern
@@ -74,7 +80,8 @@ generate:
 
 # Debian packages the builds and suites need, as <command or file>=<package>; areas add theirs
 # (target-specific, for what only they run). .ci/run installs these before `make test`.
-HOST_PACKAGES := protoc=protobuf-compiler mkfs.xfs=xfsprogs mkfs.ext4=e2fsprogs losetup=mount ip=iproute2
+HOST_PACKAGES := protoc=protobuf-compiler mkfs.xfs=xfsprogs mkfs.ext4=e2fsprogs losetup=mount ip=iproute2 \
+  /usr/include/nfsc/libnfs.h=libnfs-dev
 .PHONY: host-packages help
 ## Installs the Debian packages the builds and suites need (those missing)
 host-packages:
@@ -110,6 +117,8 @@ TEST_SECOND_LANE :=
 vet: $(STATICCHECK)
 	$(GO) vet -tags bench ./...
 	$(STATICCHECK) -tags bench ./...
+	$(GO) vet -tags bench,libnfs ./pkg/datasource/...
+	$(STATICCHECK) -tags bench,libnfs ./pkg/datasource/...
 	cd hack/images && $(GO) vet ./... && $(STATICCHECK) ./...
 	@hack/make/help.sh --check
 	@unformatted=$$(gofmt -l .); \

@@ -24,9 +24,10 @@ $(RCLONE):
 	cd $(S3_TOOLS_MOD) && $(GO) build -o $@ github.com/rclone/rclone
 
 # Tests need the S3 server, and a control plane for the node Events (nodeevents); rclone is
-# the benchmark's peer. Streaming volumes (streamfs, and the keeper that holds their FUSE
+# the benchmark's peer. NFSv4 staging (nfs4source) is tested against nfs-ganesha's NFSv4 export
+# through libnfs: GOFLAGS has -tags=libnfs (Makefile), HOST_PACKAGES libnfs-dev and ganesha. Streaming volumes (streamfs, and the keeper that holds their FUSE
 # connections) read from the same server through the real kernel's FUSE.
-## Dataset staging and streaming tests against versitygw, go-nfs, real mounts and FUSE
+## Dataset staging and streaming tests against versitygw, go-nfs, nfs-ganesha (NFSv4), real mounts and FUSE
 test-datasource: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
 	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/... ./pkg/streamfs/... ./pkg/fusekeeper/...

@@ -45,6 +45,12 @@ const (
 	ParamPathStyle = "pathStyle"
 	ParamInclude   = "include"
 	ParamExclude   = "exclude"
+	// ParamNFSVersion is an nfs:// dataset's protocol: NFSVersion3 (the default: go-nfs-client,
+	// MOUNT and the export path) or NFSVersion4 (libnfs, the server's NFSv4 namespace, its pseudo
+	// path).
+	ParamNFSVersion = "nfsVersion"
+	NFSVersion3     = "3"
+	NFSVersion4     = "4"
 	// ParamCABundle names the CA bundle (a file of the driver's --s3-ca-bundles directory, a key
 	// of the ConfigMap or Secret mounted there) that verifies an https endpoint.
 	ParamCABundle = "caBundle"

@@ -12,11 +12,13 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/cistern-csi/cistern/pkg/consts"
 	"github.com/cistern-csi/cistern/pkg/datasource/access"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
 	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/egress"
 	"github.com/cistern-csi/cistern/pkg/datasource/localsource"
+	"github.com/cistern-csi/cistern/pkg/datasource/nfs4source"
 	"github.com/cistern-csi/cistern/pkg/datasource/nfssource"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/s3source"
@@ -513,6 +515,9 @@ func (m *Manager) openSource(req Request) (source.Source, error) {
 			MaxConns: m.cfg.Concurrency, Egress: policy, TLS: tlsCfg, MaxListed: m.limits.MaxObjects,
 		})
 	case SchemeNFS:
+		if s.NFSVersion == consts.NFSVersion4 {
+			return nfs4source.New(nfs4source.Config{Host: s.Host, Path: s.Path, UID: m.nfsUID, GID: m.nfsGID, MaxIdle: m.cfg.Concurrency})
+		}
 		return nfssource.New(s.Host, s.Path, m.nfsUID, m.nfsGID)
 	case SchemeLocal:
 		return localsource.New(s.Path, m.cfg.LocalSourceRoots)

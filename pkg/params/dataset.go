@@ -39,9 +39,12 @@ type Dataset struct {
 	// RoleFrom "serviceAccount" takes the role from the publishing pod's ServiceAccount
 	// annotation instead of RoleARN (the STS still decides whether that ServiceAccount may
 	// take it).
-	RoleFrom string   `json:"roleFrom,omitempty"`
-	Include  []string `json:"include,omitempty"`
-	Exclude  []string `json:"exclude,omitempty"`
+	RoleFrom string `json:"roleFrom,omitempty"`
+	// NFSVersion is "4" for an nfs:// dataset read over NFSv4, its path in the server's NFSv4
+	// namespace; empty for NFSv3.
+	NFSVersion string   `json:"nfsVersion,omitempty"`
+	Include    []string `json:"include,omitempty"`
+	Exclude    []string `json:"exclude,omitempty"`
 
 	// Parsed source location.
 	Bucket string `json:"-"` // s3
@@ -140,8 +143,13 @@ func (s *Dataset) parseSource(inline bool) error {
 // ID names the dataset: sources with the same location, endpoint and filters share a cache entry.
 func (s *Dataset) ID() string {
 	// Canonical fields only: "s3://b/p" and "s3://b/p/" are one dataset.
-	b, _ := json.Marshal([]any{s.Scheme, s.Bucket, s.Prefix, s.Host, s.Path, s.Endpoint, s.Region,
-		s.PathStyle, s.Include, s.Exclude})
+	// NFSv4 paths are another namespace than NFSv3 exports; NFSv3's IDs stay as they were.
+	fields := []any{s.Scheme, s.Bucket, s.Prefix, s.Host, s.Path, s.Endpoint, s.Region,
+		s.PathStyle, s.Include, s.Exclude}
+	if s.NFSVersion != "" {
+		fields = append(fields, "nfsVersion="+s.NFSVersion)
+	}
+	b, _ := json.Marshal(fields)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
 }
@@ -151,6 +159,9 @@ func (s *Dataset) String() string {
 	out := s.Source
 	if s.Endpoint != "" {
 		out += " via " + s.Endpoint
+	}
+	if s.NFSVersion != "" {
+		out += " (NFSv" + s.NFSVersion + ")"
 	}
 	return out
 }

@@ -98,6 +98,7 @@ var keys = []key{
 	{consts.ParamEndpoint, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Endpoint = s; return nil }},
 	{consts.ParamRegion, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.Region = s; return nil }},
 	{consts.ParamPathStyle, everywhere, true, parsePathStyle},
+	{consts.ParamNFSVersion, everywhere, true, parseNFSVersion},
 	{consts.ParamCABundle, everywhere, true, parseCABundle},
 	{consts.ParamCredentials, everywhere, true, parseCredentials},
 	{consts.ParamRoleARN, everywhere, true, func(_ *Volume, d *Dataset, s string) error { d.RoleARN = s; return nil }},
@@ -168,6 +169,9 @@ func Parse(m map[string]string, use Use) (Volume, error) {
 	}
 	if err := d.parseSource(use == Inline); err != nil {
 		return Volume{}, err
+	}
+	if d.NFSVersion != "" && d.Scheme != SchemeNFS {
+		return Volume{}, source.Errorf(source.Invalid, "parameter %s applies to nfs:// sources only", consts.ParamNFSVersion)
 	}
 	d.Inline = use == Inline
 	v.Dataset = &d
@@ -273,6 +277,21 @@ func parseCredentials(_ *Volume, d *Dataset, s string) error {
 		d.Credentials = s
 	default:
 		return source.Errorf(source.Invalid, "parameter %s=%q is not secret or %s", consts.ParamCredentials, s, consts.CredentialsWebIdentity)
+	}
+	return nil
+}
+
+// parseNFSVersion keeps "4"; "3", the default, is kept as none, so that a dataset names one
+// cache entry however it is written.
+func parseNFSVersion(_ *Volume, d *Dataset, s string) error {
+	switch s {
+	case consts.NFSVersion3:
+		d.NFSVersion = ""
+	case consts.NFSVersion4:
+		d.NFSVersion = s
+	default:
+		return source.Errorf(source.Invalid, "parameter %s=%q is not %s or %s (NFSv4 is NFSv4.0: the client speaks no later minor version)",
+			consts.ParamNFSVersion, s, consts.NFSVersion3, consts.NFSVersion4)
 	}
 	return nil
 }

@@ -52,6 +52,22 @@ func TestParseDataset(t *testing.T) {
 				t.Fatalf("bad spec %+v", s)
 			}
 		}},
+		{name: "nfs version 4", params: map[string]string{"source": "nfs://filer/data", "nfsVersion": "4"}, ephemeral: true, check: func(t *testing.T, s *Dataset) {
+			v3 := *s
+			v3.NFSVersion = ""
+			if s.NFSVersion != "4" || s.Host != "filer" || s.Path != "/data" || s.ID() == v3.ID() {
+				t.Fatalf("bad spec %+v (NFSv4 and NFSv3 paths are distinct datasets)", s)
+			}
+		}},
+		{name: "nfs version 3 is the default", params: map[string]string{"source": "nfs://filer/data", "nfsVersion": "3"}, check: func(t *testing.T, s *Dataset) {
+			if s.NFSVersion != "" || s.ID() != (&Dataset{Source: s.Source, Scheme: SchemeNFS, Host: "filer", Path: "/data"}).ID() {
+				t.Fatalf("bad spec %+v (nfsVersion=3 names the same dataset as no nfsVersion)", s)
+			}
+		}},
+		{name: "failure case - nfs version 4.1", params: map[string]string{"source": "nfs://filer/data", "nfsVersion": "4.1"}, wantKind: source.Invalid},
+		{name: "failure case - nfsVersion on s3", params: map[string]string{"source": "s3://b", "nfsVersion": "4"}, wantKind: source.Invalid},
+		{name: "failure case - nfsVersion on file", params: map[string]string{"source": "file:///srv/x", "nfsVersion": "4"}, wantKind: source.Invalid},
+		{name: "failure case - nfsVersion without source", params: map[string]string{"nfsVersion": "4"}, wantKind: source.Invalid},
 		{name: "file", params: map[string]string{"source": "file:///srv/datasets/imagenet"}, check: func(t *testing.T, s *Dataset) {
 			if s.Path != "/srv/datasets/imagenet" {
 				t.Fatalf("bad spec %+v", s)

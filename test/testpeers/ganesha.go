@@ -34,6 +34,16 @@ func StartGanesha(t testing.TB, dir string) string {
 	return StartGaneshaExports(t, GaneshaExport{Dir: dir})
 }
 
+// StartGaneshaNFSv4 is StartGanesha serving NFSv4 as well as NFSv3, on port 2049 of the address
+// it returns: the export's pseudo path (where NFSv4 clients find it) is dir too. The server
+// starts graceless (no 90 s grace period: it has no clients to recover), sends and takes owners
+// as numbers (no ID mapping: AUTH_SYS uids are what the files carry), and caches no attributes,
+// so that a file the test changes under dir is seen changed at once.
+func StartGaneshaNFSv4(t testing.TB, dir string) string {
+	t.Helper()
+	return startGanesha(t, true, GaneshaExport{Dir: dir})
+}
+
 // GaneshaExport is one export of a StartGaneshaExports server: Dir, read-write over NFSv3 with
 // AUTH_SYS, at the server's path Dir. ganesha checks every request's uid and gid (after
 // squashing) against the files' owners and modes, as the kernel does for a local process.
@@ -47,36 +57,80 @@ type GaneshaExport struct {
 	AnonUID, AnonGID uint32
 }
 
-// config is the export's EXPORT block, with id id.
-func (e GaneshaExport) config(id int) string {
+// config is the export's EXPORT block, with id id, over NFSv3 or, with v4, NFSv3 and NFSv4
+// (attributes read from the directory every time: tests change files under it directly).
+func (e GaneshaExport) config(id int, v4 bool) string {
 	squash := e.Squash
 	if squash == "" {
 		squash = "No_Root_Squash"
 	}
-	anon := ""
+	extra := ""
 	if e.AnonUID != 0 {
-		anon += fmt.Sprintf("  Anonymous_Uid = %d;\n", e.AnonUID)
+		extra += fmt.Sprintf("  Anonymous_Uid = %d;\n", e.AnonUID)
 	}
 	if e.AnonGID != 0 {
-		anon += fmt.Sprintf("  Anonymous_Gid = %d;\n", e.AnonGID)
+		extra += fmt.Sprintf("  Anonymous_Gid = %d;\n", e.AnonGID)
+	}
+	if v4 {
+		extra += "  Attr_Expiration_Time = 0;\n"
 	}
 	return fmt.Sprintf(`EXPORT {
   Export_Id = %[1]d;
   Path = %[2]q;
   Pseudo = %[2]q;
-  Protocols = 3;
+  Protocols = %[5]s;
   Transports = TCP;
   Access_Type = RW;
   Squash = %[3]s;
 %[4]s  SecType = sys;
   FSAL { Name = VFS; }
 }
-`, id, e.Dir, squash, anon)
+`, id, e.Dir, squash, extra, ganeshaProtocols(v4))
+}
+
+func ganeshaProtocols(v4 bool) string {
+	if v4 {
+		return "3, 4"
+	}
+	return "3"
+}
+
+// ganeshaConf is the configuration of exports: NLM and RQUOTA off; NFSv3 only unless v4, which
+// adds NFSv4 with its recovery directory under work.
+func ganeshaConf(work string, v4 bool, exports []GaneshaExport) []byte {
+	v4conf := ""
+	if v4 {
+		v4conf = fmt.Sprintf(`NFSv4 {
+  Graceless = true;
+  Allow_Numeric_Owners = true;
+  Only_Numeric_Owners = true;
+  RecoveryBackend = fs;
+  RecoveryRoot = %q;
+}
+`, filepath.Join(work, "recovery"))
+	}
+	var blocks strings.Builder
+	for i, e := range exports {
+		blocks.WriteString(e.config(i+1, v4))
+	}
+	return fmt.Appendf(nil, `NFS_CORE_PARAM {
+  Protocols = %s;
+  Enable_NLM = false;
+  Enable_RQUOTA = false;
+}
+%s%s
+LOG { Default_Log_Level = EVENT; }
+`, ganeshaProtocols(v4), v4conf, blocks.String())
 }
 
 // StartGaneshaExports is StartGanesha serving several exports from one server (one start, a few
 // seconds, for the tests of several export rules).
 func StartGaneshaExports(t testing.TB, exports ...GaneshaExport) string {
+	t.Helper()
+	return startGanesha(t, false, exports...)
+}
+
+func startGanesha(t testing.TB, v4 bool, exports ...GaneshaExport) string {
 	t.Helper()
 	testutil.RequireRoot(t)
 	for _, b := range []string{"ganesha.nfsd", "rpcbind", "ip", "unshare"} {
@@ -106,19 +160,7 @@ func StartGaneshaExports(t testing.TB, exports ...GaneshaExport) string {
 
 	work := t.TempDir()
 	conf := filepath.Join(work, "ganesha.conf")
-	// NFSv3 only (no NFSv4 grace period, recovery directory or ID mapping); NLM and RQUOTA off.
-	var blocks strings.Builder
-	for i, e := range exports {
-		blocks.WriteString(e.config(i + 1))
-	}
-	if err := os.WriteFile(conf, fmt.Appendf(nil, `NFS_CORE_PARAM {
-  Protocols = 3;
-  Enable_NLM = false;
-  Enable_RQUOTA = false;
-}
-%s
-LOG { Default_Log_Level = EVENT; }
-`, blocks.String()), 0o644); err != nil {
+	if err := os.WriteFile(conf, ganeshaConf(work, v4, exports), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	logFile := filepath.Join(work, "ganesha.log")

@@ -115,13 +115,23 @@ func header(path string, typ byte, mode, size int64, link string) *tar.Header {
 // GoBuild builds static binaries (the images have no libc, or not the one the host linked
 // against) of the packages into outDir with one `go build`, run in dir (a module's directory).
 func GoBuild(dir, outDir, ldflags string, pkgs ...string) error {
-	args := append([]string{"build", "-trimpath", "-ldflags=-s -w " + ldflags, "-o", outDir + "/"}, pkgs...)
-	cmd := exec.Command("go", args...)
+	return goBuild(dir, outDir, ldflags, []string{"CGO_ENABLED=0"}, nil, pkgs)
+}
+
+// GoBuildCgo builds binaries with cgo and the build tags, linked against the host's libraries:
+// for an image whose root filesystem is the host's Debian release with those libraries installed.
+func GoBuildCgo(dir, outDir, ldflags string, tags []string, pkgs ...string) error {
+	return goBuild(dir, outDir, ldflags, []string{"CGO_ENABLED=1"}, []string{"-tags=" + strings.Join(tags, ",")}, pkgs)
+}
+
+func goBuild(dir, outDir, ldflags string, env, flags, pkgs []string) error {
+	args := append([]string{"build", "-trimpath", "-ldflags=-s -w " + ldflags, "-o", outDir + "/"}, flags...)
+	cmd := exec.Command("go", append(args, pkgs...)...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("go build %s: %w", strings.Join(pkgs, " "), err)
+		return fmt.Errorf("go build %s %s: %w", strings.Join(flags, " "), strings.Join(pkgs, " "), err)
 	}
 	return nil
 }

@@ -232,8 +232,8 @@ func undeclaredPackages(pkgs map[string]*dpkgPackage, declared []string) []strin
 }
 
 // checkCopies checks that each binary a stage copies from the build stage is in the image at the
-// path the COPY gives, static, and built from the package the build stage's `go build
-// ./cmd/...` makes it from.
+// path the COPY gives, executable, and built from the package (./cmd/NAME) the build stage's
+// `go build`s make it from.
 func checkCopies(t *testing.T, st *stage, root string) {
 	t.Helper()
 	for _, c := range st.copies {

@@ -7,8 +7,10 @@
 // build writes node.tar (cistern/node:V: the csi-driver and storagepool-sidecar on the Debian
 // root filesystem of hack/images/rootfs.sh, the Dockerfile's node stage) and
 // workload-controller.tar (cistern/workload-controller:V: the static binary, a passwd with the
-// non-root user 65532, nothing else), and images.json. The binaries come from one `go build` of
-// the project's root module.
+// non-root user 65532, nothing else), and images.json. The binaries come from `go build`s of the
+// project's root module: static ones, and the csi-driver with cgo and -tags libnfs (NFSv4
+// datasets), linked against the host's libc and libnfs, which the node's Debian root filesystem
+// (the same release) has.
 //
 // push reads each tarball's tag (either builder's: `docker save` writes the same format),
 // pushes cistern/NAME:TAG as REGISTRY/NAME:TAG, and with -overlay writes a kustomization that
@@ -92,7 +94,11 @@ func buildCmd(args []string) error {
 	}
 	defer os.RemoveAll(bin)
 	if err := layer.GoBuild(*root, bin, "-X main.version="+*version,
-		"./cmd/csi-driver", "./cmd/storagepool-sidecar", "./cmd/workload-controller"); err != nil {
+		"./cmd/storagepool-sidecar", "./cmd/workload-controller"); err != nil {
+		return err
+	}
+	// The node plugin reads NFSv4 datasets through libnfs (the node stage installs libnfs13).
+	if err := layer.GoBuildCgo(*root, bin, "-X main.version="+*version, []string{"libnfs"}, "./cmd/csi-driver"); err != nil {
 		return err
 	}
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"archive/tar"
+	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -193,10 +195,13 @@ func TestNodeImage(t *testing.T) {
 			t.Errorf("node image lacks /%s", f)
 		}
 	}
-	for _, bin := range []string{"usr/local/bin/csi-driver", "usr/local/bin/storagepool-sidecar"} {
-		if err := layer.RequireStatic(filepath.Join(root, bin)); err != nil {
-			t.Error(err)
-		}
+	if err := layer.RequireStatic(filepath.Join(root, "usr/local/bin/storagepool-sidecar")); err != nil {
+		t.Error(err)
+	}
+	// The driver links libnfs (NFSv4 datasets); running it below proves the image's libraries
+	// load it.
+	if libs, err := neededLibs(filepath.Join(root, "usr/local/bin/csi-driver")); err != nil || !slices.Contains(libs, "libnfs.so.13") {
+		t.Errorf("csi-driver links %v (%v), want libnfs.so.13 among them: built without -tags libnfs?", libs, err)
 	}
 	if os.Geteuid() != 0 {
 		t.Log("not root: the image's programs are not run (chroot needs root)")
@@ -221,6 +226,16 @@ func TestNodeImage(t *testing.T) {
 			t.Errorf("%v in the image: %v: %s (want %q)", c.args, err, out, c.want)
 		}
 	}
+}
+
+// neededLibs returns the shared libraries an executable names (DT_NEEDED).
+func neededLibs(path string) ([]string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.ImportedLibraries()
 }
 
 func TestControllerImage(t *testing.T) {

@@ -92,7 +92,7 @@ func DatasetAttributes(vc *datav1alpha1.VolumeConfig, cfg Config) (map[string]st
 	for opt, param := range map[string]string{
 		datav1alpha1.OptionEndpoint: consts.ParamEndpoint, datav1alpha1.OptionRegion: consts.ParamRegion,
 		datav1alpha1.OptionPathStyle: consts.ParamPathStyle, datav1alpha1.OptionInclude: consts.ParamInclude,
-		datav1alpha1.OptionExclude: consts.ParamExclude,
+		datav1alpha1.OptionExclude: consts.ParamExclude, datav1alpha1.OptionNFSVersion: consts.ParamNFSVersion,
 	} {
 		if v, ok := vc.Options[opt]; ok {
 			attrs[param] = v

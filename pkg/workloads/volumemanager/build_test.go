@@ -34,6 +34,8 @@ func TestDatasetAttributes(t *testing.T) {
 				consts.ParamRegion: "us-east-1", consts.ParamPathStyle: "true", consts.ParamInclude: "*.parquet", consts.ParamExclude: "tmp/*"}},
 		{name: "nfs", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/export/data"},
 			want: map[string]string{consts.ParamCapacity: "1Gi", consts.ParamSource: "nfs://server/export/data"}},
+		{name: "nfs version 4", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://server/data", Options: map[string]string{"nfsVersion": "4"}},
+			want: map[string]string{consts.ParamCapacity: "1Gi", consts.ParamSource: "nfs://server/data", consts.ParamNFSVersion: "4"}},
 		{name: "failure case - nfs server not allowed", vc: datav1alpha1.VolumeConfig{SourceType: "NFS", SourceURL: "nfs://10.0.0.9/export"},
 			wantErr: "NFS server 10.0.0.9 is not allowed"},
 		{name: "local under an allowed root", vc: datav1alpha1.VolumeConfig{SourceType: "Local", SourceURL: "file:///srv/datasets/imagenet"},

@@ -74,6 +74,10 @@ func TestVolumeManagerValidation(t *testing.T) {
 			v := volume(o)
 			v["sourceType"], v["sourceURL"], v["options"] = "NFS", "nfs://server/export", map[string]any{"include": "*.bin"}
 		}, ""},
+		{"valid NFSv4", func(o map[string]any) {
+			v := volume(o)
+			v["sourceType"], v["sourceURL"], v["options"] = "NFS", "nfs://server/export", map[string]any{"nfsVersion": "4"}
+		}, ""},
 		{"failure case - S3 type with an NFS URL", func(o map[string]any) { volume(o)["sourceURL"] = "nfs://server/export" }, "sourceURL must start"},
 		{"failure case - Local type with an S3 URL", func(o map[string]any) {
 			volume(o)["sourceType"] = "Local"

@@ -122,6 +122,9 @@ const (
 	OptionRegion = "region"
 	// OptionPathStyle is "true" for path-style S3 addressing.
 	OptionPathStyle = "pathStyle"
+	// OptionNFSVersion is an NFS source's protocol: "3" (default) or "4" (the dataset
+	// parameter nfsVersion).
+	OptionNFSVersion = "nfsVersion"
 	// OptionInclude and OptionExclude are glob filters on keys/paths.
 	OptionInclude = "include"
 	OptionExclude = "exclude"
@@ -168,10 +171,10 @@ type VolumeConfig struct {
 	// +kubebuilder:validation:MaxProperties=32
 	// +kubebuilder:validation:XValidation:rule="self.all(k, !k.startsWith('data.cistern.dev/') && self[k].size() <= 63)",message="label values are at most 63 characters and keys must not use the data.cistern.dev/ prefix"
 	Labels map[string]string `json:"labels,omitempty"`
-	// options: endpoint, region, pathStyle, include, exclude, secretName.
+	// options: endpoint, region, pathStyle, nfsVersion (NFS: "3" or "4"), include, exclude, secretName.
 	// +optional
-	// +kubebuilder:validation:MaxProperties=6
-	// +kubebuilder:validation:XValidation:rule="self.all(k, k in ['endpoint', 'region', 'pathStyle', 'include', 'exclude', 'secretName'] && self[k].size() <= 4096)",message="options are endpoint, region, pathStyle, include, exclude and secretName, each at most 4096 characters"
+	// +kubebuilder:validation:MaxProperties=7
+	// +kubebuilder:validation:XValidation:rule="self.all(k, k in ['endpoint', 'region', 'pathStyle', 'nfsVersion', 'include', 'exclude', 'secretName'] && self[k].size() <= 4096)",message="options are endpoint, region, pathStyle, nfsVersion, include, exclude and secretName, each at most 4096 characters"
 	Options map[string]string `json:"options,omitempty"`
 	// nodeAffinity restricts the nodes that may hold the data.
 	// +optional
