@@ -307,30 +307,21 @@ func (l *eventLog) want(t *testing.T, obj volume.ObjectRef, warning bool, reason
 
 // hasAny reports whether an Event of reason, about any object, holds every one of texts.
 func (l *eventLog) hasAny(reason string, texts ...string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-next:
-	for _, e := range l.events {
-		if e.Reason != reason {
-			continue
-		}
-		for _, s := range texts {
-			if !strings.Contains(e.Message, s) {
-				continue next
-			}
-		}
-		return true
-	}
-	return false
+	return l.find(func(e volume.Event) bool { return e.Reason == reason }, texts)
 }
 
 // has reports whether an Event of reason about obj holds every one of texts.
 func (l *eventLog) has(obj volume.ObjectRef, warning bool, reason string, texts ...string) bool {
+	return l.find(func(e volume.Event) bool { return e.Object == obj && e.Reason == reason && e.Warning == warning }, texts)
+}
+
+// find reports whether an Event that is(it) holds every one of texts.
+func (l *eventLog) find(is func(volume.Event) bool, texts []string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 next:
 	for _, e := range l.events {
-		if e.Object != obj || e.Reason != reason || e.Warning != warning {
+		if !is(e) {
 			continue
 		}
 		for _, s := range texts {
