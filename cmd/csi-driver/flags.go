@@ -18,7 +18,7 @@ import (
 
 // options are the flags that are not driver.Config fields as they stand.
 type options struct {
-	mode, httpEndpoint                                         string
+	mode, httpEndpoint, metricsSecureAddress                   string
 	defaultSize                                                int64
 	inlinePools, localSourceRoots, tenantEndpoints, nfsServers string
 	writableDatasets, webIdentityRoles, unverifiable           string
@@ -48,6 +48,7 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.DurationVar(&cfg.PoolCheckInterval, "pool-check-interval", 10*time.Second, "How often pool health and capacity are checked.")
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 30*time.Second, "How long in-flight calls may finish after SIGTERM.")
 	flag.StringVar(&o.httpEndpoint, "http-endpoint", "", "Address (host:port) serving /metrics and /healthz; empty disables it.")
+	flag.StringVar(&o.metricsSecureAddress, "metrics-secure-address", "", "Address (host:port) serving /metrics over HTTPS to callers whose token may get the /metrics non-resource URL (checked with TokenReview and SubjectAccessReview, as the workload-controller's --metrics-secure); needs API access (in-cluster, or --kubeconfig). Empty disables it.")
 	flag.StringVar(&cfg.Writable.WriteBack.Dir, "writeback-dir", "/var/lib/cistern/writeback", "Directory (on storage that outlives the node plugin) for the journals of uploads of volumes' outputs (outputTarget); empty refuses output targets.")
 	flag.DurationVar(&cfg.Writable.WriteBack.MinInterval, "writeback-min-interval", 5*time.Minute, "Shortest outputInterval (uploads of a volume's outputs at an interval while it is in use) a volume may name; shorter ones are refused at publish. Checkpoints run one at a time on the node.")
 	flag.Int64Var(&cfg.Writable.WriteBack.MaxPendingBytes, "writeback-max-pending-bytes", 100<<30, "Most bytes of outputs not uploaded yet the node may hold, each namespace's counted up to its share: a volume naming an output target is refused at publish while the node holds this much; 0 is unlimited.")

@@ -27,6 +27,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/outputevents"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/pkg/sarole"
+	"github.com/cistern-csi/cistern/pkg/securemetrics"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -88,6 +89,17 @@ func main() {
 	defer stop()
 	if o.httpEndpoint != "" {
 		go serveHTTP(ctx, o.httpEndpoint, d)
+	}
+	if o.metricsSecureAddress != "" {
+		srv, err := secureMetrics(ctx, o.metricsSecureAddress, o.kubeconfig, cfg.NodeID, d)
+		if err != nil {
+			exit(err, "Cannot serve metrics", "address", o.metricsSecureAddress)
+		}
+		go func() {
+			if err := srv.Serve(ctx); err != nil {
+				klog.ErrorS(err, "Metrics endpoint failed", "address", o.metricsSecureAddress)
+			}
+		}()
 	}
 	if inventory != nil {
 		go inventory.Run(ctx)
@@ -183,6 +195,21 @@ func setupPeers(cfg *driver.Config, o *options) (*discovery.Inventory, error) {
 		return nil, err
 	}
 	return inventory, nil
+}
+
+// secureMetrics serves /metrics over HTTPS to callers the API server authorises (securemetrics).
+func secureMetrics(ctx context.Context, addr, kubeconfig, node string, d *driver.Driver) (*securemetrics.Server, error) {
+	rc, _, err := kubeClient(kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	d.Metrics().RegisterToServer(mux, "/metrics")
+	host := node
+	if host == "" {
+		host = "cistern-node"
+	}
+	return securemetrics.New(ctx, addr, host, rc, mux)
 }
 
 func serveHTTP(ctx context.Context, addr string, d *driver.Driver) {

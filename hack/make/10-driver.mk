@@ -4,14 +4,15 @@ BENCH_TARGETS += bench-driver bench-writable
 
 # Packages whose tests need nothing but root, loop devices and mkfs, and the pure ones (fakes, no
 # root); test/scrape also needs Debian's prometheus (a real Prometheus scrapes the node plugin
-# and the storagepool-sidecar).
+# and the storagepool-sidecar) and the control plane of k8s-tools (which checks the scraper's
+# token and permission for the node plugin).
 DRIVER_PKGS := ./pkg/driver/... ./pkg/image/... ./pkg/pool/... ./pkg/overlayfs/... ./cmd/csi-driver/... ./test/scrape/...
 HOST_PACKAGES += prometheus=prometheus
 DRIVER_UNIT_PKGS := ./pkg/consts/... ./pkg/logflags/... ./pkg/ids/... ./pkg/state/... ./pkg/params/... ./pkg/sarole/... ./pkg/volume/... ./pkg/testpoint/...
 
 .PHONY: test-driver sanity bench-driver bench-writable
 ## Driver, pool and state tests with real mounts and the S3 server
-test-driver:
+test-driver: k8s-tools
 	$(GO_TEST) -count=1 $(DRIVER_UNIT_PKGS)
 	$(GO_TEST) -count=1 $(DRIVER_PKGS)
 

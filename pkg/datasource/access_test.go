@@ -101,7 +101,7 @@ func TestJoinProvesAccess(t *testing.T) {
 					t.Errorf("%s has label %s=%q", f.GetName(), l.GetName(), l.GetValue())
 				}
 			}
-			if f.GetName() == "cistern_dataset_staging_bytes_total" {
+			if f.GetName() == "cistern_dataset_staging_bytes" {
 				progress++
 			}
 		}

@@ -64,7 +64,7 @@ func newMetrics(m *Manager) *metrics {
 		// metrics are read by people who may not read the tenant's data.
 		progressDone: prometheus.NewDesc(ns+"_staging_bytes_done", "Bytes staged so far by a staging in progress.",
 			[]string{"pool", "dataset"}, nil),
-		progressTotal: prometheus.NewDesc(ns+"_staging_bytes_total", "Size of a dataset being staged.",
+		progressTotal: prometheus.NewDesc(ns+"_staging_bytes", "Size of a dataset being staged (a gauge: with _staging_bytes_done, its progress).",
 			[]string{"pool", "dataset"}, nil),
 		cachedBytes: prometheus.NewDesc(ns+"_cache_bytes", "Bytes of ready datasets cached on a pool.",
 			[]string{"pool"}, nil),

@@ -15,6 +15,7 @@ import (
 	spac "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1/applyconfiguration/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
 	spv1 "github.com/cistern-csi/cistern/pkg/rpc/storagepool/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // maxMessageLen bounds one error message, so that a chatty driver cannot grow objects.
@@ -123,6 +124,7 @@ func (d *desiredPool) status(own, current *spapi.StoragePool, reporter string, m
 	if c := p.GetCache(); c != nil && !d.shared {
 		st.Cache = datasetCache(c)
 	}
+	st.Printed = printed(p, d.shared)
 	prefix := ""
 	if d.shared && reporter != "" {
 		// Several nodes write errors into one shared object: say which node saw each.
@@ -152,6 +154,16 @@ func (d *desiredPool) status(own, current *spapi.StoragePool, reporter string, m
 	}
 	setCondition(&st, current, cond, now)
 	return st
+}
+
+// printed is the pool's sizes in human units, for the printer columns (no cache for a shared
+// pool, as status.cache).
+func printed(p *spv1.StoragePool, shared bool) *spapi.PrintedSizes {
+	out := &spapi.PrintedSizes{Total: units.HumanBytes(p.GetTotalBytes()), Available: units.HumanBytes(p.GetAvailableBytes())}
+	if c := p.GetCache(); c != nil && !shared {
+		out.Cached = units.HumanBytes(c.GetBytes())
+	}
+	return out
 }
 
 // unreachableStatus is the status to report when the driver cannot be asked: the pool is kept

@@ -183,3 +183,22 @@ func TestMergeErrorsBounded(t *testing.T) {
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
+
+// TestStatusPrinted: the printer columns' sizes are the exact quantities in human units; a
+// shared pool prints no cache, as it publishes none.
+func TestStatusPrinted(t *testing.T) {
+	now := time.Now()
+	p := localPool("fast", "node-1", 65795028<<10, 3328599654)
+	p.Cache = &spv1.DatasetCache{Bytes: 12800 << 20}
+	d, _ := newDesiredPool(p, consts.DriverName, "")
+	got := d.status(nil, nil, "", 10, now).Printed
+	want := &spapi.PrintedSizes{Total: "62.7 GiB", Available: "3.1 GiB", Cached: "12.5 GiB"}
+	if *got != *want {
+		t.Errorf("printed = %+v, want %+v", got, want)
+	}
+	p.Shared = true
+	d, _ = newDesiredPool(p, consts.DriverName, "node-1")
+	if got := d.status(nil, nil, "node-1", 10, now).Printed; got.Cached != "" || got.Total != "62.7 GiB" {
+		t.Errorf("shared pool printed = %+v, want no cache", got)
+	}
+}

@@ -24,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
@@ -32,6 +31,7 @@ import (
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	workloadsv1alpha1 "github.com/cistern-csi/cistern/pkg/apis/workloads/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/securemetrics"
 	"github.com/cistern-csi/cistern/pkg/workloads/lws"
 	"github.com/cistern-csi/cistern/pkg/workloads/nodeloss"
 	"github.com/cistern-csi/cistern/pkg/workloads/nodevolume"
@@ -204,7 +204,7 @@ func metricsOptions(cfg Config) metricsserver.Options {
 	opts := metricsserver.Options{BindAddress: cfg.MetricsAddr}
 	if cfg.MetricsSecure {
 		opts.SecureServing = true
-		opts.FilterProvider = filters.WithAuthenticationAndAuthorization
+		opts.FilterProvider = securemetrics.WithAuthenticationAndAuthorization
 	}
 	return opts
 }

@@ -40,13 +40,14 @@ func TestChartLoggingFormat(t *testing.T) {
 	}
 }
 
-// TestChartServiceMonitor: metrics.serviceMonitor is off by default (no metrics Service, no
-// ServiceMonitor); on, it adds a Service for the node plugin's and the controller's metrics, a
-// ServiceMonitor for each only where the cluster serves monitoring.coreos.com/v1, and opens the
-// node plugin's metrics port in the peer NetworkPolicy to the peers it names; on with the metrics
-// on the pod's loopback it fails, saying why.
+// TestChartServiceMonitor: the node plugin serves its metrics over HTTPS on metrics.nodePort,
+// which the peer NetworkPolicy opens (to the peers metrics.serviceMonitor.from names, else to
+// any). metrics.serviceMonitor is off by default (no metrics Service, no ServiceMonitor); on, it
+// adds a Service for the node plugin's and the controller's metrics, and a ServiceMonitor for
+// each, both scraping over HTTPS with a token, only where the cluster serves
+// monitoring.coreos.com/v1.
 func TestChartServiceMonitor(t *testing.T) {
-	const on = `metrics: {nodeEndpoint: ":9809", serviceMonitor: {enabled: true, labels: {release: prom},
+	const on = `metrics: {nodePort: 9443, serviceMonitor: {enabled: true, labels: {release: prom},
   from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: monitoring}}}]}}`
 	const (
 		nodeSvc  = "Service cistern-system/cistern-node-metrics"
@@ -77,17 +78,21 @@ func TestChartServiceMonitor(t *testing.T) {
 					t.Errorf("%s rendered", k)
 				}
 			}
+			port := "port: 8443"
+			if tc.values != "" {
+				port = "port: 9443"
+			}
 			b, _ := yaml.Marshal(got[netpol])
-			if opened := strings.Contains(string(b), "port: 9809"); opened != (tc.values != "") {
-				t.Errorf("NetworkPolicy opens the metrics port: %v, want %v:\n%s", opened, tc.values != "", b)
+			if !strings.Contains(string(b), port) {
+				t.Errorf("NetworkPolicy does not open the metrics port (%s):\n%s", port, b)
 			}
 		})
 	}
 	got := renderWithAPIs(t, on, monitors)
 	for k, want := range map[string][]string{
-		nodeSvc: {"clusterIP: None", "app.kubernetes.io/name: cistern-node", "port: 9809"},
+		nodeSvc: {"clusterIP: None", "app.kubernetes.io/name: cistern-node", "port: 9443", "targetPort: metrics"},
 		ctrlSvc: {"app.kubernetes.io/name: cistern-workload-controller", "targetPort: metrics"},
-		nodeSM:  {"release: prom", "port: metrics", "app.kubernetes.io/component: node-metrics"},
+		nodeSM:  {"release: prom", "port: https-metrics", "scheme: https", "bearerTokenFile:", "app.kubernetes.io/component: node-metrics"},
 		ctrlSM:  {"release: prom", "port: https-metrics", "scheme: https", "bearerTokenFile:"},
 		netpol:  {"kubernetes.io/metadata.name: monitoring"},
 	} {
@@ -99,12 +104,10 @@ func TestChartServiceMonitor(t *testing.T) {
 		}
 	}
 	b, _ := yaml.Marshal(got["DaemonSet cistern-system/cistern-node"])
-	if !strings.Contains(string(b), "--http-endpoint=:9809") {
-		t.Errorf("the driver does not serve metrics on the pod's address:\n%s", b)
-	}
-	out, err := helmTemplate(t, "metrics: {serviceMonitor: {enabled: true}}")
-	if err == nil || !strings.Contains(out, "metrics.nodeEndpoint") {
-		t.Errorf("serviceMonitor with metrics on the loopback: %v, want a failure naming metrics.nodeEndpoint:\n%s", err, out)
+	for _, w := range []string{"--metrics-secure-address=:9443", "--http-endpoint=127.0.0.1:9809", "containerPort: 9443"} {
+		if !strings.Contains(string(b), w) {
+			t.Errorf("the DaemonSet has no %q:\n%s", w, b)
+		}
 	}
 }
 

@@ -32,7 +32,7 @@ func (s *scenario) rbac(t *testing.T) {
 		{"create", "storage.k8s.io", "csistoragecapacities", cluster.Namespace, true},
 		{"patch", "storagepool.storage.k8s.io", "storagepools", "", true},
 		{"create", "authentication.k8s.io", "tokenreviews", "", true},
-		{"create", "authorization.k8s.io", "subjectaccessreviews", "", false},
+		{"create", "authorization.k8s.io", "subjectaccessreviews", "", true}, // the metrics port's check of its scrapers
 		{"create", "storage.k8s.io", "csistoragecapacities", "default", false},
 		{"get", "", "secrets", "default", false},
 		{"get", "", "secrets", cluster.Namespace, false},

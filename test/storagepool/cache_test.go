@@ -17,6 +17,7 @@ import (
 
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/units"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/testutil/cacheondisk"
 )
@@ -139,7 +140,9 @@ func TestDatasetInventory(t *testing.T) {
 			t.Errorf("dataset a = %+v", ds)
 		}
 		out := framework.Kubectl(t, cp, "get", "storagepools", name)
-		if !strings.Contains(out, "CACHED") || !strings.Contains(out, "20972754") {
+		// The CACHED column in human units, not the quantity's raw bytes.
+		if cached := units.HumanBytes(obj.Status.Cache.Bytes.Value()); !strings.Contains(out, "CACHED") || !strings.Contains(out, cached) ||
+			cached != "20.0 MiB" || strings.Contains(out, "20972754") {
 			t.Errorf("kubectl get storagepools:\n%s", out)
 		}
 		out = framework.Kubectl(t, cp, "get", "storagepools", "-l", consts.LabelDatasetPrefix+idA, "-o", "name")

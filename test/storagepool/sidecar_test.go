@@ -55,7 +55,7 @@ func TestPoolLifecycle(t *testing.T) {
 		}
 		waitPool(t, c, slowName, "published", func(*spapi.StoragePool) bool { return true })
 		out := framework.Kubectl(t, cp, "get", "storagepools", fastName)
-		for _, col := range []string{"DRIVER", "NODES", "TOTAL", "AVAILABLE", "HEALTHY", "AGE", consts.DriverName, "64Mi", "True"} {
+		for _, col := range []string{"DRIVER", "NODES", "TOTAL", "AVAILABLE", "HEALTHY", "AGE", consts.DriverName, "64.0 MiB", "True"} {
 			if !strings.Contains(out, col) {
 				t.Errorf("kubectl get storagepools lacks %q:\n%s", col, out)
 			}

@@ -24,11 +24,20 @@ type Prometheus struct {
 	log *lockedBuffer
 }
 
+// Target is one scrape job's endpoint: host:port of /metrics, over HTTPS when HTTPS is set (the
+// certificate is not checked: the endpoints under test are self-signed), with the bearer token
+// in TokenFile when it is not empty.
+type Target struct {
+	Addr      string
+	HTTPS     bool
+	TokenFile string
+}
+
 // StartPrometheus starts Prometheus on the loopback with one scrape job per entry of jobs (job
-// name -> host:port of a /metrics endpoint), its data under dir; it is stopped at the test's end.
+// name -> its target), its data under dir; it is stopped at the test's end.
 // Without the prometheus command the test is unavailable (testutil.Unavailable: it fails under
 // CI=true).
-func StartPrometheus(t testing.TB, dir string, jobs map[string]string) *Prometheus {
+func StartPrometheus(t testing.TB, dir string, jobs map[string]Target) *Prometheus {
 	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
@@ -42,7 +51,14 @@ func StartPrometheus(t testing.TB, dir string, jobs map[string]string) *Promethe
 	var cfg strings.Builder
 	cfg.WriteString("global: {scrape_interval: 1s, scrape_timeout: 1s}\nscrape_configs:\n")
 	for _, name := range names {
-		fmt.Fprintf(&cfg, "- job_name: %s\n  static_configs: [{targets: [%q]}]\n", name, jobs[name])
+		j := jobs[name]
+		fmt.Fprintf(&cfg, "- job_name: %s\n  static_configs: [{targets: [%q]}]\n", name, j.Addr)
+		if j.HTTPS {
+			cfg.WriteString("  scheme: https\n  tls_config: {insecure_skip_verify: true}\n")
+		}
+		if j.TokenFile != "" {
+			fmt.Fprintf(&cfg, "  authorization: {credentials_file: %q}\n", j.TokenFile)
+		}
 	}
 	config := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(config, []byte(cfg.String()), 0o644); err != nil {

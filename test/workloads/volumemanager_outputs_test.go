@@ -126,7 +126,7 @@ func TestVolumeManagerOutputs(t *testing.T) {
 
 	// The pod let it go: uploading, 5 MiB left.
 	publishOutputs(t, node, 1, spapi.VolumeOutputs{Volume: handle, Uploading: 1, BytesPending: 5 << 20})
-	held(datav1alpha1.StateRunning, datav1alpha1.ReasonUploading, "1 copies uploading (5Mi left)")
+	held(datav1alpha1.StateRunning, datav1alpha1.ReasonUploading, "1 copies uploading (5.0 MiB left)")
 
 	// The target refuses: Failed (not final), the data kept.
 	publishOutputs(t, node, 1, spapi.VolumeOutputs{Volume: handle, Uploading: 1, Failing: 1, BytesPending: 5 << 20})
@@ -135,7 +135,7 @@ func TestVolumeManagerOutputs(t *testing.T) {
 
 	// Retried and going again: no longer Failed.
 	publishOutputs(t, node, 1, spapi.VolumeOutputs{Volume: handle, Uploading: 1, BytesPending: 1 << 20})
-	held(datav1alpha1.StateRunning, datav1alpha1.ReasonUploading, "1 copies uploading (1Mi left)")
+	held(datav1alpha1.StateRunning, datav1alpha1.ReasonUploading, "1 copies uploading (1.0 MiB left)")
 
 	// The node lists fewer volumes with outputs than it holds: it cannot tell, so the wait goes on.
 	publishOutputs(t, node, 3)

@@ -64,8 +64,3 @@ env:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
-
-{{/* The port of the node plugin's metrics: metrics.nodeEndpoint's, after its last colon. */}}
-{{- define "cistern.nodeMetricsPort" -}}
-{{- regexReplaceAll "^.*:" .Values.metrics.nodeEndpoint "" -}}
-{{- end }}

@@ -14,8 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // EvictEvent tells what was evicted and why.
@@ -76,7 +76,7 @@ func (c *Cache) Room(ctx context.Context, pool string, need int64) error {
 	// Staging never takes the pool below its low watermark: the pool's volumes keep their room.
 	if low := int64(c.cfg.LowWatermark * float64(size)); free-need < low {
 		return source.Errorf(source.NoSpace, "pool %s has %s free, the dataset needs %s more and %s must stay free (--cache-low-watermark); no unused dataset is left to evict",
-			pool, dataset.HumanBytes(free), dataset.HumanBytes(need), dataset.HumanBytes(low))
+			pool, units.HumanBytes(free), units.HumanBytes(need), units.HumanBytes(low))
 	}
 	return nil
 }
@@ -105,9 +105,9 @@ func (c *Cache) Evict(ctx context.Context, pool string, need int64) {
 		return
 	}
 	target := int64(c.cfg.HighWatermark*float64(size)) + need
-	reason := fmt.Sprintf("pool free space %s is under the low watermark %s (%.0f%%)", dataset.HumanBytes(free), dataset.HumanBytes(low), 100*c.cfg.LowWatermark)
+	reason := fmt.Sprintf("pool free space %s is under the low watermark %s (%.0f%%)", units.HumanBytes(free), units.HumanBytes(low), 100*c.cfg.LowWatermark)
 	if need > 0 && free >= low {
-		reason = fmt.Sprintf("a dataset being staged needs %s and the pool has %s free", dataset.HumanBytes(need), dataset.HumanBytes(free))
+		reason = fmt.Sprintf("a dataset being staged needs %s and the pool has %s free", units.HumanBytes(need), units.HumanBytes(free))
 	}
 
 	pl := c.Lock(pool)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // Limits bound what one dataset may make the node spend. Any pod author can name a dataset (an
@@ -143,7 +144,7 @@ func (l Limits) CheckTotals(objects, bytes int64) error {
 		return source.Errorf(source.TooLarge, "it has more than %d entries, the most a dataset may have on this node", l.MaxObjects)
 	}
 	if bytes > l.MaxBytes {
-		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", HumanBytes(l.MaxBytes))
+		return source.Errorf(source.TooLarge, "it holds more than %s, the most a dataset may hold on this node", units.HumanBytes(l.MaxBytes))
 	}
 	return nil
 }

@@ -102,20 +102,6 @@ func (c Credentials) String() string {
 // Describe names the dataset in messages: "dataset <source>".
 func (s *Spec) Describe() string { return fmt.Sprintf("dataset %s", s.Source) }
 
-// HumanBytes formats n in binary units for messages.
-func HumanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for v := n / unit; v >= unit; v /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
-
 // awsHost stands for AWS S3 (a source without an endpoint) in the endpoint allow-list:
 // "*.amazonaws.com" allows it.
 const awsHost = "s3.amazonaws.com"

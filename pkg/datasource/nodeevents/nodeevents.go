@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // ReasonEvicted is the reason of an eviction's Event.
@@ -47,8 +48,8 @@ func New(client kubernetes.Interface, node, component string) *Recorder {
 // Evicted records an eviction; it is the dataset manager's OnEvict.
 func (r *Recorder) Evicted(e datasource.EvictEvent) {
 	r.recorder.Eventf(r.node, corev1.EventTypeNormal, ReasonEvicted,
-		"Evicted cached dataset %s (%d bytes, last used %s) from pool %s: %s",
-		e.Source, e.Bytes, e.LastUsed.UTC().Format(time.RFC3339), e.Pool, e.Reason)
+		"Evicted cached dataset %s (%s, last used %s) from pool %s: %s",
+		e.Source, units.HumanBytes(e.Bytes), e.LastUsed.UTC().Format(time.RFC3339), e.Pool, e.Reason)
 }
 
 // WritableCopied records a writable volume of a dataset filled with a copy because it could not

@@ -22,6 +22,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // Cache is what a job needs of the node's cache besides the dataset directory it writes:
@@ -174,7 +175,7 @@ func (s Status) String() string {
 		return fmt.Sprintf("dataset %s: %s", s.Dataset, s.Phase)
 	}
 	return fmt.Sprintf("dataset %s: %s, %s of %s (%d/%d objects, %.0f%%)", s.Dataset, s.Phase,
-		dataset.HumanBytes(s.BytesDone), dataset.HumanBytes(s.BytesTotal), s.ObjectsDone, s.ObjectsTotal,
+		units.HumanBytes(s.BytesDone), units.HumanBytes(s.BytesTotal), s.ObjectsDone, s.ObjectsTotal,
 		100*float64(s.BytesDone)/float64(max(s.BytesTotal, 1)))
 }
 
@@ -191,7 +192,7 @@ func CheckCapacity(capacity, bytes, alloc int64, complete bool) error {
 			atLeast = "at least "
 		}
 		return source.Errorf(source.TooLarge, "it holds %s%s (%s on disk), more than the %s the volume has room for",
-			atLeast, dataset.HumanBytes(bytes), dataset.HumanBytes(alloc), dataset.HumanBytes(capacity))
+			atLeast, units.HumanBytes(bytes), units.HumanBytes(alloc), units.HumanBytes(capacity))
 	}
 	return nil
 }

@@ -17,8 +17,8 @@ import (
 
 	"github.com/cistern-csi/cistern/pkg/datasource/access"
 	"github.com/cistern-csi/cistern/pkg/datasource/cache"
-	"github.com/cistern-csi/cistern/pkg/datasource/dataset"
 	"github.com/cistern-csi/cistern/pkg/datasource/source"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // manifest returns the committed manifest, listing the source first if there is none yet. The
@@ -69,7 +69,7 @@ func (j *Job) manifest(ctx context.Context) (*cache.Meta, error) {
 				return err
 			}
 			if written.n > limits.MaxManifestBytes {
-				return source.Errorf(source.TooLarge, "its manifest is larger than %s, the most a dataset may have on this node", dataset.HumanBytes(limits.MaxManifestBytes))
+				return source.Errorf(source.TooLarge, "its manifest is larger than %s, the most a dataset may have on this node", units.HumanBytes(limits.MaxManifestBytes))
 			}
 			return nil
 		})

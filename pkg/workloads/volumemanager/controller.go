@@ -122,6 +122,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	} else {
 		status.Message = fmt.Sprintf("%d volumes ready", len(status.Volumes))
 	}
+	status.Progress = Progress(status.Volumes)
 	status.Conditions = conditions(vm.Status.Conditions, vm.Generation, outcomes, ids, status.State, status.Message, w.users)
 	if hold := holdOutputs(w, keep); writesBack(&vm) || hold.held() {
 		meta.SetStatusCondition(&status.Conditions, outputsCondition(vm.Generation, hold))

@@ -249,7 +249,7 @@ func TestNodeStatusOf(t *testing.T) {
 		// Before its stager ran, nothing of the node's cache shows: another tenant may be
 		// staging or holding the same source there.
 		{name: "failure case - another staging's progress not shown", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetStaging)}, want: datav1alpha1.NodeStaging, wantInMsg: "mounting"},
-		{name: "re-staging with progress once proved", o: NodeObservation{Proved: true, Inventory: inv(spapi.DatasetStaging)}, want: datav1alpha1.NodeStaging, wantInMsg: "5 of 10"},
+		{name: "re-staging with progress once proved", o: NodeObservation{Proved: true, Inventory: inv(spapi.DatasetStaging)}, want: datav1alpha1.NodeStaging, wantInMsg: "staging: 5 B of 10 B, 50%"},
 		{name: "progress is not failure", o: NodeObservation{Stager: scheduled, MountMessage: "rpc error: code = Unavailable desc = staging; retry later"}, want: datav1alpha1.NodeStaging},
 		{name: "failure case - cached for someone else: neither Ready nor said before the stager ran", o: NodeObservation{Stager: scheduled, Inventory: inv(spapi.DatasetReady)}, want: datav1alpha1.NodeStaging, wantInMsg: "mounting"},
 		{name: "stager ran and data cached", o: NodeObservation{Stager: done, Inventory: inv(spapi.DatasetReady)}, want: datav1alpha1.NodeReady},
@@ -391,6 +391,36 @@ func TestClaimUsersMessage(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := tc.users.String(); got != tc.want {
 				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestProgress: the Progress column sums every volume's nodes in human units; a Ready node counts
+// in full, one not listed yet (no size) not at all.
+func TestProgress(t *testing.T) {
+	const gib = 1 << 30
+	for _, tc := range []struct {
+		name    string
+		volumes []datav1alpha1.Volume
+		want    string
+	}{
+		{name: "nothing listed", volumes: []datav1alpha1.Volume{{ID: "a", Nodes: []datav1alpha1.NodeStatus{{Name: "n1", State: datav1alpha1.NodePending}}}}, want: ""},
+		{name: "one node staging", volumes: []datav1alpha1.Volume{{ID: "a", Nodes: []datav1alpha1.NodeStatus{
+			{Name: "n1", State: datav1alpha1.NodeStaging, BytesDone: 3328599654, BytesTotal: 12800 << 20}}}},
+			want: "3.1 GiB of 12.5 GiB, 24%"},
+		{name: "volumes and nodes summed, ready in full", volumes: []datav1alpha1.Volume{
+			{ID: "a", Nodes: []datav1alpha1.NodeStatus{
+				{Name: "n1", State: datav1alpha1.NodeReady, BytesTotal: 2 * gib},
+				{Name: "n2", State: datav1alpha1.NodeStaging, BytesDone: gib, BytesTotal: 2 * gib}}},
+			{ID: "b", Nodes: []datav1alpha1.NodeStatus{
+				{Name: "n1", State: datav1alpha1.NodeStaging},
+				{Name: "n3", State: datav1alpha1.NodeStaging, BytesDone: 0, BytesTotal: 4 * gib}}},
+		}, want: "3.0 GiB of 8.0 GiB, 37%"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := Progress(tc.volumes); got != tc.want {
+				t.Errorf("Progress = %q, want %q", got, tc.want)
 			}
 		})
 	}

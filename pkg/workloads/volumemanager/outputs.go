@@ -10,6 +10,7 @@ import (
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	"github.com/cistern-csi/cistern/pkg/consts"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // outputHold is what keeps a VolumeManager's volumes from being released while it has an
@@ -120,7 +121,7 @@ func (h outputHold) String() string {
 		parts = append(parts, fmt.Sprintf("%d copies in use", h.inUse))
 	}
 	if h.uploading > 0 {
-		parts = append(parts, fmt.Sprintf("%d copies uploading (%s left)", h.uploading, human(h.bytes)))
+		parts = append(parts, fmt.Sprintf("%d copies uploading (%s left)", h.uploading, units.HumanBytes(h.bytes)))
 	}
 	if h.failing > 0 {
 		parts = append(parts, fmt.Sprintf("%d failing: the target refused the last attempt; retried with backoff, the data kept on the node (the pods' OutputUploadFailed events say why)", h.failing))

@@ -8,11 +8,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	datav1alpha1 "github.com/cistern-csi/cistern/pkg/apis/data/v1alpha1"
 	spapi "github.com/cistern-csi/cistern/pkg/apis/storagepool/v1alpha1"
+	"github.com/cistern-csi/cistern/pkg/units"
 )
 
 // NodeObservation is what the controller sees of one volume's data on one node.
@@ -112,10 +112,24 @@ func progress(done, total int64) string {
 	if total <= 0 {
 		return "listing the source"
 	}
-	return fmt.Sprintf("%s of %s", human(done), human(total))
+	return units.Progress(done, total)
 }
 
-func human(n int64) string { return resource.NewQuantity(n, resource.BinarySI).String() }
+// Progress sums the data staged over every volume's nodes ("3.1 GiB of 12.5 GiB, 24%"): a Ready
+// node counts in full, a node whose dataset is not listed yet not at all; "" before any is.
+func Progress(volumes []datav1alpha1.Volume) string {
+	var done, total int64
+	for _, v := range volumes {
+		for _, n := range v.Nodes {
+			d := n.BytesDone
+			if n.State == datav1alpha1.NodeReady {
+				d = n.BytesTotal
+			}
+			done, total = done+min(d, n.BytesTotal), total+n.BytesTotal
+		}
+	}
+	return units.Progress(done, total)
+}
 
 // volumeOutcome is one volume's part of the VolumeManager's state and conditions.
 type volumeOutcome struct {

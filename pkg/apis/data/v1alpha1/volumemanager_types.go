@@ -268,6 +268,10 @@ type VolumeManagerStatus struct {
 	// message explains the state.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// progress is the data staged so far over every volume's chosen nodes, in human units:
+	// "3.1 GiB of 12.5 GiB, 24%" (the bytes of the datasets listed so far; empty before any is).
+	// +optional
+	Progress string `json:"progress,omitempty"`
 	// observedGeneration is the generation this status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
@@ -287,6 +291,7 @@ type VolumeManagerStatus struct {
 // +kubebuilder:resource:shortName={vm}
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="the name labels the objects made for it: at most 63 characters"
 // +kubebuilder:printcolumn:name="State",type="string",JSONPath=".status.state"
+// +kubebuilder:printcolumn:name="Progress",type="string",JSONPath=".status.progress"
 // +kubebuilder:printcolumn:name="Message",type="string",JSONPath=".status.message",priority=1
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 type VolumeManager struct {

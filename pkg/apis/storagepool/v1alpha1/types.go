@@ -21,9 +21,9 @@ const (
 // +kubebuilder:metadata:annotations="api-approved.kubernetes.io=unapproved, experimental-only"
 // +kubebuilder:printcolumn:name="Driver",type=string,JSONPath=`.spec.driver`
 // +kubebuilder:printcolumn:name="Nodes",type=string,JSONPath=`.status.accessibleNodes`
-// +kubebuilder:printcolumn:name="Total",type=string,JSONPath=`.status.capacity.total`
-// +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.capacity.available`
-// +kubebuilder:printcolumn:name="Cached",type=string,JSONPath=`.status.cache.bytes`
+// +kubebuilder:printcolumn:name="Total",type=string,JSONPath=`.status.printed.total`
+// +kubebuilder:printcolumn:name="Available",type=string,JSONPath=`.status.printed.available`
+// +kubebuilder:printcolumn:name="Cached",type=string,JSONPath=`.status.printed.cached`
 // +kubebuilder:printcolumn:name="Datasets",type=integer,JSONPath=`.status.cache.ready`,priority=1
 // +kubebuilder:printcolumn:name="Healthy",type=string,JSONPath=`.status.conditions[?(@.type=="Healthy")].status`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
@@ -84,6 +84,24 @@ type StoragePoolStatus struct {
 	// Cache is what the node's dataset cache in this pool holds. Unset for a shared pool.
 	// +optional
 	Cache *DatasetCache `json:"cache,omitempty"`
+
+	// Printed is capacity and cache in human units, for kubectl's columns: the quantities
+	// above are exact, and read as 65795028Ki.
+	// +optional
+	Printed *PrintedSizes `json:"printed,omitempty"`
+}
+
+// PrintedSizes are a pool's sizes in human units ("62.7 GiB"), as pkg/units writes them.
+type PrintedSizes struct {
+	// Total is capacity.total.
+	// +optional
+	Total string `json:"total,omitempty"`
+	// Available is capacity.available.
+	// +optional
+	Available string `json:"available,omitempty"`
+	// Cached is cache.bytes.
+	// +optional
+	Cached string `json:"cached,omitempty"`
 }
 
 // DatasetState is the state of a dataset in a node's cache.

@@ -22,6 +22,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &storagepoolv1alpha1.DatasetCacheApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("PoolCapacity"):
 		return &storagepoolv1alpha1.PoolCapacityApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("PrintedSizes"):
+		return &storagepoolv1alpha1.PrintedSizesApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StoragePool"):
 		return &storagepoolv1alpha1.StoragePoolApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("StoragePoolError"):

@@ -107,6 +107,18 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: total
       type:
         namedType: io.k8s.apimachinery.pkg.api.resource.Quantity
+- name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.PrintedSizes
+  map:
+    fields:
+    - name: available
+      type:
+        scalar: string
+    - name: cached
+      type:
+        scalar: string
+    - name: total
+      type:
+        scalar: string
 - name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.StoragePool
   map:
     fields:
@@ -180,6 +192,9 @@ var schemaYAML = typed.YAMLObject(`types:
     - name: observedGeneration
       type:
         scalar: numeric
+    - name: printed
+      type:
+        namedType: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.PrintedSizes
 - name: com.github.cistern-csi.cistern.pkg.apis.storagepool.v1alpha1.VolumeOutputs
   map:
     fields:

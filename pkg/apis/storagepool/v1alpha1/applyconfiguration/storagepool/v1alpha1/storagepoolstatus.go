@@ -25,6 +25,9 @@ type StoragePoolStatusApplyConfiguration struct {
 	ObservedGeneration *int64 `json:"observedGeneration,omitempty"`
 	// Cache is what the node's dataset cache in this pool holds. Unset for a shared pool.
 	Cache *DatasetCacheApplyConfiguration `json:"cache,omitempty"`
+	// Printed is capacity and cache in human units, for kubectl's columns: the quantities
+	// above are exact, and read as 65795028Ki.
+	Printed *PrintedSizesApplyConfiguration `json:"printed,omitempty"`
 }
 
 // StoragePoolStatusApplyConfiguration constructs a declarative configuration of the StoragePoolStatus type for use with
@@ -90,5 +93,13 @@ func (b *StoragePoolStatusApplyConfiguration) WithObservedGeneration(value int64
 // If called multiple times, the Cache field is set to the value of the last call.
 func (b *StoragePoolStatusApplyConfiguration) WithCache(value *DatasetCacheApplyConfiguration) *StoragePoolStatusApplyConfiguration {
 	b.Cache = value
+	return b
+}
+
+// WithPrinted sets the Printed field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the Printed field is set to the value of the last call.
+func (b *StoragePoolStatusApplyConfiguration) WithPrinted(value *PrintedSizesApplyConfiguration) *StoragePoolStatusApplyConfiguration {
+	b.Printed = value
 	return b
 }
