@@ -153,7 +153,8 @@ spec:
 		}
 		slices.Sort(nodes)
 		if !slices.Equal(nodes, []string{nodeA, nodeB}) {
-			return errorf("status.volumes[0].nodes %v, want both nodes", nodes)
+			msg, _, _ := unstructured.NestedString(v, "message")
+			return errorf("status.volumes[0].nodes %v (message %q), want both nodes", nodes, msg)
 		}
 		terms, _, _ := unstructured.NestedSlice(v, "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
 		if len(terms) != 1 {

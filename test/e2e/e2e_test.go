@@ -22,7 +22,9 @@ import (
 const (
 	mib = int64(1) << 20
 	// The fast pool of node-a is too small for claimFitsOnlyB; node-b's is not. Only node-a
-	// has a bulk pool.
+	// has a bulk pool. node-b's fast pool keeps the scenarios' claims (fits-only-b's 300 MiB, the
+	// LWS claims wherever the scheduler puts them) and still has room above the cache watermark
+	// for the datasets the later scenarios stage there.
 	nodeA = "node-a"
 	nodeB = "node-b"
 )
@@ -33,7 +35,7 @@ var nodes = []cluster.NodeSpec{
 		{Name: "bulk", Size: 512 * mib, Labels: map[string]string{"media": "hdd"}},
 	}},
 	{Name: nodeB, Pools: []cluster.PoolSpec{
-		{Name: "fast", Size: 512 * mib, Labels: map[string]string{"media": "ssd"}},
+		{Name: "fast", Size: 768 * mib, Labels: map[string]string{"media": "ssd"}},
 	}},
 }
 
