@@ -106,7 +106,8 @@ GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@ $(RACE)
 
 # Static checks first: go vet and staticcheck over every package of the main module (with the
 # benchmarks that are built with -tags bench) and of hack/images, gofmt over every Go file of the
-# tree, and the size limits of product files (700 lines) and functions (80) (hack/codesize).
+# tree, the size limits of product files (700 lines) and functions (80) (hack/codesize), and the
+# layering of the product packages, each forbidden import a rule (hack/layering).
 .PHONY: vet verify
 TEST_TARGETS := vet verify
 # How `make test` runs them (below): areas add their node suites to TEST_SECOND_LANE.
@@ -123,7 +124,7 @@ vet: $(STATICCHECK)
 	@hack/make/help.sh --check
 	@unformatted=$$(gofmt -l .); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO_TEST) -count=1 ./hack/codesize/
+	$(GO_TEST) -count=1 ./hack/codesize/ ./hack/layering/
 
 # The generated code (CRDs, deepcopy, apply configurations, RBAC, the webhook manifest, protobuf)
 # is what the generators make from the committed sources: regenerate, then fail on any file they

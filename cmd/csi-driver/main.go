@@ -19,12 +19,12 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
-	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
 	"github.com/cistern-csi/cistern/pkg/datasource/peer"
-	"github.com/cistern-csi/cistern/pkg/datasource/peer/discovery"
 	"github.com/cistern-csi/cistern/pkg/driver"
 	"github.com/cistern-csi/cistern/pkg/logflags"
+	"github.com/cistern-csi/cistern/pkg/nodeevents"
 	"github.com/cistern-csi/cistern/pkg/outputevents"
+	"github.com/cistern-csi/cistern/pkg/peerdirectory"
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/pkg/sarole"
 	"github.com/cistern-csi/cistern/pkg/securemetrics"
@@ -74,7 +74,7 @@ func main() {
 	if cfg.Mode != driver.ModeController {
 		serviceAccountRoles(&cfg, o.kubeconfig)
 	}
-	var inventory *discovery.Inventory
+	var inventory *peerdirectory.Inventory
 	if cfg.Peers.Listen != "" {
 		var err error
 		if inventory, err = setupPeers(&cfg, &o); err != nil {
@@ -166,7 +166,7 @@ func kubeClient(kubeconfig string) (*rest.Config, kubernetes.Interface, error) {
 
 // setupPeers prepares peer fan-out: the peer port's certificate and authenticator, and the
 // client side that finds peers in the StoragePool inventory (docs/datasets.md).
-func setupPeers(cfg *driver.Config, o *options) (*discovery.Inventory, error) {
+func setupPeers(cfg *driver.Config, o *options) (*peerdirectory.Inventory, error) {
 	if cfg.NodeID == "" || o.peerAdvertise == "" {
 		return nil, errors.New("--peer-listen needs --node-id and --peer-advertise")
 	}
@@ -189,7 +189,7 @@ func setupPeers(cfg *driver.Config, o *options) (*discovery.Inventory, error) {
 	// Requests name versions bound to the asking node and this one, by the names the
 	// StoragePools publish (peer.BindVersion).
 	cfg.Peers.Server.Self, cfg.Peers.Server.NodeName = self, poolpublisher.LabelValue
-	inventory := discovery.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: o.peerAdvertise, CertHash: hash})
+	inventory := peerdirectory.New(spClient, cfg.NodeID, peer.Peer{Node: self, Address: o.peerAdvertise, CertHash: hash})
 	token := &peer.TokenFile{Path: o.peerTokenFile}
 	if cfg.Datasets.Peers, err = peer.NewNetwork(peer.NetworkConfig{Self: self, Directory: inventory, Token: token.Token}); err != nil {
 		return nil, err

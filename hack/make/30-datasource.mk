@@ -30,7 +30,7 @@ $(RCLONE):
 ## Dataset staging and streaming tests against versitygw, go-nfs, nfs-ganesha (NFSv4), real mounts and FUSE
 test-datasource: $(VERSITYGW) k8s-tools
 	CISTERN_VERSITYGW=$(VERSITYGW) CISTERN_REQUIRE_PEERS=1 \
-	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/... ./pkg/streamfs/... ./pkg/fusekeeper/...
+	  $(GO_TEST) -count=1 -timeout 15m ./pkg/datasource/... ./pkg/nodeevents/... ./pkg/peerdirectory/... ./pkg/streamfs/... ./pkg/fusekeeper/...
 
 # The benchmark runs `aws s3 cp` from Debian's awscli; installed where the benchmark runs, not for
 # make test.

@@ -22,7 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/cistern-csi/cistern/pkg/consts"
-	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
+	"github.com/cistern-csi/cistern/pkg/nodeevents"
 	"github.com/cistern-csi/cistern/pkg/streamfs"
 	"github.com/cistern-csi/cistern/test/framework"
 	"github.com/cistern-csi/cistern/test/framework/realnode"

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/cistern-csi/cistern/pkg/datasource"
-	"github.com/cistern-csi/cistern/pkg/datasource/nodeevents"
+	"github.com/cistern-csi/cistern/pkg/nodeevents"
 	"github.com/cistern-csi/cistern/test/framework"
 )
 

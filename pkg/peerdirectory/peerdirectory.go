@@ -1,4 +1,6 @@
-// Package discovery finds a node's peers for a dataset in the StoragePool inventory and
+// Package peerdirectory is the peer engine's Directory (peer.Directory) over the StoragePool
+// inventory, outside the data engine: it is the one part of peer fan-out that talks to the pools
+// API. It finds a node's peers for a dataset in the StoragePool inventory and
 // publishes the node's own peer endpoint there.
 //
 // Every node's StoragePools list the datasets its cache holds, Ready or Staging
@@ -7,7 +9,7 @@
 // certificate it serves there (peer.AnnotationEndpoint, peer.AnnotationCertHash). The annotations
 // are written with a field manager of their own, so the sidecar's server-side apply keeps them.
 // One informer over StoragePools answers every lookup from memory.
-package discovery
+package peerdirectory
 
 import (
 	"context"
