@@ -107,7 +107,8 @@ GO_TEST = GO=$(GO) $(CURDIR)/hack/make/gotest.sh $@ $(RACE)
 # Static checks first: go vet and staticcheck over every package of the main module (with the
 # benchmarks that are built with -tags bench) and of hack/images, gofmt over every Go file of the
 # tree, the size limits of product files (700 lines) and functions (80) (hack/codesize), and the
-# layering of the product packages, each forbidden import a rule (hack/layering).
+# layering of the product packages, each forbidden import a rule (hack/layering); no merge
+# conflict markers left in any file.
 .PHONY: vet verify
 TEST_TARGETS := vet verify
 # How `make test` runs them (below): areas add their node suites to TEST_SECOND_LANE.
@@ -124,6 +125,7 @@ vet: $(STATICCHECK)
 	@hack/make/help.sh --check
 	@unformatted=$$(gofmt -l .); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	@if git grep -nE '^(<<<<<<<|>>>>>>>)( |$$)' -- . ':!*.go.golden'; then echo "merge conflict markers left in the files above"; exit 1; fi
 	$(GO_TEST) -count=1 ./hack/codesize/ ./hack/layering/
 
 # The generated code (CRDs, deepcopy, apply configurations, RBAC, the webhook manifest, protobuf)
