@@ -54,6 +54,7 @@ var removalBackoff = wait.Backoff{Duration: time.Second, Factor: 2, Jitter: 0.1,
 // context's error.
 func Run(ctx context.Context, client kubernetes.Interface, node, driver string, ready <-chan struct{}) error {
 	logger := klog.FromContext(ctx).WithValues("node", node, "taint", Key)
+	ctx = klog.NewContext(ctx, logger)
 	select {
 	case <-ready:
 	case <-ctx.Done():
@@ -84,7 +85,7 @@ func waitRegistered(ctx context.Context, client kubernetes.Interface, node, driv
 		cn, err := client.StorageV1().CSINodes().Get(ctx, node, metav1.GetOptions{})
 		if err != nil {
 			if !apierrors.IsNotFound(err) {
-				logger.Error(err, "Cannot read the CSINode; retrying", "node", node)
+				logger.Error(err, "Cannot read the CSINode; retrying")
 			}
 			return false, nil
 		}
@@ -93,7 +94,7 @@ func waitRegistered(ctx context.Context, client kubernetes.Interface, node, driv
 				return true, nil
 			}
 		}
-		logger.V(3).Info("Waiting for kubelet to register the driver", "node", node, "driver", driver)
+		logger.V(3).Info("Waiting for kubelet to register the driver", "driver", driver)
 		return false, nil
 	})
 }
