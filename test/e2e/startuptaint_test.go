@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -63,7 +64,15 @@ func (p *policyScenario) startupTaint(t *testing.T) {
 	_, err = startuptaint.Remove(c, p.unbound.CoreV1().Nodes(), nodeC)
 	refused(t, err, "not bound to a pod on a node")
 
-	// Its own Node: nothing but the startup taint going.
+	// Its own Node: nothing but the startup taint going. (Indexes as they are now:
+	// kube-controller-manager may have put taints of its own first.)
+	current, err := p.cp.Client.CoreV1().Nodes().Get(c, nodeC, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	indexOf := func(key string) string {
+		return strconv.Itoa(slices.IndexFunc(current.Spec.Taints, func(t corev1.Taint) bool { return t.Key == key }))
+	}
 	for _, tc := range []struct {
 		name, patch string
 		typ         types.PatchType
@@ -73,9 +82,9 @@ func (p *policyScenario) startupTaint(t *testing.T) {
 		{"annotation", `{"metadata":{"annotations":{"taken":"yes"}}}`, types.MergePatchType, "may not change its Node's labels, annotations"},
 		{"cordon", `{"spec":{"unschedulable":true}}`, types.MergePatchType, "may not change its Node's spec"},
 		{"provider", `{"spec":{"providerID":"fake://elsewhere"}}`, types.MergePatchType, "may not change its Node's spec"},
-		{"another taint removed", `[{"op":"remove","path":"/spec/taints/1"}]`, types.JSONPatchType, "no other taint"},
+		{"another taint removed", `[{"op":"remove","path":"/spec/taints/` + indexOf(dedicated.Key) + `"}]`, types.JSONPatchType, "no other taint"},
 		{"a taint added", `[{"op":"add","path":"/spec/taints/-","value":{"key":"x","effect":"NoSchedule"}}]`, types.JSONPatchType, "no other taint"},
-		{"startup taint removed with a label", `[{"op":"remove","path":"/spec/taints/0"},{"op":"add","path":"/metadata/labels/taken","value":"yes"}]`,
+		{"startup taint removed with a label", `[{"op":"remove","path":"/spec/taints/` + indexOf(consts.StartupTaintKey) + `"},{"op":"add","path":"/metadata/labels/taken","value":"yes"}]`,
 			types.JSONPatchType, "may not change its Node's labels, annotations"},
 	} {
 		_, err := asC.CoreV1().Nodes().Patch(c, nodeC, tc.typ, []byte(tc.patch), metav1.PatchOptions{})
@@ -104,10 +113,13 @@ func (p *policyScenario) startupTaint(t *testing.T) {
 		t.Fatalf("a removal patch from a stale read: want a Conflict, got %v", err)
 	}
 
-	// A pod for node C is not scheduled while the taint is there.
+	// A pod for node C, tolerating every taint there but the startup taint, is not scheduled
+	// while that taint is there.
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "wants-node-c", Namespace: p.ns}, Spec: corev1.PodSpec{
 		NodeSelector: map[string]string{corev1.LabelHostname: nodeC},
-		Containers:   []corev1.Container{{Name: "c", Image: "registry.invalid/none"}},
+		Tolerations: []corev1.Toleration{{Key: dedicated.Key, Operator: corev1.TolerationOpExists},
+			{Key: corev1.TaintNodeNotReady, Operator: corev1.TolerationOpExists}},
+		Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/none"}},
 	}}
 	if _, err := p.cp.Client.CoreV1().Pods(p.ns).Create(c, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
