@@ -105,11 +105,7 @@ func main() {
 	if inventory != nil {
 		go inventory.Run(ctx)
 	}
-	if o.removeStartupTaint {
-		if err := removeStartupTaint(ctx, o.kubeconfig, cfg, d); err != nil {
-			exit(err, "Cannot remove the startup taint")
-		}
-	}
+	removeStartupTaint(ctx, &o, cfg, d)
 	klog.InfoS("Starting Cistern CSI driver", "version", version, "driver", cfg.DriverName, "node", cfg.NodeID, "mode", cfg.Mode)
 	if err := d.Run(ctx); err != nil {
 		exit(err, "Driver stopped with an error")
@@ -134,19 +130,21 @@ func serviceAccountRoles(cfg *driver.Config, kubeconfig string) {
 	cfg.Datasets.ServiceAccountRoles = sarole.Reader{Client: client.CoreV1()}
 }
 
-// removeStartupTaint removes the node's startup taint in the background once d serves and
-// kubelet has registered it (pkg/startuptaint).
-func removeStartupTaint(ctx context.Context, kubeconfig string, cfg driver.Config, d *driver.Driver) error {
-	_, client, err := kubeClient(kubeconfig)
+// removeStartupTaint, with --remove-startup-taint, removes the node's startup taint in the
+// background once d serves and kubelet has registered it (pkg/startuptaint).
+func removeStartupTaint(ctx context.Context, o *options, cfg driver.Config, d *driver.Driver) {
+	if !o.removeStartupTaint {
+		return
+	}
+	_, client, err := kubeClient(o.kubeconfig)
 	if err != nil {
-		return err
+		exit(err, "Cannot remove the startup taint")
 	}
 	go func() {
 		if err := startuptaint.Run(ctx, client, cfg.NodeID, cfg.DriverName, d.Ready()); err != nil && ctx.Err() == nil {
 			klog.ErrorS(err, "Startup taint not removed", "node", cfg.NodeID)
 		}
 	}()
-	return nil
 }
 
 // eventRecorder records Events on the node through the in-cluster configuration or kubeconfig.
