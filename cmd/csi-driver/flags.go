@@ -25,7 +25,7 @@ type options struct {
 	nfsUID, nfsGID                                             uint
 	peerAdvertise, peerTokenFile, peerAccounts                 string
 	peerReviews                                                peer.ReviewLimits
-	events, showVersion                                        bool
+	events, removeStartupTaint, showVersion                    bool
 	kubeconfig                                                 string
 }
 
@@ -63,7 +63,8 @@ func bindDriverFlags(cfg *driver.Config, o *options) {
 	flag.IntVar(&cfg.Streaming.MaxVolumes, "streaming-max-volumes", volume.DefaultMaxStreamingVolumes, "Most streaming volumes the node serves at once (each a FUSE server in the plugin and a record in the FUSE keeper's memory): one more is refused at publish/stage with ResourceExhausted; 0 is the default.")
 	flag.IntVar(&cfg.Streaming.MaxVolumesPerNamespace, "streaming-max-volumes-per-namespace", 0, "Most streaming volumes of one namespace (the pod's; for a PersistentVolume, its claim's as external-provisioner names it) the node serves at once: one more is refused at publish/stage with ResourceExhausted while other namespaces still get theirs. Volumes that name no namespace (an administrator's static PVs) share one such bound. 0 is a quarter of --streaming-max-volumes.")
 	flag.BoolVar(&o.events, "events", false, "Record dataset cache evictions, writable dataset volumes copied for want of overlayfs, streaming volumes staged for want of FUSE, and objects nothing could check (--unverifiable-objects), as Events on this node's Node object, and the write-back of volumes' outputs (started, failed and retried, finished, target refused) as Events on their pod or claim (needs API access: in-cluster, or --kubeconfig).")
-	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events, --peer-listen and the ServiceAccounts of datasets with roleFrom=serviceAccount; empty uses the in-cluster configuration.")
+	flag.BoolVar(&o.removeStartupTaint, "remove-startup-taint", false, "Remove the taint "+consts.StartupTaintKey+" (any effect; the administrator registers nodes with it) from this node's Node once the plugin listens on its socket and kubelet has registered it (the node's CSINode lists the driver), so that pods needing Cistern volumes are kept off the node until then. Only that taint, only this node (--node-id): deploy/csi's cistern-node-startup-taint policy admits nothing else. Needs API access (in-cluster, or --kubeconfig).")
+	flag.StringVar(&o.kubeconfig, "kubeconfig", "", "Kubeconfig for --events, --peer-listen, --remove-startup-taint and the ServiceAccounts of datasets with roleFrom=serviceAccount; empty uses the in-cluster configuration.")
 	flag.BoolVar(&o.showVersion, "version", false, "Print the version and exit.")
 }
 
@@ -160,6 +161,9 @@ func (o *options) complete(cfg *driver.Config) error {
 		return fmt.Errorf("invalid --writable-datasets %q: layer or copy", o.writableDatasets)
 	}
 	cfg.Mode = driver.Mode(o.mode)
+	if o.removeStartupTaint && (cfg.NodeID == "" || cfg.Mode == driver.ModeController) {
+		return fmt.Errorf("--remove-startup-taint needs --node-id and a mode that serves the node (all or node)")
+	}
 	cfg.DefaultVolumeSize = o.defaultSize
 	return nil
 }

@@ -40,3 +40,18 @@ func TestUnverifiableObjectsFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestRemoveStartupTaintFlag: --remove-startup-taint needs the node it removes the taint from,
+// and a plugin that serves that node.
+func TestRemoveStartupTaintFlag(t *testing.T) {
+	for _, tc := range []struct {
+		node, mode string
+		ok         bool
+	}{{"n1", "all", true}, {"n1", "node", true}, {"", "all", false}, {"n1", "controller", false}} {
+		cfg := driver.Config{NodeID: tc.node}
+		o := options{writableDatasets: "layer", mode: tc.mode, removeStartupTaint: true}
+		if err := o.complete(&cfg); (err == nil) != tc.ok {
+			t.Errorf("--remove-startup-taint --node-id=%q --mode=%s: err %v", tc.node, tc.mode, err)
+		}
+	}
+}

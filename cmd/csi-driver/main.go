@@ -28,6 +28,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/poolpublisher"
 	"github.com/cistern-csi/cistern/pkg/sarole"
 	"github.com/cistern-csi/cistern/pkg/securemetrics"
+	"github.com/cistern-csi/cistern/pkg/startuptaint"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -104,6 +105,7 @@ func main() {
 	if inventory != nil {
 		go inventory.Run(ctx)
 	}
+	removeStartupTaint(ctx, &o, cfg, d)
 	klog.InfoS("Starting Cistern CSI driver", "version", version, "driver", cfg.DriverName, "node", cfg.NodeID, "mode", cfg.Mode)
 	if err := d.Run(ctx); err != nil {
 		exit(err, "Driver stopped with an error")
@@ -126,6 +128,23 @@ func serviceAccountRoles(cfg *driver.Config, kubeconfig string) {
 		return
 	}
 	cfg.Datasets.ServiceAccountRoles = sarole.Reader{Client: client.CoreV1()}
+}
+
+// removeStartupTaint, with --remove-startup-taint, removes the node's startup taint in the
+// background once d serves and kubelet has registered it (pkg/startuptaint).
+func removeStartupTaint(ctx context.Context, o *options, cfg driver.Config, d *driver.Driver) {
+	if !o.removeStartupTaint {
+		return
+	}
+	_, client, err := kubeClient(o.kubeconfig)
+	if err != nil {
+		exit(err, "Cannot remove the startup taint")
+	}
+	go func() {
+		if err := startuptaint.Run(ctx, client, cfg.NodeID, cfg.DriverName, d.Ready()); err != nil && ctx.Err() == nil {
+			klog.ErrorS(err, "Startup taint not removed", "node", cfg.NodeID)
+		}
+	}()
 }
 
 // eventRecorder records Events on the node through the in-cluster configuration or kubeconfig.

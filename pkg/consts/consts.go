@@ -91,6 +91,12 @@ const (
 	// treats such PVs as written by the VolumeManager's (untrusted) author.
 	VolumeManagerHandlePrefix = "cistern-vm-"
 
+	// StartupTaintKey is the node taint that keeps pods off a node until its node plugin serves
+	// and kubelet has registered it: the administrator registers nodes with it (kubelet
+	// --register-with-taints), the node DaemonSet tolerates it, and the node plugin with
+	// --remove-startup-taint removes it from its own Node (pkg/startuptaint).
+	StartupTaintKey = "cistern.csi.dev/agent-not-ready"
+
 	// LabelPool and LabelNode label StoragePool objects.
 	LabelPool = "cistern.csi.dev/pool"
 	LabelNode = "cistern.csi.dev/node"

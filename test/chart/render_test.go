@@ -140,6 +140,24 @@ nodePVPolicy: {secretNamespaces: "default,datasets"}
 	}
 }
 
+// TestChartStartupTaint: node.startupTaint.remove=false drops the flag; the DaemonSet tolerates
+// the startup taint whatever node.tolerations says (the plugin must start where it is).
+func TestChartStartupTaint(t *testing.T) {
+	got := renderChart(t, namespace, `
+image: {registry: registry.example.com/storage/, tag: v1.2.3}
+node: {startupTaint: {remove: false}, tolerations: [{key: dedicated, operator: Exists}]}
+`)
+	b, _ := yaml.Marshal(got["DaemonSet cistern-system/cistern-node"])
+	if strings.Contains(string(b), "--remove-startup-taint") {
+		t.Errorf("node.startupTaint.remove=false still passes --remove-startup-taint:\n%s", b)
+	}
+	for _, want := range []string{"key: cistern.csi.dev/agent-not-ready", "key: dedicated"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("DaemonSet tolerations have no %q:\n%s", want, b)
+		}
+	}
+}
+
 func compare(t *testing.T, want, got objects) {
 	t.Helper()
 	for _, k := range keys(want) {

@@ -35,9 +35,10 @@ import (
 )
 
 // TestNodeAdmissionPolicies: what deploy/csi's ValidatingAdmissionPolicies let a node plugin do
-// with PersistentVolumes and StoragePools, by real requests to the API server under tokens bound
-// to the node DaemonSet's pods, as kubelet projects them (the API server names the pod's node in
-// them). RBAC grants both cluster-wide; the policies hold each node to its own.
+// with PersistentVolumes, StoragePools and its Node's startup taint, by real requests to the API
+// server under tokens bound to the node DaemonSet's pods, as kubelet projects them (the API
+// server names the pod's node in them). RBAC grants each cluster-wide; the policies hold each
+// node to its own.
 func TestNodeAdmissionPolicies(t *testing.T) {
 	cp := framework.Shared(t)
 	cluster.CreateNamespace(t, cp)
@@ -70,6 +71,7 @@ func TestNodeAdmissionPolicies(t *testing.T) {
 	t.Run("ReleaseAfterSecretGrantRevoked", p.releaseAfterRevocation)
 	t.Run("ClaimsOfOwnNode", p.claims)
 	t.Run("StoragePoolsOfOwnNode", p.storagePools)
+	t.Run("StartupTaintOfOwnNode", p.startupTaint)
 	t.Run("WorkloadControllerWrites", p.controllerWrites)
 	t.Run("WorkloadControllerStatefulSets", p.controllerStatefulSets)
 }

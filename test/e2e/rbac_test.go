@@ -37,6 +37,8 @@ func (s *scenario) rbac(t *testing.T) {
 		{"get", "", "secrets", "default", false},
 		{"get", "", "secrets", cluster.Namespace, false},
 		{"update", "", "nodes", "", false},
+		{"patch", "", "nodes", "", true}, // --remove-startup-taint; held to its own Node by cistern-node-startup-taint
+		{"delete", "", "nodes", "", false},
 		{"delete", "", "pods", cluster.Namespace, false},
 		{"create", "apps", "daemonsets", cluster.Namespace, false},
 	} {
