@@ -38,6 +38,10 @@ func main() {
 		runKeeper(os.Args[2:])
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "check-install" {
+		runCheckInstall(os.Args[2:])
+		return
+	}
 	cfg := driver.Config{VendorVersion: version}
 	var o options
 	logCfg := logflags.Register(flag.CommandLine)
