@@ -11,7 +11,7 @@ import (
 const certManagerOn = "workloadController: {webhook: {certManager: {enabled: true}}}"
 
 // TestChartWebhookCertManager: workloadController.webhook.certManager renders cert-manager's
-// Certificate for the webhook Service into the Secret the controller otherwise keeps itself,
+// Certificate for the webhook Service into a Secret of its own (not the controller's Opaque one),
 // signed by a CA of the release's own (self-signed Issuer, CA Certificate, CA Issuer) or by the
 // issuerRef given; the webhook configurations take their CA from it (inject-ca-from); the
 // controller mounts the Secret where it serves from and is told not to provision; and its roles
@@ -47,7 +47,7 @@ func TestChartWebhookCertManager(t *testing.T) {
 		t.Errorf("serving certificate's dnsNames (-want +got):\n%s", d)
 	}
 	secret := nested(serving, "spec", "secretName")
-	if secret != "cistern-workload-webhook-cert" {
+	if secret != "cistern-workload-webhook-tls" {
 		t.Errorf("serving certificate's Secret %v", secret)
 	}
 	// The Service the configurations call is the one the certificate names.
