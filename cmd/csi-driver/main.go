@@ -35,8 +35,8 @@ import (
 var version = "dev"
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "fuse-keeper" {
-		runKeeper(os.Args[2:])
+	if run, ok := subcommands[firstArg()]; ok {
+		run(os.Args[2:])
 		return
 	}
 	cfg := driver.Config{VendorVersion: version}
@@ -114,6 +114,17 @@ func main() {
 }
 
 // exit logs err and ends the process, flushing the log.
+// subcommands run instead of the plugin when named first: the FUSE keeper's DaemonSet, and the
+// check `helm test` runs.
+var subcommands = map[string]func(args []string){"fuse-keeper": runKeeper, "check-install": runCheckInstall}
+
+func firstArg() string {
+	if len(os.Args) > 1 {
+		return os.Args[1]
+	}
+	return ""
+}
+
 func exit(err error, msg string, kv ...any) {
 	klog.ErrorS(err, msg, kv...)
 	klog.FlushAndExit(klog.ExitFlushTimeout, 1)

@@ -18,7 +18,7 @@ type options struct {
 	lwsAPI, localRoots, nfsServers, maxCapacity string
 	qps                                         float64
 	burst                                       int
-	podPlacement, showVersion                   bool
+	podPlacement, certProvisioning, showVersion bool
 }
 
 // bindFlags registers every flag: the controller's straight into cfg, the others into o.
@@ -38,7 +38,10 @@ func bindFlags(cfg *workloads.Config, o *options) {
 	flag.BoolVar(&cfg.DisableWebhooks, "disable-webhooks", false, "run without admission webhooks")
 	flag.StringVar(&cfg.WebhookHost, "webhook-host", "", "address the webhook server listens on (and, with --webhook-self-register, the address the API server dials)")
 	flag.IntVar(&cfg.WebhookPort, "webhook-port", 9443, "webhook server port")
-	flag.StringVar(&cfg.WebhookCertDir, "webhook-cert-dir", os.TempDir()+"/cistern-workload-webhook", "directory for the serving certificate")
+	flag.StringVar(&cfg.WebhookCertDir, "webhook-cert-dir", os.TempDir()+"/cistern-workload-webhook", "directory for the serving certificate (tls.crt, tls.key)")
+	flag.BoolVar(&o.certProvisioning, "webhook-cert-provisioning", true,
+		"issue and renew the webhook certificate (--webhook-secret-name) and inject its CA into the webhook configurations; "+
+			"false serves the certificate another issuer keeps in --webhook-cert-dir (cert-manager's Secret, mounted) and writes neither")
 	flag.BoolVar(&cfg.WebhookSelfRegister, "webhook-self-register", false, "register URL-based webhook configurations for https://<webhook-host>:<webhook-port> (tests, demo)")
 	flag.StringVar(&cfg.WebhookServiceName, "webhook-service-name", "cistern-workload-webhook", "Service in front of the webhook server")
 	flag.StringVar(&cfg.WebhookServiceNamespace, "webhook-namespace", envOr("POD_NAMESPACE", "cistern-system"), "namespace of the webhook Service and certificate Secret")
@@ -75,6 +78,7 @@ func bindFlags(cfg *workloads.Config, o *options) {
 // complete moves the parsed options into cfg; its errors name the flag.
 func (o *options) complete(cfg *workloads.Config) error {
 	cfg.DisablePodPlacement = !o.podPlacement
+	cfg.DisableWebhookCertProvisioning = !o.certProvisioning
 	var err error
 	if cfg.LeaderWorkerSetAPI, err = workloads.ParseLeaderWorkerSetAPI(o.lwsAPI); err != nil {
 		return fmt.Errorf("--leaderworkerset-api: %w", err)

@@ -10,10 +10,11 @@ generate-storagepool: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object applyconfiguration crd:crdVersions=v1 \
 	  paths=./pkg/apis/storagepool/... output:crd:artifacts:config=deploy/csi/crds
 
-# Unit tests, then the real driver + real sidecar + real API server suite.
+# Unit tests (the publisher, the install check `helm test` runs), then the real driver + real
+# sidecar + real API server suite.
 ## storagepool-sidecar unit tests, then real driver + sidecar + API server
 test-sidecar: k8s-tools
-	$(GO_TEST) -count=1 ./pkg/poolpublisher/... ./cmd/storagepool-sidecar/...
+	$(GO_TEST) -count=1 ./pkg/poolpublisher/... ./pkg/installcheck/... ./cmd/storagepool-sidecar/...
 	$(GO_TEST) -count=1 -v -run 'Test' ./test/storagepool/... | tail -n 200; exit $${PIPESTATUS[0]}
 
 # 1,000 simulated nodes x 4 pools on a real API server; prints its table (figures go to

@@ -78,8 +78,14 @@ type Config struct {
 	// WebhookHost and WebhookPort are where the webhook server listens.
 	WebhookHost string
 	WebhookPort int
-	// WebhookCertDir receives the serving certificate.
+	// WebhookCertDir receives the serving certificate (tls.crt, tls.key), or holds it when
+	// DisableWebhookCertProvisioning.
 	WebhookCertDir string
+	// DisableWebhookCertProvisioning serves the certificate someone else keeps in WebhookCertDir
+	// (cert-manager's Secret, mounted; the server reloads it on change) and touches neither the
+	// certificate Secret nor the webhook configurations' caBundle, so the controller needs no
+	// permission on them.
+	DisableWebhookCertProvisioning bool
 	// WebhookSelfRegister registers URL-based configurations for https://WebhookHost:WebhookPort
 	// (tests, make demo); otherwise the configurations reach the server through
 	// WebhookServiceNamespace/WebhookServiceName and only their caBundle is managed.
@@ -181,7 +187,10 @@ func (c *Config) validate() error {
 	if c.WebhookCertDir == "" {
 		errs = append(errs, errors.New("webhook certificate directory not set"))
 	}
-	if c.WebhookServiceNamespace == "" || c.WebhookSecretName == "" {
+	if c.DisableWebhookCertProvisioning && c.WebhookSelfRegister {
+		errs = append(errs, errors.New("--webhook-self-register needs --webhook-cert-provisioning: it writes the CA into the configurations it registers"))
+	}
+	if !c.DisableWebhookCertProvisioning && (c.WebhookServiceNamespace == "" || c.WebhookSecretName == "") {
 		errs = append(errs, errors.New("webhook namespace and certificate Secret name are required"))
 	}
 	if c.WebhookSelfRegister && c.WebhookHost == "" {
@@ -262,7 +271,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		opts.Controller.SkipNameValidation = ptr.To(true)
 	}
 	var certs *webhookcert.CertProvisioner
-	if !cfg.DisableWebhooks {
+	if !cfg.DisableWebhooks && !cfg.DisableWebhookCertProvisioning {
 		var err error
 		if certs, err = c.certProvisioner(scheme, lwsAPI); err != nil {
 			return err
@@ -272,7 +281,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		if err := certs.Ensure(ctx); err != nil {
 			return err
 		}
-		opts.WebhookServer = webhook.NewServer(webhook.Options{Host: cfg.WebhookHost, Port: cfg.WebhookPort, CertDir: cfg.WebhookCertDir})
+	}
+	if !cfg.DisableWebhooks {
+		opts.WebhookServer = webhookServer(cfg)
 	}
 
 	mgr, err := ctrl.NewManager(restConfig, opts)
@@ -282,7 +293,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.setupReconcilers(mgr); err != nil {
 		return err
 	}
-	if certs != nil {
+	if !cfg.DisableWebhooks {
 		if err := c.setupWebhooks(mgr, scheme, certs); err != nil {
 			return err
 		}
@@ -290,8 +301,17 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
 	}
-	logger.Info("starting the manager", "webhooks", certs != nil, "selfRegister", cfg.WebhookSelfRegister, "snapshotContents", cfg.SnapshotContents)
+	logger.Info("starting the manager", "webhooks", !cfg.DisableWebhooks, "certProvisioning", certs != nil,
+		"selfRegister", cfg.WebhookSelfRegister, "snapshotContents", cfg.SnapshotContents)
 	return mgr.Start(ctx)
+}
+
+// webhookServer serves the webhooks with the tls.crt and tls.key of WebhookCertDir, which
+// controller-runtime's certificate watcher reloads when they change: the provisioner's files, or
+// a mounted Secret that cert-manager renews.
+func webhookServer(cfg Config) webhook.Server {
+	return webhook.NewServer(webhook.Options{Host: cfg.WebhookHost, Port: cfg.WebhookPort, CertDir: cfg.WebhookCertDir,
+		CertName: webhookcert.CertKey, KeyName: webhookcert.KeyKey})
 }
 
 // certProvisioner is the webhooks' certificate provisioner: the serving certificate for the
@@ -356,7 +376,8 @@ func (c *Controller) setupReconcilers(mgr ctrl.Manager) error {
 	return nil
 }
 
-// setupWebhooks registers the admission webhooks and the certificate provisioner with mgr.
+// setupWebhooks registers the admission webhooks and the certificate provisioner (nil when the
+// certificate is provisioned by someone else) with mgr.
 func (c *Controller) setupWebhooks(mgr ctrl.Manager, scheme *runtime.Scheme, certs *webhookcert.CertProvisioner) error {
 	if err := lws.RegisterWebhooks(mgr.GetWebhookServer(), scheme); err != nil {
 		return err
@@ -366,8 +387,10 @@ func (c *Controller) setupWebhooks(mgr ctrl.Manager, scheme *runtime.Scheme, cer
 	if !c.cfg.DisablePodPlacement {
 		placement.Register(mgr.GetWebhookServer(), scheme, mgr.GetAPIReader(), c.cfg.driverName())
 	}
-	if err := mgr.Add(certs); err != nil {
-		return err
+	if certs != nil {
+		if err := mgr.Add(certs); err != nil {
+			return err
+		}
 	}
 	return mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker())
 }

@@ -21,6 +21,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "failure case - no API server", mod: func(c *Config) { c.RestConfig = nil }, want: "no API server configuration"},
 		{name: "failure case - self-register without host", mod: func(c *Config) { c.WebhookSelfRegister = true },
 			want: "--webhook-self-register needs --webhook-host"},
+		{name: "mounted certificate needs no Secret", mod: func(c *Config) { c.DisableWebhookCertProvisioning, c.WebhookSecretName = true, "" }},
+		{name: "failure case - self-register with a mounted certificate", mod: func(c *Config) {
+			c.DisableWebhookCertProvisioning, c.WebhookSelfRegister, c.WebhookHost = true, true, "127.0.0.1"
+		}, want: "--webhook-self-register needs --webhook-cert-provisioning"},
 		{name: "failure case - no service", mod: func(c *Config) { c.WebhookServiceName = "" }, want: "webhook Service name is required"},
 		{name: "failure case - bad port, no cert dir", mod: func(c *Config) { c.WebhookPort, c.WebhookCertDir = 0, "" },
 			want: "webhook port 0 out of range\nwebhook certificate directory not set"},

@@ -45,6 +45,9 @@ func TestChartValuesSchema(t *testing.T) {
 		{values: "pools: {profiles: {default: {pools: [{name: fast, path: /mnt/fast, lables: {a: b}}]}}}", wrong: "lables"},
 		{values: "sidecars: {provisioner: {image: x, args: [--v=5]}}", wrong: "args"},
 		{values: "crds: {kept: false}", wrong: "kept"},
+		{values: "workloadController: {webhook: {certManger: {enabled: true}}}", wrong: "certManger"},
+		{values: "metrics: {grafanaDashboard: {enbled: true}}", wrong: "enbled"},
+		{values: "workloadController: {webhook: {certManager: {enabled: true, issuerRef: {nmae: corp-ca}}}}", wrong: "nmae"},
 	} {
 		t.Run("misspelt "+tc.wrong, func(t *testing.T) {
 			out, err := helmLint(t, testImages, tc.values)

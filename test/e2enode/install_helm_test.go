@@ -92,6 +92,19 @@ nodePVPolicy: {secretNamespaces: default}
 	t.Logf("helm install:\n%s", out)
 }
 
+// test runs `helm test`: its pod (csi-driver check-install) passes once the CSIDriver exists and
+// the node that registered the driver has published its StoragePools, which the steps before
+// waited for; helm fails the run when the pod fails.
+func (h *helmInstall) test(t *testing.T, in *install) {
+	t.Helper()
+	// No --logs: the pod that passed is deleted at once (hook-succeeded), a failed one kept.
+	out := h.run(t, in, "test", helmRelease, "--timeout=3m")
+	if !strings.Contains(out, "cistern-check-install") || !strings.Contains(out, "Succeeded") {
+		t.Errorf("helm test did not report its pod Succeeded:\n%s", out)
+	}
+	t.Logf("helm test:\n%s", out)
+}
+
 // upgrade moves both images to their tag with suffix; every other value stays.
 func (h *helmInstall) upgrade(t *testing.T, in *install, suffix string) {
 	t.Helper()

@@ -174,6 +174,11 @@ func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1
 		}
 	})
 	t.Run("storagepools", func(t *testing.T) { in.waitStoragePools(t) })
+	if in.helm != nil {
+		// The chart's own check, as a user runs it after installing: one restricted pod of the
+		// node image, already pulled (TestChartHelmTest checks its rendering).
+		t.Run("helm-test", func(t *testing.T) { in.helm.test(t, in) })
+	}
 	t.Run("workload-controller", func(t *testing.T) { in.checkController(t) })
 
 	in.ns = framework.CreateNamespace(t, in.cp, "e2einstall")
