@@ -1,12 +1,15 @@
 package volume
 
-// Progress Events of the stagings volumes wait for (docs/datasets.md, "What a claim shows while
-// its dataset stages"). NodeStageVolume answers Unavailable while a dataset stages and kubelet
-// retries it, so without these a claim's owner sees only kubelet's FailedMount Warnings. A
-// volume gets a DatasetStaging Event once its staging has run for an interval, then at most one
-// per interval (kubelet's retries do not add any: the schedule is the volume's, not the call's),
-// and DatasetStaged when the data is on the node; a staging done within the first interval
-// posts nothing.
+// Progress Events of the stagings volumes wait for (docs/datasets.md, "What happens when").
+// NodeStageVolume answers Unavailable while a dataset stages and kubelet retries it, so without
+// these a claim's owner sees only kubelet's FailedMount Warnings. A volume gets a DatasetStaging
+// Event once its staging has run for an interval, the next after twice that, and so on up to a
+// longest interval (kubelet's retries add none: the schedule is the volume's, not the call's),
+// and DatasetStaged when the data is on the node; a staging done within the first interval posts
+// nothing. The doubling is what keeps a long staging to a handful of Events: client-go's
+// recorder lets an object have 25 Events of a type, then one per 5 minutes, and drops the rest
+// silently (its spam filter), which a fixed 20 s would run dry in 8 minutes, DatasetStaged
+// included.
 
 import (
 	"fmt"
@@ -28,17 +31,22 @@ const (
 	ReasonDatasetStaged  = "DatasetStaged"
 )
 
-// DefaultStagingEventInterval is StagingEvents.Interval's default: a ten-minute staging makes
-// about 30 Events, a one-minute one 3 and the DatasetStaged.
-const DefaultStagingEventInterval = 20 * time.Second
+// The defaults of StagingEvents.Interval and MaxInterval: Events after 20 s, 1 min, 2 min 20 s,
+// 5 min, then every 5 min (the recorder's refill rate): a one-minute staging makes 2 Events and
+// DatasetStaged, a ten-minute one 5, an hour's 15.
+const (
+	DefaultStagingEventInterval    = 20 * time.Second
+	DefaultStagingEventMaxInterval = 5 * time.Minute
+)
 
 // StagingEvents configures the progress Events of the stagings volumes wait for.
 type StagingEvents struct {
 	// OnEvent, when set, records them (the write-back's recorder, pkg/outputevents).
 	OnEvent func(Event)
 	// Interval is how long a staging runs before its first Event, and the least time between
-	// two Events of one volume (0: DefaultStagingEventInterval).
-	Interval time.Duration
+	// two Events of one volume, which doubles after each up to MaxInterval (0:
+	// DefaultStagingEventInterval, DefaultStagingEventMaxInterval).
+	Interval, MaxInterval time.Duration
 	// Clock tells the time (nil: the real clock); tests step a fake one.
 	Clock clock.PassiveClock
 }
@@ -54,10 +62,11 @@ type stagingReports struct {
 type stagingReport struct {
 	obj     ObjectRef
 	dataset string
-	started time.Time // when the volume was first seen waiting
-	at      time.Time // the last Event's time (started before the first)
-	bytesAt int64     // BytesDone then
-	posted  bool      // a DatasetStaging Event went out
+	started time.Time     // when the volume was first seen waiting
+	at      time.Time     // the last Event's time (started before the first)
+	bytesAt int64         // BytesDone then
+	wait    time.Duration // from at to the next Event
+	posted  bool          // a DatasetStaging Event went out
 }
 
 // newStagingReports returns the reports of cfg, or nil when Events are off.
@@ -68,6 +77,10 @@ func newStagingReports(cfg StagingEvents) *stagingReports {
 	if cfg.Interval <= 0 {
 		cfg.Interval = DefaultStagingEventInterval
 	}
+	if cfg.MaxInterval <= 0 {
+		cfg.MaxInterval = DefaultStagingEventMaxInterval
+	}
+	cfg.MaxInterval = max(cfg.MaxInterval, cfg.Interval)
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
@@ -75,8 +88,8 @@ func newStagingReports(cfg StagingEvents) *stagingReports {
 }
 
 // progress takes the status st of the staging volume id waits for: the first call starts the
-// volume's report; a DatasetStaging Event about obj is posted once the interval has passed
-// since the last one (or since the start).
+// volume's report; a DatasetStaging Event about obj is posted once the volume's wait has passed
+// since the last one (or since the start), and the wait doubles.
 func (r *stagingReports) progress(id string, obj ObjectRef, dataset string, st datasource.Status) {
 	if r == nil || st.Ready() {
 		return
@@ -85,17 +98,18 @@ func (r *stagingReports) progress(id string, obj ObjectRef, dataset string, st d
 	r.mu.Lock()
 	rep := r.byVolume[id]
 	if rep == nil {
-		r.byVolume[id] = &stagingReport{obj: obj, dataset: dataset, started: now, at: now, bytesAt: st.BytesDone}
+		r.byVolume[id] = &stagingReport{obj: obj, dataset: dataset, started: now, at: now, bytesAt: st.BytesDone, wait: r.cfg.Interval}
 		r.mu.Unlock()
 		return
 	}
 	since := now.Sub(rep.at)
-	if since < r.cfg.Interval {
+	if since < rep.wait {
 		r.mu.Unlock()
 		return
 	}
 	msg := stagingMessage(rep.dataset, st, st.BytesDone-rep.bytesAt, since)
 	rep.at, rep.bytesAt, rep.posted = now, st.BytesDone, true
+	rep.wait = min(2*rep.wait, r.cfg.MaxInterval)
 	r.mu.Unlock()
 	// Outside the lock: the recorder may read the claim's UID from the API server.
 	r.cfg.OnEvent(Event{Object: rep.obj, Reason: ReasonDatasetStaging, Message: msg})
@@ -131,7 +145,7 @@ func (r *stagingReports) forget(id string) {
 }
 
 // stagingMessage is a DatasetStaging Event's message: the progress of st, and the rate of the
-// fetched bytes over the last since and the time left at that rate, when both are known.
+// bytes fetched over the last since and the time left at that rate, when both are known.
 func stagingMessage(dataset string, st datasource.Status, fetched int64, since time.Duration) string {
 	switch {
 	case st.Phase == datasource.PhaseListing:
@@ -186,7 +200,7 @@ func podWatch(id string, volumeContext map[string]string) *stagingWatch {
 	return &stagingWatch{volumeID: id, obj: ObjectRef{Kind: "Pod", Namespace: ns, Name: name, UID: uid}}
 }
 
-// watchStaging reports, every quarter interval until stop is called, the progress of the
+// watchStaging reports, every quarter of the first interval until stop is called, the progress of the
 // staging of spec on pool that w waits for. stop returns once no report is under way, so that
 // DatasetStaged follows the last DatasetStaging.
 func (s *Service) watchStaging(w *stagingWatch, pool string, spec *datasource.Spec) (stop func()) {
@@ -203,7 +217,7 @@ func (s *Service) watchStaging(w *stagingWatch, pool string, spec *datasource.Sp
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(r.cfg.Interval / 4)
+		t := time.NewTicker(max(r.cfg.Interval/4, time.Millisecond))
 		defer t.Stop()
 		for {
 			select {

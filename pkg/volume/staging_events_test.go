@@ -20,9 +20,10 @@ func fetching(done, total int64) datasource.Status {
 }
 
 // TestStagingEventsRateLimited steps a fake clock through one volume's staging, polled every
-// 5s as watchStaging does: nothing in the first interval, then one DatasetStaging per interval
-// (however often it is polled, and across kubelet's retries), with the rate of the last interval
-// and the time left at it, and DatasetStaged at the end.
+// 5s as watchStaging does: nothing in the first interval, then one DatasetStaging after 20s, 40s
+// more, 80s more (however often it is polled, and across kubelet's retries), up to one per 5
+// minutes, with the rate since the last one and the time left at it, and DatasetStaged at the
+// end.
 func TestStagingEventsRateLimited(t *testing.T) {
 	clk := clocktesting.NewFakePassiveClock(time.Date(2026, 12, 4, 21, 0, 0, 0, time.UTC))
 	var got []Event
@@ -35,47 +36,48 @@ func TestStagingEventsRateLimited(t *testing.T) {
 		done += fetched
 		r.progress("v1", claim, "s3://bucket/prefix/", fetching(done, total))
 	}
+	wantEvents := func(when string, n int, suffix string) {
+		t.Helper()
+		if len(got) != n {
+			t.Fatalf("%s: %d Events, want %d: %+v", when, len(got), n, got)
+		}
+		if n == 0 {
+			return
+		}
+		if e := got[n-1]; e.Object != claim || e.Warning || e.Reason != ReasonDatasetStaging || !strings.HasSuffix(e.Message, suffix) {
+			t.Fatalf("%s: Event %+v, want Normal %s on %+v ending %q", when, e, ReasonDatasetStaging, claim, suffix)
+		}
+	}
 	step(0, 0)
 	for range 3 { // 15s at 100 MiB per 5s: within the first interval
 		step(5*time.Second, 100<<20)
 	}
-	if len(got) != 0 {
-		t.Fatalf("Events within the first interval: %+v", got)
-	}
+	wantEvents("15s", 0, "")
 	step(5*time.Second, 100<<20) // 20s: 400 MiB in 20s
-	for range 3 {
-		step(5*time.Second, 50<<20) // 35s: 150 MiB more in 15s
+	if want := "Staging dataset s3://bucket/prefix/: 400.0 MiB of 3.0 GiB, 13%, 20.0 MiB/s, about 2m14s left"; len(got) != 1 || got[0].Message != want {
+		t.Fatalf("20s: %+v, want %q", got, want)
 	}
-	if len(got) != 1 {
-		t.Fatalf("%d Events in 35s, want 1: %+v", len(got), got)
+	for range 7 {
+		step(5*time.Second, 50<<20) // 55s: 350 MiB more in 35s
 	}
-	step(5*time.Second, 50<<20) // 40s: 200 MiB in 20s, 600 MiB done
-	if len(got) != 2 {
-		t.Fatalf("%d Events in 40s, want 2: %+v", len(got), got)
-	}
-	for i, want := range []string{
-		"Staging dataset s3://bucket/prefix/: 400.0 MiB of 3.0 GiB, 13%, 20.0 MiB/s, about 2m14s left",
-		"Staging dataset s3://bucket/prefix/: 600.0 MiB of 3.0 GiB, 19%, 10.0 MiB/s, about 4m7s left",
-	} {
-		if e := got[i]; e.Object != claim || e.Warning || e.Reason != ReasonDatasetStaging || e.Message != want {
-			t.Errorf("Event %d: %+v, want Normal %s %q on %+v", i, e, ReasonDatasetStaging, want, claim)
-		}
-	}
-	// kubelet's retry after a minute's backoff: the staging went on meanwhile; the first poll of
-	// the new call posts, with the rate over the whole gap.
-	step(time.Minute, 600<<20)
-	if len(got) != 3 || !strings.HasSuffix(got[2].Message, ": 1.2 GiB of 3.0 GiB, 39%, 10.0 MiB/s, about 3m7s left") {
-		t.Fatalf("after the retry: %+v", got)
-	}
-	// Stalled: no rate, no time left.
-	step(30*time.Second, 0)
-	if len(got) != 4 || !strings.HasSuffix(got[3].Message, "1.2 GiB of 3.0 GiB, 39%, nothing fetched in the last 30s") {
-		t.Fatalf("stalled: %+v", got)
-	}
+	wantEvents("55s", 1, "")
+	step(5*time.Second, 50<<20) // 60s: 400 MiB in the 40s since
+	wantEvents("60s", 2, ": 800.0 MiB of 3.0 GiB, 26%, 10.0 MiB/s, about 3m47s left")
+	// kubelet's retry after two minutes' backoff: the staging went on meanwhile; the first poll
+	// of the new call posts (80s have passed), with the rate over the whole gap.
+	step(2*time.Minute, 1200<<20)
+	wantEvents("180s", 3, ": 2.0 GiB of 3.0 GiB, 65%, 10.0 MiB/s, about 1m47s left")
+	// Stalled: no rate, no time left; the wait was 160s, the next is 5 minutes, not 320s.
+	step(160*time.Second, 0)
+	wantEvents("340s", 4, ": 2.0 GiB of 3.0 GiB, 65%, nothing fetched in the last 2m40s")
+	step(299*time.Second, 0)
+	wantEvents("639s", 4, "")
+	step(time.Second, 0)
+	wantEvents("640s", 5, "nothing fetched in the last 5m0s")
 	clk.SetTime(clk.Now().Add(time.Minute))
 	r.staged("v1", datasource.Status{Dataset: "s3://bucket/prefix/", Phase: datasource.PhaseReady, BytesDone: total, BytesTotal: total})
-	want := "Dataset s3://bucket/prefix/ is staged on the node: 3.0 GiB in 3m10s"
-	if len(got) != 5 || got[4].Reason != ReasonDatasetStaged || got[4].Warning || got[4].Message != want || got[4].Object != claim {
+	want := "Dataset s3://bucket/prefix/ is staged on the node: 3.0 GiB in 11m40s"
+	if len(got) != 6 || got[5].Reason != ReasonDatasetStaged || got[5].Warning || got[5].Message != want || got[5].Object != claim {
 		t.Fatalf("staged: %+v, want Normal %s %q", got, ReasonDatasetStaged, want)
 	}
 	if len(r.byVolume) != 0 {
