@@ -71,6 +71,7 @@ func main() {
 		}
 		defer outputs.Stop()
 		cfg.Writable.WriteBack.OnEvent = outputs.Record
+		cfg.Staging.OnEvent = outputs.Record
 	}
 	if cfg.Mode != driver.ModeController {
 		serviceAccountRoles(&cfg, o.kubeconfig)
@@ -170,7 +171,8 @@ func eventRecorder(kubeconfig, node string) (*nodeevents.Recorder, error) {
 	return nodeevents.New(client, node, "cistern-csi-driver"), nil
 }
 
-// outputEvents records the write-back's Events on the pods and claims whose outputs they are.
+// outputEvents records the write-back's Events on the pods and claims whose outputs they are,
+// and the progress of the stagings their volumes wait for.
 func outputEvents(kubeconfig, node string) (*outputevents.Recorder, error) {
 	_, client, err := kubeClient(kubeconfig)
 	if err != nil {

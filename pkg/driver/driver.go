@@ -61,6 +61,9 @@ type Config struct {
 	Writable volume.WritableDatasets
 	// Streaming configures streaming dataset volumes (dataMode=streaming).
 	Streaming volume.StreamingVolumes
+	// Staging configures the progress Events of the stagings volumes wait for (on their claim
+	// or inline volume's pod); the zero value posts none.
+	Staging volume.StagingEvents
 	// VolumeDevSuid mounts volumes without nodev,nosuid (--volume-dev-suid; docs/security.md).
 	VolumeDevSuid bool
 	// Datasets configures dataset staging (see dataset.go); its Pools come from the pools config.
@@ -191,7 +194,7 @@ func newDriver(cfg Config, images volume.Images) (*Driver, error) {
 	}
 	d.volumes = volume.New(volume.Config{NodeID: cfg.NodeID, Store: store, Pools: d.pools, Images: images,
 		Mounter: d.mounter, Resizer: d.resizer, Datasets: d.cache, Inline: cfg.Inline, Writable: cfg.Writable,
-		Streaming: cfg.Streaming, DevSuid: cfg.VolumeDevSuid})
+		Streaming: cfg.Streaming, DevSuid: cfg.VolumeDevSuid, Staging: cfg.Staging})
 	reg.MustRegister(d.volumes.WriteBackCollectors()...)
 	reg.MustRegister(d.volumes.ReadyCollectors()...)
 	d.volumes.MigrateTreeRecords(cfg.StateDir)

@@ -1,6 +1,8 @@
-// Package outputevents records the write-back's Events (pkg/volume, writeback_events.go) on the
-// pod or claim whose outputs they are, where `kubectl describe pod` or `kubectl describe pvc`
-// shows them: uploads started, failed (and retried), finished, and output targets refused.
+// Package outputevents records the Events of a volume on its pod or claim, where `kubectl
+// describe pod` or `kubectl describe pvc` shows them: the write-back's (pkg/volume,
+// writeback_events.go: uploads started, failed and retried, finished, output targets refused)
+// and the progress of the staging the volume waits for (staging_events.go: DatasetStaging,
+// DatasetStaged).
 package outputevents
 
 import (
@@ -19,7 +21,7 @@ import (
 	"github.com/cistern-csi/cistern/pkg/volume"
 )
 
-// Recorder records the Events of one node's write-backs.
+// Recorder records the Events of one node's volumes on their pods and claims.
 type Recorder struct {
 	client      kubernetes.Interface
 	broadcaster record.EventBroadcaster
@@ -37,7 +39,7 @@ func New(client kubernetes.Interface, node, component string) *Recorder {
 	}
 }
 
-// Record records e; it is the volume service's WriteBack.OnEvent. A claim is named by its UID,
+// Record records e; it is the volume service's WriteBack.OnEvent and StagingEvents.OnEvent. A claim is named by its UID,
 // which kubectl describe looks Events up by: read from the API server (a claim deleted while its
 // outputs upload gets its Event by name only).
 func (r *Recorder) Record(e volume.Event) {

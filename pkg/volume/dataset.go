@@ -146,8 +146,9 @@ func budget(ctx context.Context, def time.Duration) (context.Context, context.Ca
 // awaitDataset waits for a volume's dataset to be staged on its pool and for the caller to prove,
 // with the secrets it brings, that it may read it. It returns the version proved, Unavailable with
 // the progress while staging goes on (kubelet retries), and the staging error with its own code
-// when staging failed.
-func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets, volumeContext map[string]string) (string, error) {
+// when staging failed. While it waits, the staging's progress is posted as Events about w's
+// claim or pod (staging_events.go; w nil: none).
+func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolName string, capacity int64, secrets, volumeContext map[string]string, w *stagingWatch) (string, error) {
 	if err := s.datasets.CheckEndpoint(spec); err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())
 	}
@@ -157,7 +158,10 @@ func (s *Service) awaitDataset(ctx context.Context, spec *datasource.Spec, poolN
 	}
 	wctx, cancel := budget(ctx, 30*time.Second)
 	defer cancel()
+	stop := s.watchStaging(w, poolName, spec)
 	st, err := s.datasets.Prepare(wctx, poolName, spec, creds, capacity, false)
+	stop()
+	s.endWatch(w, st, err)
 	if err != nil {
 		return "", status.Error(datasource.Code(err), err.Error())
 	}

@@ -95,6 +95,7 @@ func (iv *imageVolume) Unstage(ctx context.Context, path string) error {
 	}
 	s.stopCheckpoints(iv.id)
 	s.ready.forget(iv.id)
+	s.staging.forget(iv.id)
 	st.done("checkpoints")
 	if ok && s.handsOff(v) {
 		return s.handOffStreamed(ctx, v, path, st)

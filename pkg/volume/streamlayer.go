@@ -66,7 +66,7 @@ func (s *Service) streamOrAwait(ctx context.Context, v *state.Volume, spec *data
 			return lower, version, err
 		}
 	}
-	version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets, volumeContext)
+	version, err = s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), secrets, volumeContext, claimWatch(*v, volumeContext))
 	return "", version, err
 }
 

@@ -56,6 +56,7 @@ func (tv *treeVolume) Stage(ctx context.Context, r StageRequest) error {
 // Unstage releases a static PV's dataset.
 func (tv *treeVolume) Unstage(ctx context.Context, path string) error {
 	tv.s.ready.forget(tv.id)
+	tv.s.staging.forget(tv.id)
 	if tv.rec == nil || tv.inline {
 		return status.Errorf(codes.NotFound, "volume %s does not exist", tv.id)
 	}
@@ -164,6 +165,7 @@ func copyID(id, target string) string {
 // writable copy of a static PV is deleted.
 func (tv *treeVolume) Unpublish(ctx context.Context, target string) error {
 	tv.s.ready.forget(tv.id)
+	tv.s.staging.forget(tv.id)
 	if tv.inline && tv.rec != nil {
 		return tv.release(ctx, target)
 	}
@@ -283,7 +285,11 @@ func (tv *treeVolume) awaitOrStream(ctx context.Context, rec state.TreeVolume, s
 			return served, version, err
 		}
 	}
-	version, err = tv.s.awaitDataset(ctx, spec, rec.Pool, capacity, secrets, attrs)
+	var w *stagingWatch // a static PV's claim is named by no record the driver trusts
+	if tv.inline {
+		w = podWatch(tv.id, attrs)
+	}
+	version, err = tv.s.awaitDataset(ctx, spec, rec.Pool, capacity, secrets, attrs, w)
 	return false, version, err
 }
 
@@ -291,6 +297,7 @@ func (tv *treeVolume) awaitOrStream(ctx context.Context, rec state.TreeVolume, s
 func (tv *treeVolume) release(ctx context.Context, path string) error {
 	s, t := tv.s, tv.rec
 	s.ready.forget(t.ID)
+	s.staging.forget(t.ID)
 	if err := s.streams.stop(t.ID); err != nil {
 		return Internal("unmounting streaming dataset", err)
 	}

@@ -57,6 +57,9 @@ type Config struct {
 	Streaming StreamingVolumes
 	// DevSuid mounts volumes without nodev,nosuid (--volume-dev-suid; mount.go).
 	DevSuid bool
+	// Staging configures the progress Events of the stagings volumes wait for
+	// (staging_events.go); the zero value posts none.
+	Staging StagingEvents
 }
 
 // InlineLimits bound inline ephemeral volumes, which any pod author writes: their size (a
@@ -91,6 +94,9 @@ type Service struct {
 	wb *writeBacks
 	// ready times dataset volumes to their data being ready (ready_metrics.go).
 	ready *readyClock
+	// staging reports the progress of the stagings volumes wait for (staging_events.go); nil
+	// when its Events are off.
+	staging *stagingReports
 }
 
 // New returns a Service over cfg.
@@ -99,7 +105,7 @@ func New(cfg Config) *Service {
 		mounter: cfg.Mounter, resizer: cfg.Resizer, datasets: cfg.Datasets, inline: cfg.Inline,
 		writable: cfg.Writable, overlayMount: cfg.Writable.OverlayMount,
 		streams: newStreamMounts(cfg.Streaming), streaming: cfg.Streaming, devSuid: cfg.DevSuid,
-		ready: newReadyClock()}
+		ready: newReadyClock(), staging: newStagingReports(cfg.Staging)}
 	if s.overlayMount == nil {
 		s.overlayMount = func(options, target string) error { return mountOverlay(options, target, s.volumeFlags()) }
 	}
@@ -316,6 +322,7 @@ func (s *Service) Delete(v state.Volume) error {
 		return Internal("removing volume state", err)
 	}
 	s.ready.forget(v.ID)
+	s.staging.forget(v.ID)
 	s.pools.UpdateCapacity(v.Pool)
 	return nil
 }

@@ -49,7 +49,7 @@ func (s *Service) stagePending(ctx context.Context, v state.Volume, path string)
 // version) is the caller's error.
 func (s *Service) publishPodIdentity(ctx context.Context, v *state.Volume, spec *datasource.Spec, r PublishRequest) error {
 	if !v.StagePending {
-		version, err := s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), r.Secrets, r.VolumeContext)
+		version, err := s.awaitDataset(ctx, spec, v.Pool, usableBytes(v.CapacityBytes), r.Secrets, r.VolumeContext, claimWatch(*v, r.VolumeContext))
 		if err != nil {
 			return err
 		}
