@@ -61,15 +61,15 @@ func serveClusterDNS(t *testing.T, cp *framework.ControlPlane) {
 			if err != nil {
 				return
 			}
-			if reply, err := answerDNS(cp, buf[:n]); err == nil {
+			if reply, err := answerDNS(buf[:n], func(name string) (net.IP, bool) { return serviceIP(cp, name) }); err == nil {
 				_, _ = conn.WriteTo(reply, addr)
 			}
 		}
 	}()
 }
 
-// answerDNS builds the reply to one query.
-func answerDNS(cp *framework.ControlPlane, query []byte) ([]byte, error) {
+// answerDNS builds the reply to one query, the address of a name from lookup.
+func answerDNS(query []byte, lookup func(name string) (net.IP, bool)) ([]byte, error) {
 	var p dnsmessage.Parser
 	h, err := p.Start(query)
 	if err != nil {
@@ -82,7 +82,7 @@ func answerDNS(cp *framework.ControlPlane, query []byte) ([]byte, error) {
 	// Authoritative, recursion available: Go's resolver takes an empty answer of any other
 	// server for a lame referral.
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
-	ip, found := serviceIP(cp, q.Name.String())
+	ip, found := lookup(q.Name.String())
 	if !found {
 		rh.RCode = dnsmessage.RCodeNameError
 	}
