@@ -118,14 +118,38 @@ kind-up:
 
 # deploy/csi with the images of this build (kustomize images: entries in _output/deploy-kind), and
 # the replacements that copy the controller's image into COMPARE_IMAGE and STAGER_IMAGE after them.
+# KIND_S3_ALLOW_PLAIN_HTTP=true adds the driver's --s3-allow-plain-http (the quick start's S3
+# server is a pod on plain HTTP).
+KIND_S3_ALLOW_PLAIN_HTTP ?=
 ## Installs deploy/csi with this build's images into the kind cluster
 kind-deploy: kind-load
 	@mkdir -p _output/deploy-kind
-	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: \"%s\"\n- name: cistern/workload-controller\n  newTag: \"%s\"\n%s' \
+	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/csi\nimages:\n- name: cistern/node\n  newTag: \"%s\"\n- name: cistern/workload-controller\n  newTag: \"%s\"\n%s\n' \
 	  $(IMAGE_TAG) $(IMAGE_TAG) "$$(sed -n '/^replacements:/,$$p' deploy/csi/workload-controller/kustomization.yaml)" >_output/deploy-kind/kustomization.yaml
+	@if [ "$(KIND_S3_ALLOW_PLAIN_HTTP)" = true ]; then \
+	  printf 'patches:\n- target: {kind: DaemonSet, name: cistern-node}\n  patch: |-\n    - op: test\n      path: /spec/template/spec/containers/0/name\n      value: driver\n    - op: add\n      path: /spec/template/spec/containers/0/args/-\n      value: --s3-allow-plain-http\n' \
+	    >>_output/deploy-kind/kustomization.yaml; fi
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) apply --server-side -k _output/deploy-kind
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) wait --for=condition=Established crd --all --timeout=60s
 	$(KUBECTL) --context kind-$(KIND_CLUSTER) -n cistern-system rollout status daemonset/cistern-node --timeout=180s
+
+# The quick start's S3 server image (versitygw, built by this project: `make node-images`), for
+# deploy/quickstart, whose images: entry names it localhost/cistern/versitygw:v1.
+.PHONY: kind-load-quickstart push-quickstart
+## Loads the quick start's S3 server image into the kind cluster
+kind-load-quickstart: node-images
+	$(KIND) load image-archive --name $(KIND_CLUSTER) $(NODE_IMAGES)/versitygw.tar
+
+# Pushes it as $(REGISTRY)/versitygw:v1 and writes _output/quickstart, deploy/quickstart pointed
+# at it: `kubectl apply -k _output/quickstart`.
+## Pushes the quick start's S3 server image to REGISTRY and writes _output/quickstart pointed at it
+push-quickstart: node-images
+	@test -n "$(REGISTRY)" || { echo "usage: make push-quickstart REGISTRY=registry.example.com/path"; exit 1; }
+	@cd hack/images && $(GO) run ./release push -registry $(REGISTRY) $(NODE_IMAGES)/versitygw.tar >/dev/null
+	@mkdir -p _output/quickstart
+	@printf 'apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n- ../../deploy/quickstart\nimages:\n- name: localhost/cistern/versitygw\n  newName: %s/versitygw\n' \
+	  $(REGISTRY) >_output/quickstart/kustomization.yaml
+	@echo "_output/quickstart/kustomization.yaml: kubectl apply -k _output/quickstart"
 
 ## Deletes the kind cluster
 kind-down:

@@ -16,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -93,9 +94,9 @@ func TestKustomizationsBuild(t *testing.T) {
 			if !strings.Contains(out, "kind:") {
 				t.Fatalf("kubectl kustomize deploy/%s: no objects", rel)
 			}
-			// `kubectl delete -k` of an example deletes what it renders: never an object of the
-			// install (the node PersistentVolume policy's ConfigMap was one).
-			if strings.HasPrefix(rel, "csi/examples") {
+			// `kubectl delete -k` of an example or of the quick start deletes what it renders:
+			// never an object of the install (the node PersistentVolume policy's ConfigMap was one).
+			if strings.HasPrefix(rel, "csi/examples") || rel == "quickstart" {
 				for k := range objectKeys(t, out) {
 					if installed[k] {
 						t.Errorf("deploy/%s renders %s, which deploy/csi installs: deleting the example would delete it", rel, k)
@@ -111,6 +112,9 @@ func TestKustomizationsBuild(t *testing.T) {
 					t.Errorf("deploy/%s: image %s has no version tag", rel, ref)
 				}
 			}
+			// A dry run creates no Namespace: one the kustomization brings (the quick start's)
+			// is created first, so that its objects are checked in it.
+			createNamespaces(t, cp, out)
 			rendered := filepath.Join(t.TempDir(), "rendered.yaml")
 			if err := os.WriteFile(rendered, []byte(out), 0o644); err != nil {
 				t.Fatal(err)
@@ -210,6 +214,33 @@ func objectKeys(t *testing.T, manifests string) map[string]bool {
 		out[gv.Group+"/"+obj.Kind+" "+obj.Namespace+"/"+obj.Name] = true
 	}
 	return out
+}
+
+// createNamespaces creates the Namespaces of rendered manifests that do not exist yet, and
+// deletes them when the test ends.
+func createNamespaces(t *testing.T, cp *framework.ControlPlane, manifests string) {
+	t.Helper()
+	for _, doc := range strings.Split(manifests, "\n---\n") {
+		var ns corev1.Namespace
+		if err := yaml.Unmarshal([]byte(doc), &ns); err != nil {
+			t.Fatal(err)
+		}
+		if ns.Kind != "Namespace" {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_, err := cp.Client.CoreV1().Namespaces().Create(ctx, &ns, metav1.CreateOptions{})
+		cancel()
+		if apierrors.IsAlreadyExists(err) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("creating namespace %s: %v", ns.Name, err)
+		}
+		t.Cleanup(func() {
+			_ = cp.Client.CoreV1().Namespaces().Delete(context.Background(), ns.Name, metav1.DeleteOptions{})
+		})
+	}
 }
 
 // daemonSets returns the DaemonSets in rendered manifests whose pods serve the peer port.

@@ -124,6 +124,8 @@ func startInstallNode(t *testing.T) (*install, *realnode.Containerd, *v1alpha1.N
 		APIServerArgs: []string{"--client-ca-file=" + ca.CertFile, "--enable-aggregator-routing=true"},
 	})
 	serveKubernetesService(t, in.cp)
+	// Names of Services for the quick start's class, which names its S3 server so.
+	serveClusterDNS(t, in.cp)
 	cd := realnode.StartContainerd(t, bins, filepath.Join(dir, "containerd"), realnode.ContainerdOptions{
 		Registry: in.registry,
 		Mirrored: []string{"registry.k8s.io", "docker.io", "quay.io"},
@@ -135,7 +137,10 @@ func startInstallNode(t *testing.T) (*install, *realnode.Containerd, *v1alpha1.N
 	})
 	// Its own cgroup tree: a kubelet kills the pods of any other kubelet's tree it shares as
 	// orphans, and node suites of older checkouts do not take the node lock.
-	k := realnode.StartKubelet(t, in.cp, ca, bins.Kubelet, nodeName, realnode.KubeletRootDir, cd.Socket, realnode.OwnCgroupRoot(t, installCgroupRoot))
+	k := realnode.StartKubeletWith(t, in.cp, ca, bins.Kubelet, realnode.KubeletOptions{
+		NodeName: nodeName, RootDir: realnode.KubeletRootDir, RuntimeSocket: cd.Socket,
+		CgroupRoot: realnode.OwnCgroupRoot(t, installCgroupRoot), ClusterDNS: installClusterDNS,
+	})
 	realnode.WaitNodeReady(t, in.cp, k, nodeName, 2*time.Minute)
 	in.overlay = filepath.Join(dir, "overlay")
 	return in, cd, nb
@@ -183,6 +188,7 @@ func (in *install) scenarios(t *testing.T, cd *realnode.Containerd, nb *v1alpha1
 
 	in.ns = framework.CreateNamespace(t, in.cp, "e2einstall")
 	t.Run("examples", func(t *testing.T) { in.runExamples(t, nb) })
+	t.Run("quickstart", func(t *testing.T) { in.runQuickstart(t) })
 	// The provisioner publishes capacity per StorageClass: there is one since the examples.
 	t.Run("capacity", func(t *testing.T) { in.waitCapacity(t) })
 	t.Run("images-pulled", func(t *testing.T) { in.checkPulled(t, cd, nb) })

@@ -138,6 +138,9 @@ type KubeletOptions struct {
 	// server is the API server as the node reaches it, and serverName the name its
 	// certificate is checked against; cp.URL when empty.
 	Server, serverName string
+	// ClusterDNS, when set, is the nameserver of the pods' resolv.conf (kubelet's clusterDNS,
+	// with the cluster.local domain); unset, pods have none.
+	ClusterDNS string
 }
 
 // StartKubeletWith starts kubelet as opts say.
@@ -168,6 +171,9 @@ func StartKubeletWith(t *testing.T, cp *framework.ControlPlane, ca *NodeCA, bin 
 	}
 	cfg := kubeletConfig(opts.RootDir, opts.RuntimeSocket, opts.CgroupRoot, ports[0], ports[1])
 	args := []string{}
+	if opts.ClusterDNS != "" {
+		cfg.ClusterDNS, cfg.ClusterDomain = []string{opts.ClusterDNS}, "cluster.local"
+	}
 	if opts.NodeIP != "" {
 		// Its own address: the well-known port, as the API server dials nodes.
 		cfg.Address, cfg.Port = opts.NodeIP, 10250
