@@ -400,10 +400,12 @@ func (s *Source) Verify(context.Context, source.Object) error { return nil }
 // is multipart, it returns the part size so reads can align on parts. The part size its uploader
 // recorded (source.PartSizeMetadata) comes with it, for servers that report none.
 func (s *Source) Plan(ctx context.Context, obj source.Object) (source.Plan, error) {
-	in := &s3.HeadObjectInput{
-		Bucket:  aws.String(s.cfg.Bucket),
-		Key:     aws.String(s.cfg.Prefix + obj.Key),
-		IfMatch: aws.String(`"` + obj.ETag + `"`),
+	in := &s3.HeadObjectInput{Bucket: aws.String(s.cfg.Bucket), Key: aws.String(s.cfg.Prefix + obj.Key)}
+	// A server that lists no ETag (versitygw for files put straight into its directory) would
+	// refuse If-Match: "" as a failed precondition; such an object is pinned by nothing here,
+	// as in Open and CheckRead.
+	if obj.ETag != "" {
+		in.IfMatch = aws.String(`"` + obj.ETag + `"`)
 	}
 	out, err := s.client.HeadObject(ctx, in, checksumHeaders)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -332,5 +333,50 @@ func TestAnonymousSignedGET(t *testing.T) {
 	}
 	if plain, sdk := f.rec.counts(); plain != 1 || sdk != 0 {
 		t.Fatalf("%d plain GETs and %d GetObject calls, want 1 and 0", plain, sdk)
+	}
+}
+
+// TestPlanWithoutETag plans the read of an object listed with no ETag (as versitygw lists files
+// put straight into its directory): the HEAD must carry no If-Match: "" (which such a server
+// refuses as a failed precondition), and the object's checksum is still found; an object listed
+// with its ETag is pinned to it.
+func TestPlanWithoutETag(t *testing.T) {
+	f := start(t)
+	data := make([]byte, 64<<10)
+	rand.Read(data)
+	sum := f.putCRC32C(t, "set/big.bin", data)
+	var mu sync.Mutex
+	var ifMatch []string
+	proxy := testpeers.StartProxy(t, f.s.Endpoint, func(r *http.Request, _ int64) testpeers.Fault {
+		if r.Method == http.MethodHead {
+			mu.Lock()
+			ifMatch = append(ifMatch, r.Header.Get("If-Match"))
+			mu.Unlock()
+		}
+		return testpeers.None
+	})
+	src, err := New(Config{Bucket: "data", Prefix: "set/", Endpoint: proxy.URL, PathStyle: true,
+		AccessKeyID: f.s.AccessKey, SecretAccessKey: f.s.SecretKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	listed, ok := list(t, src)["big.bin"]
+	if !ok || listed.ETag == "" {
+		t.Fatalf("big.bin listed %v with ETag %q", ok, listed.ETag)
+	}
+	for _, o := range []source.Object{listed, {Key: listed.Key, Size: listed.Size}} {
+		plan, err := src.Plan(context.Background(), o)
+		if err != nil {
+			t.Fatalf("Plan of %q listed with ETag %q: %v", o.Key, o.ETag, err)
+		}
+		if plan.Checksum.Algorithm != "CRC32C" || plan.Checksum.Value != sum {
+			t.Errorf("ETag %q: plan checksum %+v, want CRC32C %s", o.ETag, plan.Checksum, sum)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{`"` + listed.ETag + `"`, ""}; !slices.Equal(ifMatch, want) {
+		t.Errorf("the HEADs carried If-Match %q, want %q", ifMatch, want)
 	}
 }
