@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -217,21 +216,7 @@ func waitEvent(t *testing.T, cp *framework.ControlPlane, ref eventRef, reason, p
 // grants no more than it says).
 func nodeEventsClient(t *testing.T, cp *framework.ControlPlane) kubernetes.Interface {
 	t.Helper()
-	data, err := os.ReadFile("../../deploy/csi/driver/rbac.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs := []string{"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cistern-system",
-		"apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: cistern-node\n  namespace: cistern-system"}
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		if strings.Contains(doc, "name: cistern-node-output-events") {
-			docs = append(docs, doc)
-		}
-	}
-	if len(docs) != 4 {
-		t.Fatalf("deploy/csi/driver/rbac.yaml: want the ClusterRole and ClusterRoleBinding cistern-node-output-events, found %d documents", len(docs)-2)
-	}
-	framework.ApplyYAML(t, cp, strings.Join(docs, "\n---\n"))
+	framework.GrantNodeRole(t, cp, "cistern-node-output-events")
 	client, err := kubernetes.NewForConfig(framework.ServiceAccountConfig(t, cp, "cistern-system", "cistern-node"))
 	if err != nil {
 		t.Fatal(err)

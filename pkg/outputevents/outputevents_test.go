@@ -2,7 +2,6 @@ package outputevents_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -90,21 +89,7 @@ func find(t *testing.T, cp *framework.ControlPlane, kind string, obj metav1.Obje
 // than it says.
 func nodeClient(t *testing.T, cp *framework.ControlPlane) kubernetes.Interface {
 	t.Helper()
-	data, err := os.ReadFile("../../deploy/csi/driver/rbac.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	docs := []string{"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cistern-system",
-		"apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: cistern-node\n  namespace: cistern-system"}
-	for _, doc := range strings.Split(string(data), "\n---\n") {
-		if strings.Contains(doc, "name: cistern-node-output-events") {
-			docs = append(docs, doc)
-		}
-	}
-	if len(docs) != 4 {
-		t.Fatalf("deploy/csi/driver/rbac.yaml: want the ClusterRole and ClusterRoleBinding cistern-node-output-events, found %d documents", len(docs)-2)
-	}
-	framework.ApplyYAML(t, cp, strings.Join(docs, "\n---\n"))
+	framework.GrantNodeRole(t, cp, "cistern-node-output-events")
 	for _, tc := range []struct {
 		verb, resource string
 		want           bool

@@ -2,6 +2,9 @@ package framework
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,4 +26,26 @@ func ServiceAccountMay(t TB, cp *ControlPlane, namespace, name string, attrs aut
 		t.Fatal(err)
 	}
 	return review.Status.Allowed
+}
+
+// GrantNodeRole creates the node plugin's ServiceAccount (cistern-system/cistern-node) holding
+// only the ClusterRole role and its ClusterRoleBinding of the same name, as deploy/csi's
+// driver/rbac.yaml writes them, so a test acts with exactly what that grant gives.
+func GrantNodeRole(t TB, cp *ControlPlane, role string) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(RepoRoot(), "deploy", "csi", "driver", "rbac.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := []string{"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: cistern-system",
+		"apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: cistern-node\n  namespace: cistern-system"}
+	for _, doc := range strings.Split(string(data), "\n---\n") {
+		if strings.Contains(doc, "name: "+role) {
+			docs = append(docs, doc)
+		}
+	}
+	if len(docs) != 4 {
+		t.Fatalf("deploy/csi/driver/rbac.yaml: want the ClusterRole and ClusterRoleBinding %s, found %d documents", role, len(docs)-2)
+	}
+	ApplyYAML(t, cp, strings.Join(docs, "\n---\n"))
 }
